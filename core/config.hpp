@@ -1,0 +1,70 @@
+// cairnd's configuration: YAML (yaml-cpp), validated, with an embedded default and environment
+// overrides. Every key is documented in docs/config.md.
+//
+// Order of precedence: the embedded default (configs/default.yaml, compiled in) < the file given
+// with --config < CAIRN_<SECTION>_<KEY> environment variables (the key path upper-cased and joined
+// with '_': CAIRN_TIERS_DRAM_CAPACITY, CAIRN_REPOSITORY, CAIRN_LOG_LEVEL).
+// Unknown keys and bad values are rejected with the key's path in the message
+// ("tiers.dram.capacity: '12 parsecs' is not a size (examples: 512MiB, 2GiB, 1073741824)").
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/status.hpp"
+
+namespace cairn {
+
+struct TierConfig {
+  uint64_t capacity = 0;            // bytes; 0 = tier disabled (hbm, nvme)
+  std::string path;                 // nvme: directory of the burst buffer
+  std::vector<int> devices;         // hbm: CUDA device ordinals
+  bool persistent = false;          // nvme: keep contents across a clean exit
+};
+
+struct Config {
+  std::string socket;               // "" = $CAIRN_SOCKET, then the default path
+  std::string repository = "./cairn-repo";
+  uint64_t chunk_size = 16ull << 20;
+  struct {
+    TierConfig hbm, dram, nvme;
+  } tiers;
+  struct {
+    std::string eviction = "lru";   // lru | lineage
+    std::string prefetch = "hints"; // none | hints | lineage
+  } policy;
+  struct {
+    std::string provider = "tcp;ofi_rxm";
+    std::string rendezvous;         // directory on the PFS; "" = peers disabled
+    std::string bootstrap = "none"; // none | rendezvous | mpi | static
+    std::vector<std::string> static_peers;
+  } peers;
+  struct {
+    std::string level = "info";     // trace | debug | info | warn | error | off
+    std::string file;               // "" = stderr
+  } log;
+
+  // The effective config as YAML (what `cairnd --print-config` shows).
+  std::string to_yaml() const;
+};
+
+// The text of configs/default.yaml, compiled in.
+const char* default_config_yaml();
+
+// Parses "512MiB", "2GiB", "1.5GiB", "64KiB", "10MB", "1073741824" (bytes). nullopt if malformed.
+std::optional<uint64_t> parse_size(const std::string& text);
+
+// Builds the config: embedded default, then the YAML text of a file (if path is non-empty), then
+// the environment `env` (normally environ; injectable for tests). Expands ${VAR}, ${VAR:-default}
+// and $USER-style references in string values from env.
+Result<Config> load_config(const std::string& path, const std::map<std::string, std::string>& env);
+// As above, with YAML text instead of a file path (source names it in messages).
+Result<Config> load_config_text(const std::string& yaml_text, const std::string& source,
+                                const std::map<std::string, std::string>& env);
+// The process environment as a map.
+std::map<std::string, std::string> process_env();
+
+}  // namespace cairn

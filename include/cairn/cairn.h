@@ -1,0 +1,148 @@
+/* cairn.h — the C API of cairn, a model cache for HPC deep-learning workflows.
+ *
+ * Conventions (read these once, they hold for every call):
+ *  - Every call that can fail returns a cairn_status; CAIRN_OK (0) is success. On failure,
+ *    cairn_last_error() returns a one-line, thread-local description of what went wrong and what to
+ *    do; it stays valid until the next cairn call on the same thread.
+ *  - Handles are opaque. Each has a create/destroy pair: cairn_connect/cairn_disconnect,
+ *    cairn_model_create/(cairn_model_commit|cairn_model_abort), cairn_model_open/cairn_model_close,
+ *    cairn_model_commit's ticket/cairn_ticket_free. Strings returned by the library are freed with
+ *    cairn_free.
+ *  - Names are <object>_<verb>, following SmartRedis where the job is the same (put_tensor,
+ *    unpack_tensor, poll_tensor, delete_tensor).
+ *  - A cairn_client is used by one thread at a time; use one client per thread. Readers and writers
+ *    belong to the client that created them and must be finished before it is disconnected.
+ *  - Model ids, tensor names and keys are NUL-terminated UTF-8 strings of 1..1024 bytes.
+ *  - There is no global state: two clients in one process are independent.
+ */
+#ifndef CAIRN_CAIRN_H
+#define CAIRN_CAIRN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cairn/status_codes.h"
+
+#if defined(_WIN32) || !defined(__GNUC__)
+#define CAIRN_EXPORT
+#else
+#define CAIRN_EXPORT __attribute__((visibility("default")))
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct cairn_client cairn_client;
+typedef struct cairn_model_writer cairn_model_writer;
+typedef struct cairn_model_reader cairn_model_reader;
+typedef struct cairn_ticket cairn_ticket;
+
+#define CAIRN_STATUS_C_ENUM_(c_name, cpp_name, message) c_name,
+typedef enum { CAIRN_STATUS_LIST(CAIRN_STATUS_C_ENUM_) } cairn_status;
+#undef CAIRN_STATUS_C_ENUM_
+
+/* The dtypes of safetensors, in this order (the values are part of the ABI). */
+typedef enum {
+  CAIRN_DTYPE_F64, CAIRN_DTYPE_F32, CAIRN_DTYPE_F16, CAIRN_DTYPE_BF16, CAIRN_DTYPE_F8_E4M3,
+  CAIRN_DTYPE_F8_E5M2, CAIRN_DTYPE_I64, CAIRN_DTYPE_I32, CAIRN_DTYPE_I16, CAIRN_DTYPE_I8,
+  CAIRN_DTYPE_U64, CAIRN_DTYPE_U32, CAIRN_DTYPE_U16, CAIRN_DTYPE_U8, CAIRN_DTYPE_BOOL
+} cairn_dtype;
+
+/* How far a commit must have gone before it is acknowledged:
+ *  MEMORY: in the node daemon's DRAM arena (lost if the daemon dies before it is flushed);
+ *  LOCAL:  on node-local storage (the NVMe tier; without one, the repository);
+ *  GLOBAL: in the repository on the parallel filesystem, surviving any daemon failure. */
+typedef enum { CAIRN_DURABILITY_MEMORY, CAIRN_DURABILITY_LOCAL, CAIRN_DURABILITY_GLOBAL } cairn_durability;
+
+typedef enum { CAIRN_MEM_HOST, CAIRN_MEM_CUDA } cairn_memkind;
+
+#define CAIRN_MAX_DIMS 8
+#define CAIRN_MAX_NAME_BYTES 1024
+
+/* ---- status ---- */
+
+/* A static, human-readable string for s. Never NULL. */
+CAIRN_EXPORT const char *cairn_status_string(cairn_status s);
+/* The detail of the last failed call on this thread ("" if none). Valid until the next call. */
+CAIRN_EXPORT const char *cairn_last_error(void);
+
+/* ---- connection ---- */
+
+/* Connects to the node daemon. address: a Unix socket path; NULL means $CAIRN_SOCKET, then
+ * ${XDG_RUNTIME_DIR:-/tmp}/cairn-$UID/cairnd.sock. Fails with CAIRN_ERR_UNAVAILABLE (naming the
+ * path) when no daemon listens there. */
+CAIRN_EXPORT cairn_status cairn_connect(const char *address, cairn_client **out);
+/* Ends the connection; leases held by its readers end with it. NULL is ignored. */
+CAIRN_EXPORT void cairn_disconnect(cairn_client *c);
+
+/* ---- named tensors (simulation coupling) ---- */
+
+/* Stores (or replaces) the tensor under key. shape has ndim (0..CAIRN_MAX_DIMS) entries; data holds
+ * prod(shape) * itemsize bytes, row-major. The bytes are copied before the call returns. */
+CAIRN_EXPORT cairn_status cairn_put_tensor(cairn_client *c, const char *key, const void *data,
+                                           cairn_dtype dtype, int ndim, const int64_t *shape);
+/* Describes the tensor under key; CAIRN_ERR_NOT_FOUND if there is none. Any out pointer may be NULL. */
+CAIRN_EXPORT cairn_status cairn_get_tensor_info(cairn_client *c, const char *key, cairn_dtype *dtype,
+                                                int *ndim, int64_t shape[CAIRN_MAX_DIMS], size_t *nbytes);
+/* Copies the tensor's bytes into dst; CAIRN_ERR_INVALID_ARGUMENT if dst_bytes is not its size. */
+CAIRN_EXPORT cairn_status cairn_unpack_tensor(cairn_client *c, const char *key, void *dst, size_t dst_bytes);
+/* Waits up to timeout_ms (0: do not wait, -1: forever) for key to exist; *found says whether it does. */
+CAIRN_EXPORT cairn_status cairn_poll_tensor(cairn_client *c, const char *key, int timeout_ms, int *found);
+CAIRN_EXPORT cairn_status cairn_delete_tensor(cairn_client *c, const char *key);
+
+/* ---- writing a model ---- */
+
+/* Starts a new model id, derived from parent (NULL: none). Nothing is visible until commit. */
+CAIRN_EXPORT cairn_status cairn_model_create(cairn_client *c, const char *id, const char *parent,
+                                             cairn_model_writer **out);
+/* Adds a tensor; its bytes are copied into the daemon's arena before the call returns. */
+CAIRN_EXPORT cairn_status cairn_model_add_tensor(cairn_model_writer *w, const char *name, const void *data,
+                                                 cairn_dtype dtype, int ndim, const int64_t *shape);
+/* Keeps the parent's tensor `name` unchanged: costs no bytes and no hashing. */
+CAIRN_EXPORT cairn_status cairn_model_inherit_tensor(cairn_model_writer *w, const char *name);
+/* The architecture graph, as JSON (docs/graph-format.md). */
+CAIRN_EXPORT cairn_status cairn_model_set_architecture(cairn_model_writer *w, const char *graph_json);
+/* Metadata: a JSON object (score, epoch, task, tags ...). */
+CAIRN_EXPORT cairn_status cairn_model_set_metadata(cairn_model_writer *w, const char *meta_json);
+/* Commits and frees w (whatever the result). With ticket == NULL the call returns once durability d
+ * is reached; otherwise it returns once the model is visible (in memory) and *ticket tracks d. */
+CAIRN_EXPORT cairn_status cairn_model_commit(cairn_model_writer *w, cairn_durability d, cairn_ticket **ticket);
+/* Drops an uncommitted model and frees w. */
+CAIRN_EXPORT void cairn_model_abort(cairn_model_writer *w);
+/* Waits up to timeout_ms (-1: forever) for the ticket's durability; CAIRN_ERR_TIMEOUT if not yet. */
+CAIRN_EXPORT cairn_status cairn_wait(cairn_ticket *t, int timeout_ms);
+CAIRN_EXPORT void cairn_ticket_free(cairn_ticket *t);
+
+/* ---- reading a model ---- */
+
+CAIRN_EXPORT cairn_status cairn_model_open(cairn_client *c, const char *id, cairn_model_reader **out);
+CAIRN_EXPORT cairn_status cairn_model_tensor_count(cairn_model_reader *r, size_t *count);
+/* Describes tensor number index (0..count-1). *name stays valid until cairn_model_close. */
+CAIRN_EXPORT cairn_status cairn_model_tensor_info(cairn_model_reader *r, size_t index, const char **name,
+                                                  cairn_dtype *dtype, int *ndim, int64_t shape[CAIRN_MAX_DIMS],
+                                                  size_t *nbytes);
+/* Copies tensor `name` into dst (dst_bytes must equal its size). kind CAIRN_MEM_CUDA: dst is device
+ * memory (CAIRN_ERR_UNAVAILABLE when built without CUDA). */
+CAIRN_EXPORT cairn_status cairn_model_read_tensor(cairn_model_reader *r, const char *name, void *dst,
+                                                  size_t dst_bytes, cairn_memkind kind);
+/* A zero-copy, read-only view of tensor `name` in the daemon's shared arena, valid until
+ * cairn_model_close(r); the tensor cannot move or be evicted meanwhile. */
+CAIRN_EXPORT cairn_status cairn_model_map_tensor(cairn_model_reader *r, const char *name, const void **data,
+                                                 size_t *nbytes);
+CAIRN_EXPORT void cairn_model_close(cairn_model_reader *r);
+
+/* ---- hints and queries ---- */
+
+/* Asks the daemon to bring model id into DRAM ahead of need. Returns at once. */
+CAIRN_EXPORT cairn_status cairn_prefetch(cairn_client *c, const char *id);
+/* Runs a JSON query, e.g. {"op":"ancestors","model":"m7"} or {"op":"descendants","model":"m0"};
+ * *result_json (free with cairn_free) is the JSON answer. */
+CAIRN_EXPORT cairn_status cairn_query(cairn_client *c, const char *request_json, char **result_json);
+CAIRN_EXPORT void cairn_free(void *p);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* CAIRN_CAIRN_H */

@@ -1,0 +1,100 @@
+// The DRAM tier's storage: a shared-memory arena and the allocator that carves it up.
+//
+// SharedArena is a memfd (anonymous shared memory) of fixed capacity mapped read-write by the daemon.
+// Local clients receive its file descriptor over the Unix socket (SCM_RIGHTS) and map it themselves
+// (ArenaView): a read-only view from which tensors are read without a copy, and a read-write view
+// into which a client writes the bytes of space the daemon allocated for it.
+//
+// ArenaAllocator is a pure offset allocator (no I/O, no locking): best-fit over free extents kept
+// in two ordered maps (by offset for coalescing, by size for best-fit), so allocate and free are
+// O(log n) in the number of free extents and neighbouring free extents always merge.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+
+#include "core/status.hpp"
+
+namespace cairn {
+
+class ArenaAllocator {
+ public:
+  // REQUIRES: alignment is a power of two; capacity is a multiple of alignment.
+  explicit ArenaAllocator(uint64_t capacity, uint64_t alignment = 64);
+
+  // Offset of a free extent of round_up(size) bytes (size 0 counts as 1 unit), or nullopt when no
+  // free extent is large enough (the caller evicts and retries).
+  std::optional<uint64_t> allocate(uint64_t size);
+  // Returns [offset, offset + round_up(size)) to the free space. Any aligned sub-range of an
+  // allocation may be freed on its own (a committed tensor's duplicate chunks are given back while
+  // the rest stays). REQUIRES: the range is currently allocated (checked: aborts on double free,
+  // which is a broken invariant).
+  void free(uint64_t offset, uint64_t size);
+
+  uint64_t round_up(uint64_t size) const;
+  uint64_t capacity() const { return capacity_; }
+  uint64_t used() const { return capacity_ - free_bytes_; }
+  uint64_t free_bytes() const { return free_bytes_; }
+  uint64_t largest_free() const;
+  size_t free_extent_count() const { return by_offset_.size(); }
+  uint64_t alignment() const { return alignment_; }
+
+ private:
+  void insert_free(uint64_t offset, uint64_t size);
+  void erase_free(std::map<uint64_t, uint64_t>::iterator it);
+
+  uint64_t capacity_;
+  uint64_t alignment_;
+  uint64_t free_bytes_;
+  std::map<uint64_t, uint64_t> by_offset_;          // offset -> size
+  std::set<std::pair<uint64_t, uint64_t>> by_size_;  // (size, offset)
+};
+
+// The daemon's side: owns the memfd and a read-write mapping.
+class SharedArena {
+ public:
+  // Creates a memfd named `name` of `capacity` bytes (rounded up to the page size) and maps it.
+  // Fails with kNoSpace if the memory cannot be reserved.
+  static Result<std::unique_ptr<SharedArena>> create(uint64_t capacity, const std::string& name);
+  ~SharedArena();
+  SharedArena(const SharedArena&) = delete;
+  SharedArena& operator=(const SharedArena&) = delete;
+
+  int fd() const { return fd_; }
+  uint8_t* base() const { return base_; }
+  uint64_t capacity() const { return capacity_; }
+
+ private:
+  SharedArena(int fd, uint8_t* base, uint64_t capacity) : fd_(fd), base_(base), capacity_(capacity) {}
+  int fd_;
+  uint8_t* base_;
+  uint64_t capacity_;
+};
+
+// A client's mappings of the daemon's arena, from the descriptor it received.
+class ArenaView {
+ public:
+  // Maps fd (size bytes) twice: read-only and read-write. Takes ownership of fd (closes it).
+  static Result<std::unique_ptr<ArenaView>> map(int fd, uint64_t size);
+  ~ArenaView();
+  ArenaView(const ArenaView&) = delete;
+  ArenaView& operator=(const ArenaView&) = delete;
+
+  const uint8_t* read_base() const { return ro_; }
+  uint8_t* write_base() const { return rw_; }
+  uint64_t size() const { return size_; }
+
+ private:
+  ArenaView(const uint8_t* ro, uint8_t* rw, uint64_t size) : ro_(ro), rw_(rw), size_(size) {}
+  const uint8_t* ro_;
+  uint8_t* rw_;
+  uint64_t size_;
+};
+
+}  // namespace cairn

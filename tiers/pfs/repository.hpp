@@ -1,0 +1,121 @@
+// The repository: the durable home of models, a directory on the parallel filesystem.
+//
+// Layout (docs/repository-format.md):
+//   FORMAT                         "cairn-repository 1\nchunk_size N\n"
+//   packs/<idhash>-<unique>.safetensors
+//                                  one per committed model holding only the chunks that were new
+//                                  when it was committed; a valid safetensors file
+//   manifests/<idhash>.json        one per model: tensors -> chunk hashes -> (pack, offset, length)
+// A model exists once its manifest is in place. Both files are written to a temporary name,
+// fsync'd, renamed into place, and the directory fsync'd, so a crash leaves either the old state or
+// the new one; stray temporary files and packs that no manifest references are removed at open.
+// The catalog (models, lineage, chunk index, reference counts) lives in memory and is rebuilt from
+// the manifests at open.
+//
+// Thread-safety: all methods may be called concurrently. Commits are serialized with each other
+// (so two commits never store the same new chunk twice); reads run in parallel with everything.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/dtype.hpp"
+#include "core/hash.hpp"
+#include "core/status.hpp"
+
+namespace cairn {
+
+// Where a chunk's bytes are in the repository.
+struct ChunkRef {
+  ChunkHash hash;
+  uint64_t length = 0;
+  std::string pack;     // file name under packs/ (filled in by commit)
+  uint64_t offset = 0;  // absolute byte offset in the pack file
+};
+
+struct TensorManifest {
+  std::string name;
+  DType dtype = DType::kU8;
+  std::vector<int64_t> shape;
+  uint64_t nbytes = 0;
+  std::vector<ChunkRef> chunks;  // in order; chunk i covers [i*chunk_size, ...) of the tensor
+};
+
+struct ModelManifest {
+  std::string id;
+  std::string parent;             // "" = none
+  nlohmann::json metadata = nlohmann::json::object();
+  nlohmann::json architecture;    // null when none was given
+  std::vector<TensorManifest> tensors;
+  // The original safetensors header (8-byte length + JSON) when the model was stored from a file,
+  // so `cairn get` of the whole model reproduces the file byte for byte. "" otherwise.
+  std::string source_header;
+  int64_t created_ns = 0;         // wall clock, set by commit
+  std::string pack;               // this model's pack ("" when it stored no new chunk)
+
+  const TensorManifest* find(std::string_view name) const;
+  uint64_t logical_bytes() const;  // sum of tensor nbytes
+};
+
+nlohmann::json manifest_to_json(const ModelManifest& m);
+// Strict: names the field that is wrong.
+Result<ModelManifest> manifest_from_json(const nlohmann::json& j);
+
+struct RepositoryStats {
+  uint64_t models = 0;
+  uint64_t packs = 0;
+  uint64_t logical_bytes = 0;   // sum over models of their tensor bytes
+  uint64_t physical_bytes = 0;  // chunk bytes held in pack files (each chunk stored once)
+  uint64_t chunks = 0;          // distinct chunks stored
+};
+
+class Repository {
+ public:
+  // Supplies the bytes of a chunk the repository does not hold yet. The pointer must stay valid
+  // until commit returns.
+  using ChunkSource = std::function<Result<const void*>(const ChunkHash& hash, uint64_t length)>;
+
+  // Opens (creating if missing) the repository at dir. A new repository records chunk_size; an
+  // existing one keeps its own (chunk_size() tells). Rebuilds the catalog from the manifests,
+  // removes temporary files and unreferenced packs left by a crash.
+  static Result<std::unique_ptr<Repository>> open(const std::string& dir, uint64_t chunk_size);
+  ~Repository();
+
+  uint64_t chunk_size() const;
+  const std::string& dir() const;
+
+  // Makes m durable. REQUIRES: m.id new (else kExists); m.parent "" or an existing model (else
+  // kNotFound); every tensor's chunks have hash and length set, consistent with nbytes and
+  // chunk_size (else kInvalidArgument). Chunks already stored are referenced, not written; the
+  // others are taken from src and written, once each, to the model's new pack. On success m's
+  // ChunkRefs, pack and created_ns are filled in. On failure nothing is visible.
+  Status commit(ModelManifest& m, const ChunkSource& src);
+
+  bool contains(const std::string& id) const;
+  Result<ModelManifest> get(const std::string& id) const;  // kNotFound names the id
+  std::vector<std::string> list() const;                   // ids, in commit order
+  std::vector<std::string> children(const std::string& id) const;
+  // Where the chunk is stored, if it is.
+  std::optional<ChunkRef> locate(const ChunkHash& hash) const;
+  // Reads ref's bytes into dst (ref.length bytes) with one pread and verifies the hash: a mismatch
+  // is kCorruption naming the pack and offset, and dst's contents are then unspecified.
+  Status read_chunk(const ChunkRef& ref, void* dst) const;
+  // Deletes a model. kNotFound if absent; kBusy if it has descendants (they need its lineage).
+  // Packs whose chunks no remaining model references are deleted at once.
+  Status remove(const std::string& id);
+
+  RepositoryStats stats() const;
+
+ private:
+  struct Impl;
+  explicit Repository(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace cairn
