@@ -1,1 +1,25 @@
-// placeholder
+#include "core/log.hpp"
+
+#include <spdlog/sinks/basic_file_sink.h>
+#include <spdlog/sinks/stdout_sinks.h>
+
+namespace cairn {
+
+Status init_logging(const std::string& level, const std::string& file) {
+  auto lvl = spdlog::level::from_str(level);
+  if (lvl == spdlog::level::off && level != "off")
+    return invalid_argument("log.level: '" + level + "' is not one of trace, debug, info, warn, error, off");
+  try {
+    std::shared_ptr<spdlog::logger> logger;
+    if (file.empty()) logger = spdlog::stderr_logger_mt("cairn");
+    else logger = spdlog::basic_logger_mt("cairn", file);
+    logger->set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ cairnd[%P] %v");
+    spdlog::set_default_logger(logger);
+  } catch (const spdlog::spdlog_ex& e) {
+    return io_error(std::string("log.file: cannot open '") + file + "': " + e.what());
+  }
+  spdlog::set_level(lvl);
+  return Status::ok();
+}
+
+}  // namespace cairn

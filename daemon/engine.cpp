@@ -1,1 +1,967 @@
-// placeholder
+#include "daemon/engine.hpp"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <set>
+
+#include "core/log.hpp"
+#include "core/safetensors.hpp"
+
+namespace cairn {
+namespace {
+
+using nlohmann::json;
+
+constexpr int kLevelMemory = 0;
+constexpr int kLevelGlobal = 2;
+
+// ---- request field readers: each error names the op and the field ----
+
+Result<std::string> get_string(const json& req, const char* field) {
+  auto it = req.find(field);
+  if (it == req.end() || !it->is_string())
+    return invalid_argument("request '" + req.value("op", std::string()) + "': missing string field '" + field + "'");
+  return it->get<std::string>();
+}
+
+Result<std::string> get_name(const json& req, const char* field, const char* what) {
+  CAIRN_ASSIGN_OR_RETURN(std::string s, get_string(req, field));
+  if (!valid_name(s))
+    return invalid_argument(std::string(what) + " must be 1.." + std::to_string(kMaxNameBytes) +
+                            " bytes of UTF-8 without NUL");
+  return s;
+}
+
+Result<uint64_t> get_u64(const json& req, const char* field) {
+  auto it = req.find(field);
+  if (it == req.end() || !it->is_number_unsigned())
+    return invalid_argument("request '" + req.value("op", std::string()) + "': missing non-negative integer field '" +
+                            field + "'");
+  return it->get<uint64_t>();
+}
+
+int64_t get_i64_or(const json& req, const char* field, int64_t dflt) {
+  auto it = req.find(field);
+  if (it == req.end() || !it->is_number_integer()) return dflt;
+  return it->get<int64_t>();
+}
+
+struct TensorDesc {
+  DType dtype;
+  std::vector<int64_t> shape;
+  uint64_t nbytes;
+};
+
+Result<TensorDesc> get_tensor_desc(const json& j, const std::string& what) {
+  auto d = j.find("dtype");
+  if (d == j.end() || !d->is_string()) return invalid_argument(what + ": missing string field 'dtype'");
+  auto dt = dtype_from_name(d->get<std::string>());
+  if (!dt) return invalid_argument(what + ": unknown dtype '" + d->get<std::string>() + "'");
+  auto s = j.find("shape");
+  if (s == j.end() || !s->is_array()) return invalid_argument(what + ": missing array field 'shape'");
+  if (s->size() > static_cast<size_t>(kMaxDims))
+    return invalid_argument(what + ": " + std::to_string(s->size()) + " dimensions, at most " + std::to_string(kMaxDims));
+  TensorDesc t{*dt, {}, 0};
+  for (const auto& v : *s) {
+    if (!v.is_number_integer() || v.get<int64_t>() < 0)
+      return invalid_argument(what + ": shape entries must be non-negative integers");
+    t.shape.push_back(v.get<int64_t>());
+  }
+  auto n = tensor_nbytes(t.dtype, t.shape);
+  if (!n) return invalid_argument(what + ": shape is too large");
+  t.nbytes = *n;
+  return t;
+}
+
+json shape_json(const std::vector<int64_t>& shape) {
+  json a = json::array();
+  for (auto d : shape) a.push_back(d);
+  return a;
+}
+
+int durability_level(const std::string& d) {
+  if (d == "memory") return 0;
+  if (d == "local") return 1;
+  if (d == "global") return 2;
+  return -1;
+}
+
+const char* level_name(int level) {
+  static const char* kNames[] = {"memory", "local", "global"};
+  return level >= 0 && level <= 2 ? kNames[level] : "none";
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+
+Result<std::unique_ptr<Engine>> Engine::create(const Config& config) {
+  CAIRN_ASSIGN_OR_RETURN(auto repo, Repository::open(config.repository, config.chunk_size));
+  CAIRN_ASSIGN_OR_RETURN(auto policy, make_eviction_policy(config.policy.eviction));
+  CAIRN_ASSIGN_OR_RETURN(auto dram, DramTier::create(config.tiers.dram.capacity, std::move(policy),
+                                                     "cairn-arena-" + std::to_string(::getpid())));
+  return std::unique_ptr<Engine>(new Engine(config, std::move(repo), std::move(dram)));
+}
+
+Engine::Engine(Config config, std::unique_ptr<Repository> repo, std::unique_ptr<DramTier> dram)
+    : config_(std::move(config)), repo_(std::move(repo)), dram_(std::move(dram)) {
+  flusher_ = std::thread([this] { flusher_loop(); });
+}
+
+Engine::~Engine() {
+  drain();
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  flush_cv_.notify_all();
+  named_cv_.notify_all();
+  ticket_cv_.notify_all();
+  if (flusher_.joinable()) flusher_.join();
+}
+
+void Engine::drain() {
+  std::unique_lock lock(mu_);
+  ticket_cv_.wait(lock, [&] { return pending_.empty(); });
+}
+
+Response Engine::handle(Session& session, const json& request, std::vector<uint8_t>& blob) {
+  Response r;
+  std::string op = request.value("op", std::string());
+  Result<json> result = [&]() -> Result<json> {
+    try {
+      return dispatch(session, op, request, blob, r.blob);
+    } catch (const std::exception& e) {
+      return internal_error(std::string("request '") + op + "' failed: " + e.what());
+    }
+  }();
+  if (!result.is_ok()) {
+    r.body = json{{"status", static_cast<int>(result.status().code())}, {"error", result.status().message()}};
+    r.blob.clear();
+    return r;
+  }
+  r.body = std::move(result).value();
+  r.body["status"] = 0;
+  return r;
+}
+
+Result<json> Engine::dispatch(Session& s, const std::string& op, const json& req, std::vector<uint8_t>& blob,
+                              std::vector<uint8_t>& /*out_blob*/) {
+  if (op == "hello") return op_hello(s, req);
+  if (op == "allocate") return op_allocate(s, req);
+  if (op == "free") return op_free(s, req);
+  if (op == "put_tensor") return op_put_tensor(s, req, blob);
+  if (op == "tensor_info") return op_tensor_info(req);
+  if (op == "lease_tensor") return op_lease_tensor(s, req);
+  if (op == "poll_tensor") return op_poll_tensor(req);
+  if (op == "delete_tensor") return op_delete_tensor(req);
+  if (op == "commit") return op_commit(s, req, blob);
+  if (op == "wait") return op_wait(req);
+  if (op == "open") return op_open(req);
+  if (op == "lease") return op_lease(s, req);
+  if (op == "release") return op_release(s, req);
+  if (op == "prefetch") return op_prefetch(req);
+  if (op == "list") return op_list(req);
+  if (op == "show") return op_show(req);
+  if (op == "stats") return op_stats(req);
+  if (op == "remove") return op_remove(req);
+  if (op == "query") return op_query(req);
+  if (op == "ping") return json::object();
+  return invalid_argument("unknown request op '" + op + "' (client and daemon from different releases?)");
+}
+
+Result<json> Engine::op_hello(Session& s, const json& /*req*/) {
+  if (s.id == 0) s.id = next_session_++;
+  return json{{"arena_size", dram_->arena_size()},
+              {"chunk_size", repo_->chunk_size()},
+              {"pid", static_cast<int64_t>(::getpid())},
+              {"session", s.id},
+              {"version", "0.1.0"}};
+}
+
+// ---- staging space ----
+
+Result<json> Engine::op_allocate(Session& s, const json& req) {
+  CAIRN_ASSIGN_OR_RETURN(uint64_t n, get_u64(req, "nbytes"));
+  if (n > dram_->arena_size())
+    return no_space("a tensor of " + std::to_string(n) + " bytes does not fit the DRAM arena of " +
+                    std::to_string(dram_->arena_size()) + " bytes (raise tiers.dram.capacity)");
+  CAIRN_ASSIGN_OR_RETURN(uint64_t off, dram_->allocate(n));
+  uint64_t id = s.next_id++;
+  s.staging[id] = Extent{off, n};
+  return json{{"space", id}, {"offset", off}};
+}
+
+Result<json> Engine::op_free(Session& s, const json& req) {
+  CAIRN_ASSIGN_OR_RETURN(uint64_t id, get_u64(req, "space"));
+  auto it = s.staging.find(id);
+  if (it == s.staging.end()) return not_found("no staging space " + std::to_string(id) + " in this connection");
+  dram_->release(it->second.offset, it->second.length);
+  s.staging.erase(it);
+  return json::object();
+}
+
+// ---- named tensors ----
+
+Result<json> Engine::op_put_tensor(Session& s, const json& req, std::vector<uint8_t>& blob) {
+  CAIRN_ASSIGN_OR_RETURN(std::string key, get_name(req, "key", "a tensor key"));
+  CAIRN_ASSIGN_OR_RETURN(TensorDesc d, get_tensor_desc(req, "tensor '" + key + "'"));
+  Extent ext;
+  if (req.contains("space")) {
+    CAIRN_ASSIGN_OR_RETURN(uint64_t id, get_u64(req, "space"));
+    auto it = s.staging.find(id);
+    if (it == s.staging.end()) return not_found("no staging space " + std::to_string(id) + " in this connection");
+    if (it->second.length != d.nbytes)
+      return invalid_argument("tensor '" + key + "': staging space holds " + std::to_string(it->second.length) +
+                              " bytes but dtype and shape need " + std::to_string(d.nbytes));
+    ext = it->second;
+    s.staging.erase(it);
+  } else {
+    if (blob.size() != d.nbytes)
+      return invalid_argument("tensor '" + key + "': " + std::to_string(blob.size()) + " bytes sent but dtype and shape need " +
+                              std::to_string(d.nbytes));
+    CAIRN_ASSIGN_OR_RETURN(uint64_t off, dram_->allocate(d.nbytes));
+    if (d.nbytes) std::memcpy(dram_->base() + off, blob.data(), d.nbytes);
+    ext = Extent{off, d.nbytes};
+  }
+  {
+    std::lock_guard lock(mu_);
+    auto it = named_.find(key);
+    if (it != named_.end()) {
+      if (it->second.pins > 0) orphaned_named_.push_back(it->second);
+      else dram_->release(it->second.extent.offset, it->second.extent.length);
+      named_.erase(it);
+    }
+    named_.emplace(key, NamedTensor{d.dtype, d.shape, d.nbytes, ext, 0, ++named_generation_});
+  }
+  named_cv_.notify_all();
+  return json::object();
+}
+
+Result<json> Engine::op_tensor_info(const json& req) {
+  CAIRN_ASSIGN_OR_RETURN(std::string key, get_name(req, "key", "a tensor key"));
+  std::lock_guard lock(mu_);
+  auto it = named_.find(key);
+  if (it == named_.end()) return not_found("no tensor under key '" + key + "'");
+  return json{{"dtype", dtype_name(it->second.dtype)}, {"shape", shape_json(it->second.shape)}, {"nbytes", it->second.nbytes}};
+}
+
+Result<json> Engine::op_lease_tensor(Session& s, const json& req) {
+  CAIRN_ASSIGN_OR_RETURN(std::string key, get_name(req, "key", "a tensor key"));
+  std::lock_guard lock(mu_);
+  auto it = named_.find(key);
+  if (it == named_.end()) return not_found("no tensor under key '" + key + "'");
+  ++it->second.pins;
+  uint64_t id = s.next_id++;
+  Session::Lease lease;
+  lease.named_key = key;
+  lease.named_generation = it->second.generation;
+  s.leases[id] = std::move(lease);
+  return json{{"lease", id},
+              {"offset", it->second.extent.offset},
+              {"nbytes", it->second.nbytes},
+              {"dtype", dtype_name(it->second.dtype)},
+              {"shape", shape_json(it->second.shape)}};
+}
+
+Result<json> Engine::op_poll_tensor(const json& req) {
+  CAIRN_ASSIGN_OR_RETURN(std::string key, get_name(req, "key", "a tensor key"));
+  int64_t timeout_ms = get_i64_or(req, "timeout_ms", 0);
+  std::unique_lock lock(mu_);
+  auto present = [&] { return stopping_ || named_.count(key) > 0; };
+  if (timeout_ms < 0) named_cv_.wait(lock, present);
+  else named_cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms), present);
+  return json{{"found", named_.count(key) > 0}};
+}
+
+Result<json> Engine::op_delete_tensor(const json& req) {
+  CAIRN_ASSIGN_OR_RETURN(std::string key, get_name(req, "key", "a tensor key"));
+  std::lock_guard lock(mu_);
+  auto it = named_.find(key);
+  if (it == named_.end()) return not_found("no tensor under key '" + key + "'");
+  if (it->second.pins > 0) orphaned_named_.push_back(it->second);
+  else dram_->release(it->second.extent.offset, it->second.extent.length);
+  named_.erase(it);
+  return json::object();
+}
+
+// ---- models: commit ----
+
+Result<json> Engine::op_commit(Session& s, const json& req, std::vector<uint8_t>& blob) {
+  CAIRN_ASSIGN_OR_RETURN(std::string id, get_name(req, "id", "a model id"));
+  std::string parent;
+  if (req.contains("parent") && !req["parent"].is_null()) {
+    CAIRN_ASSIGN_OR_RETURN(parent, get_name(req, "parent", "a parent model id"));
+  }
+  std::string durability = req.value("durability", std::string("global"));
+  int target = durability_level(durability);
+  if (target < 0) return invalid_argument("durability '" + durability + "' is not one of memory, local, global");
+  bool wait = req.value("wait", true);
+  json metadata = req.contains("metadata") ? req["metadata"] : json::object();
+  if (!metadata.is_object()) return invalid_argument("model '" + id + "': metadata must be a JSON object");
+  json architecture = req.contains("architecture") ? req["architecture"] : json();
+  if (!architecture.is_null() && !architecture.is_object())
+    return invalid_argument("model '" + id + "': the architecture graph must be a JSON object");
+  auto tensors_it = req.find("tensors");
+  if (tensors_it == req.end() || !tensors_it->is_array())
+    return invalid_argument("model '" + id + "': missing array field 'tensors'");
+
+  // Reserve the id so that two concurrent commits of one id cannot both succeed.
+  {
+    std::lock_guard lock(mu_);
+    if (pending_.count(id) || committing_.count(id) || repo_->contains(id))
+      return already_exists("model '" + id + "' already exists (model ids are immutable; choose a new id)");
+    committing_.insert(id);
+  }
+  struct Unreserve {
+    Engine* e;
+    std::string id;
+    ~Unreserve() {
+      std::lock_guard lock(e->mu_);
+      e->committing_.erase(id);
+    }
+  } unreserve{this, id};
+
+  std::shared_ptr<const ModelManifest> parent_manifest;
+  if (!parent.empty()) {
+    auto pm = find_model(parent);
+    if (!pm.is_ok()) return not_found("parent model '" + parent + "' of '" + id + "' does not exist");
+    parent_manifest = *pm;
+  }
+
+  // Pass 1: validate everything, touching nothing.
+  struct Planned {
+    std::string name;
+    TensorDesc desc;
+    enum { kSpace, kInline, kInherit } source;
+    uint64_t space = 0;
+    uint64_t blob_offset = 0;
+    const TensorManifest* inherited = nullptr;
+  };
+  std::vector<Planned> plan;
+  std::set<std::string> names;
+  std::set<uint64_t> spaces;
+  for (const auto& tj : *tensors_it) {
+    if (!tj.is_object()) return invalid_argument("model '" + id + "': each entry of 'tensors' must be an object");
+    CAIRN_ASSIGN_OR_RETURN(std::string name, get_name(tj, "name", "a tensor name"));
+    if (!names.insert(name).second) return invalid_argument("model '" + id + "': tensor '" + name + "' is given twice");
+    Planned p{name, {}, Planned::kSpace};
+    std::string what = "model '" + id + "', tensor '" + name + "'";
+    if (tj.value("inherit", false)) {
+      if (!parent_manifest) return invalid_argument(what + ": inherited, but the model has no parent");
+      p.inherited = parent_manifest->find(name);
+      if (!p.inherited) return not_found(what + ": inherited, but parent '" + parent + "' has no such tensor");
+      p.source = Planned::kInherit;
+      p.desc = TensorDesc{p.inherited->dtype, p.inherited->shape, p.inherited->nbytes};
+    } else {
+      CAIRN_ASSIGN_OR_RETURN(p.desc, get_tensor_desc(tj, what));
+      if (tj.contains("space")) {
+        CAIRN_ASSIGN_OR_RETURN(p.space, get_u64(tj, "space"));
+        auto it = s.staging.find(p.space);
+        if (it == s.staging.end() || !spaces.insert(p.space).second)
+          return not_found(what + ": no staging space " + std::to_string(p.space) + " in this connection");
+        if (it->second.length != p.desc.nbytes)
+          return invalid_argument(what + ": staging space holds " + std::to_string(it->second.length) +
+                                  " bytes but dtype and shape need " + std::to_string(p.desc.nbytes));
+      } else if (tj.contains("inline")) {
+        const json& in = tj["inline"];
+        if (!in.is_array() || in.size() != 2 || !in[0].is_number_unsigned() || !in[1].is_number_unsigned())
+          return invalid_argument(what + ": 'inline' must be [offset, length] into the frame's payload");
+        p.source = Planned::kInline;
+        p.blob_offset = in[0].get<uint64_t>();
+        uint64_t len = in[1].get<uint64_t>();
+        if (len != p.desc.nbytes || p.blob_offset > blob.size() || len > blob.size() - p.blob_offset)
+          return invalid_argument(what + ": inline bytes [" + std::to_string(p.blob_offset) + ", +" + std::to_string(len) +
+                                  ") do not match the payload of " + std::to_string(blob.size()) + " bytes or the " +
+                                  std::to_string(p.desc.nbytes) + " bytes dtype and shape need");
+      } else {
+        return invalid_argument(what + ": give one of 'space', 'inline' or 'inherit'");
+      }
+    }
+    plan.push_back(std::move(p));
+  }
+
+  // Pass 2: copy inline bytes into the arena (the only step that can still fail before chunks move).
+  std::vector<Extent> inline_extents;
+  for (auto& p : plan) {
+    if (p.source != Planned::kInline) continue;
+    auto off = dram_->allocate(p.desc.nbytes);
+    if (!off.is_ok()) {
+      for (auto& e : inline_extents) dram_->release(e.offset, e.length);
+      return off.status();
+    }
+    if (p.desc.nbytes) std::memcpy(dram_->base() + *off, blob.data() + p.blob_offset, p.desc.nbytes);
+    inline_extents.push_back(Extent{*off, p.desc.nbytes});
+  }
+
+  // Pass 3: hash in place and adopt the chunks into the DRAM tier (deduplicating).
+  auto m = std::make_shared<ModelManifest>();
+  m->id = id;
+  m->parent = parent;
+  m->metadata = metadata;
+  m->architecture = architecture;
+  if (req.contains("source_header") && req["source_header"].is_string()) {
+    std::string js = req["source_header"].get<std::string>();
+    std::string prefix(8, '\0');
+    uint64_t n = js.size();
+    for (int i = 0; i < 8; ++i) prefix[static_cast<size_t>(i)] = static_cast<char>((n >> (8 * i)) & 0xff);
+    m->source_header = prefix + js;
+  }
+  const uint64_t chunk_size = repo_->chunk_size();
+  std::vector<ChunkHash> pinned;
+  size_t inline_index = 0;
+  for (auto& p : plan) {
+    if (p.source == Planned::kInherit) {
+      m->tensors.push_back(*p.inherited);
+      continue;
+    }
+    Extent ext;
+    if (p.source == Planned::kSpace) {
+      ext = s.staging[p.space];
+      s.staging.erase(p.space);
+    } else {
+      ext = inline_extents[inline_index++];
+    }
+    TensorManifest t;
+    t.name = p.name;
+    t.dtype = p.desc.dtype;
+    t.shape = p.desc.shape;
+    t.nbytes = p.desc.nbytes;
+    if (t.nbytes == 0) dram_->release(ext.offset, 0);
+    for (uint64_t off = 0; off < t.nbytes; off += chunk_size) {
+      uint64_t len = std::min(chunk_size, t.nbytes - off);
+      ChunkHash h = hash_bytes(dram_->base() + ext.offset + off, len);
+      bool dirty = !repo_->locate(h).has_value();
+      dram_->adopt(h, ext.offset + off, len, dirty);
+      pinned.push_back(h);
+      ChunkRef ref;
+      ref.hash = h;
+      ref.length = len;
+      if (auto stored = repo_->locate(h)) ref = *stored;
+      t.chunks.push_back(ref);
+    }
+    m->tensors.push_back(std::move(t));
+  }
+
+  // Register as pending (visible now) and hand it to the flusher, which writes models in commit
+  // order so that a parent always reaches the repository before its children.
+  uint64_t ticket;
+  {
+    std::lock_guard lock(mu_);
+    ticket = next_ticket_++;
+    tickets_[ticket] = Ticket{target, kLevelMemory, Status::ok()};
+    pending_[id] = PendingModel{m, ticket};
+    flush_queue_.push_back(id);
+  }
+  flush_cv_.notify_all();
+  for (const auto& h : pinned) dram_->unpin(h);
+
+  json out{{"ticket", ticket}, {"id", id}};
+  if (wait && target > kLevelMemory) {
+    std::unique_lock lock(mu_);
+    ticket_cv_.wait(lock, [&] {
+      const Ticket& t = tickets_[ticket];
+      return t.reached >= t.target || !t.error.is_ok();
+    });
+    Ticket t = tickets_[ticket];
+    tickets_.erase(ticket);
+    if (!t.error.is_ok()) return t.error;
+    out["reached"] = level_name(t.reached);
+    out.erase("ticket");
+  } else {
+    out["reached"] = level_name(kLevelMemory);
+  }
+  return out;
+}
+
+void Engine::finish_ticket(uint64_t id, int reached, const Status& error) {
+  // REQUIRES: mu_ held.
+  auto it = tickets_.find(id);
+  if (it == tickets_.end()) return;
+  it->second.reached = reached;
+  it->second.error = error;
+}
+
+void Engine::flusher_loop() {
+  for (;;) {
+    std::shared_ptr<const ModelManifest> m;
+    uint64_t ticket = 0;
+    {
+      std::unique_lock lock(mu_);
+      flush_cv_.wait(lock, [&] { return stopping_ || !flush_queue_.empty(); });
+      if (flush_queue_.empty()) return;  // stopping and drained
+      const std::string id = flush_queue_.front();
+      flush_queue_.pop_front();
+      m = pending_[id].manifest;
+      ticket = pending_[id].ticket;
+    }
+    ModelManifest copy = *m;
+    uint64_t new_bytes = 0;
+    Status st = repo_->commit(copy, [&](const ChunkHash& h, uint64_t length) -> Result<const void*> {
+      auto off = dram_->offset_of(h);
+      if (!off) return internal_error("chunk " + h.hex() + " of model '" + copy.id + "' is not resident in DRAM");
+      new_bytes += length;
+      return static_cast<const void*>(dram_->base() + *off);
+    });
+    if (st.is_ok()) {
+      for (const auto& t : copy.tensors)
+        for (const auto& c : t.chunks) dram_->mark_clean(c.hash);
+    } else {
+      CAIRN_LOG_ERROR("flushing model '{}' to the repository failed: {}", copy.id, st.to_string());
+    }
+    {
+      std::lock_guard lock(mu_);
+      pfs_bytes_written_ += st.is_ok() ? new_bytes : 0;
+      pending_.erase(copy.id);
+      if (!st.is_ok()) {
+        // The model is gone; chunks no other pending model needs may be evicted again.
+        std::set<ChunkHash> still_needed;
+        for (const auto& [pid, pm] : pending_)
+          for (const auto& t : pm.manifest->tensors)
+            for (const auto& c : t.chunks) still_needed.insert(c.hash);
+        for (const auto& t : copy.tensors)
+          for (const auto& c : t.chunks)
+            if (!still_needed.count(c.hash) && !repo_->locate(c.hash)) dram_->mark_clean(c.hash);
+      }
+      finish_ticket(ticket, st.is_ok() ? kLevelGlobal : kLevelMemory, st);
+    }
+    ticket_cv_.notify_all();
+  }
+}
+
+Result<json> Engine::op_wait(const json& req) {
+  CAIRN_ASSIGN_OR_RETURN(uint64_t id, get_u64(req, "ticket"));
+  int64_t timeout_ms = get_i64_or(req, "timeout_ms", -1);
+  std::unique_lock lock(mu_);
+  if (!tickets_.count(id)) return not_found("no ticket " + std::to_string(id) + " (already waited for?)");
+  auto done = [&] {
+    const Ticket& t = tickets_[id];
+    return stopping_ || t.reached >= t.target || !t.error.is_ok();
+  };
+  bool ok = timeout_ms < 0 ? (ticket_cv_.wait(lock, done), true)
+                           : ticket_cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms), done);
+  Ticket t = tickets_[id];
+  if (!ok || (t.reached < t.target && t.error.is_ok()))
+    return timed_out("ticket " + std::to_string(id) + " has reached '" + level_name(t.reached) + "', not '" +
+                     level_name(t.target) + "', after " + std::to_string(timeout_ms) + " ms");
+  tickets_.erase(id);
+  if (!t.error.is_ok()) return t.error;
+  return json{{"reached", level_name(t.reached)}};
+}
+
+// ---- models: reading ----
+
+Result<std::shared_ptr<const ModelManifest>> Engine::find_model(const std::string& id) const {
+  {
+    std::lock_guard lock(mu_);
+    auto it = pending_.find(id);
+    if (it != pending_.end()) return it->second.manifest;
+  }
+  auto m = repo_->get(id);
+  if (!m.is_ok()) return not_found("model '" + id + "' does not exist (see `cairn ls`)");
+  return std::shared_ptr<const ModelManifest>(std::make_shared<ModelManifest>(std::move(m).value()));
+}
+
+Result<json> Engine::op_open(const json& req) {
+  CAIRN_ASSIGN_OR_RETURN(std::string id, get_name(req, "id", "a model id"));
+  CAIRN_ASSIGN_OR_RETURN(auto m, find_model(id));
+  json tensors = json::array();
+  for (const auto& t : m->tensors)
+    tensors.push_back({{"name", t.name}, {"dtype", dtype_name(t.dtype)}, {"shape", shape_json(t.shape)}, {"nbytes", t.nbytes}});
+  json out{{"id", m->id}, {"tensors", std::move(tensors)}, {"metadata", m->metadata}};
+  out["parent"] = m->parent.empty() ? json() : json(m->parent);
+  if (req.value("with_source_header", false) && m->source_header.size() > 8)
+    out["source_header"] = m->source_header.substr(8);
+  return out;
+}
+
+Status Engine::pin_tensor(const TensorManifest& t, std::vector<ChunkHash>& pinned, std::vector<Extent>& extents) {
+  const size_t n = t.chunks.size();
+  std::vector<DramTier::Claim> claims(n);
+  std::vector<size_t> to_load, to_wait;
+  for (size_t i = 0; i < n; ++i) {
+    claims[i] = dram_->claim(t.chunks[i].hash);
+    if (claims[i].kind == DramTier::ClaimKind::kLoad) to_load.push_back(i);
+    else if (claims[i].kind == DramTier::ClaimKind::kLoading) to_wait.push_back(i);
+  }
+  std::vector<uint64_t> offsets(n, 0);
+  std::vector<bool> have(n, false);
+  for (size_t i = 0; i < n; ++i)
+    if (claims[i].kind == DramTier::ClaimKind::kResident) offsets[i] = claims[i].offset, have[i] = true;
+
+  Status failure;
+  auto fail_cleanup = [&](size_t from_load) {
+    for (size_t k = from_load; k < to_load.size(); ++k) dram_->abort_load(t.chunks[to_load[k]].hash);
+  };
+  // Load the missing chunks: into one allocation when the whole tensor is missing, so that it is
+  // contiguous in the arena and can be mapped without assembling.
+  if (!to_load.empty()) {
+    const bool whole = to_load.size() == n && n > 1;
+    uint64_t base_off = 0;
+    if (whole) {
+      auto off = dram_->allocate(t.nbytes);
+      if (!off.is_ok()) failure = off.status(), fail_cleanup(0);
+      else base_off = *off;
+    }
+    for (size_t k = 0; failure.is_ok() && k < to_load.size(); ++k) {
+      size_t i = to_load[k];
+      const ChunkRef& ref0 = t.chunks[i];
+      std::optional<ChunkRef> ref = ref0.pack.empty() ? repo_->locate(ref0.hash) : std::optional<ChunkRef>(ref0);
+      uint64_t off;
+      if (whole) {
+        off = base_off + i * repo_->chunk_size();
+      } else {
+        auto a = dram_->allocate(ref0.length);
+        if (!a.is_ok()) {
+          failure = a.status();
+          fail_cleanup(k);
+          break;
+        }
+        off = *a;
+      }
+      Status st = ref ? repo_->read_chunk(*ref, dram_->base() + off)
+                      : internal_error("chunk " + ref0.hash.hex() + " of tensor '" + t.name + "' is neither in DRAM nor in the repository");
+      if (!st.is_ok()) {
+        failure = st.with_context("tensor '" + t.name + "'");
+        if (whole) {
+          // Give back the slots of this chunk and of those not loaded yet; loaded ones are resident.
+          for (size_t r = k; r < to_load.size(); ++r) {
+            size_t j = to_load[r];
+            dram_->release(base_off + j * repo_->chunk_size(), t.chunks[j].length);
+          }
+        } else {
+          dram_->release(off, ref0.length);
+        }
+        fail_cleanup(k);
+        break;
+      }
+      {
+        std::lock_guard lock(mu_);
+        ++pfs_chunk_reads_;
+        pfs_bytes_read_ += ref0.length;
+      }
+      dram_->finish_load(ref0.hash, off, ref0.length);
+      offsets[i] = off;
+      have[i] = true;
+    }
+  }
+  for (size_t i : to_wait) {
+    if (!failure.is_ok()) break;
+    for (;;) {
+      if (auto off = dram_->wait_pin(t.chunks[i].hash)) {
+        offsets[i] = *off;
+        have[i] = true;
+        break;
+      }
+      // The other loader failed: try ourselves.
+      auto c = dram_->claim(t.chunks[i].hash);
+      if (c.kind == DramTier::ClaimKind::kResident) {
+        offsets[i] = c.offset;
+        have[i] = true;
+        break;
+      }
+      if (c.kind == DramTier::ClaimKind::kLoading) continue;
+      const ChunkRef& ref0 = t.chunks[i];
+      auto ref = ref0.pack.empty() ? repo_->locate(ref0.hash) : std::optional<ChunkRef>(ref0);
+      auto a = dram_->allocate(ref0.length);
+      Status st = !a.is_ok() ? a.status() : ref ? repo_->read_chunk(*ref, dram_->base() + *a) : internal_error("chunk " + ref0.hash.hex() + " lost");
+      if (!st.is_ok()) {
+        if (a.is_ok()) dram_->release(*a, ref0.length);
+        dram_->abort_load(ref0.hash);
+        failure = st;
+        break;
+      }
+      dram_->finish_load(ref0.hash, *a, ref0.length);
+      offsets[i] = *a;
+      have[i] = true;
+      break;
+    }
+  }
+  if (!failure.is_ok()) {
+    for (size_t i = 0; i < n; ++i)
+      if (have[i]) dram_->unpin(t.chunks[i].hash);
+    return failure;
+  }
+  for (size_t i = 0; i < n; ++i) {
+    pinned.push_back(t.chunks[i].hash);
+    extents.push_back(Extent{offsets[i], t.chunks[i].length});
+  }
+  return Status::ok();
+}
+
+Result<json> Engine::op_lease(Session& s, const json& req) {
+  CAIRN_ASSIGN_OR_RETURN(std::string id, get_name(req, "id", "a model id"));
+  CAIRN_ASSIGN_OR_RETURN(auto m, find_model(id));
+  bool contiguous = req.value("contiguous", false);
+  auto names = req.find("tensors");
+  if (names == req.end() || !names->is_array()) return invalid_argument("request 'lease': missing array field 'tensors'");
+  json leases = json::array();
+  std::vector<uint64_t> granted;
+  auto undo = [&] {
+    for (uint64_t l : granted) {
+      release_lease(s.leases[l]);
+      s.leases.erase(l);
+    }
+  };
+  for (const auto& nj : *names) {
+    if (!nj.is_string()) {
+      undo();
+      return invalid_argument("request 'lease': tensor names must be strings");
+    }
+    const TensorManifest* t = m->find(nj.get<std::string>());
+    if (!t) {
+      undo();
+      return not_found("model '" + id + "' has no tensor '" + nj.get<std::string>() + "'");
+    }
+    Session::Lease lease;
+    std::vector<Extent> extents;
+    Status st = pin_tensor(*t, lease.pinned_chunks, extents);
+    if (!st.is_ok()) {
+      undo();
+      return st;
+    }
+    bool consecutive = true;
+    for (size_t i = 1; i < extents.size(); ++i)
+      if (extents[i].offset != extents[i - 1].offset + extents[i - 1].length) consecutive = false;
+    if (contiguous && !consecutive) {
+      // Assemble a contiguous copy for a zero-copy view; the chunks stay where they are.
+      auto off = dram_->allocate(t->nbytes);
+      if (!off.is_ok()) {
+        release_lease(lease);
+        undo();
+        return off.status();
+      }
+      uint64_t pos = *off;
+      for (const auto& e : extents) {
+        std::memcpy(dram_->base() + pos, dram_->base() + e.offset, e.length);
+        pos += e.length;
+      }
+      for (const auto& h : lease.pinned_chunks) dram_->unpin(h);
+      lease.pinned_chunks.clear();
+      lease.owned_extents.push_back(Extent{*off, t->nbytes});
+      extents = {Extent{*off, t->nbytes}};
+    }
+    if (contiguous && consecutive && extents.size() > 1) extents = {Extent{extents.front().offset, t->nbytes}};
+    json ex = json::array();
+    for (const auto& e : extents) ex.push_back({e.offset, e.length});
+    uint64_t lid = s.next_id++;
+    s.leases[lid] = std::move(lease);
+    granted.push_back(lid);
+    leases.push_back({{"lease", lid}, {"extents", std::move(ex)}, {"nbytes", t->nbytes}});
+  }
+  return json{{"leases", std::move(leases)}};
+}
+
+void Engine::release_lease(Session::Lease& lease) {
+  for (const auto& h : lease.pinned_chunks) dram_->unpin(h);
+  lease.pinned_chunks.clear();
+  for (const auto& e : lease.owned_extents) dram_->release(e.offset, e.length);
+  lease.owned_extents.clear();
+  if (!lease.named_key.empty()) {
+    std::lock_guard lock(mu_);
+    auto it = named_.find(lease.named_key);
+    if (it != named_.end() && it->second.generation == lease.named_generation) {
+      --it->second.pins;
+    } else {
+      for (auto o = orphaned_named_.begin(); o != orphaned_named_.end(); ++o) {
+        if (o->generation != lease.named_generation) continue;
+        if (--o->pins == 0) {
+          dram_->release(o->extent.offset, o->extent.length);
+          orphaned_named_.erase(o);
+        }
+        break;
+      }
+    }
+    lease.named_key.clear();
+  }
+}
+
+Result<json> Engine::op_release(Session& s, const json& req) {
+  auto ids = req.find("leases");
+  if (ids == req.end() || !ids->is_array()) return invalid_argument("request 'release': missing array field 'leases'");
+  for (const auto& v : *ids) {
+    if (!v.is_number_unsigned()) return invalid_argument("request 'release': lease ids must be non-negative integers");
+    auto it = s.leases.find(v.get<uint64_t>());
+    if (it == s.leases.end()) continue;  // released twice: harmless
+    release_lease(it->second);
+    s.leases.erase(it);
+  }
+  return json::object();
+}
+
+void Engine::end_session(Session& s) {
+  for (auto& [id, lease] : s.leases) release_lease(lease);
+  s.leases.clear();
+  for (auto& [id, ext] : s.staging) dram_->release(ext.offset, ext.length);
+  s.staging.clear();
+}
+
+Result<json> Engine::op_prefetch(const json& req) {
+  CAIRN_ASSIGN_OR_RETURN(std::string id, get_name(req, "id", "a model id"));
+  CAIRN_ASSIGN_OR_RETURN(auto m, find_model(id));
+  uint64_t bytes = 0;
+  for (const auto& t : m->tensors) {
+    std::vector<ChunkHash> pinned;
+    std::vector<Extent> extents;
+    CAIRN_RETURN_IF_ERROR(pin_tensor(t, pinned, extents));
+    for (const auto& h : pinned) dram_->unpin(h);
+    bytes += t.nbytes;
+  }
+  return json{{"bytes", bytes}};
+}
+
+// ---- catalog ----
+
+Result<json> Engine::op_list(const json& /*req*/) {
+  json models = json::array();
+  auto row = [](const ModelManifest& m, const char* durability) {
+    return json{{"id", m.id},
+                {"parent", m.parent.empty() ? json() : json(m.parent)},
+                {"tensors", m.tensors.size()},
+                {"bytes", m.logical_bytes()},
+                {"created_ns", m.created_ns},
+                {"durability", durability}};
+  };
+  for (const auto& id : repo_->list()) {
+    auto m = repo_->get(id);
+    if (m.is_ok()) models.push_back(row(*m, "global"));
+  }
+  std::lock_guard lock(mu_);
+  for (const auto& [id, pm] : pending_) models.push_back(row(*pm.manifest, "memory"));
+  return json{{"models", std::move(models)}};
+}
+
+Result<json> Engine::op_show(const json& req) {
+  CAIRN_ASSIGN_OR_RETURN(std::string id, get_name(req, "id", "a model id"));
+  CAIRN_ASSIGN_OR_RETURN(auto m, find_model(id));
+  json tensors = json::array();
+  for (const auto& t : m->tensors)
+    tensors.push_back({{"name", t.name},
+                       {"dtype", dtype_name(t.dtype)},
+                       {"shape", shape_json(t.shape)},
+                       {"nbytes", t.nbytes},
+                       {"chunks", t.chunks.size()}});
+  bool pending;
+  {
+    std::lock_guard lock(mu_);
+    pending = pending_.count(id) > 0;
+  }
+  json children = json::array();
+  for (const auto& c : lineage_list(id, false, 1)) children.push_back(c);
+  return json{{"id", m->id},
+              {"parent", m->parent.empty() ? json() : json(m->parent)},
+              {"children", std::move(children)},
+              {"created_ns", m->created_ns},
+              {"durability", pending ? "memory" : "global"},
+              {"pack", m->pack},
+              {"logical_bytes", m->logical_bytes()},
+              {"metadata", m->metadata},
+              {"architecture", m->architecture},
+              {"tensors", std::move(tensors)}};
+}
+
+Result<json> Engine::op_stats(const json& /*req*/) {
+  RepositoryStats rs = repo_->stats();
+  TierStats dram = dram_->stats();
+  TierStats pfs;
+  pfs.name = "pfs";
+  pfs.enabled = true;
+  pfs.used_bytes = rs.physical_bytes;
+  pfs.chunks = rs.chunks;
+  uint64_t pending_models;
+  {
+    std::lock_guard lock(mu_);
+    pfs.hits = pfs_chunk_reads_;
+    pfs.bytes_out = pfs_bytes_read_;
+    pfs.bytes_in = pfs_bytes_written_;
+    pending_models = pending_.size();
+  }
+  TierStats hbm, nvme;
+  hbm.name = "hbm";
+  nvme.name = "nvme";
+  json tiers{{"hbm", hbm.to_json()}, {"dram", dram.to_json()}, {"nvme", nvme.to_json()}, {"pfs", pfs.to_json()}};
+  tiers["nvme"]["path"] = config_.tiers.nvme.path;
+  tiers["pfs"]["path"] = repo_->dir();
+  return json{{"tiers", std::move(tiers)},
+              {"repository",
+               {{"path", repo_->dir()},
+                {"models", rs.models},
+                {"packs", rs.packs},
+                {"chunks", rs.chunks},
+                {"logical_bytes", rs.logical_bytes},
+                {"physical_bytes", rs.physical_bytes}}},
+              {"pending_models", pending_models},
+              {"dirty_bytes", dram.dirty_bytes},
+              {"chunk_size", repo_->chunk_size()}};
+}
+
+Result<json> Engine::op_remove(const json& req) {
+  CAIRN_ASSIGN_OR_RETURN(std::string id, get_name(req, "id", "a model id"));
+  {
+    std::lock_guard lock(mu_);
+    if (pending_.count(id)) return busy("model '" + id + "' is still being written to the repository; retry shortly");
+    for (const auto& [pid, pm] : pending_)
+      if (pm.manifest->parent == id) return busy("model '" + id + "' has descendants (" + pid + "); remove them first");
+  }
+  Status st = repo_->remove(id);
+  if (st.code() == StatusCode::kNotFound) return not_found("model '" + id + "' does not exist (see `cairn ls`)");
+  CAIRN_RETURN_IF_ERROR(st);
+  return json::object();
+}
+
+json Engine::lineage_list(const std::string& id, bool ancestors, int depth) const {
+  json out = json::array();
+  if (ancestors) {
+    std::set<std::string> seen{id};
+    std::string cur = id;
+    for (int d = 0; depth < 0 || d < depth; ++d) {
+      auto m = find_model(cur);
+      if (!m.is_ok() || (*m)->parent.empty() || !seen.insert((*m)->parent).second) break;
+      cur = (*m)->parent;
+      out.push_back(cur);
+    }
+    return out;
+  }
+  // Descendants, breadth first.
+  std::deque<std::pair<std::string, int>> q{{id, 0}};
+  std::map<std::string, std::vector<std::string>> pending_children;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [pid, pm] : pending_)
+      if (!pm.manifest->parent.empty()) pending_children[pm.manifest->parent].push_back(pid);
+  }
+  while (!q.empty()) {
+    auto [cur, d] = q.front();
+    q.pop_front();
+    if (depth >= 0 && d >= depth) continue;
+    std::vector<std::string> kids = repo_->children(cur);
+    auto pc = pending_children.find(cur);
+    if (pc != pending_children.end()) kids.insert(kids.end(), pc->second.begin(), pc->second.end());
+    for (const auto& k : kids) {
+      out.push_back(k);
+      q.emplace_back(k, d + 1);
+    }
+  }
+  return out;
+}
+
+Result<json> Engine::op_query(const json& req) {
+  auto qit = req.find("query");
+  if (qit == req.end() || !qit->is_object()) return invalid_argument("request 'query': missing object field 'query'");
+  const json& q = *qit;
+  std::string qop = q.value("op", std::string());
+  if (qop == "ancestors" || qop == "descendants") {
+    auto mit = q.find("model");
+    if (mit == q.end() || !mit->is_string()) return invalid_argument("query '" + qop + "': missing string field 'model'");
+    std::string id = mit->get<std::string>();
+    CAIRN_RETURN_IF_ERROR(find_model(id).status());
+    int depth = static_cast<int>(get_i64_or(q, "depth", -1));
+    return json{{"model", id}, {qop, lineage_list(id, qop == "ancestors", depth)}};
+  }
+  return invalid_argument("query op '" + qop + "' is not supported (supported: ancestors, descendants)");
+}
+
+}  // namespace cairn

@@ -1,1 +1,207 @@
-// placeholder
+#include "daemon/server.hpp"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+
+#include "core/log.hpp"
+#include "core/wire.hpp"
+
+namespace cairn {
+
+std::string default_socket_path() {
+  if (const char* s = std::getenv("CAIRN_SOCKET"); s && *s) return s;
+  const char* xdg = std::getenv("XDG_RUNTIME_DIR");
+  std::string dir = (xdg && *xdg) ? xdg : "/tmp";
+  return dir + "/cairn-" + std::to_string(::getuid()) + "/cairnd.sock";
+}
+
+std::string socket_path_for(const Config& config) {
+  return config.socket.empty() ? default_socket_path() : config.socket;
+}
+
+namespace {
+
+Status prepare_directory(const std::string& dir) {
+  struct stat st{};
+  if (::stat(dir.c_str(), &st) != 0) {
+    if (errno != ENOENT) return errno_status("socket directory '" + dir + "'", errno);
+    std::error_code ec;
+    std::filesystem::create_directories(std::filesystem::path(dir).parent_path(), ec);
+    if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
+      return errno_status("creating socket directory '" + dir + "'", errno);
+    if (::stat(dir.c_str(), &st) != 0) return errno_status("socket directory '" + dir + "'", errno);
+  }
+  if (!S_ISDIR(st.st_mode)) return invalid_argument("socket directory '" + dir + "' is not a directory");
+  if (st.st_uid != ::getuid())
+    return permission_denied("socket directory '" + dir + "' belongs to uid " + std::to_string(st.st_uid) +
+                             ", not to this user (" + std::to_string(::getuid()) + "); set CAIRN_SOCKET to a path of your own");
+  if (st.st_mode & (S_IWGRP | S_IWOTH))
+    return permission_denied("socket directory '" + dir + "' is writable by other users; make it mode 0700");
+  return Status::ok();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Server>> Server::start(Engine& engine, const std::string& socket_path) {
+  sockaddr_un addr{};
+  if (socket_path.empty() || socket_path.size() >= sizeof(addr.sun_path))
+    return invalid_argument("socket path '" + socket_path + "' must be 1.." + std::to_string(sizeof(addr.sun_path) - 1) +
+                            " bytes long (Unix socket limit); choose a shorter CAIRN_SOCKET");
+  std::string dir = std::filesystem::path(socket_path).parent_path().string();
+  if (dir.empty()) dir = ".";
+  CAIRN_RETURN_IF_ERROR(prepare_directory(dir));
+
+  std::string lock_path = socket_path + ".lock";
+  int lock_fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (lock_fd < 0) return errno_status("opening lock file '" + lock_path + "'", errno);
+  if (::flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
+    char buf[32] = {};
+    ssize_t n = ::pread(lock_fd, buf, sizeof buf - 1, 0);
+    ::close(lock_fd);
+    std::string pid = n > 0 ? std::string(buf, static_cast<size_t>(n)) : "?";
+    while (!pid.empty() && (pid.back() == '\n' || pid.back() == ' ')) pid.pop_back();
+    return busy("another cairnd (pid " + pid + ") is already serving " + socket_path +
+                "; stop it first or set CAIRN_SOCKET to another path");
+  }
+  std::string pid = std::to_string(::getpid()) + "\n";
+  if (::ftruncate(lock_fd, 0) != 0 || ::pwrite(lock_fd, pid.data(), pid.size(), 0) < 0) {
+    ::close(lock_fd);
+    return errno_status("writing lock file '" + lock_path + "'", errno);
+  }
+
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    ::close(lock_fd);
+    return errno_status("socket()", errno);
+  }
+  ::unlink(socket_path.c_str());  // a stale socket of a dead daemon: we hold the lock
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, socket_path.c_str(), socket_path.size() + 1);
+  mode_t old = ::umask(0177);
+  int rc = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  ::umask(old);
+  if (rc != 0 || ::listen(fd, 128) != 0) {
+    Status st = errno_status("listening on '" + socket_path + "'", errno);
+    ::close(fd);
+    ::close(lock_fd);
+    return st;
+  }
+  auto server = std::unique_ptr<Server>(new Server(engine, socket_path, fd, lock_fd));
+  server->acceptor_ = std::thread([s = server.get()] { s->accept_loop(); });
+  return server;
+}
+
+Server::Server(Engine& engine, std::string path, int listen_fd, int lock_fd)
+    : engine_(engine), path_(std::move(path)), listen_fd_(listen_fd), lock_fd_(lock_fd) {}
+
+Server::~Server() {
+  stop();
+  ::unlink(path_.c_str());
+  ::unlink((path_ + ".lock").c_str());
+  ::close(lock_fd_);
+}
+
+size_t Server::connection_count() const {
+  std::lock_guard lock(mu_);
+  return conns_.size();
+}
+
+void Server::stop() {
+  if (stopping_.exchange(true)) return;
+  ::shutdown(listen_fd_, SHUT_RDWR);
+  if (acceptor_.joinable()) acceptor_.join();
+  ::close(listen_fd_);
+  std::map<uint64_t, std::thread> threads;
+  {
+    std::lock_guard lock(mu_);
+    // A connection thread finishes the request in hand; its next read sees end-of-file.
+    for (auto& [id, fd] : conns_) ::shutdown(fd, SHUT_RD);
+    threads.swap(threads_);
+  }
+  for (auto& [id, t] : threads)
+    if (t.joinable()) t.join();
+}
+
+void Server::accept_loop() {
+  while (!stopping_) {
+    int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    // Join threads of connections that have ended.
+    std::vector<std::thread> done;
+    {
+      std::lock_guard lock(mu_);
+      for (uint64_t id : finished_) {
+        auto it = threads_.find(id);
+        if (it != threads_.end()) {
+          done.push_back(std::move(it->second));
+          threads_.erase(it);
+        }
+      }
+      finished_.clear();
+    }
+    for (auto& t : done) t.join();
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (stopping_) break;
+      if (errno == EMFILE || errno == ENFILE) {
+        CAIRN_LOG_WARN("accept: {} (too many open files); retrying", std::strerror(errno));
+        ::usleep(10000);
+        continue;
+      }
+      break;
+    }
+    ucred cred{};
+    socklen_t len = sizeof cred;
+    if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || cred.uid != ::getuid()) {
+      nlohmann::json err = wire::error_response(permission_denied(
+          "cairnd serves only uid " + std::to_string(::getuid()) + "; start your own daemon"));
+      (void)wire::send_frame(fd, wire::Kind::kResponse, err);
+      ::close(fd);
+      continue;
+    }
+    std::lock_guard lock(mu_);
+    uint64_t id = next_conn_++;
+    conns_[id] = fd;
+    threads_[id] = std::thread([this, fd, id] { serve(fd, id); });
+  }
+}
+
+void Server::serve(int fd, uint64_t conn_id) {
+  Session session;
+  for (;;) {
+    auto frame = wire::recv_frame(fd);
+    if (!frame.is_ok()) {
+      if (frame.status().code() != StatusCode::kUnavailable) {
+        // Garbage on the socket: say what was wrong, then drop the connection.
+        CAIRN_LOG_WARN("connection {}: {}", conn_id, frame.status().to_string());
+        (void)wire::send_frame(fd, wire::Kind::kResponse, wire::error_response(frame.status()));
+      }
+      break;
+    }
+    if (frame->passed_fd >= 0) ::close(frame->passed_fd);
+    if (frame->kind != wire::Kind::kRequest) {
+      (void)wire::send_frame(fd, wire::Kind::kResponse,
+                             wire::error_response(protocol_error("expected a request frame, got a response")));
+      break;
+    }
+    Response r = engine_.handle(session, frame->body, frame->blob);
+    bool hello = frame->body.value("op", std::string()) == "hello" && r.body.value("status", 1) == 0;
+    Status st = wire::send_frame(fd, wire::Kind::kResponse, r.body, r.blob, hello ? engine_.arena_fd() : -1);
+    if (!st.is_ok()) break;
+  }
+  engine_.end_session(session);
+  std::lock_guard lock(mu_);
+  ::close(fd);
+  conns_.erase(conn_id);
+  finished_.push_back(conn_id);
+}
+
+}  // namespace cairn

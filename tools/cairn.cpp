@@ -1,1 +1,358 @@
-int main() { return 0; }
+// cairn: the command-line tool. Talks to the node's cairnd through the client library.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "api/cpp/client.hpp"
+#include "core/safetensors.hpp"
+#include "core/wire.hpp"
+
+namespace {
+
+using cairn::Result;
+using cairn::Status;
+using nlohmann::json;
+
+int fail(const Status& s) {
+  std::fprintf(stderr, "cairn: %s\n", s.to_string().c_str());
+  return 1;
+}
+
+Result<std::unique_ptr<cairn::Client>> connect() { return cairn::Client::connect(""); }
+
+Result<cairn::Durability> parse_durability(const std::string& s) {
+  if (s == "memory") return cairn::Durability::kMemory;
+  if (s == "local") return cairn::Durability::kLocal;
+  if (s == "global") return cairn::Durability::kGlobal;
+  return cairn::invalid_argument("--durability '" + s + "' is not one of memory, local, global");
+}
+
+Result<json> read_json_file(const std::string& path, const char* what) {
+  std::ifstream in(path);
+  if (!in) return cairn::errno_status(std::string(what) + " '" + path + "'", errno);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  json j = json::parse(ss.str(), nullptr, false);
+  if (j.is_discarded()) return cairn::invalid_argument(std::string(what) + " '" + path + "' is not valid JSON");
+  return j;
+}
+
+std::string human_bytes(uint64_t b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(b);
+  int u = 0;
+  while (v >= 1024 && u < 4) v /= 1024, ++u;
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", v, units[u]);
+  return buf;
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+Status pread_full(int fd, uint8_t* dst, uint64_t n, uint64_t off, const std::string& path) {
+  while (n > 0) {
+    ssize_t r = ::pread(fd, dst, n, static_cast<off_t>(off));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return cairn::errno_status("reading '" + path + "'", errno);
+    }
+    if (r == 0) return cairn::invalid_argument("'" + path + "' is shorter than its header says (truncated file?)");
+    dst += r, n -= static_cast<uint64_t>(r), off += static_cast<uint64_t>(r);
+  }
+  return Status::ok();
+}
+
+// ---- put ----
+
+int cmd_put(const std::string& id, const std::string& file, const std::string& parent, const std::string& arch_path,
+            const std::string& meta_text, const std::string& durability_text) {
+  auto durability = parse_durability(durability_text);
+  if (!durability.is_ok()) return fail(durability.status());
+  if (ends_with(file, ".h5") || ends_with(file, ".hdf5"))
+    return fail(cairn::invalid_argument("'" + file + "': Keras HDF5 files need a cairn built with HDF5 support (CAIRN_WITH_HDF5); "
+                                        "convert it to safetensors first"));
+  auto header = cairn::safetensors::read_header(file);
+  if (!header.is_ok()) return fail(header.status());
+  json meta = json::object();
+  if (!meta_text.empty()) {
+    meta = json::parse(meta_text, nullptr, false);
+    if (meta.is_discarded() || !meta.is_object()) return fail(cairn::invalid_argument("--meta must be a JSON object"));
+  }
+  json arch;
+  if (!arch_path.empty()) {
+    auto a = read_json_file(arch_path, "architecture graph");
+    if (!a.is_ok()) return fail(a.status());
+    arch = *a;
+  }
+  int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return fail(cairn::errno_status("opening '" + file + "'", errno));
+  std::string header_json(header->header_bytes, '\0');
+  Status st = pread_full(fd, reinterpret_cast<uint8_t*>(header_json.data()), header->header_bytes, 8, file);
+  if (!st.is_ok()) {
+    ::close(fd);
+    return fail(st);
+  }
+  auto client = connect();
+  if (!client.is_ok()) {
+    ::close(fd);
+    return fail(client.status());
+  }
+  cairn::ModelWriter w(**client, id, parent);
+  if (!meta.empty()) st = w.set_metadata(meta);
+  if (st.is_ok() && !arch.is_null()) st = w.set_architecture(arch);
+  w.set_source_header(header_json);
+  std::vector<uint8_t> small;
+  for (const auto& t : header->tensors) {
+    if (!st.is_ok()) break;
+    uint64_t off = header->data_offset() + t.begin;
+    if (t.nbytes() <= cairn::kInlineLimit) {
+      small.resize(t.nbytes());
+      st = pread_full(fd, small.data(), t.nbytes(), off, file);
+      if (st.is_ok()) st = w.add_tensor(t.name, small.data(), t.dtype, t.shape);
+    } else {
+      // Straight from the file into the daemon's arena: no intermediate buffer.
+      auto space = w.add_tensor_space(t.name, t.dtype, t.shape);
+      st = space.is_ok() ? pread_full(fd, *space, t.nbytes(), off, file) : space.status();
+    }
+  }
+  ::close(fd);
+  if (!st.is_ok()) return fail(st);
+  auto r = w.commit(*durability, true);
+  if (!r.is_ok()) return fail(r.status());
+  return 0;
+}
+
+// ---- get ----
+
+int cmd_get(const std::string& id, const std::string& out, const std::vector<std::string>& only) {
+  auto client = connect();
+  if (!client.is_ok()) return fail(client.status());
+  auto opened = (*client)->call(json{{"op", "open"}, {"id", id}, {"with_source_header", true}});
+  if (!opened.is_ok()) return fail(opened.status());
+  auto reader = cairn::ModelReader::open(**client, id);
+  if (!reader.is_ok()) return fail(reader.status());
+  std::vector<std::string> names;
+  if (only.empty()) {
+    for (const auto& t : (*reader)->tensors()) names.push_back(t.name);
+  } else {
+    for (const auto& n : only) {
+      if (!(*reader)->find(n)) return fail(cairn::not_found("model '" + id + "' has no tensor '" + n + "'"));
+      names.push_back(n);
+    }
+  }
+  // The original header when the whole model is asked for and it came from a file: byte-exact.
+  std::string prefix;
+  std::map<std::string, std::string> file_metadata;
+  bool have_file_metadata = false;
+  if (opened->contains("source_header") && (*opened)["source_header"].is_string()) {
+    std::string js = (*opened)["source_header"].get<std::string>();
+    std::string p(8, '\0');
+    for (int i = 0; i < 8; ++i) p[static_cast<size_t>(i)] = static_cast<char>((js.size() >> (8 * i)) & 0xff);
+    p += js;
+    uint64_t data_bytes = 0;
+    for (const auto& t : (*reader)->tensors()) data_bytes += t.nbytes;
+    auto h = cairn::safetensors::parse_header({reinterpret_cast<const uint8_t*>(p.data()), p.size()}, p.size() + data_bytes);
+    if (h.is_ok()) {
+      file_metadata = h->metadata;
+      have_file_metadata = h->has_metadata;
+      bool same_order = only.empty() && h->tensors.size() == names.size();
+      for (size_t i = 0; same_order && i < names.size(); ++i) same_order = h->tensors[i].name == names[i];
+      if (same_order) prefix = p;
+    }
+  }
+  if (prefix.empty()) {
+    std::vector<cairn::safetensors::TensorEntry> entries;
+    for (const auto& n : names) {
+      const auto* t = (*reader)->find(n);
+      entries.push_back({t->name, t->dtype, t->shape, 0, 0});
+    }
+    auto built = cairn::safetensors::build_header(entries, have_file_metadata ? &file_metadata : nullptr);
+    if (!built.is_ok()) return fail(built.status());
+    prefix = std::move(built).value();
+  }
+  std::string tmp = out + ".cairn-tmp";
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return fail(cairn::errno_status("creating '" + tmp + "'", errno));
+  Status st = cairn::wire::write_full(fd, prefix.data(), prefix.size());
+  for (const auto& n : names) {
+    if (!st.is_ok()) break;
+    auto view = (*reader)->map(n);
+    if (!view.is_ok()) {
+      st = view.status();
+      break;
+    }
+    const uint8_t* p = view->data();
+    size_t left = view->size();
+    while (st.is_ok() && left > 0) {
+      ssize_t w = ::write(fd, p, left);
+      if (w < 0 && errno == EINTR) continue;
+      if (w < 0) st = cairn::errno_status("writing '" + tmp + "'", errno);
+      else p += w, left -= static_cast<size_t>(w);
+    }
+    (*reader)->close();
+  }
+  if (::close(fd) != 0 && st.is_ok()) st = cairn::errno_status("closing '" + tmp + "'", errno);
+  if (st.is_ok() && std::rename(tmp.c_str(), out.c_str()) != 0) st = cairn::errno_status("renaming to '" + out + "'", errno);
+  if (!st.is_ok()) {
+    ::unlink(tmp.c_str());
+    return fail(st);
+  }
+  return 0;
+}
+
+// ---- catalog commands ----
+
+int cmd_ls(bool as_json) {
+  auto client = connect();
+  if (!client.is_ok()) return fail(client.status());
+  auto r = (*client)->call(json{{"op", "list"}});
+  if (!r.is_ok()) return fail(r.status());
+  const json& models = (*r)["models"];
+  if (as_json) {
+    std::cout << models.dump(2) << "\n";
+    return 0;
+  }
+  for (const auto& m : models) {
+    std::string parent = m["parent"].is_string() ? m["parent"].get<std::string>() : "-";
+    std::printf("%-32s parent=%-24s tensors=%-5llu %10s  %s\n", m["id"].get<std::string>().c_str(), parent.c_str(),
+                static_cast<unsigned long long>(m["tensors"].get<uint64_t>()), human_bytes(m["bytes"].get<uint64_t>()).c_str(),
+                m["durability"].get<std::string>().c_str());
+  }
+  return 0;
+}
+
+int cmd_simple(const json& request, bool print) {
+  auto client = connect();
+  if (!client.is_ok()) return fail(client.status());
+  auto r = (*client)->call(request);
+  if (!r.is_ok()) return fail(r.status());
+  r->erase("status");
+  if (print) std::cout << r->dump(2) << "\n";
+  return 0;
+}
+
+int cmd_lineage(const std::string& id, bool as_json) {
+  auto client = connect();
+  if (!client.is_ok()) return fail(client.status());
+  auto a = (*client)->query(json{{"op", "ancestors"}, {"model", id}});
+  if (!a.is_ok()) return fail(a.status());
+  auto d = (*client)->query(json{{"op", "descendants"}, {"model", id}});
+  if (!d.is_ok()) return fail(d.status());
+  if (as_json) {
+    std::cout << json{{"model", id}, {"ancestors", (*a)["ancestors"]}, {"descendants", (*d)["descendants"]}}.dump(2) << "\n";
+    return 0;
+  }
+  std::printf("model:       %s\nancestors:  ", id.c_str());
+  for (const auto& x : (*a)["ancestors"]) std::printf(" %s", x.get<std::string>().c_str());
+  std::printf("\ndescendants:");
+  for (const auto& x : (*d)["descendants"]) std::printf(" %s", x.get<std::string>().c_str());
+  std::printf("\n");
+  return 0;
+}
+
+int cmd_stats(bool as_json) {
+  auto client = connect();
+  if (!client.is_ok()) return fail(client.status());
+  auto r = (*client)->call(json{{"op", "stats"}});
+  if (!r.is_ok()) return fail(r.status());
+  r->erase("status");
+  if (as_json) {
+    std::cout << r->dump(2) << "\n";
+    return 0;
+  }
+  std::printf("%-5s %-8s %12s %12s %10s %10s %12s %12s\n", "tier", "enabled", "capacity", "used", "hits", "misses",
+              "bytes in", "bytes out");
+  for (const char* name : {"hbm", "dram", "nvme", "pfs"}) {
+    const json& t = (*r)["tiers"][name];
+    uint64_t cap = t["capacity_bytes"].get<uint64_t>();
+    std::printf("%-5s %-8s %12s %12s %10llu %10llu %12s %12s\n", name, t["enabled"].get<bool>() ? "yes" : "no",
+                cap ? human_bytes(cap).c_str() : "-", human_bytes(t["used_bytes"].get<uint64_t>()).c_str(),
+                static_cast<unsigned long long>(t["hits"].get<uint64_t>()),
+                static_cast<unsigned long long>(t["misses"].get<uint64_t>()),
+                human_bytes(t["bytes_in"].get<uint64_t>()).c_str(), human_bytes(t["bytes_out"].get<uint64_t>()).c_str());
+  }
+  const json& repo = (*r)["repository"];
+  uint64_t logical = repo["logical_bytes"].get<uint64_t>(), physical = repo["physical_bytes"].get<uint64_t>();
+  std::printf("repository %s: %llu models, logical %s, physical %s", repo["path"].get<std::string>().c_str(),
+              static_cast<unsigned long long>(repo["models"].get<uint64_t>()), human_bytes(logical).c_str(),
+              human_bytes(physical).c_str());
+  if (physical > 0) std::printf(" (%.2fx deduplication)", static_cast<double>(logical) / static_cast<double>(physical));
+  std::printf("\ndirty (not yet in the repository): %s in %llu models\n", human_bytes((*r)["dirty_bytes"].get<uint64_t>()).c_str(),
+              static_cast<unsigned long long>((*r)["pending_models"].get<uint64_t>()));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"cairn — the model cache's command-line tool (talks to the node's cairnd; CAIRN_SOCKET selects it)"};
+  app.require_subcommand(1);
+  int rc = 0;
+
+  std::string id, file, parent, arch, meta, durability = "global", out;
+  std::vector<std::string> tensors;
+  bool as_json = false;
+
+  auto* put = app.add_subcommand("put", "store a model from a safetensors file");
+  put->add_option("ID", id, "model id")->required();
+  put->add_option("FILE", file, "safetensors file")->required();
+  put->add_option("--parent", parent, "the model this one was derived from");
+  put->add_option("--arch", arch, "architecture graph (JSON file)");
+  put->add_option("--meta", meta, "metadata (a JSON object)");
+  put->add_option("--durability", durability, "memory, local or global (default: global)");
+  put->callback([&] { rc = cmd_put(id, file, parent, arch, meta, durability); });
+
+  auto* get = app.add_subcommand("get", "write a model, or some of its tensors, to a safetensors file");
+  get->add_option("ID", id, "model id")->required();
+  get->add_option("-o,--output", out, "output file")->required();
+  get->add_option("--tensor", tensors, "only this tensor (repeatable)");
+  get->callback([&] { rc = cmd_get(id, out, tensors); });
+
+  auto* ls = app.add_subcommand("ls", "list models");
+  ls->add_flag("--json", as_json, "print JSON");
+  ls->callback([&] { rc = cmd_ls(as_json); });
+
+  auto* show = app.add_subcommand("show", "describe a model (JSON)");
+  show->add_option("ID", id, "model id")->required();
+  show->callback([&] { rc = cmd_simple(json{{"op", "show"}, {"id", id}}, true); });
+
+  auto* lineage = app.add_subcommand("lineage", "ancestors and descendants of a model");
+  lineage->add_option("ID", id, "model id")->required();
+  lineage->add_flag("--json", as_json, "print JSON");
+  lineage->callback([&] { rc = cmd_lineage(id, as_json); });
+
+  auto* stats = app.add_subcommand("stats", "per-tier and repository statistics");
+  stats->add_flag("--json", as_json, "print JSON");
+  stats->callback([&] { rc = cmd_stats(as_json); });
+
+  auto* rm = app.add_subcommand("rm", "delete a model (one without descendants)");
+  rm->add_option("ID", id, "model id")->required();
+  rm->callback([&] { rc = cmd_simple(json{{"op", "remove"}, {"id", id}}, false); });
+
+  auto* prefetch = app.add_subcommand("prefetch", "bring a model into DRAM ahead of need");
+  prefetch->add_option("ID", id, "model id")->required();
+  prefetch->callback([&] { rc = cmd_simple(json{{"op", "prefetch"}, {"id", id}}, false); });
+
+  std::string query_text;
+  auto* query = app.add_subcommand("query", "run a JSON query, e.g. '{\"op\":\"ancestors\",\"model\":\"m3\"}'");
+  query->add_option("JSON", query_text, "the query")->required();
+  query->callback([&] {
+    json q = json::parse(query_text, nullptr, false);
+    if (q.is_discarded() || !q.is_object()) rc = fail(cairn::invalid_argument("the query is not a JSON object"));
+    else rc = cmd_simple(json{{"op", "query"}, {"query", q}}, true);
+  });
+
+  CLI11_PARSE(app, argc, argv);
+  return rc;
+}

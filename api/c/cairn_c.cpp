@@ -1,1 +1,302 @@
-// placeholder
+// The C API: a shim over the C++ client. No exception crosses this boundary; every failure sets
+// the thread-local last error.
+#include "cairn/cairn.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <string>
+
+#include "api/cpp/client.hpp"
+
+struct cairn_client {
+  std::unique_ptr<cairn::Client> impl;
+};
+struct cairn_model_writer {
+  std::unique_ptr<cairn::ModelWriter> impl;
+  cairn_client* client;
+};
+struct cairn_model_reader {
+  std::unique_ptr<cairn::ModelReader> impl;
+};
+struct cairn_ticket {
+  cairn_client* client;
+  uint64_t id;
+};
+
+namespace {
+
+thread_local std::string g_last_error;
+
+cairn_status fail(const cairn::Status& s) {
+  g_last_error = s.to_string();
+  return static_cast<cairn_status>(s.code());
+}
+
+cairn_status fail(cairn_status code, const std::string& msg) {
+  g_last_error = std::string(cairn_status_string(code)) + ": " + msg;
+  return code;
+}
+
+cairn_status done(const cairn::Status& s) {
+  if (s.is_ok()) {
+    g_last_error.clear();
+    return CAIRN_OK;
+  }
+  return fail(s);
+}
+
+template <typename F>
+cairn_status guarded(F&& f) {
+  try {
+    return f();
+  } catch (const std::bad_alloc&) {
+    return fail(CAIRN_ERR_NO_SPACE, "out of memory");
+  } catch (const std::exception& e) {
+    return fail(CAIRN_ERR_INTERNAL, e.what());
+  } catch (...) {
+    return fail(CAIRN_ERR_INTERNAL, "unknown exception");
+  }
+}
+
+bool check_dtype(cairn_dtype d) { return cairn::dtype_from_int(static_cast<int>(d)).has_value(); }
+
+cairn_status make_shape(int ndim, const int64_t* shape, std::vector<int64_t>& out) {
+  if (ndim < 0 || ndim > CAIRN_MAX_DIMS)
+    return fail(CAIRN_ERR_INVALID_ARGUMENT, "ndim " + std::to_string(ndim) + " is outside 0..8");
+  if (ndim > 0 && !shape) return fail(CAIRN_ERR_INVALID_ARGUMENT, "shape is NULL");
+  out.assign(shape, shape + ndim);
+  return CAIRN_OK;
+}
+
+#define CAIRN_REQUIRE_ARG(cond, what) \
+  if (!(cond)) return fail(CAIRN_ERR_INVALID_ARGUMENT, what)
+
+}  // namespace
+
+extern "C" {
+
+const char* cairn_status_string(cairn_status s) { return cairn::status_code_string(static_cast<cairn::StatusCode>(s)); }
+
+const char* cairn_last_error(void) { return g_last_error.c_str(); }
+
+cairn_status cairn_connect(const char* address, cairn_client** out) {
+  return guarded([&] {
+    CAIRN_REQUIRE_ARG(out, "out is NULL");
+    *out = nullptr;
+    auto c = cairn::Client::connect(address ? address : "");
+    if (!c.is_ok()) return fail(c.status());
+    *out = new cairn_client{std::move(c).value()};
+    return done(cairn::Status::ok());
+  });
+}
+
+void cairn_disconnect(cairn_client* c) { delete c; }
+
+cairn_status cairn_put_tensor(cairn_client* c, const char* key, const void* data, cairn_dtype dtype, int ndim,
+                              const int64_t* shape) {
+  return guarded([&] {
+    CAIRN_REQUIRE_ARG(c && key, "client and key must not be NULL");
+    CAIRN_REQUIRE_ARG(check_dtype(dtype), "unknown dtype " + std::to_string(static_cast<int>(dtype)));
+    std::vector<int64_t> s;
+    if (cairn_status st = make_shape(ndim, shape, s); st != CAIRN_OK) return st;
+    return done(c->impl->put_tensor(key, data, static_cast<cairn::DType>(dtype), s));
+  });
+}
+
+cairn_status cairn_get_tensor_info(cairn_client* c, const char* key, cairn_dtype* dtype, int* ndim,
+                                   int64_t shape[CAIRN_MAX_DIMS], size_t* nbytes) {
+  return guarded([&] {
+    CAIRN_REQUIRE_ARG(c && key, "client and key must not be NULL");
+    auto t = c->impl->tensor_info(key);
+    if (!t.is_ok()) return fail(t.status());
+    if (dtype) *dtype = static_cast<cairn_dtype>(t->dtype);
+    if (ndim) *ndim = static_cast<int>(t->shape.size());
+    if (shape)
+      for (size_t i = 0; i < t->shape.size(); ++i) shape[i] = t->shape[i];
+    if (nbytes) *nbytes = t->nbytes;
+    return done(cairn::Status::ok());
+  });
+}
+
+cairn_status cairn_unpack_tensor(cairn_client* c, const char* key, void* dst, size_t dst_bytes) {
+  return guarded([&] {
+    CAIRN_REQUIRE_ARG(c && key, "client and key must not be NULL");
+    CAIRN_REQUIRE_ARG(dst || dst_bytes == 0, "dst is NULL");
+    return done(c->impl->unpack_tensor(key, dst, dst_bytes));
+  });
+}
+
+cairn_status cairn_poll_tensor(cairn_client* c, const char* key, int timeout_ms, int* found) {
+  return guarded([&] {
+    CAIRN_REQUIRE_ARG(c && key && found, "client, key and found must not be NULL");
+    auto r = c->impl->poll_tensor(key, timeout_ms);
+    if (!r.is_ok()) return fail(r.status());
+    *found = *r ? 1 : 0;
+    return done(cairn::Status::ok());
+  });
+}
+
+cairn_status cairn_delete_tensor(cairn_client* c, const char* key) {
+  return guarded([&] {
+    CAIRN_REQUIRE_ARG(c && key, "client and key must not be NULL");
+    return done(c->impl->delete_tensor(key));
+  });
+}
+
+cairn_status cairn_model_create(cairn_client* c, const char* id, const char* parent, cairn_model_writer** out) {
+  return guarded([&] {
+    CAIRN_REQUIRE_ARG(c && id && out, "client, id and out must not be NULL");
+    *out = nullptr;
+    CAIRN_REQUIRE_ARG(cairn::valid_name(id), "model ids must be 1..1024 bytes of UTF-8 without NUL");
+    CAIRN_REQUIRE_ARG(!parent || cairn::valid_name(parent), "parent ids must be 1..1024 bytes of UTF-8 without NUL");
+    *out = new cairn_model_writer{std::make_unique<cairn::ModelWriter>(*c->impl, id, parent ? parent : ""), c};
+    return done(cairn::Status::ok());
+  });
+}
+
+cairn_status cairn_model_add_tensor(cairn_model_writer* w, const char* name, const void* data, cairn_dtype dtype,
+                                    int ndim, const int64_t* shape) {
+  return guarded([&] {
+    CAIRN_REQUIRE_ARG(w && name, "writer and name must not be NULL");
+    CAIRN_REQUIRE_ARG(check_dtype(dtype), "unknown dtype " + std::to_string(static_cast<int>(dtype)));
+    std::vector<int64_t> s;
+    if (cairn_status st = make_shape(ndim, shape, s); st != CAIRN_OK) return st;
+    return done(w->impl->add_tensor(name, data, static_cast<cairn::DType>(dtype), s));
+  });
+}
+
+cairn_status cairn_model_inherit_tensor(cairn_model_writer* w, const char* name) {
+  return guarded([&] {
+    CAIRN_REQUIRE_ARG(w && name, "writer and name must not be NULL");
+    return done(w->impl->inherit_tensor(name));
+  });
+}
+
+static cairn_status set_json(cairn_model_writer* w, const char* text, bool arch) {
+  return guarded([&] {
+    CAIRN_REQUIRE_ARG(w && text, "writer and JSON text must not be NULL");
+    auto j = nlohmann::json::parse(text, nullptr, false);
+    if (j.is_discarded())
+      return fail(CAIRN_ERR_INVALID_ARGUMENT, std::string(arch ? "architecture" : "metadata") + " is not valid JSON");
+    return done(arch ? w->impl->set_architecture(j) : w->impl->set_metadata(j));
+  });
+}
+
+cairn_status cairn_model_set_architecture(cairn_model_writer* w, const char* graph_json) { return set_json(w, graph_json, true); }
+cairn_status cairn_model_set_metadata(cairn_model_writer* w, const char* meta_json) { return set_json(w, meta_json, false); }
+
+cairn_status cairn_model_commit(cairn_model_writer* w, cairn_durability d, cairn_ticket** ticket) {
+  if (!w) return fail(CAIRN_ERR_INVALID_ARGUMENT, "writer is NULL");
+  cairn_status st = guarded([&] {
+    if (ticket) *ticket = nullptr;
+    CAIRN_REQUIRE_ARG(d >= CAIRN_DURABILITY_MEMORY && d <= CAIRN_DURABILITY_GLOBAL, "unknown durability");
+    auto r = w->impl->commit(static_cast<cairn::Durability>(d), ticket == nullptr);
+    if (!r.is_ok()) return fail(r.status());
+    if (ticket) {
+      // The ticket is answered by the client the writer came from.
+      *ticket = new cairn_ticket{w->client, *r};
+    }
+    return done(cairn::Status::ok());
+  });
+  delete w;
+  return st;
+}
+
+void cairn_model_abort(cairn_model_writer* w) { delete w; }
+
+cairn_status cairn_wait(cairn_ticket* t, int timeout_ms) {
+  return guarded([&] {
+    CAIRN_REQUIRE_ARG(t, "ticket is NULL");
+    if (t->id == 0 || t->client == nullptr) return done(cairn::Status::ok());
+    return done(t->client->impl->wait(t->id, timeout_ms));
+  });
+}
+
+void cairn_ticket_free(cairn_ticket* t) { delete t; }
+
+cairn_status cairn_model_open(cairn_client* c, const char* id, cairn_model_reader** out) {
+  return guarded([&] {
+    CAIRN_REQUIRE_ARG(c && id && out, "client, id and out must not be NULL");
+    *out = nullptr;
+    auto r = cairn::ModelReader::open(*c->impl, id);
+    if (!r.is_ok()) return fail(r.status());
+    *out = new cairn_model_reader{std::move(r).value()};
+    return done(cairn::Status::ok());
+  });
+}
+
+cairn_status cairn_model_tensor_count(cairn_model_reader* r, size_t* count) {
+  CAIRN_REQUIRE_ARG(r && count, "reader and count must not be NULL");
+  *count = r->impl->tensors().size();
+  return done(cairn::Status::ok());
+}
+
+cairn_status cairn_model_tensor_info(cairn_model_reader* r, size_t index, const char** name, cairn_dtype* dtype,
+                                     int* ndim, int64_t shape[CAIRN_MAX_DIMS], size_t* nbytes) {
+  CAIRN_REQUIRE_ARG(r, "reader is NULL");
+  const auto& ts = r->impl->tensors();
+  if (index >= ts.size())
+    return fail(CAIRN_ERR_INVALID_ARGUMENT, "tensor index " + std::to_string(index) + " is outside 0.." +
+                                                std::to_string(ts.size()) + " (exclusive)");
+  const auto& t = ts[index];
+  if (name) *name = t.name.c_str();
+  if (dtype) *dtype = static_cast<cairn_dtype>(t.dtype);
+  if (ndim) *ndim = static_cast<int>(t.shape.size());
+  if (shape)
+    for (size_t i = 0; i < t.shape.size(); ++i) shape[i] = t.shape[i];
+  if (nbytes) *nbytes = t.nbytes;
+  return done(cairn::Status::ok());
+}
+
+cairn_status cairn_model_read_tensor(cairn_model_reader* r, const char* name, void* dst, size_t dst_bytes,
+                                     cairn_memkind kind) {
+  return guarded([&] {
+    CAIRN_REQUIRE_ARG(r && name, "reader and name must not be NULL");
+    CAIRN_REQUIRE_ARG(dst || dst_bytes == 0, "dst is NULL");
+    if (kind == CAIRN_MEM_CUDA) return done(r->impl->read_to_device(name, dst, dst_bytes));
+    CAIRN_REQUIRE_ARG(kind == CAIRN_MEM_HOST, "unknown memkind");
+    return done(r->impl->read(name, dst, dst_bytes));
+  });
+}
+
+cairn_status cairn_model_map_tensor(cairn_model_reader* r, const char* name, const void** data, size_t* nbytes) {
+  return guarded([&] {
+    CAIRN_REQUIRE_ARG(r && name && data, "reader, name and data must not be NULL");
+    auto v = r->impl->map(name);
+    if (!v.is_ok()) return fail(v.status());
+    *data = v->data();
+    if (nbytes) *nbytes = v->size();
+    return done(cairn::Status::ok());
+  });
+}
+
+void cairn_model_close(cairn_model_reader* r) { delete r; }
+
+cairn_status cairn_prefetch(cairn_client* c, const char* id) {
+  return guarded([&] {
+    CAIRN_REQUIRE_ARG(c && id, "client and id must not be NULL");
+    return done(c->impl->prefetch(id));
+  });
+}
+
+cairn_status cairn_query(cairn_client* c, const char* request_json, char** result_json) {
+  return guarded([&] {
+    CAIRN_REQUIRE_ARG(c && request_json && result_json, "client, request and result must not be NULL");
+    *result_json = nullptr;
+    auto q = nlohmann::json::parse(request_json, nullptr, false);
+    if (q.is_discarded() || !q.is_object()) return fail(CAIRN_ERR_INVALID_ARGUMENT, "the query is not a JSON object");
+    auto r = c->impl->query(q);
+    if (!r.is_ok()) return fail(r.status());
+    std::string s = r->dump();
+    char* out = static_cast<char*>(std::malloc(s.size() + 1));
+    if (!out) return fail(CAIRN_ERR_NO_SPACE, "out of memory");
+    std::memcpy(out, s.c_str(), s.size() + 1);
+    *result_json = out;
+    return done(cairn::Status::ok());
+  });
+}
+
+void cairn_free(void* p) { std::free(p); }
+
+}  // extern "C"

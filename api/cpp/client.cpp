@@ -1,1 +1,383 @@
-// placeholder
+#include "api/cpp/client.hpp"
+
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+#include "core/wire.hpp"
+
+#ifdef CAIRN_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace cairn {
+
+using nlohmann::json;
+
+std::string client_default_socket_path() {
+  if (const char* s = std::getenv("CAIRN_SOCKET"); s && *s) return s;
+  const char* xdg = std::getenv("XDG_RUNTIME_DIR");
+  std::string dir = (xdg && *xdg) ? xdg : "/tmp";
+  return dir + "/cairn-" + std::to_string(::getuid()) + "/cairnd.sock";
+}
+
+const char* durability_name(Durability d) {
+  switch (d) {
+    case Durability::kMemory: return "memory";
+    case Durability::kLocal: return "local";
+    case Durability::kGlobal: return "global";
+  }
+  return "global";
+}
+
+namespace {
+json shape_json(const std::vector<int64_t>& shape) {
+  json a = json::array();
+  for (auto d : shape) a.push_back(d);
+  return a;
+}
+
+Result<TensorInfo> info_from_json(const json& j) {
+  TensorInfo t;
+  t.name = j.value("name", std::string());
+  auto dt = dtype_from_name(j.value("dtype", std::string()));
+  if (!dt) return protocol_error("daemon sent an unknown dtype");
+  t.dtype = *dt;
+  for (const auto& d : j.value("shape", json::array())) t.shape.push_back(d.get<int64_t>());
+  t.nbytes = j.value("nbytes", uint64_t{0});
+  return t;
+}
+
+Status check_shape(DType dtype, const std::vector<int64_t>& shape, uint64_t* nbytes) {
+  if (shape.size() > static_cast<size_t>(kMaxDims))
+    return invalid_argument(std::to_string(shape.size()) + " dimensions; at most " + std::to_string(kMaxDims));
+  auto n = tensor_nbytes(dtype, shape);
+  if (!n) return invalid_argument("shape has a negative dimension or is too large");
+  *nbytes = *n;
+  return Status::ok();
+}
+}  // namespace
+
+// ---- Client ----
+
+Result<std::unique_ptr<Client>> Client::connect(const std::string& address_in) {
+  std::string address = address_in.empty() ? client_default_socket_path() : address_in;
+  sockaddr_un addr{};
+  if (address.size() >= sizeof(addr.sun_path)) return invalid_argument("socket path '" + address + "' is too long");
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return errno_status("socket()", errno);
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, address.c_str(), address.size() + 1);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    int err = errno;
+    ::close(fd);
+    return unavailable("no cairnd is listening on " + address + " (" + std::strerror(err) +
+                       "); start one with `cairnd` or point CAIRN_SOCKET at a running daemon");
+  }
+  auto c = std::unique_ptr<Client>(new Client(fd, address));
+  CAIRN_RETURN_IF_ERROR(wire::send_frame(fd, wire::Kind::kRequest, json{{"op", "hello"}}));
+  auto f = wire::recv_frame(fd);
+  if (!f.is_ok()) return unavailable("cairnd on " + address + " closed the connection: " + f.status().to_string());
+  Status st = wire::response_status(f->body);
+  if (!st.is_ok()) {
+    if (f->passed_fd >= 0) ::close(f->passed_fd);
+    return st.with_context("cairnd on " + address);
+  }
+  if (f->passed_fd < 0) return protocol_error("cairnd on " + address + " did not send its arena");
+  uint64_t size = f->body.value("arena_size", uint64_t{0});
+  c->chunk_size_ = f->body.value("chunk_size", uint64_t{0});
+  CAIRN_ASSIGN_OR_RETURN(c->view_, ArenaView::map(f->passed_fd, size));
+  return c;
+}
+
+Client::~Client() { ::close(fd_); }
+
+Result<json> Client::call(const json& request, std::span<const uint8_t> blob) {
+  Status st = wire::send_frame(fd_, wire::Kind::kRequest, request, blob);
+  if (!st.is_ok()) return unavailable("lost the connection to cairnd on " + address_ + ": " + st.message());
+  auto f = wire::recv_frame(fd_);
+  if (!f.is_ok()) return unavailable("lost the connection to cairnd on " + address_ + ": " + f.status().message());
+  if (f->passed_fd >= 0) ::close(f->passed_fd);
+  CAIRN_RETURN_IF_ERROR(wire::response_status(f->body));
+  return std::move(f->body);
+}
+
+Status Client::put_tensor(const std::string& key, const void* data, DType dtype, const std::vector<int64_t>& shape) {
+  uint64_t n;
+  CAIRN_RETURN_IF_ERROR(check_shape(dtype, shape, &n));
+  json req{{"op", "put_tensor"}, {"key", key}, {"dtype", dtype_name(dtype)}, {"shape", shape_json(shape)}};
+  if (n <= kInlineLimit) {
+    return call(req, {static_cast<const uint8_t*>(data), n}).status();
+  }
+  CAIRN_ASSIGN_OR_RETURN(Space sp, allocate(n));
+  std::memcpy(sp.data, data, n);
+  req["space"] = sp.id;
+  auto r = call(req);
+  if (!r.is_ok()) (void)free_space(sp.id);
+  return r.status();
+}
+
+Result<TensorInfo> Client::tensor_info(const std::string& key) {
+  CAIRN_ASSIGN_OR_RETURN(json r, call(json{{"op", "tensor_info"}, {"key", key}}));
+  auto t = info_from_json(r);
+  if (t.is_ok()) t->name = key;
+  return t;
+}
+
+Status Client::unpack_tensor(const std::string& key, void* dst, uint64_t dst_bytes) {
+  CAIRN_ASSIGN_OR_RETURN(json r, call(json{{"op", "lease_tensor"}, {"key", key}}));
+  uint64_t n = r.value("nbytes", uint64_t{0});
+  uint64_t off = r.value("offset", uint64_t{0});
+  uint64_t lease = r.value("lease", uint64_t{0});
+  Status st;
+  if (n != dst_bytes)
+    st = invalid_argument("tensor '" + key + "' has " + std::to_string(n) + " bytes, the buffer " + std::to_string(dst_bytes));
+  else if (off + n > view_->size())
+    st = protocol_error("daemon leased an extent outside the arena");
+  else if (n)
+    std::memcpy(dst, view_->read_base() + off, n);
+  Status rel = release({lease});
+  return st.is_ok() ? rel : st;
+}
+
+Result<bool> Client::poll_tensor(const std::string& key, int timeout_ms) {
+  CAIRN_ASSIGN_OR_RETURN(json r, call(json{{"op", "poll_tensor"}, {"key", key}, {"timeout_ms", timeout_ms}}));
+  return r.value("found", false);
+}
+
+Status Client::delete_tensor(const std::string& key) { return call(json{{"op", "delete_tensor"}, {"key", key}}).status(); }
+
+Result<Client::Space> Client::allocate(uint64_t nbytes) {
+  CAIRN_ASSIGN_OR_RETURN(json r, call(json{{"op", "allocate"}, {"nbytes", nbytes}}));
+  uint64_t off = r.value("offset", uint64_t{0});
+  if (off + nbytes > view_->size()) return protocol_error("daemon allocated space outside the arena");
+  return Space{r.value("space", uint64_t{0}), view_->write_base() + off, nbytes};
+}
+
+Status Client::free_space(uint64_t id) { return call(json{{"op", "free"}, {"space", id}}).status(); }
+
+Status Client::release(const std::vector<uint64_t>& leases) {
+  if (leases.empty()) return Status::ok();
+  return call(json{{"op", "release"}, {"leases", leases}}).status();
+}
+
+Status Client::wait(uint64_t ticket, int timeout_ms) {
+  if (ticket == 0) return Status::ok();
+  return call(json{{"op", "wait"}, {"ticket", ticket}, {"timeout_ms", timeout_ms}}).status();
+}
+
+Status Client::prefetch(const std::string& id) { return call(json{{"op", "prefetch"}, {"id", id}}).status(); }
+
+Result<json> Client::query(const json& q) {
+  CAIRN_ASSIGN_OR_RETURN(json r, call(json{{"op", "query"}, {"query", q}}));
+  r.erase("status");
+  return r;
+}
+
+// ---- ModelWriter ----
+
+ModelWriter::ModelWriter(Client& client, std::string id, std::string parent)
+    : client_(client), id_(std::move(id)), parent_(std::move(parent)) {}
+
+ModelWriter::~ModelWriter() { abort(); }
+
+Status ModelWriter::check_name(const std::string& name) {
+  if (done_) return invalid_argument("model '" + id_ + "' was already committed or aborted");
+  if (!valid_name(name)) return invalid_argument("tensor names must be 1..1024 bytes of UTF-8 without NUL");
+  if (names_.count(name)) return already_exists("model '" + id_ + "': tensor '" + name + "' was already added");
+  return Status::ok();
+}
+
+Status ModelWriter::add_tensor(const std::string& name, const void* data, DType dtype, const std::vector<int64_t>& shape) {
+  CAIRN_RETURN_IF_ERROR(check_name(name));
+  uint64_t n;
+  CAIRN_RETURN_IF_ERROR(check_shape(dtype, shape, &n).with_context("tensor '" + name + "'"));
+  if (n > 0 && data == nullptr) return invalid_argument("tensor '" + name + "': data is NULL");
+  json t{{"name", name}, {"dtype", dtype_name(dtype)}, {"shape", shape_json(shape)}};
+  if (n <= kInlineLimit && inline_.size() + n <= wire::kMaxBlobBytes / 2) {
+    t["inline"] = json::array({inline_.size(), n});
+    const auto* p = static_cast<const uint8_t*>(data);
+    inline_.insert(inline_.end(), p, p + n);
+  } else {
+    CAIRN_ASSIGN_OR_RETURN(Client::Space sp, client_.allocate(n));
+    std::memcpy(sp.data, data, n);
+    spaces_.push_back(sp.id);
+    t["space"] = sp.id;
+  }
+  tensors_.push_back(std::move(t));
+  names_[name] = true;
+  return Status::ok();
+}
+
+Result<uint8_t*> ModelWriter::add_tensor_space(const std::string& name, DType dtype, const std::vector<int64_t>& shape) {
+  CAIRN_RETURN_IF_ERROR(check_name(name));
+  uint64_t n;
+  CAIRN_RETURN_IF_ERROR(check_shape(dtype, shape, &n).with_context("tensor '" + name + "'"));
+  CAIRN_ASSIGN_OR_RETURN(Client::Space sp, client_.allocate(n));
+  spaces_.push_back(sp.id);
+  tensors_.push_back(json{{"name", name}, {"dtype", dtype_name(dtype)}, {"shape", shape_json(shape)}, {"space", sp.id}});
+  names_[name] = true;
+  return sp.data;
+}
+
+Status ModelWriter::inherit_tensor(const std::string& name) {
+  CAIRN_RETURN_IF_ERROR(check_name(name));
+  if (parent_.empty()) return invalid_argument("model '" + id_ + "' has no parent to inherit '" + name + "' from");
+  tensors_.push_back(json{{"name", name}, {"inherit", true}});
+  names_[name] = true;
+  return Status::ok();
+}
+
+Status ModelWriter::set_architecture(const json& graph) {
+  if (!graph.is_object()) return invalid_argument("the architecture graph must be a JSON object");
+  architecture_ = graph;
+  return Status::ok();
+}
+
+Status ModelWriter::set_metadata(const json& meta) {
+  if (!meta.is_object()) return invalid_argument("metadata must be a JSON object");
+  metadata_ = meta;
+  return Status::ok();
+}
+
+Result<uint64_t> ModelWriter::commit(Durability d, bool wait) {
+  if (done_) return invalid_argument("model '" + id_ + "' was already committed or aborted");
+  json req{{"op", "commit"},        {"id", id_},          {"durability", durability_name(d)},
+           {"wait", wait},          {"tensors", tensors_}, {"metadata", metadata_}};
+  if (!parent_.empty()) req["parent"] = parent_;
+  if (!architecture_.is_null()) req["architecture"] = architecture_;
+  if (!source_header_.empty()) req["source_header"] = source_header_;
+  auto r = client_.call(req, inline_);
+  if (!r.is_ok()) {
+    abort();  // frees the spaces the daemon did not take
+    return r.status();
+  }
+  done_ = true;
+  spaces_.clear();
+  return r->value("ticket", uint64_t{0});
+}
+
+void ModelWriter::abort() {
+  if (done_) return;
+  done_ = true;
+  // Spaces a failed commit already consumed are unknown to the daemon now: freeing them is a no-op.
+  for (uint64_t id : spaces_) (void)client_.free_space(id);
+  spaces_.clear();
+}
+
+// ---- ModelReader ----
+
+Result<std::unique_ptr<ModelReader>> ModelReader::open(Client& client, const std::string& id) {
+  CAIRN_ASSIGN_OR_RETURN(json r, client.call(json{{"op", "open"}, {"id", id}}));
+  auto reader = std::unique_ptr<ModelReader>(new ModelReader(client));
+  reader->id_ = id;
+  if (r.contains("parent") && r["parent"].is_string()) reader->parent_ = r["parent"].get<std::string>();
+  reader->metadata_ = r.value("metadata", json::object());
+  for (const auto& t : r.value("tensors", json::array())) {
+    CAIRN_ASSIGN_OR_RETURN(TensorInfo ti, info_from_json(t));
+    reader->tensors_.push_back(std::move(ti));
+  }
+  return reader;
+}
+
+ModelReader::~ModelReader() { close(); }
+
+const TensorInfo* ModelReader::find(const std::string& name) const {
+  for (const auto& t : tensors_)
+    if (t.name == name) return &t;
+  return nullptr;
+}
+
+Result<std::vector<ModelReader::Leased>> ModelReader::lease(const std::vector<std::string>& names, bool contiguous) {
+  for (const auto& n : names)
+    if (!find(n)) return not_found("model '" + id_ + "' has no tensor '" + n + "'");
+  CAIRN_ASSIGN_OR_RETURN(json r, client_.call(json{{"op", "lease"}, {"id", id_}, {"tensors", names}, {"contiguous", contiguous}}));
+  std::vector<Leased> out;
+  for (const auto& l : r.value("leases", json::array())) {
+    Leased x{l.value("lease", uint64_t{0}), {}};
+    for (const auto& e : l.value("extents", json::array())) {
+      uint64_t off = e.at(0).get<uint64_t>(), len = e.at(1).get<uint64_t>();
+      if (off > client_.arena_size() || len > client_.arena_size() - off)
+        return protocol_error("daemon leased an extent outside the arena");
+      x.extents.emplace_back(off, len);
+    }
+    out.push_back(std::move(x));
+  }
+  if (out.size() != names.size()) return protocol_error("daemon answered a lease with the wrong number of tensors");
+  return out;
+}
+
+Status ModelReader::read(const std::string& name, void* dst, uint64_t dst_bytes) {
+  const TensorInfo* t = find(name);
+  if (!t) return not_found("model '" + id_ + "' has no tensor '" + name + "'");
+  if (t->nbytes != dst_bytes)
+    return invalid_argument("tensor '" + name + "' has " + std::to_string(t->nbytes) + " bytes, the buffer " +
+                            std::to_string(dst_bytes));
+  CAIRN_ASSIGN_OR_RETURN(auto leased, lease({name}, false));
+  auto* out = static_cast<uint8_t*>(dst);
+  for (const auto& [off, len] : leased[0].extents) {
+    std::memcpy(out, client_.arena() + off, len);
+    out += len;
+  }
+  return client_.release({leased[0].lease});
+}
+
+Status ModelReader::read_to_device(const std::string& name, void* dst, uint64_t dst_bytes) {
+#ifdef CAIRN_HAVE_CUDA
+  const TensorInfo* t = find(name);
+  if (!t) return not_found("model '" + id_ + "' has no tensor '" + name + "'");
+  if (t->nbytes != dst_bytes)
+    return invalid_argument("tensor '" + name + "' has " + std::to_string(t->nbytes) + " bytes, the buffer " +
+                            std::to_string(dst_bytes));
+  CAIRN_ASSIGN_OR_RETURN(auto leased, lease({name}, false));
+  auto* out = static_cast<uint8_t*>(dst);
+  Status st;
+  for (const auto& [off, len] : leased[0].extents) {
+    cudaError_t e = cudaMemcpy(out, client_.arena() + off, len, cudaMemcpyHostToDevice);
+    if (e != cudaSuccess) {
+      st = unavailable(std::string("copying tensor '") + name + "' to the GPU: " + cudaGetErrorString(e));
+      break;
+    }
+    out += len;
+  }
+  Status rel = client_.release({leased[0].lease});
+  return st.is_ok() ? rel : st;
+#else
+  (void)name;
+  (void)dst;
+  (void)dst_bytes;
+  return unavailable("this cairn library was built without CUDA; read into host memory instead");
+#endif
+}
+
+Result<std::span<const uint8_t>> ModelReader::map(const std::string& name) {
+  CAIRN_ASSIGN_OR_RETURN(auto v, map_many({name}));
+  return v[0];
+}
+
+Result<std::vector<std::span<const uint8_t>>> ModelReader::map_many(const std::vector<std::string>& names) {
+  CAIRN_ASSIGN_OR_RETURN(auto leased, lease(names, true));
+  std::vector<std::span<const uint8_t>> out;
+  for (size_t i = 0; i < leased.size(); ++i) {
+    held_.push_back(leased[i].lease);
+    const TensorInfo* t = find(names[i]);
+    if (leased[i].extents.empty()) {
+      out.emplace_back(client_.arena(), 0);
+      continue;
+    }
+    if (leased[i].extents.size() != 1) return protocol_error("daemon answered a contiguous lease with several extents");
+    out.emplace_back(client_.arena() + leased[i].extents[0].first, t->nbytes);
+  }
+  return out;
+}
+
+void ModelReader::close() {
+  if (!held_.empty()) (void)client_.release(held_);
+  held_.clear();
+}
+
+}  // namespace cairn

@@ -1,1 +1,167 @@
-int main(void) { return 0; }
+/* The C API, exercised from C99 against a running cairnd ($CAIRN_SOCKET). Run by
+ * tests/integration/test_c_api.py, which starts and stops the daemon. Uses only cairn.h. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cairn/cairn.h"
+
+static int checks = 0;
+static int failures = 0;
+
+#define CHECK(cond)                                                                   \
+  do {                                                                                \
+    ++checks;                                                                         \
+    if (!(cond)) {                                                                    \
+      ++failures;                                                                     \
+      fprintf(stderr, "%s:%d: CHECK(%s) failed; last error: %s\n", __FILE__, __LINE__, \
+              #cond, cairn_last_error());                                             \
+    }                                                                                 \
+  } while (0)
+
+#define CHECK_OK(call) CHECK((call) == CAIRN_OK)
+
+static float *make_floats(size_t n, float seed) {
+  float *p = malloc(n * sizeof *p);
+  size_t i;
+  for (i = 0; i < n; ++i) p[i] = seed + (float)i * 0.5f;
+  return p;
+}
+
+int main(int argc, char **argv) {
+  cairn_client *c = NULL;
+  const char *suffix = argc > 1 ? argv[1] : "";
+  char base_id[128], child_id[128];
+  snprintf(base_id, sizeof base_id, "c-base%s", suffix);
+  snprintf(child_id, sizeof child_id, "c-child%s", suffix);
+
+  CHECK(strcmp(cairn_status_string(CAIRN_OK), "ok") == 0);
+  CHECK(strcmp(cairn_status_string(CAIRN_ERR_NOT_FOUND), "not found") == 0);
+  CHECK(cairn_connect("/nonexistent/dir/cairnd.sock", &c) == CAIRN_ERR_UNAVAILABLE);
+  CHECK(strstr(cairn_last_error(), "/nonexistent/dir/cairnd.sock") != NULL);
+  CHECK(c == NULL);
+  CHECK_OK(cairn_connect(NULL, &c));
+  if (!c) return 1;
+
+  /* ---- named tensors ---- */
+  {
+    int64_t shape[2] = {3, 4};
+    float small[12], back[12];
+    cairn_dtype dt;
+    int ndim = 0, found = -1;
+    int64_t got_shape[CAIRN_MAX_DIMS];
+    size_t nbytes = 0;
+    size_t i, big_n = 1u << 20;
+    int64_t big_shape[1];
+    float *big = make_floats(big_n, 1.0f), *big_back = malloc(big_n * sizeof(float));
+    for (i = 0; i < 12; ++i) small[i] = (float)i;
+    CHECK_OK(cairn_put_tensor(c, "sim/sample0", small, CAIRN_DTYPE_F32, 2, shape));
+    CHECK_OK(cairn_get_tensor_info(c, "sim/sample0", &dt, &ndim, got_shape, &nbytes));
+    CHECK(dt == CAIRN_DTYPE_F32 && ndim == 2 && got_shape[0] == 3 && got_shape[1] == 4 && nbytes == 48);
+    CHECK_OK(cairn_unpack_tensor(c, "sim/sample0", back, sizeof back));
+    CHECK(memcmp(small, back, sizeof small) == 0);
+    CHECK(cairn_unpack_tensor(c, "sim/sample0", back, 4) == CAIRN_ERR_INVALID_ARGUMENT);
+    CHECK_OK(cairn_poll_tensor(c, "sim/sample0", 0, &found));
+    CHECK(found == 1);
+    CHECK_OK(cairn_poll_tensor(c, "sim/never", 50, &found));
+    CHECK(found == 0);
+    big_shape[0] = (int64_t)big_n;
+    CHECK_OK(cairn_put_tensor(c, "sim/big", big, CAIRN_DTYPE_F32, 1, big_shape));
+    CHECK_OK(cairn_unpack_tensor(c, "sim/big", big_back, big_n * sizeof(float)));
+    CHECK(memcmp(big, big_back, big_n * sizeof(float)) == 0);
+    CHECK_OK(cairn_put_tensor(c, "sim/scalar", small, CAIRN_DTYPE_F64, 0, NULL));
+    CHECK_OK(cairn_get_tensor_info(c, "sim/scalar", &dt, &ndim, got_shape, &nbytes));
+    CHECK(ndim == 0 && nbytes == 8 && dt == CAIRN_DTYPE_F64);
+    CHECK_OK(cairn_delete_tensor(c, "sim/sample0"));
+    CHECK(cairn_get_tensor_info(c, "sim/sample0", &dt, &ndim, got_shape, &nbytes) == CAIRN_ERR_NOT_FOUND);
+    CHECK(strstr(cairn_last_error(), "sim/sample0") != NULL);
+    CHECK(cairn_put_tensor(c, "sim/x", small, (cairn_dtype)99, 1, shape) == CAIRN_ERR_INVALID_ARGUMENT);
+    CHECK(cairn_put_tensor(c, "sim/x", small, CAIRN_DTYPE_F32, 9, shape) == CAIRN_ERR_INVALID_ARGUMENT);
+    free(big);
+    free(big_back);
+  }
+
+  /* ---- a model and a model derived from it ---- */
+  {
+    cairn_model_writer *w = NULL;
+    cairn_model_reader *r = NULL;
+    cairn_ticket *t = NULL;
+    size_t n_w = 1u << 21, count = 0, nbytes = 0;
+    int64_t s_w[2] = {1024, 2048}, s_b[1] = {16}, s_h[2] = {10, 16};
+    float *w1 = make_floats(n_w, 2.0f), *b1 = make_floats(16, 3.0f), *h1 = make_floats(160, 4.0f);
+    float *h2 = make_floats(160, 9.0f), *back = malloc(n_w * sizeof(float));
+    const void *view = NULL;
+    const char *name = NULL;
+    char *result = NULL;
+    char query[256];
+    cairn_dtype dt;
+    int ndim;
+    int64_t shape[CAIRN_MAX_DIMS];
+
+    CHECK_OK(cairn_model_create(c, base_id, NULL, &w));
+    CHECK_OK(cairn_model_add_tensor(w, "body.weight", w1, CAIRN_DTYPE_F32, 2, s_w));
+    CHECK_OK(cairn_model_add_tensor(w, "body.bias", b1, CAIRN_DTYPE_F32, 1, s_b));
+    CHECK_OK(cairn_model_add_tensor(w, "head.weight", h1, CAIRN_DTYPE_F32, 2, s_h));
+    CHECK(cairn_model_add_tensor(w, "head.weight", h1, CAIRN_DTYPE_F32, 2, s_h) == CAIRN_ERR_EXISTS);
+    CHECK(cairn_model_inherit_tensor(w, "x") == CAIRN_ERR_INVALID_ARGUMENT);
+    CHECK_OK(cairn_model_set_metadata(w, "{\"score\": 0.5, \"task\": \"c-test\"}"));
+    CHECK(cairn_model_set_metadata(w, "{not json") == CAIRN_ERR_INVALID_ARGUMENT);
+    CHECK_OK(cairn_model_commit(w, CAIRN_DURABILITY_GLOBAL, NULL));
+
+    CHECK_OK(cairn_model_create(c, child_id, base_id, &w));
+    CHECK_OK(cairn_model_inherit_tensor(w, "body.weight"));
+    CHECK_OK(cairn_model_inherit_tensor(w, "body.bias"));
+    CHECK_OK(cairn_model_add_tensor(w, "head.weight", h2, CAIRN_DTYPE_F32, 2, s_h));
+    CHECK_OK(cairn_model_commit(w, CAIRN_DURABILITY_MEMORY, &t));
+    CHECK(t != NULL);
+    CHECK_OK(cairn_wait(t, -1));
+    cairn_ticket_free(t);
+
+    CHECK(cairn_model_create(c, base_id, NULL, &w) == CAIRN_OK);
+    CHECK(cairn_model_commit(w, CAIRN_DURABILITY_GLOBAL, NULL) == CAIRN_ERR_EXISTS);
+    CHECK(strstr(cairn_last_error(), base_id) != NULL);
+
+    CHECK_OK(cairn_model_open(c, child_id, &r));
+    CHECK_OK(cairn_model_tensor_count(r, &count));
+    CHECK(count == 3);
+    CHECK_OK(cairn_model_tensor_info(r, 0, &name, &dt, &ndim, shape, &nbytes));
+    CHECK(strcmp(name, "body.weight") == 0 && dt == CAIRN_DTYPE_F32 && ndim == 2 && shape[1] == 2048);
+    CHECK(cairn_model_tensor_info(r, 3, &name, &dt, &ndim, shape, &nbytes) == CAIRN_ERR_INVALID_ARGUMENT);
+    CHECK_OK(cairn_model_read_tensor(r, "body.weight", back, n_w * sizeof(float), CAIRN_MEM_HOST));
+    CHECK(memcmp(back, w1, n_w * sizeof(float)) == 0);
+    CHECK_OK(cairn_model_read_tensor(r, "head.weight", back, 160 * sizeof(float), CAIRN_MEM_HOST));
+    CHECK(memcmp(back, h2, 160 * sizeof(float)) == 0);
+    CHECK(cairn_model_read_tensor(r, "head.weight", back, 8, CAIRN_MEM_HOST) == CAIRN_ERR_INVALID_ARGUMENT);
+    CHECK(cairn_model_read_tensor(r, "nope", back, 8, CAIRN_MEM_HOST) == CAIRN_ERR_NOT_FOUND);
+    CHECK_OK(cairn_model_map_tensor(r, "body.weight", &view, &nbytes));
+    CHECK(nbytes == n_w * sizeof(float) && memcmp(view, w1, nbytes) == 0);
+    CHECK_OK(cairn_model_map_tensor(r, "body.bias", &view, &nbytes));
+    CHECK(nbytes == 64 && memcmp(view, b1, 64) == 0);
+    cairn_model_close(r);
+
+    CHECK(cairn_model_open(c, "no-such-model", &r) == CAIRN_ERR_NOT_FOUND);
+    CHECK(strstr(cairn_last_error(), "no-such-model") != NULL);
+
+    snprintf(query, sizeof query, "{\"op\":\"ancestors\",\"model\":\"%s\"}", child_id);
+    CHECK_OK(cairn_query(c, query, &result));
+    CHECK(result != NULL && strstr(result, base_id) != NULL);
+    cairn_free(result);
+    snprintf(query, sizeof query, "{\"op\":\"descendants\",\"model\":\"%s\"}", base_id);
+    CHECK_OK(cairn_query(c, query, &result));
+    CHECK(result != NULL && strstr(result, child_id) != NULL);
+    cairn_free(result);
+    CHECK(cairn_query(c, "{\"op\":\"teleport\"}", &result) == CAIRN_ERR_INVALID_ARGUMENT);
+    CHECK_OK(cairn_prefetch(c, base_id));
+
+    free(w1);
+    free(b1);
+    free(h1);
+    free(h2);
+    free(back);
+  }
+
+  cairn_disconnect(c);
+  printf("c_api_test: %d checks, %d failed\n", checks, failures);
+  return failures == 0 ? 0 : 1;
+}

@@ -1,1 +1,255 @@
-// placeholder
+#include "tiers/dram/arena.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <iterator>
+#include <limits>
+#include <stdexcept>
+
+namespace cairn {
+
+namespace {
+
+// A free() that does not match the allocator's state is a bug in the caller (double free, stale
+// offset, arithmetic error). Continuing would hand the same bytes to two tensors, so stop here.
+[[noreturn]] void die_bad_free(uint64_t offset, uint64_t size, uint64_t capacity,
+                               uint64_t alignment, const std::string& why) {
+  std::fprintf(stderr,
+               "cairn: ArenaAllocator::free(offset=%" PRIu64 ", size=%" PRIu64
+               "): %s (arena "
+               "capacity %" PRIu64 ", alignment %" PRIu64
+               "). This is a broken invariant in the caller (a double free or a stale offset); "
+               "aborting.\n",
+               offset, size, why.c_str(), capacity, alignment);
+  std::fflush(stderr);
+  std::abort();
+}
+
+uint64_t page_size() {
+  const long page = ::sysconf(_SC_PAGESIZE);
+  return page > 0 ? static_cast<uint64_t>(page) : 4096;
+}
+
+// errno_status, except that a failure to obtain memory is reported as kNoSpace: the arena does
+// not fit, and the fix is a smaller DRAM capacity in the config.
+Status arena_errno_status(const std::string& what, int err) {
+  if (err == ENOMEM || err == EFBIG) {
+    return no_space(errno_status(what, err).message() +
+                    "; lower the DRAM tier's capacity in the config or free memory on the node");
+  }
+  return errno_status(what, err);
+}
+
+}  // namespace
+
+// ---- ArenaAllocator ----
+
+ArenaAllocator::ArenaAllocator(uint64_t capacity, uint64_t alignment)
+    : capacity_(capacity), alignment_(alignment), free_bytes_(capacity) {
+  if (alignment == 0 || (alignment & (alignment - 1)) != 0) {
+    throw std::invalid_argument("ArenaAllocator: alignment " + std::to_string(alignment) +
+                                " is not a power of two");
+  }
+  if (capacity % alignment != 0) {
+    throw std::invalid_argument("ArenaAllocator: capacity " + std::to_string(capacity) +
+                                " is not a multiple of the alignment " + std::to_string(alignment));
+  }
+  if (capacity > 0) insert_free(0, capacity);
+}
+
+uint64_t ArenaAllocator::round_up(uint64_t size) const {
+  if (size == 0) return alignment_;
+  return (size + alignment_ - 1) & ~(alignment_ - 1);
+}
+
+uint64_t ArenaAllocator::largest_free() const {
+  return by_size_.empty() ? 0 : by_size_.rbegin()->first;
+}
+
+std::optional<uint64_t> ArenaAllocator::allocate(uint64_t size) {
+  if (size > capacity_) return std::nullopt;  // also keeps round_up from overflowing
+  const uint64_t need = round_up(size);
+  // Best fit: the smallest free extent that is large enough; the lowest offset among equals.
+  auto size_it = by_size_.lower_bound({need, 0});
+  if (size_it == by_size_.end()) return std::nullopt;
+  const uint64_t extent_size = size_it->first;
+  const uint64_t offset = size_it->second;
+  auto offset_it = by_offset_.find(offset);
+  if (extent_size == need) {
+    by_size_.erase(size_it);
+    by_offset_.erase(offset_it);
+  } else {
+    // Carve from the front and keep the remainder. Reusing both nodes keeps the hot path free of
+    // heap allocation; the remainder keeps its place in offset order, so the hint is exact.
+    const uint64_t rest_offset = offset + need;
+    const uint64_t rest_size = extent_size - need;
+    auto size_node = by_size_.extract(size_it);
+    size_node.value() = {rest_size, rest_offset};
+    by_size_.insert(std::move(size_node));
+    auto hint = std::next(offset_it);
+    auto offset_node = by_offset_.extract(offset_it);
+    offset_node.key() = rest_offset;
+    offset_node.mapped() = rest_size;
+    by_offset_.insert(hint, std::move(offset_node));
+  }
+  free_bytes_ -= need;
+  return offset;
+}
+
+void ArenaAllocator::free(uint64_t offset, uint64_t size) {
+  if (offset % alignment_ != 0) {
+    die_bad_free(offset, size, capacity_, alignment_, "offset is not a multiple of the alignment");
+  }
+  if (offset >= capacity_ || size > capacity_ - offset) {
+    die_bad_free(offset, size, capacity_, alignment_, "range lies outside the arena");
+  }
+  const uint64_t len = round_up(size);
+  if (len > capacity_ - offset) {
+    die_bad_free(offset, size, capacity_, alignment_, "rounded range lies outside the arena");
+  }
+  const uint64_t end = offset + len;
+
+  // Free extents are disjoint and sorted, so the last one starting before `end` is the only one
+  // that can reach into [offset, end): if it does not overlap, none does.
+  auto next = by_offset_.lower_bound(end);
+  auto prev = by_offset_.end();
+  if (next != by_offset_.begin()) {
+    prev = std::prev(next);
+    const uint64_t prev_end = prev->first + prev->second;
+    if (prev_end > offset) {
+      die_bad_free(offset, size, capacity_, alignment_,
+                   "range overlaps the free extent [" + std::to_string(prev->first) + ", " +
+                       std::to_string(prev_end) + ") (double free?)");
+    }
+    if (prev_end != offset) prev = by_offset_.end();  // not adjacent: no merge
+  }
+
+  uint64_t merged_offset = offset;
+  uint64_t merged_size = len;
+  if (next != by_offset_.end() && next->first == end) {
+    merged_size += next->second;
+    erase_free(next);
+  }
+  if (prev != by_offset_.end()) {
+    merged_offset = prev->first;
+    merged_size += prev->second;
+    erase_free(prev);
+  }
+  insert_free(merged_offset, merged_size);
+  free_bytes_ += len;
+}
+
+void ArenaAllocator::insert_free(uint64_t offset, uint64_t size) {
+  by_offset_.emplace(offset, size);
+  by_size_.emplace(size, offset);
+}
+
+void ArenaAllocator::erase_free(std::map<uint64_t, uint64_t>::iterator it) {
+  by_size_.erase({it->second, it->first});
+  by_offset_.erase(it);
+}
+
+// ---- SharedArena ----
+
+Result<std::unique_ptr<SharedArena>> SharedArena::create(uint64_t capacity,
+                                                         const std::string& name) {
+  const std::string what = "DRAM arena '" + name + "'";
+  const uint64_t page = page_size();
+  if (capacity == 0) {
+    return invalid_argument(what + ": capacity is 0; set a positive DRAM capacity in the config");
+  }
+  if (capacity > static_cast<uint64_t>(std::numeric_limits<off_t>::max()) - page) {
+    return invalid_argument(what + ": capacity " + std::to_string(capacity) +
+                            " bytes is too large; set a smaller DRAM capacity in the config");
+  }
+  const uint64_t rounded = (capacity + page - 1) / page * page;
+
+  // Sealing lets the daemon forbid resizing: a client holding the descriptor could otherwise
+  // shrink the file and make the daemon's next access to the arena fault with SIGBUS.
+  int fd = ::memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0 && errno == EINVAL) fd = ::memfd_create(name.c_str(), MFD_CLOEXEC);
+  if (fd < 0) return arena_errno_status("memfd_create for " + what, errno);
+
+  if (::ftruncate(fd, static_cast<off_t>(rounded)) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return arena_errno_status("ftruncate of " + what + " to " + std::to_string(rounded) + " bytes",
+                              err);
+  }
+  // Best effort: fails harmlessly where sealing is unsupported.
+  (void)::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
+
+  // Not MAP_POPULATE: pages are backed on first touch so a large arena starts at once.
+  void* base = ::mmap(nullptr, rounded, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (base == MAP_FAILED) {
+    const int err = errno;
+    ::close(fd);
+    return arena_errno_status("mmap of " + what + " (" + std::to_string(rounded) + " bytes)", err);
+  }
+  (void)::madvise(base, rounded, MADV_HUGEPAGE);  // best effort; honoured if shmem THP allows
+  return std::unique_ptr<SharedArena>(new SharedArena(fd, static_cast<uint8_t*>(base), rounded));
+}
+
+SharedArena::~SharedArena() {
+  if (base_ != nullptr) ::munmap(base_, capacity_);
+  if (fd_ >= 0) ::close(fd_);
+}
+
+// ---- ArenaView ----
+
+Result<std::unique_ptr<ArenaView>> ArenaView::map(int fd, uint64_t size) {
+  if (fd < 0) {
+    return invalid_argument("arena descriptor " + std::to_string(fd) +
+                            " is not valid; the daemon did not pass one");
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return errno_status("fstat of the DRAM arena descriptor", err);
+  }
+  if (size == 0) {
+    ::close(fd);
+    return invalid_argument("DRAM arena size is 0; the daemon announced an empty arena");
+  }
+  if (st.st_size < 0 || static_cast<uint64_t>(st.st_size) != size) {
+    ::close(fd);
+    return protocol_error("DRAM arena descriptor is " + std::to_string(st.st_size) +
+                          " bytes but the daemon announced " + std::to_string(size) +
+                          " bytes; client and daemon disagree about the arena (reconnect, or "
+                          "check that client and daemon are the same cairn version)");
+  }
+
+  void* ro = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+  if (ro == MAP_FAILED) {
+    const int err = errno;
+    ::close(fd);
+    return arena_errno_status(
+        "read-only mmap of the DRAM arena (" + std::to_string(size) + " bytes)", err);
+  }
+  void* rw = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (rw == MAP_FAILED) {
+    const int err = errno;
+    ::munmap(ro, size);
+    ::close(fd);
+    return arena_errno_status(
+        "read-write mmap of the DRAM arena (" + std::to_string(size) + " bytes)", err);
+  }
+  ::close(fd);  // the mappings keep the memory alive
+  return std::unique_ptr<ArenaView>(
+      new ArenaView(static_cast<const uint8_t*>(ro), static_cast<uint8_t*>(rw), size));
+}
+
+ArenaView::~ArenaView() {
+  if (ro_ != nullptr) ::munmap(const_cast<uint8_t*>(ro_), size_);
+  if (rw_ != nullptr) ::munmap(rw_, size_);
+}
+
+}  // namespace cairn

@@ -25,7 +25,8 @@ namespace cairn {
 
 class ArenaAllocator {
  public:
-  // REQUIRES: alignment is a power of two; capacity is a multiple of alignment.
+  // REQUIRES: alignment is a power of two; capacity is a multiple of alignment (else throws
+  // std::invalid_argument: bad config at construction).
   explicit ArenaAllocator(uint64_t capacity, uint64_t alignment = 64);
 
   // Offset of a free extent of round_up(size) bytes (size 0 counts as 1 unit), or nullopt when no
@@ -37,6 +38,8 @@ class ArenaAllocator {
   // which is a broken invariant).
   void free(uint64_t offset, uint64_t size);
 
+  // size rounded up to a multiple of alignment(); 0 becomes one unit. Wraps only for sizes within
+  // one alignment of 2^64 (allocate and free check against capacity() first).
   uint64_t round_up(uint64_t size) const;
   uint64_t capacity() const { return capacity_; }
   uint64_t used() const { return capacity_ - free_bytes_; }
@@ -59,8 +62,10 @@ class ArenaAllocator {
 // The daemon's side: owns the memfd and a read-write mapping.
 class SharedArena {
  public:
-  // Creates a memfd named `name` of `capacity` bytes (rounded up to the page size) and maps it.
-  // Fails with kNoSpace if the memory cannot be reserved.
+  // Creates a memfd named `name` of `capacity` bytes (rounded up to the page size; capacity()
+  // returns the rounded size) and maps it. Fails with kNoSpace if the kernel refuses the size.
+  // Pages are not populated: they are backed on first touch, so a large arena starts at once. The
+  // file is sealed against shrinking and growing where the kernel supports seals.
   static Result<std::unique_ptr<SharedArena>> create(uint64_t capacity, const std::string& name);
   ~SharedArena();
   SharedArena(const SharedArena&) = delete;

@@ -14,6 +14,11 @@
 //
 // Thread-safety: all methods may be called concurrently. Commits are serialized with each other
 // (so two commits never store the same new chunk twice); reads run in parallel with everything.
+//
+// Processes: one writer, any number of readers. open() takes an exclusive flock() on <dir>/LOCK;
+// the process that gets it is the writer (it cleans up after crashes, commits and removes). A
+// Repository opened while another open file description holds the lock is read-only: it sees the
+// models committed before its open, and commit/remove return kBusy naming the writer.
 #pragma once
 
 #include <cstdint>
@@ -37,6 +42,7 @@ struct ChunkRef {
   uint64_t length = 0;
   std::string pack;     // file name under packs/ (filled in by commit)
   uint64_t offset = 0;  // absolute byte offset in the pack file
+  bool operator==(const ChunkRef&) const = default;
 };
 
 struct TensorManifest {
@@ -45,6 +51,7 @@ struct TensorManifest {
   std::vector<int64_t> shape;
   uint64_t nbytes = 0;
   std::vector<ChunkRef> chunks;  // in order; chunk i covers [i*chunk_size, ...) of the tensor
+  bool operator==(const TensorManifest&) const = default;
 };
 
 struct ModelManifest {
@@ -61,11 +68,17 @@ struct ModelManifest {
 
   const TensorManifest* find(std::string_view name) const;
   uint64_t logical_bytes() const;  // sum of tensor nbytes
+  bool operator==(const ModelManifest&) const = default;
 };
 
+// The on-disk JSON form (docs/repository-format.md). Never throws.
 nlohmann::json manifest_to_json(const ModelManifest& m);
-// Strict: names the field that is wrong.
+// Strict: every field required, unknown fields rejected, each value checked (names valid, dtype
+// known, nbytes == shape x itemsize == sum of chunk lengths, pack names plain file names, metadata
+// and architecture nested at most kMaxManifestJsonDepth deep). kInvalidArgument names the field
+// that is wrong ("tensors[2].chunks[0].length: ..."). Never throws, whatever j holds.
 Result<ModelManifest> manifest_from_json(const nlohmann::json& j);
+inline constexpr int kMaxManifestJsonDepth = 64;
 
 struct RepositoryStats {
   uint64_t models = 0;
@@ -89,6 +102,9 @@ class Repository {
 
   uint64_t chunk_size() const;
   const std::string& dir() const;
+  // False when another process (or another Repository in this one) held the write lock at open:
+  // then commit and remove return kBusy, and open did no crash cleanup.
+  bool writable() const;
 
   // Makes m durable. REQUIRES: m.id new (else kExists); m.parent "" or an existing model (else
   // kNotFound); every tensor's chunks have hash and length set, consistent with nbytes and

@@ -1,0 +1,157 @@
+// The engine: everything cairnd does, as a library. The server (server.hpp) only moves frames
+// between sockets and Engine::handle; tests run an Engine in-process.
+//
+// Requests and their fields are documented in docs/protocol.md. Each connection has a Session that
+// owns its leases (pinned chunks and named tensors) and its staging allocations; end_session
+// releases both, so a client that dies leaks nothing.
+//
+// Thread-safety: handle() may be called concurrently for different sessions; one session is used by
+// one thread at a time.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <span>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/config.hpp"
+#include "core/dtype.hpp"
+#include "core/hash.hpp"
+#include "core/status.hpp"
+#include "tiers/dram/dram_tier.hpp"
+#include "tiers/pfs/repository.hpp"
+
+namespace cairn {
+
+struct Extent {
+  uint64_t offset = 0;
+  uint64_t length = 0;
+};
+
+// A connection's state.
+struct Session {
+  uint64_t id = 0;
+  struct Lease {
+    std::vector<ChunkHash> pinned_chunks;  // unpinned at release
+    std::vector<Extent> owned_extents;     // assembled views, released at release
+    std::string named_key;                 // a named tensor's pin ("" = none)
+    uint64_t named_generation = 0;
+  };
+  std::map<uint64_t, Lease> leases;
+  std::map<uint64_t, Extent> staging;      // arena space handed out for writes, not yet committed
+  uint64_t next_id = 1;
+};
+
+struct Response {
+  nlohmann::json body;
+  std::vector<uint8_t> blob;
+};
+
+class Engine {
+ public:
+  // Opens the repository and creates the DRAM arena from config. Fails with the component's error.
+  static Result<std::unique_ptr<Engine>> create(const Config& config);
+  // Drains pending flushes (drain()) and stops the flusher.
+  ~Engine();
+
+  // Serves one request. Never throws; errors become error responses.
+  Response handle(Session& session, const nlohmann::json& request, std::vector<uint8_t>& blob);
+  // Releases everything the session holds.
+  void end_session(Session& session);
+  // Blocks until every commit acknowledged at `memory` has reached the repository.
+  void drain();
+
+  int arena_fd() const { return dram_->arena_fd(); }
+  uint64_t arena_size() const { return dram_->arena_size(); }
+  const Config& config() const { return config_; }
+  Repository& repository() { return *repo_; }
+  DramTier& dram() { return *dram_; }
+
+ private:
+  struct NamedTensor {
+    DType dtype;
+    std::vector<int64_t> shape;
+    uint64_t nbytes;
+    Extent extent;
+    uint32_t pins = 0;
+    uint64_t generation = 0;
+  };
+  struct Ticket {
+    int target = 2;     // durability level asked for: 0 memory, 1 local, 2 global
+    int reached = 0;
+    Status error;
+  };
+  struct PendingModel {
+    std::shared_ptr<const ModelManifest> manifest;
+    uint64_t ticket;
+  };
+
+  Engine(Config config, std::unique_ptr<Repository> repo, std::unique_ptr<DramTier> dram);
+
+  Result<nlohmann::json> dispatch(Session& s, const std::string& op, const nlohmann::json& req,
+                                  std::vector<uint8_t>& blob, std::vector<uint8_t>& out_blob);
+  Result<nlohmann::json> op_hello(Session& s, const nlohmann::json& req);
+  Result<nlohmann::json> op_allocate(Session& s, const nlohmann::json& req);
+  Result<nlohmann::json> op_free(Session& s, const nlohmann::json& req);
+  Result<nlohmann::json> op_put_tensor(Session& s, const nlohmann::json& req, std::vector<uint8_t>& blob);
+  Result<nlohmann::json> op_tensor_info(const nlohmann::json& req);
+  Result<nlohmann::json> op_lease_tensor(Session& s, const nlohmann::json& req);
+  Result<nlohmann::json> op_poll_tensor(const nlohmann::json& req);
+  Result<nlohmann::json> op_delete_tensor(const nlohmann::json& req);
+  Result<nlohmann::json> op_commit(Session& s, const nlohmann::json& req, std::vector<uint8_t>& blob);
+  Result<nlohmann::json> op_wait(const nlohmann::json& req);
+  Result<nlohmann::json> op_open(const nlohmann::json& req);
+  Result<nlohmann::json> op_lease(Session& s, const nlohmann::json& req);
+  Result<nlohmann::json> op_release(Session& s, const nlohmann::json& req);
+  Result<nlohmann::json> op_prefetch(const nlohmann::json& req);
+  Result<nlohmann::json> op_list(const nlohmann::json& req);
+  Result<nlohmann::json> op_show(const nlohmann::json& req);
+  Result<nlohmann::json> op_stats(const nlohmann::json& req);
+  Result<nlohmann::json> op_remove(const nlohmann::json& req);
+  Result<nlohmann::json> op_query(const nlohmann::json& req);
+
+  // The manifest of a committed model (pending in memory or in the repository).
+  Result<std::shared_ptr<const ModelManifest>> find_model(const std::string& id) const;
+  // Makes every chunk of t resident and pinned; fills the extents (one per chunk, in order). On
+  // failure nothing stays pinned.
+  Status pin_tensor(const TensorManifest& t, std::vector<ChunkHash>& pinned, std::vector<Extent>& extents);
+  // Reads chunks that are not resident from the repository into [base, ...) of one allocation.
+  void release_lease(Session::Lease& lease);
+  nlohmann::json lineage_list(const std::string& id, bool ancestors, int depth) const;
+  void flusher_loop();
+  void finish_ticket(uint64_t id, int reached, const Status& error);
+
+  const Config config_;
+  std::unique_ptr<Repository> repo_;
+  std::unique_ptr<DramTier> dram_;
+
+  mutable std::mutex mu_;  // guards everything below
+  std::condition_variable named_cv_;
+  std::condition_variable ticket_cv_;
+  std::condition_variable flush_cv_;
+  std::unordered_map<std::string, NamedTensor> named_;
+  std::vector<NamedTensor> orphaned_named_;  // replaced or deleted while pinned
+  uint64_t named_generation_ = 0;
+  std::unordered_map<uint64_t, Ticket> tickets_;
+  uint64_t next_ticket_ = 1;
+  std::map<std::string, PendingModel> pending_;          // committed at memory, not yet in the repository
+  std::deque<std::string> flush_queue_;
+  std::set<std::string> committing_;                     // ids between validation and registration
+  bool stopping_ = false;
+  uint64_t pfs_chunk_reads_ = 0, pfs_bytes_read_ = 0, pfs_bytes_written_ = 0;
+  std::atomic<uint64_t> next_session_{1};
+  std::thread flusher_;
+};
+
+}  // namespace cairn

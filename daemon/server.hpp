@@ -1,0 +1,58 @@
+// The local server: a Unix-domain socket in front of an Engine.
+//
+// One thread accepts; each connection gets a thread that reads a request frame, lets the engine
+// handle it, and writes the response. Only processes of the daemon's own uid may connect (checked
+// with SO_PEERCRED). One daemon per socket: a lock file beside the socket (flock) is held for the
+// daemon's lifetime, so a second daemon fails at once with a message naming the first one's pid.
+#pragma once
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "core/status.hpp"
+#include "daemon/engine.hpp"
+
+namespace cairn {
+
+// $CAIRN_SOCKET if set, else ${XDG_RUNTIME_DIR:-/tmp}/cairn-$UID/cairnd.sock.
+std::string default_socket_path();
+// The socket path for a config: its `socket` key if set, else default_socket_path().
+std::string socket_path_for(const Config& config);
+
+class Server {
+ public:
+  // Takes the lock file, creates the socket's directory (mode 0700 when cairn creates it; an
+  // existing directory must belong to this uid and not be writable by others) and listens.
+  static Result<std::unique_ptr<Server>> start(Engine& engine, const std::string& socket_path);
+  // Stops (if running) and removes the socket and lock file.
+  ~Server();
+
+  // Stops accepting, lets each connection finish the request it is serving, closes them all and
+  // joins the threads. Idempotent.
+  void stop();
+  const std::string& path() const { return path_; }
+  size_t connection_count() const;
+
+ private:
+  Server(Engine& engine, std::string path, int listen_fd, int lock_fd);
+  void accept_loop();
+  void serve(int fd, uint64_t conn_id);
+
+  Engine& engine_;
+  const std::string path_;
+  int listen_fd_;
+  int lock_fd_;
+  std::atomic<bool> stopping_{false};
+  std::thread acceptor_;
+  mutable std::mutex mu_;
+  std::map<uint64_t, int> conns_;               // GUARDED_BY(mu_): id -> fd
+  std::map<uint64_t, std::thread> threads_;     // GUARDED_BY(mu_)
+  std::vector<uint64_t> finished_;              // GUARDED_BY(mu_): threads to join
+  uint64_t next_conn_ = 1;
+};
+
+}  // namespace cairn

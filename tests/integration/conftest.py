@@ -1,0 +1,149 @@
+"""Fixtures for integration tests: real cairnd processes and the real `cairn` tool.
+
+Every daemon is started by pid with its own socket, repository and config under a temp directory,
+and is stopped (SIGTERM, then SIGKILL after a timeout) when the test ends.
+"""
+import ctypes
+import json
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+BUILD = Path(os.environ.get("CAIRN_BUILD_DIR", Path(__file__).resolve().parents[2] / "build"))
+SOURCE = Path(os.environ.get("CAIRN_SOURCE_DIR", Path(__file__).resolve().parents[2]))
+CAIRND = BUILD / "bin" / "cairnd"
+CAIRN = BUILD / "bin" / "cairn"
+LIBCAIRN = BUILD / "lib" / "libcairn.so"
+
+
+class Daemon:
+    def __init__(self, root: Path, dram="256MiB", extra_config="", env=None):
+        self.root = root
+        self.socket = str(root / "run" / "cairnd.sock")
+        self.repo = root / "repo"
+        self.config = root / "cairn.yaml"
+        self.config.write_text(
+            f"socket: {self.socket}\nrepository: {self.repo}\n"
+            f"tiers:\n  dram:\n    capacity: {dram}\n"
+            f"log:\n  level: warn\n  file: {root / 'cairnd.log'}\n" + extra_config
+        )
+        self.env = dict(os.environ, CAIRN_SOCKET=self.socket)
+        self.env.update(env or {})
+        self.proc = None
+
+    def start(self, timeout=30):
+        self.proc = subprocess.Popen(
+            [str(CAIRND), "--config", str(self.config)],
+            env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                out, err = self.proc.communicate()
+                raise RuntimeError(f"cairnd exited with {self.proc.returncode}: {err.decode()}")
+            try:
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                s.connect(self.socket)
+                s.close()
+                return self
+            except OSError:
+                time.sleep(0.02)
+        raise RuntimeError("cairnd did not start listening in time")
+
+    def stop(self, sig=signal.SIGTERM, timeout=60):
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else None
+        self.proc.send_signal(sig)
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise
+        self.proc.communicate()
+        return self.proc.returncode
+
+    def kill9(self):
+        self.proc.kill()
+        self.proc.wait()
+        self.proc.communicate()
+
+    def alive(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    def cairn(self, *args, check=True, timeout=300):
+        r = subprocess.run([str(CAIRN), *map(str, args)], env=self.env, capture_output=True, text=True, timeout=timeout)
+        if check and r.returncode != 0:
+            raise AssertionError(f"cairn {' '.join(map(str, args))} failed ({r.returncode}): {r.stderr}")
+        return r
+
+    def stats(self):
+        return json.loads(self.cairn("stats", "--json").stdout)
+
+
+@pytest.fixture
+def tmp(tmp_path_factory):
+    # Short paths: Unix socket paths are limited to 107 bytes.
+    d = Path(tempfile.mkdtemp(prefix="cairn-it-", dir="/tmp"))
+    yield d
+    subprocess.run(["rm", "-rf", str(d)])
+
+
+@pytest.fixture
+def make_daemon(tmp):
+    daemons = []
+
+    def make(name="d", **kw):
+        root = tmp / name
+        root.mkdir(exist_ok=True)
+        d = Daemon(root, **kw)
+        daemons.append(d)
+        return d
+
+    yield make
+    for d in daemons:
+        if d.alive():
+            d.proc.kill()
+            d.proc.wait()
+
+
+@pytest.fixture
+def daemon(make_daemon):
+    return make_daemon().start()
+
+
+# ---- the C API from Python, through ctypes (a real client of libcairn.so) ----
+
+class CApi:
+    def __init__(self):
+        self.lib = ctypes.CDLL(str(LIBCAIRN))
+        L = self.lib
+        L.cairn_connect.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)]
+        L.cairn_disconnect.argtypes = [ctypes.c_void_p]
+        L.cairn_last_error.restype = ctypes.c_char_p
+        L.cairn_model_open.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)]
+        L.cairn_model_map_tensor.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p),
+                                             ctypes.POINTER(ctypes.c_size_t)]
+        L.cairn_model_read_tensor.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_size_t,
+                                              ctypes.c_int]
+        L.cairn_model_close.argtypes = [ctypes.c_void_p]
+
+    def check(self, rc):
+        if rc != 0:
+            raise RuntimeError(f"cairn status {rc}: {self.lib.cairn_last_error().decode()}")
+
+    def connect(self, path):
+        c = ctypes.c_void_p()
+        self.check(self.lib.cairn_connect(path.encode(), ctypes.byref(c)))
+        return c
+
+
+@pytest.fixture(scope="session")
+def capi():
+    return CApi()

@@ -1,0 +1,951 @@
+// Tests for the repository on the PFS (tiers/pfs/repository.hpp, docs/repository-format.md).
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <unordered_map>
+
+#include "core/safetensors.hpp"
+#include "tiers/pfs/repository.hpp"
+
+namespace fs = std::filesystem;
+using namespace cairn;
+
+namespace {
+
+constexpr uint64_t kChunk = 64 * 1024;  // small chunks so tests see multi-chunk tensors
+
+// A fresh directory under /tmp, removed with everything in it at scope exit.
+struct TempDir {
+  std::string path;
+  TempDir() {
+    char tmpl[] = "/tmp/cairn-test-repo-XXXXXX";
+    char* p = ::mkdtemp(tmpl);
+    REQUIRE(p != nullptr);
+    path = p;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  std::string repo() const { return path + "/repo"; }
+};
+
+// Deterministic, incompressible-looking bytes.
+std::string make_bytes(size_t n, uint64_t seed) {
+  std::string s(n, '\0');
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (size_t i = 0; i < n; ++i) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    s[i] = static_cast<char>(x & 0xFF);
+  }
+  return s;
+}
+
+// Chunk bytes by hash, handed to commit as its ChunkSource; counts what commit asks for.
+struct ChunkStore {
+  std::unordered_map<ChunkHash, std::string, ChunkHashHasher> chunks;
+  std::unordered_map<std::string, std::string> tensors;  // name -> bytes (last one added)
+  std::atomic<int> calls{0};
+  std::atomic<uint64_t> bytes_asked{0};
+
+  Repository::ChunkSource source() {
+    return [this](const ChunkHash& h, uint64_t len) -> Result<const void*> {
+      ++calls;
+      bytes_asked += len;
+      auto it = chunks.find(h);
+      if (it == chunks.end() || it->second.size() != len) return not_found("test source: no chunk " + h.hex());
+      return static_cast<const void*>(it->second.data());
+    };
+  }
+  void reset_counts() {
+    calls = 0;
+    bytes_asked = 0;
+  }
+};
+
+TensorManifest make_tensor(ChunkStore& store, const std::string& name, DType dtype,
+                           std::vector<int64_t> shape, const std::string& bytes,
+                           uint64_t chunk_size = kChunk) {
+  TensorManifest t;
+  t.name = name;
+  t.dtype = dtype;
+  t.shape = std::move(shape);
+  t.nbytes = bytes.size();
+  REQUIRE(tensor_nbytes(dtype, t.shape).value() == bytes.size());
+  for (uint64_t off = 0; off < bytes.size(); off += chunk_size) {
+    uint64_t n = std::min<uint64_t>(chunk_size, bytes.size() - off);
+    std::string piece = bytes.substr(off, n);
+    ChunkRef c;
+    c.hash = hash_bytes(piece.data(), piece.size());
+    c.length = n;
+    store.chunks.emplace(c.hash, std::move(piece));
+    t.chunks.push_back(c);
+  }
+  store.tensors[name] = bytes;
+  return t;
+}
+
+// A U8 tensor of n pseudo-random bytes.
+TensorManifest u8_tensor(ChunkStore& store, const std::string& name, size_t n, uint64_t seed) {
+  return make_tensor(store, name, DType::kU8, {static_cast<int64_t>(n)}, make_bytes(n, seed));
+}
+
+ModelManifest make_model(const std::string& id, const std::string& parent,
+                         std::vector<TensorManifest> tensors) {
+  ModelManifest m;
+  m.id = id;
+  m.parent = parent;
+  m.tensors = std::move(tensors);
+  m.metadata = {{"score", 0.5}, {"task", "test"}};
+  return m;
+}
+
+// Reads a tensor back chunk by chunk.
+std::string read_tensor(const Repository& repo, const TensorManifest& t) {
+  std::string out;
+  for (const ChunkRef& c : t.chunks) {
+    std::string buf(c.length, '\0');
+    Status s = repo.read_chunk(c, buf.data());
+    INFO(s.to_string());
+    REQUIRE(s.is_ok());
+    out += buf;
+  }
+  return out;
+}
+
+void require_model_bytes(const Repository& repo, const std::string& id, const ChunkStore& store) {
+  Result<ModelManifest> m = repo.get(id);
+  REQUIRE(m.is_ok());
+  for (const TensorManifest& t : m->tensors) {
+    INFO("tensor " << t.name);
+    REQUIRE(read_tensor(repo, t) == store.tensors.at(t.name));
+  }
+}
+
+std::unique_ptr<Repository> open_repo(const std::string& dir, uint64_t chunk_size = kChunk) {
+  auto r = Repository::open(dir, chunk_size);
+  INFO(r.status().to_string());
+  REQUIRE(r.is_ok());
+  return std::move(r).value();
+}
+
+std::set<std::string> files_in(const std::string& dir) {
+  std::set<std::string> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) out.insert(e.path().filename().string());
+  return out;
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+void spit(const std::string& path, const std::string& data) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << data;
+}
+
+bool same_stats(const RepositoryStats& a, const RepositoryStats& b) {
+  return a.models == b.models && a.packs == b.packs && a.logical_bytes == b.logical_bytes &&
+         a.physical_bytes == b.physical_bytes && a.chunks == b.chunks;
+}
+
+}  // namespace
+
+TEST_CASE("a new repository has FORMAT, packs/ and manifests/", "[repository]") {
+  TempDir tmp;
+  auto repo = open_repo(tmp.repo());
+  CHECK(repo->chunk_size() == kChunk);
+  CHECK(repo->writable());
+  CHECK(slurp(tmp.repo() + "/FORMAT") == "cairn-repository 1\nchunk_size 65536\n");
+  CHECK(fs::is_directory(tmp.repo() + "/packs"));
+  CHECK(fs::is_directory(tmp.repo() + "/manifests"));
+  auto st = repo->stats();
+  CHECK(st.models == 0);
+  CHECK(st.packs == 0);
+  CHECK(st.physical_bytes == 0);
+  repo.reset();
+  // An existing repository keeps its own chunk size.
+  auto again = open_repo(tmp.repo(), 1 << 20);
+  CHECK(again->chunk_size() == kChunk);
+}
+
+TEST_CASE("open rejects what is not a version-1 repository", "[repository]") {
+  TempDir tmp;
+  SECTION("a non-empty directory without FORMAT") {
+    fs::create_directories(tmp.repo());
+    spit(tmp.repo() + "/notes.txt", "hello");
+    auto r = Repository::open(tmp.repo(), kChunk);
+    REQUIRE_FALSE(r.is_ok());
+    CHECK(r.status().code() == StatusCode::kInvalidArgument);
+    CHECK_THAT(r.status().message(), Catch::Contains("not a cairn repository"));
+    CHECK_FALSE(fs::exists(tmp.repo() + "/FORMAT"));
+  }
+  SECTION("an unknown format version") {
+    fs::create_directories(tmp.repo());
+    spit(tmp.repo() + "/FORMAT", "cairn-repository 2\nchunk_size 65536\n");
+    auto r = Repository::open(tmp.repo(), kChunk);
+    REQUIRE_FALSE(r.is_ok());
+    CHECK(r.status().code() == StatusCode::kInvalidArgument);
+    CHECK_THAT(r.status().message(), Catch::Contains("version 2"));
+  }
+  SECTION("a garbled FORMAT") {
+    fs::create_directories(tmp.repo());
+    spit(tmp.repo() + "/FORMAT", "cairn-repository 1\nchunk_size lots\n");
+    auto r = Repository::open(tmp.repo(), kChunk);
+    REQUIRE_FALSE(r.is_ok());
+    CHECK(r.status().code() == StatusCode::kCorruption);
+    CHECK_THAT(r.status().message(), Catch::Contains("FORMAT"));
+  }
+  SECTION("a zero chunk size for a new repository") {
+    auto r = Repository::open(tmp.repo(), 0);
+    REQUIRE_FALSE(r.is_ok());
+    CHECK(r.status().code() == StatusCode::kInvalidArgument);
+  }
+}
+
+TEST_CASE("commit then get round-trips manifests and bytes", "[repository]") {
+  TempDir tmp;
+  auto repo = open_repo(tmp.repo());
+  ChunkStore store;
+  ModelManifest m = make_model(
+      "resnet/v1 — ünïcode id", "",
+      {make_tensor(store, "conv1.weight", DType::kF32, {64, 64}, make_bytes(64 * 64 * 4, 1)),
+       u8_tensor(store, "big", 3 * kChunk + 123, 2),  // 4 chunks, the last one short
+       u8_tensor(store, "exact", 2 * kChunk, 3),      // 2 full chunks
+       make_tensor(store, "bias", DType::kBF16, {7}, make_bytes(14, 4))});
+  m.architecture = nlohmann::json{{"layers", nlohmann::json::array({{{"name", "conv1"}}})}};
+  m.source_header = std::string("\x10\0\0\0\0\0\0\0{\"a\":1}        ", 24);
+  ModelManifest committed = m;
+  Status s = repo->commit(committed, store.source());
+  INFO(s.to_string());
+  REQUIRE(s.is_ok());
+
+  CHECK(store.bytes_asked == m.logical_bytes());
+  CHECK_FALSE(committed.pack.empty());
+  CHECK(committed.created_ns > 0);
+  for (const TensorManifest& t : committed.tensors)
+    for (const ChunkRef& c : t.chunks) {
+      CHECK(c.pack == committed.pack);
+      CHECK(c.offset > 8);
+    }
+  // The manifest file name is the id's hash, never the id.
+  std::string mfile = hash_bytes(m.id.data(), m.id.size()).hex() + ".json";
+  CHECK(fs::exists(tmp.repo() + "/manifests/" + mfile));
+  CHECK(fs::exists(tmp.repo() + "/packs/" + committed.pack));
+
+  Result<ModelManifest> got = repo->get(m.id);
+  REQUIRE(got.is_ok());
+  CHECK(*got == committed);
+  CHECK(got->metadata == m.metadata);
+  CHECK(got->architecture == m.architecture);
+  CHECK(got->source_header == m.source_header);
+  CHECK(repo->contains(m.id));
+  CHECK_FALSE(repo->contains("other"));
+  CHECK(repo->list() == std::vector<std::string>{m.id});
+  CHECK(repo->children(m.id).empty());
+  require_model_bytes(*repo, m.id, store);
+
+  const ChunkRef& first = committed.tensors[1].chunks[0];
+  auto loc = repo->locate(first.hash);
+  REQUIRE(loc.has_value());
+  CHECK(*loc == first);
+  CHECK_FALSE(repo->locate(hash_bytes("nope", 4)).has_value());
+
+  auto st = repo->stats();
+  CHECK(st.models == 1);
+  CHECK(st.packs == 1);
+  CHECK(st.logical_bytes == m.logical_bytes());
+  CHECK(st.physical_bytes == m.logical_bytes());
+  CHECK(st.chunks == 1 + 4 + 2 + 1);
+
+  auto missing = repo->get("absent");
+  REQUIRE_FALSE(missing.is_ok());
+  CHECK(missing.status().code() == StatusCode::kNotFound);
+  CHECK_THAT(missing.status().message(), Catch::Contains("absent"));
+}
+
+TEST_CASE("a derived model stores only the tensor it changed", "[repository]") {
+  TempDir tmp;
+  auto repo = open_repo(tmp.repo());
+  ChunkStore store;
+  ModelManifest parent = make_model("p", "", {u8_tensor(store, "a", 100000, 1), u8_tensor(store, "b", 70000, 2),
+                                              u8_tensor(store, "c", 5000, 3)});
+  REQUIRE(repo->commit(parent, store.source()).is_ok());
+  auto before = repo->stats();
+
+  // The child recomputes hashes of a and c (same bytes), changes b.
+  ChunkStore child_store;
+  ModelManifest child = make_model("c", "p", {u8_tensor(child_store, "a", 100000, 1), u8_tensor(child_store, "b", 70000, 99),
+                                              u8_tensor(child_store, "c", 5000, 3)});
+  REQUIRE(repo->commit(child, child_store.source()).is_ok());
+  auto after = repo->stats();
+  CHECK(after.physical_bytes - before.physical_bytes == 70000);
+  CHECK(child_store.bytes_asked == 70000);
+  CHECK(after.logical_bytes == 2 * parent.logical_bytes());
+  CHECK(after.packs == 2);
+  CHECK(child.tensors[0].chunks == parent.tensors[0].chunks);
+  CHECK(child.tensors[2].chunks == parent.tensors[2].chunks);
+  CHECK(child.tensors[1].chunks[0].pack == child.pack);
+  CHECK(repo->children("p") == std::vector<std::string>{"c"});
+  CHECK(repo->list() == std::vector<std::string>{"p", "c"});
+  require_model_bytes(*repo, "c", child_store);
+  require_model_bytes(*repo, "p", store);
+}
+
+TEST_CASE("an inherited tensor costs no bytes and no source call", "[repository]") {
+  TempDir tmp;
+  auto repo = open_repo(tmp.repo());
+  ChunkStore store;
+  ModelManifest parent = make_model("p", "", {u8_tensor(store, "w", 3 * kChunk, 1)});
+  REQUIRE(repo->commit(parent, store.source()).is_ok());
+  auto before = repo->stats();
+
+  ModelManifest child = make_model("c", "p", {parent.tensors[0]});  // same ChunkRefs as the parent
+  child.tensors[0].name = "w";
+  ChunkStore empty;
+  REQUIRE(repo->commit(child, empty.source()).is_ok());
+  CHECK(empty.calls == 0);
+  CHECK(child.pack.empty());
+  CHECK(child.tensors[0].chunks == parent.tensors[0].chunks);
+  auto after = repo->stats();
+  CHECK(after.physical_bytes == before.physical_bytes);
+  CHECK(after.packs == before.packs);
+  CHECK(after.chunks == before.chunks);
+  CHECK(after.models == 2);
+  CHECK(files_in(tmp.repo() + "/packs").size() == 1);
+  // Even with no source at all.
+  ModelManifest grandchild = make_model("g", "c", {parent.tensors[0]});
+  REQUIRE(repo->commit(grandchild, nullptr).is_ok());
+  require_model_bytes(*repo, "g", store);
+}
+
+TEST_CASE("identical tensors of unrelated models are stored once", "[repository]") {
+  TempDir tmp;
+  auto repo = open_repo(tmp.repo());
+  ChunkStore s1, s2;
+  ModelManifest a = make_model("a", "", {u8_tensor(s1, "emb", 2 * kChunk + 10, 7)});
+  ModelManifest b = make_model("b", "", {u8_tensor(s2, "embedding", 2 * kChunk + 10, 7),
+                                         u8_tensor(s2, "head", 1000, 8)});
+  REQUIRE(repo->commit(a, s1.source()).is_ok());
+  REQUIRE(repo->commit(b, s2.source()).is_ok());
+  CHECK(s2.bytes_asked == 1000);
+  auto st = repo->stats();
+  CHECK(st.physical_bytes == 2 * kChunk + 10 + 1000);
+  CHECK(st.logical_bytes == 2 * (2 * kChunk + 10) + 1000);
+  CHECK(st.chunks == 4);
+  CHECK(b.tensors[0].chunks == a.tensors[0].chunks);
+  // Same content, no new chunk at all: no pack.
+  ChunkStore s3;
+  ModelManifest c = make_model("c", "", {u8_tensor(s3, "x", 1000, 8)});
+  REQUIRE(repo->commit(c, s3.source()).is_ok());
+  CHECK(c.pack.empty());
+  CHECK(repo->stats().packs == 2);
+}
+
+TEST_CASE("repeated chunks inside one model are written once", "[repository]") {
+  TempDir tmp;
+  auto repo = open_repo(tmp.repo());
+  ChunkStore store;
+  std::string zeros(3 * kChunk, '\0');
+  ModelManifest m = make_model("z", "", {make_tensor(store, "zeros", DType::kF32, {static_cast<int64_t>(3 * kChunk / 4)}, zeros),
+                                         make_tensor(store, "more_zeros", DType::kU8, {static_cast<int64_t>(kChunk)}, std::string(kChunk, '\0'))});
+  REQUIRE(repo->commit(m, store.source()).is_ok());
+  CHECK(store.calls == 1);
+  CHECK(repo->stats().physical_bytes == kChunk);
+  CHECK(repo->stats().chunks == 1);
+  require_model_bytes(*repo, "z", store);
+  // The pack holds one "__chunk__.<hex>" entry.
+  auto h = safetensors::read_header(tmp.repo() + "/packs/" + m.pack);
+  REQUIRE(h.is_ok());
+  REQUIRE(h->tensors.size() == 1);
+  CHECK(h->tensors[0].name == "__chunk__." + m.tensors[0].chunks[0].hash.hex());
+  CHECK(h->tensors[0].dtype == DType::kU8);
+  CHECK(h->tensors[0].shape == std::vector<int64_t>{static_cast<int64_t>(kChunk)});
+}
+
+TEST_CASE("empty and 0-d tensors", "[repository]") {
+  TempDir tmp;
+  auto repo = open_repo(tmp.repo());
+  ChunkStore store;
+  ModelManifest m = make_model("m", "", {make_tensor(store, "empty", DType::kF32, {0, 16}, ""),
+                                         make_tensor(store, "scalar", DType::kF64, {}, make_bytes(8, 5)),
+                                         make_tensor(store, "empty1d", DType::kI64, {0}, "")});
+  REQUIRE(repo->commit(m, store.source()).is_ok());
+  CHECK(m.tensors[0].chunks.empty());
+  CHECK(m.tensors[1].chunks.size() == 1);
+  CHECK(repo->stats().physical_bytes == 8);
+  CHECK(repo->stats().logical_bytes == 8);
+  require_model_bytes(*repo, "m", store);
+  repo.reset();
+  repo = open_repo(tmp.repo());
+  auto got = repo->get("m");
+  REQUIRE(got.is_ok());
+  CHECK(*got == m);
+  CHECK(got->tensors[1].shape.empty());
+  CHECK(got->tensors[0].shape == std::vector<int64_t>{0, 16});
+
+  // A model of only empty tensors writes no pack.
+  ModelManifest e = make_model("e", "", {make_tensor(store, "nothing", DType::kBF16, {4, 0}, "")});
+  REQUIRE(repo->commit(e, store.source()).is_ok());
+  CHECK(e.pack.empty());
+  // A model without tensors is fine too.
+  ModelManifest bare = make_model("bare", "e", {});
+  REQUIRE(repo->commit(bare, nullptr).is_ok());
+}
+
+TEST_CASE("reopening rebuilds the same catalog", "[repository]") {
+  TempDir tmp;
+  ChunkStore store;
+  std::vector<ModelManifest> committed;
+  RepositoryStats before;
+  std::vector<std::string> order;
+  {
+    auto repo = open_repo(tmp.repo());
+    ModelManifest a = make_model("a", "", {u8_tensor(store, "x", 3 * kChunk, 1), u8_tensor(store, "y", 500, 2)});
+    ModelManifest b = make_model("b", "a", {a.tensors[0], u8_tensor(store, "z", kChunk + 1, 3)});
+    ModelManifest c = make_model("c", "a", {u8_tensor(store, "y2", 500, 2)});
+    ModelManifest d = make_model("d", "", {u8_tensor(store, "w", 10, 4)});
+    for (ModelManifest* m : {&a, &b, &c, &d}) {
+      REQUIRE(repo->commit(*m, store.source()).is_ok());
+      committed.push_back(*m);
+    }
+    before = repo->stats();
+    order = repo->list();
+  }
+  auto repo = open_repo(tmp.repo());
+  CHECK(same_stats(repo->stats(), before));
+  CHECK(repo->list() == order);
+  CHECK(repo->children("a") == std::vector<std::string>{"b", "c"});
+  for (const ModelManifest& m : committed) {
+    auto got = repo->get(m.id);
+    REQUIRE(got.is_ok());
+    CHECK(*got == m);
+    for (const TensorManifest& t : m.tensors)
+      for (const ChunkRef& c : t.chunks) CHECK(repo->locate(c.hash).has_value());
+    require_model_bytes(*repo, m.id, store);
+  }
+  // Commits after a reopen keep the order and dedup against what was there.
+  ModelManifest e = make_model("e", "d", {u8_tensor(store, "x", 3 * kChunk, 1)});
+  ChunkStore none;
+  REQUIRE(repo->commit(e, none.source()).is_ok());
+  CHECK(none.calls == 0);
+  CHECK(repo->list().back() == "e");
+  CHECK(e.created_ns > committed.back().created_ns);
+}
+
+TEST_CASE("a pack is an ordinary safetensors file", "[repository]") {
+  TempDir tmp;
+  auto repo = open_repo(tmp.repo());
+  ChunkStore store;
+  ModelManifest p = make_model("parent", "", {u8_tensor(store, "shared", 1000, 1)});
+  REQUIRE(repo->commit(p, store.source()).is_ok());
+  std::string fp16 = make_bytes(2 * 3 * 5000 * 2, 2);
+  std::string multi = make_bytes(4 * (3 * 16384 + 5), 3);
+  // "mixed" shares its first chunk with "multi", so it is not stored whole: its second chunk goes
+  // in as a "__chunk__.<hex>" entry.
+  std::string mixed = multi.substr(0, kChunk) + make_bytes(kChunk, 5);
+  ModelManifest m = make_model("child", "parent",
+                               {make_tensor(store, "fp16", DType::kF16, {2, 3, 5000}, fp16),  // 1 chunk
+                                make_tensor(store, "multi", DType::kI32, {3 * 16384 + 5}, multi),  // 4 chunks
+                                u8_tensor(store, "shared", 1000, 1),  // the parent's: not stored
+                                make_tensor(store, "mixed", DType::kU8, {2 * kChunk}, mixed)});
+  REQUIRE(repo->commit(m, store.source()).is_ok());
+
+  std::string path = tmp.repo() + "/packs/" + m.pack;
+  auto h = safetensors::read_header(path);
+  INFO(h.status().to_string());
+  REQUIRE(h.is_ok());
+  CHECK(h->metadata.at("cairn.format") == "1");
+  CHECK(h->metadata.at("cairn.model") == "child");
+  CHECK(h->metadata.at("cairn.parent") == "parent");
+  // Whole new tensors under their own names; the rest as chunk entries.
+  const safetensors::TensorEntry* e16 = h->find("fp16");
+  REQUIRE(e16 != nullptr);
+  CHECK(e16->dtype == DType::kF16);
+  CHECK(e16->shape == std::vector<int64_t>{2, 3, 5000});
+  const safetensors::TensorEntry* ei = h->find("multi");
+  REQUIRE(ei != nullptr);
+  CHECK(ei->dtype == DType::kI32);
+  CHECK(h->find("shared") == nullptr);
+  CHECK(h->find("mixed") == nullptr);
+  const std::string tail_hex = m.tensors[3].chunks[1].hash.hex();
+  const safetensors::TensorEntry* ec = h->find("__chunk__." + tail_hex);
+  REQUIRE(ec != nullptr);
+  CHECK(h->tensors.size() == 3);
+
+  std::string file = slurp(path);
+  auto bytes_of = [&](const safetensors::TensorEntry* e) {
+    return file.substr(h->data_offset() + e->begin, e->nbytes());
+  };
+  CHECK(bytes_of(e16) == fp16);
+  CHECK(bytes_of(ei) == multi);
+  CHECK(bytes_of(ec) == mixed.substr(kChunk));
+  CHECK(h->data_bytes == repo->stats().physical_bytes - 1000);
+  // The manifest's offsets are absolute file offsets.
+  const ChunkRef& c = m.tensors[1].chunks[1];
+  CHECK(file.substr(c.offset, c.length) == multi.substr(kChunk, c.length));
+}
+
+TEST_CASE("a corrupt chunk is reported, never returned", "[repository]") {
+  TempDir tmp;
+  ChunkStore store;
+  ModelManifest m = make_model("m", "", {u8_tensor(store, "w", 2 * kChunk, 1)});
+  {
+    auto repo = open_repo(tmp.repo());
+    REQUIRE(repo->commit(m, store.source()).is_ok());
+  }
+  const ChunkRef& c = m.tensors[0].chunks[1];
+  std::string path = tmp.repo() + "/packs/" + m.pack;
+  SECTION("a flipped byte") {
+    std::string file = slurp(path);
+    file[c.offset + 100] ^= 0x40;
+    spit(path, file);
+    auto repo = open_repo(tmp.repo());
+    std::string buf(c.length, '\0');
+    Status s = repo->read_chunk(c, buf.data());
+    CHECK(s.code() == StatusCode::kCorruption);
+    CHECK_THAT(s.message(), Catch::Contains(m.pack));
+    CHECK_THAT(s.message(), Catch::Contains(std::to_string(c.offset)));
+    CHECK_THAT(s.message(), Catch::Contains(c.hash.hex()));
+    // The other chunk is fine.
+    const ChunkRef& c0 = m.tensors[0].chunks[0];
+    std::string buf0(c0.length, '\0');
+    CHECK(repo->read_chunk(c0, buf0.data()).is_ok());
+  }
+  SECTION("a truncated pack fails open") {
+    fs::resize_file(path, c.offset + 10);
+    auto r = Repository::open(tmp.repo(), kChunk);
+    REQUIRE_FALSE(r.is_ok());
+    CHECK(r.status().code() == StatusCode::kCorruption);
+    CHECK_THAT(r.status().message(), Catch::Contains(m.pack));
+  }
+  SECTION("a missing pack fails open, naming model and pack") {
+    fs::remove(path);
+    auto r = Repository::open(tmp.repo(), kChunk);
+    REQUIRE_FALSE(r.is_ok());
+    CHECK(r.status().code() == StatusCode::kCorruption);
+    CHECK_THAT(r.status().message(), Catch::Contains(m.pack));
+    CHECK_THAT(r.status().message(), Catch::Contains("'m'"));
+  }
+  SECTION("a corrupt manifest fails open, naming the file") {
+    std::string mpath = tmp.repo() + "/manifests/" + hash_bytes("m", 1).hex() + ".json";
+    std::string text = slurp(mpath);
+    spit(mpath, text.substr(0, text.size() / 2));
+    auto r = Repository::open(tmp.repo(), kChunk);
+    REQUIRE_FALSE(r.is_ok());
+    CHECK(r.status().code() == StatusCode::kCorruption);
+    CHECK_THAT(r.status().message(), Catch::Contains(mpath));
+    // The pack of a model whose manifest is unreadable is not deleted.
+    CHECK(fs::exists(path));
+  }
+  SECTION("a manifest with a bad field fails open, naming the field") {
+    std::string mpath = tmp.repo() + "/manifests/" + hash_bytes("m", 1).hex() + ".json";
+    auto j = nlohmann::json::parse(slurp(mpath));
+    j["tensors"][0]["dtype"] = "F17";
+    spit(mpath, j.dump());
+    auto r = Repository::open(tmp.repo(), kChunk);
+    REQUIRE_FALSE(r.is_ok());
+    CHECK(r.status().code() == StatusCode::kCorruption);
+    CHECK_THAT(r.status().message(), Catch::Contains("tensors[0].dtype"));
+  }
+  SECTION("reading a chunk outside the pack") {
+    auto repo = open_repo(tmp.repo());
+    ChunkRef far = c;
+    far.offset += 1 << 20;
+    std::string buf(far.length, '\0');
+    CHECK(repo->read_chunk(far, buf.data()).code() == StatusCode::kCorruption);
+    ChunkRef sneaky = c;
+    sneaky.pack = "../FORMAT";
+    CHECK(repo->read_chunk(sneaky, buf.data()).code() == StatusCode::kInvalidArgument);
+  }
+}
+
+TEST_CASE("open cleans up after a crash", "[repository]") {
+  TempDir tmp;
+  ChunkStore store;
+  ModelManifest m = make_model("m", "", {u8_tensor(store, "w", kChunk + 7, 1)});
+  RepositoryStats before;
+  {
+    auto repo = open_repo(tmp.repo());
+    REQUIRE(repo->commit(m, store.source()).is_ok());
+    before = repo->stats();
+  }
+  std::string packs = tmp.repo() + "/packs/";
+  std::string manifests = tmp.repo() + "/manifests/";
+  // A crash while writing a pack, one between the pack's rename and the manifest's, and one while
+  // writing a manifest.
+  spit(packs + ".tmp-123-0", "half a pack");
+  fs::copy_file(packs + m.pack, packs + "0123456789abcdef-0000000000000001.safetensors");
+  spit(manifests + ".tmp-123-1", "{\"format\":");
+  spit(manifests + "README", "not a manifest: ignored");
+  REQUIRE(files_in(packs).size() == 3);
+
+  auto repo = open_repo(tmp.repo());
+  CHECK(files_in(packs) == std::set<std::string>{m.pack});
+  CHECK(files_in(manifests) == std::set<std::string>{hash_bytes("m", 1).hex() + ".json", "README"});
+  CHECK(same_stats(repo->stats(), before));
+  require_model_bytes(*repo, "m", store);
+}
+
+TEST_CASE("remove keeps lineage and packs that are still referenced", "[repository]") {
+  TempDir tmp;
+  auto repo = open_repo(tmp.repo());
+  ChunkStore store;
+  ModelManifest a = make_model("a", "", {u8_tensor(store, "t1", 2 * kChunk, 1), u8_tensor(store, "t2", 3000, 2)});
+  ModelManifest b = make_model("b", "a", {a.tensors[0], u8_tensor(store, "t3", 4000, 3)});
+  ModelManifest d = make_model("d", "", {u8_tensor(store, "t2", 3000, 2), u8_tensor(store, "t4", 5000, 4)});
+  for (ModelManifest* m : {&a, &b, &d}) REQUIRE(repo->commit(*m, store.source()).is_ok());
+  const std::string packs = tmp.repo() + "/packs/";
+  REQUIRE(files_in(packs) == std::set<std::string>{a.pack, b.pack, d.pack});
+  const uint64_t all_bytes = 2 * kChunk + 3000 + 4000 + 5000;
+  CHECK(repo->stats().physical_bytes == all_bytes);
+
+  Status s = repo->remove("a");
+  CHECK(s.code() == StatusCode::kBusy);
+  CHECK_THAT(s.message(), Catch::Contains("'b'"));
+  CHECK(repo->contains("a"));
+  CHECK(repo->remove("nope").code() == StatusCode::kNotFound);
+
+  // A leaf: its manifest and its own pack go.
+  REQUIRE(repo->remove("b").is_ok());
+  CHECK_FALSE(repo->contains("b"));
+  CHECK(repo->children("a").empty());
+  CHECK(files_in(packs) == std::set<std::string>{a.pack, d.pack});
+  CHECK(repo->stats().physical_bytes == all_bytes - 4000);
+  CHECK_FALSE(repo->locate(b.tensors[1].chunks[0].hash).has_value());
+  CHECK(repo->locate(a.tensors[0].chunks[0].hash).has_value());
+
+  // a's pack holds t2, which d still uses: it stays, whole (cairn gc compacts such packs).
+  REQUIRE(repo->remove("a").is_ok());
+  CHECK(files_in(packs) == std::set<std::string>{a.pack, d.pack});
+  auto st = repo->stats();
+  CHECK(st.models == 1);
+  CHECK(st.packs == 2);
+  CHECK(st.physical_bytes == all_bytes - 4000);
+  CHECK(st.logical_bytes == 8000);
+  CHECK(st.chunks == 2);  // t1's chunks are no longer live
+  CHECK_FALSE(repo->locate(a.tensors[0].chunks[0].hash).has_value());
+  require_model_bytes(*repo, "d", store);
+  CHECK(files_in(tmp.repo() + "/manifests").size() == 1);
+
+  // The same state after a reopen.
+  repo.reset();
+  repo = open_repo(tmp.repo());
+  CHECK(same_stats(repo->stats(), st));
+  CHECK(files_in(packs) == std::set<std::string>{a.pack, d.pack});
+
+  REQUIRE(repo->remove("d").is_ok());
+  CHECK(files_in(packs).empty());
+  CHECK(files_in(tmp.repo() + "/manifests").empty());
+  st = repo->stats();
+  CHECK(st.models == 0);
+  CHECK(st.packs == 0);
+  CHECK(st.physical_bytes == 0);
+  CHECK(st.chunks == 0);
+  CHECK(st.logical_bytes == 0);
+  // An id can be committed again after removal.
+  ChunkStore again;
+  ModelManifest a2 = make_model("a", "", {u8_tensor(again, "t1", 2 * kChunk, 1)});
+  REQUIRE(repo->commit(a2, again.source()).is_ok());
+  require_model_bytes(*repo, "a", again);
+}
+
+TEST_CASE("a failed commit leaves nothing behind", "[repository]") {
+  TempDir tmp;
+  auto repo = open_repo(tmp.repo());
+  ChunkStore store;
+  ModelManifest base = make_model("base", "", {u8_tensor(store, "w", kChunk + 10, 1)});
+  REQUIRE(repo->commit(base, store.source()).is_ok());
+  const auto packs_before = files_in(tmp.repo() + "/packs");
+  const auto manifests_before = files_in(tmp.repo() + "/manifests");
+  const auto stats_before = repo->stats();
+
+  ModelManifest m = make_model("new", "base", {u8_tensor(store, "x", 2 * kChunk + 3, 2), u8_tensor(store, "y", 100, 3)});
+  StatusCode want = StatusCode::kOk;
+  Repository::ChunkSource src = store.source();
+  SECTION("duplicate id") {
+    m.id = "base";
+    m.parent = "";
+    want = StatusCode::kExists;
+  }
+  SECTION("unknown parent") {
+    m.parent = "ghost";
+    want = StatusCode::kNotFound;
+  }
+  SECTION("nbytes that disagree with the shape") {
+    m.tensors[1].nbytes = 99;
+    want = StatusCode::kInvalidArgument;
+  }
+  SECTION("chunk lengths that disagree with the chunk size") {
+    ChunkStore other;
+    m.tensors[0] = make_tensor(other, "x", DType::kU8, {2 * static_cast<int64_t>(kChunk) + 3},
+                               make_bytes(2 * kChunk + 3, 2), kChunk / 2);
+    src = other.source();
+    want = StatusCode::kInvalidArgument;
+  }
+  SECTION("a chunk count that disagrees with nbytes") {
+    m.tensors[0].chunks.pop_back();
+    want = StatusCode::kInvalidArgument;
+  }
+  SECTION("a hash not set") {
+    m.tensors[1].chunks[0].hash = ChunkHash{};
+    want = StatusCode::kInvalidArgument;
+  }
+  SECTION("duplicate tensor names") {
+    m.tensors[1].name = "x";
+    want = StatusCode::kInvalidArgument;
+  }
+  SECTION("an invalid id") {
+    m.id = std::string("bad\0id", 6);
+    want = StatusCode::kInvalidArgument;
+  }
+  SECTION("bytes that do not match their hash") {
+    src = [&](const ChunkHash& h, uint64_t len) -> Result<const void*> {
+      static std::string wrong;
+      wrong = store.chunks.at(h);
+      wrong[len / 2] ^= 1;
+      return static_cast<const void*>(wrong.data());
+    };
+    want = StatusCode::kInvalidArgument;
+  }
+  SECTION("a source that fails") {
+    src = [](const ChunkHash&, uint64_t) -> Result<const void*> { return unavailable("peer gone"); };
+    want = StatusCode::kUnavailable;
+  }
+  SECTION("no source although chunks are new") {
+    src = nullptr;
+    want = StatusCode::kInvalidArgument;
+  }
+  SECTION("metadata that is not valid UTF-8") {
+    m.metadata["note"] = std::string("\xff\xfe", 2);
+    want = StatusCode::kInvalidArgument;
+  }
+  SECTION("the pack write fails (file size limit)") {
+    // RLIMIT_FSIZE makes write() fail with EFBIG part-way through the pack, like a full disk.
+    struct rlimit old {};
+    REQUIRE(::getrlimit(RLIMIT_FSIZE, &old) == 0);
+    auto old_handler = ::signal(SIGXFSZ, SIG_IGN);
+    struct rlimit small = old;
+    small.rlim_cur = kChunk;
+    REQUIRE(::setrlimit(RLIMIT_FSIZE, &small) == 0);
+    ModelManifest copy = m;
+    Status s = repo->commit(copy, src);
+    ::setrlimit(RLIMIT_FSIZE, &old);
+    ::signal(SIGXFSZ, old_handler);
+    INFO(s.to_string());
+    CHECK(s.code() == StatusCode::kIo);
+    CHECK_THAT(s.message(), Catch::Contains("writing its pack"));
+    want = StatusCode::kOk;  // checked above
+  }
+  if (want != StatusCode::kOk) {
+    ModelManifest copy = m;
+    Status s = repo->commit(copy, src);
+    INFO(s.to_string());
+    CHECK(s.code() == want);
+    CHECK(copy == m);  // untouched on failure
+  }
+  CHECK(files_in(tmp.repo() + "/packs") == packs_before);
+  CHECK(files_in(tmp.repo() + "/manifests") == manifests_before);
+  CHECK(same_stats(repo->stats(), stats_before));
+  CHECK(repo->list() == std::vector<std::string>{"base"});
+  // And a good commit still works afterwards.
+  ModelManifest ok = make_model("ok", "base", {u8_tensor(store, "z", 1000, 9)});
+  REQUIRE(repo->commit(ok, store.source()).is_ok());
+}
+
+TEST_CASE("readers run while commits land", "[repository]") {
+  TempDir tmp;
+  auto repo = open_repo(tmp.repo());
+  ChunkStore store;
+  constexpr int kModels = 12;
+  std::vector<ModelManifest> models(kModels);
+  for (int i = 0; i < kModels; ++i) {
+    std::string name = "t" + std::to_string(i);
+    std::vector<TensorManifest> ts{u8_tensor(store, name, kChunk + 1000 * (i + 1), 100 + i)};
+    if (i > 0) ts.push_back(models[0].tensors[0]);  // filled after model 0 commits
+    models[i] = make_model("m" + std::to_string(i), i > 0 ? "m" + std::to_string(i - 1) : "", ts);
+  }
+  REQUIRE(repo->commit(models[0], store.source()).is_ok());
+
+  std::atomic<int> committed{1};
+  std::atomic<bool> done{false};
+  std::atomic<int> reads{0};
+  std::atomic<int> failures{0};
+  std::vector<std::thread> readers;
+  for (int r = 0; r < 4; ++r) {
+    readers.emplace_back([&, r] {
+      unsigned k = static_cast<unsigned>(r);
+      while (!done.load()) {
+        int n = committed.load();
+        const std::string id = "m" + std::to_string(k % static_cast<unsigned>(n));
+        ++k;
+        auto m = repo->get(id);
+        if (!m.is_ok()) {
+          ++failures;
+          continue;
+        }
+        for (const TensorManifest& t : m->tensors) {
+          std::string bytes;
+          for (const ChunkRef& c : t.chunks) {
+            std::string buf(c.length, '\0');
+            if (!repo->read_chunk(c, buf.data()).is_ok()) ++failures;
+            bytes += buf;
+          }
+          if (bytes != store.tensors.at(t.name)) ++failures;
+          ++reads;
+        }
+        (void)repo->stats();
+        (void)repo->list();
+      }
+    });
+  }
+  for (int i = 1; i < kModels; ++i) {
+    models[i].tensors[1] = models[0].tensors[0];
+    Status s = repo->commit(models[i], store.source());
+    REQUIRE(s.is_ok());
+    committed.store(i + 1);
+  }
+  while (reads.load() < 200) std::this_thread::yield();
+  done = true;
+  for (auto& t : readers) t.join();
+  CHECK(failures.load() == 0);
+  CHECK(repo->stats().models == kModels);
+}
+
+TEST_CASE("a second open of a held repository is read-only", "[repository]") {
+  TempDir tmp;
+  auto writer = open_repo(tmp.repo());
+  ChunkStore store;
+  ModelManifest m = make_model("m", "", {u8_tensor(store, "w", 1000, 1)});
+  REQUIRE(writer->commit(m, store.source()).is_ok());
+  // A stray temporary file: the writer may be writing it, so a reader must not touch it.
+  spit(tmp.repo() + "/packs/.tmp-999-0", "in flight");
+
+  auto reader = open_repo(tmp.repo());
+  CHECK_FALSE(reader->writable());
+  CHECK(fs::exists(tmp.repo() + "/packs/.tmp-999-0"));
+  CHECK(reader->contains("m"));
+  require_model_bytes(*reader, "m", store);
+  ModelManifest other = make_model("o", "", {u8_tensor(store, "x", 10, 2)});
+  Status s = reader->commit(other, store.source());
+  CHECK(s.code() == StatusCode::kBusy);
+  CHECK_THAT(s.message(), Catch::Contains("pid"));
+  CHECK(reader->remove("m").code() == StatusCode::kBusy);
+  reader.reset();
+  writer.reset();
+  // With the writer gone, the next open is the writer and cleans up.
+  auto next = open_repo(tmp.repo());
+  CHECK(next->writable());
+  CHECK_FALSE(fs::exists(tmp.repo() + "/packs/.tmp-999-0"));
+}
+
+TEST_CASE("manifest JSON is strict and round-trips", "[repository]") {
+  ModelManifest m;
+  m.id = "model";
+  m.parent = "parent";
+  m.created_ns = 1234567890123;
+  m.metadata = {{"score", 0.25}, {"tags", {"a", "b"}}};
+  m.architecture = nullptr;
+  m.pack = "0011223344556677-00000000000004d2.safetensors";
+  m.source_header = std::string("\x02\0\0\0\0\0\0\0{}", 10);
+  TensorManifest t;
+  t.name = "w";
+  t.dtype = DType::kBF16;
+  t.shape = {2, 3};
+  t.nbytes = 12;
+  ChunkRef c;
+  c.hash = hash_bytes("abc", 3);
+  c.length = 12;
+  c.pack = m.pack;
+  c.offset = 128;
+  t.chunks.push_back(c);
+  m.tensors.push_back(t);
+
+  nlohmann::json j = manifest_to_json(m);
+  CHECK(j["format"] == 1);
+  CHECK(j["tensors"][0]["dtype"] == "BF16");
+  CHECK(j["source_header"] == "AgAAAAAAAAB7fQ==");
+  auto back = manifest_from_json(nlohmann::json::parse(j.dump()));
+  REQUIRE(back.is_ok());
+  CHECK(*back == m);
+
+  auto expect_error = [](const nlohmann::json& bad, const std::string& field) {
+    auto r = manifest_from_json(bad);
+    REQUIRE_FALSE(r.is_ok());
+    CHECK(r.status().code() == StatusCode::kInvalidArgument);
+    CHECK_THAT(r.status().message(), Catch::Contains(field));
+  };
+  {
+    auto bad = j;
+    bad["extra"] = 1;
+    expect_error(bad, "extra");
+  }
+  {
+    auto bad = j;
+    bad.erase("parent");
+    expect_error(bad, "parent");
+  }
+  {
+    auto bad = j;
+    bad["format"] = 2;
+    expect_error(bad, "format");
+  }
+  {
+    auto bad = j;
+    bad["tensors"][0]["chunks"][0]["pack"] = "../../etc/passwd.safetensors";
+    expect_error(bad, "tensors[0].chunks[0].pack");
+  }
+  {
+    auto bad = j;
+    bad["tensors"][0]["chunks"][0]["length"] = -1;
+    expect_error(bad, "tensors[0].chunks[0].length");
+  }
+  {
+    auto bad = j;
+    bad["tensors"][0]["nbytes"] = 13;
+    expect_error(bad, "tensors[0]");
+  }
+  {
+    auto bad = j;
+    bad["tensors"][0]["shape"] = {2, 3.5};
+    expect_error(bad, "tensors[0].shape");
+  }
+  {
+    auto bad = j;
+    bad["tensors"][0]["chunks"][0]["hash"] = "XYZ";
+    expect_error(bad, "tensors[0].chunks[0].hash");
+  }
+  {
+    auto bad = j;
+    bad["source_header"] = "AgAAAAAAAAB7fQ=";
+    expect_error(bad, "source_header");
+  }
+  {
+    auto bad = j;
+    bad["metadata"] = "not an object";
+    expect_error(bad, "metadata");
+  }
+  {
+    auto bad = j;
+    nlohmann::json deep = nlohmann::json::object();
+    for (int i = 0; i < 100; ++i) deep = nlohmann::json{{"d", deep}};
+    bad["metadata"] = deep;
+    expect_error(bad, "metadata");
+  }
+  expect_error(nlohmann::json::array(), "manifest");
+}

@@ -1,0 +1,96 @@
+// The DRAM tier: chunks resident in the shared-memory arena.
+//
+// Each resident chunk has an extent in the arena, a pin count and a dirty flag (not yet in the
+// repository). A pinned chunk never moves or leaves (clients hold zero-copy views of it); a dirty
+// one never leaves. When space is short, allocate() evicts clean, unpinned chunks in the order the
+// eviction policy prefers; when nothing can go it fails with kNoSpace.
+//
+// Loading from a lower tier is coordinated so that a chunk wanted by many readers at once is read
+// once: claim() hands the load to the first caller and makes the others wait for it.
+//
+// Thread-safety: every method may be called from any thread.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "core/hash.hpp"
+#include "core/status.hpp"
+#include "policy/eviction.hpp"
+#include "tiers/dram/arena.hpp"
+#include "tiers/tier.hpp"
+
+namespace cairn {
+
+class DramTier {
+ public:
+  static Result<std::unique_ptr<DramTier>> create(uint64_t capacity, std::unique_ptr<EvictionPolicy> policy,
+                                                   const std::string& name);
+
+  int arena_fd() const { return arena_->fd(); }
+  uint64_t arena_size() const { return arena_->capacity(); }
+  uint8_t* base() const { return arena_->base(); }
+
+  // Space for bytes that are not (yet) chunks: staging for writes, named tensors, assembled views.
+  // Evicts as needed. kNoSpace names the request and what is held.
+  Result<uint64_t> allocate(uint64_t nbytes);
+  // Gives back [offset, offset+nbytes) (any aligned sub-range of an allocation).
+  void release(uint64_t offset, uint64_t nbytes);
+
+  // The outcome of claim(): the chunk is resident (and now pinned, at offset), or the caller must
+  // load it (and then call finish_load or abort_load), or another caller is loading it (call
+  // wait_pin later).
+  enum class ClaimKind { kResident, kLoad, kLoading };
+  struct Claim {
+    ClaimKind kind;
+    uint64_t offset = 0;
+  };
+  // Counts a hit (resident) or a miss.
+  Claim claim(const ChunkHash& hash);
+  // The bytes of a claimed chunk are at [offset, offset+length) (space from allocate()): the chunk
+  // becomes resident, clean and pinned once.
+  void finish_load(const ChunkHash& hash, uint64_t offset, uint64_t length);
+  // The load failed: waiters are woken and will claim again.
+  void abort_load(const ChunkHash& hash);
+  // Waits until a chunk loaded by someone else is resident and pins it; nullopt if its load failed.
+  std::optional<uint64_t> wait_pin(const ChunkHash& hash);
+
+  // A chunk whose bytes a client just wrote at [offset, offset+length). If a copy is resident
+  // already, the new range is released and the existing copy used. Either way the chunk is pinned
+  // once and its offset returned. dirty: not yet in the repository (a resident clean copy of the
+  // same bytes stays clean).
+  uint64_t adopt(const ChunkHash& hash, uint64_t offset, uint64_t length, bool dirty);
+  void unpin(const ChunkHash& hash);
+  void mark_clean(const ChunkHash& hash);
+  // The offset of a resident chunk without pinning it (for flushing dirty chunks, which cannot move).
+  std::optional<uint64_t> offset_of(const ChunkHash& hash) const;
+
+  TierStats stats() const;
+
+ private:
+  struct Resident {
+    uint64_t offset;
+    uint64_t length;
+    uint32_t pins;
+    bool dirty;
+  };
+  DramTier(std::unique_ptr<SharedArena> arena, std::unique_ptr<EvictionPolicy> policy);
+  // REQUIRES: mu_ held. Evicts one victim; false when none can go.
+  bool evict_one_locked();
+
+  std::unique_ptr<SharedArena> arena_;
+  mutable std::mutex mu_;
+  std::condition_variable loaded_cv_;
+  ArenaAllocator alloc_;                                                    // GUARDED_BY(mu_)
+  std::unique_ptr<EvictionPolicy> policy_;                                  // GUARDED_BY(mu_)
+  std::unordered_map<ChunkHash, Resident, ChunkHashHasher> chunks_;         // GUARDED_BY(mu_)
+  std::unordered_set<ChunkHash, ChunkHashHasher> loading_;                  // GUARDED_BY(mu_)
+  uint64_t hits_ = 0, misses_ = 0, bytes_in_ = 0, bytes_out_ = 0, dirty_bytes_ = 0, chunk_bytes_ = 0;
+};
+
+}  // namespace cairn
