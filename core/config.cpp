@@ -10,7 +10,6 @@
 
 #include <fcntl.h>
 #include <pwd.h>
-#include <sys/stat.h>
 #include <unistd.h>
 #include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
@@ -18,7 +17,6 @@
 #include <cerrno>
 #include <climits>
 #include <cstdio>
-#include <cstring>
 #include <exception>
 #include <set>
 #include <sstream>
@@ -29,8 +27,10 @@ namespace cairn {
 namespace {
 
 using Env = std::map<std::string, std::string>;
-using Field = std::variant<std::string*, uint64_t*, bool*, std::vector<int>*,
-                           std::vector<std::string>*>;
+using Field =
+    std::variant<std::string*, uint64_t*, bool*, std::vector<int>*, std::vector<std::string>*>;
+// A key's type: the alternative of Field its accessor returns.
+enum Kind : size_t { kString, kSize, kBool, kIntList, kStringList };
 
 constexpr uint64_t kKiB = 1ull << 10;
 constexpr uint64_t kMiB = 1ull << 20;
@@ -47,11 +47,11 @@ constexpr std::string_view kSizeExamples = "(examples: 512MiB, 2GiB, 1073741824)
 // One leaf key of the schema.
 struct Key {
   std::string_view path;                       // dotted: "tiers.dram.capacity"
-  Field (*field)(Config&);                      // the member it sets
+  Field (*field)(Config&);                     // the member it sets
   std::vector<std::string_view> choices = {};  // strings only: the allowed values; empty = any text
   uint64_t min_size = 0;                       // sizes only: inclusive bounds, in bytes
   uint64_t max_size = UINT64_MAX;
-  bool power_of_two = false;                   // sizes only
+  bool power_of_two = false;  // sizes only
 };
 
 // Keys in the order to_yaml() writes them; keys of one section are contiguous.
@@ -281,7 +281,8 @@ Status check_text(std::string_view text) {
 }
 
 Result<bool> parse_bool(const std::string& text) {
-  static const char* const kTrue[] = {"true", "True", "TRUE", "yes", "Yes", "YES", "on", "On", "ON", "1"};
+  static const char* const kTrue[] = {"true", "True", "TRUE", "yes", "Yes",
+                                      "YES",  "on",   "On",   "ON",  "1"};
   static const char* const kFalse[] = {"false", "False", "FALSE", "no",  "No",
                                        "NO",    "off",   "Off",   "OFF", "0"};
   for (const char* t : kTrue) {
@@ -325,10 +326,12 @@ Result<uint64_t> parse_size_for(const Key& key, const std::string& text) {
                             format_size(key.min_size) + " and " + format_size(key.max_size));
   }
   if (*v < key.min_size) {
-    return invalid_argument(quoted(text) + " is less than the minimum, " + format_size(key.min_size));
+    return invalid_argument(quoted(text) + " is less than the minimum, " +
+                            format_size(key.min_size));
   }
   if (*v > key.max_size) {
-    return invalid_argument(quoted(text) + " is more than the maximum, " + format_size(key.max_size));
+    return invalid_argument(quoted(text) + " is more than the maximum, " +
+                            format_size(key.max_size));
   }
   return *v;
 }
@@ -353,7 +356,8 @@ Result<std::vector<std::string>> split_list(const std::string& text) {
   size_t start = 0;
   while (true) {
     size_t comma = text.find(',', start);
-    std::string item = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    std::string item =
+        text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
     size_t b = item.find_first_not_of(" \t");
     size_t e = item.find_last_not_of(" \t");
     item = b == std::string::npos ? std::string() : item.substr(b, e - b + 1);
@@ -394,11 +398,12 @@ Status set_list(const Key& key, const std::vector<std::string>& items, const Env
   return Status::ok();
 }
 
-bool is_list(const Key& key, Config& scratch) {
-  Field f = key.field(scratch);
-  return std::holds_alternative<std::vector<int>*>(f) ||
-         std::holds_alternative<std::vector<std::string>*>(f);
+Kind kind_of(const Key& key) {
+  static Config scratch;  // only its members' addresses are taken
+  return static_cast<Kind>(key.field(scratch).index());
 }
+
+bool is_list(const Key& key) { return kind_of(key) == kIntList || kind_of(key) == kStringList; }
 
 // Sets a scalar (non-list) field from text. Messages carry no key; the caller adds it.
 Status set_scalar(const Key& key, const std::string& text, const Env& env, Config& cfg) {
@@ -416,20 +421,20 @@ Status set_scalar(const Key& key, const std::string& text, const Env& env, Confi
 }
 
 // What a key expects, for "expected X, got Y" messages.
-std::string expectation(const Key& key, Config& scratch) {
-  Field f = key.field(scratch);
-  switch (f.index()) {
-    case 0:
+std::string expectation(const Key& key) {
+  switch (kind_of(key)) {
+    case kString:
       return key.choices.empty() ? "a string" : "one of: " + join(key.choices, ", ");
-    case 1:
+    case kSize:
       return "a size " + std::string(kSizeExamples);
-    case 2:
+    case kBool:
       return "a boolean (true or false)";
-    case 3:
+    case kIntList:
       return "a list of device numbers, like [0, 1]";
-    default:
-      return "a list of strings, like [\"node1:5000\", \"node2:5000\"]";
+    case kStringList:
+      break;
   }
+  return "a list of strings, like [\"node1:7000\", \"node2:7000\"]";
 }
 
 std::string describe(const YAML::Node& node) {
@@ -460,8 +465,8 @@ class Overlay {
       const YAML::Node key_node = entry.first;
       const YAML::Node value = entry.second;
       if (!key_node.IsScalar()) {
-        return invalid_argument((prefix.empty() ? std::string() : prefix + ": ") + "a key must be a plain name, not " +
-                                describe(key_node));
+        return invalid_argument((prefix.empty() ? std::string() : prefix + ": ") +
+                                "a key must be a plain name, not " + describe(key_node));
       }
       const std::string& name = key_node.Scalar();
       std::string path = join_path(prefix, name.empty() ? "''" : name);
@@ -475,13 +480,13 @@ class Overlay {
       }
       std::vector<std::string> children = plain ? names_under(path) : std::vector<std::string>{};
       if (children.empty()) {
-        return invalid_argument(path + ": unknown key (valid keys here: " +
-                                join(names_under(prefix), ", ") + ")");
+        return invalid_argument(
+            path + ": unknown key (valid keys here: " + join(names_under(prefix), ", ") + ")");
       }
       if (value.IsNull()) continue;  // "tiers:" with nothing under it
       if (!value.IsMap()) {
-        return invalid_argument(path + ": expected a mapping of " + join(children, ", ") + ", got " +
-                                describe(value));
+        return invalid_argument(path + ": expected a mapping of " + join(children, ", ") +
+                                ", got " + describe(value));
       }
       CAIRN_RETURN_IF_ERROR(apply_map(value, path));
     }
@@ -490,8 +495,7 @@ class Overlay {
 
  private:
   Status apply_leaf(const Key& key, const YAML::Node& value) {
-    Config scratch;
-    if (is_list(key, scratch)) {
+    if (is_list(key)) {
       std::vector<std::string> items;
       if (value.IsSequence()) {
         for (size_t i = 0; i < value.size(); ++i) {
@@ -503,18 +507,17 @@ class Overlay {
           items.push_back(item.Scalar());
         }
       } else if (!value.IsNull()) {
-        return invalid_argument("expected " + expectation(key, scratch) + ", got " + describe(value));
+        return invalid_argument("expected " + expectation(key) + ", got " + describe(value));
       }
       return set_list(key, items, env_, cfg_,
                       [](size_t i) { return "item " + std::to_string(i + 1); });
     }
-    if (value.IsNull() && std::holds_alternative<std::string*>(key.field(scratch)) &&
-        key.choices.empty()) {
+    if (value.IsNull() && kind_of(key) == kString && key.choices.empty()) {
       *std::get<std::string*>(key.field(cfg_)) = "";
       return Status::ok();
     }
     if (!value.IsScalar()) {
-      return invalid_argument("expected " + expectation(key, scratch) + ", got " + describe(value));
+      return invalid_argument("expected " + expectation(key) + ", got " + describe(value));
     }
     return set_scalar(key, value.Scalar(), env_, cfg_);
   }
@@ -541,7 +544,8 @@ class DocumentCounter : public YAML::EventHandler {
   void OnDocumentEnd() override {}
   void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
   void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
-  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t, const std::string&) override {}
+  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                const std::string&) override {}
   void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
                        YAML::EmitterStyle::value) override {}
   void OnSequenceEnd() override {}
@@ -582,7 +586,8 @@ Status apply_text(const std::string& text, const std::string& source, const Env&
       return invalid_argument(where + ": " + at(m) + "not valid YAML: unexpected " + token);
     }
     if (counter.documents() > 1) {
-      return invalid_argument(where + ": holds more than one YAML document; a config is one "
+      return invalid_argument(where +
+                              ": holds more than one YAML document; a config is one "
                               "mapping (remove the '---' lines)");
     }
     doc = YAML::Load(text);
@@ -591,24 +596,22 @@ Status apply_text(const std::string& text, const std::string& source, const Env&
   }
   if (doc.IsNull()) return Status::ok();  // empty: nothing to override
   if (!doc.IsMap()) {
-    return invalid_argument(where + ": a config is a mapping of keys (" + join(names_under(""), ", ") +
-                            "), not " + describe(doc));
+    return invalid_argument(where + ": a config is a mapping of keys (" +
+                            join(names_under(""), ", ") + "), not " + describe(doc));
   }
   return Overlay(env, cfg).apply_map(doc, "").with_context(where);
 }
 
 Status apply_env(const Env& env, Config& cfg) {
-  Config scratch;
   for (const Key& key : schema()) {
     std::string var = env_name(key.path);
     auto it = env.find(var);
     if (it == env.end()) continue;
-    if (is_list(key, scratch)) {
+    if (is_list(key)) {
       Result<std::vector<std::string>> items = split_list(it->second);
       if (!items) return items.status().with_context(var);
-      CAIRN_RETURN_IF_ERROR(set_list(key, *items, env, cfg, [&](size_t i) {
-        return var + " item " + std::to_string(i + 1);
-      }));
+      CAIRN_RETURN_IF_ERROR(set_list(
+          key, *items, env, cfg, [&](size_t i) { return var + " item " + std::to_string(i + 1); }));
     } else {
       CAIRN_RETURN_IF_ERROR(set_scalar(key, it->second, env, cfg).with_context(var));
     }
@@ -710,10 +713,9 @@ std::optional<uint64_t> parse_size(const std::string& text) {
   if (i < text.size() && text[i] == ' ') ++i;
   std::string_view unit_text = std::string_view(text).substr(i);
   static const std::pair<std::string_view, uint64_t> kUnits[] = {
-      {"B", 1},          {"KiB", kKiB},          {"MiB", kMiB},     {"GiB", kGiB},
-      {"TiB", kTiB},     {"KB", 1000},           {"MB", 1000000},   {"GB", 1000000000},
-      {"TB", 1000000000000}, {"K", kKiB},        {"M", kMiB},       {"G", kGiB},
-      {"T", kTiB}};
+      {"B", 1},     {"KiB", kKiB},   {"MiB", kMiB},      {"GiB", kGiB},         {"TiB", kTiB},
+      {"KB", 1000}, {"MB", 1000000}, {"GB", 1000000000}, {"TB", 1000000000000}, {"K", kKiB},
+      {"M", kMiB},  {"G", kGiB},     {"T", kTiB}};
   uint64_t unit = 0;
   if (unit_text.empty()) {
     if (text.back() == ' ') return std::nullopt;  // "5 " is not a size
@@ -740,7 +742,8 @@ std::string Config::to_yaml() const {
   for (const Key& key : schema()) {
     std::vector<std::string> parts;
     std::string_view rest = key.path;
-    for (size_t dot; (dot = rest.find('.')) != std::string_view::npos; rest.remove_prefix(dot + 1)) {
+    for (size_t dot; (dot = rest.find('.')) != std::string_view::npos;
+         rest.remove_prefix(dot + 1)) {
       parts.emplace_back(rest.substr(0, dot));
     }
     size_t common = 0;
@@ -777,7 +780,8 @@ Result<Config> load_config_text(const std::string& yaml_text, const std::string&
 Result<Config> load_config(const std::string& path, const std::map<std::string, std::string>& env) {
   if (path.empty()) return load_config_text("", "", env);
   const std::string what = "config file '" + path + "'";
-  const std::string hint = " (give --config an existing, readable YAML file, or none for the defaults)";
+  const std::string hint =
+      " (give --config an existing, readable YAML file, or none for the defaults)";
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     Status s = errno_status(what, errno);

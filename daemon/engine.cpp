@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <deque>
@@ -597,55 +598,66 @@ Status Engine::pin_tensor(const TensorManifest& t, std::vector<ChunkHash>& pinne
     for (size_t k = from_load; k < to_load.size(); ++k) dram_->abort_load(t.chunks[to_load[k]].hash);
   };
   // Load the missing chunks: into one allocation when the whole tensor is missing, so that it is
-  // contiguous in the arena and can be mapped without assembling.
+  // contiguous in the arena and can be mapped without assembling. Space first (all or nothing),
+  // then the reads, several at a time so that reading, checksumming and copying overlap.
   if (!to_load.empty()) {
     const bool whole = to_load.size() == n && n > 1;
-    uint64_t base_off = 0;
+    std::vector<uint64_t> load_off(to_load.size());
+    std::vector<Extent> granted;
     if (whole) {
       auto off = dram_->allocate(t.nbytes);
-      if (!off.is_ok()) failure = off.status(), fail_cleanup(0);
-      else base_off = *off;
+      if (!off.is_ok()) failure = off.status();
+      else {
+        granted.push_back(Extent{*off, t.nbytes});
+        for (size_t k = 0; k < to_load.size(); ++k) load_off[k] = *off + to_load[k] * repo_->chunk_size();
+      }
+    } else {
+      for (size_t k = 0; failure.is_ok() && k < to_load.size(); ++k) {
+        auto a = dram_->allocate(t.chunks[to_load[k]].length);
+        if (!a.is_ok()) failure = a.status();
+        else granted.push_back(Extent{*a, t.chunks[to_load[k]].length}), load_off[k] = *a;
+      }
     }
-    for (size_t k = 0; failure.is_ok() && k < to_load.size(); ++k) {
-      size_t i = to_load[k];
-      const ChunkRef& ref0 = t.chunks[i];
-      std::optional<ChunkRef> ref = ref0.pack.empty() ? repo_->locate(ref0.hash) : std::optional<ChunkRef>(ref0);
-      uint64_t off;
+    std::vector<Status> results(to_load.size());
+    if (failure.is_ok()) {
+      auto read_one = [&](size_t k) {
+        const ChunkRef& ref0 = t.chunks[to_load[k]];
+        std::optional<ChunkRef> ref = ref0.pack.empty() ? repo_->locate(ref0.hash) : std::optional<ChunkRef>(ref0);
+        results[k] = ref ? repo_->read_chunk(*ref, dram_->base() + load_off[k])
+                         : internal_error("chunk " + ref0.hash.hex() + " is neither in DRAM nor in the repository");
+      };
+      constexpr size_t kParallelReads = 4;
+      std::atomic<size_t> next{0};
+      auto worker = [&] {
+        for (size_t k; (k = next++) < to_load.size();) read_one(k);
+      };
+      std::vector<std::thread> helpers;
+      for (size_t h = 1; h < std::min(kParallelReads, to_load.size()); ++h) helpers.emplace_back(worker);
+      worker();
+      for (auto& th : helpers) th.join();
+      for (const auto& r : results)
+        if (failure.is_ok() && !r.is_ok()) failure = r.with_context("tensor '" + t.name + "'");
+    }
+    if (failure.is_ok()) {
+      uint64_t bytes = 0;
+      for (size_t k = 0; k < to_load.size(); ++k) {
+        size_t i = to_load[k];
+        dram_->finish_load(t.chunks[i].hash, load_off[k], t.chunks[i].length);
+        offsets[i] = load_off[k];
+        have[i] = true;
+        bytes += t.chunks[i].length;
+      }
+      std::lock_guard lock(mu_);
+      pfs_chunk_reads_ += to_load.size();
+      pfs_bytes_read_ += bytes;
+    } else {
+      // Nothing was made resident: give the space back and let waiters try again.
       if (whole) {
-        off = base_off + i * repo_->chunk_size();
+        for (size_t k = 0; k < granted.size(); ++k) dram_->release(granted[k].offset, granted[k].length);
       } else {
-        auto a = dram_->allocate(ref0.length);
-        if (!a.is_ok()) {
-          failure = a.status();
-          fail_cleanup(k);
-          break;
-        }
-        off = *a;
+        for (const auto& g : granted) dram_->release(g.offset, g.length);
       }
-      Status st = ref ? repo_->read_chunk(*ref, dram_->base() + off)
-                      : internal_error("chunk " + ref0.hash.hex() + " of tensor '" + t.name + "' is neither in DRAM nor in the repository");
-      if (!st.is_ok()) {
-        failure = st.with_context("tensor '" + t.name + "'");
-        if (whole) {
-          // Give back the slots of this chunk and of those not loaded yet; loaded ones are resident.
-          for (size_t r = k; r < to_load.size(); ++r) {
-            size_t j = to_load[r];
-            dram_->release(base_off + j * repo_->chunk_size(), t.chunks[j].length);
-          }
-        } else {
-          dram_->release(off, ref0.length);
-        }
-        fail_cleanup(k);
-        break;
-      }
-      {
-        std::lock_guard lock(mu_);
-        ++pfs_chunk_reads_;
-        pfs_bytes_read_ += ref0.length;
-      }
-      dram_->finish_load(ref0.hash, off, ref0.length);
-      offsets[i] = off;
-      have[i] = true;
+      fail_cleanup(0);
     }
   }
   for (size_t i : to_wait) {

@@ -1,5 +1,7 @@
 #include "tiers/dram/dram_tier.hpp"
 
+#include <sys/mman.h>
+
 #include <cstdlib>
 
 namespace cairn {
@@ -11,7 +13,25 @@ Result<std::unique_ptr<DramTier>> DramTier::create(uint64_t capacity, std::uniqu
 }
 
 DramTier::DramTier(std::unique_ptr<SharedArena> arena, std::unique_ptr<EvictionPolicy> policy)
-    : arena_(std::move(arena)), alloc_(arena_->capacity(), 64), policy_(std::move(policy)) {}
+    : arena_(std::move(arena)), alloc_(arena_->capacity(), 64), policy_(std::move(policy)) {
+  prefault_ = std::thread([this] {
+#ifndef MADV_POPULATE_WRITE
+    constexpr int MADV_POPULATE_WRITE = 23;  // Linux 5.14; older kernels say EINVAL and pages fault lazily
+#endif
+    constexpr uint64_t kStep = 64ull << 20;
+    for (uint64_t off = 0; off < arena_->capacity() && !stop_prefault_; off += kStep) {
+      uint64_t n = std::min(kStep, arena_->capacity() - off);
+      if (::madvise(arena_->base() + off, n, MADV_POPULATE_WRITE) != 0) break;
+      prefaulted_ += n;
+    }
+    prefault_done_ = true;
+  });
+}
+
+DramTier::~DramTier() {
+  stop_prefault_ = true;
+  if (prefault_.joinable()) prefault_.join();
+}
 
 bool DramTier::evict_one_locked() {
   auto victim = policy_->pick_victim([this](const ChunkHash& h) {

@@ -11,7 +11,9 @@
 // Thread-safety: every method may be called from any thread.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
+#include <thread>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -29,8 +31,16 @@ namespace cairn {
 
 class DramTier {
  public:
+  // Creates the arena and starts backing it with memory in the background (MADV_POPULATE_WRITE,
+  // 64 MiB at a time), so that loads and writes do not pay a page fault per 4 KiB later: the tier's
+  // capacity is memory the node gives to cairn.
   static Result<std::unique_ptr<DramTier>> create(uint64_t capacity, std::unique_ptr<EvictionPolicy> policy,
                                                    const std::string& name);
+  ~DramTier();
+  // Bytes of the arena backed with memory so far (== arena_size() once the background pass is done,
+  // or less on kernels without MADV_POPULATE_WRITE).
+  uint64_t prefaulted_bytes() const { return prefaulted_.load(); }
+  bool prefault_finished() const { return prefault_done_.load(); }
 
   int arena_fd() const { return arena_->fd(); }
   uint64_t arena_size() const { return arena_->capacity(); }
@@ -84,6 +94,10 @@ class DramTier {
   bool evict_one_locked();
 
   std::unique_ptr<SharedArena> arena_;
+  std::atomic<bool> stop_prefault_{false};
+  std::atomic<uint64_t> prefaulted_{0};
+  std::atomic<bool> prefault_done_{false};
+  std::thread prefault_;
   mutable std::mutex mu_;
   std::condition_variable loaded_cv_;
   ArenaAllocator alloc_;                                                    // GUARDED_BY(mu_)

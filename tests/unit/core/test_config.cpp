@@ -1,7 +1,5 @@
 // Tests for core/config: defaults, sizes, validation messages, environment overrides, expansion,
 // the to_yaml() round trip and a deterministic mutation loop over a valid config.
-#include "core/config.hpp"
-
 #include <pwd.h>
 #include <unistd.h>
 
@@ -12,6 +10,8 @@
 #include <fstream>
 #include <random>
 #include <string>
+
+#include "core/config.hpp"
 
 namespace cairn {
 namespace {
@@ -47,8 +47,9 @@ void require_same(const Config& a, const Config& b) {
   CHECK(a.socket == b.socket);
   CHECK(a.repository == b.repository);
   CHECK(a.chunk_size == b.chunk_size);
-  for (auto [x, y] : {std::pair{&a.tiers.hbm, &b.tiers.hbm}, std::pair{&a.tiers.dram, &b.tiers.dram},
-                      std::pair{&a.tiers.nvme, &b.tiers.nvme}}) {
+  for (auto [x, y] :
+       {std::pair{&a.tiers.hbm, &b.tiers.hbm}, std::pair{&a.tiers.dram, &b.tiers.dram},
+        std::pair{&a.tiers.nvme, &b.tiers.nvme}}) {
     CHECK(x->capacity == y->capacity);
     CHECK(x->path == y->path);
     CHECK(x->devices == y->devices);
@@ -213,7 +214,7 @@ TEST_CASE("config: parse_size accepts every documented form", "[config]") {
       {"0.5KiB", 512},
       {"0.25MiB", 256 * kKiB},
       {"1.000000001GiB", kGiB + 1},  // floor(1.073741825) extra bytes
-      {"0.1KiB", 102},                // fractions of a byte are dropped
+      {"0.1KiB", 102},               // fractions of a byte are dropped
       {"1KB", 1000},
       {"10MB", 10000000},
       {"2GB", 2000000000},
@@ -235,13 +236,44 @@ TEST_CASE("config: parse_size accepts every documented form", "[config]") {
 
 TEST_CASE("config: parse_size rejects malformed sizes", "[config]") {
   const char* bad[] = {
-      "",           " ",          "-1",          "+1",           "-1GiB",       "1.5",
-      "1.5B",       "1..5GiB",    ".5GiB",       "1.GiB",        "GiB",         "1 gib",
-      "1kib",       "1Kib",       "1kB",         "1mb",          "1  GiB",      " 1GiB",
-      "1GiB ",      "1 ",         "1e9",         "0x10",         "12 parsecs",  "1,000",
-      "1 000",      "1GiBs",      "1iB",         "1Ki",          "inf",         "nan",
-      "18446744073709551616",     "16777216TiB", "99999999999999999999999",    "1.0000000001GiB",
-      "1\tGiB",     "1GiB\n",     "1/2GiB",      "½GiB",
+      "",
+      " ",
+      "-1",
+      "+1",
+      "-1GiB",
+      "1.5",
+      "1.5B",
+      "1..5GiB",
+      ".5GiB",
+      "1.GiB",
+      "GiB",
+      "1 gib",
+      "1kib",
+      "1Kib",
+      "1kB",
+      "1mb",
+      "1  GiB",
+      " 1GiB",
+      "1GiB ",
+      "1 ",
+      "1e9",
+      "0x10",
+      "12 parsecs",
+      "1,000",
+      "1 000",
+      "1GiBs",
+      "1iB",
+      "1Ki",
+      "inf",
+      "nan",
+      "18446744073709551616",
+      "16777216TiB",
+      "99999999999999999999999",
+      "1.0000000001GiB",
+      "1\tGiB",
+      "1GiB\n",
+      "1/2GiB",
+      "½GiB",
   };
   for (const char* text : bad) {
     INFO(text);
@@ -287,8 +319,9 @@ TEST_CASE("config: unknown keys are rejected with their path and the valid keys"
   CHECK(contains(m, "policy.evict: unknown key (valid keys here: eviction, prefetch)"));
 
   m = load_error("peers: {bootstrapp: mpi}");
-  CHECK(contains(m, "peers.bootstrapp: unknown key (valid keys here: provider, rendezvous, "
-                    "bootstrap, static_peers)"));
+  CHECK(contains(m,
+                 "peers.bootstrapp: unknown key (valid keys here: provider, rendezvous, "
+                 "bootstrap, static_peers)"));
 
   m = load_error("log: {levels: info}");
   CHECK(contains(m, "log.levels: unknown key (valid keys here: level, file)"));
@@ -350,7 +383,8 @@ TEST_CASE("config: booleans accept the YAML spellings", "[config]") {
     CHECK(load_ok(std::string("tiers: {nvme: {persistent: ") + t + "}}").tiers.nvme.persistent);
   }
   for (const char* f : {"false", "False", "no", "off", "0"}) {
-    CHECK_FALSE(load_ok(std::string("tiers: {nvme: {persistent: ") + f + "}}").tiers.nvme.persistent);
+    CHECK_FALSE(
+        load_ok(std::string("tiers: {nvme: {persistent: ") + f + "}}").tiers.nvme.persistent);
   }
 }
 
@@ -683,7 +717,8 @@ TEST_CASE("config: random mutations of a valid config never throw or crash", "[c
           if (!text.empty()) text[pick(text.size())] = alphabet[pick(alphabet.size())];
           break;
         case 1:  // insert a byte
-          text.insert(text.begin() + static_cast<std::ptrdiff_t>(pos), alphabet[pick(alphabet.size())]);
+          text.insert(text.begin() + static_cast<std::ptrdiff_t>(pos),
+                      alphabet[pick(alphabet.size())]);
           break;
         case 2:  // delete a run
           text.erase(pos, 1 + pick(8));
