@@ -4,9 +4,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "tiers/pfs/repository.hpp"
 

@@ -146,8 +146,7 @@ Status writev_all(int fd, std::vector<iovec>& iov, const std::string& path) {
 }
 
 // Reads exactly size bytes at offset; *got tells how many were read before end of file.
-Status pread_all(int fd, void* dst, size_t size, uint64_t offset, const std::string& path,
-                 size_t* got) {
+Status pread_all(int fd, void* dst, size_t size, uint64_t offset, const std::string& path, size_t* got) {
   auto* p = static_cast<char*>(dst);
   size_t done = 0;
   while (done < size) {
@@ -193,8 +192,7 @@ Status make_dirs(const std::string& path) {
     cur = path.substr(0, next);
     pos = next + 1;
     if (cur.empty()) continue;
-    if (::mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST)
-      return errno_status("creating directory " + cur, errno);
+    if (::mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST) return errno_status("creating directory " + cur, errno);
   }
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) return errno_status("checking directory " + path, errno);
@@ -237,8 +235,8 @@ Status read_small_file(const std::string& path, uint64_t max_bytes, std::string*
   if (!S_ISREG(st.st_mode)) return corruption(path + " is not a regular file");
   auto size = static_cast<uint64_t>(st.st_size);
   if (size > max_bytes)
-    return corruption(path + " is " + std::to_string(size) + " bytes, more than the " +
-                      std::to_string(max_bytes) + " a file of its kind may hold");
+    return corruption(path + " is " + std::to_string(size) + " bytes, more than the " + std::to_string(max_bytes) +
+                      " a file of its kind may hold");
   out->assign(size, '\0');
   size_t got = 0;
   CAIRN_RETURN_IF_ERROR(pread_all(fd.get(), out->data(), out->size(), 0, path, &got));
@@ -256,8 +254,8 @@ bool path_exists(const std::string& path) {
 // so is the final name if the rename happened but the directory sync failed.
 class AtomicFileWriter {
  public:
-  static Status publish(const std::string& dir, const std::string& final_name,
-                        std::vector<iovec> pieces, const std::string& tmp_name) {
+  static Status publish(const std::string& dir, const std::string& final_name, std::vector<iovec> pieces,
+                        const std::string& tmp_name) {
     std::string tmp = join_path(dir, tmp_name);
     std::string final_path = join_path(dir, final_name);
     UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
@@ -346,8 +344,8 @@ bool valid_pack_name(std::string_view s) {
   if (s.size() <= kPackSuffix.size() || s.size() > kMaxPackNameBytes) return false;
   if (s.front() == '.' || !ends_with(s, kPackSuffix)) return false;
   for (char c : s) {
-    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-              c == '.' || c == '_' || c == '-';
+    bool ok =
+        (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
     if (!ok) return false;
   }
   return true;
@@ -365,8 +363,7 @@ bool json_depth_ok(const json& j, int depth) {
 // set, chunk lengths summing to nbytes. With locations, chunk packs must be valid pack names (as
 // on disk); without (a manifest handed to commit), pack and offset are ignored.
 Status validate_manifest(const ModelManifest& m, bool with_locations) {
-  if (!valid_name(m.id))
-    return invalid_argument("id " + quote(m.id) + " is not 1..1024 bytes of UTF-8 without NUL");
+  if (!valid_name(m.id)) return invalid_argument("id " + quote(m.id) + " is not 1..1024 bytes of UTF-8 without NUL");
   if (!m.parent.empty() && !valid_name(m.parent))
     return invalid_argument("parent " + quote(m.parent) + " is not a valid model id");
   if (m.parent == m.id) return invalid_argument("model " + quote(m.id) + " names itself as parent");
@@ -376,8 +373,7 @@ Status validate_manifest(const ModelManifest& m, bool with_locations) {
   if (!json_depth_ok(m.metadata, 1))
     return invalid_argument("metadata: nested deeper than " + std::to_string(kMaxManifestJsonDepth));
   if (!json_depth_ok(m.architecture, 1))
-    return invalid_argument("architecture: nested deeper than " +
-                            std::to_string(kMaxManifestJsonDepth));
+    return invalid_argument("architecture: nested deeper than " + std::to_string(kMaxManifestJsonDepth));
   if (m.source_header.size() > 8 + safetensors::kMaxHeaderBytes)
     return invalid_argument("source_header: longer than a safetensors header may be");
   if (with_locations && m.created_ns < 0) return invalid_argument("created_ns: negative");
@@ -399,9 +395,8 @@ Status validate_manifest(const ModelManifest& m, bool with_locations) {
     std::optional<uint64_t> expect = tensor_nbytes(t.dtype, t.shape);
     if (!expect) return bad(where + ".shape", "negative dimension or too many elements");
     if (*expect != t.nbytes)
-      return bad(where + ".nbytes", std::to_string(t.nbytes) + " but shape x " +
-                                        std::string(dtype_name(t.dtype)) + " is " +
-                                        std::to_string(*expect));
+      return bad(where + ".nbytes", std::to_string(t.nbytes) + " but shape x " + std::string(dtype_name(t.dtype)) +
+                                        " is " + std::to_string(*expect));
     uint64_t sum = 0;
     for (size_t ci = 0; ci < t.chunks.size(); ++ci) {
       const ChunkRef& c = t.chunks[ci];
@@ -409,8 +404,7 @@ Status validate_manifest(const ModelManifest& m, bool with_locations) {
       if (c.hash == ChunkHash{}) return bad(cw + ".hash", "not set");
       if (c.length == 0) return bad(cw + ".length", "zero");
       if (c.length > t.nbytes - sum)
-        return bad(cw + ".length",
-                   "the chunks hold more than the tensor's " + std::to_string(t.nbytes) + " bytes");
+        return bad(cw + ".length", "the chunks hold more than the tensor's " + std::to_string(t.nbytes) + " bytes");
       sum += c.length;
       if (with_locations) {
         if (!valid_pack_name(c.pack)) return bad(cw + ".pack", quote(c.pack) + " is not a pack file name");
@@ -418,8 +412,8 @@ Status validate_manifest(const ModelManifest& m, bool with_locations) {
       }
     }
     if (sum != t.nbytes)
-      return bad(where + ".chunks", "they hold " + std::to_string(sum) + " bytes, the tensor " +
-                                        std::to_string(t.nbytes));
+      return bad(where + ".chunks",
+                 "they hold " + std::to_string(sum) + " bytes, the tensor " + std::to_string(t.nbytes));
   }
   return Status::ok();
 }
@@ -430,17 +424,16 @@ Status validate_chunking(const ModelManifest& m, uint64_t chunk_size) {
   for (const TensorManifest& t : m.tensors) {
     uint64_t want = chunk_count(t.nbytes, chunk_size);
     if (t.chunks.size() != want)
-      return invalid_argument("tensor " + quote(t.name) + " has " + std::to_string(t.chunks.size()) +
-                              " chunks; " + std::to_string(t.nbytes) + " bytes in chunks of " +
-                              std::to_string(chunk_size) + " make " + std::to_string(want));
+      return invalid_argument("tensor " + quote(t.name) + " has " + std::to_string(t.chunks.size()) + " chunks; " +
+                              std::to_string(t.nbytes) + " bytes in chunks of " + std::to_string(chunk_size) +
+                              " make " + std::to_string(want));
     uint64_t left = t.nbytes;
     for (size_t ci = 0; ci < t.chunks.size(); ++ci) {
       uint64_t len = std::min(left, chunk_size);
       if (t.chunks[ci].length != len)
-        return invalid_argument("tensor " + quote(t.name) + " chunk " + std::to_string(ci) +
-                                " has length " + std::to_string(t.chunks[ci].length) + "; expected " +
-                                std::to_string(len) + " (chunk size " + std::to_string(chunk_size) +
-                                ")");
+        return invalid_argument("tensor " + quote(t.name) + " chunk " + std::to_string(ci) + " has length " +
+                                std::to_string(t.chunks[ci].length) + "; expected " + std::to_string(len) +
+                                " (chunk size " + std::to_string(chunk_size) + ")");
       left -= len;
     }
   }
@@ -450,8 +443,7 @@ Status validate_chunking(const ModelManifest& m, uint64_t chunk_size) {
 // ---------------------------------------------------------------------------------------------
 // JSON field access for manifest_from_json.
 
-Status check_object(const json& j, const std::string& where,
-                    std::initializer_list<const char*> fields) {
+Status check_object(const json& j, const std::string& where, std::initializer_list<const char*> fields) {
   if (!j.is_object()) return invalid_argument(where + ": expected a JSON object");
   for (auto it = j.begin(); it != j.end(); ++it) {
     bool known = false;
@@ -577,17 +569,16 @@ json manifest_to_json(const ModelManifest& m) {
 
 Result<ModelManifest> manifest_from_json(const json& j) {
   const std::string top = "manifest";
-  CAIRN_RETURN_IF_ERROR(check_object(j, top,
-                                     {"format", "id", "parent", "created_ns", "metadata",
-                                      "architecture", "pack", "source_header", "tensors"}));
+  CAIRN_RETURN_IF_ERROR(check_object(
+      j, top,
+      {"format", "id", "parent", "created_ns", "metadata", "architecture", "pack", "source_header", "tensors"}));
   const json& format = j.at("format");
   if (!format.is_number_integer() || format.get<int64_t>() != kManifestFormat)
-    return invalid_argument(
-        "format: this cairn reads manifest format " + std::to_string(kManifestFormat) +
-        " only; got " +
-        (format.is_number_unsigned() ? std::to_string(format.get<uint64_t>())
-         : format.is_number_integer() ? std::to_string(format.get<int64_t>())
-                                      : std::string("a value that is not an integer")));
+    return invalid_argument("format: this cairn reads manifest format " + std::to_string(kManifestFormat) +
+                            " only; got " +
+                            (format.is_number_unsigned()  ? std::to_string(format.get<uint64_t>())
+                             : format.is_number_integer() ? std::to_string(format.get<int64_t>())
+                                                          : std::string("a value that is not an integer")));
   ModelManifest m;
   CAIRN_ASSIGN_OR_RETURN(m.id, get_string(j, "", "id"));
   CAIRN_ASSIGN_OR_RETURN(m.parent, get_string(j, "", "parent"));
@@ -607,8 +598,7 @@ Result<ModelManifest> manifest_from_json(const json& j) {
   if (!tensors.is_array()) return invalid_argument("tensors: expected an array");
   m.tensors.reserve(tensors.size());
   for (size_t ti = 0; ti < tensors.size(); ++ti) {
-    CAIRN_ASSIGN_OR_RETURN(TensorManifest t,
-                           tensor_from_json(tensors[ti], "tensors[" + std::to_string(ti) + "]"));
+    CAIRN_ASSIGN_OR_RETURN(TensorManifest t, tensor_from_json(tensors[ti], "tensors[" + std::to_string(ti) + "]"));
     m.tensors.push_back(std::move(t));
   }
   CAIRN_RETURN_IF_ERROR(validate_manifest(m, /*with_locations=*/true));
@@ -622,9 +612,9 @@ namespace {
 
 // What the catalog knows of one pack file that some model references.
 struct PackInfo {
-  uint64_t data_begin = 0;   // 8 + N: where the safetensors data section starts
-  uint64_t data_bytes = 0;   // the data section: every chunk written to it, live or not
-  uint64_t refs = 0;         // chunk references from manifests, plus 1 for the owning model
+  uint64_t data_begin = 0;         // 8 + N: where the safetensors data section starts
+  uint64_t data_bytes = 0;         // the data section: every chunk written to it, live or not
+  uint64_t refs = 0;               // chunk references from manifests, plus 1 for the owning model
   std::vector<ChunkHash> indexed;  // chunks whose index entry points into this pack
 };
 
@@ -669,8 +659,7 @@ struct Repository::Impl {
   mutable std::unordered_map<std::string, std::shared_ptr<UniqueFd>> fds_;
 
   std::string tmp_name() {
-    return std::string(kTmpPrefix) + std::to_string(::getpid()) + "-" +
-           std::to_string(tmp_counter_.fetch_add(1));
+    return std::string(kTmpPrefix) + std::to_string(::getpid()) + "-" + std::to_string(tmp_counter_.fetch_add(1));
   }
   std::string manifest_file(const std::string& id) const {
     return hash_bytes(id.data(), id.size()).hex() + std::string(kManifestSuffix);
@@ -751,13 +740,11 @@ Status Repository::Impl::init_or_read_format(uint64_t chunk_size) {
   Status s = read_small_file(path, 4096, &text);
   if (s.code() == StatusCode::kNotFound) {
     if (!writer_)
-      return unavailable("repository " + dir_ + " has no FORMAT file yet and " +
-                         writer_description() +
+      return unavailable("repository " + dir_ + " has no FORMAT file yet and " + writer_description() +
                          " holds its write lock (it may be creating it); retry shortly");
     if (chunk_size == 0 || chunk_size > kMaxChunkSize)
-      return invalid_argument("chunk size " + std::to_string(chunk_size) +
-                              " for new repository " + dir_ + " must be 1.." +
-                              std::to_string(kMaxChunkSize) + " bytes");
+      return invalid_argument("chunk size " + std::to_string(chunk_size) + " for new repository " + dir_ +
+                              " must be 1.." + std::to_string(kMaxChunkSize) + " bytes");
     std::vector<std::string> names;
     CAIRN_RETURN_IF_ERROR(list_dir(dir_, &names));
     for (const std::string& n : names) {
@@ -770,8 +757,8 @@ Status Repository::Impl::init_or_read_format(uint64_t chunk_size) {
                               ") and has no FORMAT file, so it is not a cairn repository; give an "
                               "empty or new directory");
     }
-    std::string content = std::string(kFormatMagic) + " " + std::to_string(kFormatVersion) +
-                          "\nchunk_size " + std::to_string(chunk_size) + "\n";
+    std::string content = std::string(kFormatMagic) + " " + std::to_string(kFormatVersion) + "\nchunk_size " +
+                          std::to_string(chunk_size) + "\n";
     std::vector<iovec> iov{{content.data(), content.size()}};
     CAIRN_RETURN_IF_ERROR(AtomicFileWriter::publish(dir_, kFormatFile, iov, tmp_name()));
     chunk_size_ = chunk_size;
@@ -799,10 +786,9 @@ Status Repository::Impl::init_or_read_format(uint64_t chunk_size) {
   };
   std::string_view line1, line2;
   std::string bad = "repository format file " + path + " is not a cairn FORMAT file (expected \"" +
-                    std::string(kFormatMagic) + " " + std::to_string(kFormatVersion) +
-                    "\\nchunk_size N\\n\"); is " + dir_ + " a cairn repository?";
-  if (!take_line(&line1) || !starts_with(line1, std::string(kFormatMagic) + " "))
-    return corruption(bad);
+                    std::string(kFormatMagic) + " " + std::to_string(kFormatVersion) + "\\nchunk_size N\\n\"); is " +
+                    dir_ + " a cairn repository?";
+  if (!take_line(&line1) || !starts_with(line1, std::string(kFormatMagic) + " ")) return corruption(bad);
   uint64_t version = 0;
   if (!parse_u64(line1.substr(kFormatMagic.size() + 1), &version)) return corruption(bad);
   if (version != static_cast<uint64_t>(kFormatVersion))
@@ -810,8 +796,8 @@ Status Repository::Impl::init_or_read_format(uint64_t chunk_size) {
                             "; this cairn reads version " + std::to_string(kFormatVersion) +
                             " only — use a matching cairn");
   uint64_t cs = 0;
-  if (!take_line(&line2) || !starts_with(line2, "chunk_size ") ||
-      !parse_u64(line2.substr(11), &cs) || cs == 0 || cs > kMaxChunkSize || !rest.empty())
+  if (!take_line(&line2) || !starts_with(line2, "chunk_size ") || !parse_u64(line2.substr(11), &cs) || cs == 0 ||
+      cs > kMaxChunkSize || !rest.empty())
     return corruption(bad);
   chunk_size_ = cs;
   return Status::ok();
@@ -888,8 +874,8 @@ Status Repository::Impl::scan(bool* raced) {
     if (!r.is_ok()) return corruption(what + ": " + r.status().message() + todo);
     auto m = std::make_shared<ModelManifest>(std::move(r).value());
     if (name != manifest_file(m->id))
-      return corruption(what + " holds model " + quote(m->id) + ", whose manifest is named " +
-                        manifest_file(m->id) + todo);
+      return corruption(what + " holds model " + quote(m->id) + ", whose manifest is named " + manifest_file(m->id) +
+                        todo);
     Status cs = validate_chunking(*m, chunk_size_);
     if (!cs.is_ok()) return corruption(what + ": " + cs.message() + todo);
     by_id.emplace(m->id, loaded.size());
@@ -900,8 +886,8 @@ Status Repository::Impl::scan(bool* raced) {
   for (const LoadedModel& lm : loaded) {
     const std::string& p = lm.m->parent;
     if (!p.empty() && !by_id.count(p))
-      return corruption("manifest " + lm.file + ": model " + quote(lm.m->id) + " has parent " +
-                        quote(p) + ", which is not in the repository; restore the parent's manifest");
+      return corruption("manifest " + lm.file + ": model " + quote(lm.m->id) + " has parent " + quote(p) +
+                        ", which is not in the repository; restore the parent's manifest");
   }
   {
     std::vector<int> state(loaded.size(), 0);  // 0 new, 1 on the current path, 2 done
@@ -935,8 +921,7 @@ Status Repository::Impl::scan(bool* raced) {
   bool removed_pack = false;
   if (writer_) {
     for (const std::string& name : pack_names) {
-      bool stray = starts_with(name, kTmpPrefix) ||
-                   (ends_with(name, kPackSuffix) && !referenced.count(name));
+      bool stray = starts_with(name, kTmpPrefix) || (ends_with(name, kPackSuffix) && !referenced.count(name));
       if (stray && ::unlink(join_path(packs_dir_, name).c_str()) == 0) removed_pack = true;
     }
   }
@@ -949,9 +934,8 @@ Status Repository::Impl::scan(bool* raced) {
       int err = errno;
       if (err == ENOENT) {
         if (!writer_) *raced = true;
-        return corruption("model " + quote(first_model) + " references pack " + pack +
-                          ", which is missing from " + packs_dir_ +
-                          "; restore the pack, or remove the model's manifest");
+        return corruption("model " + quote(first_model) + " references pack " + pack + ", which is missing from " +
+                          packs_dir_ + "; restore the pack, or remove the model's manifest");
       }
       return errno_status("opening pack " + path, err);
     }
@@ -979,10 +963,9 @@ Status Repository::Impl::scan(bool* raced) {
         const ChunkRef& c = t.chunks[ci];
         const PackInfo& info = packs.at(c.pack);
         if (c.offset < info.data_begin || c.offset + c.length > pack_sizes.at(c.pack))
-          return corruption("model " + quote(lm.m->id) + " tensor " + quote(t.name) + " chunk " +
-                            std::to_string(ci) + " lies at [" + std::to_string(c.offset) + ", " +
-                            std::to_string(c.offset + c.length) + ") outside the data of pack " +
-                            c.pack + " (" + std::to_string(pack_sizes.at(c.pack)) +
+          return corruption("model " + quote(lm.m->id) + " tensor " + quote(t.name) + " chunk " + std::to_string(ci) +
+                            " lies at [" + std::to_string(c.offset) + ", " + std::to_string(c.offset + c.length) +
+                            ") outside the data of pack " + c.pack + " (" + std::to_string(pack_sizes.at(c.pack)) +
                             " bytes); the pack is truncated or the manifest is wrong");
       }
     }
@@ -1102,15 +1085,14 @@ Status Repository::Impl::commit(ModelManifest& in, const Repository::ChunkSource
       return already_exists(model + " is already in repository " + dir_ +
                             "; models are immutable, commit under a new id");
     if (!m.parent.empty() && !models_.count(m.parent))
-      return not_found("parent " + quote(m.parent) + " of " + model + " is not in repository " +
-                       dir_ + "; commit the parent first");
+      return not_found("parent " + quote(m.parent) + " of " + model + " is not in repository " + dir_ +
+                       "; commit the parent first");
     for (TensorManifest& t : m.tensors) {
       for (ChunkRef& c : t.chunks) {
         auto it = chunks_.find(c.hash);
         if (it != chunks_.end() && it->second.ref.length != c.length)
-          return invalid_argument("committing " + model + ": tensor " + quote(t.name) +
-                                  " has chunk " + c.hash.hex() + " of " + std::to_string(c.length) +
-                                  " bytes, but the repository holds it with " +
+          return invalid_argument("committing " + model + ": tensor " + quote(t.name) + " has chunk " + c.hash.hex() +
+                                  " of " + std::to_string(c.length) + " bytes, but the repository holds it with " +
                                   std::to_string(it->second.ref.length));
       }
       bool whole = t.nbytes > 0 && t.name != "__metadata__" && !starts_with(t.name, kChunkEntryPrefix);
@@ -1168,22 +1150,19 @@ Status Repository::Impl::commit(ModelManifest& in, const Repository::ChunkSource
   uint64_t data_bytes = 0;
   for (NewChunk& nc : new_chunks) {
     Result<const void*> r = src(nc.hash, nc.length);
-    if (!r.is_ok())
-      return r.status().with_context("committing " + model + ": fetching chunk " + nc.hash.hex());
+    if (!r.is_ok()) return r.status().with_context("committing " + model + ": fetching chunk " + nc.hash.hex());
     if (*r == nullptr)
-      return invalid_argument("committing " + model + ": the chunk source gave no bytes for chunk " +
-                              nc.hash.hex());
+      return invalid_argument("committing " + model + ": the chunk source gave no bytes for chunk " + nc.hash.hex());
     nc.data = *r;
     if (hash_bytes(nc.data, nc.length) != nc.hash)
-      return invalid_argument("committing " + model + ": the bytes given for chunk " + nc.hash.hex() +
-                              " (" + std::to_string(nc.length) +
+      return invalid_argument("committing " + model + ": the bytes given for chunk " + nc.hash.hex() + " (" +
+                              std::to_string(nc.length) +
                               " bytes) do not hash to it; the manifest and the data disagree");
     data_bytes += nc.length;
   }
 
-  auto now = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                 std::chrono::system_clock::now().time_since_epoch())
-                 .count();
+  auto now =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
   m.created_ns = std::max<int64_t>(now, last_created_ns_ + 1);
 
   // Lay out the pack and name it.
@@ -1195,8 +1174,7 @@ Status Repository::Impl::commit(ModelManifest& in, const Repository::ChunkSource
                                             {"cairn.parent", m.parent},
                                             {"cairn.chunk_size", std::to_string(chunk_size_)}};
     Result<std::string> header = safetensors::build_header(entries, &meta);
-    if (!header.is_ok())
-      return header.status().with_context("committing " + model + ": building the pack header");
+    if (!header.is_ok()) return header.status().with_context("committing " + model + ": building the pack header");
     prefix = std::move(header).value();
     for (size_t k = 0; k < entries.size(); ++k) {
       uint64_t off = prefix.size() + entries[k].begin;
@@ -1209,8 +1187,8 @@ Status Repository::Impl::commit(ModelManifest& in, const Repository::ChunkSource
         return internal_error("committing " + model + ": pack entry " + quote(entries[k].name) +
                               " laid out with a size other than its chunks'");
     }
-    std::string base = hash_bytes(m.id.data(), m.id.size()).hex().substr(0, 16) + "-" +
-                       hex16(static_cast<uint64_t>(m.created_ns));
+    std::string base =
+        hash_bytes(m.id.data(), m.id.size()).hex().substr(0, 16) + "-" + hex16(static_cast<uint64_t>(m.created_ns));
     pack_name = base + std::string(kPackSuffix);
     for (int k = 1; path_exists(join_path(packs_dir_, pack_name)); ++k)
       pack_name = base + "-" + std::to_string(k) + std::string(kPackSuffix);
@@ -1232,15 +1210,13 @@ Status Repository::Impl::commit(ModelManifest& in, const Repository::ChunkSource
   try {
     text = manifest_to_json(m).dump();
   } catch (const json::exception& e) {
-    return invalid_argument("committing " + model +
-                            ": metadata or architecture cannot be written as JSON (" + e.what() +
-                            "); strings must be valid UTF-8");
+    return invalid_argument("committing " + model + ": metadata or architecture cannot be written as JSON (" +
+                            e.what() + "); strings must be valid UTF-8");
   }
   text += '\n';
   const std::string mfile = manifest_file(m.id);
   if (path_exists(join_path(manifests_dir_, mfile)))
-    return already_exists("committing " + model + ": manifest file " +
-                          join_path(manifests_dir_, mfile) +
+    return already_exists("committing " + model + ": manifest file " + join_path(manifests_dir_, mfile) +
                           " exists but is not in the catalog (another writer process?)");
 
   // Publish: pack, then manifest. The model exists once its manifest is renamed into place.
@@ -1250,8 +1226,7 @@ Status Repository::Impl::commit(ModelManifest& in, const Repository::ChunkSource
     std::vector<iovec> iov;
     iov.reserve(new_chunks.size() + 1);
     iov.push_back({prefix.data(), prefix.size()});
-    for (const NewChunk& nc : new_chunks)
-      iov.push_back({const_cast<void*>(nc.data), static_cast<size_t>(nc.length)});
+    for (const NewChunk& nc : new_chunks) iov.push_back({const_cast<void*>(nc.data), static_cast<size_t>(nc.length)});
     Status s = AtomicFileWriter::publish(packs_dir_, pack_name, std::move(iov), tmp_name());
     if (!s.is_ok()) return s.with_context("committing " + model + ": writing its pack");
   }
@@ -1299,8 +1274,7 @@ Status Repository::Impl::remove(const std::string& id) {
     auto cit = children_.find(id);
     if (cit != children_.end() && !cit->second.empty()) {
       std::string list;
-      for (size_t k = 0; k < cit->second.size() && k < 3; ++k)
-        list += (k ? ", " : "") + quote(cit->second[k]);
+      for (size_t k = 0; k < cit->second.size() && k < 3; ++k) list += (k ? ", " : "") + quote(cit->second[k]);
       if (cit->second.size() > 3) list += ", ...";
       return busy(model + " has " + std::to_string(cit->second.size()) + " child model(s) (" + list +
                   ") whose lineage needs it; remove them first");
@@ -1316,10 +1290,10 @@ Status Repository::Impl::remove(const std::string& id) {
     std::unique_lock lock(mu_);
     dead = drop_model(id);
   }
-  Status result = synced.is_ok()
-                      ? Status::ok()
-                      : synced.with_context(model + " was removed, but its manifest deletion may not "
-                                                    "be durable yet");
+  Status result = synced.is_ok() ? Status::ok()
+                                 : synced.with_context(model +
+                                                       " was removed, but its manifest deletion may not "
+                                                       "be durable yet");
   bool deleted = false;
   for (const std::string& pack : dead) {
     forget_fd(pack);
@@ -1350,7 +1324,8 @@ Result<std::shared_ptr<UniqueFd>> Repository::Impl::pack_fd(const std::string& p
   if (fd < 0) {
     int err = errno;
     if (err == ENOENT)
-      return not_found("pack " + path + " does not exist (its model was removed, or the "
+      return not_found("pack " + path +
+                       " does not exist (its model was removed, or the "
                        "repository lost it)");
     return errno_status("opening pack " + path, err);
   }
@@ -1367,24 +1342,22 @@ void Repository::Impl::forget_fd(const std::string& pack) const {
 
 Status Repository::Impl::read_chunk(const ChunkRef& ref, void* dst) const {
   if (!valid_pack_name(ref.pack))
-    return invalid_argument("reading chunk " + ref.hash.hex() + ": " + quote(ref.pack) +
-                            " is not a pack file name");
+    return invalid_argument("reading chunk " + ref.hash.hex() + ": " + quote(ref.pack) + " is not a pack file name");
   if (ref.length == 0 || ref.length > kMaxChunkSize || ref.offset > UINT64_MAX - ref.length)
-    return invalid_argument("reading chunk " + ref.hash.hex() + " from pack " + ref.pack +
-                            ": bad length " + std::to_string(ref.length) + " or offset " +
-                            std::to_string(ref.offset));
+    return invalid_argument("reading chunk " + ref.hash.hex() + " from pack " + ref.pack + ": bad length " +
+                            std::to_string(ref.length) + " or offset " + std::to_string(ref.offset));
   CAIRN_ASSIGN_OR_RETURN(std::shared_ptr<UniqueFd> fd, pack_fd(ref.pack));
   std::string path = join_path(packs_dir_, ref.pack);
   size_t got = 0;
-  CAIRN_RETURN_IF_ERROR(
-      pread_all(fd->get(), dst, static_cast<size_t>(ref.length), ref.offset, path, &got));
-  std::string where = "chunk " + ref.hash.hex() + " at offset " + std::to_string(ref.offset) +
-                      " (" + std::to_string(ref.length) + " bytes) of pack " + path;
+  CAIRN_RETURN_IF_ERROR(pread_all(fd->get(), dst, static_cast<size_t>(ref.length), ref.offset, path, &got));
+  std::string where = "chunk " + ref.hash.hex() + " at offset " + std::to_string(ref.offset) + " (" +
+                      std::to_string(ref.length) + " bytes) of pack " + path;
   if (got != ref.length)
     return corruption(where + ": the pack ends after " + std::to_string(got) +
                       " of its bytes (truncated); restore the pack from a copy");
   if (hash_bytes(dst, static_cast<size_t>(ref.length)) != ref.hash)
-    return corruption(where + ": the bytes do not match the chunk's hash; restore the pack from a "
+    return corruption(where +
+                      ": the bytes do not match the chunk's hash; restore the pack from a "
                       "copy");
   return Status::ok();
 }
@@ -1417,8 +1390,7 @@ Result<ModelManifest> Repository::get(const std::string& id) const {
   {
     std::shared_lock lock(impl_->mu_);
     auto it = impl_->models_.find(id);
-    if (it == impl_->models_.end())
-      return not_found("model " + quote(id) + " is not in repository " + impl_->dir_);
+    if (it == impl_->models_.end()) return not_found("model " + quote(id) + " is not in repository " + impl_->dir_);
     m = it->second;
   }
   return *m;
@@ -1443,9 +1415,7 @@ std::optional<ChunkRef> Repository::locate(const ChunkHash& hash) const {
   return it->second.ref;
 }
 
-Status Repository::read_chunk(const ChunkRef& ref, void* dst) const {
-  return impl_->read_chunk(ref, dst);
-}
+Status Repository::read_chunk(const ChunkRef& ref, void* dst) const { return impl_->read_chunk(ref, dst); }
 
 Status Repository::remove(const std::string& id) { return impl_->remove(id); }
 

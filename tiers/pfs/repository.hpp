@@ -96,7 +96,10 @@ class Repository {
 
   // Opens (creating if missing) the repository at dir. A new repository records chunk_size; an
   // existing one keeps its own (chunk_size() tells). Rebuilds the catalog from the manifests,
-  // removes temporary files and unreferenced packs left by a crash.
+  // removes temporary files and unreferenced packs left by a crash (the writer only). A manifest
+  // that does not parse or check, a missing parent, or a missing or truncated pack fails open with
+  // kCorruption naming the file; a non-empty directory without FORMAT, or another format version,
+  // is kInvalidArgument.
   static Result<std::unique_ptr<Repository>> open(const std::string& dir, uint64_t chunk_size);
   ~Repository();
 

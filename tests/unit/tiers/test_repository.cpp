@@ -76,9 +76,8 @@ struct ChunkStore {
   }
 };
 
-TensorManifest make_tensor(ChunkStore& store, const std::string& name, DType dtype,
-                           std::vector<int64_t> shape, const std::string& bytes,
-                           uint64_t chunk_size = kChunk) {
+TensorManifest make_tensor(ChunkStore& store, const std::string& name, DType dtype, std::vector<int64_t> shape,
+                           const std::string& bytes, uint64_t chunk_size = kChunk) {
   TensorManifest t;
   t.name = name;
   t.dtype = dtype;
@@ -103,8 +102,7 @@ TensorManifest u8_tensor(ChunkStore& store, const std::string& name, size_t n, u
   return make_tensor(store, name, DType::kU8, {static_cast<int64_t>(n)}, make_bytes(n, seed));
 }
 
-ModelManifest make_model(const std::string& id, const std::string& parent,
-                         std::vector<TensorManifest> tensors) {
+ModelManifest make_model(const std::string& id, const std::string& parent, std::vector<TensorManifest> tensors) {
   ModelManifest m;
   m.id = id;
   m.parent = parent;
@@ -222,12 +220,11 @@ TEST_CASE("commit then get round-trips manifests and bytes", "[repository]") {
   TempDir tmp;
   auto repo = open_repo(tmp.repo());
   ChunkStore store;
-  ModelManifest m = make_model(
-      "resnet/v1 — ünïcode id", "",
-      {make_tensor(store, "conv1.weight", DType::kF32, {64, 64}, make_bytes(64 * 64 * 4, 1)),
-       u8_tensor(store, "big", 3 * kChunk + 123, 2),  // 4 chunks, the last one short
-       u8_tensor(store, "exact", 2 * kChunk, 3),      // 2 full chunks
-       make_tensor(store, "bias", DType::kBF16, {7}, make_bytes(14, 4))});
+  ModelManifest m = make_model("resnet/v1 — ünïcode id", "",
+                               {make_tensor(store, "conv1.weight", DType::kF32, {64, 64}, make_bytes(64 * 64 * 4, 1)),
+                                u8_tensor(store, "big", 3 * kChunk + 123, 2),  // 4 chunks, the last one short
+                                u8_tensor(store, "exact", 2 * kChunk, 3),      // 2 full chunks
+                                make_tensor(store, "bias", DType::kBF16, {7}, make_bytes(14, 4))});
   m.architecture = nlohmann::json{{"layers", nlohmann::json::array({{{"name", "conv1"}}})}};
   m.source_header = std::string("\x10\0\0\0\0\0\0\0{\"a\":1}        ", 24);
   ModelManifest committed = m;
@@ -283,15 +280,16 @@ TEST_CASE("a derived model stores only the tensor it changed", "[repository]") {
   TempDir tmp;
   auto repo = open_repo(tmp.repo());
   ChunkStore store;
-  ModelManifest parent = make_model("p", "", {u8_tensor(store, "a", 100000, 1), u8_tensor(store, "b", 70000, 2),
-                                              u8_tensor(store, "c", 5000, 3)});
+  ModelManifest parent = make_model(
+      "p", "", {u8_tensor(store, "a", 100000, 1), u8_tensor(store, "b", 70000, 2), u8_tensor(store, "c", 5000, 3)});
   REQUIRE(repo->commit(parent, store.source()).is_ok());
   auto before = repo->stats();
 
   // The child recomputes hashes of a and c (same bytes), changes b.
   ChunkStore child_store;
-  ModelManifest child = make_model("c", "p", {u8_tensor(child_store, "a", 100000, 1), u8_tensor(child_store, "b", 70000, 99),
-                                              u8_tensor(child_store, "c", 5000, 3)});
+  ModelManifest child = make_model("c", "p",
+                                   {u8_tensor(child_store, "a", 100000, 1), u8_tensor(child_store, "b", 70000, 99),
+                                    u8_tensor(child_store, "c", 5000, 3)});
   REQUIRE(repo->commit(child, child_store.source()).is_ok());
   auto after = repo->stats();
   CHECK(after.physical_bytes - before.physical_bytes == 70000);
@@ -339,8 +337,8 @@ TEST_CASE("identical tensors of unrelated models are stored once", "[repository]
   auto repo = open_repo(tmp.repo());
   ChunkStore s1, s2;
   ModelManifest a = make_model("a", "", {u8_tensor(s1, "emb", 2 * kChunk + 10, 7)});
-  ModelManifest b = make_model("b", "", {u8_tensor(s2, "embedding", 2 * kChunk + 10, 7),
-                                         u8_tensor(s2, "head", 1000, 8)});
+  ModelManifest b =
+      make_model("b", "", {u8_tensor(s2, "embedding", 2 * kChunk + 10, 7), u8_tensor(s2, "head", 1000, 8)});
   REQUIRE(repo->commit(a, s1.source()).is_ok());
   REQUIRE(repo->commit(b, s2.source()).is_ok());
   CHECK(s2.bytes_asked == 1000);
@@ -362,8 +360,10 @@ TEST_CASE("repeated chunks inside one model are written once", "[repository]") {
   auto repo = open_repo(tmp.repo());
   ChunkStore store;
   std::string zeros(3 * kChunk, '\0');
-  ModelManifest m = make_model("z", "", {make_tensor(store, "zeros", DType::kF32, {static_cast<int64_t>(3 * kChunk / 4)}, zeros),
-                                         make_tensor(store, "more_zeros", DType::kU8, {static_cast<int64_t>(kChunk)}, std::string(kChunk, '\0'))});
+  ModelManifest m = make_model(
+      "z", "",
+      {make_tensor(store, "zeros", DType::kF32, {static_cast<int64_t>(3 * kChunk / 4)}, zeros),
+       make_tensor(store, "more_zeros", DType::kU8, {static_cast<int64_t>(kChunk)}, std::string(kChunk, '\0'))});
   REQUIRE(repo->commit(m, store.source()).is_ok());
   CHECK(store.calls == 1);
   CHECK(repo->stats().physical_bytes == kChunk);
@@ -382,9 +382,10 @@ TEST_CASE("empty and 0-d tensors", "[repository]") {
   TempDir tmp;
   auto repo = open_repo(tmp.repo());
   ChunkStore store;
-  ModelManifest m = make_model("m", "", {make_tensor(store, "empty", DType::kF32, {0, 16}, ""),
-                                         make_tensor(store, "scalar", DType::kF64, {}, make_bytes(8, 5)),
-                                         make_tensor(store, "empty1d", DType::kI64, {0}, "")});
+  ModelManifest m = make_model("m", "",
+                               {make_tensor(store, "empty", DType::kF32, {0, 16}, ""),
+                                make_tensor(store, "scalar", DType::kF64, {}, make_bytes(8, 5)),
+                                make_tensor(store, "empty1d", DType::kI64, {0}, "")});
   REQUIRE(repo->commit(m, store.source()).is_ok());
   CHECK(m.tensors[0].chunks.empty());
   CHECK(m.tensors[1].chunks.size() == 1);
@@ -460,7 +461,7 @@ TEST_CASE("a pack is an ordinary safetensors file", "[repository]") {
   // in as a "__chunk__.<hex>" entry.
   std::string mixed = multi.substr(0, kChunk) + make_bytes(kChunk, 5);
   ModelManifest m = make_model("child", "parent",
-                               {make_tensor(store, "fp16", DType::kF16, {2, 3, 5000}, fp16),  // 1 chunk
+                               {make_tensor(store, "fp16", DType::kF16, {2, 3, 5000}, fp16),       // 1 chunk
                                 make_tensor(store, "multi", DType::kI32, {3 * 16384 + 5}, multi),  // 4 chunks
                                 u8_tensor(store, "shared", 1000, 1),  // the parent's: not stored
                                 make_tensor(store, "mixed", DType::kU8, {2 * kChunk}, mixed)});
@@ -675,7 +676,8 @@ TEST_CASE("a failed commit leaves nothing behind", "[repository]") {
   const auto manifests_before = files_in(tmp.repo() + "/manifests");
   const auto stats_before = repo->stats();
 
-  ModelManifest m = make_model("new", "base", {u8_tensor(store, "x", 2 * kChunk + 3, 2), u8_tensor(store, "y", 100, 3)});
+  ModelManifest m =
+      make_model("new", "base", {u8_tensor(store, "x", 2 * kChunk + 3, 2), u8_tensor(store, "y", 100, 3)});
   StatusCode want = StatusCode::kOk;
   Repository::ChunkSource src = store.source();
   SECTION("duplicate id") {
