@@ -155,7 +155,9 @@ std::string env_name(std::string_view path) {
 std::string quoted(std::string_view text) {
   constexpr size_t kMax = 80;
   if (text.size() <= kMax) return "'" + std::string(text) + "'";
-  return "'" + std::string(text.substr(0, kMax)) + "...'";
+  size_t cut = kMax;
+  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xc0) == 0x80) --cut;  // whole chars
+  return "'" + std::string(text.substr(0, cut)) + "...'";
 }
 
 bool is_name_start(char c) { return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || c == '_'; }
@@ -221,8 +223,8 @@ Result<std::string> expand(std::string_view text, const Env& env, int depth) {
       std::string_view rest = inner.substr(n);
       bool has_default = rest.substr(0, 2) == ":-";
       if (name.empty() || !is_name_start(name[0]) || (!rest.empty() && !has_default)) {
-        return invalid_argument("bad variable reference '${" + std::string(inner.substr(0, 80)) +
-                                "}' in " + quoted(text) +
+        return invalid_argument("bad variable reference " +
+                                quoted("${" + std::string(inner) + "}") + " in " + quoted(text) +
                                 " (write ${NAME} or ${NAME:-default}; $$ is a literal '$')");
       }
       std::optional<std::string> value = lookup_var(name, env);

@@ -6,7 +6,6 @@
 #include <catch2/catch.hpp>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <fstream>
 #include <random>
 #include <string>
