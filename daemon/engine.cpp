@@ -131,9 +131,14 @@ void Engine::drain() {
 
 Response Engine::handle(Session& session, const json& request, std::vector<uint8_t>& blob) {
   Response r;
-  std::string op = request.value("op", std::string());
+  std::string op;
   Result<json> result = [&]() -> Result<json> {
     try {
+      // The server's decoder guarantees an object with a string "op"; in-process callers may not.
+      auto it = request.is_object() ? request.find("op") : request.end();
+      if (it == request.end() || !it->is_string())
+        return invalid_argument("a request must be a JSON object with a string field 'op'");
+      op = it->get<std::string>();
       return dispatch(session, op, request, blob, r.blob);
     } catch (const std::exception& e) {
       return internal_error(std::string("request '") + op + "' failed: " + e.what());
@@ -315,7 +320,7 @@ Result<json> Engine::op_commit(Session& s, const json& req, std::vector<uint8_t>
     std::lock_guard lock(mu_);
     if (pending_.count(id) || committing_.count(id) || repo_->contains(id))
       return already_exists("model '" + id + "' already exists (model ids are immutable; choose a new id)");
-    committing_.insert(id);
+    committing_[id] = parent;
   }
   struct Unreserve {
     Engine* e;
@@ -460,21 +465,23 @@ Result<json> Engine::op_commit(Session& s, const json& req, std::vector<uint8_t>
   flush_cv_.notify_all();
   for (const auto& h : pinned) dram_->unpin(h);
 
-  json out{{"ticket", ticket}, {"id", id}};
-  if (wait && target > kLevelMemory) {
-    std::unique_lock lock(mu_);
-    ticket_cv_.wait(lock, [&] {
-      const Ticket& t = tickets_[ticket];
-      return t.reached >= t.target || !t.error.is_ok();
-    });
-    Ticket t = tickets_[ticket];
-    tickets_.erase(ticket);
-    if (!t.error.is_ok()) return t.error;
-    out["reached"] = level_name(t.reached);
-    out.erase("ticket");
-  } else {
+  json out{{"id", id}};
+  if (!wait) {
+    // The caller waits later with the ticket; it is forgotten when the connection ends.
+    s.tickets.insert(ticket);
+    out["ticket"] = ticket;
     out["reached"] = level_name(kLevelMemory);
+    return out;
   }
+  std::unique_lock lock(mu_);
+  ticket_cv_.wait(lock, [&] {
+    const Ticket& t = tickets_[ticket];
+    return t.reached >= t.target || !t.error.is_ok();
+  });
+  Ticket t = tickets_[ticket];
+  tickets_.erase(ticket);
+  if (!t.error.is_ok()) return t.error;
+  out["reached"] = level_name(t.reached);
   return out;
 }
 
@@ -809,6 +816,9 @@ void Engine::end_session(Session& s) {
   s.leases.clear();
   for (auto& [id, ext] : s.staging) dram_->release(ext.offset, ext.length);
   s.staging.clear();
+  std::lock_guard lock(mu_);
+  for (uint64_t t : s.tickets) tickets_.erase(t);
+  s.tickets.clear();
 }
 
 Result<json> Engine::op_prefetch(const json& req) {
@@ -912,12 +922,14 @@ Result<json> Engine::op_stats(const json& /*req*/) {
 
 Result<json> Engine::op_remove(const json& req) {
   CAIRN_ASSIGN_OR_RETURN(std::string id, get_name(req, "id", "a model id"));
-  {
-    std::lock_guard lock(mu_);
-    if (pending_.count(id)) return busy("model '" + id + "' is still being written to the repository; retry shortly");
-    for (const auto& [pid, pm] : pending_)
-      if (pm.manifest->parent == id) return busy("model '" + id + "' has descendants (" + pid + "); remove them first");
-  }
+  // Held across the check and the removal, so that no commit can take the model as its parent
+  // in between (commits reserve their id and parent under the same lock).
+  std::lock_guard lock(mu_);
+  if (pending_.count(id)) return busy("model '" + id + "' is still being written to the repository; retry shortly");
+  for (const auto& [pid, pm] : pending_)
+    if (pm.manifest->parent == id) return busy("model '" + id + "' has descendants (" + pid + "); remove them first");
+  for (const auto& [cid, parent] : committing_)
+    if (parent == id) return busy("model '" + id + "' is the parent of '" + cid + "', which is being committed; retry");
   Status st = repo_->remove(id);
   if (st.code() == StatusCode::kNotFound) return not_found("model '" + id + "' does not exist (see `cairn ls`)");
   CAIRN_RETURN_IF_ERROR(st);

@@ -50,6 +50,7 @@ struct Session {
   };
   std::map<uint64_t, Lease> leases;
   std::map<uint64_t, Extent> staging;      // arena space handed out for writes, not yet committed
+  std::set<uint64_t> tickets;              // tickets handed out and not yet waited for
   uint64_t next_id = 1;
 };
 
@@ -147,7 +148,7 @@ class Engine {
   uint64_t next_ticket_ = 1;
   std::map<std::string, PendingModel> pending_;          // committed at memory, not yet in the repository
   std::deque<std::string> flush_queue_;
-  std::set<std::string> committing_;                     // ids between validation and registration
+  std::map<std::string, std::string> committing_;        // id -> parent, between validation and registration
   bool stopping_ = false;
   uint64_t pfs_chunk_reads_ = 0, pfs_bytes_read_ = 0, pfs_bytes_written_ = 0;
   std::atomic<uint64_t> next_session_{1};

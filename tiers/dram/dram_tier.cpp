@@ -113,7 +113,11 @@ std::optional<uint64_t> DramTier::wait_pin(const ChunkHash& hash) {
 }
 
 uint64_t DramTier::adopt(const ChunkHash& hash, uint64_t offset, uint64_t length, bool dirty) {
-  std::lock_guard lock(mu_);
+  std::unique_lock lock(mu_);
+  // Another caller is loading the same bytes: wait for it, so that its finish_load does not
+  // replace this copy (leaking it and losing its pin); then share its copy, or keep ours if the
+  // load failed.
+  loaded_cv_.wait(lock, [&] { return !loading_.count(hash); });
   auto it = chunks_.find(hash);
   if (it != chunks_.end()) {
     alloc_.free(offset, length);

@@ -72,8 +72,9 @@ class DramTier {
 
   // A chunk whose bytes a client just wrote at [offset, offset+length). If a copy is resident
   // already, the new range is released and the existing copy used. Either way the chunk is pinned
-  // once and its offset returned. dirty: not yet in the repository (a resident clean copy of the
-  // same bytes stays clean).
+  // once and its offset returned. dirty: not yet in the repository (a resident clean copy becomes
+  // dirty; a dirty one stays dirty whatever `dirty` says). If another caller is loading the chunk
+  // (claim returned kLoad), waits until it finishes or aborts the load.
   uint64_t adopt(const ChunkHash& hash, uint64_t offset, uint64_t length, bool dirty);
   void unpin(const ChunkHash& hash);
   void mark_clean(const ChunkHash& hash);
