@@ -59,7 +59,17 @@ cairn_status guarded(F&& f) {
   }
 }
 
-bool check_dtype(cairn_dtype d) { return cairn::dtype_from_int(static_cast<int>(d)).has_value(); }
+// A C caller may pass any int as an enum; loading an out-of-range value as a C++ enum is undefined,
+// so the C shim reads enum arguments through their representation.
+template <typename E>
+int raw_enum(const E& e) {
+  static_assert(sizeof(E) == sizeof(int));
+  int v;
+  std::memcpy(&v, &e, sizeof v);
+  return v;
+}
+
+bool check_dtype(const cairn_dtype& d) { return cairn::dtype_from_int(raw_enum(d)).has_value(); }
 
 cairn_status make_shape(int ndim, const int64_t* shape, std::vector<int64_t>& out) {
   if (ndim < 0 || ndim > CAIRN_MAX_DIMS)
@@ -76,7 +86,7 @@ cairn_status make_shape(int ndim, const int64_t* shape, std::vector<int64_t>& ou
 
 extern "C" {
 
-const char* cairn_status_string(cairn_status s) { return cairn::status_code_string(static_cast<cairn::StatusCode>(s)); }
+const char* cairn_status_string(cairn_status s) { return cairn::status_code_string(cairn::status_code_from_int(raw_enum(s))); }
 
 const char* cairn_last_error(void) { return g_last_error.c_str(); }
 
@@ -97,7 +107,7 @@ cairn_status cairn_put_tensor(cairn_client* c, const char* key, const void* data
                               const int64_t* shape) {
   return guarded([&] {
     CAIRN_REQUIRE_ARG(c && key, "client and key must not be NULL");
-    CAIRN_REQUIRE_ARG(check_dtype(dtype), "unknown dtype " + std::to_string(static_cast<int>(dtype)));
+    CAIRN_REQUIRE_ARG(check_dtype(dtype), "unknown dtype " + std::to_string(raw_enum(dtype)));
     std::vector<int64_t> s;
     if (cairn_status st = make_shape(ndim, shape, s); st != CAIRN_OK) return st;
     return done(c->impl->put_tensor(key, data, static_cast<cairn::DType>(dtype), s));
@@ -159,7 +169,7 @@ cairn_status cairn_model_add_tensor(cairn_model_writer* w, const char* name, con
                                     int ndim, const int64_t* shape) {
   return guarded([&] {
     CAIRN_REQUIRE_ARG(w && name, "writer and name must not be NULL");
-    CAIRN_REQUIRE_ARG(check_dtype(dtype), "unknown dtype " + std::to_string(static_cast<int>(dtype)));
+    CAIRN_REQUIRE_ARG(check_dtype(dtype), "unknown dtype " + std::to_string(raw_enum(dtype)));
     std::vector<int64_t> s;
     if (cairn_status st = make_shape(ndim, shape, s); st != CAIRN_OK) return st;
     return done(w->impl->add_tensor(name, data, static_cast<cairn::DType>(dtype), s));
@@ -190,8 +200,10 @@ cairn_status cairn_model_commit(cairn_model_writer* w, cairn_durability d, cairn
   if (!w) return fail(CAIRN_ERR_INVALID_ARGUMENT, "writer is NULL");
   cairn_status st = guarded([&] {
     if (ticket) *ticket = nullptr;
-    CAIRN_REQUIRE_ARG(d >= CAIRN_DURABILITY_MEMORY && d <= CAIRN_DURABILITY_GLOBAL, "unknown durability");
-    auto r = w->impl->commit(static_cast<cairn::Durability>(d), ticket == nullptr);
+    const int level = raw_enum(d);
+    CAIRN_REQUIRE_ARG(level >= CAIRN_DURABILITY_MEMORY && level <= CAIRN_DURABILITY_GLOBAL,
+                      "unknown durability " + std::to_string(level));
+    auto r = w->impl->commit(static_cast<cairn::Durability>(level), ticket == nullptr);
     if (!r.is_ok()) return fail(r.status());
     if (ticket) {
       // The ticket is answered by the client the writer came from.
@@ -254,8 +266,9 @@ cairn_status cairn_model_read_tensor(cairn_model_reader* r, const char* name, vo
   return guarded([&] {
     CAIRN_REQUIRE_ARG(r && name, "reader and name must not be NULL");
     CAIRN_REQUIRE_ARG(dst || dst_bytes == 0, "dst is NULL");
-    if (kind == CAIRN_MEM_CUDA) return done(r->impl->read_to_device(name, dst, dst_bytes));
-    CAIRN_REQUIRE_ARG(kind == CAIRN_MEM_HOST, "unknown memkind");
+    const int k = raw_enum(kind);
+    if (k == CAIRN_MEM_CUDA) return done(r->impl->read_to_device(name, dst, dst_bytes));
+    CAIRN_REQUIRE_ARG(k == CAIRN_MEM_HOST, "unknown memkind " + std::to_string(k));
     return done(r->impl->read(name, dst, dst_bytes));
   });
 }

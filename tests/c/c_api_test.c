@@ -38,6 +38,7 @@ int main(int argc, char **argv) {
 
   CHECK(strcmp(cairn_status_string(CAIRN_OK), "ok") == 0);
   CHECK(strcmp(cairn_status_string(CAIRN_ERR_NOT_FOUND), "not found") == 0);
+  CHECK(strlen(cairn_status_string((cairn_status)1000)) > 0);
   CHECK(cairn_connect("/nonexistent/dir/cairnd.sock", &c) == CAIRN_ERR_UNAVAILABLE);
   CHECK(strstr(cairn_last_error(), "/nonexistent/dir/cairnd.sock") != NULL);
   CHECK(c == NULL);
@@ -118,6 +119,9 @@ int main(int argc, char **argv) {
     CHECK_OK(cairn_wait(t, -1));
     cairn_ticket_free(t);
 
+    CHECK_OK(cairn_model_create(c, "c-never", NULL, &w));
+    CHECK(cairn_model_commit(w, (cairn_durability)7, NULL) == CAIRN_ERR_INVALID_ARGUMENT); /* frees w */
+    CHECK(strstr(cairn_last_error(), "durability") != NULL);
     CHECK(cairn_model_create(c, base_id, NULL, &w) == CAIRN_OK);
     CHECK(cairn_model_commit(w, CAIRN_DURABILITY_GLOBAL, NULL) == CAIRN_ERR_EXISTS);
     CHECK(strstr(cairn_last_error(), base_id) != NULL);
@@ -134,6 +138,7 @@ int main(int argc, char **argv) {
     CHECK(memcmp(back, h2, 160 * sizeof(float)) == 0);
     CHECK(cairn_model_read_tensor(r, "head.weight", back, 8, CAIRN_MEM_HOST) == CAIRN_ERR_INVALID_ARGUMENT);
     CHECK(cairn_model_read_tensor(r, "nope", back, 8, CAIRN_MEM_HOST) == CAIRN_ERR_NOT_FOUND);
+    CHECK(cairn_model_read_tensor(r, "body.bias", back, 64, (cairn_memkind)42) == CAIRN_ERR_INVALID_ARGUMENT);
     /* Device memory: without a GPU (or a CUDA build) the call says so instead of crashing. A real
      * device buffer is exercised by the GPU tests when a GPU is present. */
     if (getenv("CAIRN_TEST_HAVE_GPU") == NULL) {

@@ -3,7 +3,6 @@
 Every daemon is started by pid with its own socket, repository and config under a temp directory,
 and is stopped (SIGTERM, then SIGKILL after a timeout) when the test ends.
 """
-import ctypes
 import json
 import os
 import signal
@@ -118,32 +117,13 @@ def daemon(make_daemon):
     return make_daemon().start()
 
 
-# ---- the C API from Python, through ctypes (a real client of libcairn.so) ----
-
-class CApi:
-    def __init__(self):
-        self.lib = ctypes.CDLL(str(LIBCAIRN))
-        L = self.lib
-        L.cairn_connect.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)]
-        L.cairn_disconnect.argtypes = [ctypes.c_void_p]
-        L.cairn_last_error.restype = ctypes.c_char_p
-        L.cairn_model_open.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)]
-        L.cairn_model_map_tensor.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p),
-                                             ctypes.POINTER(ctypes.c_size_t)]
-        L.cairn_model_read_tensor.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_size_t,
-                                              ctypes.c_int]
-        L.cairn_model_close.argtypes = [ctypes.c_void_p]
-
-    def check(self, rc):
-        if rc != 0:
-            raise RuntimeError(f"cairn status {rc}: {self.lib.cairn_last_error().decode()}")
-
-    def connect(self, path):
-        c = ctypes.c_void_p()
-        self.check(self.lib.cairn_connect(path.encode(), ctypes.byref(c)))
-        return c
-
-
-@pytest.fixture(scope="session")
-def capi():
-    return CApi()
+def ctypes_env(env):
+    """The environment for a Python process that loads libcairn.so with ctypes. A sanitized build's
+    library needs the sanitizer runtimes preloaded (Python itself is not built with them)."""
+    env = dict(env)
+    if os.environ.get("CAIRN_SANITIZED") == "1":
+        libs = [subprocess.run(["cc", f"-print-file-name={lib}"], capture_output=True, text=True).stdout.strip()
+                for lib in ("libasan.so", "libubsan.so")]
+        env["LD_PRELOAD"] = " ".join(libs)
+        env["ASAN_OPTIONS"] = "detect_leaks=0"
+    return env

@@ -21,7 +21,9 @@ def test_outside_program_builds_with_pkg_config(daemon, tmp):
     flags = subprocess.run(["pkg-config", "--cflags", "--libs", "cairn"], env=env, capture_output=True, text=True,
                            check=True).stdout.split()
     exe = tmp / "outside"
-    subprocess.run(["cc", "-std=c99", "-Wall", "-Wextra", "-pedantic", "-Werror", "-o", str(exe),
+    # A sanitized libcairn needs a sanitized program (the runtime must come first).
+    sanitize = ["-fsanitize=address,undefined"] if os.environ.get("CAIRN_SANITIZED") == "1" else []
+    subprocess.run(["cc", "-std=c99", "-Wall", "-Wextra", "-pedantic", "-Werror", *sanitize, "-o", str(exe),
                     str(SOURCE / "tests" / "c" / "c_api_test.c"), *flags], check=True, env=env)
     r = subprocess.run([str(exe), "-outside"], env=daemon.env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr

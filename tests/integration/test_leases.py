@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 
-from conftest import LIBCAIRN
+from conftest import LIBCAIRN, ctypes_env
 from stfiles import rand, save_file
 
 READER = textwrap.dedent("""
@@ -30,7 +30,8 @@ def test_killed_reader_releases_its_leases(make_daemon, tmp):
     save_file({"w": rand(rng, (60, 1024, 1024), np.uint8)}, str(tmp / "big3.safetensors"))
     d.cairn("put", "big0", tmp / "big0.safetensors")
 
-    reader = subprocess.Popen([sys.executable, "-c", READER, str(LIBCAIRN), d.socket], stdout=subprocess.PIPE, text=True)
+    reader = subprocess.Popen([sys.executable, "-c", READER, str(LIBCAIRN), d.socket], stdout=subprocess.PIPE, text=True,
+                              env=ctypes_env(d.env))
     assert reader.stdout.readline().startswith("mapped")
     # While big0 is mapped it cannot be evicted, so 60 MiB more do not fit in the 96 MiB arena...
     r = d.cairn("put", "big3", tmp / "big3.safetensors", check=False)
