@@ -45,18 +45,17 @@ std::optional<uint64_t> tensor_nbytes(DType t, const std::vector<int64_t>& shape
   return n;
 }
 
-bool valid_name(std::string_view s) {
-  if (s.empty() || s.size() > kMaxNameBytes) return false;
+bool valid_utf8(std::string_view s) {
   size_t i = 0;
   while (i < s.size()) {
     auto c = static_cast<unsigned char>(s[i]);
-    if (c == 0) return false;
-    size_t extra;
-    uint32_t cp;
     if (c < 0x80) {
       ++i;
       continue;
-    } else if ((c & 0xE0) == 0xC0) {
+    }
+    size_t extra;
+    uint32_t cp;
+    if ((c & 0xE0) == 0xC0) {
       extra = 1;
       cp = c & 0x1F;
     } else if ((c & 0xF0) == 0xE0) {
@@ -68,19 +67,22 @@ bool valid_name(std::string_view s) {
     } else {
       return false;
     }
-    if (i + extra >= s.size()) return false;
+    if (s.size() - i <= extra) return false;
     for (size_t k = 1; k <= extra; ++k) {
       auto cc = static_cast<unsigned char>(s[i + k]);
       if ((cc & 0xC0) != 0x80) return false;
       cp = (cp << 6) | (cc & 0x3F);
     }
-    // Reject overlong encodings, surrogates and values past U+10FFFF.
     if ((extra == 1 && cp < 0x80) || (extra == 2 && cp < 0x800) || (extra == 3 && cp < 0x10000) ||
         (cp >= 0xD800 && cp <= 0xDFFF) || cp > 0x10FFFF)
       return false;
     i += extra + 1;
   }
   return true;
+}
+
+bool valid_name(std::string_view s) {
+  return !s.empty() && s.size() <= kMaxNameBytes && s.find('\0') == std::string_view::npos && valid_utf8(s);
 }
 
 }  // namespace cairn

@@ -28,6 +28,9 @@ std::optional<DType> dtype_from_int(int value);
 // prod(shape) * dtype_size(t), or nullopt on a negative dimension or overflow past 2^63.
 std::optional<uint64_t> tensor_nbytes(DType t, const std::vector<int64_t>& shape);
 
+// True when s is well-formed UTF-8: no overlong forms, surrogates or values past U+10FFFF. NUL is
+// allowed (JSON carries it as \u0000).
+bool valid_utf8(std::string_view s);
 // True when s is 1..kMaxNameBytes bytes of valid UTF-8 without NUL.
 bool valid_name(std::string_view s);
 

@@ -31,44 +31,6 @@ void put_u64_le(char* p, uint64_t v) {
   for (int i = 0; i < 8; ++i) p[i] = static_cast<char>(static_cast<uint8_t>(v >> (8 * i)));
 }
 
-// True when s is well-formed UTF-8 (no overlong forms, surrogates or values past U+10FFFF). NUL is
-// allowed: JSON can carry it as \u0000 in metadata.
-bool is_utf8(std::string_view s) {
-  size_t i = 0;
-  while (i < s.size()) {
-    auto c = static_cast<unsigned char>(s[i]);
-    if (c < 0x80) {
-      ++i;
-      continue;
-    }
-    size_t extra;
-    uint32_t cp;
-    if ((c & 0xE0) == 0xC0) {
-      extra = 1;
-      cp = c & 0x1F;
-    } else if ((c & 0xF0) == 0xE0) {
-      extra = 2;
-      cp = c & 0x0F;
-    } else if ((c & 0xF8) == 0xF0) {
-      extra = 3;
-      cp = c & 0x07;
-    } else {
-      return false;
-    }
-    if (s.size() - i <= extra) return false;
-    for (size_t k = 1; k <= extra; ++k) {
-      auto cc = static_cast<unsigned char>(s[i + k]);
-      if ((cc & 0xC0) != 0x80) return false;
-      cp = (cp << 6) | (cc & 0x3F);
-    }
-    if ((extra == 1 && cp < 0x80) || (extra == 2 && cp < 0x800) || (extra == 3 && cp < 0x10000) ||
-        (cp >= 0xD800 && cp <= 0xDFFF) || cp > 0x10FFFF)
-      return false;
-    i += extra + 1;
-  }
-  return true;
-}
-
 void append_hex_escape(std::string& out, unsigned char c) {
   static constexpr char kHex[] = "0123456789ABCDEF";
   out += "\\x";
@@ -79,7 +41,7 @@ void append_hex_escape(std::string& out, unsigned char c) {
 // s as it appears in a message: quoted, control bytes (and every high byte unless s is UTF-8)
 // escaped as \xNN, cut after about kShownBytes with its length noted.
 std::string shown(std::string_view s) {
-  const bool utf8 = is_utf8(s);
+  const bool utf8 = valid_utf8(s);
   std::string out = "'";
   size_t i = 0;
   for (; i < s.size(); ++i) {
@@ -626,9 +588,9 @@ Result<std::string> build_header(std::vector<TensorEntry>& tensors,
     js += ":{";
     bool first = true;
     for (const auto& [key, value] : *metadata) {
-      if (!is_utf8(key))
+      if (!valid_utf8(key))
         return invalid_argument("__metadata__ key " + shown(key) + " is not UTF-8");
-      if (!is_utf8(value))
+      if (!valid_utf8(value))
         return invalid_argument("__metadata__ " + shown(key) + ": value is not UTF-8");
       if (!first) js += ',';
       first = false;

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 namespace cairn::wire {
@@ -235,6 +236,13 @@ Result<Frame> recv_frame(int sock) {
     if (!s.is_ok()) return fail(s);
   }
   return f;
+}
+
+std::string default_socket_path() {
+  if (const char* s = std::getenv("CAIRN_SOCKET"); s && *s) return s;
+  const char* xdg = std::getenv("XDG_RUNTIME_DIR");
+  std::string dir = (xdg && *xdg) ? xdg : "/tmp";
+  return dir + "/cairn-" + std::to_string(::getuid()) + "/cairnd.sock";
 }
 
 nlohmann::json ok_response() { return nlohmann::json{{"status", 0}}; }

@@ -66,6 +66,10 @@ Result<Frame> recv_frame(int sock);
 Status read_full(int fd, void* buf, size_t n);
 Status write_full(int fd, const void* buf, size_t n);
 
+// Where the node's daemon listens unless told otherwise: $CAIRN_SOCKET if set, else
+// ${XDG_RUNTIME_DIR:-/tmp}/cairn-$UID/cairnd.sock.
+std::string default_socket_path();
+
 // Helpers for responses.
 nlohmann::json ok_response();
 nlohmann::json error_response(const Status& s);

@@ -17,15 +17,8 @@
 
 namespace cairn {
 
-std::string default_socket_path() {
-  if (const char* s = std::getenv("CAIRN_SOCKET"); s && *s) return s;
-  const char* xdg = std::getenv("XDG_RUNTIME_DIR");
-  std::string dir = (xdg && *xdg) ? xdg : "/tmp";
-  return dir + "/cairn-" + std::to_string(::getuid()) + "/cairnd.sock";
-}
-
 std::string socket_path_for(const Config& config) {
-  return config.socket.empty() ? default_socket_path() : config.socket;
+  return config.socket.empty() ? wire::default_socket_path() : config.socket;
 }
 
 namespace {

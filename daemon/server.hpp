@@ -18,9 +18,7 @@
 
 namespace cairn {
 
-// $CAIRN_SOCKET if set, else ${XDG_RUNTIME_DIR:-/tmp}/cairn-$UID/cairnd.sock.
-std::string default_socket_path();
-// The socket path for a config: its `socket` key if set, else default_socket_path().
+// The socket path for a config: its `socket` key if set, else wire::default_socket_path().
 std::string socket_path_for(const Config& config);
 
 class Server {

@@ -18,13 +18,6 @@ namespace cairn {
 
 using nlohmann::json;
 
-std::string client_default_socket_path() {
-  if (const char* s = std::getenv("CAIRN_SOCKET"); s && *s) return s;
-  const char* xdg = std::getenv("XDG_RUNTIME_DIR");
-  std::string dir = (xdg && *xdg) ? xdg : "/tmp";
-  return dir + "/cairn-" + std::to_string(::getuid()) + "/cairnd.sock";
-}
-
 const char* durability_name(Durability d) {
   switch (d) {
     case Durability::kMemory: return "memory";
@@ -65,7 +58,7 @@ Status check_shape(DType dtype, const std::vector<int64_t>& shape, uint64_t* nby
 // ---- Client ----
 
 Result<std::unique_ptr<Client>> Client::connect(const std::string& address_in) {
-  std::string address = address_in.empty() ? client_default_socket_path() : address_in;
+  std::string address = address_in.empty() ? wire::default_socket_path() : address_in;
   sockaddr_un addr{};
   if (address.size() >= sizeof(addr.sun_path)) return invalid_argument("socket path '" + address + "' is too long");
   int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);

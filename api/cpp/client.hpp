@@ -26,9 +26,6 @@
 
 namespace cairn {
 
-// $CAIRN_SOCKET if set, else ${XDG_RUNTIME_DIR:-/tmp}/cairn-$UID/cairnd.sock.
-std::string client_default_socket_path();
-
 enum class Durability { kMemory = 0, kLocal = 1, kGlobal = 2 };
 const char* durability_name(Durability d);
 
@@ -44,7 +41,7 @@ inline constexpr uint64_t kInlineLimit = 64 * 1024;
 
 class Client {
  public:
-  // address "" = client_default_socket_path(). kUnavailable names the path when nothing listens.
+  // address "" = wire::default_socket_path() ($CAIRN_SOCKET, then the default). kUnavailable names the path when nothing listens.
   static Result<std::unique_ptr<Client>> connect(const std::string& address);
   ~Client();
   Client(const Client&) = delete;
