@@ -139,6 +139,11 @@ Response Engine::handle(Session& session, const json& request, std::vector<uint8
       if (it == request.end() || !it->is_string())
         return invalid_argument("a request must be a JSON object with a string field 'op'");
       op = it->get<std::string>();
+      // Any request may carry leases the client is done with (saving it a round trip).
+      if (auto rel = request.find("release"); rel != request.end() && op != "release") {
+        auto released = op_release(session, json{{"op", "release"}, {"leases", *rel}});
+        if (!released.is_ok()) return released.status();
+      }
       return dispatch(session, op, request, blob, r.blob);
     } catch (const std::exception& e) {
       return internal_error(std::string("request '") + op + "' failed: " + e.what());

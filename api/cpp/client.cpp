@@ -89,8 +89,16 @@ Result<std::unique_ptr<Client>> Client::connect(const std::string& address_in) {
 
 Client::~Client() { ::close(fd_); }
 
-Result<json> Client::call(const json& request, std::span<const uint8_t> blob) {
-  Status st = wire::send_frame(fd_, wire::Kind::kRequest, request, blob);
+Result<json> Client::call(const json& request_in, std::span<const uint8_t> blob) {
+  const json* request = &request_in;
+  json with_release;
+  if (!deferred_release_.empty()) {
+    with_release = request_in;
+    with_release["release"] = deferred_release_;
+    request = &with_release;
+  }
+  Status st = wire::send_frame(fd_, wire::Kind::kRequest, *request, blob);
+  deferred_release_.clear();  // sent, or the connection is gone and with it the leases
   if (!st.is_ok()) return unavailable("lost the connection to cairnd on " + address_ + ": " + st.message());
   auto f = wire::recv_frame(fd_);
   if (!f.is_ok()) return unavailable("lost the connection to cairnd on " + address_ + ": " + f.status().message());
@@ -305,18 +313,28 @@ Result<std::vector<ModelReader::Leased>> ModelReader::lease(const std::vector<st
 }
 
 Status ModelReader::read(const std::string& name, void* dst, uint64_t dst_bytes) {
-  const TensorInfo* t = find(name);
-  if (!t) return not_found("model '" + id_ + "' has no tensor '" + name + "'");
-  if (t->nbytes != dst_bytes)
-    return invalid_argument("tensor '" + name + "' has " + std::to_string(t->nbytes) + " bytes, the buffer " +
-                            std::to_string(dst_bytes));
-  CAIRN_ASSIGN_OR_RETURN(auto leased, lease({name}, false));
-  auto* out = static_cast<uint8_t*>(dst);
-  for (const auto& [off, len] : leased[0].extents) {
-    std::memcpy(out, client_.arena() + off, len);
-    out += len;
+  return read_many({name}, {std::span<uint8_t>(static_cast<uint8_t*>(dst), dst_bytes)});
+}
+
+Status ModelReader::read_many(const std::vector<std::string>& names, const std::vector<std::span<uint8_t>>& dsts) {
+  if (names.size() != dsts.size()) return invalid_argument("read_many: as many buffers as names are needed");
+  for (size_t i = 0; i < names.size(); ++i) {
+    const TensorInfo* t = find(names[i]);
+    if (!t) return not_found("model '" + id_ + "' has no tensor '" + names[i] + "'");
+    if (t->nbytes != dsts[i].size())
+      return invalid_argument("tensor '" + names[i] + "' has " + std::to_string(t->nbytes) + " bytes, the buffer " +
+                              std::to_string(dsts[i].size()));
   }
-  return client_.release({leased[0].lease});
+  CAIRN_ASSIGN_OR_RETURN(auto leased, lease(names, false));
+  for (size_t i = 0; i < leased.size(); ++i) {
+    uint8_t* out = dsts[i].data();
+    for (const auto& [off, len] : leased[i].extents) {
+      std::memcpy(out, client_.arena() + off, len);
+      out += len;
+    }
+    client_.release_later(leased[i].lease);
+  }
+  return Status::ok();
 }
 
 Status ModelReader::read_to_device(const std::string& name, void* dst, uint64_t dst_bytes) {

@@ -66,6 +66,9 @@ class Client {
   Result<Space> allocate(uint64_t nbytes);
   Status free_space(uint64_t id);
   Status release(const std::vector<uint64_t>& leases);
+  // Releases a lease with the next request instead of a round trip of its own (the chunks stay
+  // pinned until then, or until the connection ends).
+  void release_later(uint64_t lease) { deferred_release_.push_back(lease); }
 
   Status wait(uint64_t ticket, int timeout_ms);
   Status prefetch(const std::string& id);
@@ -82,6 +85,7 @@ class Client {
   std::string address_;
   std::unique_ptr<ArenaView> view_;
   uint64_t chunk_size_ = 0;
+  std::vector<uint64_t> deferred_release_;
 };
 
 // Builds a model: add or inherit tensors, then commit. Destroying an uncommitted writer aborts it.
@@ -136,6 +140,8 @@ class ModelReader {
 
   // Copies the tensor into dst (dst_bytes must equal its size).
   Status read(const std::string& name, void* dst, uint64_t dst_bytes);
+  // Copies several tensors with one request: dsts[i] receives names[i] (sizes must match).
+  Status read_many(const std::vector<std::string>& names, const std::vector<std::span<uint8_t>>& dsts);
   // Copies into CUDA device memory (kUnavailable when built without CUDA).
   Status read_to_device(const std::string& name, void* dst, uint64_t dst_bytes);
   // A zero-copy view into the daemon's arena.

@@ -158,13 +158,15 @@ int main(int argc, char** argv) {
       auto reader = cairn::ModelReader::open(c, parent);
       if (!reader.is_ok()) return die(reader.status());
       uint64_t pos = 0;
+      std::vector<std::string> names;
+      std::vector<std::span<uint8_t>> dsts;
       for (const auto& t : (*reader)->tensors()) {
-        if (auto st = (*reader)->read(t.name, readback.data() + pos, t.nbytes); !st.is_ok()) return die(st);
+        names.push_back(t.name);
+        dsts.emplace_back(readback.data() + pos, t.nbytes);
         pos += t.nbytes;
       }
+      if (auto st = (*reader)->read_many(names, dsts); !st.is_ok()) return die(st);
       cairn_copy_ms.push_back(ms(Clock::now() - t0));
-      std::vector<std::string> names;
-      for (const auto& t : (*reader)->tensors()) names.push_back(t.name);
       t0 = Clock::now();
       auto views = (*reader)->map_many(names);
       if (!views.is_ok()) return die(views.status());

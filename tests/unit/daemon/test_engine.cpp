@@ -331,6 +331,15 @@ TEST_CASE("engine: a named tensor replaced or deleted while leased stays readabl
   REQUIRE(bytes_at(e, off2, 4096) == b);
   ok(e, s, {{"op", "release"}, {"leases", {l2["lease"]}}});
   REQUIRE(used_bytes(e) == used1 - 4096);
+
+  // Any request may carry leases to release, saving the client a round trip.
+  ok(e, s, {{"op", "put_tensor"}, {"key", "k2"}, {"dtype", "U8"}, {"shape", {4096}}}, a);
+  json l3 = ok(e, s, {{"op", "lease_tensor"}, {"key", "k2"}});
+  ok(e, s, {{"op", "delete_tensor"}, {"key", "k2"}});
+  REQUIRE(used_bytes(e) == used1);
+  ok(e, s, {{"op", "ping"}, {"release", {l3["lease"]}}});
+  REQUIRE(used_bytes(e) == used1 - 4096);
+  fails(e, s, {{"op", "ping"}, {"release", "nonsense"}}, StatusCode::kInvalidArgument, "leases");
 }
 
 TEST_CASE("engine: poll_tensor times out, and sees a key another connection puts", "[engine]") {
