@@ -1,5 +1,6 @@
 #include "daemon/engine.hpp"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -591,6 +592,24 @@ Result<json> Engine::op_open(const json& req) {
   return out;
 }
 
+void Engine::readahead(const std::vector<const TensorManifest*>& tensors) {
+  // Tell the kernel about every repository range a request will read before reading the first, so
+  // that the reads find their bytes in flight (measured: cold reads 0.4x -> ~1x a plain sequential
+  // read of the pack file, docs/benchmarks.md).
+  std::map<std::string, int> fds;
+  for (const TensorManifest* t : tensors) {
+    for (const ChunkRef& c : t->chunks) {
+      if (c.pack.empty() || dram_->offset_of(c.hash)) continue;
+      auto [it, added] = fds.emplace(c.pack, -1);
+      if (added) it->second = ::open((repo_->dir() + "/packs/" + c.pack).c_str(), O_RDONLY | O_CLOEXEC);
+      if (it->second >= 0)
+        ::posix_fadvise(it->second, static_cast<off_t>(c.offset), static_cast<off_t>(c.length), POSIX_FADV_WILLNEED);
+    }
+  }
+  for (const auto& [pack, fd] : fds)
+    if (fd >= 0) ::close(fd);
+}
+
 Status Engine::pin_tensor(const TensorManifest& t, std::vector<ChunkHash>& pinned, std::vector<Extent>& extents) {
   const size_t n = t.chunks.size();
   std::vector<DramTier::Claim> claims(n);
@@ -632,6 +651,7 @@ Status Engine::pin_tensor(const TensorManifest& t, std::vector<ChunkHash>& pinne
     }
     std::vector<Status> results(to_load.size());
     if (failure.is_ok()) {
+
       auto read_one = [&](size_t k) {
         const ChunkRef& ref0 = t.chunks[to_load[k]];
         std::optional<ChunkRef> ref = ref0.pack.empty() ? repo_->locate(ref0.hash) : std::optional<ChunkRef>(ref0);
@@ -722,6 +742,11 @@ Result<json> Engine::op_lease(Session& s, const json& req) {
   bool contiguous = req.value("contiguous", false);
   auto names = req.find("tensors");
   if (names == req.end() || !names->is_array()) return invalid_argument("request 'lease': missing array field 'tensors'");
+  std::vector<const TensorManifest*> wanted;
+  for (const auto& nj : *names)
+    if (nj.is_string())
+      if (const TensorManifest* t = m->find(nj.get<std::string>())) wanted.push_back(t);
+  readahead(wanted);
   json leases = json::array();
   std::vector<uint64_t> granted;
   auto undo = [&] {
@@ -830,6 +855,9 @@ Result<json> Engine::op_prefetch(const json& req) {
   CAIRN_ASSIGN_OR_RETURN(std::string id, get_name(req, "id", "a model id"));
   CAIRN_ASSIGN_OR_RETURN(auto m, find_model(id));
   uint64_t bytes = 0;
+  std::vector<const TensorManifest*> all;
+  for (const auto& t : m->tensors) all.push_back(&t);
+  readahead(all);
   for (const auto& t : m->tensors) {
     std::vector<ChunkHash> pinned;
     std::vector<Extent> extents;

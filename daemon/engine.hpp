@@ -128,6 +128,8 @@ class Engine {
   // failure nothing stays pinned.
   Status pin_tensor(const TensorManifest& t, std::vector<ChunkHash>& pinned, std::vector<Extent>& extents);
   // Reads chunks that are not resident from the repository into [base, ...) of one allocation.
+  // Starts the kernel reading the repository ranges of the tensors' chunks not resident in DRAM.
+  void readahead(const std::vector<const TensorManifest*>& tensors);
   void release_lease(Session::Lease& lease);
   nlohmann::json lineage_list(const std::string& id, bool ancestors, int depth) const;
   void flusher_loop();
