@@ -12,6 +12,12 @@ def test_c_api_program(daemon):
     assert "0 failed" in r.stdout
 
 
+def test_cpp_api_program(daemon):
+    r = subprocess.run([str(BUILD / "bin" / "cpp_api_test")], env=daemon.env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "0 failed" in r.stdout
+
+
 def test_outside_program_builds_with_pkg_config(daemon, tmp):
     env_lines = subprocess.run([str(SOURCE / "scripts" / "env")], capture_output=True, text=True, check=True).stdout
     # The printed exports refer to build/ under the source tree; in CI that is where the build is.
