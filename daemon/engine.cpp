@@ -9,6 +9,7 @@
 #include <deque>
 #include <set>
 
+#include "core/graph.hpp"
 #include "core/log.hpp"
 #include "core/safetensors.hpp"
 
@@ -315,8 +316,10 @@ Result<json> Engine::op_commit(Session& s, const json& req, std::vector<uint8_t>
   json metadata = req.contains("metadata") ? req["metadata"] : json::object();
   if (!metadata.is_object()) return invalid_argument("model '" + id + "': metadata must be a JSON object");
   json architecture = req.contains("architecture") ? req["architecture"] : json();
-  if (!architecture.is_null() && !architecture.is_object())
-    return invalid_argument("model '" + id + "': the architecture graph must be a JSON object");
+  if (!architecture.is_null()) {
+    auto graph = parse_graph(architecture);
+    if (!graph.is_ok()) return graph.status().with_context("model '" + id + "'");
+  }
   auto tensors_it = req.find("tensors");
   if (tensors_it == req.end() || !tensors_it->is_array())
     return invalid_argument("model '" + id + "': missing array field 'tensors'");

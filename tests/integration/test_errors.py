@@ -107,3 +107,18 @@ def test_garbage_and_oversized_frames_do_not_hurt_the_daemon(daemon, tmp):
     send(b"CRN1" + struct.pack("<HHIIQ", 1, 1, 100, 0, 0) + b"{}")          # cut short
     assert daemon.alive()
     assert daemon.stats()["repository"]["models"] == 0
+
+
+def test_bad_architecture_graph_is_named_and_nothing_is_stored(daemon, tmp):
+    import json as _json
+    rng = np.random.default_rng(5)
+    save_file({"stem.weight": rand(rng, (8, 3, 3, 3), np.float32)}, str(tmp / "m.safetensors"))
+    bad = tmp / "bad-graph.json"
+    bad.write_text(_json.dumps({"layers": [{"name": "stem", "type": "Conv2d", "inputs": ["input_ghost"]}]}))
+    r = daemon.cairn("put", "m", tmp / "m.safetensors", "--arch", bad, check=False)
+    assert r.returncode != 0 and "input_ghost" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert daemon.stats()["repository"]["models"] == 0
+    good = tmp / "graph.json"
+    good.write_text(_json.dumps({"layers": [{"name": "stem", "type": "Conv2d", "config": {"k": 3}}]}))
+    daemon.cairn("put", "m", tmp / "m.safetensors", "--arch", good)
+    assert _json.loads(daemon.cairn("show", "m").stdout)["architecture"]["layers"][0]["name"] == "stem"

@@ -386,7 +386,7 @@ TEST_CASE("engine: a committed model reads back exactly, also from a new engine 
               {{{"name", "w"}, {"dtype", "U8"}, {"shape", {n_w}}, {"space", sp["space"]}},
                {{"name", "bias"}, {"dtype", "F32"}, {"shape", {16}}, {"inline", {0, 64}}}}},
              {"metadata", {{"epoch", 3}}},
-             {"architecture", {{"layers", 2}}},
+             {"architecture", {{"layers", {{{"name", "stem"}, {"type", "Conv2d"}}}}}},
              {"durability", "global"}};
     json c = ok(e, s, req, bias);
     REQUIRE(c["id"] == "base");
@@ -452,7 +452,7 @@ TEST_CASE("engine: a committed model reads back exactly, also from a new engine 
   REQUIRE(show["tensors"][0]["chunks"] == 4);
   REQUIRE(show["tensors"][1]["chunks"] == 1);
   REQUIRE(show["children"].empty());
-  REQUIRE(show["architecture"] == json::object({{"layers", 2}}));
+  REQUIRE(show["architecture"]["layers"][0]["name"] == "stem");
   REQUIRE(show["pack"].is_string());
   REQUIRE_FALSE(show["pack"].get<std::string>().empty());
 
@@ -685,7 +685,9 @@ TEST_CASE("engine: commit rejects bad requests and leaves nothing behind", "[eng
         "inline", a);
   fails(e, s, {{"op", "commit"}, {"id", "n"}}, StatusCode::kInvalidArgument, "'tensors'");
   fails(e, s, commit({{"metadata", json::array()}}, a), StatusCode::kInvalidArgument, "metadata");
-  fails(e, s, commit({{"architecture", 7}}, a), StatusCode::kInvalidArgument, "architecture");
+  fails(e, s, commit({{"architecture", 7}}, a), StatusCode::kInvalidArgument, "graph");
+  fails(e, s, commit({{"architecture", {{"layers", {{{"name", "a"}, {"type", "X"}, {"inputs", {"ghost"}}}}}}}}, a),
+        StatusCode::kInvalidArgument, "ghost");
   fails(e, s, {{"op", "commit"}, {"id", "n"}, {"tensors", {{{"name", "a"}, {"dtype", "U8"}, {"shape", {1}}}}}},
         StatusCode::kInvalidArgument, "'space', 'inline' or 'inherit'");
 
