@@ -312,19 +312,22 @@ Result<std::vector<ModelReader::Leased>> ModelReader::lease(const std::vector<st
   return out;
 }
 
+Status ModelReader::check_buffer(const std::string& name, uint64_t dst_bytes) const {
+  const TensorInfo* t = find(name);
+  if (!t) return not_found("model '" + id_ + "' has no tensor '" + name + "'");
+  if (t->nbytes != dst_bytes)
+    return invalid_argument("tensor '" + name + "' has " + std::to_string(t->nbytes) + " bytes, the buffer " +
+                            std::to_string(dst_bytes));
+  return Status::ok();
+}
+
 Status ModelReader::read(const std::string& name, void* dst, uint64_t dst_bytes) {
   return read_many({name}, {std::span<uint8_t>(static_cast<uint8_t*>(dst), dst_bytes)});
 }
 
 Status ModelReader::read_many(const std::vector<std::string>& names, const std::vector<std::span<uint8_t>>& dsts) {
   if (names.size() != dsts.size()) return invalid_argument("read_many: as many buffers as names are needed");
-  for (size_t i = 0; i < names.size(); ++i) {
-    const TensorInfo* t = find(names[i]);
-    if (!t) return not_found("model '" + id_ + "' has no tensor '" + names[i] + "'");
-    if (t->nbytes != dsts[i].size())
-      return invalid_argument("tensor '" + names[i] + "' has " + std::to_string(t->nbytes) + " bytes, the buffer " +
-                              std::to_string(dsts[i].size()));
-  }
+  for (size_t i = 0; i < names.size(); ++i) CAIRN_RETURN_IF_ERROR(check_buffer(names[i], dsts[i].size()));
   CAIRN_ASSIGN_OR_RETURN(auto leased, lease(names, false));
   for (size_t i = 0; i < leased.size(); ++i) {
     uint8_t* out = dsts[i].data();
@@ -339,11 +342,7 @@ Status ModelReader::read_many(const std::vector<std::string>& names, const std::
 
 Status ModelReader::read_to_device(const std::string& name, void* dst, uint64_t dst_bytes) {
 #ifdef CAIRN_HAVE_CUDA
-  const TensorInfo* t = find(name);
-  if (!t) return not_found("model '" + id_ + "' has no tensor '" + name + "'");
-  if (t->nbytes != dst_bytes)
-    return invalid_argument("tensor '" + name + "' has " + std::to_string(t->nbytes) + " bytes, the buffer " +
-                            std::to_string(dst_bytes));
+  CAIRN_RETURN_IF_ERROR(check_buffer(name, dst_bytes));
   CAIRN_ASSIGN_OR_RETURN(auto leased, lease({name}, false));
   auto* out = static_cast<uint8_t*>(dst);
   Status st;

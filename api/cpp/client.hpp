@@ -158,6 +158,8 @@ class ModelReader {
     std::vector<std::pair<uint64_t, uint64_t>> extents;  // (offset, length)
   };
   Result<std::vector<Leased>> lease(const std::vector<std::string>& names, bool contiguous);
+  // kNotFound for an unknown tensor, kInvalidArgument when dst_bytes is not its size.
+  Status check_buffer(const std::string& name, uint64_t dst_bytes) const;
   Client& client_;
   std::string id_, parent_;
   nlohmann::json metadata_;

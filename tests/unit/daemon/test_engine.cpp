@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "unit/temp_dir.hpp"
 #include "core/config.hpp"
 #include "core/status.hpp"
 #include "daemon/engine.hpp"
@@ -34,21 +35,8 @@ constexpr uint64_t kArenaBytes = 64ull << 20;
 int code(StatusCode c) { return static_cast<int>(c); }
 uint64_t round64(uint64_t n) { return n == 0 ? 64 : (n + 63) / 64 * 64; }
 
-// A fresh directory under /tmp, removed with everything in it at scope exit.
-struct TempDir {
-  std::string path;
-  TempDir() {
-    char tmpl[] = "/tmp/cairn-test-engine-XXXXXX";
-    char* p = ::mkdtemp(tmpl);
-    REQUIRE(p != nullptr);
-    path = p;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
+struct TempDir : testing::TempDir {
+  TempDir() : testing::TempDir("cairn-test-engine") {}
 };
 
 std::unique_ptr<Engine> make_engine(const std::string& repo) {

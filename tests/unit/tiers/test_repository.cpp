@@ -15,6 +15,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "unit/temp_dir.hpp"
 #include "core/safetensors.hpp"
 #include "tiers/pfs/repository.hpp"
 
@@ -25,20 +26,8 @@ namespace {
 
 constexpr uint64_t kChunk = 64 * 1024;  // small chunks so tests see multi-chunk tensors
 
-// A fresh directory under /tmp, removed with everything in it at scope exit.
-struct TempDir {
-  std::string path;
-  TempDir() {
-    char tmpl[] = "/tmp/cairn-test-repo-XXXXXX";
-    char* p = ::mkdtemp(tmpl);
-    REQUIRE(p != nullptr);
-    path = p;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string repo() const { return path + "/repo"; }
+struct TempDir : testing::TempDir {
+  TempDir() : testing::TempDir("cairn-test-repo") {}
 };
 
 // Deterministic, incompressible-looking bytes.
