@@ -106,7 +106,48 @@ Result<std::unique_ptr<Engine>> Engine::create(const Config& config) {
   CAIRN_ASSIGN_OR_RETURN(auto policy, make_eviction_policy(config.policy.eviction));
   CAIRN_ASSIGN_OR_RETURN(auto dram, DramTier::create(config.tiers.dram.capacity, std::move(policy),
                                                      "cairn-arena-" + std::to_string(::getpid())));
-  return std::unique_ptr<Engine>(new Engine(config, std::move(repo), std::move(dram)));
+  std::unique_ptr<Engine> engine(new Engine(config, std::move(repo), std::move(dram)));
+  CAIRN_RETURN_IF_ERROR(engine->load_catalog());
+  return engine;
+}
+
+GraphHandle Engine::graph_for(const ModelManifest& m, const Graph* parsed) {
+  if (parsed) return catalog_.compile(*parsed);
+  if (!m.architecture.is_null()) {
+    auto g = parse_graph(m.architecture);
+    if (g.is_ok()) return catalog_.compile(*g);
+    CAIRN_LOG_WARN("model '{}': its stored architecture does not parse ({}); using one derived from its tensors", m.id,
+                   g.status().to_string());
+  }
+  if (!m.parent.empty()) {
+    // A model with exactly its parent's tensor layout shares its parent's graph (the common case
+    // of a metadata-only commit, which then costs no graph work at all).
+    auto pm = find_model(m.parent);
+    GraphHandle pg = catalog_.graph_of(m.parent);
+    if (!pm.is_ok()) {  // a collected parent: its layout is gone, so derive
+      pg = nullptr;
+    }
+    if (pg && (*pm)->tensors.size() == m.tensors.size()) {
+      bool same = true;
+      for (size_t i = 0; same && i < m.tensors.size(); ++i) {
+        const TensorManifest &a = m.tensors[i], &b = (*pm)->tensors[i];
+        same = a.name == b.name && a.dtype == b.dtype && a.shape == b.shape;
+      }
+      if (same) return pg;
+    }
+  }
+  std::vector<TensorShape> shapes;
+  shapes.reserve(m.tensors.size());
+  for (const TensorManifest& t : m.tensors) shapes.push_back({t.name, t.dtype, t.shape});
+  return catalog_.compile(graph_from_tensors(shapes));
+}
+
+Status Engine::load_catalog() {
+  for (const std::string& id : repo_->list()) {
+    CAIRN_ASSIGN_OR_RETURN(auto m, repo_->get_shared(id));
+    CAIRN_RETURN_IF_ERROR(catalog_.add(m->id, m->parent, graph_for(*m, nullptr), m->metadata, m->retired_ns != 0));
+  }
+  return Status::ok();
 }
 
 Engine::Engine(Config config, std::unique_ptr<Repository> repo, std::unique_ptr<DramTier> dram)
@@ -182,6 +223,8 @@ Result<json> Engine::dispatch(Session& s, const std::string& op, const json& req
   if (op == "stats") return op_stats(req);
   if (op == "remove") return op_remove(req);
   if (op == "query") return op_query(req);
+  if (op == "gc") return op_gc(req);
+  if (op == "fsck") return op_fsck(req);
   if (op == "ping") return json::object();
   return invalid_argument("unknown request op '" + op + "' (client and daemon from different releases?)");
 }
@@ -316,13 +359,18 @@ Result<json> Engine::op_commit(Session& s, const json& req, std::vector<uint8_t>
   json metadata = req.contains("metadata") ? req["metadata"] : json::object();
   if (!metadata.is_object()) return invalid_argument("model '" + id + "': metadata must be a JSON object");
   json architecture = req.contains("architecture") ? req["architecture"] : json();
+  std::optional<Graph> parsed_graph;
   if (!architecture.is_null()) {
     auto graph = parse_graph(architecture);
     if (!graph.is_ok()) return graph.status().with_context("model '" + id + "'");
+    parsed_graph = std::move(graph).value();
   }
   auto tensors_it = req.find("tensors");
   if (tensors_it == req.end() || !tensors_it->is_array())
     return invalid_argument("model '" + id + "': missing array field 'tensors'");
+  const bool inherit_all = req.value("inherit_all", false);
+  // Until the model is registered: gc must not free a chunk this commit references.
+  std::shared_lock gc_lock(gc_mu_);
 
   // Reserve the id so that two concurrent commits of one id cannot both succeed.
   {
@@ -398,6 +446,17 @@ Result<json> Engine::op_commit(Session& s, const json& req, std::vector<uint8_t>
     }
     plan.push_back(std::move(p));
   }
+  if (inherit_all) {
+    // Every parent tensor not given explicitly, in the parent's order: a metadata-only commit when
+    // nothing else is given.
+    if (!parent_manifest) return invalid_argument("model '" + id + "': 'inherit_all' needs a parent");
+    for (const TensorManifest& t : parent_manifest->tensors) {
+      if (names.count(t.name)) continue;
+      Planned p{t.name, TensorDesc{t.dtype, t.shape, t.nbytes}, Planned::kInherit};
+      p.inherited = &t;
+      plan.push_back(std::move(p));
+    }
+  }
 
   // Pass 2: copy inline bytes into the arena (the only step that can still fail before chunks move).
   std::vector<Extent> inline_extents;
@@ -463,9 +522,15 @@ Result<json> Engine::op_commit(Session& s, const json& req, std::vector<uint8_t>
 
   // Register as pending (visible now) and hand it to the flusher, which writes models in commit
   // order so that a parent always reaches the repository before its children.
+  GraphHandle graph = graph_for(*m, parsed_graph ? &*parsed_graph : nullptr);
   uint64_t ticket;
   {
     std::lock_guard lock(mu_);
+    Status added = catalog_.add(id, parent, std::move(graph), metadata);
+    if (!added.is_ok()) {
+      for (const auto& h : pinned) dram_->unpin(h);
+      return added.with_context("registering model '" + id + "' in the catalog");
+    }
     ticket = next_ticket_++;
     tickets_[ticket] = Ticket{target, kLevelMemory, Status::ok()};
     pending_[id] = PendingModel{m, ticket};
@@ -473,6 +538,7 @@ Result<json> Engine::op_commit(Session& s, const json& req, std::vector<uint8_t>
   }
   flush_cv_.notify_all();
   for (const auto& h : pinned) dram_->unpin(h);
+  gc_lock.unlock();
 
   json out{{"id", id}};
   if (!wait) {
@@ -534,6 +600,9 @@ void Engine::flusher_loop() {
       pfs_bytes_written_ += st.is_ok() ? new_bytes : 0;
       pending_.erase(copy.id);
       if (!st.is_ok()) {
+        // Gone from queries; forgotten unless children (whose flushes fail in turn) name it.
+        (void)catalog_.retire(copy.id);
+        (void)catalog_.erase(copy.id);
         // The model is gone; chunks no other pending model needs may be evicted again.
         std::set<ChunkHash> still_needed;
         for (const auto& [pid, pm] : pending_)
@@ -577,9 +646,11 @@ Result<std::shared_ptr<const ModelManifest>> Engine::find_model(const std::strin
     auto it = pending_.find(id);
     if (it != pending_.end()) return it->second.manifest;
   }
-  auto m = repo_->get(id);
+  auto m = repo_->get_shared(id);
   if (!m.is_ok()) return not_found("model '" + id + "' does not exist (see `cairn ls`)");
-  return std::shared_ptr<const ModelManifest>(std::make_shared<ModelManifest>(std::move(m).value()));
+  if ((*m)->collected)
+    return not_found("model '" + id + "' was retired and its data collected by `cairn gc`; only its lineage remains");
+  return std::move(m).value();
 }
 
 Result<json> Engine::op_open(const json& req) {
@@ -741,6 +812,7 @@ Status Engine::pin_tensor(const TensorManifest& t, std::vector<ChunkHash>& pinne
 
 Result<json> Engine::op_lease(Session& s, const json& req) {
   CAIRN_ASSIGN_OR_RETURN(std::string id, get_name(req, "id", "a model id"));
+  std::shared_lock gc_lock(gc_mu_);
   CAIRN_ASSIGN_OR_RETURN(auto m, find_model(id));
   bool contiguous = req.value("contiguous", false);
   auto names = req.find("tensors");
@@ -856,6 +928,7 @@ void Engine::end_session(Session& s) {
 
 Result<json> Engine::op_prefetch(const json& req) {
   CAIRN_ASSIGN_OR_RETURN(std::string id, get_name(req, "id", "a model id"));
+  std::shared_lock gc_lock(gc_mu_);
   CAIRN_ASSIGN_OR_RETURN(auto m, find_model(id));
   uint64_t bytes = 0;
   std::vector<const TensorManifest*> all;
@@ -873,19 +946,23 @@ Result<json> Engine::op_prefetch(const json& req) {
 
 // ---- catalog ----
 
-Result<json> Engine::op_list(const json& /*req*/) {
+Result<json> Engine::op_list(const json& req) {
+  const bool all = req.value("all", false);
   json models = json::array();
   auto row = [](const ModelManifest& m, const char* durability) {
-    return json{{"id", m.id},
-                {"parent", m.parent.empty() ? json() : json(m.parent)},
-                {"tensors", m.tensors.size()},
-                {"bytes", m.logical_bytes()},
-                {"created_ns", m.created_ns},
-                {"durability", durability}};
+    json r{{"id", m.id},
+           {"parent", m.parent.empty() ? json() : json(m.parent)},
+           {"tensors", m.tensors.size()},
+           {"bytes", m.logical_bytes()},
+           {"created_ns", m.created_ns},
+           {"durability", durability}};
+    if (m.retired_ns != 0) r["retired"] = true;
+    if (m.collected) r["collected"] = true;
+    return r;
   };
   for (const auto& id : repo_->list()) {
-    auto m = repo_->get(id);
-    if (m.is_ok()) models.push_back(row(*m, "global"));
+    auto m = repo_->get_shared(id);
+    if (m.is_ok() && (all || (*m)->retired_ns == 0)) models.push_back(row(**m, "global"));
   }
   std::lock_guard lock(mu_);
   for (const auto& [id, pm] : pending_) models.push_back(row(*pm.manifest, "memory"));
@@ -894,7 +971,21 @@ Result<json> Engine::op_list(const json& /*req*/) {
 
 Result<json> Engine::op_show(const json& req) {
   CAIRN_ASSIGN_OR_RETURN(std::string id, get_name(req, "id", "a model id"));
-  CAIRN_ASSIGN_OR_RETURN(auto m, find_model(id));
+  std::shared_ptr<const ModelManifest> m;
+  bool pending = false;
+  {
+    std::lock_guard lock(mu_);
+    auto it = pending_.find(id);
+    if (it != pending_.end()) {
+      m = it->second.manifest;
+      pending = true;
+    }
+  }
+  if (!m) {
+    auto r = repo_->get_shared(id);  // collected models too: their lineage and metadata remain
+    if (!r.is_ok()) return not_found("model '" + id + "' does not exist (see `cairn ls`)");
+    m = *r;
+  }
   json tensors = json::array();
   for (const auto& t : m->tensors)
     tensors.push_back({{"name", t.name},
@@ -902,23 +993,22 @@ Result<json> Engine::op_show(const json& req) {
                        {"shape", shape_json(t.shape)},
                        {"nbytes", t.nbytes},
                        {"chunks", t.chunks.size()}});
-  bool pending;
-  {
-    std::lock_guard lock(mu_);
-    pending = pending_.count(id) > 0;
-  }
   json children = json::array();
-  for (const auto& c : lineage_list(id, false, 1)) children.push_back(c);
-  return json{{"id", m->id},
-              {"parent", m->parent.empty() ? json() : json(m->parent)},
-              {"children", std::move(children)},
-              {"created_ns", m->created_ns},
-              {"durability", pending ? "memory" : "global"},
-              {"pack", m->pack},
-              {"logical_bytes", m->logical_bytes()},
-              {"metadata", m->metadata},
-              {"architecture", m->architecture},
-              {"tensors", std::move(tensors)}};
+  if (auto d = catalog_.descendants(id, 1); d.is_ok())
+    for (const auto& [c, depth] : *d) children.push_back(c);
+  json out{{"id", m->id},
+           {"parent", m->parent.empty() ? json() : json(m->parent)},
+           {"children", std::move(children)},
+           {"created_ns", m->created_ns},
+           {"durability", pending ? "memory" : "global"},
+           {"pack", m->pack},
+           {"logical_bytes", m->logical_bytes()},
+           {"metadata", m->metadata},
+           {"architecture", m->architecture},
+           {"tensors", std::move(tensors)}};
+  if (m->retired_ns != 0) out["retired_ns"] = m->retired_ns;
+  if (m->collected) out["collected"] = true;
+  return out;
 }
 
 Result<json> Engine::op_stats(const json& /*req*/) {
@@ -947,64 +1037,128 @@ Result<json> Engine::op_stats(const json& /*req*/) {
               {"repository",
                {{"path", repo_->dir()},
                 {"models", rs.models},
+                {"retired", rs.retired},
                 {"packs", rs.packs},
                 {"chunks", rs.chunks},
                 {"logical_bytes", rs.logical_bytes},
                 {"physical_bytes", rs.physical_bytes}}},
+              {"catalog", {{"models", catalog_.size()}, {"live", catalog_.live()}}},
               {"pending_models", pending_models},
               {"dirty_bytes", dram.dirty_bytes},
               {"chunk_size", repo_->chunk_size()}};
 }
 
+// `cairn rm`: retire. The model leaves queries and `cairn ls`; its bytes stay until `cairn gc`.
 Result<json> Engine::op_remove(const json& req) {
   CAIRN_ASSIGN_OR_RETURN(std::string id, get_name(req, "id", "a model id"));
-  // Held across the check and the removal, so that no commit can take the model as its parent
-  // in between (commits reserve their id and parent under the same lock).
-  std::lock_guard lock(mu_);
-  if (pending_.count(id)) return busy("model '" + id + "' is still being written to the repository; retry shortly");
-  for (const auto& [pid, pm] : pending_)
-    if (pm.manifest->parent == id) return busy("model '" + id + "' has descendants (" + pid + "); remove them first");
-  for (const auto& [cid, parent] : committing_)
-    if (parent == id) return busy("model '" + id + "' is the parent of '" + cid + "', which is being committed; retry");
-  Status st = repo_->remove(id);
+  {
+    // A model still on its way to the repository is retired once it is there.
+    std::unique_lock lock(mu_);
+    ticket_cv_.wait(lock, [&] { return stopping_ || !pending_.count(id); });
+  }
+  Status st = repo_->retire(id);
   if (st.code() == StatusCode::kNotFound) return not_found("model '" + id + "' does not exist (see `cairn ls`)");
   CAIRN_RETURN_IF_ERROR(st);
-  return json::object();
+  CAIRN_RETURN_IF_ERROR(catalog_.retire(id));
+  return json{{"retired", id}};
 }
 
-json Engine::lineage_list(const std::string& id, bool ancestors, int depth) const {
-  json out = json::array();
-  if (ancestors) {
-    std::set<std::string> seen{id};
-    std::string cur = id;
-    for (int d = 0; depth < 0 || d < depth; ++d) {
-      auto m = find_model(cur);
-      if (!m.is_ok() || (*m)->parent.empty() || !seen.insert((*m)->parent).second) break;
-      cur = (*m)->parent;
-      out.push_back(cur);
+Result<json> Engine::op_gc(const json& /*req*/) {
+  std::unique_lock gc_lock(gc_mu_);
+  drain();  // every pending model is in the repository, so its references count
+  CAIRN_ASSIGN_OR_RETURN(GcReport r, repo_->gc());
+  for (const std::string& id : r.removed) {
+    Status s = catalog_.erase(id);
+    if (!s.is_ok()) CAIRN_LOG_WARN("gc: dropping '{}' from the catalog: {}", id, s.to_string());
+  }
+  RepositoryStats rs = repo_->stats();
+  return json{{"removed", r.removed},
+              {"collected", r.collected},
+              {"packs_deleted", r.packs_deleted},
+              {"bytes_released", r.bytes_released},
+              {"bytes_punched", r.bytes_punched},
+              {"bytes_unreclaimable", r.bytes_unreclaimable},
+              {"physical_bytes", rs.physical_bytes}};
+}
+
+Result<json> Engine::op_fsck(const json& req) {
+  const bool verify = req.value("verify", true);
+  std::shared_lock gc_lock(gc_mu_);
+  CAIRN_ASSIGN_OR_RETURN(FsckReport r, repo_->fsck(verify));
+  auto problems = [](const std::vector<FsckReport::Problem>& v) {
+    json out = json::array();
+    for (const auto& p : v) {
+      json j{{"pack", p.pack}, {"offset", p.offset}, {"length", p.length}, {"detail", p.detail}};
+      if (!p.model.empty()) {
+        j["model"] = p.model;
+        j["tensor"] = p.tensor;
+      }
+      out.push_back(std::move(j));
     }
     return out;
+  };
+  return json{{"ok", r.ok()},
+              {"models", r.models},
+              {"chunks", r.chunks},
+              {"bytes_verified", r.bytes_verified},
+              {"dangling", problems(r.dangling)},
+              {"orphaned", problems(r.orphaned)},
+              {"orphaned_bytes", r.orphaned_bytes}};
+}
+
+// ---- queries (docs/catalog.md) ----
+
+namespace {
+
+Result<std::string> query_model(const json& q, const std::string& qop, const char* field) {
+  auto it = q.find(field);
+  if (it == q.end() || !it->is_string())
+    return invalid_argument("query '" + qop + "': missing string field '" + field + "' (a model id)");
+  return it->get<std::string>();
+}
+
+Result<MetadataFilter> query_where(const json& q, const std::string& qop) {
+  auto it = q.find("where");
+  if (it == q.end()) return MetadataFilter{};
+  auto f = MetadataFilter::parse(*it);
+  if (!f.is_ok()) return f.status().with_context("query '" + qop + "'");
+  return f;
+}
+
+}  // namespace
+
+Result<json> Engine::query_best_ancestor(const json& q) {
+  auto git = q.find("graph");
+  if (git == q.end() || !git->is_object())
+    return invalid_argument("query 'best_ancestor': missing object field 'graph' (an architecture graph)");
+  auto g = parse_graph(*git);
+  if (!g.is_ok()) return g.status().with_context("query 'best_ancestor'");
+  CAIRN_ASSIGN_OR_RETURN(MetadataFilter where, query_where(q, "best_ancestor"));
+  GraphHandle compiled = catalog_.compile(*g);
+  BestAncestor best = catalog_.best_ancestor(compiled, where);
+  json out{{"model", best.model.empty() ? json() : json(best.model)},
+           {"matched", best.matched},
+           {"layers", best.layers},
+           {"score", best.score ? json(*best.score) : json()},
+           {"tensors", json::array()}};
+  if (best.model.empty()) return out;
+  // The stored model's tensors of each matching layer, for the caller to transfer.
+  auto m = find_model(best.model);
+  GraphHandle mg = catalog_.graph_of(best.model);
+  if (!m.is_ok() || !mg) return out;
+  std::map<std::string, std::vector<std::string>> by_layer;
+  for (const TensorManifest& t : (*m)->tensors) {
+    auto it = mg->tensors.find(t.name);
+    by_layer[it != mg->tensors.end() ? it->second : t.name.substr(0, t.name.rfind('.'))].push_back(t.name);
   }
-  // Descendants, breadth first.
-  std::deque<std::pair<std::string, int>> q{{id, 0}};
-  std::map<std::string, std::vector<std::string>> pending_children;
-  {
-    std::lock_guard lock(mu_);
-    for (const auto& [pid, pm] : pending_)
-      if (!pm.manifest->parent.empty()) pending_children[pm.manifest->parent].push_back(pid);
+  json tensors = json::array();
+  for (size_t k = 0; k < best.layers.size(); ++k) {
+    auto it = by_layer.find(best.source_layers[k]);
+    tensors.push_back({{"layer", best.layers[k]},
+                       {"from", best.source_layers[k]},
+                       {"tensors", it == by_layer.end() ? json::array() : json(it->second)}});
   }
-  while (!q.empty()) {
-    auto [cur, d] = q.front();
-    q.pop_front();
-    if (depth >= 0 && d >= depth) continue;
-    std::vector<std::string> kids = repo_->children(cur);
-    auto pc = pending_children.find(cur);
-    if (pc != pending_children.end()) kids.insert(kids.end(), pc->second.begin(), pc->second.end());
-    for (const auto& k : kids) {
-      out.push_back(k);
-      q.emplace_back(k, d + 1);
-    }
-  }
+  out["tensors"] = std::move(tensors);
   return out;
 }
 
@@ -1012,16 +1166,90 @@ Result<json> Engine::op_query(const json& req) {
   auto qit = req.find("query");
   if (qit == req.end() || !qit->is_object()) return invalid_argument("request 'query': missing object field 'query'");
   const json& q = *qit;
-  std::string qop = q.value("op", std::string());
-  if (qop == "ancestors" || qop == "descendants") {
-    auto mit = q.find("model");
-    if (mit == q.end() || !mit->is_string()) return invalid_argument("query '" + qop + "': missing string field 'model'");
-    std::string id = mit->get<std::string>();
-    CAIRN_RETURN_IF_ERROR(find_model(id).status());
-    int depth = static_cast<int>(get_i64_or(q, "depth", -1));
-    return json{{"model", id}, {qop, lineage_list(id, qop == "ancestors", depth)}};
+  auto opit = q.find("op");
+  if (opit == q.end() || !opit->is_string())
+    return invalid_argument("query: missing string field 'op' (best_ancestor, ancestors, descendants, lca, path, find, tree)");
+  const std::string qop = opit->get<std::string>();
+  auto known = [&](const std::string& id) -> Status {
+    if (!catalog_.contains(id)) return not_found("query '" + qop + "': model '" + id + "' does not exist (see `cairn ls --all`)");
+    return Status::ok();
+  };
+  if (qop == "best_ancestor") return query_best_ancestor(q);
+  if (qop == "ancestors") {
+    CAIRN_ASSIGN_OR_RETURN(std::string id, query_model(q, qop, "model"));
+    CAIRN_RETURN_IF_ERROR(known(id));
+    auto dit = q.find("depth");
+    if (dit != q.end() && !dit->is_number_integer())
+      return invalid_argument("query 'ancestors': 'depth' must be an integer (omit it for all generations)");
+    CAIRN_ASSIGN_OR_RETURN(auto a, catalog_.ancestors(id));
+    if (dit != q.end() && dit->get<int64_t>() >= 0 && a.size() > dit->get<uint64_t>()) a.resize(dit->get<size_t>());
+    return json{{"model", id}, {"ancestors", a}};
   }
-  return invalid_argument("query op '" + qop + "' is not supported (supported: ancestors, descendants)");
+  if (qop == "descendants") {
+    CAIRN_ASSIGN_OR_RETURN(std::string id, query_model(q, qop, "model"));
+    CAIRN_RETURN_IF_ERROR(known(id));
+    auto dit = q.find("depth");
+    if (dit != q.end() && !dit->is_number_integer())
+      return invalid_argument("query 'descendants': 'depth' must be an integer (omit it for all generations)");
+    int depth = dit == q.end() ? -1 : static_cast<int>(std::clamp<int64_t>(dit->get<int64_t>(), -1, INT32_MAX));
+    CAIRN_ASSIGN_OR_RETURN(auto d, catalog_.descendants(id, depth));
+    json ids = json::array(), depths = json::array();
+    for (const auto& [c, k] : d) {
+      ids.push_back(c);
+      depths.push_back(k);
+    }
+    return json{{"model", id}, {"descendants", std::move(ids)}, {"depths", std::move(depths)}};
+  }
+  if (qop == "lca") {
+    auto mit = q.find("models");
+    if (mit == q.end() || !mit->is_array() || mit->size() != 2 || !(*mit)[0].is_string() || !(*mit)[1].is_string())
+      return invalid_argument("query 'lca': 'models' must be an array of two model ids");
+    std::string a = (*mit)[0], b = (*mit)[1];
+    CAIRN_RETURN_IF_ERROR(known(a));
+    CAIRN_RETURN_IF_ERROR(known(b));
+    CAIRN_ASSIGN_OR_RETURN(auto l, catalog_.lca(a, b));
+    return json{{"models", {a, b}}, {"lca", l ? json(*l) : json()}};
+  }
+  if (qop == "path") {
+    CAIRN_ASSIGN_OR_RETURN(std::string from, query_model(q, qop, "from"));
+    CAIRN_ASSIGN_OR_RETURN(std::string to, query_model(q, qop, "to"));
+    CAIRN_RETURN_IF_ERROR(known(from));
+    CAIRN_RETURN_IF_ERROR(known(to));
+    CAIRN_ASSIGN_OR_RETURN(auto p, catalog_.path(from, to));
+    return json{{"from", from}, {"to", to}, {"path", p.empty() ? json() : json(p)}};
+  }
+  if (qop == "tree") {
+    CAIRN_ASSIGN_OR_RETURN(std::string id, query_model(q, qop, "model"));
+    CAIRN_RETURN_IF_ERROR(known(id));
+    CAIRN_ASSIGN_OR_RETURN(auto nodes, catalog_.tree(id));
+    json out = json::array();
+    for (const auto& n : nodes)
+      out.push_back({{"id", n.id},
+                     {"parent", n.parent.empty() ? json() : json(n.parent)},
+                     {"score", n.score ? json(*n.score) : json()},
+                     {"retired", n.retired}});
+    return json{{"model", id}, {"tree", std::move(out)}};
+  }
+  if (qop == "find") {
+    auto pit = q.find("contains_path");
+    if (pit == q.end() || !pit->is_array() || pit->empty())
+      return invalid_argument("query 'find': 'contains_path' must be a non-empty array of layer types");
+    std::vector<std::string> types;
+    for (const auto& t : *pit) {
+      if (!t.is_string() || t.get_ref<const std::string&>().empty())
+        return invalid_argument("query 'find': 'contains_path' entries must be non-empty strings (layer types)");
+      types.push_back(t.get<std::string>());
+    }
+    CAIRN_ASSIGN_OR_RETURN(MetadataFilter where, query_where(q, qop));
+    auto lit = q.find("limit");
+    if (lit != q.end() && !lit->is_number_unsigned())
+      return invalid_argument("query 'find': 'limit' must be a non-negative integer");
+    size_t limit = lit == q.end() ? 1000 : lit->get<size_t>();
+    CAIRN_ASSIGN_OR_RETURN(auto found, catalog_.find(types, where, limit));
+    return json{{"models", found}};
+  }
+  return invalid_argument("query op '" + qop +
+                          "' is not supported (supported: best_ancestor, ancestors, descendants, lca, path, find, tree)");
 }
 
 }  // namespace cairn

@@ -17,6 +17,7 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <shared_mutex>
 #include <span>
 #include <string>
 #include <thread>
@@ -29,6 +30,7 @@
 #include "core/dtype.hpp"
 #include "core/hash.hpp"
 #include "core/status.hpp"
+#include "daemon/catalog.hpp"
 #include "tiers/dram/dram_tier.hpp"
 #include "tiers/pfs/repository.hpp"
 
@@ -77,6 +79,7 @@ class Engine {
   uint64_t arena_size() const { return dram_->arena_size(); }
   const Config& config() const { return config_; }
   Repository& repository() { return *repo_; }
+  Catalog& catalog() { return catalog_; }
   DramTier& dram() { return *dram_; }
 
  private:
@@ -121,6 +124,15 @@ class Engine {
   Result<nlohmann::json> op_stats(const nlohmann::json& req);
   Result<nlohmann::json> op_remove(const nlohmann::json& req);
   Result<nlohmann::json> op_query(const nlohmann::json& req);
+  Result<nlohmann::json> op_gc(const nlohmann::json& req);
+  Result<nlohmann::json> op_fsck(const nlohmann::json& req);
+  Result<nlohmann::json> query_best_ancestor(const nlohmann::json& q);
+
+  // The catalog's graph for a model: its architecture, else its parent's when it has exactly the
+  // parent's tensors, else one derived from its tensor names. parsed: the architecture, parsed.
+  GraphHandle graph_for(const ModelManifest& m, const Graph* parsed);
+  // Fills the catalog from the repository (at start).
+  Status load_catalog();
 
   // The manifest of a committed model (pending in memory or in the repository).
   Result<std::shared_ptr<const ModelManifest>> find_model(const std::string& id) const;
@@ -131,13 +143,16 @@ class Engine {
   // Starts the kernel reading the repository ranges of the tensors' chunks not resident in DRAM.
   void readahead(const std::vector<const TensorManifest*>& tensors);
   void release_lease(Session::Lease& lease);
-  nlohmann::json lineage_list(const std::string& id, bool ancestors, int depth) const;
   void flusher_loop();
   void finish_ticket(uint64_t id, int reached, const Status& error);
 
   const Config config_;
   std::unique_ptr<Repository> repo_;
   std::unique_ptr<DramTier> dram_;
+  Catalog catalog_;
+  // gc holds it exclusively; commits and reads of repository data hold it shared, so gc never
+  // frees a chunk that a commit is about to reference or a reader is about to read.
+  std::shared_mutex gc_mu_;
 
   mutable std::mutex mu_;  // guards everything below
   std::condition_variable named_cv_;

@@ -213,10 +213,10 @@ int cmd_get(const std::string& id, const std::string& out, const std::vector<std
 
 // ---- catalog commands ----
 
-int cmd_ls(bool as_json) {
+int cmd_ls(bool as_json, bool all) {
   auto client = connect();
   if (!client.is_ok()) return fail(client.status());
-  auto r = (*client)->call(json{{"op", "list"}});
+  auto r = (*client)->call(json{{"op", "list"}, {"all", all}});
   if (!r.is_ok()) return fail(r.status());
   const json& models = (*r)["models"];
   if (as_json) {
@@ -225,9 +225,10 @@ int cmd_ls(bool as_json) {
   }
   for (const auto& m : models) {
     std::string parent = m["parent"].is_string() ? m["parent"].get<std::string>() : "-";
-    std::printf("%-32s parent=%-24s tensors=%-5llu %10s  %s\n", m["id"].get<std::string>().c_str(), parent.c_str(),
+    const char* state = m.value("collected", false) ? "  collected" : (m.value("retired", false) ? "  retired" : "");
+    std::printf("%-32s parent=%-24s tensors=%-5llu %10s  %s%s\n", m["id"].get<std::string>().c_str(), parent.c_str(),
                 static_cast<unsigned long long>(m["tensors"].get<uint64_t>()), human_bytes(m["bytes"].get<uint64_t>()).c_str(),
-                m["durability"].get<std::string>().c_str());
+                m["durability"].get<std::string>().c_str(), state);
   }
   return 0;
 }
@@ -240,6 +241,97 @@ int cmd_simple(const json& request, bool print) {
   r->erase("status");
   if (print) std::cout << r->dump(2) << "\n";
   return 0;
+}
+
+// Quotes s as a Graphviz ID.
+std::string dot_id(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c == '\n' ? ' ' : c;
+  }
+  return out + "\"";
+}
+
+// The lineage tree that holds id, as a Graphviz digraph: one node per model (its score when it
+// has one), retired models dashed, id highlighted. `cairn lineage ID --dot | dot -Tpng > run.png`.
+int cmd_lineage_dot(const std::string& id) {
+  auto client = connect();
+  if (!client.is_ok()) return fail(client.status());
+  auto t = (*client)->query(json{{"op", "tree"}, {"model", id}});
+  if (!t.is_ok()) return fail(t.status());
+  std::string out = "digraph lineage {\n  rankdir=TB;\n  node [shape=box, fontname=\"Helvetica\", fontsize=10];\n";
+  for (const auto& n : (*t)["tree"]) {
+    std::string nid = n["id"].get<std::string>();
+    std::string label = nid;
+    if (n["score"].is_number()) {
+      char buf[48];
+      std::snprintf(buf, sizeof buf, "\\nscore %.4g", n["score"].get<double>());
+      label += buf;
+    }
+    std::string attrs = "label=" + dot_id(label);
+    if (n["retired"].get<bool>()) attrs += ", style=dashed, fontcolor=gray40";
+    if (nid == id) attrs += ", style=\"filled,bold\", fillcolor=lightyellow";
+    out += "  " + dot_id(nid) + " [" + attrs + "];\n";
+    if (n["parent"].is_string()) out += "  " + dot_id(n["parent"].get<std::string>()) + " -> " + dot_id(nid) + ";\n";
+  }
+  out += "}\n";
+  std::fputs(out.c_str(), stdout);
+  return 0;
+}
+
+int cmd_match(const std::string& path, const std::string& where_text) {
+  auto graph = read_json_file(path, "graph file");
+  if (!graph.is_ok()) return fail(graph.status());
+  json q{{"op", "best_ancestor"}, {"graph", *graph}};
+  if (!where_text.empty()) {
+    json w = json::parse(where_text, nullptr, false);
+    if (w.is_discarded() || !w.is_object()) return fail(cairn::invalid_argument("--where is not a JSON object"));
+    q["where"] = w;
+  }
+  return cmd_simple(json{{"op", "query"}, {"query", q}}, true);
+}
+
+int cmd_gc() {
+  auto client = connect();
+  if (!client.is_ok()) return fail(client.status());
+  auto r = (*client)->call(json{{"op", "gc"}});
+  if (!r.is_ok()) return fail(r.status());
+  std::printf("gc: removed %zu retired models, collected %zu (kept for their descendants' lineage); released %s, "
+              "deleted %llu packs, punched %s out of packs still in use",
+              (*r)["removed"].size(), (*r)["collected"].size(), human_bytes((*r)["bytes_released"].get<uint64_t>()).c_str(),
+              static_cast<unsigned long long>((*r)["packs_deleted"].get<uint64_t>()),
+              human_bytes((*r)["bytes_punched"].get<uint64_t>()).c_str());
+  if (uint64_t u = (*r)["bytes_unreclaimable"].get<uint64_t>())
+    std::printf("; %s stay allocated (the filesystem cannot punch holes)", human_bytes(u).c_str());
+  std::printf("\n");
+  return 0;
+}
+
+int cmd_fsck(bool quick, bool as_json) {
+  auto client = connect();
+  if (!client.is_ok()) return fail(client.status());
+  auto r = (*client)->call(json{{"op", "fsck"}, {"verify", !quick}});
+  if (!r.is_ok()) return fail(r.status());
+  r->erase("status");
+  if (as_json) {
+    std::cout << r->dump(2) << "\n";
+  } else {
+    std::printf("fsck: %llu models, %llu chunk references, %s verified\n",
+                static_cast<unsigned long long>((*r)["models"].get<uint64_t>()),
+                static_cast<unsigned long long>((*r)["chunks"].get<uint64_t>()),
+                human_bytes((*r)["bytes_verified"].get<uint64_t>()).c_str());
+    for (const auto& p : (*r)["dangling"])
+      std::printf("dangling: model %s tensor %s: %s\n", p["model"].get<std::string>().c_str(),
+                  p["tensor"].get<std::string>().c_str(), p["detail"].get<std::string>().c_str());
+    for (const auto& p : (*r)["orphaned"])
+      std::printf("orphaned: pack %s [%llu, +%llu): %s\n", p["pack"].get<std::string>().c_str(),
+                  static_cast<unsigned long long>(p["offset"].get<uint64_t>()),
+                  static_cast<unsigned long long>(p["length"].get<uint64_t>()), p["detail"].get<std::string>().c_str());
+    if (!(*r)["orphaned"].empty())
+      std::printf("%s orphaned (run `cairn gc` to reclaim)\n", human_bytes((*r)["orphaned_bytes"].get<uint64_t>()).c_str());
+  }
+  return (*r)["ok"].get<bool>() ? 0 : 2;
 }
 
 int cmd_lineage(const std::string& id, bool as_json) {
@@ -319,9 +411,11 @@ int main(int argc, char** argv) {
   get->add_option("--tensor", tensors, "only this tensor (repeatable)");
   get->callback([&] { rc = cmd_get(id, out, tensors); });
 
+  bool all = false, dot = false, quick = false;
   auto* ls = app.add_subcommand("ls", "list models");
   ls->add_flag("--json", as_json, "print JSON");
-  ls->callback([&] { rc = cmd_ls(as_json); });
+  ls->add_flag("--all", all, "include retired models");
+  ls->callback([&] { rc = cmd_ls(as_json, all); });
 
   auto* show = app.add_subcommand("show", "describe a model (JSON)");
   show->add_option("ID", id, "model id")->required();
@@ -330,15 +424,30 @@ int main(int argc, char** argv) {
   auto* lineage = app.add_subcommand("lineage", "ancestors and descendants of a model");
   lineage->add_option("ID", id, "model id")->required();
   lineage->add_flag("--json", as_json, "print JSON");
-  lineage->callback([&] { rc = cmd_lineage(id, as_json); });
+  lineage->add_flag("--dot", dot, "print the whole lineage tree as Graphviz (dot -Tpng)");
+  lineage->callback([&] { rc = dot ? cmd_lineage_dot(id) : cmd_lineage(id, as_json); });
+
+  std::string where;
+  auto* match = app.add_subcommand("match", "the stored model sharing the most layers with a graph (JSON)");
+  match->add_option("GRAPH", file, "architecture graph (JSON file)")->required();
+  match->add_option("--where", where, "metadata filter, e.g. '{\"score\": {\">=\": 0.9}}'");
+  match->callback([&] { rc = cmd_match(file, where); });
 
   auto* stats = app.add_subcommand("stats", "per-tier and repository statistics");
   stats->add_flag("--json", as_json, "print JSON");
   stats->callback([&] { rc = cmd_stats(as_json); });
 
-  auto* rm = app.add_subcommand("rm", "delete a model (one without descendants)");
+  auto* rm = app.add_subcommand("rm", "retire a model (its bytes are reclaimed by `cairn gc`)");
   rm->add_option("ID", id, "model id")->required();
   rm->callback([&] { rc = cmd_simple(json{{"op", "remove"}, {"id", id}}, false); });
+
+  auto* gc = app.add_subcommand("gc", "reclaim what only retired models use");
+  gc->callback([&] { rc = cmd_gc(); });
+
+  auto* fsck = app.add_subcommand("fsck", "check every chunk reference; report dangling and orphaned data");
+  fsck->add_flag("--quick", quick, "check locations only, do not read and verify the bytes");
+  fsck->add_flag("--json", as_json, "print JSON");
+  fsck->callback([&] { rc = cmd_fsck(quick, as_json); });
 
   auto* prefetch = app.add_subcommand("prefetch", "bring a model into DRAM ahead of need");
   prefetch->add_option("ID", id, "model id")->required();

@@ -81,9 +81,14 @@ def test_show_ls_lineage_and_rm(daemon, tmp):
     lin = json.loads(daemon.cairn("lineage", "child", "--json").stdout)
     assert lin["ancestors"] == ["base"]
     assert json.loads(daemon.cairn("lineage", "base", "--json").stdout)["descendants"] == ["child"]
-    r = daemon.cairn("rm", "base", check=False)
-    assert r.returncode != 0 and "child" in r.stderr
-    daemon.cairn("rm", "child")
+    # rm retires: base leaves ls but child, which inherits from it, is untouched.
     daemon.cairn("rm", "base")
-    assert json.loads(daemon.cairn("ls", "--json").stdout) == []
+    assert {m["id"] for m in json.loads(daemon.cairn("ls", "--json").stdout)} == {"child"}
+    daemon.cairn("gc")
+    assert json.loads(daemon.cairn("show", "base").stdout)["collected"] is True
+    daemon.cairn("get", "child", "-o", tmp / "back.safetensors")
+    assert (tmp / "back.safetensors").read_bytes() == (tmp / "child.safetensors").read_bytes()
+    daemon.cairn("rm", "child")
+    daemon.cairn("gc")
+    assert json.loads(daemon.cairn("ls", "--all", "--json").stdout) == []
     assert daemon.stats()["repository"]["physical_bytes"] == 0

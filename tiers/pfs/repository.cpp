@@ -7,6 +7,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <linux/falloc.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
@@ -254,8 +255,10 @@ bool path_exists(const std::string& path) {
 // so is the final name if the rename happened but the directory sync failed.
 class AtomicFileWriter {
  public:
+  // replacing: final_name exists and is being replaced; then a failed directory sync leaves the
+  // new file in place (removing it would lose the old one too).
   static Status publish(const std::string& dir, const std::string& final_name, std::vector<iovec> pieces,
-                        const std::string& tmp_name) {
+                        const std::string& tmp_name, bool replacing = false) {
     std::string tmp = join_path(dir, tmp_name);
     std::string final_path = join_path(dir, final_name);
     UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
@@ -271,7 +274,7 @@ class AtomicFileWriter {
       return s;
     }
     s = fsync_dir(dir);
-    if (!s.is_ok()) ::unlink(final_path.c_str());
+    if (!s.is_ok() && !replacing) ::unlink(final_path.c_str());
     return s;
   }
 };
@@ -564,13 +567,19 @@ json manifest_to_json(const ModelManifest& m) {
   j["pack"] = m.pack;
   j["source_header"] = base64_encode(m.source_header);
   j["tensors"] = std::move(tensors);
+  if (m.retired_ns != 0) j["retired_ns"] = m.retired_ns;
+  if (m.collected) j["collected"] = true;
   return j;
 }
 
 Result<ModelManifest> manifest_from_json(const json& j) {
   const std::string top = "manifest";
+  if (!j.is_object()) return invalid_argument(top + ": expected a JSON object");
+  // Optional fields, written only when set.
+  json required = j;
+  for (const char* opt : {"retired_ns", "collected"}) required.erase(opt);
   CAIRN_RETURN_IF_ERROR(check_object(
-      j, top,
+      required, top,
       {"format", "id", "parent", "created_ns", "metadata", "architecture", "pack", "source_header", "tensors"}));
   const json& format = j.at("format");
   if (!format.is_number_integer() || format.get<int64_t>() != kManifestFormat)
@@ -600,6 +609,18 @@ Result<ModelManifest> manifest_from_json(const json& j) {
   for (size_t ti = 0; ti < tensors.size(); ++ti) {
     CAIRN_ASSIGN_OR_RETURN(TensorManifest t, tensor_from_json(tensors[ti], "tensors[" + std::to_string(ti) + "]"));
     m.tensors.push_back(std::move(t));
+  }
+  if (auto it = j.find("retired_ns"); it != j.end()) {
+    if (!it->is_number_integer() || it->get<int64_t>() <= 0 ||
+        (it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)))
+      return invalid_argument("retired_ns: expected a positive integer that fits in 64 bits");
+    m.retired_ns = it->get<int64_t>();
+  }
+  if (auto it = j.find("collected"); it != j.end()) {
+    if (!it->is_boolean()) return invalid_argument("collected: expected true or false");
+    m.collected = it->get<bool>();
+    if (m.collected && (m.retired_ns == 0 || !m.tensors.empty() || !m.pack.empty()))
+      return invalid_argument("collected: only a retired model without tensors or pack can be collected");
   }
   CAIRN_RETURN_IF_ERROR(validate_manifest(m, /*with_locations=*/true));
   return m;
@@ -651,7 +672,8 @@ struct Repository::Impl {
   std::unordered_map<ChunkHash, ChunkInfo, ChunkHashHasher> chunks_;
   std::unordered_map<std::string, PackInfo> packs_;
   uint64_t logical_bytes_ = 0;
-  uint64_t physical_bytes_ = 0;
+  uint64_t physical_bytes_ = 0;  // bytes of the distinct chunks some manifest references
+  uint64_t retired_ = 0;
   int64_t last_created_ns_ = 0;
 
   // Read descriptors, at most kMaxOpenPacks; shared so a reader keeps using one that was evicted.
@@ -679,12 +701,20 @@ struct Repository::Impl {
 
   void add_model(std::shared_ptr<const ModelManifest> m);
   std::vector<std::string> drop_model(const std::string& id);
+  // Drops m's chunk and pack references; appends packs nothing references any more to *dead.
+  void release_data(const ModelManifest& m, std::vector<std::string>* dead);
   void clear_catalog();
 
   // ---- operations ----
 
   Status commit(ModelManifest& m, const Repository::ChunkSource& src);
   Status remove(const std::string& id);
+  Status retire(const std::string& id);
+  Result<GcReport> gc();
+  Result<FsckReport> fsck(bool verify_data) const;
+  Status write_manifest(const ModelManifest& m, bool replacing);
+  // Deletes dead packs and punches the ranges of live packs that no chunk reference covers.
+  void reclaim(const std::vector<std::string>& dead, GcReport* report);
   Status read_chunk(const ChunkRef& ref, void* dst) const;
   Result<std::shared_ptr<UniqueFd>> pack_fd(const std::string& pack) const;
   void forget_fd(const std::string& pack) const;
@@ -840,6 +870,7 @@ void Repository::Impl::clear_catalog() {
   packs_.clear();
   logical_bytes_ = 0;
   physical_bytes_ = 0;
+  retired_ = 0;
   last_created_ns_ = 0;
 }
 
@@ -979,7 +1010,6 @@ Status Repository::Impl::scan(bool* raced) {
   });
   std::unique_lock lock(mu_);
   packs_ = std::move(packs);
-  for (const auto& [name, info] : packs_) physical_bytes_ += info.data_bytes;
   for (LoadedModel& lm : loaded) {
     last_created_ns_ = std::max(last_created_ns_, lm.m->created_ns);
     add_model(std::move(lm.m));
@@ -1001,10 +1031,12 @@ void Repository::Impl::add_model(std::shared_ptr<const ModelManifest> m) {
       if (inserted) {
         it->second.ref = c;
         pack.indexed.push_back(c.hash);
+        physical_bytes_ += c.length;
       }
       it->second.refs++;
     }
   }
+  if (m->retired_ns != 0) ++retired_;
   models_.emplace(id, std::move(m));
 }
 
@@ -1025,28 +1057,36 @@ std::vector<std::string> Repository::Impl::drop_model(const std::string& id) {
       if (v.empty()) children_.erase(cit);
     }
   }
-  logical_bytes_ -= m->logical_bytes();
+  if (m->retired_ns != 0) --retired_;
+  release_data(*m, &dead);
+  return dead;
+}
+
+void Repository::Impl::release_data(const ModelManifest& m, std::vector<std::string>* dead) {
+  logical_bytes_ -= m.logical_bytes();
+  auto erase_chunk = [&](std::unordered_map<ChunkHash, ChunkInfo, ChunkHashHasher>::iterator cit) {
+    physical_bytes_ -= cit->second.ref.length;
+    chunks_.erase(cit);
+  };
   auto release_pack = [&](const std::string& name) {
     auto pit = packs_.find(name);
     if (pit == packs_.end()) return;
     if (--pit->second.refs > 0) return;
     for (const ChunkHash& h : pit->second.indexed) {
       auto cit = chunks_.find(h);
-      if (cit != chunks_.end() && cit->second.ref.pack == name) chunks_.erase(cit);
+      if (cit != chunks_.end() && cit->second.ref.pack == name) erase_chunk(cit);
     }
-    physical_bytes_ -= pit->second.data_bytes;
     packs_.erase(pit);
-    dead.push_back(name);
+    dead->push_back(name);
   };
-  for (const TensorManifest& t : m->tensors) {
+  for (const TensorManifest& t : m.tensors) {
     for (const ChunkRef& c : t.chunks) {
       auto cit = chunks_.find(c.hash);
-      if (cit != chunks_.end() && --cit->second.refs == 0) chunks_.erase(cit);
+      if (cit != chunks_.end() && --cit->second.refs == 0) erase_chunk(cit);
       release_pack(c.pack);
     }
   }
-  if (!m->pack.empty()) release_pack(m->pack);
-  return dead;
+  if (!m.pack.empty()) release_pack(m.pack);
 }
 
 // ---- commit ----
@@ -1251,7 +1291,6 @@ Status Repository::Impl::commit(ModelManifest& in, const Repository::ChunkSource
       info.data_begin = prefix.size();
       info.data_bytes = data_bytes;
       packs_.emplace(pack_name, std::move(info));
-      physical_bytes_ += data_bytes;
     }
     last_created_ns_ = m.created_ns;
     add_model(std::move(shared));
@@ -1311,6 +1350,291 @@ Status Repository::Impl::remove(const std::string& id) {
     if (result.is_ok() && !s.is_ok()) result = s;
   }
   return result;
+}
+
+// ---- retire, gc, fsck ----
+
+Status Repository::Impl::write_manifest(const ModelManifest& m, bool replacing) {
+  std::string text;
+  try {
+    text = manifest_to_json(m).dump();
+  } catch (const json::exception& e) {
+    return invalid_argument("model " + quote(m.id) + ": its manifest cannot be written as JSON (" + e.what() + ")");
+  }
+  text += '\n';
+  std::vector<iovec> iov{{text.data(), text.size()}};
+  return AtomicFileWriter::publish(manifests_dir_, manifest_file(m.id), std::move(iov), tmp_name(), replacing);
+}
+
+Status Repository::Impl::retire(const std::string& id) {
+  if (!writer_)
+    return busy("repository " + dir_ + " is open read-only here: " + writer_description() +
+                " holds its write lock; retire through that process (the daemon)");
+  std::lock_guard write_lock(write_mu_);
+  std::shared_ptr<const ModelManifest> old;
+  {
+    std::shared_lock lock(mu_);
+    auto it = models_.find(id);
+    if (it == models_.end()) return not_found("model " + quote(id) + " is not in repository " + dir_);
+    old = it->second;
+  }
+  if (old->retired_ns != 0) return Status::ok();
+  auto m = std::make_shared<ModelManifest>(*old);
+  auto now =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  m->retired_ns = std::max<int64_t>(now, 1);
+  Status s = write_manifest(*m, /*replacing=*/true);
+  if (!s.is_ok()) return s.with_context("retiring model " + quote(id));
+  std::unique_lock lock(mu_);
+  models_[id] = std::move(m);
+  ++retired_;
+  return Status::ok();
+}
+
+namespace {
+
+// Allocated bytes of fd within [begin, end), by SEEK_DATA/SEEK_HOLE. Whole file systems blocks:
+// callers pass block-aligned ranges.
+uint64_t allocated_bytes(int fd, uint64_t begin, uint64_t end) {
+  uint64_t total = 0;
+  auto pos = static_cast<off_t>(begin);
+  while (static_cast<uint64_t>(pos) < end) {
+    off_t data = ::lseek(fd, pos, SEEK_DATA);
+    if (data < 0 || static_cast<uint64_t>(data) >= end) break;
+    off_t hole = ::lseek(fd, data, SEEK_HOLE);
+    uint64_t stop = hole < 0 ? end : std::min<uint64_t>(static_cast<uint64_t>(hole), end);
+    total += stop - static_cast<uint64_t>(data);
+    pos = static_cast<off_t>(stop);
+  }
+  return total;
+}
+
+struct Range {
+  uint64_t begin, end;
+};
+
+// The block-aligned parts of [data_begin, data_end) that no live range touches.
+std::vector<Range> dead_ranges(std::vector<Range> live, uint64_t data_begin, uint64_t data_end, uint64_t block) {
+  std::sort(live.begin(), live.end(), [](const Range& a, const Range& b) { return a.begin < b.begin; });
+  std::vector<Range> out;
+  uint64_t pos = data_begin;
+  auto gap = [&](uint64_t b, uint64_t e) {
+    uint64_t ab = (b + block - 1) / block * block, ae = e / block * block;
+    if (ab < ae) out.push_back({ab, ae});
+  };
+  for (const Range& r : live) {
+    if (r.begin > pos) gap(pos, r.begin);
+    pos = std::max(pos, r.end);
+  }
+  if (data_end > pos) gap(pos, data_end);
+  return out;
+}
+
+}  // namespace
+
+void Repository::Impl::reclaim(const std::vector<std::string>& dead, GcReport* report) {
+  bool unlinked = false;
+  for (const std::string& pack : dead) {
+    forget_fd(pack);
+    if (::unlink(join_path(packs_dir_, pack).c_str()) == 0) {
+      unlinked = true;
+      ++report->packs_deleted;
+    }
+  }
+  // Pack files nothing references (a crash between a pack's write and its manifest's, say).
+  std::vector<std::string> names;
+  if (list_dir(packs_dir_, &names).is_ok()) {
+    std::shared_lock lock(mu_);
+    for (const std::string& name : names) {
+      if (!ends_with(name, kPackSuffix) || packs_.count(name)) continue;
+      if (::unlink(join_path(packs_dir_, name).c_str()) == 0) {
+        unlinked = true;
+        ++report->packs_deleted;
+      }
+    }
+  }
+  if (unlinked) (void)fsync_dir(packs_dir_);
+
+  // Dead ranges inside live packs.
+  std::vector<std::pair<std::string, std::vector<Range>>> plan;
+  {
+    std::shared_lock lock(mu_);
+    for (const auto& [name, info] : packs_) {
+      std::vector<Range> live;
+      for (const ChunkHash& h : info.indexed) {
+        auto cit = chunks_.find(h);
+        if (cit != chunks_.end() && cit->second.ref.pack == name)
+          live.push_back({cit->second.ref.offset, cit->second.ref.offset + cit->second.ref.length});
+      }
+      plan.emplace_back(name, std::move(live));
+    }
+  }
+  for (auto& [name, live] : plan) {
+    std::string path = join_path(packs_dir_, name);
+    UniqueFd fd(::open(path.c_str(), O_RDWR | O_CLOEXEC));
+    if (!fd.valid()) continue;
+    struct stat st {};
+    if (::fstat(fd.get(), &st) != 0) continue;
+    uint64_t data_begin;
+    {
+      std::shared_lock lock(mu_);
+      auto pit = packs_.find(name);
+      if (pit == packs_.end()) continue;
+      data_begin = pit->second.data_begin;
+    }
+    uint64_t block = st.st_blksize > 0 ? static_cast<uint64_t>(st.st_blksize) : 4096;
+    for (const Range& r : dead_ranges(std::move(live), data_begin, static_cast<uint64_t>(st.st_size), block)) {
+      uint64_t before = allocated_bytes(fd.get(), r.begin, r.end);
+      if (before == 0) continue;
+      if (::fallocate(fd.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(r.begin),
+                      static_cast<off_t>(r.end - r.begin)) != 0) {
+        report->bytes_unreclaimable += before;
+        continue;
+      }
+      report->bytes_punched += before - allocated_bytes(fd.get(), r.begin, r.end);
+    }
+  }
+}
+
+Result<GcReport> Repository::Impl::gc() {
+  if (!writer_)
+    return busy("repository " + dir_ + " is open read-only here: " + writer_description() +
+                " holds its write lock; collect through that process (the daemon)");
+  std::lock_guard write_lock(write_mu_);
+  GcReport report;
+  // Retired models with no descendant left go (children before parents); retired models that
+  // live descendants still name as an ancestor stay, collected.
+  std::vector<std::shared_ptr<const ModelManifest>> to_collect;
+  uint64_t physical_before;
+  {
+    std::shared_lock lock(mu_);
+    physical_before = physical_bytes_;
+    std::unordered_set<std::string> removing;
+    for (auto it = order_.rbegin(); it != order_.rend(); ++it) {
+      const auto& m = models_.at(*it);
+      if (m->retired_ns == 0) continue;
+      bool leaf = true;
+      if (auto cit = children_.find(*it); cit != children_.end())
+        for (const std::string& c : cit->second) leaf = leaf && removing.count(c) > 0;
+      if (leaf) {
+        removing.insert(*it);
+        report.removed.push_back(*it);
+      } else if (!m->collected) {
+        to_collect.push_back(m);
+      }
+    }
+  }
+  // 1. Collected manifests (each replaced atomically).
+  std::vector<std::shared_ptr<const ModelManifest>> collected;
+  for (const auto& old : to_collect) {
+    auto m = std::make_shared<ModelManifest>(*old);
+    m->tensors.clear();
+    m->pack.clear();
+    m->source_header.clear();
+    m->collected = true;
+    Status s = write_manifest(*m, /*replacing=*/true);
+    if (!s.is_ok()) return s.with_context("gc: collecting retired model " + quote(m->id));
+    collected.push_back(std::move(m));
+    report.collected.push_back(old->id);
+  }
+  // 2. Deleted manifests, children first, so no manifest ever names a missing parent.
+  for (const std::string& id : report.removed) {
+    std::string path = join_path(manifests_dir_, manifest_file(id));
+    if (::unlink(path.c_str()) != 0 && errno != ENOENT)
+      return errno_status("gc: deleting the manifest of retired model " + quote(id) + " (" + path + ")", errno);
+  }
+  if (!report.removed.empty()) CAIRN_RETURN_IF_ERROR(fsync_dir(manifests_dir_).with_context("gc"));
+  // 3. The catalog.
+  std::vector<std::string> dead;
+  {
+    std::unique_lock lock(mu_);
+    for (auto& m : collected) {
+      std::shared_ptr<const ModelManifest>& slot = models_.at(m->id);
+      release_data(*slot, &dead);
+      slot = std::move(m);
+    }
+    for (const std::string& id : report.removed) {
+      auto d = drop_model(id);
+      dead.insert(dead.end(), d.begin(), d.end());
+    }
+    report.bytes_released = physical_before - physical_bytes_;
+  }
+  // 4. The bytes: only what no manifest on disk references.
+  reclaim(dead, &report);
+  return report;
+}
+
+Result<FsckReport> Repository::Impl::fsck(bool verify_data) const {
+  FsckReport report;
+  std::vector<std::shared_ptr<const ModelManifest>> models;
+  std::unordered_map<std::string, PackInfo> packs;
+  {
+    std::shared_lock lock(mu_);
+    for (const std::string& id : order_) models.push_back(models_.at(id));
+    packs = packs_;
+  }
+  report.models = models.size();
+  std::unordered_map<std::string, std::vector<Range>> live;
+  std::vector<uint8_t> buf;
+  for (const auto& m : models) {
+    for (const TensorManifest& t : m->tensors) {
+      for (const ChunkRef& c : t.chunks) {
+        ++report.chunks;
+        live[c.pack].push_back({c.offset, c.offset + c.length});
+        auto problem = [&](const std::string& detail) {
+          report.dangling.push_back({m->id, t.name, c.pack, c.offset, c.length, detail});
+        };
+        std::string path = join_path(packs_dir_, c.pack);
+        struct stat st {};
+        if (::stat(path.c_str(), &st) != 0) {
+          problem("pack file " + path + " is missing");
+          continue;
+        }
+        if (c.offset + c.length > static_cast<uint64_t>(st.st_size)) {
+          problem("the chunk lies past the end of " + path + " (" + std::to_string(st.st_size) + " bytes)");
+          continue;
+        }
+        if (!verify_data) continue;
+        buf.resize(c.length);
+        Status s = read_chunk(c, buf.data());
+        if (!s.is_ok()) {
+          problem(s.message());
+          continue;
+        }
+        report.bytes_verified += c.length;
+      }
+    }
+  }
+  // Orphans: pack files no manifest references, and allocated ranges inside referenced packs that
+  // no chunk covers (gc reclaims both).
+  std::vector<std::string> names;
+  CAIRN_RETURN_IF_ERROR(list_dir(packs_dir_, &names));
+  std::sort(names.begin(), names.end());
+  for (const std::string& name : names) {
+    if (!ends_with(name, kPackSuffix)) continue;
+    std::string path = join_path(packs_dir_, name);
+    UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    struct stat st {};
+    if (!fd.valid() || ::fstat(fd.get(), &st) != 0) continue;
+    auto size = static_cast<uint64_t>(st.st_size);
+    auto pit = packs.find(name);
+    auto lit = live.find(name);
+    if (pit == packs.end() || lit == live.end()) {
+      uint64_t bytes = static_cast<uint64_t>(st.st_blocks) * 512;
+      report.orphaned.push_back({"", "", name, 0, size, "no manifest references this pack file"});
+      report.orphaned_bytes += bytes;
+      continue;
+    }
+    uint64_t block = st.st_blksize > 0 ? static_cast<uint64_t>(st.st_blksize) : 4096;
+    for (const Range& r : dead_ranges(lit->second, pit->second.data_begin, size, block)) {
+      uint64_t bytes = allocated_bytes(fd.get(), r.begin, r.end);
+      if (bytes == 0) continue;
+      report.orphaned.push_back({"", "", name, r.begin, r.end - r.begin,
+                                 std::to_string(bytes) + " allocated bytes no chunk reference covers"});
+      report.orphaned_bytes += bytes;
+    }
+  }
+  return report;
 }
 
 // ---- reads ----
@@ -1418,6 +1742,16 @@ std::optional<ChunkRef> Repository::locate(const ChunkHash& hash) const {
 Status Repository::read_chunk(const ChunkRef& ref, void* dst) const { return impl_->read_chunk(ref, dst); }
 
 Status Repository::remove(const std::string& id) { return impl_->remove(id); }
+Status Repository::retire(const std::string& id) { return impl_->retire(id); }
+Result<GcReport> Repository::gc() { return impl_->gc(); }
+Result<FsckReport> Repository::fsck(bool verify_data) const { return impl_->fsck(verify_data); }
+
+Result<std::shared_ptr<const ModelManifest>> Repository::get_shared(const std::string& id) const {
+  std::shared_lock lock(impl_->mu_);
+  auto it = impl_->models_.find(id);
+  if (it == impl_->models_.end()) return not_found("model " + quote(id) + " is not in repository " + impl_->dir_);
+  return it->second;
+}
 
 RepositoryStats Repository::stats() const {
   std::shared_lock lock(impl_->mu_);
@@ -1427,6 +1761,7 @@ RepositoryStats Repository::stats() const {
   s.logical_bytes = impl_->logical_bytes_;
   s.physical_bytes = impl_->physical_bytes_;
   s.chunks = impl_->chunks_.size();
+  s.retired = impl_->retired_;
   return s;
 }
 

@@ -65,6 +65,11 @@ struct ModelManifest {
   std::string source_header;
   int64_t created_ns = 0;         // wall clock, set by commit
   std::string pack;               // this model's pack ("" when it stored no new chunk)
+  // Retirement (`cairn rm`): a retired model stays readable and in the lineage until `cairn gc`,
+  // which deletes it, or, when live descendants need it in their lineage, keeps it "collected":
+  // its manifest without tensors.
+  int64_t retired_ns = 0;         // when it was retired; 0 = live
+  bool collected = false;         // retired and its data released by gc
 
   const TensorManifest* find(std::string_view name) const;
   uint64_t logical_bytes() const;  // sum of tensor nbytes
@@ -86,6 +91,36 @@ struct RepositoryStats {
   uint64_t logical_bytes = 0;   // sum over models of their tensor bytes
   uint64_t physical_bytes = 0;  // chunk bytes held in pack files (each chunk stored once)
   uint64_t chunks = 0;          // distinct chunks stored
+  uint64_t retired = 0;         // models retired and not yet deleted by gc (collected ones included)
+};
+
+// What Repository::gc did.
+struct GcReport {
+  std::vector<std::string> removed;    // retired models whose manifests were deleted
+  std::vector<std::string> collected;  // retired models kept (without data) for their descendants' lineage
+  uint64_t packs_deleted = 0;
+  uint64_t bytes_released = 0;         // by how much stats().physical_bytes fell
+  uint64_t bytes_punched = 0;          // blocks freed inside packs still in use (hole punching), measured
+  uint64_t bytes_unreclaimable = 0;    // dead bytes left allocated: the filesystem cannot punch holes
+};
+
+// What Repository::fsck found.
+struct FsckReport {
+  struct Problem {
+    std::string model;   // "" for orphans
+    std::string tensor;
+    std::string pack;
+    uint64_t offset = 0;
+    uint64_t length = 0;
+    std::string detail;
+  };
+  uint64_t models = 0;
+  uint64_t chunks = 0;                 // chunk references checked
+  uint64_t bytes_verified = 0;         // read back and checked against their hashes
+  std::vector<Problem> dangling;       // referenced chunks that are missing, truncated or corrupt
+  std::vector<Problem> orphaned;       // allocated bytes (or whole pack files) no manifest references
+  uint64_t orphaned_bytes = 0;
+  bool ok() const { return dangling.empty(); }
 };
 
 class Repository {
@@ -118,6 +153,8 @@ class Repository {
 
   bool contains(const std::string& id) const;
   Result<ModelManifest> get(const std::string& id) const;  // kNotFound names the id
+  // The same without a copy.
+  Result<std::shared_ptr<const ModelManifest>> get_shared(const std::string& id) const;
   std::vector<std::string> list() const;                   // ids, in commit order
   std::vector<std::string> children(const std::string& id) const;
   // Where the chunk is stored, if it is.
@@ -128,6 +165,18 @@ class Repository {
   // Deletes a model. kNotFound if absent; kBusy if it has descendants (they need its lineage).
   // Packs whose chunks no remaining model references are deleted at once.
   Status remove(const std::string& id);
+
+  // Marks a model retired (durably: its manifest is rewritten). Its data stays until gc. Retiring
+  // a retired model does nothing. kNotFound if absent.
+  Status retire(const std::string& id);
+  // Deletes retired models that have no descendants left (children first), keeps the others as
+  // collected manifests without tensors, deletes packs no manifest references and punches holes
+  // over the dead ranges of packs still in use. Crash-safe at every step: manifests change before
+  // data is freed, and only bytes no manifest on disk references are ever freed.
+  Result<GcReport> gc();
+  // Checks every chunk reference (pack present, range inside it, and with verify_data the bytes
+  // against their hash) and reports allocated bytes and pack files nothing references.
+  Result<FsckReport> fsck(bool verify_data) const;
 
   RepositoryStats stats() const;
 

@@ -777,13 +777,38 @@ TEST_CASE("engine: lineage queries, list, show and remove", "[engine]") {
   REQUIRE(show["children"] == json::array({"C"}));
   REQUIRE(show["tensors"].size() == 2);
 
-  fails(e, s, {{"op", "remove"}, {"id", "A"}}, StatusCode::kBusy);  // has descendants
-  ok(e, s, {{"op", "remove"}, {"id", "C"}});
-  fails(e, s, {{"op", "remove"}, {"id", "C"}}, StatusCode::kNotFound, "'C'");
-  fails(e, s, {{"op", "open"}, {"id", "C"}}, StatusCode::kNotFound, "'C'");
+  // rm retires: the model leaves ls and queries but keeps its bytes and lineage until gc.
+  REQUIRE(ok(e, s, {{"op", "remove"}, {"id", "C"}})["retired"] == "C");
+  ok(e, s, {{"op", "remove"}, {"id", "C"}});  // retiring twice is harmless
+  fails(e, s, {{"op", "remove"}, {"id", "Z"}}, StatusCode::kNotFound, "'Z'");
+  REQUIRE(read_tensor(e, s, "C", "v") == pattern(100, 111));
   REQUIRE(ok(e, s, {{"op", "list"}})["models"].size() == 3);
+  json all = ok(e, s, {{"op", "list"}, {"all", true}});
+  REQUIRE(all["models"].size() == 4);
+  REQUIRE(ok(e, s, {{"op", "show"}, {"id", "B"}})["children"] == json::array({"C"}));
+
+  // gc deletes the retired leaf.
+  json gc = ok(e, s, {{"op", "gc"}});
+  REQUIRE(gc["removed"] == json::array({"C"}));
+  REQUIRE(gc["collected"].empty());
+  fails(e, s, {{"op", "open"}, {"id", "C"}}, StatusCode::kNotFound, "'C'");
   REQUIRE(ok(e, s, {{"op", "show"}, {"id", "B"}})["children"].empty());
-  REQUIRE(read_tensor(e, s, "B", "w") == pattern(100, 110));
+  REQUIRE(ok(e, s, {{"op", "list"}, {"all", true}})["models"].size() == 3);
+
+  // A retired model with live descendants is collected: lineage stays, data goes.
+  ok(e, s, {{"op", "remove"}, {"id", "A"}});
+  gc = ok(e, s, {{"op", "gc"}});
+  REQUIRE(gc["removed"].empty());
+  REQUIRE(gc["collected"] == json::array({"A"}));
+  fails(e, s, {{"op", "open"}, {"id", "A"}}, StatusCode::kNotFound, "collected");
+  json shown = ok(e, s, {{"op", "show"}, {"id", "A"}});
+  REQUIRE(shown["collected"] == true);
+  REQUIRE(shown["tensors"].empty());
+  REQUIRE(ok(e, s, {{"op", "query"}, {"query", {{"op", "ancestors"}, {"model", "B"}}}})["ancestors"] ==
+          json::array({"A"}));
+  REQUIRE(read_tensor(e, s, "B", "w") == pattern(100, 110));  // B inherited w: it stays
+  REQUIRE(read_tensor(e, s, "D", "u") == pattern(100, 112));
+  REQUIRE(ok(e, s, {{"op", "fsck"}})["ok"] == true);
 }
 
 TEST_CASE("engine: stats report the tiers and the repository", "[engine]") {

@@ -1,0 +1,149 @@
+"""ctypes declarations of libcairn's C API (include/cairn/cairn.h) and how the library is found.
+
+The library is looked up, first match wins:
+
+1. ``$CAIRN_LIBRARY`` -- an explicit path to ``libcairn.so`` (an error if it cannot be loaded);
+2. the build tree this package sits in: ``<repo>/build/lib/libcairn.so`` when the package is
+   imported from ``<repo>/api/python`` (``$CAIRN_BUILD_DIR/lib`` first, when set);
+3. the dynamic loader: ``libcairn.so.0``, then ``libcairn.so`` (``LD_LIBRARY_PATH`` -- which
+   ``eval "$(scripts/env)"`` sets -- ``ldconfig``'s cache, the default directories).
+
+The enums below mirror cairn.h; their values are part of the C ABI (append-only).
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from pathlib import Path
+from typing import List, Optional
+
+# ---- enums (values are the ABI of cairn.h) ----
+
+#: C status names, by value (include/cairn/status_codes.h, in order).
+STATUS_NAMES: List[str] = [
+    "CAIRN_OK",
+    "CAIRN_ERR_NOT_FOUND",
+    "CAIRN_ERR_EXISTS",
+    "CAIRN_ERR_INVALID_ARGUMENT",
+    "CAIRN_ERR_NO_SPACE",
+    "CAIRN_ERR_CORRUPTION",
+    "CAIRN_ERR_IO",
+    "CAIRN_ERR_UNAVAILABLE",
+    "CAIRN_ERR_TIMEOUT",
+    "CAIRN_ERR_PERMISSION",
+    "CAIRN_ERR_BUSY",
+    "CAIRN_ERR_INTERNAL",
+    "CAIRN_ERR_PROTOCOL",
+]
+
+#: cairn_dtype names, by value (the safetensors dtypes, in cairn.h's order).
+DTYPE_NAMES: List[str] = [
+    "F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2",
+    "I64", "I32", "I16", "I8", "U64", "U32", "U16", "U8", "BOOL",
+]
+
+DURABILITY = {"memory": 0, "local": 1, "global": 2}
+MEM_HOST = 0
+MAX_DIMS = 8
+
+_c_void_p_p = ctypes.POINTER(ctypes.c_void_p)
+_i64_p = ctypes.POINTER(ctypes.c_int64)
+
+
+def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """Sets argtypes/restype of every function of cairn.h used here."""
+    c_int, c_size_t, c_char_p, c_void_p = ctypes.c_int, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_void_p
+    st = ctypes.c_int  # cairn_status
+    decl = {
+        "cairn_status_string": (c_char_p, [c_int]),
+        "cairn_last_error": (c_char_p, []),
+        "cairn_connect": (st, [c_char_p, _c_void_p_p]),
+        "cairn_disconnect": (None, [c_void_p]),
+        "cairn_put_tensor": (st, [c_void_p, c_char_p, c_void_p, c_int, c_int, _i64_p]),
+        "cairn_get_tensor_info": (st, [c_void_p, c_char_p, ctypes.POINTER(c_int), ctypes.POINTER(c_int),
+                                       _i64_p, ctypes.POINTER(c_size_t)]),
+        "cairn_unpack_tensor": (st, [c_void_p, c_char_p, c_void_p, c_size_t]),
+        "cairn_poll_tensor": (st, [c_void_p, c_char_p, c_int, ctypes.POINTER(c_int)]),
+        "cairn_delete_tensor": (st, [c_void_p, c_char_p]),
+        "cairn_model_create": (st, [c_void_p, c_char_p, c_char_p, _c_void_p_p]),
+        "cairn_model_add_tensor": (st, [c_void_p, c_char_p, c_void_p, c_int, c_int, _i64_p]),
+        "cairn_model_inherit_tensor": (st, [c_void_p, c_char_p]),
+        "cairn_model_set_architecture": (st, [c_void_p, c_char_p]),
+        "cairn_model_set_metadata": (st, [c_void_p, c_char_p]),
+        "cairn_model_commit": (st, [c_void_p, c_int, _c_void_p_p]),
+        "cairn_model_abort": (None, [c_void_p]),
+        "cairn_wait": (st, [c_void_p, c_int]),
+        "cairn_ticket_free": (None, [c_void_p]),
+        "cairn_model_open": (st, [c_void_p, c_char_p, _c_void_p_p]),
+        "cairn_model_tensor_count": (st, [c_void_p, ctypes.POINTER(c_size_t)]),
+        "cairn_model_tensor_info": (st, [c_void_p, c_size_t, ctypes.POINTER(c_char_p), ctypes.POINTER(c_int),
+                                         ctypes.POINTER(c_int), _i64_p, ctypes.POINTER(c_size_t)]),
+        "cairn_model_read_tensor": (st, [c_void_p, c_char_p, c_void_p, c_size_t, c_int]),
+        "cairn_model_map_tensor": (st, [c_void_p, c_char_p, _c_void_p_p, ctypes.POINTER(c_size_t)]),
+        "cairn_model_close": (None, [c_void_p]),
+        "cairn_prefetch": (st, [c_void_p, c_char_p]),
+        # result_json is malloc'ed by the library: received as a void* so that it can be freed.
+        "cairn_query": (st, [c_void_p, c_char_p, _c_void_p_p]),
+        "cairn_free": (None, [c_void_p]),
+    }
+    for name, (restype, argtypes) in decl.items():
+        fn = getattr(lib, name)  # AttributeError names a missing symbol: a libcairn from another release
+        fn.restype = restype
+        fn.argtypes = argtypes
+    return lib
+
+
+def _candidates() -> List[str]:
+    out: List[str] = []
+    build = os.environ.get("CAIRN_BUILD_DIR")
+    if build:
+        out.append(str(Path(build) / "lib" / "libcairn.so"))
+    # api/python/cairn/_ffi.py -> the repository root is three levels up from this directory.
+    root = Path(__file__).resolve().parents[3]
+    out.append(str(root / "build" / "lib" / "libcairn.so"))
+    return [p for p in out if os.path.exists(p)] + ["libcairn.so.0", "libcairn.so"]
+
+
+_lib: Optional[ctypes.CDLL] = None
+_lib_path: Optional[str] = None
+_lock = threading.Lock()
+
+
+class LibraryNotFound(ImportError):
+    """libcairn.so could not be loaded (see the module docstring for where it is looked for)."""
+
+
+def library() -> ctypes.CDLL:
+    """The loaded, declared libcairn (loaded on first use)."""
+    global _lib, _lib_path
+    if _lib is not None:
+        return _lib
+    with _lock:
+        if _lib is not None:
+            return _lib
+        explicit = os.environ.get("CAIRN_LIBRARY")
+        tried: List[str] = []
+        if explicit:
+            try:
+                lib = ctypes.CDLL(explicit)
+            except OSError as e:
+                raise LibraryNotFound(f"cannot load libcairn from CAIRN_LIBRARY={explicit}: {e}") from None
+            _lib, _lib_path = _declare(lib), explicit
+            return _lib
+        for cand in _candidates():
+            try:
+                lib = ctypes.CDLL(cand)
+            except OSError as e:
+                tried.append(f"{cand} ({e})")
+                continue
+            _lib, _lib_path = _declare(lib), cand
+            return _lib
+        raise LibraryNotFound(
+            "cannot find libcairn.so; tried " + "; ".join(tried)
+            + ". Build it (scripts/build), run `eval \"$(scripts/env)\"`, or set CAIRN_LIBRARY to its path")
+
+
+def library_path() -> Optional[str]:
+    """The path (or loader name) libcairn was loaded from, or None before the first load."""
+    return _lib_path

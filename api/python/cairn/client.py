@@ -1,0 +1,596 @@
+"""The cairn client: a connection to the node's cairnd (libcairn's C API through ctypes)."""
+from __future__ import annotations
+
+import collections
+import contextlib
+import ctypes
+import json
+import math
+import os
+import threading
+import time
+import weakref
+from typing import Any, Deque, Dict, Iterable, Iterator, List, Mapping, Optional, Set, Tuple, Union
+
+import numpy as np
+
+from . import _dtypes, _errors, _ffi, _wire
+from ._errors import CairnError
+
+PathLike = Union[str, "os.PathLike[str]"]
+_INT_MAX = 2**31 - 1
+
+
+# ---- helpers ----
+
+def _name(value: object, what: str) -> bytes:
+    """A model id, tensor name or key as the C API wants it (UTF-8, no NUL)."""
+    if not isinstance(value, str):
+        raise _errors.error("CAIRN_ERR_INVALID_ARGUMENT",
+                            f"invalid argument: {what} must be a str, not {type(value).__name__}")
+    try:
+        b = value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise _errors.error("CAIRN_ERR_INVALID_ARGUMENT", f"invalid argument: {what} {value!r} is not valid UTF-8") from None
+    if b"\0" in b:
+        raise _errors.error("CAIRN_ERR_INVALID_ARGUMENT", f"invalid argument: {what} {value!r} contains a NUL character")
+    return b
+
+
+def _json(value: Any, what: str) -> bytes:
+    try:
+        return json.dumps(value, separators=(",", ":"), allow_nan=False).encode("utf-8")
+    except (TypeError, ValueError) as e:
+        raise _errors.error("CAIRN_ERR_INVALID_ARGUMENT", f"invalid argument: {what} is not JSON-serializable: {e}") from None
+
+
+def _timeout_ms(timeout: Optional[float]) -> int:
+    """Seconds (None: forever) as the C API's milliseconds (-1: forever)."""
+    if timeout is None:
+        return -1
+    if timeout < 0 or math.isnan(timeout):
+        raise _errors.error("CAIRN_ERR_INVALID_ARGUMENT", f"invalid argument: timeout {timeout} must be >= 0 or None")
+    return min(_INT_MAX, math.ceil(timeout * 1000))
+
+
+# Long waits are split into slices of this many milliseconds, so that Ctrl-C (which Python handles
+# only between C calls) and other threads sharing the client get a turn.
+_SLICE_MS = 1000
+
+
+def _slices(timeout_ms: int) -> Iterator[int]:
+    """The successive timeouts (ms) of one wait of timeout_ms (-1: forever), the last one included."""
+    if 0 <= timeout_ms <= _SLICE_MS:
+        yield timeout_ms
+        return
+    deadline = None if timeout_ms < 0 else time.monotonic() + timeout_ms / 1000
+    while True:
+        if deadline is None:
+            yield _SLICE_MS
+            continue
+        left = math.ceil((deadline - time.monotonic()) * 1000)
+        if left <= _SLICE_MS:
+            yield max(0, left)
+            return
+        yield _SLICE_MS
+
+
+def _shape_arg(shape: Tuple[int, ...]) -> "ctypes.Array[ctypes.c_int64]":
+    return (ctypes.c_int64 * max(1, len(shape)))(*shape)
+
+
+def _durability(durability: str) -> int:
+    try:
+        return _ffi.DURABILITY[durability]
+    except (KeyError, TypeError):
+        raise _errors.error("CAIRN_ERR_INVALID_ARGUMENT",
+                            f"invalid argument: durability {durability!r} is not one of 'memory', 'local', 'global'") from None
+
+
+def _check(status: int) -> None:
+    if status != 0:
+        raise _errors.last_error(status)
+
+
+# ---- the connection, shared by a Client, its tickets and the leases behind zero-copy arrays ----
+
+def _shutdown(lib: ctypes.CDLL, handle: ctypes.c_void_p, pending: Deque[int], wire: _wire.WireConnection) -> None:
+    while pending:
+        lib.cairn_model_close(pending.popleft())
+    wire.close()
+    if handle.value:
+        lib.cairn_disconnect(handle)
+        handle.value = None
+
+
+class _Connection:
+    """Owns the cairn_client. Every C call on it holds ``lock`` (the C API wants one thread at a time).
+
+    Zero-copy arrays keep this object alive through their lease (see _Lease), so the connection --
+    and with it the arena mapping their bytes live in -- ends only after the last of them is gone,
+    whenever Client.close() is called.
+    """
+
+    def __init__(self, lib: ctypes.CDLL, handle: ctypes.c_void_p, address: str) -> None:
+        self.lib = lib
+        self.handle = handle
+        self.address = address
+        self.lock = threading.RLock()
+        # Readers whose arrays died while another thread held the lock: closed by the next holder.
+        self.pending: Deque[int] = collections.deque()
+        self.open_readers: Set[int] = set()
+        self.closed = False
+        self.wire = _wire.WireConnection(address)
+        self._end = weakref.finalize(self, _shutdown, lib, handle, self.pending, self.wire)
+        self._end.atexit = False  # at exit the process's end closes the socket; arrays may still be alive
+
+    def _drain(self) -> None:
+        # REQUIRES: lock held.
+        while self.pending:
+            h = self.pending.popleft()
+            self.open_readers.discard(h)
+            self.lib.cairn_model_close(h)
+        if self.closed and not self.open_readers:
+            self._end()
+
+    @contextlib.contextmanager
+    def op(self) -> Iterator[ctypes.c_void_p]:
+        """Holds the lock around one operation on the live connection."""
+        try:
+            with self.lock:
+                if self.closed or not self.handle.value:
+                    raise _errors.error("CAIRN_ERR_INVALID_ARGUMENT",
+                                        f"invalid argument: this cairn client (socket {self.address}) was closed")
+                self._drain()
+                try:
+                    yield self.handle
+                finally:
+                    self._drain()
+        finally:
+            self._drain_if_free()
+
+    def _drain_if_free(self) -> None:
+        if self.pending and self.lock.acquire(blocking=False):
+            try:
+                self._drain()
+            finally:
+                self.lock.release()
+
+    def release_reader(self, reader: int) -> None:
+        """Closes a reader whose last array is gone (called by the garbage collector, any thread)."""
+        self.pending.append(reader)  # first, so that a thread holding the lock sees it when it lets go
+        self._drain_if_free()
+
+    def close(self) -> None:
+        with self.lock:
+            self.closed = True
+            self.wire.close()
+            self._drain()  # ends the connection now unless zero-copy arrays are still alive
+
+
+class _Lease:
+    """Stands for one open model reader (its leases). The arrays of a zero-copy load reference it
+    through their base buffers; when the last of them is collected, the reader is closed and the
+    daemon releases the leases."""
+
+    __slots__ = ("reader", "__weakref__")
+
+    def __init__(self, conn: _Connection, reader: int) -> None:
+        self.reader = reader
+        fin = weakref.finalize(self, conn.release_reader, reader)
+        fin.atexit = False
+
+
+def _free_ticket(lib: ctypes.CDLL, handle: ctypes.c_void_p) -> None:
+    if handle.value:
+        lib.cairn_ticket_free(handle)
+        handle.value = None
+
+
+class Ticket:
+    """The progress of one commit towards its durability.
+
+    ``save_model`` returns once the model is visible (in the daemon's memory); ``wait()`` blocks until
+    the requested durability is reached. Tickets belong to their client's connection: a ticket that
+    is not waited for before the client closes is forgotten (the daemon still flushes the model).
+    """
+
+    def __init__(self, conn: _Connection, handle: Optional[ctypes.c_void_p], model_id: str, durability: str,
+                 reached: str) -> None:
+        self._conn = conn
+        self._handle = handle
+        self._error: Optional[CairnError] = None
+        self._reached = reached
+        #: The model the ticket is for.
+        self.model_id = model_id
+        #: The durability asked for: "memory", "local" or "global".
+        self.durability = durability
+        if handle is not None:
+            weakref.finalize(self, _free_ticket, conn.lib, handle).atexit = False
+
+    @property
+    def reached(self) -> str:
+        """The level known to be reached: ``"memory"`` after the commit, the requested durability once
+        ``wait()`` succeeded. (``"local"`` is reached together with ``"global"`` until the NVMe tier
+        exists; the C API does not report the higher level, so this says ``"local"``.)"""
+        return self._reached
+
+    @property
+    def done(self) -> bool:
+        """True once the requested durability is reached (or the flush failed)."""
+        return self._handle is None or not self._handle.value
+
+    def wait(self, timeout: Optional[float] = None) -> str:
+        """Waits up to ``timeout`` seconds (None: forever) for the durability; returns ``reached``.
+
+        Raises Timeout if not reached yet (wait again later), or the error of writing the model to
+        the repository (the model is then gone)."""
+        if self._error is not None:
+            raise self._error
+        if self.done:
+            return self._reached
+        assert self._handle is not None
+        err: Optional[CairnError] = None
+        for ms in _slices(_timeout_ms(timeout)):
+            with self._conn.op():
+                st = self._conn.lib.cairn_wait(self._handle, ms)
+                err = _errors.last_error(st) if st != 0 else None
+            if not isinstance(err, _errors.Timeout):
+                break
+        if err is None:
+            self._reached = self.durability
+        elif isinstance(err, _errors.Timeout):
+            raise err
+        else:
+            self._error = err
+        _free_ticket(self._conn.lib, self._handle)
+        if err is not None:
+            raise err
+        return self._reached
+
+    def __repr__(self) -> str:
+        return f"<cairn.Ticket {self.model_id!r} durability={self.durability!r} reached={self._reached!r}>"
+
+
+TensorInfo = Tuple[str, str, Tuple[int, ...], int]  # name, cairn dtype, shape, nbytes
+
+
+class Client:
+    """A connection to the node's cairnd. Create one with :func:`cairn.connect`.
+
+    Every method raises :class:`cairn.CairnError` (a subclass per status) on failure. A client may be
+    shared by threads (calls are serialised), but one client per thread is faster. Use it as a
+    context manager, or call :meth:`close`.
+    """
+
+    def __init__(self, conn: _Connection) -> None:
+        self._conn = conn
+
+    # ---- connection ----
+
+    @property
+    def address(self) -> str:
+        """The daemon's socket path."""
+        return self._conn.address
+
+    @property
+    def closed(self) -> bool:
+        return self._conn.closed
+
+    def close(self) -> None:
+        """Ends the connection. Arrays from ``load_model(copy=False)`` stay valid: the connection (and
+        their leases) ends once the last of them is garbage collected."""
+        self._conn.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<cairn.Client {self.address!r}{' closed' if self.closed else ''}>"
+
+    @property
+    def _lib(self) -> ctypes.CDLL:
+        return self._conn.lib
+
+    # ---- named tensors ----
+
+    def put_tensor(self, key: str, array: Any, dtype: _dtypes.DTypeLike = None) -> None:
+        """Stores (or replaces) ``array`` under ``key`` (a named tensor, kept in the daemon's DRAM
+        until deleted or replaced; not a model). ``dtype``: a cairn dtype name to store raw bits as
+        (``"BF16"`` for uint16 bits, ``"F8_E4M3"``/``"F8_E5M2"`` for uint8 bits)."""
+        k = _name(key, "key")
+        a, dt = _dtypes.prepare(array, dtype, f"tensor {key!r}")
+        with self._conn.op() as h:
+            _check(self._lib.cairn_put_tensor(h, k, a.ctypes.data, _dtypes.code(dt), a.ndim, _shape_arg(a.shape)))
+
+    def tensor_info(self, key: str) -> Tuple[str, Tuple[int, ...], int]:
+        """(cairn dtype name, shape, nbytes) of the named tensor ``key``."""
+        k = _name(key, "key")
+        with self._conn.op() as h:
+            return self._info(h, k)
+
+    def _info(self, h: ctypes.c_void_p, k: bytes) -> Tuple[str, Tuple[int, ...], int]:
+        dt, nd, n = ctypes.c_int(), ctypes.c_int(), ctypes.c_size_t()
+        shape = (ctypes.c_int64 * _ffi.MAX_DIMS)()
+        _check(self._lib.cairn_get_tensor_info(h, k, ctypes.byref(dt), ctypes.byref(nd), shape, ctypes.byref(n)))
+        return _dtypes.name_of_code(dt.value), tuple(shape[: nd.value]), n.value
+
+    def get_tensor(self, key: str) -> np.ndarray:
+        """A copy of the named tensor ``key`` as a new, writable array (BF16 and FP8 come back as
+        raw uint16/uint8 bits; see :data:`cairn.RAW_DTYPES`)."""
+        k = _name(key, "key")
+        with self._conn.op() as h:
+            for attempt in range(3):
+                dt, shape, nbytes = self._info(h, k)
+                out = np.empty(shape, _dtypes.numpy_dtype(dt))
+                st = self._lib.cairn_unpack_tensor(h, k, out.ctypes.data, nbytes)
+                if st == 0:
+                    return out
+                err = _errors.last_error(st)
+                # Replaced by a tensor of another size between the two calls: describe it again.
+                if not isinstance(err, _errors.InvalidArgument) or attempt == 2:
+                    raise err
+        raise AssertionError("unreachable")
+
+    def poll_tensor(self, key: str, timeout: Optional[float] = 0.0) -> bool:
+        """Waits up to ``timeout`` seconds (0: do not wait, None: forever) for ``key`` to exist; returns
+        whether it does."""
+        k = _name(key, "key")
+        found = ctypes.c_int()
+        for ms in _slices(_timeout_ms(timeout)):
+            with self._conn.op() as h:
+                _check(self._lib.cairn_poll_tensor(h, k, ms, ctypes.byref(found)))
+            if found.value:
+                break
+        return bool(found.value)
+
+    def delete_tensor(self, key: str) -> None:
+        """Deletes the named tensor ``key`` (NotFound if there is none)."""
+        k = _name(key, "key")
+        with self._conn.op() as h:
+            _check(self._lib.cairn_delete_tensor(h, k))
+
+    # ---- models ----
+
+    def save_model(
+        self,
+        id: str,
+        tensors: Mapping[str, Any],
+        parent: Optional[str] = None,
+        arch: Optional[Mapping[str, Any]] = None,
+        meta: Optional[Mapping[str, Any]] = None,
+        durability: str = "global",
+        inherit: Iterable[str] = (),
+        *,
+        dtypes: Optional[Mapping[str, _dtypes.DTypeLike]] = None,
+        wait: bool = False,
+    ) -> Ticket:
+        """Commits model ``id`` and returns a :class:`Ticket` for its durability.
+
+        Args:
+            id: the new model's id (ids are immutable: AlreadyExists if taken).
+            tensors: name -> array. Each array's bytes are copied once, into the daemon's shared
+                arena (a non-contiguous or big-endian array is first made contiguous/little-endian).
+                The model's tensors are these, in this order, then the inherited ones.
+            parent: the model it derives from (its provenance; needed for ``inherit``).
+            arch: the architecture graph (docs/graph-format.md), a JSON object.
+            meta: metadata, a JSON object (score, epoch, task, tags, ...).
+            durability: ``"memory"``, ``"local"`` or ``"global"`` -- what ``Ticket.wait()`` waits for.
+            inherit: names of the parent's tensors kept unchanged (no bytes sent, no hashing).
+            dtypes: name -> cairn dtype for tensors given as raw bits (``{"w": "BF16"}``).
+            wait: block until ``durability`` is reached before returning (the ticket is then done).
+
+        Without ``wait`` the call returns once the model is visible (its bytes are in the daemon's
+        memory); the daemon writes it to the repository behind the caller.
+        """
+        mid = _name(id, "model id")
+        par = _name(parent, "parent id") if parent is not None else None
+        level = _durability(durability)
+        inherit_names = [inherit] if isinstance(inherit, str) else list(inherit)
+        dtypes = dtypes or {}
+        prepared = []
+        for name, array in tensors.items():
+            a, dt = _dtypes.prepare(array, dtypes.get(name), f"tensor {name!r}")
+            prepared.append((_name(name, "tensor name"), a, _dtypes.code(dt)))
+        inherited = [_name(n, "tensor name") for n in inherit_names]
+        arch_json = _json(dict(arch), "arch") if arch is not None else None
+        meta_json = _json(dict(meta), "meta") if meta is not None else None
+        lib = self._lib
+        with self._conn.op() as h:
+            w = ctypes.c_void_p()
+            _check(lib.cairn_model_create(h, mid, par, ctypes.byref(w)))
+            try:
+                for name_b, a, code in prepared:
+                    _check(lib.cairn_model_add_tensor(w, name_b, a.ctypes.data, code, a.ndim, _shape_arg(a.shape)))
+                for name_b in inherited:
+                    _check(lib.cairn_model_inherit_tensor(w, name_b))
+                if arch_json is not None:
+                    _check(lib.cairn_model_set_architecture(w, arch_json))
+                if meta_json is not None:
+                    _check(lib.cairn_model_set_metadata(w, meta_json))
+            except BaseException:
+                lib.cairn_model_abort(w)
+                raise
+            # "memory" is reached when the commit answers: no ticket to wait for (an unwaited ticket
+            # stays in the daemon until the connection ends).
+            if wait or durability == "memory":
+                _check(lib.cairn_model_commit(w, level, None))  # frees w
+                return Ticket(self._conn, None, id, durability, durability)
+            t = ctypes.c_void_p()
+            _check(lib.cairn_model_commit(w, level, ctypes.byref(t)))  # frees w
+            return Ticket(self._conn, t, id, durability, "memory")
+
+    def _reader_infos(self, r: ctypes.c_void_p) -> List[TensorInfo]:
+        lib = self._lib
+        count = ctypes.c_size_t()
+        _check(lib.cairn_model_tensor_count(r, ctypes.byref(count)))
+        out: List[TensorInfo] = []
+        for i in range(count.value):
+            name, dt, nd, n = ctypes.c_char_p(), ctypes.c_int(), ctypes.c_int(), ctypes.c_size_t()
+            shape = (ctypes.c_int64 * _ffi.MAX_DIMS)()
+            _check(lib.cairn_model_tensor_info(r, i, ctypes.byref(name), ctypes.byref(dt), ctypes.byref(nd), shape,
+                                               ctypes.byref(n)))
+            out.append(((name.value or b"").decode("utf-8"), _dtypes.name_of_code(dt.value), tuple(shape[: nd.value]),
+                        n.value))
+        return out
+
+    def load_model(self, id: str, names: Optional[Iterable[str]] = None, copy: bool = False) -> Dict[str, np.ndarray]:
+        """The tensors of model ``id`` (all, or ``names``), as name -> array in the model's order
+        (or the order of ``names``).
+
+        ``copy=False`` (default): read-only arrays that are views of the daemon's shared arena -- no
+        copy. The tensors stay pinned in memory (leased) while any of these arrays, or a view of
+        one, is alive; the lease ends when the last is garbage collected. ``copy=True``: new,
+        writable arrays (one copy each) and nothing stays pinned.
+
+        BF16 and FP8 tensors come back as raw uint16/uint8 bits (see :data:`cairn.RAW_DTYPES`).
+        """
+        mid = _name(id, "model id")
+        wanted_names = None if names is None else ([names] if isinstance(names, str) else list(names))
+        lib = self._lib
+        conn = self._conn
+        with conn.op() as h:
+            r = ctypes.c_void_p()
+            _check(lib.cairn_model_open(h, mid, ctypes.byref(r)))
+            keep_open = False
+            try:
+                infos = self._reader_infos(r)
+                if wanted_names is not None:
+                    by_name = {t[0]: t for t in infos}
+                    selected = []
+                    for n in dict.fromkeys(wanted_names):
+                        _name(n, "tensor name")
+                        if n not in by_name:
+                            raise _errors.error("CAIRN_ERR_NOT_FOUND", f"not found: model {id!r} has no tensor {n!r}")
+                        selected.append(by_name[n])
+                    infos = selected
+                if copy:
+                    out: Dict[str, np.ndarray] = {}
+                    for name, dt, shape, nbytes in infos:
+                        arr = np.empty(shape, _dtypes.numpy_dtype(dt))
+                        if arr.nbytes != nbytes:
+                            raise _errors.error("CAIRN_ERR_PROTOCOL",
+                                                f"protocol error: tensor {name!r} has {nbytes} bytes, not {arr.nbytes}")
+                        _check(lib.cairn_model_read_tensor(r, name.encode("utf-8"), arr.ctypes.data, nbytes,
+                                                           _ffi.MEM_HOST))
+                        out[name] = arr
+                    return out
+                mapped: List[Tuple[TensorInfo, int]] = []
+                for info in infos:
+                    name, dt, shape, nbytes = info
+                    p, n = ctypes.c_void_p(), ctypes.c_size_t()
+                    _check(lib.cairn_model_map_tensor(r, name.encode("utf-8"), ctypes.byref(p), ctypes.byref(n)))
+                    if n.value != nbytes or (nbytes and not p.value):
+                        raise _errors.error("CAIRN_ERR_PROTOCOL",
+                                            f"protocol error: tensor {name!r} was mapped with {n.value} bytes, not {nbytes}")
+                    mapped.append((info, p.value or 0))
+                # From here the reader belongs to the lease: closed once no array refers to it any more.
+                conn.open_readers.add(r.value)  # type: ignore[arg-type]
+                lease = _Lease(conn, r.value)  # type: ignore[arg-type]
+                keep_open = True
+            finally:
+                if not keep_open:
+                    lib.cairn_model_close(r)
+        result: Dict[str, np.ndarray] = {}
+        for (name, dt, shape, nbytes), addr in mapped:
+            npdt = _dtypes.numpy_dtype(dt)
+            if nbytes == 0:
+                arr = np.empty(shape, npdt)
+            else:
+                raw = (ctypes.c_uint8 * nbytes).from_address(addr)
+                raw._cairn_lease = lease  # type: ignore[attr-defined]  # the array's base chain holds the lease
+                arr = np.frombuffer(memoryview(raw).toreadonly(), dtype=npdt).reshape(shape)
+            arr.flags.writeable = False
+            result[name] = arr
+        return result
+
+    def prefetch(self, id: str) -> None:
+        """Asks the daemon to bring model ``id`` into DRAM ahead of need (returns at once)."""
+        mid = _name(id, "model id")
+        with self._conn.op() as h:
+            _check(self._lib.cairn_prefetch(h, mid))
+
+    # ---- catalog and queries ----
+
+    def _wire(self, request: Dict[str, Any]) -> Dict[str, Any]:
+        with self._conn.op():
+            return self._conn.wire.call(request)
+
+    def list(self) -> List[Dict[str, Any]]:
+        """Every model: ``[{id, parent, tensors (count), bytes, created_ns, durability}]``, committed
+        ones first (in commit order), then pending ones."""
+        return list(self._wire({"op": "list"}).get("models", []))
+
+    def show(self, id: str) -> Dict[str, Any]:
+        """Model ``id``: parent, children, durability, metadata, architecture, tensors (with chunks)..."""
+        _name(id, "model id")
+        return self._wire({"op": "show", "id": id})
+
+    def stats(self) -> Dict[str, Any]:
+        """The daemon's statistics: ``tiers`` (per tier: capacity, used bytes, hits, misses, bytes in
+        and out), ``repository`` (models, logical_bytes, physical_bytes, ...), ``pending_models``,
+        ``dirty_bytes``, ``chunk_size`` (docs/protocol.md)."""
+        return self._wire({"op": "stats"})
+
+    def remove(self, id: str) -> None:
+        """Removes model ``id``, as ``cairn rm`` does: it leaves :meth:`list` and the queries (the
+        daemon decides what happens to its bytes and lineage)."""
+        _name(id, "model id")
+        self._wire({"op": "remove", "id": id})
+
+    def query(self, request: Mapping[str, Any]) -> Dict[str, Any]:
+        """Runs a catalog query (``cairn_query``), e.g. ``{"op": "ancestors", "model": "m7"}``;
+        returns the daemon's answer."""
+        req = _json(dict(request), "query")
+        out = ctypes.c_void_p()
+        with self._conn.op() as h:
+            _check(self._lib.cairn_query(h, req, ctypes.byref(out)))
+            try:
+                text = ctypes.string_at(out.value) if out.value else b"{}"
+            finally:
+                self._lib.cairn_free(out)
+        return json.loads(text)
+
+    def lineage(self, id: str, depth: Optional[int] = None) -> Dict[str, Any]:
+        """``{"model": id, "ancestors": [nearest first], "descendants": [breadth first]}``, up to
+        ``depth`` generations each way (None: all)."""
+        d = -1 if depth is None else int(depth)
+        up = self.query({"op": "ancestors", "model": id, "depth": d})
+        down = self.query({"op": "descendants", "model": id, "depth": d})
+        return {"model": id, "ancestors": up.get("ancestors", []), "descendants": down.get("descendants", [])}
+
+    def best_ancestor(self, arch: Mapping[str, Any], where: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+        """The stored model whose architecture matches the longest prefix of graph ``arch``
+        (ties broken by metadata score), optionally among models whose metadata match ``where``
+        (e.g. ``{"score": {">=": 0.9}}``). Returns the daemon's answer (docs/catalog.md).
+
+        Sends ``{"op": "best_ancestor", "graph": arch, "where": where}`` (``where`` left out when None)
+        through :meth:`query`; a daemon without the catalog index answers InvalidArgument
+        ("... is not supported").
+        """
+        req: Dict[str, Any] = {"op": "best_ancestor", "graph": dict(arch)}
+        if where is not None:
+            req["where"] = dict(where)
+        return self.query(req)
+
+
+def connect(address: Optional[PathLike] = None) -> Client:
+    """Connects to the node's cairnd.
+
+    ``address`` is the daemon's Unix socket path; None means what the C API uses: ``$CAIRN_SOCKET``,
+    else ``${XDG_RUNTIME_DIR:-/tmp}/cairn-$UID/cairnd.sock``. Raises :class:`cairn.Unavailable`
+    (a CairnError) naming the socket path when no daemon listens there.
+    """
+    path = os.fspath(address) if address is not None else ""
+    if not isinstance(path, str):
+        path = os.fsdecode(path)
+    resolved = path or _wire.default_socket_path()
+    lib = _ffi.library()
+    handle = ctypes.c_void_p()
+    st = lib.cairn_connect(os.fsencode(path) if path else None, ctypes.byref(handle))
+    if st != 0:
+        raise _errors.last_error(st)
+    return Client(_Connection(lib, handle, resolved))
