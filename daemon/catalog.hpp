@@ -80,7 +80,8 @@ class Catalog {
 
   // Adds a model. kExists if id is known; kNotFound if parent is neither "" nor known. A retired
   // model takes part in lineage queries only.
-  Status add(const std::string& id, const std::string& parent, GraphHandle graph, nlohmann::json metadata,
+  Status add(const std::string& id, const std::string& parent, GraphHandle graph,
+             nlohmann::json metadata = nlohmann::json::object(),
              bool retired = false);
   // Takes the model out of best_ancestor and find (it stays in lineage). kNotFound if unknown.
   Status retire(const std::string& id);

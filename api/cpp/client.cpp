@@ -97,6 +97,7 @@ Result<json> Client::call(const json& request_in, std::span<const uint8_t> blob)
     with_release["release"] = deferred_release_;
     request = &with_release;
   }
+  ++requests_;
   Status st = wire::send_frame(fd_, wire::Kind::kRequest, *request, blob);
   deferred_release_.clear();  // sent, or the connection is gone and with it the leases
   if (!st.is_ok()) return unavailable("lost the connection to cairnd on " + address_ + ": " + st.message());
@@ -233,6 +234,12 @@ Status ModelWriter::inherit_tensor(const std::string& name) {
   return Status::ok();
 }
 
+Status ModelWriter::inherit_all() {
+  if (parent_.empty()) return invalid_argument("model '" + id_ + "' has no parent to inherit from");
+  inherit_all_ = true;
+  return Status::ok();
+}
+
 Status ModelWriter::set_architecture(const json& graph) {
   if (!graph.is_object()) return invalid_argument("the architecture graph must be a JSON object");
   architecture_ = graph;
@@ -250,6 +257,7 @@ Result<uint64_t> ModelWriter::commit(Durability d, bool wait) {
   json req{{"op", "commit"},        {"id", id_},          {"durability", durability_name(d)},
            {"wait", wait},          {"tensors", tensors_}, {"metadata", metadata_}};
   if (!parent_.empty()) req["parent"] = parent_;
+  if (inherit_all_) req["inherit_all"] = true;
   if (!architecture_.is_null()) req["architecture"] = architecture_;
   if (!source_header_.empty()) req["source_header"] = source_header_;
   auto r = client_.call(req, inline_);
@@ -272,16 +280,48 @@ void ModelWriter::abort() {
 
 // ---- ModelReader ----
 
+std::shared_ptr<const Client::ModelInfo> Client::cached_model(const std::string& id) const {
+  auto it = model_cache_.find(id);
+  return it == model_cache_.end() ? nullptr : it->second;
+}
+
+void Client::cache_model(std::shared_ptr<const ModelInfo> info) {
+  std::string id = info->id;
+  if (model_cache_.insert_or_assign(id, std::move(info)).second) model_cache_order_.push_back(id);
+  while (model_cache_.size() > kModelCacheEntries && !model_cache_order_.empty()) {
+    model_cache_.erase(model_cache_order_.front());
+    model_cache_order_.pop_front();
+  }
+  if (model_cache_order_.size() > 2 * kModelCacheEntries) {  // ids forgotten meanwhile
+    std::deque<std::string> live;
+    for (auto& k : model_cache_order_)
+      if (model_cache_.count(k)) live.push_back(std::move(k));
+    model_cache_order_ = std::move(live);
+  }
+}
+
 Result<std::unique_ptr<ModelReader>> ModelReader::open(Client& client, const std::string& id) {
-  CAIRN_ASSIGN_OR_RETURN(json r, client.call(json{{"op", "open"}, {"id", id}}));
+  std::shared_ptr<const Client::ModelInfo> info = client.cached_model(id);
+  if (!info) {
+    CAIRN_ASSIGN_OR_RETURN(json r, client.call(json{{"op", "open"}, {"id", id}}));
+    auto fresh = std::make_shared<Client::ModelInfo>();
+    fresh->id = id;
+    if (r.contains("parent") && r["parent"].is_string()) fresh->parent = r["parent"].get<std::string>();
+    fresh->metadata = r.value("metadata", json::object());
+    fresh->created_ns = r.value("created_ns", int64_t{0});
+    for (const auto& t : r.value("tensors", json::array())) {
+      CAIRN_ASSIGN_OR_RETURN(TensorInfo ti, info_from_json(t));
+      fresh->tensors.push_back(std::move(ti));
+    }
+    info = fresh;
+    client.cache_model(std::move(fresh));
+  }
   auto reader = std::unique_ptr<ModelReader>(new ModelReader(client));
   reader->id_ = id;
-  if (r.contains("parent") && r["parent"].is_string()) reader->parent_ = r["parent"].get<std::string>();
-  reader->metadata_ = r.value("metadata", json::object());
-  for (const auto& t : r.value("tensors", json::array())) {
-    CAIRN_ASSIGN_OR_RETURN(TensorInfo ti, info_from_json(t));
-    reader->tensors_.push_back(std::move(ti));
-  }
+  reader->parent_ = info->parent;
+  reader->created_ns_ = info->created_ns;
+  reader->metadata_ = info->metadata;
+  reader->tensors_ = info->tensors;
   return reader;
 }
 
@@ -309,6 +349,15 @@ Result<std::vector<ModelReader::Leased>> ModelReader::lease(const std::vector<st
     out.push_back(std::move(x));
   }
   if (out.size() != names.size()) return protocol_error("daemon answered a lease with the wrong number of tensors");
+  if (r.value("created_ns", int64_t{0}) != created_ns_) {
+    // Not the model this reader was opened on: gc deleted it and a new commit reused its id.
+    std::vector<uint64_t> ids;
+    for (const auto& x : out) ids.push_back(x.lease);
+    (void)client_.release(ids);
+    client_.forget_model(id_);
+    return not_found("model '" + id_ + "' is no longer the model this reader opened (it was deleted and its id " +
+                     "committed again); open it again");
+  }
   return out;
 }
 

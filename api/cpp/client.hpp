@@ -11,11 +11,13 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -78,6 +80,23 @@ class Client {
   uint64_t arena_size() const { return view_->size(); }
   uint64_t chunk_size() const { return chunk_size_; }
   const std::string& address() const { return address_; }
+  // Requests sent on this connection (observability, tests).
+  uint64_t requests() const { return requests_; }
+
+  // Committed models are immutable, so their descriptions are cached here (DStore's client-side
+  // metadata cache): opening a model a second time costs no request. An entry is keyed by id and
+  // checked against the model's commit stamp (created_ns) on every lease, so an id that gc
+  // deleted and a later commit reused is noticed and refetched.
+  struct ModelInfo {
+    std::string id, parent;
+    int64_t created_ns = 0;
+    nlohmann::json metadata;
+    std::vector<TensorInfo> tensors;
+  };
+  std::shared_ptr<const ModelInfo> cached_model(const std::string& id) const;
+  void cache_model(std::shared_ptr<const ModelInfo> info);
+  void forget_model(const std::string& id) { model_cache_.erase(id); }
+  static constexpr size_t kModelCacheEntries = 4096;
 
  private:
   Client(int fd, std::string address) : fd_(fd), address_(std::move(address)) {}
@@ -86,6 +105,9 @@ class Client {
   std::unique_ptr<ArenaView> view_;
   uint64_t chunk_size_ = 0;
   std::vector<uint64_t> deferred_release_;
+  uint64_t requests_ = 0;
+  std::unordered_map<std::string, std::shared_ptr<const ModelInfo>> model_cache_;
+  std::deque<std::string> model_cache_order_;  // insertion order, for eviction
 };
 
 // Builds a model: add or inherit tensors, then commit. Destroying an uncommitted writer aborts it.
@@ -102,6 +124,9 @@ class ModelWriter {
   // file straight into it). The pointer is valid until commit or abort.
   Result<uint8_t*> add_tensor_space(const std::string& name, DType dtype, const std::vector<int64_t>& shape);
   Status inherit_tensor(const std::string& name);
+  // Inherits every parent tensor not added or inherited by name. With nothing else added, the
+  // commit stores no bytes at all (a metadata-only commit).
+  Status inherit_all();
   Status set_architecture(const nlohmann::json& graph);
   Status set_metadata(const nlohmann::json& meta);
   // The safetensors header JSON of the file the model came from (for byte-exact export).
@@ -123,6 +148,7 @@ class ModelWriter {
   nlohmann::json metadata_ = nlohmann::json::object();
   std::string source_header_;
   std::map<std::string, bool> names_;
+  bool inherit_all_ = false;
   bool done_ = false;
 };
 
@@ -162,6 +188,7 @@ class ModelReader {
   Status check_buffer(const std::string& name, uint64_t dst_bytes) const;
   Client& client_;
   std::string id_, parent_;
+  int64_t created_ns_ = 0;
   nlohmann::json metadata_;
   std::vector<TensorInfo> tensors_;
   std::vector<uint64_t> held_;

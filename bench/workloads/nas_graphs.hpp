@@ -16,12 +16,14 @@
 // mutate() makes a child as regularized evolution does (Real et al., 2019): it copies the parent and
 // changes one thing, sometimes two (a kernel or width of one convolution, a block inserted or dropped,
 // the head replaced, a dropout rate changed), so the child shares every layer upstream of the change
-// with its parent. Children are sometimes renamed wholesale in another naming style: layer names do
+// with its parent; changes favour the later layers (NasSpace::position_draws), so with the defaults
+// a child shares about 60% of its layers with its parent. Children are sometimes renamed wholesale in another naming style: layer names do
 // not count in signatures, and the catalog must not depend on them.
 //
 // Everything is deterministic given the seed of the std::mt19937_64 (the distributions are written
 // out here rather than taken from <random>, whose output differs between standard libraries).
-// Every graph returned went through parse_graph. About 20-40 us per graph on one core.
+// Every graph returned is exactly what parse_graph makes of it (validated, in parse_graph's
+// topological order); one in NasSpace::verify_every is checked against parse_graph itself.
 #pragma once
 
 #include <algorithm>
@@ -71,6 +73,9 @@ struct NasSpace {
   size_t population = 64;
   size_t sample = 16;     // tournament size: the parent is the best of this many random members
   double p_fresh = 0.05;  // a new model is a fresh random graph rather than a mutation
+  // Every this many graphs, one also goes through JSON and parse_graph and must come out identical
+  // (1: all of them; 0: none). See finish().
+  uint32_t verify_every = 16;
 };
 
 namespace nas_detail {
@@ -332,7 +337,8 @@ inline Shape analyse(const std::vector<Layer>& L, const NasSpace& sp) {
     s.cut[i] = reach <= i;
     reach = std::max(reach, last_use[i]);
   }
-  s.body = n >= 3 && L[0].type == "Conv2d" && L[1].type == "BatchNorm2d" && L[2].type == "ReLU" ? 3 : std::min<size_t>(1, n);
+  s.body =
+      n >= 3 && L[0].type == "Conv2d" && L[1].type == "BatchNorm2d" && L[2].type == "ReLU" ? 3 : std::min<size_t>(1, n);
   s.head = n;
   for (size_t i = 0; i < n; ++i)
     if (L[i].type == "AdaptiveAvgPool2d") {
@@ -375,6 +381,8 @@ inline void repair(std::vector<Layer>& L, const NasSpace& sp) {
 // Whether two layer lists describe the same graph, names aside.
 inline bool same_structure(const std::vector<Layer>& a, const std::vector<Layer>& b) {
   if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)  // the cheap differences first
+    if (a[i].type != b[i].type || a[i].inputs.size() != b[i].inputs.size() || a[i].config != b[i].config) return false;
   std::unordered_map<std::string, size_t> ia, ib;
   for (size_t i = 0; i < a.size(); ++i) {
     ia.emplace(a[i].name, i);
@@ -406,24 +414,62 @@ inline std::string fresh_prefix(std::mt19937_64& rng, const std::vector<Layer>& 
   }
 }
 
-// The graph as parse_graph gives it (validated, in its topological order). The JSON is built by
-// moving the layers in: copying configs twice would double the cost of a graph.
-inline Graph finish(std::vector<Layer> layers) {
-  json arr = json::array();
-  arr.get_ref<json::array_t&>().reserve(layers.size());
-  for (auto& l : layers) {
-    json j = json::object();
-    j["name"] = std::move(l.name);
-    j["type"] = std::move(l.type);
-    j["config"] = std::move(l.config);
-    j["inputs"] = std::move(l.inputs);
-    arr.push_back(std::move(j));
+inline bool same_layers(const std::vector<Layer>& a, const std::vector<Layer>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i].name != b[i].name || a[i].type != b[i].type || a[i].config != b[i].config || a[i].inputs != b[i].inputs)
+      return false;
+  return true;
+}
+
+// The graph exactly as parse_graph gives it: validated, in parse_graph's topological order (Kahn's
+// algorithm, layers that are ready together in their given order, as core/graph.cpp sorts). Going
+// through JSON and parse_graph costs three times as much as the rest of a mutation, so it is done for
+// every `verify_every`-th graph only, which must come out identical (else std::logic_error).
+inline Graph finish(std::vector<Layer> layers, const NasSpace& sp) {
+  static thread_local uint64_t finished = 0;
+  const bool verify = sp.verify_every > 0 && finished++ % sp.verify_every == 0;
+  std::vector<Layer> copy;
+  if (verify) copy = layers;
+
+  const size_t n = layers.size();
+  std::unordered_map<std::string, uint32_t> index;
+  index.reserve(n * 2);
+  for (size_t i = 0; i < n; ++i)
+    if (layers[i].name.empty() || layers[i].type.empty() || !index.emplace(layers[i].name, i).second)
+      throw std::logic_error("nas_graphs: layer name '" + layers[i].name + "' is empty or used twice");
+  std::vector<uint32_t> pending(n, 0);
+  std::vector<std::vector<uint32_t>> consumers(n);
+  for (size_t i = 0; i < n; ++i)
+    for (const auto& in : layers[i].inputs) {
+      auto it = index.find(in);
+      if (it == index.end())
+        throw std::logic_error("nas_graphs: layer '" + layers[i].name + "': unknown input '" + in + "'");
+      ++pending[i];
+      consumers[it->second].push_back(static_cast<uint32_t>(i));
+    }
+  std::vector<uint32_t> order;
+  order.reserve(n);
+  for (size_t i = 0; i < n; ++i)
+    if (pending[i] == 0) order.push_back(static_cast<uint32_t>(i));
+  for (size_t k = 0; k < order.size(); ++k)
+    for (uint32_t c : consumers[order[k]])
+      if (--pending[c] == 0) order.push_back(c);
+  if (order.size() != n) throw std::logic_error("nas_graphs: the graph has a cycle");
+  Graph g;
+  g.layers.reserve(n);
+  for (uint32_t i : order) g.layers.push_back(std::move(layers[i]));
+
+  if (verify) {
+    Graph plain;
+    plain.layers = std::move(copy);
+    auto parsed = parse_graph(plain.to_json());
+    if (!parsed.is_ok()) throw std::logic_error("nas_graphs produced an invalid graph: " + parsed.status().to_string());
+    if (!same_layers(parsed->layers, g.layers) || !parsed->tensors.empty())
+      throw std::logic_error("nas_graphs: parse_graph orders or reads this graph differently: " +
+                             plain.to_json().dump());
   }
-  json doc = json::object();
-  doc["layers"] = std::move(arr);
-  auto parsed = parse_graph(doc);
-  if (!parsed.is_ok()) throw std::logic_error("nas_graphs produced an invalid graph: " + parsed.status().to_string());
-  return std::move(parsed).value();
+  return g;
 }
 
 // ---- mutations ----
@@ -490,7 +536,8 @@ inline bool mutate_once(std::vector<Layer>& L, std::mt19937_64& rng, const NasSp
     if (units.empty()) return false;
     auto [b, e] = pick_late(rng, units, sp.position_draws);
     if (b == e && L[b].type == "Conv2d") {
-      if (!(e + 2 < s.head && s.cut[e + 1] && s.cut[e + 2] && L[e + 1].type == "BatchNorm2d" && L[e + 2].type == "ReLU"))
+      if (!(e + 2 < s.head && s.cut[e + 1] && s.cut[e + 2] && L[e + 1].type == "BatchNorm2d" &&
+            L[e + 2].type == "ReLU"))
         return false;
       e += 2;
     } else if (L[e].type == "Add" && e + 1 < s.head && s.cut[e + 1] && L[e + 1].type == "ReLU")
@@ -580,7 +627,7 @@ inline Graph random_graph(std::mt19937_64& rng, const NasSpace& sp) {
     std::tie(x, ch) = emit_block(e, s, "blocks." + std::to_string(b), x, ch);
   }
   emit_head(e, head, "head", x, ch, sp.classes);
-  return finish(std::move(L));
+  return finish(std::move(L), sp);
 }
 
 // A child of parent: one change (sometimes two) somewhere after the stem, everything upstream of it
@@ -605,7 +652,7 @@ inline Graph mutate(const Graph& parent, std::mt19937_64& rng, const NasSpace& s
     }
   }
   if (chance(rng, sp.p_rename)) rename_all(L, rng);
-  return finish(std::move(L));
+  return finish(std::move(L), sp);
 }
 
 // Regularized evolution, one model at a time: the first `population` models are random; each later

@@ -2,10 +2,9 @@
 config, socket and repository, stopped with SIGTERM) and the in-tree `cairn` package over the
 build's libcairn.so.
 
-The daemon helper is tests/integration/conftest.py's `Daemon`, loaded under another module name (two
-modules called `conftest` cannot share one process):
-    .venv/bin/python -m pytest -q tests/python
-Environment: CAIRN_BUILD_DIR (default: <repo>/build) picks cairnd and libcairn.so; CAIRN_LIBRARY, when
+Run: .venv/bin/python -m pytest -q tests/python
+The daemon helper is tests/integration/conftest.py's `Daemon`, loaded as a module of another name
+(both files cannot be the module `conftest`). Environment: CAIRN_BUILD_DIR (default: <repo>/build) picks cairnd and libcairn.so; CAIRN_LIBRARY, when
 set, overrides the library.
 """
 import gc
@@ -33,10 +32,6 @@ ctypes_env = fixtures.ctypes_env
 sys.path.insert(0, str(ROOT / "api" / "python"))
 os.environ.setdefault("CAIRN_LIBRARY", str(LIBCAIRN))
 
-if os.environ.get("CAIRN_SANITIZED") == "1" and "libasan" not in os.environ.get("LD_PRELOAD", ""):
-    # A sanitized libcairn.so can only be loaded into a Python started with the sanitizer runtimes
-    # preloaded (see fixtures.ctypes_env).
-    pytest.skip("sanitized build: run this Python with LD_PRELOAD set as in ctypes_env()", allow_module_level=True)
 
 
 def _start(root: Path, **kw) -> Daemon:
@@ -48,12 +43,14 @@ def _start(root: Path, **kw) -> Daemon:
 def daemon():
     """One daemon (256 MiB arena) shared by a test module; tests use distinct ids and keys."""
     root = Path(tempfile.mkdtemp(prefix="cairn-py-", dir="/tmp"))
-    d = _start(root / "d")
-    yield d
+    d = None
     try:
-        assert d.stop() == 0, (root / "d" / "cairnd.log").read_text() if (root / "d" / "cairnd.log").exists() else ""
+        d = _start(root / "d")
+        yield d
+        log = root / "d" / "cairnd.log"
+        assert d.stop() == 0, log.read_text() if log.exists() else ""
     finally:
-        if d.alive():
+        if d is not None and d.alive():
             d.kill9()
         shutil.rmtree(root, ignore_errors=True)
 
@@ -65,16 +62,19 @@ def make_daemon():
     started = []
 
     def make(name="d", **kw):
-        d = _start(root / name, **kw)
+        (root / name).mkdir(parents=True, exist_ok=True)
+        d = Daemon(root / name, **kw)
         started.append(d)
-        return d
+        return d.start()
 
-    yield make
-    for d in started:
-        if d.alive():
-            d.proc.kill()
-            d.proc.wait()
-    shutil.rmtree(root, ignore_errors=True)
+    try:
+        yield make
+    finally:
+        for d in started:
+            if d.alive():
+                d.proc.kill()
+                d.proc.wait()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture

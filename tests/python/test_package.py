@@ -9,7 +9,11 @@ import time
 import numpy as np
 import pytest
 
-import cairn
+if os.environ.get("CAIRN_SANITIZED") == "1" and "libasan" not in os.environ.get("LD_PRELOAD", ""):
+    # A sanitized libcairn.so loads only into a Python started with the sanitizer runtimes preloaded.
+    pytest.skip("sanitized build: start this Python with LD_PRELOAD as in ctypes_env()", allow_module_level=True)
+
+import cairn  # noqa: E402
 
 ALL_DTYPES = list(cairn.DTYPES)
 SHAPES = [(), (0,), (3, 0, 2), (5,), (17, 33), (70000,), (2, 3, 1, 2, 1, 2, 1, 2)]
@@ -131,7 +135,7 @@ def test_poll_tensor_with_a_timeout(client, daemon):
     assert client.poll_tensor("poll-never") is False  # timeout 0: do not wait
 
     def put_later():
-        time.sleep(0.3)
+        time.sleep(1.3)  # past the first 1 s slice of the wait
         with cairn.connect(daemon.socket) as other:
             other.put_tensor("poll-later", np.float32(1.5))
 
@@ -201,6 +205,11 @@ def test_zero_copy_views_are_read_only_and_shared(client):
         v1.flags.writeable = True
     # Both are views of the same bytes of the daemon's arena: no copy was made.
     assert v1.__array_interface__["data"][0] == v2.__array_interface__["data"][0]
+    assert len(client._conn.open_readers) == 2
+    # Views can be stored again as they are (their bytes are copied once, from the arena).
+    client.save_model("zc-again", client.load_model("zc"), wait=True)
+    assert np.array_equal(client.load_model("zc-again", copy=True)["w"], a)
+    gc.collect()
     assert len(client._conn.open_readers) == 2
     del v1, v2
     gc.collect()
@@ -333,6 +342,16 @@ def test_tickets(client):
     t = client.save_model("t-local", x, durability="local")
     assert t.wait(timeout=60) == "local"
     assert client.show("t-local")["durability"] == "global"  # no NVMe tier yet: local means global
+
+    # A ticket that times out can be waited for again. (Behind a 96 MiB flush, a 0 s wait almost
+    # always times out; should the flush win the race, the wait simply succeeds.)
+    client.save_model("t-big", {"w": np.random.default_rng(9).integers(0, 255, 96 << 20, dtype=np.uint8)})
+    t = client.save_model("t-behind", x)
+    try:
+        t.wait(timeout=0)
+    except cairn.Timeout as e:
+        assert e.status == "CAIRN_ERR_TIMEOUT" and "global" in e.message and not t.done
+    assert t.wait(timeout=120) == "global" and t.done
 
     t = client.save_model("t-wait", x, durability="global", wait=True)
     assert t.done and t.reached == "global"

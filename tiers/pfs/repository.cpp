@@ -1203,7 +1203,9 @@ Status Repository::Impl::commit(ModelManifest& in, const Repository::ChunkSource
 
   auto now =
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
-  m.created_ns = std::max<int64_t>(now, last_created_ns_ + 1);
+  // A creation time given by the caller (the daemon stamps models when they become visible) is
+  // kept when it follows the last one; commit order and created_ns order always agree.
+  m.created_ns = in.created_ns > last_created_ns_ ? in.created_ns : std::max<int64_t>(now, last_created_ns_ + 1);
 
   // Lay out the pack and name it.
   std::string prefix;

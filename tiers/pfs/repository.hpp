@@ -63,7 +63,7 @@ struct ModelManifest {
   // The original safetensors header (8-byte length + JSON) when the model was stored from a file,
   // so `cairn get` of the whole model reproduces the file byte for byte. "" otherwise.
   std::string source_header;
-  int64_t created_ns = 0;         // wall clock, set by commit
+  int64_t created_ns = 0;         // wall clock; commit keeps a given one that follows the last, else sets it
   std::string pack;               // this model's pack ("" when it stored no new chunk)
   // Retirement (`cairn rm`): a retired model stays readable and in the lineage until `cairn gc`,
   // which deletes it, or, when live descendants need it in their lineage, keeps it "collected":

@@ -46,7 +46,7 @@ def _json(value: Any, what: str) -> bytes:
 
 def _timeout_ms(timeout: Optional[float]) -> int:
     """Seconds (None: forever) as the C API's milliseconds (-1: forever)."""
-    if timeout is None:
+    if timeout is None or timeout == math.inf:
         return -1
     if timeout < 0 or math.isnan(timeout):
         raise _errors.error("CAIRN_ERR_INVALID_ARGUMENT", f"invalid argument: timeout {timeout} must be >= 0 or None")
@@ -181,6 +181,17 @@ class _Lease:
         fin.atexit = False
 
 
+class _View:
+    """The base object of one zero-copy array: describes the leased bytes to numpy (read-only, so
+    the array can never be made writable) and holds the lease."""
+
+    __slots__ = ("__array_interface__", "lease")
+
+    def __init__(self, addr: int, shape: Tuple[int, ...], dtype: np.dtype, lease: _Lease) -> None:
+        self.__array_interface__ = {"version": 3, "data": (addr, True), "shape": shape, "typestr": dtype.str}
+        self.lease = lease
+
+
 def _free_ticket(lib: ctypes.CDLL, handle: ctypes.c_void_p) -> None:
     if handle.value:
         lib.cairn_ticket_free(handle)
@@ -240,6 +251,8 @@ class Ticket:
         if err is None:
             self._reached = self.durability
         elif isinstance(err, _errors.Timeout):
+            if timeout is not None and timeout * 1000 > _SLICE_MS:  # the daemon's message names the last slice
+                err = _errors.make_error(err.code, f"{err.message} (after {timeout:g} s in all)")
             raise err
         else:
             self._error = err
@@ -500,9 +513,7 @@ class Client:
             if nbytes == 0:
                 arr = np.empty(shape, npdt)
             else:
-                raw = (ctypes.c_uint8 * nbytes).from_address(addr)
-                raw._cairn_lease = lease  # type: ignore[attr-defined]  # the array's base chain holds the lease
-                arr = np.frombuffer(memoryview(raw).toreadonly(), dtype=npdt).reshape(shape)
+                arr = np.asarray(_View(addr, shape, npdt, lease))
             arr.flags.writeable = False
             result[name] = arr
         return result

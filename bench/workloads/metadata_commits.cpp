@@ -1,0 +1,175 @@
+// Metadata at scale: how many derived models one client can commit per second when a child inherits
+// every tensor of its parent (a metadata-only commit: no byte is copied or written), and how fast
+// a model already opened once opens again (the client's manifest cache).
+//
+// Runs a real engine and server in-process on a temporary repository and talks to it through the
+// client library over the Unix socket, as an application does. Baselines in the same run: a bare
+// request round trip on the same socket (the floor for any commit that asks the daemon), and
+// writing the same manifest as a file with fsync (what a one-file-per-model store pays).
+//
+// Usage: cairn_bench_metadata [--models N] [--tensors T] [--quick] [--json FILE]
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "api/cpp/client.hpp"
+#include "core/config.hpp"
+#include "daemon/engine.hpp"
+#include "daemon/server.hpp"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+namespace fs = std::filesystem;
+
+double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+void check(const cairn::Status& s, const char* what) {
+  if (!s.is_ok()) {
+    std::fprintf(stderr, "cairn_bench_metadata: %s: %s\n", what, s.to_string().c_str());
+    std::exit(1);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  size_t models = 20000, tensors = 62;  // ResNet-18 has 62 parameter tensors
+  std::string json_path;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--models" && i + 1 < argc) models = std::stoul(argv[++i]);
+    else if (a == "--tensors" && i + 1 < argc) tensors = std::stoul(argv[++i]);
+    else if (a == "--quick") models = 2000;
+    else if (a == "--json" && i + 1 < argc) json_path = argv[++i];
+    else {
+      std::fprintf(stderr, "usage: cairn_bench_metadata [--models N] [--tensors T] [--quick] [--json FILE]\n");
+      return 2;
+    }
+  }
+  fs::path dir = fs::temp_directory_path() / ("cairn-bench-meta-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  cairn::Config config;
+  config.repository = (dir / "repo").string();
+  config.socket = (dir / "cairnd.sock").string();
+  config.tiers.dram.capacity = 256ull << 20;
+  nlohmann::json out{{"models", models}, {"tensors_per_model", tensors}};
+  {
+    auto engine = cairn::Engine::create(config);
+    check(engine.status(), "starting the engine");
+    while (!(*engine)->dram().prefault_finished()) ::usleep(1000);  // the arena is backed in the background
+    auto server = cairn::Server::start(**engine, config.socket);
+    check(server.status(), "starting the server");
+    auto client = cairn::Client::connect(config.socket);
+    check(client.status(), "connecting");
+
+    // The base model: T tensors of 4 KiB.
+    std::vector<uint8_t> bytes(4096);
+    {
+      cairn::ModelWriter w(**client, "base", "");
+      for (size_t t = 0; t < tensors; ++t) {
+        for (size_t k = 0; k < bytes.size(); ++k) bytes[k] = static_cast<uint8_t>(t * 31 + k);
+        check(w.add_tensor("layer" + std::to_string(t) + ".weight", bytes.data(), cairn::DType::kU8, {4096}), "add");
+      }
+      check(w.commit(cairn::Durability::kGlobal, true).status(), "commit base");
+    }
+
+    // Baseline 1: a bare round trip (stats is the cheapest request that touches the engine).
+    const size_t rt_n = std::min<size_t>(models, 5000);
+    auto t0 = Clock::now();
+    for (size_t i = 0; i < rt_n; ++i) check((*client)->call({{"op", "hello"}}).status(), "hello");
+    double rt_per_s = static_cast<double>(rt_n) / seconds(Clock::now() - t0);
+
+    // cairn: metadata-only commits at durability memory (visible to every process on the node at
+    // once; the flusher writes the manifests behind).
+    t0 = Clock::now();
+    for (size_t i = 0; i < models; ++i) {
+      cairn::ModelWriter w(**client, "m" + std::to_string(i), i ? "m" + std::to_string(i - 1) : "base");
+      check(w.inherit_all(), "inherit_all");
+      check(w.set_metadata({{"score", static_cast<double>(i % 1000) / 1000.0}, {"step", i}}), "metadata");
+      check(w.commit(cairn::Durability::kMemory, true).status(), "commit");
+    }
+    double commit_s = seconds(Clock::now() - t0);
+    double commits_per_s = static_cast<double>(models) / commit_s;
+    t0 = Clock::now();
+    (*engine)->drain();
+    double drain_s = seconds(Clock::now() - t0);
+    double manifests_per_s = static_cast<double>(models) / (commit_s + drain_s);
+
+    // Durability global: each commit waits for its manifest to be fsync'd into the repository.
+    const size_t global_n = std::min<size_t>(models, 500);
+    t0 = Clock::now();
+    for (size_t i = 0; i < global_n; ++i) {
+      cairn::ModelWriter w(**client, "g" + std::to_string(i), "base");
+      check(w.inherit_all(), "inherit_all");
+      check(w.commit(cairn::Durability::kGlobal, true).status(), "commit global");
+    }
+    double global_per_s = static_cast<double>(global_n) / seconds(Clock::now() - t0);
+
+    // Baseline 2: one manifest-sized file per model, written and fsync'd.
+    auto m = (*engine)->repository().get_shared("m1");
+    check(m.status(), "manifest");
+    std::string text = cairn::manifest_to_json(**m).dump();
+    fs::create_directories(dir / "files");
+    t0 = Clock::now();
+    for (size_t i = 0; i < global_n; ++i) {
+      std::string p = (dir / "files" / ("m" + std::to_string(i) + ".json")).string();
+      int fd = ::open(p.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      if (fd < 0 || ::write(fd, text.data(), text.size()) != static_cast<ssize_t>(text.size()) || ::fsync(fd) != 0) {
+        std::perror("baseline file");
+        return 1;
+      }
+      ::close(fd);
+    }
+    double file_per_s = static_cast<double>(global_n) / seconds(Clock::now() - t0);
+
+    // Opens: the first costs a request, later ones are served by the client's manifest cache.
+    const size_t open_n = std::min<size_t>(models, 5000);
+    auto fresh = cairn::Client::connect(config.socket);
+    check(fresh.status(), "connecting");
+    uint64_t req0 = (*fresh)->requests();
+    t0 = Clock::now();
+    for (size_t i = 0; i < open_n; ++i) check(cairn::ModelReader::open(**fresh, "m" + std::to_string(i)).status(), "open");
+    double first_open_us = seconds(Clock::now() - t0) / static_cast<double>(open_n) * 1e6;
+    uint64_t req1 = (*fresh)->requests();
+    t0 = Clock::now();
+    for (size_t i = 0; i < open_n; ++i) check(cairn::ModelReader::open(**fresh, "m" + std::to_string(i)).status(), "open");
+    double cached_open_us = seconds(Clock::now() - t0) / static_cast<double>(open_n) * 1e6;
+    uint64_t req2 = (*fresh)->requests();
+
+    std::printf("metadata-only commits (%zu models of %zu inherited tensors, one client, Unix socket):\n", models,
+                tensors);
+    std::printf("  %-44s %10.0f /s\n", "commit, durability memory", commits_per_s);
+    std::printf("  %-44s %10.0f /s   (%.2fx)\n", "bare request round trip (floor)", rt_per_s, commits_per_s / rt_per_s);
+    std::printf("  %-44s %10.0f /s   (all %zu in the repository after %.2f s more)\n",
+                "manifests reaching the repository", manifests_per_s, models, drain_s);
+    std::printf("  %-44s %10.0f /s\n", "commit, durability global (fsync'd)", global_per_s);
+    std::printf("  %-44s %10.0f /s   (cairn global / file: %.2fx)\n", "baseline: write+fsync one manifest file",
+                file_per_s, global_per_s / file_per_s);
+    std::printf("  %-44s %10.2f us  (%llu requests for %zu opens)\n", "open, first time", first_open_us,
+                static_cast<unsigned long long>(req1 - req0), open_n);
+    std::printf("  %-44s %10.2f us  (%llu requests for %zu opens)\n", "open, manifest cached in the client",
+                cached_open_us, static_cast<unsigned long long>(req2 - req1), open_n);
+    out["commits_per_s_memory"] = commits_per_s;
+    out["round_trips_per_s"] = rt_per_s;
+    out["manifests_per_s_to_repository"] = manifests_per_s;
+    out["commits_per_s_global"] = global_per_s;
+    out["file_fsync_per_s"] = file_per_s;
+    out["open_first_us"] = first_open_us;
+    out["open_cached_us"] = cached_open_us;
+    out["open_cached_requests"] = req2 - req1;
+  }
+  fs::remove_all(dir);
+  if (!json_path.empty()) std::ofstream(json_path) << out.dump(2) << "\n";
+  return 0;
+}
