@@ -257,7 +257,7 @@ BestAncestor Catalog::Impl::describe(const CompiledGraph& g, uint32_t slot) cons
 Catalog::Catalog() : impl_(std::make_unique<Impl>()) {}
 Catalog::~Catalog() = default;
 
-GraphHandle Catalog::compile(const Graph& g) {
+GraphHandle Catalog::compile(const Graph& g, bool intern_types) {
   auto c = std::make_shared<CompiledGraph>();
   auto sigs = layer_signatures(g);
   std::unordered_map<std::string, uint32_t> index;
@@ -274,8 +274,13 @@ GraphHandle Catalog::compile(const Graph& g) {
   {
     std::lock_guard lock(impl_->type_mu);
     for (const Layer& l : g.layers) {
-      auto [it, _] = impl_->type_ids.try_emplace(l.type, static_cast<uint32_t>(impl_->type_ids.size()));
-      c->types.push_back(it->second);
+      if (intern_types) {
+        auto [it, _] = impl_->type_ids.try_emplace(l.type, static_cast<uint32_t>(impl_->type_ids.size()));
+        c->types.push_back(it->second);
+      } else {
+        auto it = impl_->type_ids.find(l.type);
+        c->types.push_back(it == impl_->type_ids.end() ? kUnknownType : it->second);
+      }
     }
   }
   c->tensors = g.tensors;

@@ -75,8 +75,11 @@ class Catalog {
   Catalog(const Catalog&) = delete;
   Catalog& operator=(const Catalog&) = delete;
 
-  // Compiles a parsed graph (parse_graph or graph_from_tensors). Interns its type names.
-  GraphHandle compile(const Graph& g);
+  // Compiles a parsed graph (parse_graph or graph_from_tensors). Interns its type names when
+  // intern_types (graphs of stored models); a query's graph leaves the type table alone, so that
+  // queries never grow the daemon's memory (its unknown types get kUnknownType).
+  GraphHandle compile(const Graph& g, bool intern_types = true);
+  static constexpr uint32_t kUnknownType = UINT32_MAX;
 
   // Adds a model. kExists if id is known; kNotFound if parent is neither "" nor known. A retired
   // model takes part in lineage queries only.

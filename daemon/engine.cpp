@@ -1144,7 +1144,7 @@ Result<json> Engine::query_best_ancestor(const json& q) {
   auto g = parse_graph(*git);
   if (!g.is_ok()) return g.status().with_context("query 'best_ancestor'");
   CAIRN_ASSIGN_OR_RETURN(MetadataFilter where, query_where(q, "best_ancestor"));
-  GraphHandle compiled = catalog_.compile(*g);
+  GraphHandle compiled = catalog_.compile(*g, /*intern_types=*/false);
   BestAncestor best = catalog_.best_ancestor(compiled, where);
   json out{{"model", best.model.empty() ? json() : json(best.model)},
            {"matched", best.matched},

@@ -103,6 +103,8 @@ cairn_status cairn_connect(const char* address, cairn_client** out) {
 
 void cairn_disconnect(cairn_client* c) { delete c; }
 
+const char* cairn_client_address(const cairn_client* c) { return c ? c->impl->address().c_str() : ""; }
+
 cairn_status cairn_put_tensor(cairn_client* c, const char* key, const void* data, cairn_dtype dtype, int ndim,
                               const int64_t* shape) {
   return guarded([&] {
@@ -173,6 +175,28 @@ cairn_status cairn_model_add_tensor(cairn_model_writer* w, const char* name, con
     std::vector<int64_t> s;
     if (cairn_status st = make_shape(ndim, shape, s); st != CAIRN_OK) return st;
     return done(w->impl->add_tensor(name, data, static_cast<cairn::DType>(dtype), s));
+  });
+}
+
+cairn_status cairn_model_add_tensor_space(cairn_model_writer* w, const char* name, cairn_dtype dtype, int ndim,
+                                          const int64_t* shape, void** data) {
+  return guarded([&] {
+    CAIRN_REQUIRE_ARG(w && name && data, "writer, name and data must not be NULL");
+    *data = nullptr;
+    CAIRN_REQUIRE_ARG(check_dtype(dtype), "unknown dtype " + std::to_string(raw_enum(dtype)));
+    std::vector<int64_t> s;
+    if (cairn_status st = make_shape(ndim, shape, s); st != CAIRN_OK) return st;
+    auto p = w->impl->add_tensor_space(name, static_cast<cairn::DType>(dtype), s);
+    if (!p.is_ok()) return fail(p.status());
+    *data = *p;
+    return done(cairn::Status::ok());
+  });
+}
+
+cairn_status cairn_model_inherit_all(cairn_model_writer* w) {
+  return guarded([&] {
+    CAIRN_REQUIRE_ARG(w, "writer is NULL");
+    return done(w->impl->inherit_all());
   });
 }
 
@@ -293,6 +317,14 @@ cairn_status cairn_prefetch(cairn_client* c, const char* id) {
   });
 }
 
+// A malloc'ed copy of j's text (freed by cairn_free), or nullptr when out of memory.
+static char* dump_c(const nlohmann::json& j) {
+  std::string s = j.dump();
+  char* out = static_cast<char*>(std::malloc(s.size() + 1));
+  if (out) std::memcpy(out, s.c_str(), s.size() + 1);
+  return out;
+}
+
 cairn_status cairn_query(cairn_client* c, const char* request_json, char** result_json) {
   return guarded([&] {
     CAIRN_REQUIRE_ARG(c && request_json && result_json, "client, request and result must not be NULL");
@@ -301,11 +333,52 @@ cairn_status cairn_query(cairn_client* c, const char* request_json, char** resul
     if (q.is_discarded() || !q.is_object()) return fail(CAIRN_ERR_INVALID_ARGUMENT, "the query is not a JSON object");
     auto r = c->impl->query(q);
     if (!r.is_ok()) return fail(r.status());
-    std::string s = r->dump();
-    char* out = static_cast<char*>(std::malloc(s.size() + 1));
+    char* out = dump_c(*r);
     if (!out) return fail(CAIRN_ERR_NO_SPACE, "out of memory");
-    std::memcpy(out, s.c_str(), s.size() + 1);
     *result_json = out;
+    return done(cairn::Status::ok());
+  });
+}
+
+// Ops whose arena space or leases the library tracks itself, and the call to use instead.
+static const char* dedicated_call(const std::string& op) {
+  static const std::pair<const char*, const char*> kOps[] = {
+      {"hello", "cairn_connect"},
+      {"allocate", "cairn_model_add_tensor_space"},
+      {"lease", "cairn_model_open and cairn_model_map_tensor or cairn_model_read_tensor"},
+      {"lease_tensor", "cairn_unpack_tensor"},
+      {"put_tensor", "cairn_put_tensor"},
+      {"commit", "cairn_model_create and cairn_model_commit"},
+      {"free", "cairn_model_abort"},
+      {"release", "cairn_model_close"},
+  };
+  for (const auto& [name, call] : kOps)
+    if (op == name) return call;
+  return nullptr;
+}
+
+cairn_status cairn_request(cairn_client* c, const char* request_json, char** response_json) {
+  return guarded([&] {
+    CAIRN_REQUIRE_ARG(c && request_json && response_json, "client, request and response must not be NULL");
+    *response_json = nullptr;
+    auto q = nlohmann::json::parse(request_json, nullptr, false);
+    if (q.is_discarded() || !q.is_object()) return fail(CAIRN_ERR_INVALID_ARGUMENT, "the request is not a JSON object");
+    auto op = q.find("op");
+    if (op == q.end() || !op->is_string())
+      return fail(CAIRN_ERR_INVALID_ARGUMENT, "the request has no string \"op\"");
+    const std::string name = op->get<std::string>();
+    if (const char* call = dedicated_call(name))
+      return fail(CAIRN_ERR_INVALID_ARGUMENT,
+                  "op \"" + name + "\" cannot be sent through cairn_request; use " + call);
+    if (q.contains("release"))
+      return fail(CAIRN_ERR_INVALID_ARGUMENT,
+                  "a request sent through cairn_request cannot carry \"release\"; leases end with cairn_model_close");
+    auto r = c->impl->call(q);
+    if (!r.is_ok()) return fail(r.status());
+    r->erase("status");
+    char* out = dump_c(*r);
+    if (!out) return fail(CAIRN_ERR_NO_SPACE, "out of memory");
+    *response_json = out;
     return done(cairn::Status::ok());
   });
 }

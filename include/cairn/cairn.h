@@ -75,6 +75,9 @@ CAIRN_EXPORT const char *cairn_last_error(void);
 CAIRN_EXPORT cairn_status cairn_connect(const char *address, cairn_client **out);
 /* Ends the connection; leases held by its readers end with it. NULL is ignored. */
 CAIRN_EXPORT void cairn_disconnect(cairn_client *c);
+/* The socket path c is connected to (the default resolved when cairn_connect got NULL). Valid until
+ * cairn_disconnect(c); "" when c is NULL. */
+CAIRN_EXPORT const char *cairn_client_address(const cairn_client *c);
 
 /* ---- named tensors (simulation coupling) ---- */
 
@@ -99,8 +102,18 @@ CAIRN_EXPORT cairn_status cairn_model_create(cairn_client *c, const char *id, co
 /* Adds a tensor; its bytes are copied into the daemon's arena before the call returns. */
 CAIRN_EXPORT cairn_status cairn_model_add_tensor(cairn_model_writer *w, const char *name, const void *data,
                                                  cairn_dtype dtype, int ndim, const int64_t *shape);
+/* Adds a tensor whose bytes the caller writes in place: *data receives prod(shape) * itemsize
+ * writable bytes of the daemon's shared arena (no copy; e.g. read a file straight into them). They
+ * must be filled before cairn_model_commit and are valid until it (or cairn_model_abort) returns.
+ * Arguments are checked as by cairn_model_add_tensor; CAIRN_ERR_NO_SPACE when the arena is full. */
+CAIRN_EXPORT cairn_status cairn_model_add_tensor_space(cairn_model_writer *w, const char *name, cairn_dtype dtype,
+                                                       int ndim, const int64_t *shape, void **data);
 /* Keeps the parent's tensor `name` unchanged: costs no bytes and no hashing. */
 CAIRN_EXPORT cairn_status cairn_model_inherit_tensor(cairn_model_writer *w, const char *name);
+/* Keeps every parent tensor not added or inherited by name (after them, in the parent's order).
+ * With nothing else added the commit stores no bytes (a metadata-only commit).
+ * CAIRN_ERR_INVALID_ARGUMENT when the model has no parent. */
+CAIRN_EXPORT cairn_status cairn_model_inherit_all(cairn_model_writer *w);
 /* The architecture graph, as JSON (docs/graph-format.md). */
 CAIRN_EXPORT cairn_status cairn_model_set_architecture(cairn_model_writer *w, const char *graph_json);
 /* Metadata: a JSON object (score, epoch, task, tags ...). */
@@ -139,6 +152,17 @@ CAIRN_EXPORT cairn_status cairn_prefetch(cairn_client *c, const char *id);
 /* Runs a JSON query, e.g. {"op":"ancestors","model":"m7"} or {"op":"descendants","model":"m0"};
  * *result_json (free with cairn_free) is the JSON answer. */
 CAIRN_EXPORT cairn_status cairn_query(cairn_client *c, const char *request_json, char **result_json);
+/* Sends one request of the wire protocol (docs/protocol.md): a JSON object with a string "op", for
+ * catalog and administration requests, e.g. {"op":"list"}, {"op":"show","id":"m7"}, {"op":"stats"},
+ * {"op":"remove","id":"m7"}, {"op":"gc"}, {"op":"fsck","verify":false}, {"op":"query",...}.
+ * *response_json (free with cairn_free) is the response without its "status"; a failed response
+ * becomes the call's status. Requests that hand out arena space or leases, or end them, have
+ * dedicated calls and are refused with CAIRN_ERR_INVALID_ARGUMENT: "hello" (cairn_connect),
+ * "allocate" (cairn_model_add_tensor_space), "lease" (cairn_model_open / cairn_model_map_tensor),
+ * "lease_tensor" (cairn_unpack_tensor), "put_tensor" (cairn_put_tensor), "commit"
+ * (cairn_model_create / cairn_model_commit), "free" (cairn_model_abort), "release"
+ * (cairn_model_close), as is a request with a "release" field. */
+CAIRN_EXPORT cairn_status cairn_request(cairn_client *c, const char *request_json, char **response_json);
 CAIRN_EXPORT void cairn_free(void *p);
 
 #ifdef __cplusplus

@@ -44,6 +44,9 @@ int main(int argc, char **argv) {
   CHECK(c == NULL);
   CHECK_OK(cairn_connect(NULL, &c));
   if (!c) return 1;
+  CHECK(strcmp(cairn_client_address(NULL), "") == 0);
+  if (getenv("CAIRN_SOCKET") != NULL) CHECK(strcmp(cairn_client_address(c), getenv("CAIRN_SOCKET")) == 0);
+  CHECK(strlen(cairn_client_address(c)) > 0);
 
   /* ---- named tensors ---- */
   {
@@ -164,6 +167,111 @@ int main(int argc, char **argv) {
     cairn_free(result);
     CHECK(cairn_query(c, "{\"op\":\"teleport\"}", &result) == CAIRN_ERR_INVALID_ARGUMENT);
     CHECK_OK(cairn_prefetch(c, base_id));
+
+    /* Zero-copy writes into arena space, and inherit_all: the parent's other tensors follow. */
+    {
+      char space_id[128], meta_id[128], needle[160];
+      void *data = NULL;
+      float *dst;
+      size_t k;
+      snprintf(space_id, sizeof space_id, "c-space%s", suffix);
+      snprintf(meta_id, sizeof meta_id, "c-meta%s", suffix);
+      CHECK_OK(cairn_model_create(c, space_id, base_id, &w));
+      CHECK(cairn_model_add_tensor_space(w, "x", (cairn_dtype)99, 1, s_b, &data) == CAIRN_ERR_INVALID_ARGUMENT);
+      CHECK(cairn_model_add_tensor_space(w, "x", CAIRN_DTYPE_F32, 9, s_b, &data) == CAIRN_ERR_INVALID_ARGUMENT);
+      CHECK(cairn_model_add_tensor_space(w, "x", CAIRN_DTYPE_F32, 1, s_b, NULL) == CAIRN_ERR_INVALID_ARGUMENT);
+      CHECK_OK(cairn_model_add_tensor_space(w, "head.weight", CAIRN_DTYPE_F32, 2, s_h, &data));
+      CHECK(data != NULL);
+      if (data) {
+        dst = (float *)data;
+        for (k = 0; k < 160; ++k) dst[k] = h2[k];
+      }
+      CHECK(cairn_model_add_tensor_space(w, "head.weight", CAIRN_DTYPE_F32, 2, s_h, &data) == CAIRN_ERR_EXISTS);
+      CHECK(data == NULL);
+      CHECK_OK(cairn_model_inherit_all(w));
+      CHECK(cairn_model_inherit_all(NULL) == CAIRN_ERR_INVALID_ARGUMENT);
+      CHECK_OK(cairn_model_commit(w, CAIRN_DURABILITY_GLOBAL, NULL));
+      CHECK_OK(cairn_model_open(c, space_id, &r));
+      CHECK_OK(cairn_model_tensor_count(r, &count));
+      CHECK(count == 3);
+      CHECK_OK(cairn_model_tensor_info(r, 0, &name, &dt, &ndim, shape, &nbytes));
+      CHECK(strcmp(name, "head.weight") == 0 && nbytes == 160 * sizeof(float));
+      CHECK_OK(cairn_model_tensor_info(r, 1, &name, &dt, &ndim, shape, &nbytes));
+      CHECK(strcmp(name, "body.weight") == 0);
+      CHECK_OK(cairn_model_read_tensor(r, "head.weight", back, 160 * sizeof(float), CAIRN_MEM_HOST));
+      CHECK(memcmp(back, h2, 160 * sizeof(float)) == 0);
+      CHECK_OK(cairn_model_read_tensor(r, "body.weight", back, n_w * sizeof(float), CAIRN_MEM_HOST));
+      CHECK(memcmp(back, w1, n_w * sizeof(float)) == 0);
+      cairn_model_close(r);
+
+      /* A metadata-only commit: every tensor inherited. */
+      CHECK_OK(cairn_model_create(c, meta_id, base_id, &w));
+      CHECK_OK(cairn_model_inherit_all(w));
+      CHECK_OK(cairn_model_set_metadata(w, "{\"score\": 0.75}"));
+      CHECK_OK(cairn_model_commit(w, CAIRN_DURABILITY_GLOBAL, NULL));
+      CHECK_OK(cairn_model_open(c, meta_id, &r));
+      CHECK_OK(cairn_model_tensor_count(r, &count));
+      CHECK(count == 3);
+      cairn_model_close(r);
+      CHECK_OK(cairn_model_create(c, "c-orphan", NULL, &w));
+      CHECK(cairn_model_inherit_all(w) == CAIRN_ERR_INVALID_ARGUMENT);
+      CHECK(strstr(cairn_last_error(), "parent") != NULL);
+      cairn_model_abort(w);
+
+      /* cairn_request: catalog and administration requests. */
+      snprintf(needle, sizeof needle, "\"%s\"", meta_id);
+      CHECK_OK(cairn_request(c, "{\"op\":\"list\"}", &result));
+      CHECK(result != NULL && strncmp(result, "{\"models\":", 10) == 0 && strstr(result, needle) != NULL);
+      cairn_free(result);
+      snprintf(query, sizeof query, "{\"op\":\"show\",\"id\":\"%s\"}", meta_id);
+      CHECK_OK(cairn_request(c, query, &result));
+      CHECK(result != NULL && strstr(result, "0.75") != NULL && strstr(result, base_id) != NULL);
+      cairn_free(result);
+      CHECK_OK(cairn_request(c, "{\"op\":\"stats\"}", &result));
+      CHECK(result != NULL && strstr(result, "\"tiers\"") != NULL && strstr(result, "\"repository\"") != NULL);
+      cairn_free(result);
+      snprintf(query, sizeof query, "{\"op\":\"remove\",\"id\":\"%s\"}", meta_id);
+      CHECK_OK(cairn_request(c, query, &result));
+      CHECK(result != NULL && strstr(result, needle) != NULL);
+      cairn_free(result);
+      CHECK_OK(cairn_request(c, "{\"op\":\"list\"}", &result));
+      CHECK(result != NULL && strstr(result, needle) == NULL);
+      cairn_free(result);
+      CHECK_OK(cairn_request(c, "{\"op\":\"gc\"}", &result));
+      CHECK(result != NULL && strstr(result, "\"collected\"") != NULL);
+      cairn_free(result);
+      CHECK_OK(cairn_request(c, "{\"op\":\"fsck\",\"verify\":true}", &result));
+      CHECK(result != NULL && strstr(result, "\"ok\":true") != NULL);
+      cairn_free(result);
+      snprintf(query, sizeof query, "{\"op\":\"query\",\"query\":{\"op\":\"ancestors\",\"model\":\"%s\"}}",
+               space_id);
+      CHECK_OK(cairn_request(c, query, &result));
+      CHECK(result != NULL && strstr(result, base_id) != NULL);
+      cairn_free(result);
+
+      result = NULL;
+      CHECK(cairn_request(c, "{\"op\":\"show\",\"id\":\"no-such-model\"}", &result) == CAIRN_ERR_NOT_FOUND);
+      CHECK(result == NULL && strstr(cairn_last_error(), "no-such-model") != NULL);
+      CHECK(cairn_request(c, "{\"op\":\"hello\"}", &result) == CAIRN_ERR_INVALID_ARGUMENT);
+      CHECK(strstr(cairn_last_error(), "hello") != NULL && strstr(cairn_last_error(), "cairn_connect") != NULL);
+      CHECK(cairn_request(c, "{\"op\":\"allocate\",\"nbytes\":8}", &result) == CAIRN_ERR_INVALID_ARGUMENT);
+      CHECK(strstr(cairn_last_error(), "cairn_model_add_tensor_space") != NULL);
+      CHECK(cairn_request(c, "{\"op\":\"lease\"}", &result) == CAIRN_ERR_INVALID_ARGUMENT);
+      CHECK(cairn_request(c, "{\"op\":\"put_tensor\"}", &result) == CAIRN_ERR_INVALID_ARGUMENT);
+      CHECK(strstr(cairn_last_error(), "cairn_put_tensor") != NULL);
+      CHECK(cairn_request(c, "{\"op\":\"commit\"}", &result) == CAIRN_ERR_INVALID_ARGUMENT);
+      CHECK(strstr(cairn_last_error(), "commit") != NULL);
+      CHECK(cairn_request(c, "{\"op\":\"stats\",\"release\":[1]}", &result) == CAIRN_ERR_INVALID_ARGUMENT);
+      CHECK(cairn_request(c, "[1]", &result) == CAIRN_ERR_INVALID_ARGUMENT);
+      CHECK(cairn_request(c, "{\"id\":\"x\"}", &result) == CAIRN_ERR_INVALID_ARGUMENT);
+      CHECK(cairn_request(c, "{not json", &result) == CAIRN_ERR_INVALID_ARGUMENT);
+      CHECK(cairn_request(c, NULL, &result) == CAIRN_ERR_INVALID_ARGUMENT);
+      CHECK(cairn_request(c, "{\"op\":\"teleport\"}", &result) != CAIRN_OK);
+      CHECK(result == NULL);
+      CHECK_OK(cairn_request(c, "{\"op\":\"ping\"}", &result)); /* still usable after the refusals */
+      CHECK(result != NULL);
+      cairn_free(result);
+    }
 
     free(w1);
     free(b1);

@@ -109,6 +109,9 @@ def noncontiguous_cases():
         "broadcast": np.broadcast_to(np.arange(5, dtype=np.int16), (300, 5)),
         "0d_view": base[1, 2, 3:4].reshape(()),
         "large_strided": np.arange(300000, dtype=np.float64)[::3],  # > 64 KiB: through arena space
+        "large_transposed": np.arange(300 * 200, dtype=np.float32).reshape(300, 200).T,
+        "large_big_endian": np.arange(40000, dtype=">i4").reshape(200, 200),
+        "large_broadcast": np.broadcast_to(np.arange(100, dtype=np.uint16), (1000, 100)),
         "list": [[1, 2, 3], [4, 5, 6]],
     }
 
@@ -126,6 +129,30 @@ def test_noncontiguous_inputs(client):
     for label, a in cases.items():
         assert np.array_equal(loaded[label], np.asarray(a)), label
     assert loaded["big_endian"].dtype == np.dtype("<f4")
+    assert loaded["large_big_endian"].dtype == np.dtype("<i4")
+
+
+def test_large_noncontiguous_arrays_are_copied_straight_into_arena_space(client, monkeypatch):
+    """Over 64 KiB, a non-contiguous or big-endian array is not made contiguous in Python first:
+    cairn_model_add_tensor_space hands out the arena space and np.copyto fills it."""
+    prepared = []
+    real = cairn._dtypes.prepare
+    monkeypatch.setattr(cairn._dtypes, "prepare", lambda a, *args: prepared.append(np.asarray(a)) or real(a, *args))
+    rng = np.random.default_rng(11)
+    bits = rng.integers(0, 2**16, (400, 300), dtype=np.uint16)
+    tensors = {
+        "t": rng.standard_normal((300, 400)).astype(np.float32).T,
+        "be": rng.standard_normal((100, 200)).astype(">f8")[::2],
+        "bf16": bits[:, ::2],  # raw bits stored as BF16
+        "small": np.arange(60, dtype=np.float32).reshape(6, 10).T,  # inline: made contiguous first
+    }
+    client.save_model("space-writes", tensors, dtypes={"bf16": "BF16"}, wait=True)
+    assert len(prepared) == 1 and prepared[0].shape == (10, 6)
+    loaded = client.load_model("space-writes", copy=True)
+    for k, a in tensors.items():
+        assert np.array_equal(loaded[k], a), k
+    assert loaded["be"].dtype == np.dtype("<f8")
+    assert [t["dtype"] for t in client.show("space-writes")["tensors"]] == ["F32", "F64", "BF16", "F32"]
 
 
 def test_poll_tensor_with_a_timeout(client, daemon):
@@ -404,6 +431,67 @@ def test_errors_carry_status_and_message(client):
     assert "x" not in [m["id"] for m in client.list()]
     assert isinstance(cairn.NotFound("CAIRN_ERR_NOT_FOUND", "m"), LookupError)
     assert isinstance(cairn.InvalidArgument("CAIRN_ERR_INVALID_ARGUMENT", "m"), ValueError)
+
+
+def test_inherit_all(make_daemon):
+    d = make_daemon()
+    rng = np.random.default_rng(4)
+    parent = {"a": rng.standard_normal((512, 512)).astype(np.float32),
+              "b": rng.standard_normal((256, 256)).astype(np.float32),
+              "c": np.arange(10, dtype=np.int64)}
+    with cairn.connect(d.socket) as c:
+        c.save_model("ia-p", parent, meta={"score": 0.5}, wait=True)
+        before = c.stats()["repository"]
+        # A metadata-only commit: every tensor inherited, no bytes stored.
+        c.save_model("ia-meta", {}, parent="ia-p", inherit_all=True, meta={"score": 0.6}, wait=True)
+        after = c.stats()["repository"]
+        assert after["physical_bytes"] == before["physical_bytes"]
+        assert after["logical_bytes"] - before["logical_bytes"] == sum(a.nbytes for a in parent.values())
+        got = c.load_model("ia-meta")
+        assert list(got) == ["a", "b", "c"]
+        assert all(np.array_equal(got[k], parent[k]) for k in parent)
+        assert c.show("ia-meta")["metadata"] == {"score": 0.6}
+        del got
+        # Given tensors first, then those inherited by name, then the parent's others in its order.
+        new_b = np.ones((256, 256), np.float32)
+        c.save_model("ia-mixed", {"b": new_b}, parent="ia-p", inherit=["c"], inherit_all=True, wait=True)
+        got = c.load_model("ia-mixed", copy=True)
+        assert list(got) == ["b", "c", "a"]
+        assert np.array_equal(got["b"], new_b) and np.array_equal(got["a"], parent["a"])
+        with pytest.raises(cairn.InvalidArgument, match="parent"):
+            c.save_model("ia-orphan", {}, inherit_all=True)
+        assert "ia-orphan" not in [m["id"] for m in c.list()]
+
+
+def test_gc_and_fsck(make_daemon):
+    d = make_daemon()
+    with cairn.connect(d.socket) as c:
+        c.save_model("gc-keep", {"w": np.arange(100000, dtype=np.float32)}, wait=True)
+        c.save_model("gc-drop", {"w": np.ones(100000, np.float32)}, wait=True)
+        physical = c.stats()["repository"]["physical_bytes"]
+        c.remove("gc-drop")
+        out = c.gc()
+        # Retired without descendants: deleted (`removed`); `collected` would keep its lineage.
+        assert out["removed"] == ["gc-drop"] and out["collected"] == []
+        assert out["physical_bytes"] < physical
+        with pytest.raises(cairn.NotFound):
+            c.load_model("gc-drop")
+        report = c.fsck()
+        assert report["ok"] is True and report["dangling"] == [] and report["bytes_verified"] > 0
+        quick = c.fsck(verify=False)
+        assert quick["ok"] is True
+        assert np.array_equal(c.load_model("gc-keep", copy=True)["w"], np.arange(100000, dtype=np.float32))
+
+
+def test_catalog_goes_through_the_library(client):
+    """list/show/stats/remove use cairn_request on the client's own connection: no second socket."""
+    assert not hasattr(client._conn, "wire")
+    assert not hasattr(cairn, "_wire")
+    assert client.stats()["chunk_size"] > 0
+    with pytest.raises(cairn.InvalidArgument, match="cairn_model_add_tensor_space"):
+        client._request({"op": "allocate", "nbytes": 8})
+    with pytest.raises(cairn.InvalidArgument, match="cairn_connect"):
+        client._request({"op": "hello"})
 
 
 def test_remove(client):

@@ -60,6 +60,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "cairn_last_error": (c_char_p, []),
         "cairn_connect": (st, [c_char_p, _c_void_p_p]),
         "cairn_disconnect": (None, [c_void_p]),
+        "cairn_client_address": (c_char_p, [c_void_p]),
         "cairn_put_tensor": (st, [c_void_p, c_char_p, c_void_p, c_int, c_int, _i64_p]),
         "cairn_get_tensor_info": (st, [c_void_p, c_char_p, ctypes.POINTER(c_int), ctypes.POINTER(c_int),
                                        _i64_p, ctypes.POINTER(c_size_t)]),
@@ -68,7 +69,9 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "cairn_delete_tensor": (st, [c_void_p, c_char_p]),
         "cairn_model_create": (st, [c_void_p, c_char_p, c_char_p, _c_void_p_p]),
         "cairn_model_add_tensor": (st, [c_void_p, c_char_p, c_void_p, c_int, c_int, _i64_p]),
+        "cairn_model_add_tensor_space": (st, [c_void_p, c_char_p, c_int, c_int, _i64_p, _c_void_p_p]),
         "cairn_model_inherit_tensor": (st, [c_void_p, c_char_p]),
+        "cairn_model_inherit_all": (st, [c_void_p]),
         "cairn_model_set_architecture": (st, [c_void_p, c_char_p]),
         "cairn_model_set_metadata": (st, [c_void_p, c_char_p]),
         "cairn_model_commit": (st, [c_void_p, c_int, _c_void_p_p]),
@@ -85,6 +88,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "cairn_prefetch": (st, [c_void_p, c_char_p]),
         # result_json is malloc'ed by the library: received as a void* so that it can be freed.
         "cairn_query": (st, [c_void_p, c_char_p, _c_void_p_p]),
+        "cairn_request": (st, [c_void_p, c_char_p, _c_void_p_p]),
         "cairn_free": (None, [c_void_p]),
     }
     for name, (restype, argtypes) in decl.items():

@@ -14,11 +14,13 @@ from typing import Any, Deque, Dict, Iterable, Iterator, List, Mapping, Optional
 
 import numpy as np
 
-from . import _dtypes, _errors, _ffi, _wire
+from . import _dtypes, _errors, _ffi
 from ._errors import CairnError
 
 PathLike = Union[str, "os.PathLike[str]"]
 _INT_MAX = 2**31 - 1
+# libcairn sends tensors up to this size inline in the request (api/cpp/client.hpp, kInlineLimit).
+_INLINE_LIMIT = 64 * 1024
 
 
 # ---- helpers ----
@@ -92,12 +94,17 @@ def _check(status: int) -> None:
         raise _errors.last_error(status)
 
 
+def _arena_array(addr: int, shape: Tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """A writable array over ``addr`` (arena space handed out by cairn_model_add_tensor_space)."""
+    n = math.prod(shape) * dtype.itemsize
+    return np.frombuffer((ctypes.c_char * n).from_address(addr), np.uint8).view(dtype).reshape(shape)
+
+
 # ---- the connection, shared by a Client, its tickets and the leases behind zero-copy arrays ----
 
-def _shutdown(lib: ctypes.CDLL, handle: ctypes.c_void_p, pending: Deque[int], wire: _wire.WireConnection) -> None:
+def _shutdown(lib: ctypes.CDLL, handle: ctypes.c_void_p, pending: Deque[int]) -> None:
     while pending:
         lib.cairn_model_close(pending.popleft())
-    wire.close()
     if handle.value:
         lib.cairn_disconnect(handle)
         handle.value = None
@@ -120,8 +127,7 @@ class _Connection:
         self.pending: Deque[int] = collections.deque()
         self.open_readers: Set[int] = set()
         self.closed = False
-        self.wire = _wire.WireConnection(address)
-        self._end = weakref.finalize(self, _shutdown, lib, handle, self.pending, self.wire)
+        self._end = weakref.finalize(self, _shutdown, lib, handle, self.pending)
         self._end.atexit = False  # at exit the process's end closes the socket; arrays may still be alive
 
     def _drain(self) -> None:
@@ -164,7 +170,6 @@ class _Connection:
     def close(self) -> None:
         with self.lock:
             self.closed = True
-            self.wire.close()
             self._drain()  # ends the connection now unless zero-copy arrays are still alive
 
 
@@ -380,14 +385,16 @@ class Client:
         *,
         dtypes: Optional[Mapping[str, _dtypes.DTypeLike]] = None,
         wait: bool = False,
+        inherit_all: bool = False,
     ) -> Ticket:
         """Commits model ``id`` and returns a :class:`Ticket` for its durability.
 
         Args:
             id: the new model's id (ids are immutable: AlreadyExists if taken).
             tensors: name -> array. Each array's bytes are copied once, into the daemon's shared
-                arena (a non-contiguous or big-endian array is first made contiguous/little-endian).
-                The model's tensors are these, in this order, then the inherited ones.
+                arena (a non-contiguous or big-endian array over 64 KiB is copied straight into
+                arena space, converted on the way). The model's tensors are these, in this order,
+                then the inherited ones.
             parent: the model it derives from (its provenance; needed for ``inherit``).
             arch: the architecture graph (docs/graph-format.md), a JSON object.
             meta: metadata, a JSON object (score, epoch, task, tags, ...).
@@ -395,6 +402,9 @@ class Client:
             inherit: names of the parent's tensors kept unchanged (no bytes sent, no hashing).
             dtypes: name -> cairn dtype for tensors given as raw bits (``{"w": "BF16"}``).
             wait: block until ``durability`` is reached before returning (the ticket is then done).
+            inherit_all: also keep every other tensor of the parent (after ``tensors`` and
+                ``inherit``, in the parent's order). With no ``tensors``, a metadata-only commit
+                that stores no bytes.
 
         Without ``wait`` the call returns once the model is visible (its bytes are in the daemon's
         memory); the daemon writes it to the repository behind the caller.
@@ -404,10 +414,15 @@ class Client:
         level = _durability(durability)
         inherit_names = [inherit] if isinstance(inherit, str) else list(inherit)
         dtypes = dtypes or {}
-        prepared = []
+        prepared = []  # (name, array, dtype code, fill arena space in place)
         for name, array in tensors.items():
-            a, dt = _dtypes.prepare(array, dtypes.get(name), f"tensor {name!r}")
-            prepared.append((_name(name, "tensor name"), a, _dtypes.code(dt)))
+            what = f"tensor {name!r}"
+            a = np.asarray(array)
+            dt = _dtypes.cairn_dtype(a.dtype, dtypes.get(name), what)
+            in_place = a.nbytes > _INLINE_LIMIT and (not a.flags.c_contiguous or a.dtype.byteorder == ">")
+            if not in_place:
+                a, dt = _dtypes.prepare(a, dtypes.get(name), what)
+            prepared.append((_name(name, "tensor name"), a, _dtypes.code(dt), in_place))
         inherited = [_name(n, "tensor name") for n in inherit_names]
         arch_json = _json(dict(arch), "arch") if arch is not None else None
         meta_json = _json(dict(meta), "meta") if meta is not None else None
@@ -416,10 +431,20 @@ class Client:
             w = ctypes.c_void_p()
             _check(lib.cairn_model_create(h, mid, par, ctypes.byref(w)))
             try:
-                for name_b, a, code in prepared:
-                    _check(lib.cairn_model_add_tensor(w, name_b, a.ctypes.data, code, a.ndim, _shape_arg(a.shape)))
+                for name_b, a, code, in_place in prepared:
+                    if not in_place:
+                        _check(lib.cairn_model_add_tensor(w, name_b, a.ctypes.data, code, a.ndim, _shape_arg(a.shape)))
+                        continue
+                    # Non-contiguous or big-endian: copied (and converted) once, straight into arena space.
+                    p = ctypes.c_void_p()
+                    _check(lib.cairn_model_add_tensor_space(w, name_b, code, a.ndim, _shape_arg(a.shape),
+                                                            ctypes.byref(p)))
+                    dst_dtype = a.dtype.newbyteorder("<") if a.dtype.byteorder == ">" else a.dtype
+                    np.copyto(_arena_array(p.value or 0, a.shape, dst_dtype), a, casting="equiv")
                 for name_b in inherited:
                     _check(lib.cairn_model_inherit_tensor(w, name_b))
+                if inherit_all:
+                    _check(lib.cairn_model_inherit_all(w))
                 if arch_json is not None:
                     _check(lib.cairn_model_set_architecture(w, arch_json))
                 if meta_json is not None:
@@ -526,31 +551,52 @@ class Client:
 
     # ---- catalog and queries ----
 
-    def _wire(self, request: Dict[str, Any]) -> Dict[str, Any]:
-        with self._conn.op():
-            return self._conn.wire.call(request)
+    def _request(self, request: Dict[str, Any]) -> Dict[str, Any]:
+        """Sends one catalog/administration request (``cairn_request``); returns the response's
+        fields (without ``status``). A failed response raises its CairnError."""
+        req = _json(request, "request")
+        out = ctypes.c_void_p()
+        with self._conn.op() as h:
+            _check(self._lib.cairn_request(h, req, ctypes.byref(out)))
+            try:
+                text = ctypes.string_at(out.value) if out.value else b"{}"
+            finally:
+                self._lib.cairn_free(out)
+        return json.loads(text)
 
     def list(self) -> List[Dict[str, Any]]:
         """Every model: ``[{id, parent, tensors (count), bytes, created_ns, durability}]``, committed
         ones first (in commit order), then pending ones."""
-        return list(self._wire({"op": "list"}).get("models", []))
+        return list(self._request({"op": "list"}).get("models", []))
 
     def show(self, id: str) -> Dict[str, Any]:
         """Model ``id``: parent, children, durability, metadata, architecture, tensors (with chunks)..."""
         _name(id, "model id")
-        return self._wire({"op": "show", "id": id})
+        return self._request({"op": "show", "id": id})
 
     def stats(self) -> Dict[str, Any]:
         """The daemon's statistics: ``tiers`` (per tier: capacity, used bytes, hits, misses, bytes in
         and out), ``repository`` (models, logical_bytes, physical_bytes, ...), ``pending_models``,
         ``dirty_bytes``, ``chunk_size`` (docs/protocol.md)."""
-        return self._wire({"op": "stats"})
+        return self._request({"op": "stats"})
 
     def remove(self, id: str) -> None:
         """Removes model ``id``, as ``cairn rm`` does: it leaves :meth:`list` and the queries (the
         daemon decides what happens to its bytes and lineage)."""
         _name(id, "model id")
-        self._wire({"op": "remove", "id": id})
+        self._request({"op": "remove", "id": id})
+
+    def gc(self) -> Dict[str, Any]:
+        """Collects removed models, as ``cairn gc`` does (waits for pending models to reach the
+        repository first). Returns ``removed``, ``collected`` (ids), ``packs_deleted``,
+        ``bytes_released``, ``bytes_punched``, ``bytes_unreclaimable``, ``physical_bytes``."""
+        return self._request({"op": "gc"})
+
+    def fsck(self, verify: bool = True) -> Dict[str, Any]:
+        """Checks the repository, as ``cairn fsck`` does; ``verify`` reads and hashes every referenced
+        chunk. Returns ``ok``, ``models``, ``chunks``, ``bytes_verified``, ``dangling``, ``orphaned``,
+        ``orphaned_bytes`` (docs/protocol.md)."""
+        return self._request({"op": "fsck", "verify": bool(verify)})
 
     def query(self, request: Mapping[str, Any]) -> Dict[str, Any]:
         """Runs a catalog query (``cairn_query``), e.g. ``{"op": "ancestors", "model": "m7"}``;
@@ -598,10 +644,10 @@ def connect(address: Optional[PathLike] = None) -> Client:
     path = os.fspath(address) if address is not None else ""
     if not isinstance(path, str):
         path = os.fsdecode(path)
-    resolved = path or _wire.default_socket_path()
     lib = _ffi.library()
     handle = ctypes.c_void_p()
     st = lib.cairn_connect(os.fsencode(path) if path else None, ctypes.byref(handle))
     if st != 0:
         raise _errors.last_error(st)
+    resolved = os.fsdecode(lib.cairn_client_address(handle) or b"")
     return Client(_Connection(lib, handle, resolved))

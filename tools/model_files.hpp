@@ -1,0 +1,34 @@
+// Model files other than safetensors, for `cairn import` / `cairn export` (docs/import-export.md):
+// Keras HDF5 weight files through the HDF5 library (when built with CAIRN_WITH_HDF5), and PyTorch
+// state dicts through Python (`python3 -m cairn.io`).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "api/cpp/client.hpp"
+#include "core/status.hpp"
+
+namespace cairn::tool {
+
+// True when this tool was built with HDF5.
+bool have_hdf5();
+
+// Stores the Keras HDF5 weights file `file` (Keras 2 layout, weights-only or full model) as model
+// `id`: one tensor per dataset, a chain graph of the layers, and in metadata["cairn.import"] what
+// export_keras_h5 needs to write the same file structure back. `meta` (an object) is merged in.
+Status import_keras_h5(Client& client, const std::string& id, const std::string& file, const std::string& parent,
+                       const nlohmann::json& meta, Durability durability);
+
+// Writes model `id` as a Keras HDF5 weights file: the recorded layout of an imported file, else a
+// Keras 2 weights-only layout made from the tensor names (layer = name up to the last dot).
+Status export_keras_h5(Client& client, const std::string& id, const std::string& file);
+
+// Runs `$CAIRN_PYTHON -m cairn.io ARGS...` (else `python3`), with this tool's libcairn.so and the
+// in-tree Python package as fallbacks, and returns its exit status (its own errors go to stderr).
+// A missing interpreter is an error status instead.
+Result<int> run_python_io(const std::vector<std::string>& args);
+
+}  // namespace cairn::tool
