@@ -10,7 +10,7 @@ import os
 import threading
 import time
 import weakref
-from typing import Any, Deque, Dict, Iterable, Iterator, List, Mapping, Optional, Set, Tuple, Union
+from typing import Any, Deque, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 import numpy as np
 
@@ -386,6 +386,7 @@ class Client:
         dtypes: Optional[Mapping[str, _dtypes.DTypeLike]] = None,
         wait: bool = False,
         inherit_all: bool = False,
+        order: Optional[Sequence[str]] = None,
     ) -> Ticket:
         """Commits model ``id`` and returns a :class:`Ticket` for its durability.
 
@@ -405,6 +406,9 @@ class Client:
             inherit_all: also keep every other tensor of the parent (after ``tensors`` and
                 ``inherit``, in the parent's order). With no ``tensors``, a metadata-only commit
                 that stores no bytes.
+            order: the model's tensor order, naming every tensor of ``tensors`` and ``inherit``
+                once (new and inherited interleaved, e.g. a state dict's order). Default: ``tensors``
+                in their order, then ``inherit``.
 
         Without ``wait`` the call returns once the model is visible (its bytes are in the daemon's
         memory); the daemon writes it to the repository behind the caller.
@@ -424,6 +428,15 @@ class Client:
                 a, dt = _dtypes.prepare(a, dtypes.get(name), what)
             prepared.append((_name(name, "tensor name"), a, _dtypes.code(dt), in_place))
         inherited = [_name(n, "tensor name") for n in inherit_names]
+        # The order of the calls below is the model's tensor order.
+        steps: List[Tuple[bytes, Any]] = [(p[0], p) for p in prepared] + [(n, None) for n in inherited]
+        if order is not None:
+            by_name = {n: s for n, s in steps}
+            wanted = [_name(n, "tensor name") for n in order]
+            if len(wanted) != len(by_name) or set(wanted) != set(by_name):
+                raise _errors.error("CAIRN_ERR_INVALID_ARGUMENT",
+                                    f"model {id!r}: 'order' must name each tensor of 'tensors' and 'inherit' once")
+            steps = [(n, by_name[n]) for n in wanted]
         arch_json = _json(dict(arch), "arch") if arch is not None else None
         meta_json = _json(dict(meta), "meta") if meta is not None else None
         lib = self._lib
@@ -431,7 +444,11 @@ class Client:
             w = ctypes.c_void_p()
             _check(lib.cairn_model_create(h, mid, par, ctypes.byref(w)))
             try:
-                for name_b, a, code, in_place in prepared:
+                for name_b, step in steps:
+                    if step is None:
+                        _check(lib.cairn_model_inherit_tensor(w, name_b))
+                        continue
+                    _, a, code, in_place = step
                     if not in_place:
                         _check(lib.cairn_model_add_tensor(w, name_b, a.ctypes.data, code, a.ndim, _shape_arg(a.shape)))
                         continue
@@ -441,8 +458,6 @@ class Client:
                                                             ctypes.byref(p)))
                     dst_dtype = a.dtype.newbyteorder("<") if a.dtype.byteorder == ">" else a.dtype
                     np.copyto(_arena_array(p.value or 0, a.shape, dst_dtype), a, casting="equiv")
-                for name_b in inherited:
-                    _check(lib.cairn_model_inherit_tensor(w, name_b))
                 if inherit_all:
                     _check(lib.cairn_model_inherit_all(w))
                 if arch_json is not None:
