@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <fstream>
@@ -15,6 +16,7 @@
 #include "api/cpp/client.hpp"
 #include "core/safetensors.hpp"
 #include "core/wire.hpp"
+#include "tools/model_files.hpp"
 
 namespace {
 
@@ -79,9 +81,9 @@ int cmd_put(const std::string& id, const std::string& file, const std::string& p
             const std::string& meta_text, const std::string& durability_text) {
   auto durability = parse_durability(durability_text);
   if (!durability.is_ok()) return fail(durability.status());
-  if (ends_with(file, ".h5") || ends_with(file, ".hdf5"))
-    return fail(cairn::invalid_argument("'" + file + "': Keras HDF5 files need a cairn built with HDF5 support (CAIRN_WITH_HDF5); "
-                                        "convert it to safetensors first"));
+  if (ends_with(file, ".h5") || ends_with(file, ".hdf5") || ends_with(file, ".pt") || ends_with(file, ".bin"))
+    return fail(cairn::invalid_argument("'" + file + "': `cairn put` stores safetensors files; use `cairn import " + id +
+                                        " " + file + "` for Keras HDF5 and torch files"));
   auto header = cairn::safetensors::read_header(file);
   if (!header.is_ok()) return fail(header.status());
   json meta = json::object();
@@ -209,6 +211,70 @@ int cmd_get(const std::string& id, const std::string& out, const std::vector<std
     return fail(st);
   }
   return 0;
+}
+
+// ---- import / export: the format from the file's extension (docs/import-export.md) ----
+
+enum class FileFormat { kSafetensors, kKerasH5, kTorch, kUnknown };
+
+FileFormat format_of(const std::string& file, std::string* ext) {
+  auto slash = file.rfind('/');
+  auto dot = file.rfind('.');
+  std::string e = dot == std::string::npos || (slash != std::string::npos && dot < slash) ? "" : file.substr(dot);
+  for (char& c : e) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  *ext = e;
+  if (e == ".safetensors") return FileFormat::kSafetensors;
+  if (e == ".h5" || e == ".hdf5") return FileFormat::kKerasH5;
+  if (e == ".pt" || e == ".pth" || e == ".bin") return FileFormat::kTorch;
+  return FileFormat::kUnknown;
+}
+
+Status unknown_format(const std::string& file, const std::string& ext, const char* verb) {
+  return cairn::invalid_argument("'" + file + "': " + (ext.empty() ? std::string("no file extension") : "unknown extension '" + ext + "'") +
+                                 "; cairn " + verb + " takes .safetensors, .h5/.hdf5 (Keras) or .pt/.pth/.bin (PyTorch)");
+}
+
+int cmd_import(const std::string& id, const std::string& file, const std::string& parent, const std::string& meta_text,
+               const std::string& durability_text) {
+  std::string ext;
+  FileFormat fmt = format_of(file, &ext);
+  if (fmt == FileFormat::kUnknown) return fail(unknown_format(file, ext, "import"));
+  if (fmt == FileFormat::kSafetensors) return cmd_put(id, file, parent, "", meta_text, durability_text);
+  auto durability = parse_durability(durability_text);
+  if (!durability.is_ok()) return fail(durability.status());
+  json meta = json::object();
+  if (!meta_text.empty()) {
+    meta = json::parse(meta_text, nullptr, false);
+    if (meta.is_discarded() || !meta.is_object()) return fail(cairn::invalid_argument("--meta must be a JSON object"));
+  }
+  if (fmt == FileFormat::kTorch) {
+    std::vector<std::string> args{"import", id, file, "--durability", durability_text};
+    if (!parent.empty()) args.insert(args.end(), {"--parent", parent});
+    if (!meta_text.empty()) args.insert(args.end(), {"--meta", meta_text});
+    auto rc = cairn::tool::run_python_io(args);
+    return rc.is_ok() ? *rc : fail(rc.status());
+  }
+  if (Status h = cairn::tool::require_hdf5(file); !h.is_ok()) return fail(h);
+  auto client = connect();
+  if (!client.is_ok()) return fail(client.status());
+  Status st = cairn::tool::import_keras_h5(**client, id, file, parent, meta, *durability);
+  return st.is_ok() ? 0 : fail(st);
+}
+
+int cmd_export(const std::string& id, const std::string& file) {
+  std::string ext;
+  FileFormat fmt = format_of(file, &ext);
+  if (fmt == FileFormat::kUnknown) return fail(unknown_format(file, ext, "export"));
+  if (fmt == FileFormat::kSafetensors) return cmd_get(id, file, {});
+  if (fmt == FileFormat::kTorch) {
+    auto rc = cairn::tool::run_python_io({"export", id, file});
+    return rc.is_ok() ? *rc : fail(rc.status());
+  }
+  if (Status h = cairn::tool::require_hdf5(file); !h.is_ok()) return fail(h);
+  auto client = connect();
+  if (!client.is_ok()) return fail(client.status());
+  Status st = cairn::tool::export_keras_h5(**client, id, file);
+  return st.is_ok() ? 0 : fail(st);
 }
 
 // ---- catalog commands ----
@@ -410,6 +476,19 @@ int main(int argc, char** argv) {
   get->add_option("-o,--output", out, "output file")->required();
   get->add_option("--tensor", tensors, "only this tensor (repeatable)");
   get->callback([&] { rc = cmd_get(id, out, tensors); });
+
+  auto* import = app.add_subcommand("import", "store a model from a .safetensors, Keras .h5 or PyTorch .pt/.bin file");
+  import->add_option("ID", id, "model id")->required();
+  import->add_option("FILE", file, "the file; its extension says the format")->required();
+  import->add_option("--parent", parent, "the model this one was derived from");
+  import->add_option("--meta", meta, "metadata (a JSON object)");
+  import->add_option("--durability", durability, "memory, local or global (default: global)");
+  import->callback([&] { rc = cmd_import(id, file, parent, meta, durability); });
+
+  auto* exp = app.add_subcommand("export", "write a model as a .safetensors, Keras .h5 or PyTorch .pt/.bin file");
+  exp->add_option("ID", id, "model id")->required();
+  exp->add_option("FILE", file, "the file; its extension says the format")->required();
+  exp->callback([&] { rc = cmd_export(id, file); });
 
   bool all = false, dot = false, quick = false;
   auto* ls = app.add_subcommand("ls", "list models");

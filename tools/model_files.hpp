@@ -15,6 +15,8 @@ namespace cairn::tool {
 
 // True when this tool was built with HDF5.
 bool have_hdf5();
+// OK when it was; otherwise the error to give for `file`.
+Status require_hdf5(const std::string& file);
 
 // Stores the Keras HDF5 weights file `file` (Keras 2 layout, weights-only or full model) as model
 // `id`: one tensor per dataset, a chain graph of the layers, and in metadata["cairn.import"] what
@@ -26,9 +28,9 @@ Status import_keras_h5(Client& client, const std::string& id, const std::string&
 // Keras 2 weights-only layout made from the tensor names (layer = name up to the last dot).
 Status export_keras_h5(Client& client, const std::string& id, const std::string& file);
 
-// Runs `$CAIRN_PYTHON -m cairn.io ARGS...` (else `python3`), with this tool's libcairn.so and the
-// in-tree Python package as fallbacks, and returns its exit status (its own errors go to stderr).
-// A missing interpreter is an error status instead.
+// Runs cairn.io's command line (`python3 -m cairn.io ARGS...`; $CAIRN_PYTHON picks the interpreter)
+// with this tool's libcairn.so and the in-tree Python package as fallbacks, and returns its exit
+// status (its own errors go to stderr). A missing interpreter is an error status instead.
 Result<int> run_python_io(const std::vector<std::string>& args);
 
 }  // namespace cairn::tool

@@ -1,0 +1,360 @@
+"""Import and export of model files, the format taken from the file's extension (docs/import-export.md).
+
+==========================  ==========================================================================
+``.safetensors``            the ``cairn`` tool (``cairn import``/``export``: byte-exact, zero-copy)
+``.h5`` / ``.hdf5``         the ``cairn`` tool built with HDF5 (Keras 2 weight files, layout recorded)
+``.pt`` / ``.pth`` / ``.bin``  here, with PyTorch: ``torch.load(weights_only=True)`` / ``torch.save``
+==========================  ==========================================================================
+
+::
+
+    import cairn
+    with cairn.connect() as c:
+        cairn.import_file(c, "resnet18", "resnet18.pt")
+        cairn.export_file(c, "resnet18", "copy.pt")      # torch.load gives the same tensors and dtypes
+
+``python3 -m cairn.io import ID FILE [--parent P] [--meta JSON] [--durability D]`` and
+``python3 -m cairn.io export ID FILE`` do the same from a shell (``cairn import`` runs this for
+PyTorch files).
+"""
+from __future__ import annotations
+
+import collections
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
+
+import numpy as np
+
+from . import _errors
+from ._errors import CairnError
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+__all__ = ["import_file", "export_file", "file_format"]
+
+_FORMATS = {".safetensors": "safetensors", ".h5": "keras-h5", ".hdf5": "keras-h5",
+            ".pt": "torch", ".pth": "torch", ".bin": "torch"}
+# The metadata key recording what an import needs to write the file back.
+RECORD_KEY = "cairn.import"
+
+_STATUS_BY_TEXT = {
+    "not found": "CAIRN_ERR_NOT_FOUND", "already exists": "CAIRN_ERR_EXISTS",
+    "invalid argument": "CAIRN_ERR_INVALID_ARGUMENT", "no space left": "CAIRN_ERR_NO_SPACE",
+    "corrupt data": "CAIRN_ERR_CORRUPTION", "I/O error": "CAIRN_ERR_IO", "daemon unavailable": "CAIRN_ERR_UNAVAILABLE",
+    "timed out": "CAIRN_ERR_TIMEOUT", "permission denied": "CAIRN_ERR_PERMISSION", "busy": "CAIRN_ERR_BUSY",
+    "internal error": "CAIRN_ERR_INTERNAL", "protocol error": "CAIRN_ERR_PROTOCOL",
+}
+
+
+def _invalid(message: str) -> CairnError:
+    return _errors.error("CAIRN_ERR_INVALID_ARGUMENT", "invalid argument: " + message)
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip() or type(e).__name__
+    first = text.splitlines()[0].strip()
+    return first[:300] + ("..." if len(first) > 300 else "")
+
+
+def file_format(path: PathLike) -> str:
+    """``"safetensors"``, ``"keras-h5"`` or ``"torch"`` from the extension of ``path``; InvalidArgument otherwise."""
+    p = os.fspath(path)
+    ext = os.path.splitext(p)[1].lower()
+    if ext not in _FORMATS:
+        what = f"unknown extension {ext!r}" if ext else "no file extension"
+        raise _invalid(f"'{p}': {what}; cairn reads and writes .safetensors, .h5/.hdf5 (Keras) or .pt/.pth/.bin (PyTorch)")
+    return _FORMATS[ext]
+
+
+# ---- the cairn tool, for safetensors and HDF5 ----
+
+def _tool() -> str:
+    """The ``cairn`` executable: $CAIRN_TOOL, the build tree ($CAIRN_BUILD_DIR, <repo>/build), then $PATH."""
+    env = os.environ.get("CAIRN_TOOL")
+    if env:
+        return env
+    candidates = []
+    if os.environ.get("CAIRN_BUILD_DIR"):
+        candidates.append(Path(os.environ["CAIRN_BUILD_DIR"]) / "bin" / "cairn")
+    candidates.append(Path(__file__).resolve().parents[3] / "build" / "bin" / "cairn")
+    for c in candidates:
+        if c.is_file() and os.access(c, os.X_OK):
+            return str(c)
+    found = shutil.which("cairn")
+    if found:
+        return found
+    raise _errors.error("CAIRN_ERR_UNAVAILABLE", "daemon unavailable: the `cairn` tool (which reads and writes "
+                        ".safetensors and .h5 files) was not found; set CAIRN_TOOL or put it on PATH")
+
+
+def _run_tool(client: Any, args: List[str]) -> None:
+    env = dict(os.environ, CAIRN_SOCKET=client.address)
+    r = subprocess.run([_tool(), *args], env=env, capture_output=True, text=True)
+    if r.returncode == 0:
+        return
+    msg = r.stderr.strip().splitlines()[-1] if r.stderr.strip() else f"`cairn {args[0]}` failed ({r.returncode})"
+    if msg.startswith("cairn: "):
+        msg = msg[len("cairn: "):]
+    status = next((s for text, s in _STATUS_BY_TEXT.items() if msg.startswith(text + ":")), "CAIRN_ERR_INVALID_ARGUMENT")
+    raise _errors.error(status, msg)
+
+
+# ---- PyTorch ----
+
+def _torch() -> Any:
+    try:
+        import torch  # noqa: PLC0415
+    except ImportError as e:
+        raise _errors.error("CAIRN_ERR_INVALID_ARGUMENT",
+                            f"invalid argument: PyTorch files need the torch package ({_one_line(e)}); "
+                            f"run with a Python that has it (CAIRN_PYTHON for `cairn import`)") from None
+    return torch
+
+
+def _torch_dtypes(torch: Any) -> Dict[Any, str]:
+    m = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+         torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+         torch.bool: "BOOL"}
+    for attr, name in (("float8_e4m3fn", "F8_E4M3"), ("float8_e5m2", "F8_E5M2"), ("uint16", "U16"),
+                       ("uint32", "U32"), ("uint64", "U64")):
+        if hasattr(torch, attr):
+            m[getattr(torch, attr)] = name
+    return m
+
+
+def _to_numpy(torch: Any, t: Any, where: str) -> Tuple[np.ndarray, str]:
+    dt = _torch_dtypes(torch).get(t.dtype)
+    if dt is None:
+        raise _invalid(f"{where}: dtype {t.dtype} is not supported (cairn stores IEEE floats, bfloat16, "
+                       f"integers and bool)")
+    if t.layout != torch.strided or t.is_quantized:
+        raise _invalid(f"{where}: sparse and quantized tensors are not supported")
+    t = t.detach().cpu().contiguous()
+    if dt == "BF16":
+        return t.view(torch.int16).numpy().view(np.uint16), dt
+    if dt in ("F8_E4M3", "F8_E5M2"):
+        return t.view(torch.uint8).numpy(), dt
+    return t.numpy(), dt
+
+
+def _from_numpy(torch: Any, a: np.ndarray, dt: str, name: str) -> Any:
+    if dt == "BF16":
+        return torch.from_numpy(np.require(a, requirements="C").view(np.int16)).view(torch.bfloat16)
+    if dt in ("F8_E4M3", "F8_E5M2"):
+        tdt = getattr(torch, "float8_e4m3fn" if dt == "F8_E4M3" else "float8_e5m2", None)
+        if tdt is None:
+            raise _invalid(f"tensor {name!r}: this PyTorch has no {dt} dtype")
+        return torch.from_numpy(np.require(a, requirements="C")).view(tdt)
+    if dt in ("U16", "U32", "U64") and not hasattr(torch, dt.lower().replace("u", "uint")):
+        raise _invalid(f"tensor {name!r}: this PyTorch has no {dt} dtype (export it as .safetensors)")
+    return torch.from_numpy(np.require(a, requirements="C"))
+
+
+def _json_or_none(value: Any) -> Any:
+    """``value`` as JSON-compatible data (mappings as lists of pairs, to keep their order), or None."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, Mapping):
+        items = []
+        for k, v in value.items():
+            jv = _json_or_none(v)
+            if not isinstance(k, str) or (jv is None and v is not None):
+                return None
+            items.append([k, jv])
+        return {"pairs": items}
+    if isinstance(value, (list, tuple)):
+        out = [_json_or_none(v) for v in value]
+        return None if any(o is None and v is not None for o, v in zip(out, value)) else {"list": out}
+    return None
+
+
+def _from_json(value: Any) -> Any:
+    if isinstance(value, dict) and "pairs" in value:
+        return collections.OrderedDict((k, _from_json(v)) for k, v in value["pairs"])
+    if isinstance(value, dict) and "list" in value:
+        return [_from_json(v) for v in value["list"]]
+    return value
+
+
+def _import_torch(client: Any, id: str, path: str, parent: Optional[str], meta: Optional[Mapping[str, Any]],
+                  durability: str) -> None:
+    torch = _torch()
+    if not os.path.isfile(path):
+        raise _errors.error("CAIRN_ERR_NOT_FOUND", f"not found: '{path}' does not exist or is not a file")
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 -- torch raises many kinds; all mean "not loadable"
+        raise _invalid(f"'{path}' does not load with torch.load(weights_only=True): "
+                       f"{type(e).__name__}: {_one_line(e)}") from None
+    if not isinstance(obj, Mapping):
+        raise _invalid(f"'{path}' holds a {type(obj).__name__}, not a state dict (a mapping of names to tensors)")
+
+    tensors: Dict[str, np.ndarray] = {}
+    dtypes: Dict[str, str] = {}
+    parameters: List[str] = []
+    nested = False
+
+    def walk(m: Mapping[Any, Any], prefix: str, keys: str) -> Dict[str, Any]:
+        nonlocal nested
+        node: Dict[str, Any] = {"type": "OrderedDict" if isinstance(m, collections.OrderedDict) else "dict", "items": []}
+        md = _json_or_none(getattr(m, "_metadata", None))
+        if md is not None:
+            node["_metadata"] = md
+        for k, v in m.items():
+            where = f"'{path}': key {keys + repr(k)}"
+            if not isinstance(k, str) or not k:
+                raise _invalid(f"{where} is not a non-empty string, so this is not a state dict")
+            name = prefix + k
+            if isinstance(v, Mapping):
+                nested = True
+                node["items"].append([k, walk(v, name + ".", keys + repr(k) + " -> ")])
+                continue
+            if not isinstance(v, torch.Tensor):
+                raise _invalid(f"{where} holds a value of type {type(v).__name__}, not a tensor, so this is not a state dict")
+            if name in tensors:
+                raise _invalid(f"{where}: the flattened name {name!r} is used twice")
+            tensors[name], dt = _to_numpy(torch, v, where)
+            if dt in ("BF16", "F8_E4M3", "F8_E5M2"):
+                dtypes[name] = dt
+            if isinstance(v, torch.nn.Parameter):
+                parameters.append(name)
+            node["items"].append([k, name])
+        return node
+
+    tree = walk(obj, "", "")
+    record: Dict[str, Any] = {"format": "torch", "file": os.path.basename(path), "container": tree["type"]}
+    if "_metadata" in tree:
+        record["_metadata"] = tree["_metadata"]
+    if nested:
+        record["tree"] = tree
+    if parameters:
+        record["parameters"] = parameters
+    metadata = dict(meta or {})
+    metadata[RECORD_KEY] = record
+    client.save_model(id, tensors, parent=parent, meta=metadata, durability=durability, dtypes=dtypes,
+                      wait=True)
+
+
+def _export_torch(client: Any, id: str, path: str) -> None:
+    torch = _torch()
+    info = client.show(id)
+    stored = {t["name"]: t["dtype"] for t in info.get("tensors", [])}
+    record = (info.get("metadata") or {}).get(RECORD_KEY)
+    if not isinstance(record, dict) or record.get("format") != "torch":
+        record = {}
+    arrays = client.load_model(id, copy=True)
+    parameters = set(record.get("parameters", []))
+    tensors = collections.OrderedDict()
+    for name, a in arrays.items():
+        t = _from_numpy(torch, a, stored.get(name, ""), name)
+        tensors[name] = torch.nn.Parameter(t, requires_grad=t.is_floating_point()) if name in parameters else t
+
+    def build(node: Mapping[str, Any]) -> Any:
+        out: Any = collections.OrderedDict() if node.get("type") == "OrderedDict" else {}
+        for k, v in node["items"]:
+            out[k] = build(v) if isinstance(v, dict) else tensors[v]
+        if "_metadata" in node:
+            out._metadata = _from_json(node["_metadata"])
+        return out
+
+    if "tree" in record:
+        try:
+            obj = build(record["tree"])
+        except KeyError as e:
+            raise _invalid(f"model {id!r} has no tensor {e.args[0]!r}, which its recorded state dict layout names") from None
+    else:
+        obj = tensors if record.get("container", "OrderedDict") == "OrderedDict" else dict(tensors)
+        if "_metadata" in record:
+            obj._metadata = _from_json(record["_metadata"])
+    tmp = path + ".cairn-tmp"
+    try:
+        torch.save(obj, tmp)
+        os.replace(tmp, path)
+    except OSError as e:
+        raise _errors.error("CAIRN_ERR_IO", f"I/O error: writing '{path}': {_one_line(e)}") from None
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+# ---- the API ----
+
+def import_file(client: Any, id: str, path: PathLike, parent: Optional[str] = None,
+                meta: Optional[Mapping[str, Any]] = None, durability: str = "global") -> None:
+    """Stores the model file ``path`` as model ``id`` (format from the extension).
+
+    ``.pt``/``.pth``/``.bin``: loaded here with ``torch.load(weights_only=True)``; nested dicts are
+    flattened with dots (``{"encoder": {"w": t}}`` -> ``encoder.w``). ``.safetensors`` and ``.h5``
+    go through the ``cairn`` tool. ``meta`` is merged into the model's metadata (the import's own
+    record is kept under ``"cairn.import"``). Returns once ``durability`` is reached.
+    """
+    p = os.fspath(path)
+    fmt = file_format(p)
+    if fmt == "torch":
+        _import_torch(client, id, p, parent, meta, durability)
+        return
+    args = ["import", id, p, "--durability", durability]
+    if parent is not None:
+        args += ["--parent", parent]
+    if meta is not None:
+        args += ["--meta", json.dumps(dict(meta))]
+    _run_tool(client, args)
+
+
+def export_file(client: Any, id: str, path: PathLike) -> None:
+    """Writes model ``id`` to ``path`` in the format of its extension. A model imported from a file of
+    that format is written back with its recorded layout, so the framework loads the same values."""
+    p = os.fspath(path)
+    if file_format(p) == "torch":
+        _export_torch(client, id, p)
+        return
+    _run_tool(client, ["export", id, p])
+
+
+def _main(argv: Optional[List[str]] = None) -> int:
+    import argparse  # noqa: PLC0415
+
+    ap = argparse.ArgumentParser(prog="python3 -m cairn.io", description="import/export model files with cairn")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    imp = sub.add_parser("import")
+    imp.add_argument("id")
+    imp.add_argument("file")
+    imp.add_argument("--parent")
+    imp.add_argument("--meta")
+    imp.add_argument("--durability", default="global")
+    exp = sub.add_parser("export")
+    exp.add_argument("id")
+    exp.add_argument("file")
+    args = ap.parse_args(argv)
+    from .client import connect  # noqa: PLC0415
+
+    try:
+        meta = None
+        if args.cmd == "import" and args.meta:
+            try:
+                meta = json.loads(args.meta)
+            except ValueError:
+                meta = None
+            if not isinstance(meta, dict):
+                raise _invalid("--meta must be a JSON object")
+        with connect() as c:
+            if args.cmd == "import":
+                import_file(c, args.id, args.file, parent=args.parent, meta=meta, durability=args.durability)
+            else:
+                export_file(c, args.id, args.file)
+    except CairnError as e:
+        print(f"cairn: {_one_line(e)}", file=sys.stderr)
+        return 1
+    except Exception as e:  # noqa: BLE001 -- one line, never a traceback
+        print(f"cairn: internal error: {type(e).__name__}: {_one_line(e)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main())
