@@ -308,6 +308,45 @@ cairn_status cairn_model_map_tensor(cairn_model_reader* r, const char* name, con
   });
 }
 
+cairn_status cairn_model_map_tensors(cairn_model_reader* r, size_t count, const char* const* names,
+                                     const void** data, size_t* nbytes) {
+  return guarded([&] {
+    CAIRN_REQUIRE_ARG(r && (count == 0 || (names && data)), "reader, names and data must not be NULL");
+    std::vector<std::string> list;
+    list.reserve(count);
+    for (size_t i = 0; i < count; ++i) {
+      CAIRN_REQUIRE_ARG(names[i], "names[" + std::to_string(i) + "] must not be NULL");
+      list.emplace_back(names[i]);
+    }
+    if (count == 0) return done(cairn::Status::ok());
+    auto v = r->impl->map_many(list);
+    if (!v.is_ok()) return fail(v.status());
+    for (size_t i = 0; i < count; ++i) {
+      data[i] = (*v)[i].data();
+      if (nbytes) nbytes[i] = (*v)[i].size();
+    }
+    return done(cairn::Status::ok());
+  });
+}
+
+cairn_status cairn_model_read_tensors(cairn_model_reader* r, size_t count, const char* const* names, void* const* dsts,
+                                      const size_t* dst_bytes) {
+  return guarded([&] {
+    CAIRN_REQUIRE_ARG(r && (count == 0 || (names && dsts && dst_bytes)),
+                      "reader, names, dsts and dst_bytes must not be NULL");
+    std::vector<std::string> list;
+    std::vector<std::span<uint8_t>> spans;
+    for (size_t i = 0; i < count; ++i) {
+      CAIRN_REQUIRE_ARG(names[i], "names[" + std::to_string(i) + "] must not be NULL");
+      CAIRN_REQUIRE_ARG(dsts[i] || dst_bytes[i] == 0, "dsts[" + std::to_string(i) + "] must not be NULL");
+      list.emplace_back(names[i]);
+      spans.emplace_back(static_cast<uint8_t*>(dsts[i]), dst_bytes[i]);
+    }
+    if (count == 0) return done(cairn::Status::ok());
+    return done(r->impl->read_many(list, spans));
+  });
+}
+
 void cairn_model_close(cairn_model_reader* r) { delete r; }
 
 cairn_status cairn_prefetch(cairn_client* c, const char* id) {

@@ -143,6 +143,14 @@ CAIRN_EXPORT cairn_status cairn_model_read_tensor(cairn_model_reader *r, const c
  * cairn_model_close(r); the tensor cannot move or be evicted meanwhile. */
 CAIRN_EXPORT cairn_status cairn_model_map_tensor(cairn_model_reader *r, const char *name, const void **data,
                                                  size_t *nbytes);
+/* Maps `count` tensors with one request to the daemon (data[i], nbytes[i] for names[i]); all or
+ * nothing. Loading a whole model this way costs one round trip instead of one per tensor. */
+CAIRN_EXPORT cairn_status cairn_model_map_tensors(cairn_model_reader *r, size_t count, const char *const *names,
+                                                  const void **data, size_t *nbytes);
+/* Copies `count` tensors into host buffers with one request: dsts[i] receives names[i] and
+ * dst_bytes[i] must equal its size. */
+CAIRN_EXPORT cairn_status cairn_model_read_tensors(cairn_model_reader *r, size_t count, const char *const *names,
+                                                   void *const *dsts, const size_t *dst_bytes);
 CAIRN_EXPORT void cairn_model_close(cairn_model_reader *r);
 
 /* ---- hints and queries ---- */

@@ -152,6 +152,29 @@ int main(int argc, char **argv) {
     CHECK(nbytes == n_w * sizeof(float) && memcmp(view, w1, nbytes) == 0);
     CHECK_OK(cairn_model_map_tensor(r, "body.bias", &view, &nbytes));
     CHECK(nbytes == 64 && memcmp(view, b1, 64) == 0);
+    /* Several tensors with one request: mapped, and copied. */
+    {
+      const char *both[2] = {"body.bias", "body.weight"};
+      const void *views[2] = {NULL, NULL};
+      size_t sizes[2] = {0, 0};
+      CHECK_OK(cairn_model_map_tensors(r, 2, both, views, sizes));
+      CHECK(sizes[0] == 64 && memcmp(views[0], b1, 64) == 0);
+      CHECK(sizes[1] == n_w * sizeof(float) && memcmp(views[1], w1, sizes[1]) == 0);
+      float bias_copy[16];
+      float *weight_copy = malloc(n_w * sizeof(float));
+      void *dsts[2] = {bias_copy, weight_copy};
+      size_t dst_bytes[2] = {sizeof bias_copy, n_w * sizeof(float)};
+      CHECK(weight_copy != NULL);
+      CHECK_OK(cairn_model_read_tensors(r, 2, both, dsts, dst_bytes));
+      CHECK(memcmp(bias_copy, b1, 64) == 0 && memcmp(weight_copy, w1, n_w * sizeof(float)) == 0);
+      dst_bytes[0] = 8;
+      CHECK(cairn_model_read_tensors(r, 2, both, dsts, dst_bytes) == CAIRN_ERR_INVALID_ARGUMENT);
+      const char *missing[2] = {"body.bias", "nope"};
+      CHECK(cairn_model_map_tensors(r, 2, missing, views, sizes) == CAIRN_ERR_NOT_FOUND);
+      CHECK(strstr(cairn_last_error(), "nope") != NULL);
+      CHECK(cairn_model_map_tensors(r, 2, NULL, views, sizes) == CAIRN_ERR_INVALID_ARGUMENT);
+      free(weight_copy);
+    }
     cairn_model_close(r);
 
     CHECK(cairn_model_open(c, "no-such-model", &r) == CAIRN_ERR_NOT_FOUND);

@@ -520,26 +520,35 @@ class Client:
                             raise _errors.error("CAIRN_ERR_NOT_FOUND", f"not found: model {id!r} has no tensor {n!r}")
                         selected.append(by_name[n])
                     infos = selected
+                count = len(infos)
+                c_names = (ctypes.c_char_p * count)(*[t[0].encode("utf-8") for t in infos])
                 if copy:
+                    # One request for every tensor (cairn_model_read_tensors).
                     out: Dict[str, np.ndarray] = {}
-                    for name, dt, shape, nbytes in infos:
+                    dsts = (ctypes.c_void_p * count)()
+                    sizes = (ctypes.c_size_t * count)()
+                    for i, (name, dt, shape, nbytes) in enumerate(infos):
                         arr = np.empty(shape, _dtypes.numpy_dtype(dt))
                         if arr.nbytes != nbytes:
                             raise _errors.error("CAIRN_ERR_PROTOCOL",
                                                 f"protocol error: tensor {name!r} has {nbytes} bytes, not {arr.nbytes}")
-                        _check(lib.cairn_model_read_tensor(r, name.encode("utf-8"), arr.ctypes.data, nbytes,
-                                                           _ffi.MEM_HOST))
+                        dsts[i], sizes[i] = arr.ctypes.data, nbytes
                         out[name] = arr
+                    if count:
+                        _check(lib.cairn_model_read_tensors(r, count, c_names, dsts, sizes))
                     return out
+                # One lease request for every tensor (cairn_model_map_tensors).
+                ptrs = (ctypes.c_void_p * count)()
+                lens = (ctypes.c_size_t * count)()
+                if count:
+                    _check(lib.cairn_model_map_tensors(r, count, c_names, ptrs, lens))
                 mapped: List[Tuple[TensorInfo, int]] = []
-                for info in infos:
+                for i, info in enumerate(infos):
                     name, dt, shape, nbytes = info
-                    p, n = ctypes.c_void_p(), ctypes.c_size_t()
-                    _check(lib.cairn_model_map_tensor(r, name.encode("utf-8"), ctypes.byref(p), ctypes.byref(n)))
-                    if n.value != nbytes or (nbytes and not p.value):
+                    if lens[i] != nbytes or (nbytes and not ptrs[i]):
                         raise _errors.error("CAIRN_ERR_PROTOCOL",
-                                            f"protocol error: tensor {name!r} was mapped with {n.value} bytes, not {nbytes}")
-                    mapped.append((info, p.value or 0))
+                                            f"protocol error: tensor {name!r} was mapped with {lens[i]} bytes, not {nbytes}")
+                    mapped.append((info, ptrs[i] or 0))
                 # From here the reader belongs to the lease: closed once no array refers to it any more.
                 conn.open_readers.add(r.value)  # type: ignore[arg-type]
                 lease = _Lease(conn, r.value)  # type: ignore[arg-type]
