@@ -112,7 +112,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const Config& config) {
   return engine;
 }
 
-GraphHandle Engine::graph_for(const ModelManifest& m, const Graph* parsed) {
+GraphHandle Engine::graph_for(const ModelManifest& m, const Graph* parsed, const ModelManifest* parent) {
   if (parsed) return catalog_.compile(*parsed);
   if (!m.architecture.is_null()) {
     auto g = parse_graph(m.architecture);
@@ -120,22 +120,17 @@ GraphHandle Engine::graph_for(const ModelManifest& m, const Graph* parsed) {
     CAIRN_LOG_WARN("model '{}': its stored architecture does not parse ({}); using one derived from its tensors", m.id,
                    g.status().to_string());
   }
-  if (!m.parent.empty()) {
-    // A model with exactly its parent's tensor layout shares its parent's graph (the common case
-    // of a metadata-only commit, which then costs no graph work at all).
-    auto pm = find_model(m.parent);
-    GraphHandle pg = catalog_.graph_of(m.parent);
-    if (!pm.is_ok()) {  // a collected parent: its layout is gone, so derive
-      pg = nullptr;
+  // A model with exactly its parent's tensor layout shares its parent's graph (the common case
+  // of a metadata-only commit, which then costs no graph work at all). A collected parent has no
+  // tensors left, so its children derive their own.
+  GraphHandle pg = parent && !parent->collected ? catalog_.graph_of(parent->id) : nullptr;
+  if (pg && parent->tensors.size() == m.tensors.size()) {
+    bool same = true;
+    for (size_t i = 0; same && i < m.tensors.size(); ++i) {
+      const TensorManifest &a = m.tensors[i], &b = parent->tensors[i];
+      same = a.name == b.name && a.dtype == b.dtype && a.shape == b.shape;
     }
-    if (pg && (*pm)->tensors.size() == m.tensors.size()) {
-      bool same = true;
-      for (size_t i = 0; same && i < m.tensors.size(); ++i) {
-        const TensorManifest &a = m.tensors[i], &b = (*pm)->tensors[i];
-        same = a.name == b.name && a.dtype == b.dtype && a.shape == b.shape;
-      }
-      if (same) return pg;
-    }
+    if (same) return pg;
   }
   std::vector<TensorShape> shapes;
   shapes.reserve(m.tensors.size());
@@ -146,7 +141,12 @@ GraphHandle Engine::graph_for(const ModelManifest& m, const Graph* parsed) {
 Status Engine::load_catalog() {
   for (const std::string& id : repo_->list()) {
     CAIRN_ASSIGN_OR_RETURN(auto m, repo_->get_shared(id));
-    CAIRN_RETURN_IF_ERROR(catalog_.add(m->id, m->parent, graph_for(*m, nullptr), m->metadata, m->retired_ns != 0));
+    std::shared_ptr<const ModelManifest> parent;
+    if (!m->parent.empty()) {
+      CAIRN_ASSIGN_OR_RETURN(parent, repo_->get_shared(m->parent));
+    }
+    CAIRN_RETURN_IF_ERROR(
+        catalog_.add(m->id, m->parent, graph_for(*m, nullptr, parent.get()), m->metadata, m->retired_ns != 0));
     last_created_ns_ = std::max(last_created_ns_, m->created_ns);
   }
   return Status::ok();
@@ -524,7 +524,7 @@ Result<json> Engine::op_commit(Session& s, const json& req, std::vector<uint8_t>
 
   // Register as pending (visible now) and hand it to the flusher, which writes models in commit
   // order so that a parent always reaches the repository before its children.
-  GraphHandle graph = graph_for(*m, parsed_graph ? &*parsed_graph : nullptr);
+  GraphHandle graph = graph_for(*m, parsed_graph ? &*parsed_graph : nullptr, parent_manifest.get());
   uint64_t ticket;
   {
     std::lock_guard lock(mu_);
@@ -1127,6 +1127,15 @@ Result<std::string> query_model(const json& q, const std::string& qop, const cha
   return it->get<std::string>();
 }
 
+// A query's optional "depth": -1 (all generations) when absent.
+Result<int> query_depth(const json& q, const std::string& qop) {
+  auto it = q.find("depth");
+  if (it == q.end()) return -1;
+  if (!it->is_number_integer())
+    return invalid_argument("query '" + qop + "': 'depth' must be an integer (omit it for all generations)");
+  return static_cast<int>(std::clamp<int64_t>(it->get<int64_t>(), -1, INT32_MAX));
+}
+
 Result<MetadataFilter> query_where(const json& q, const std::string& qop) {
   auto it = q.find("where");
   if (it == q.end()) return MetadataFilter{};
@@ -1188,20 +1197,15 @@ Result<json> Engine::op_query(const json& req) {
   if (qop == "ancestors") {
     CAIRN_ASSIGN_OR_RETURN(std::string id, query_model(q, qop, "model"));
     CAIRN_RETURN_IF_ERROR(known(id));
-    auto dit = q.find("depth");
-    if (dit != q.end() && !dit->is_number_integer())
-      return invalid_argument("query 'ancestors': 'depth' must be an integer (omit it for all generations)");
+    CAIRN_ASSIGN_OR_RETURN(int depth, query_depth(q, qop));
     CAIRN_ASSIGN_OR_RETURN(auto a, catalog_.ancestors(id));
-    if (dit != q.end() && dit->get<int64_t>() >= 0 && a.size() > dit->get<uint64_t>()) a.resize(dit->get<size_t>());
+    if (depth >= 0 && a.size() > static_cast<size_t>(depth)) a.resize(static_cast<size_t>(depth));
     return json{{"model", id}, {"ancestors", a}};
   }
   if (qop == "descendants") {
     CAIRN_ASSIGN_OR_RETURN(std::string id, query_model(q, qop, "model"));
     CAIRN_RETURN_IF_ERROR(known(id));
-    auto dit = q.find("depth");
-    if (dit != q.end() && !dit->is_number_integer())
-      return invalid_argument("query 'descendants': 'depth' must be an integer (omit it for all generations)");
-    int depth = dit == q.end() ? -1 : static_cast<int>(std::clamp<int64_t>(dit->get<int64_t>(), -1, INT32_MAX));
+    CAIRN_ASSIGN_OR_RETURN(int depth, query_depth(q, qop));
     CAIRN_ASSIGN_OR_RETURN(auto d, catalog_.descendants(id, depth));
     json ids = json::array(), depths = json::array();
     for (const auto& [c, k] : d) {

@@ -129,8 +129,9 @@ class Engine {
   Result<nlohmann::json> query_best_ancestor(const nlohmann::json& q);
 
   // The catalog's graph for a model: its architecture, else its parent's when it has exactly the
-  // parent's tensors, else one derived from its tensor names. parsed: the architecture, parsed.
-  GraphHandle graph_for(const ModelManifest& m, const Graph* parsed);
+  // parent's tensors, else one derived from its tensor names. parsed: the architecture, parsed;
+  // parent: the parent's manifest (nullptr for a root).
+  GraphHandle graph_for(const ModelManifest& m, const Graph* parsed, const ModelManifest* parent);
   // Fills the catalog from the repository (at start).
   Status load_catalog();
 

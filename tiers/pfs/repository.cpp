@@ -1458,34 +1458,32 @@ void Repository::Impl::reclaim(const std::vector<std::string>& dead, GcReport* r
   if (unlinked) (void)fsync_dir(packs_dir_);
 
   // Dead ranges inside live packs.
-  std::vector<std::pair<std::string, std::vector<Range>>> plan;
+  struct Plan {
+    std::string pack;
+    uint64_t data_begin;
+    std::vector<Range> live;
+  };
+  std::vector<Plan> plan;
   {
     std::shared_lock lock(mu_);
     for (const auto& [name, info] : packs_) {
-      std::vector<Range> live;
+      Plan p{name, info.data_begin, {}};
       for (const ChunkHash& h : info.indexed) {
         auto cit = chunks_.find(h);
         if (cit != chunks_.end() && cit->second.ref.pack == name)
-          live.push_back({cit->second.ref.offset, cit->second.ref.offset + cit->second.ref.length});
+          p.live.push_back({cit->second.ref.offset, cit->second.ref.offset + cit->second.ref.length});
       }
-      plan.emplace_back(name, std::move(live));
+      plan.push_back(std::move(p));
     }
   }
-  for (auto& [name, live] : plan) {
-    std::string path = join_path(packs_dir_, name);
+  for (Plan& p : plan) {
+    std::string path = join_path(packs_dir_, p.pack);
     UniqueFd fd(::open(path.c_str(), O_RDWR | O_CLOEXEC));
     if (!fd.valid()) continue;
     struct stat st {};
     if (::fstat(fd.get(), &st) != 0) continue;
-    uint64_t data_begin;
-    {
-      std::shared_lock lock(mu_);
-      auto pit = packs_.find(name);
-      if (pit == packs_.end()) continue;
-      data_begin = pit->second.data_begin;
-    }
     uint64_t block = st.st_blksize > 0 ? static_cast<uint64_t>(st.st_blksize) : 4096;
-    for (const Range& r : dead_ranges(std::move(live), data_begin, static_cast<uint64_t>(st.st_size), block)) {
+    for (const Range& r : dead_ranges(std::move(p.live), p.data_begin, static_cast<uint64_t>(st.st_size), block)) {
       uint64_t before = allocated_bytes(fd.get(), r.begin, r.end);
       if (before == 0) continue;
       if (::fallocate(fd.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(r.begin),
@@ -1569,11 +1567,11 @@ Result<GcReport> Repository::Impl::gc() {
 Result<FsckReport> Repository::Impl::fsck(bool verify_data) const {
   FsckReport report;
   std::vector<std::shared_ptr<const ModelManifest>> models;
-  std::unordered_map<std::string, PackInfo> packs;
+  std::unordered_map<std::string, uint64_t> data_begin;  // referenced pack -> start of its data
   {
     std::shared_lock lock(mu_);
     for (const std::string& id : order_) models.push_back(models_.at(id));
-    packs = packs_;
+    for (const auto& [name, info] : packs_) data_begin.emplace(name, info.data_begin);
   }
   report.models = models.size();
   std::unordered_map<std::string, std::vector<Range>> live;
@@ -1619,16 +1617,16 @@ Result<FsckReport> Repository::Impl::fsck(bool verify_data) const {
     struct stat st {};
     if (!fd.valid() || ::fstat(fd.get(), &st) != 0) continue;
     auto size = static_cast<uint64_t>(st.st_size);
-    auto pit = packs.find(name);
+    auto pit = data_begin.find(name);
     auto lit = live.find(name);
-    if (pit == packs.end() || lit == live.end()) {
+    if (pit == data_begin.end() || lit == live.end()) {
       uint64_t bytes = static_cast<uint64_t>(st.st_blocks) * 512;
       report.orphaned.push_back({"", "", name, 0, size, "no manifest references this pack file"});
       report.orphaned_bytes += bytes;
       continue;
     }
     uint64_t block = st.st_blksize > 0 ? static_cast<uint64_t>(st.st_blksize) : 4096;
-    for (const Range& r : dead_ranges(lit->second, pit->second.data_begin, size, block)) {
+    for (const Range& r : dead_ranges(lit->second, pit->second, size, block)) {
       uint64_t bytes = allocated_bytes(fd.get(), r.begin, r.end);
       if (bytes == 0) continue;
       report.orphaned.push_back({"", "", name, r.begin, r.end - r.begin,

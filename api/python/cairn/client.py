@@ -575,18 +575,22 @@ class Client:
 
     # ---- catalog and queries ----
 
-    def _request(self, request: Dict[str, Any]) -> Dict[str, Any]:
-        """Sends one catalog/administration request (``cairn_request``); returns the response's
-        fields (without ``status``). A failed response raises its CairnError."""
-        req = _json(request, "request")
+    def _json_call(self, function: str, payload: bytes) -> Dict[str, Any]:
+        """Calls a C function taking (client, JSON text, char **result) and returns the parsed
+        result, freeing it (cairn_request, cairn_query). A failure raises its CairnError."""
         out = ctypes.c_void_p()
         with self._conn.op() as h:
-            _check(self._lib.cairn_request(h, req, ctypes.byref(out)))
+            _check(getattr(self._lib, function)(h, payload, ctypes.byref(out)))
             try:
                 text = ctypes.string_at(out.value) if out.value else b"{}"
             finally:
                 self._lib.cairn_free(out)
         return json.loads(text)
+
+    def _request(self, request: Dict[str, Any]) -> Dict[str, Any]:
+        """Sends one catalog/administration request (``cairn_request``); returns the response's
+        fields (without ``status``). A failed response raises its CairnError."""
+        return self._json_call("cairn_request", _json(request, "request"))
 
     def list(self) -> List[Dict[str, Any]]:
         """Every model: ``[{id, parent, tensors (count), bytes, created_ns, durability}]``, committed
@@ -625,15 +629,7 @@ class Client:
     def query(self, request: Mapping[str, Any]) -> Dict[str, Any]:
         """Runs a catalog query (``cairn_query``), e.g. ``{"op": "ancestors", "model": "m7"}``;
         returns the daemon's answer."""
-        req = _json(dict(request), "query")
-        out = ctypes.c_void_p()
-        with self._conn.op() as h:
-            _check(self._lib.cairn_query(h, req, ctypes.byref(out)))
-            try:
-                text = ctypes.string_at(out.value) if out.value else b"{}"
-            finally:
-                self._lib.cairn_free(out)
-        return json.loads(text)
+        return self._json_call("cairn_query", _json(dict(request), "query"))
 
     def lineage(self, id: str, depth: Optional[int] = None) -> Dict[str, Any]:
         """``{"model": id, "ancestors": [nearest first], "descendants": [breadth first]}``, up to
