@@ -35,6 +35,7 @@ struct Config {
   struct {
     std::string eviction = "lru";   // lru | lineage
     std::string prefetch = "hints"; // none | hints | lineage
+    std::string admission = "all";  // all | reuse (which clean chunks leaving DRAM go to NVMe)
   } policy;
   struct {
     std::string provider = "tcp;ofi_rxm";

@@ -20,6 +20,7 @@ namespace {
 using nlohmann::json;
 
 constexpr int kLevelMemory = 0;
+constexpr int kLevelLocal = 1;
 constexpr int kLevelGlobal = 2;
 
 // ---- request field readers: each error names the op and the field ----
@@ -102,13 +103,29 @@ const char* level_name(int level) {
 
 // ---------------------------------------------------------------------------------------------
 
-Result<std::unique_ptr<Engine>> Engine::create(const Config& config) {
-  CAIRN_ASSIGN_OR_RETURN(auto repo, Repository::open(config.repository, config.chunk_size));
+Result<std::unique_ptr<Engine>> Engine::create(const Config& config, EngineOptions options) {
+  CAIRN_ASSIGN_OR_RETURN(auto repo, Repository::open(config.repository, config.chunk_size, options.repository_fs));
   CAIRN_ASSIGN_OR_RETURN(auto policy, make_eviction_policy(config.policy.eviction));
+  CAIRN_ASSIGN_OR_RETURN(auto admission, make_admission_policy(config.policy.admission));
   CAIRN_ASSIGN_OR_RETURN(auto dram, DramTier::create(config.tiers.dram.capacity, std::move(policy),
                                                      "cairn-arena-" + std::to_string(::getpid())));
-  std::unique_ptr<Engine> engine(new Engine(config, std::move(repo), std::move(dram)));
+  dram->set_backpressure_timeout(options.backpressure_timeout);
+  std::unique_ptr<NvmeTier> nvme;
+  if (config.tiers.nvme.capacity > 0) {
+    NvmeTier::Options o;
+    o.path = config.tiers.nvme.path;
+    o.capacity = config.tiers.nvme.capacity;
+    o.persistent = config.tiers.nvme.persistent;
+    o.fs = options.nvme_fs;
+    CAIRN_ASSIGN_OR_RETURN(o.policy, make_eviction_policy(config.policy.eviction));
+    auto opened = NvmeTier::open(std::move(o));
+    if (!opened.is_ok()) return opened.status().with_context("opening the burst buffer (tiers.nvme.path " + config.tiers.nvme.path + ")");
+    nvme = std::move(opened).value();
+  }
+  std::unique_ptr<Engine> engine(
+      new Engine(config, std::move(repo), std::move(dram), std::move(nvme), std::move(admission)));
   CAIRN_RETURN_IF_ERROR(engine->load_catalog());
+  engine->recover_from_nvme();
   return engine;
 }
 
@@ -148,13 +165,20 @@ Status Engine::load_catalog() {
     CAIRN_RETURN_IF_ERROR(
         catalog_.add(m->id, m->parent, graph_for(*m, nullptr, parent.get()), m->metadata, m->retired_ns != 0));
     last_created_ns_ = std::max(last_created_ns_, m->created_ns);
+    if (m->retired_ns == 0) {
+      std::lock_guard lock(mu_);
+      count_references(*m, +1);
+    }
   }
   return Status::ok();
 }
 
-Engine::Engine(Config config, std::unique_ptr<Repository> repo, std::unique_ptr<DramTier> dram)
-    : config_(std::move(config)), repo_(std::move(repo)), dram_(std::move(dram)) {
-  flusher_ = std::thread([this] { flusher_loop(); });
+Engine::Engine(Config config, std::unique_ptr<Repository> repo, std::unique_ptr<DramTier> dram,
+               std::unique_ptr<NvmeTier> nvme, std::unique_ptr<AdmissionPolicy> admission)
+    : config_(std::move(config)), repo_(std::move(repo)), dram_(std::move(dram)), nvme_(std::move(nvme)) {
+  tiers_ = std::make_unique<TierManager>(*dram_, nvme_.get(), *repo_, std::move(admission));
+  local_flusher_ = std::thread([this] { local_loop(); });
+  global_flusher_ = std::thread([this] { global_loop(); });
 }
 
 Engine::~Engine() {
@@ -166,12 +190,96 @@ Engine::~Engine() {
   flush_cv_.notify_all();
   named_cv_.notify_all();
   ticket_cv_.notify_all();
-  if (flusher_.joinable()) flusher_.join();
+  if (local_flusher_.joinable()) local_flusher_.join();
+  if (global_flusher_.joinable()) global_flusher_.join();
+  tiers_.reset();
+  if (nvme_) {
+    Status st = nvme_->close();
+    if (!st.is_ok()) CAIRN_LOG_ERROR("closing the burst buffer: {}", st.to_string());
+  }
 }
 
 void Engine::drain() {
   std::unique_lock lock(mu_);
   ticket_cv_.wait(lock, [&] { return pending_.empty(); });
+}
+
+bool Engine::drain_for(std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mu_);
+  return ticket_cv_.wait_for(lock, timeout, [&] { return pending_.empty(); });
+}
+
+void Engine::count_references(const ModelManifest& m, int delta) {
+  // REQUIRES: mu_ held.
+  for (const auto& t : m.tensors)
+    for (const auto& c : t.chunks) {
+      uint32_t& n = chunk_refs_[c.hash];
+      n = delta > 0 ? n + 1 : (n > 0 ? n - 1 : 0);
+      dram_->hint_references(c.hash, n);
+      if (n == 0) chunk_refs_.erase(c.hash);
+    }
+}
+
+void Engine::recover_from_nvme() {
+  if (!nvme_) return;
+  const auto& report = nvme_->open_report();
+  // Chunks whose CLEAN record was lost in the crash.
+  for (const ChunkHash& h : nvme_->dirty_chunks())
+    if (repo_->locate(h)) nvme_->mark_clean(h);
+  for (const auto& p : report.pending) {
+    json j = json::parse(p.manifest_json, nullptr, false);
+    auto parsed = j.is_discarded() ? Result<ModelManifest>(corruption("not JSON")) : manifest_from_json(j, false);
+    if (!parsed.is_ok()) {
+      CAIRN_LOG_ERROR("burst buffer: model '{}' committed `local` has an unreadable record ({}); it is lost", p.id,
+                      parsed.status().to_string());
+      ++lost_models_;
+      (void)nvme_->model_done(p.id);
+      continue;
+    }
+    auto m = std::make_shared<ModelManifest>(std::move(parsed).value());
+    if (repo_->contains(m->id)) {  // it reached the repository; only the DONE record was lost
+      (void)nvme_->model_done(m->id);
+      continue;
+    }
+    std::string missing;
+    for (const auto& t : m->tensors)
+      for (const auto& c : t.chunks)
+        if (missing.empty() && !nvme_->contains(c.hash) && !repo_->locate(c.hash))
+          missing = "tensor '" + t.name + "' chunk " + c.hash.hex();
+    std::shared_ptr<const ModelManifest> parent;
+    if (missing.empty() && !m->parent.empty()) {
+      auto pm = find_model(m->parent);
+      if (pm.is_ok()) parent = *pm;
+      else missing = "its parent '" + m->parent + "'";
+    }
+    if (!missing.empty()) {
+      CAIRN_LOG_ERROR("burst buffer: model '{}' committed `local` cannot be recovered: {} has no intact copy", m->id,
+                      missing);
+      ++lost_models_;
+      (void)nvme_->model_done(m->id);
+      continue;
+    }
+    std::lock_guard lock(mu_);
+    Status added = catalog_.add(m->id, m->parent, graph_for(*m, nullptr, parent.get()), m->metadata);
+    if (!added.is_ok()) {
+      CAIRN_LOG_ERROR("burst buffer: model '{}': {}", m->id, added.to_string());
+      continue;
+    }
+    last_created_ns_ = std::max(last_created_ns_, m->created_ns);
+    count_references(*m, +1);
+    PendingModel pm;
+    pm.manifest = m;
+    pm.seq = next_seq_++;
+    pm.needs_local = false;
+    pm.local_done = true;
+    pm.on_nvme = true;
+    pending_[m->id] = pm;
+    flush_order_.push_back(m->id);
+    ++recovered_models_;
+    CAIRN_LOG_INFO("burst buffer: recovered model '{}' (committed `local` before a crash); writing it to the repository",
+                   m->id);
+  }
+  flush_cv_.notify_all();
 }
 
 Response Engine::handle(Session& session, const json& request, std::vector<uint8_t>& blob) {
@@ -227,6 +335,7 @@ Result<json> Engine::dispatch(Session& s, const std::string& op, const json& req
   if (op == "query") return op_query(req);
   if (op == "gc") return op_gc(req);
   if (op == "fsck") return op_fsck(req);
+  if (op == "flush") return op_flush(req);
   if (op == "ping") return json::object();
   return invalid_argument("unknown request op '" + op + "' (client and daemon from different releases?)");
 }
@@ -510,7 +619,7 @@ Result<json> Engine::op_commit(Session& s, const json& req, std::vector<uint8_t>
     for (uint64_t off = 0; off < t.nbytes; off += chunk_size) {
       uint64_t len = std::min(chunk_size, t.nbytes - off);
       ChunkHash h = hash_bytes(dram_->base() + ext.offset + off, len);
-      bool dirty = !repo_->locate(h).has_value();
+      bool dirty = tiers_->only_in_dram(h);
       dram_->adopt(h, ext.offset + off, len, dirty);
       pinned.push_back(h);
       ChunkRef ref;
@@ -541,8 +650,17 @@ Result<json> Engine::op_commit(Session& s, const json& req, std::vector<uint8_t>
     m->created_ns = last_created_ns_;
     ticket = next_ticket_++;
     tickets_[ticket] = Ticket{target, kLevelMemory, Status::ok()};
-    pending_[id] = PendingModel{m, ticket};
-    flush_queue_.push_back(id);
+    PendingModel pm;
+    pm.manifest = m;
+    pm.ticket = ticket;
+    pm.seq = next_seq_++;
+    // memory and local commits go through the burst buffer (DeepFreeze's levels); a global commit's
+    // caller waits for the repository anyway, so its bytes go there directly.
+    pm.needs_local = nvme_ && target < kLevelGlobal;
+    pending_[id] = pm;
+    flush_order_.push_back(id);
+    if (pm.needs_local) local_queue_.push_back(id);
+    count_references(*m, +1);
   }
   flush_cv_.notify_all();
   for (const auto& h : pinned) dram_->unpin(h);
@@ -576,34 +694,91 @@ void Engine::finish_ticket(uint64_t id, int reached, const Status& error) {
   it->second.error = error;
 }
 
-void Engine::flusher_loop() {
+namespace {
+std::vector<ChunkRef> all_chunks(const ModelManifest& m) {
+  std::vector<ChunkRef> out;
+  for (const auto& t : m.tensors)
+    for (const auto& c : t.chunks) out.push_back(c);
+  return out;
+}
+}  // namespace
+
+void Engine::local_loop() {
   // Background work: requests (a commit acknowledged at memory, a read) go first on a busy node.
   (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 10);
   for (;;) {
     std::shared_ptr<const ModelManifest> m;
-    uint64_t ticket = 0;
+    uint64_t seq = 0;
     {
       std::unique_lock lock(mu_);
-      flush_cv_.wait(lock, [&] { return stopping_ || !flush_queue_.empty(); });
-      if (flush_queue_.empty()) return;  // stopping and drained
-      const std::string id = flush_queue_.front();
-      flush_queue_.pop_front();
+      flush_cv_.wait(lock, [&] { return stopping_ || !local_queue_.empty(); });
+      if (local_queue_.empty()) return;  // stopping and drained
+      const std::string id = local_queue_.front();
+      local_queue_.pop_front();
+      m = pending_[id].manifest;
+      seq = pending_[id].seq;
+    }
+    // The chunks only DRAM holds go to the burst buffer, then the model's record: after both are on
+    // the device the model survives a crash of the daemon.
+    Status st = tiers_->write_local(all_chunks(*m));
+    if (st.is_ok()) st = nvme_->put_model(seq, m->id, manifest_to_json(*m).dump());
+    if (!st.is_ok())
+      CAIRN_LOG_WARN("model '{}': the burst buffer did not take it ({}); it goes to the repository directly", m->id,
+                     st.to_string());
+    {
+      std::lock_guard lock(mu_);
+      PendingModel& pm = pending_[m->id];
+      pm.local_done = true;
+      pm.on_nvme = st.is_ok();
+      if (st.is_ok()) {
+        auto it = tickets_.find(pm.ticket);
+        if (it != tickets_.end()) it->second.reached = std::max(it->second.reached, kLevelLocal);
+      }
+    }
+    flush_cv_.notify_all();
+    ticket_cv_.notify_all();
+  }
+}
+
+void Engine::global_loop() {
+  (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 10);
+  for (;;) {
+    std::shared_ptr<const ModelManifest> m;
+    uint64_t ticket = 0;
+    bool on_nvme = false;
+    {
+      // Commit order, so that a parent always reaches the repository before its children; a model
+      // still in its local stage holds back the ones after it.
+      std::unique_lock lock(mu_);
+      auto ready = [&] {
+        if (flush_order_.empty()) return false;
+        const PendingModel& pm = pending_[flush_order_.front()];
+        return !pm.needs_local || pm.local_done;
+      };
+      flush_cv_.wait(lock, [&] { return (stopping_ && flush_order_.empty()) || ready(); });
+      if (flush_order_.empty()) return;  // stopping and drained
+      const std::string id = flush_order_.front();
+      flush_order_.pop_front();
       m = pending_[id].manifest;
       ticket = pending_[id].ticket;
+      on_nvme = pending_[id].on_nvme;
     }
     ModelManifest copy = *m;
     uint64_t new_bytes = 0;
-    Status st = repo_->commit(copy, [&](const ChunkHash& h, uint64_t length) -> Result<const void*> {
-      auto off = dram_->offset_of(h);
-      if (!off) return internal_error("chunk " + h.hex() + " of model '" + copy.id + "' is not resident in DRAM");
-      new_bytes += length;
-      return static_cast<const void*>(dram_->base() + *off);
-    });
+    Status st;
+    {
+      TierManager::Source source(*tiers_);
+      st = repo_->commit(copy, [&](const ChunkHash& h, uint64_t length) -> Result<const void*> {
+        new_bytes += length;
+        return source.get(h, length);
+      });
+    }
     if (st.is_ok()) {
-      for (const auto& t : copy.tensors)
-        for (const auto& c : t.chunks) dram_->mark_clean(c.hash);
+      tiers_->stored_globally(all_chunks(copy));
+      if (on_nvme) (void)nvme_->model_done(copy.id);
     } else {
       CAIRN_LOG_ERROR("flushing model '{}' to the repository failed: {}", copy.id, st.to_string());
+      if (on_nvme) (void)nvme_->model_done(copy.id);
     }
     {
       std::lock_guard lock(mu_);
@@ -613,6 +788,7 @@ void Engine::flusher_loop() {
         // Gone from queries; forgotten unless children (whose flushes fail in turn) name it.
         (void)catalog_.retire(copy.id);
         (void)catalog_.erase(copy.id);
+        count_references(copy, -1);
         // The model is gone; chunks no other pending model needs may be evicted again.
         std::set<ChunkHash> still_needed;
         for (const auto& [pid, pm] : pending_)
@@ -620,10 +796,14 @@ void Engine::flusher_loop() {
             for (const auto& c : t.chunks) still_needed.insert(c.hash);
         for (const auto& t : copy.tensors)
           for (const auto& c : t.chunks)
-            if (!still_needed.count(c.hash) && !repo_->locate(c.hash)) dram_->mark_clean(c.hash);
+            if (!still_needed.count(c.hash) && !repo_->locate(c.hash)) {
+              dram_->mark_clean(c.hash);
+              if (nvme_) nvme_->remove(c.hash);
+            }
       }
       finish_ticket(ticket, st.is_ok() ? kLevelGlobal : kLevelMemory, st);
     }
+    flush_cv_.notify_all();
     ticket_cv_.notify_all();
   }
 }
@@ -683,7 +863,7 @@ void Engine::readahead(const std::vector<const TensorManifest*>& tensors) {
   std::map<std::string, int> fds;
   for (const TensorManifest* t : tensors) {
     for (const ChunkRef& c : t->chunks) {
-      if (c.pack.empty() || dram_->offset_of(c.hash)) continue;
+      if (c.pack.empty() || dram_->offset_of(c.hash) || (nvme_ && nvme_->contains(c.hash))) continue;
       auto [it, added] = fds.emplace(c.pack, -1);
       if (added) it->second = ::open((repo_->dir() + "/packs/" + c.pack).c_str(), O_RDONLY | O_CLOEXEC);
       if (it->second >= 0)
@@ -737,10 +917,8 @@ Status Engine::pin_tensor(const TensorManifest& t, std::vector<ChunkHash>& pinne
     if (failure.is_ok()) {
 
       auto read_one = [&](size_t k) {
-        const ChunkRef& ref0 = t.chunks[to_load[k]];
-        std::optional<ChunkRef> ref = ref0.pack.empty() ? repo_->locate(ref0.hash) : std::optional<ChunkRef>(ref0);
-        results[k] = ref ? repo_->read_chunk(*ref, dram_->base() + load_off[k])
-                         : internal_error("chunk " + ref0.hash.hex() + " is neither in DRAM nor in the repository");
+        // The burst buffer's copy when it has one, else the repository's; verified either way.
+        results[k] = tiers_->fetch(t.chunks[to_load[k]], dram_->base() + load_off[k]);
       };
       constexpr size_t kParallelReads = 4;
       std::atomic<size_t> next{0};
@@ -793,9 +971,8 @@ Status Engine::pin_tensor(const TensorManifest& t, std::vector<ChunkHash>& pinne
       }
       if (c.kind == DramTier::ClaimKind::kLoading) continue;
       const ChunkRef& ref0 = t.chunks[i];
-      auto ref = ref0.pack.empty() ? repo_->locate(ref0.hash) : std::optional<ChunkRef>(ref0);
       auto a = dram_->allocate(ref0.length);
-      Status st = !a.is_ok() ? a.status() : ref ? repo_->read_chunk(*ref, dram_->base() + *a) : internal_error("chunk " + ref0.hash.hex() + " lost");
+      Status st = !a.is_ok() ? a.status() : tiers_->fetch(ref0, dram_->base() + *a);
       if (!st.is_ok()) {
         if (a.is_ok()) dram_->release(*a, ref0.length);
         dram_->abort_load(ref0.hash);
@@ -1024,24 +1201,31 @@ Result<json> Engine::op_show(const json& req) {
 Result<json> Engine::op_stats(const json& /*req*/) {
   RepositoryStats rs = repo_->stats();
   TierStats dram = dram_->stats();
+  json moved = tiers_->stats();
   TierStats pfs;
   pfs.name = "pfs";
   pfs.enabled = true;
   pfs.used_bytes = rs.physical_bytes;
   pfs.chunks = rs.chunks;
-  uint64_t pending_models;
+  pfs.hits = moved["reads_from_repository"].get<uint64_t>();
+  pfs.bytes_out = moved["bytes_from_repository"].get<uint64_t>();
+  uint64_t pending_models, awaiting_local = 0, on_nvme = 0;
   {
     std::lock_guard lock(mu_);
-    pfs.hits = pfs_chunk_reads_;
-    pfs.bytes_out = pfs_bytes_read_;
     pfs.bytes_in = pfs_bytes_written_;
     pending_models = pending_.size();
+    for (const auto& [id, pm] : pending_) {
+      if (pm.needs_local && !pm.local_done) ++awaiting_local;
+      if (pm.on_nvme) ++on_nvme;
+    }
   }
   TierStats hbm, nvme;
   hbm.name = "hbm";
   nvme.name = "nvme";
+  if (nvme_) nvme = nvme_->stats();
   json tiers{{"hbm", hbm.to_json()}, {"dram", dram.to_json()}, {"nvme", nvme.to_json()}, {"pfs", pfs.to_json()}};
   tiers["nvme"]["path"] = config_.tiers.nvme.path;
+  if (nvme_) tiers["nvme"]["direct_io"] = nvme_->direct_io();
   tiers["pfs"]["path"] = repo_->dir();
   return json{{"tiers", std::move(tiers)},
               {"repository",
@@ -1054,7 +1238,16 @@ Result<json> Engine::op_stats(const json& /*req*/) {
                 {"physical_bytes", rs.physical_bytes}}},
               {"catalog", {{"models", catalog_.size()}, {"live", catalog_.live()}}},
               {"pending_models", pending_models},
-              {"dirty_bytes", dram.dirty_bytes},
+              // What a crash could lose or delay: models not yet in the repository, by stage.
+              {"flush",
+               {{"pending_models", pending_models},
+                {"awaiting_local", awaiting_local},
+                {"local_not_global", on_nvme},
+                {"dirty_dram_bytes", dram.dirty_bytes},
+                {"dirty_nvme_bytes", nvme.dirty_bytes}}},
+              {"movement", std::move(moved)},
+              {"recovery", {{"models_recovered", recovered_models_}, {"models_lost", lost_models_}}},
+              {"dirty_bytes", dram.dirty_bytes + nvme.dirty_bytes},
               {"chunk_size", repo_->chunk_size()}};
 }
 
@@ -1066,10 +1259,15 @@ Result<json> Engine::op_remove(const json& req) {
     std::unique_lock lock(mu_);
     ticket_cv_.wait(lock, [&] { return stopping_ || !pending_.count(id); });
   }
+  auto before = repo_->get_shared(id);
   Status st = repo_->retire(id);
   if (st.code() == StatusCode::kNotFound) return not_found("model '" + id + "' does not exist (see `cairn ls`)");
   CAIRN_RETURN_IF_ERROR(st);
   CAIRN_RETURN_IF_ERROR(catalog_.retire(id));
+  if (before.is_ok() && (*before)->retired_ns == 0) {
+    std::lock_guard lock(mu_);
+    count_references(**before, -1);
+  }
   return json{{"retired", id}};
 }
 
@@ -1114,6 +1312,31 @@ Result<json> Engine::op_fsck(const json& req) {
               {"dangling", problems(r.dangling)},
               {"orphaned", problems(r.orphaned)},
               {"orphaned_bytes", r.orphaned_bytes}};
+}
+
+Result<json> Engine::op_flush(const json& req) {
+  // Blocks until every acknowledged model is in the repository (or the timeout passes).
+  int64_t timeout_ms = get_i64_or(req, "timeout_ms", -1);
+  auto t0 = std::chrono::steady_clock::now();
+  size_t before;
+  {
+    std::lock_guard lock(mu_);
+    before = pending_.size();
+  }
+  bool done = true;
+  if (timeout_ms < 0) drain();
+  else done = drain_for(std::chrono::milliseconds(timeout_ms));
+  size_t left;
+  {
+    std::lock_guard lock(mu_);
+    left = pending_.size();
+  }
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!done)
+    return timed_out("flush: " + std::to_string(left) + " models are still on their way to the repository after " +
+                     std::to_string(timeout_ms) + " ms");
+  uint64_t dirty = dram_->stats().dirty_bytes + (nvme_ ? nvme_->stats().dirty_bytes : 0);
+  return json{{"flushed_models", before}, {"pending_models", left}, {"dirty_bytes", dirty}, {"seconds", secs}};
 }
 
 // ---- queries (docs/catalog.md) ----

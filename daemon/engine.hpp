@@ -31,8 +31,11 @@
 #include "core/hash.hpp"
 #include "core/status.hpp"
 #include "daemon/catalog.hpp"
+#include "core/fs.hpp"
 #include "tiers/dram/dram_tier.hpp"
+#include "tiers/nvme/nvme_tier.hpp"
 #include "tiers/pfs/repository.hpp"
+#include "tiers/tier_manager.hpp"
 
 namespace cairn {
 
@@ -61,19 +64,33 @@ struct Response {
   std::vector<uint8_t> blob;
 };
 
+// What tests swap in: the file systems under the burst buffer and the repository (nullptr = the
+// real one), and the back-pressure timeout.
+struct EngineOptions {
+  FileSystem* nvme_fs = nullptr;
+  FileSystem* repository_fs = nullptr;
+  std::chrono::milliseconds backpressure_timeout{60000};
+};
+
 class Engine {
  public:
-  // Opens the repository and creates the DRAM arena from config. Fails with the component's error.
-  static Result<std::unique_ptr<Engine>> create(const Config& config);
-  // Drains pending flushes (drain()) and stops the flusher.
+  // Opens the repository, creates the DRAM arena and opens the burst buffer (when
+  // tiers.nvme.capacity > 0) from config, then recovers what a crashed daemon left on the burst
+  // buffer: models committed `local` are registered again and written to the repository. Fails
+  // with the component's error.
+  static Result<std::unique_ptr<Engine>> create(const Config& config, EngineOptions options = {});
+  // Drains pending flushes (drain()), stops the flushers, and closes the burst buffer (removing
+  // its files unless tiers.nvme.persistent).
   ~Engine();
 
   // Serves one request. Never throws; errors become error responses.
   Response handle(Session& session, const nlohmann::json& request, std::vector<uint8_t>& blob);
   // Releases everything the session holds.
   void end_session(Session& session);
-  // Blocks until every commit acknowledged at `memory` has reached the repository.
+  // Blocks until every commit acknowledged at `memory` or `local` has reached the repository.
   void drain();
+  // The same with a limit: false when models are still pending after timeout.
+  bool drain_for(std::chrono::milliseconds timeout);
 
   int arena_fd() const { return dram_->arena_fd(); }
   uint64_t arena_size() const { return dram_->arena_size(); }
@@ -81,6 +98,8 @@ class Engine {
   Repository& repository() { return *repo_; }
   Catalog& catalog() { return catalog_; }
   DramTier& dram() { return *dram_; }
+  NvmeTier* nvme() { return nvme_.get(); }
+  TierManager& tiers() { return *tiers_; }
 
  private:
   struct NamedTensor {
@@ -96,12 +115,20 @@ class Engine {
     int reached = 0;
     Status error;
   };
+  // A model committed and not yet in the repository. It goes through the local stage (to the burst
+  // buffer) when it was committed at memory or local and there is a burst buffer, then through the
+  // global stage (to the repository), in commit order.
   struct PendingModel {
     std::shared_ptr<const ModelManifest> manifest;
-    uint64_t ticket;
+    uint64_t ticket = 0;       // 0: none (recovered)
+    uint64_t seq = 0;
+    bool needs_local = false;
+    bool local_done = false;
+    bool on_nvme = false;      // recorded in the burst buffer's journal
   };
 
-  Engine(Config config, std::unique_ptr<Repository> repo, std::unique_ptr<DramTier> dram);
+  Engine(Config config, std::unique_ptr<Repository> repo, std::unique_ptr<DramTier> dram,
+         std::unique_ptr<NvmeTier> nvme, std::unique_ptr<AdmissionPolicy> admission);
 
   Result<nlohmann::json> dispatch(Session& s, const std::string& op, const nlohmann::json& req,
                                   std::vector<uint8_t>& blob, std::vector<uint8_t>& out_blob);
@@ -126,6 +153,7 @@ class Engine {
   Result<nlohmann::json> op_query(const nlohmann::json& req);
   Result<nlohmann::json> op_gc(const nlohmann::json& req);
   Result<nlohmann::json> op_fsck(const nlohmann::json& req);
+  Result<nlohmann::json> op_flush(const nlohmann::json& req);
   Result<nlohmann::json> query_best_ancestor(const nlohmann::json& q);
 
   // The catalog's graph for a model: its architecture, else its parent's when it has exactly the
@@ -134,6 +162,8 @@ class Engine {
   GraphHandle graph_for(const ModelManifest& m, const Graph* parsed, const ModelManifest* parent);
   // Fills the catalog from the repository (at start).
   Status load_catalog();
+  // Registers the models a crashed daemon committed `local` and queues them for the repository.
+  void recover_from_nvme();
 
   // The manifest of a committed model (pending in memory or in the repository).
   Result<std::shared_ptr<const ModelManifest>> find_model(const std::string& id) const;
@@ -144,12 +174,17 @@ class Engine {
   // Starts the kernel reading the repository ranges of the tensors' chunks not resident in DRAM.
   void readahead(const std::vector<const TensorManifest*>& tensors);
   void release_lease(Session::Lease& lease);
-  void flusher_loop();
+  void local_loop();
+  void global_loop();
+  // Counts the live models referencing each chunk and tells the DRAM policy (lineage scorer).
+  void count_references(const ModelManifest& m, int delta);
   void finish_ticket(uint64_t id, int reached, const Status& error);
 
   const Config config_;
   std::unique_ptr<Repository> repo_;
   std::unique_ptr<DramTier> dram_;
+  std::unique_ptr<NvmeTier> nvme_;
+  std::unique_ptr<TierManager> tiers_;  // after the tiers it uses: destroyed before them
   Catalog catalog_;
   // gc holds it exclusively; commits and reads of repository data hold it shared, so gc never
   // frees a chunk that a commit is about to reference or a reader is about to read.
@@ -164,14 +199,18 @@ class Engine {
   uint64_t named_generation_ = 0;
   std::unordered_map<uint64_t, Ticket> tickets_;
   uint64_t next_ticket_ = 1;
-  std::map<std::string, PendingModel> pending_;          // committed at memory, not yet in the repository
-  std::deque<std::string> flush_queue_;
+  std::map<std::string, PendingModel> pending_;          // committed, not yet in the repository
+  std::deque<std::string> flush_order_;                  // pending models in commit order (global stage)
+  std::deque<std::string> local_queue_;                  // those waiting for the local stage
+  uint64_t next_seq_ = 1;
+  std::unordered_map<ChunkHash, uint32_t, ChunkHashHasher> chunk_refs_;  // live models per chunk
+  uint64_t recovered_models_ = 0, lost_models_ = 0;
   std::map<std::string, std::string> committing_;        // id -> parent, between validation and registration
   bool stopping_ = false;
   int64_t last_created_ns_ = 0;  // stamps of committed models, increasing
   uint64_t pfs_chunk_reads_ = 0, pfs_bytes_read_ = 0, pfs_bytes_written_ = 0;
   std::atomic<uint64_t> next_session_{1};
-  std::thread flusher_;
+  std::thread local_flusher_, global_flusher_;
 };
 
 }  // namespace cairn

@@ -18,6 +18,25 @@
 
 namespace cairn {
 
+// Time as policies see it: steady nanoseconds. Tests drive a FakeClock by hand.
+class Clock {
+ public:
+  virtual ~Clock() = default;
+  virtual int64_t now_ns() const = 0;
+};
+// std::chrono::steady_clock (a process-wide object).
+Clock& steady_clock();
+class FakeClock final : public Clock {
+ public:
+  explicit FakeClock(int64_t start_ns = 0) : now_(start_ns) {}
+  int64_t now_ns() const override { return now_; }
+  void advance_ns(int64_t ns) { now_ += ns; }
+  void advance_s(double s) { now_ += static_cast<int64_t>(s * 1e9); }
+
+ private:
+  int64_t now_;
+};
+
 class EvictionPolicy {
  public:
   virtual ~EvictionPolicy() = default;
@@ -27,6 +46,13 @@ class EvictionPolicy {
   virtual void touch(const ChunkHash& key) = 0;
   // The chunk left the tier (evicted or deleted). Unknown keys are ignored.
   virtual void remove(const ChunkHash& key) = 0;
+  // How many live models reference the chunk (the tier manager tells on commit, retire and gc).
+  // Policies that do not weigh it ignore it. Unknown keys are ignored.
+  virtual void set_references(const ChunkHash& /*key*/, uint32_t /*live_models*/) {}
+  // What fetching the chunk back costs once it has left this tier: seconds to read it from the
+  // fastest tier below that holds it (the tier manager's cost model: size / bandwidth + latency).
+  // Unknown keys are ignored.
+  virtual void set_refetch_cost(const ChunkHash& /*key*/, double /*seconds*/) {}
   // The best victim for which evictable(key) is true, or nullopt when none is.
   virtual std::optional<ChunkHash> pick_victim(const std::function<bool(const ChunkHash&)>& evictable) = 0;
   virtual const char* name() const = 0;
@@ -47,7 +73,64 @@ class LruPolicy final : public EvictionPolicy {
   std::unordered_map<ChunkHash, std::list<ChunkHash>::iterator, ChunkHashHasher> index_;
 };
 
-// The policy named by policy.eviction ("lru"; "lineage" arrives with the tier manager).
-Result<std::unique_ptr<EvictionPolicy>> make_eviction_policy(const std::string& name);
+// The lineage-aware scorer (GreedyDual-Size-Frequency with lineage weight). Each chunk's priority
+//   H = L + frequency * (1 + references) * refetch_cost / size
+// where frequency is an access count that decays with a half-life (so recency counts twice: through
+// the aging value L and through the decay), references the live models that use the chunk (shared
+// ancestor layers stay), refetch_cost the seconds to bring it back and size its bytes. The victim is
+// the chunk with the lowest H; evicting it raises L to its H, so chunks not touched for a while fall
+// behind newly used ones. Unknown refetch cost defaults to size / default_bandwidth (so the size
+// term cancels until the tier manager gives a cost with a latency in it). Ties go to the chunk
+// accessed longest ago. O(log n) per call, plus the chunks pick_victim skips.
+class LineagePolicy final : public EvictionPolicy {
+ public:
+  // REQUIRES: both > 0 (half_life_s may be infinity: no decay); the constructor throws
+  // std::invalid_argument otherwise.
+  struct Options {
+    double half_life_s = 60.0;       // frequency decay
+    double default_bandwidth = 1e9;  // bytes/s, for chunks without a refetch cost
+  };
+  // `clock` is borrowed: it must outlive the policy.
+  explicit LineagePolicy(const Clock& clock = steady_clock());
+  LineagePolicy(const Clock& clock, Options options);
+  ~LineagePolicy() override;
+  void track(const ChunkHash& key, uint64_t bytes) override;
+  void touch(const ChunkHash& key) override;
+  void remove(const ChunkHash& key) override;
+  void set_references(const ChunkHash& key, uint32_t live_models) override;
+  void set_refetch_cost(const ChunkHash& key, double seconds) override;
+  std::optional<ChunkHash> pick_victim(const std::function<bool(const ChunkHash&)>& evictable) override;
+  const char* name() const override { return "lineage"; }
+  size_t size() const;
+  // The priority a tracked chunk ranks by: as computed on its last track, touch, set_references or
+  // set_refetch_cost (with its frequency decayed to then). nullopt when unknown. For tests and stats.
+  std::optional<double> priority(const ChunkHash& key) const;
+  double aging() const;  // L; pick_victim raises it to the victim's priority
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// The policy named by policy.eviction: "lru" or "lineage". `clock` must outlive the policy.
+Result<std::unique_ptr<EvictionPolicy>> make_eviction_policy(const std::string& name,
+                                                             const Clock& clock = steady_clock());
+
+// Admission to a lower tier (which chunks leaving DRAM are worth writing to NVMe). Chunks whose only
+// copy is in DRAM (dirty) are always admitted; this decides for clean ones. Pure, like eviction.
+class AdmissionPolicy {
+ public:
+  virtual ~AdmissionPolicy() = default;
+  struct Candidate {
+    uint64_t bytes = 0;
+    uint32_t accesses = 0;    // reads while it was in DRAM
+    uint32_t references = 0;  // live models using it
+    double refetch_cost = 0;  // seconds to fetch it from the repository
+  };
+  virtual bool admit(const Candidate& c) const = 0;
+  virtual const char* name() const = 0;
+};
+// "all": every chunk. "reuse": chunks read at least twice or used by at least two live models.
+Result<std::unique_ptr<AdmissionPolicy>> make_admission_policy(const std::string& name);
 
 }  // namespace cairn

@@ -21,9 +21,10 @@ struct TierStats {
   uint64_t bytes_out = 0;
   uint64_t chunks = 0;
   uint64_t dirty_bytes = 0;
+  uint64_t backpressure_waits = 0;  // allocations that had to wait for dirty data to be written down
 
   nlohmann::json to_json() const {
-    return {{"enabled", enabled},     {"capacity_bytes", capacity_bytes}, {"used_bytes", used_bytes},
+    return {{"backpressure_waits", backpressure_waits},{"enabled", enabled},     {"capacity_bytes", capacity_bytes}, {"used_bytes", used_bytes},
             {"hits", hits},           {"misses", misses},                 {"bytes_in", bytes_in},
             {"bytes_out", bytes_out}, {"chunks", chunks},                 {"dirty_bytes", dirty_bytes}};
   }

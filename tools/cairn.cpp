@@ -446,8 +446,24 @@ int cmd_stats(bool as_json) {
               static_cast<unsigned long long>(repo["models"].get<uint64_t>()), human_bytes(logical).c_str(),
               human_bytes(physical).c_str());
   if (physical > 0) std::printf(" (%.2fx deduplication)", static_cast<double>(logical) / static_cast<double>(physical));
-  std::printf("\ndirty (not yet in the repository): %s in %llu models\n", human_bytes((*r)["dirty_bytes"].get<uint64_t>()).c_str(),
-              static_cast<unsigned long long>((*r)["pending_models"].get<uint64_t>()));
+  const json& f = (*r)["flush"];
+  std::printf("\nnot yet in the repository: %llu models (%llu safe on the burst buffer); dirty %s in DRAM, %s on NVMe\n",
+              static_cast<unsigned long long>(f["pending_models"].get<uint64_t>()),
+              static_cast<unsigned long long>(f["local_not_global"].get<uint64_t>()),
+              human_bytes(f["dirty_dram_bytes"].get<uint64_t>()).c_str(),
+              human_bytes(f["dirty_nvme_bytes"].get<uint64_t>()).c_str());
+  return 0;
+}
+
+int cmd_flush(double timeout_s) {
+  auto client = connect();
+  if (!client.is_ok()) return fail(client.status());
+  json req{{"op", "flush"}};
+  if (timeout_s >= 0) req["timeout_ms"] = static_cast<int64_t>(timeout_s * 1000);
+  auto r = (*client)->call(req);
+  if (!r.is_ok()) return fail(r.status());
+  std::printf("flush: %llu models written to the repository in %.2f s; nothing dirty left\n",
+              static_cast<unsigned long long>((*r)["flushed_models"].get<uint64_t>()), (*r)["seconds"].get<double>());
   return 0;
 }
 
@@ -519,6 +535,11 @@ int main(int argc, char** argv) {
   auto* rm = app.add_subcommand("rm", "retire a model (its bytes are reclaimed by `cairn gc`)");
   rm->add_option("ID", id, "model id")->required();
   rm->callback([&] { rc = cmd_simple(json{{"op", "remove"}, {"id", id}}, false); });
+
+  double flush_timeout = -1;
+  auto* flush = app.add_subcommand("flush", "wait until every acknowledged model is in the repository");
+  flush->add_option("--timeout", flush_timeout, "give up after this many seconds (exit status non-zero)");
+  flush->callback([&] { rc = cmd_flush(flush_timeout); });
 
   auto* gc = app.add_subcommand("gc", "reclaim what only retired models use");
   gc->callback([&] { rc = cmd_gc(); });

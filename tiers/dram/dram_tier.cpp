@@ -13,7 +13,7 @@ Result<std::unique_ptr<DramTier>> DramTier::create(uint64_t capacity, std::uniqu
 }
 
 DramTier::DramTier(std::unique_ptr<SharedArena> arena, std::unique_ptr<EvictionPolicy> policy)
-    : arena_(std::move(arena)), alloc_(arena_->capacity(), 64), policy_(std::move(policy)) {
+    : arena_(std::move(arena)), alloc_(arena_->capacity(), 4096), policy_(std::move(policy)) {
   prefault_ = std::thread([this] {
 #ifndef MADV_POPULATE_WRITE
     constexpr int MADV_POPULATE_WRITE = 23;  // Linux 5.14; older kernels say EINVAL and pages fault lazily
@@ -49,10 +49,37 @@ bool DramTier::evict_one_locked() {
 }
 
 Result<uint64_t> DramTier::allocate(uint64_t nbytes) {
-  std::lock_guard lock(mu_);
+  std::unique_lock lock(mu_);
+  auto deadline = std::chrono::steady_clock::now() + backpressure_timeout_;
+  bool waited = false;
   for (;;) {
-    if (auto off = alloc_.allocate(nbytes)) return *off;
-    if (!evict_one_locked()) {
+    if (auto off = alloc_.allocate(nbytes)) {
+      bool pressure = pressure_hook_ && alloc_.free_bytes() < low_water_;
+      auto hook = pressure ? pressure_hook_ : nullptr;
+      lock.unlock();
+      if (hook) hook();
+      return *off;
+    }
+    if (evict_one_locked()) continue;
+    if (dirty_bytes_ > 0 && backpressure_timeout_.count() > 0 && nbytes <= alloc_.capacity()) {
+      // Dirty chunks become clean as the flusher writes them down: wait for it (back-pressure).
+      if (!waited) ++backpressure_waits_;
+      waited = true;
+      if (pressure_hook_) {
+        auto hook = pressure_hook_;
+        lock.unlock();
+        hook();
+        lock.lock();
+      }
+      if (space_cv_.wait_until(lock, deadline) != std::cv_status::timeout) continue;
+      if (auto off = alloc_.allocate(nbytes)) return *off;
+      if (evict_one_locked()) continue;
+      return no_space("the DRAM arena could not make room for " + std::to_string(nbytes) + " bytes within " +
+                      std::to_string(backpressure_timeout_.count()) + " ms: " + std::to_string(dirty_bytes_) +
+                      " bytes are still waiting to be written to a lower tier (the disks are slower than the "
+                      "writers; raise tiers.dram.capacity or commit less often)");
+    }
+    {
       return no_space("the DRAM arena cannot hold " + std::to_string(nbytes) + " more bytes: " +
                       std::to_string(alloc_.used()) + " of " + std::to_string(alloc_.capacity()) +
                       " bytes are pinned by readers, dirty, or held by named tensors and open writes "
@@ -62,8 +89,67 @@ Result<uint64_t> DramTier::allocate(uint64_t nbytes) {
 }
 
 void DramTier::release(uint64_t offset, uint64_t nbytes) {
+  {
+    std::lock_guard lock(mu_);
+    alloc_.free(offset, nbytes);
+  }
+  space_cv_.notify_all();
+}
+
+void DramTier::set_pressure_hook(uint64_t low_water, std::function<void()> hook) {
   std::lock_guard lock(mu_);
-  alloc_.free(offset, nbytes);
+  low_water_ = low_water;
+  pressure_hook_ = std::move(hook);
+}
+
+uint64_t DramTier::free_bytes() const {
+  std::lock_guard lock(mu_);
+  return alloc_.free_bytes();
+}
+
+std::optional<DramTier::Victim> DramTier::take_victim() {
+  std::lock_guard lock(mu_);
+  auto victim = policy_->pick_victim([this](const ChunkHash& h) {
+    auto it = chunks_.find(h);
+    return it != chunks_.end() && it->second.pins == 0 && !it->second.dirty;
+  });
+  if (!victim) return std::nullopt;
+  Resident& r = chunks_.at(*victim);
+  ++r.pins;
+  return Victim{*victim, r.offset, r.length};
+}
+
+void DramTier::finish_demotion(const ChunkHash& hash) {
+  {
+    std::lock_guard lock(mu_);
+    auto it = chunks_.find(hash);
+    if (it == chunks_.end()) return;
+    if (--it->second.pins > 0 || it->second.dirty) return;
+    alloc_.free(it->second.offset, it->second.length);
+    bytes_out_ += it->second.length;
+    chunk_bytes_ -= it->second.length;
+    chunks_.erase(it);
+    policy_->remove(hash);
+  }
+  space_cv_.notify_all();
+}
+
+std::optional<uint64_t> DramTier::pin_if_resident(const ChunkHash& hash) {
+  std::lock_guard lock(mu_);
+  auto it = chunks_.find(hash);
+  if (it == chunks_.end()) return std::nullopt;
+  ++it->second.pins;
+  return it->second.offset;
+}
+
+void DramTier::hint_references(const ChunkHash& hash, uint32_t live_models) {
+  std::lock_guard lock(mu_);
+  policy_->set_references(hash, live_models);
+}
+
+void DramTier::hint_refetch_cost(const ChunkHash& hash, double seconds) {
+  std::lock_guard lock(mu_);
+  policy_->set_refetch_cost(hash, seconds);
 }
 
 DramTier::Claim DramTier::claim(const ChunkHash& hash) {
@@ -144,7 +230,7 @@ void DramTier::unpin(const ChunkHash& hash) {
     std::fprintf(stderr, "cairn: internal error: unpin of chunk %s that is not pinned\n", hash.hex().c_str());
     std::abort();
   }
-  --it->second.pins;
+  if (--it->second.pins == 0) space_cv_.notify_all();
 }
 
 void DramTier::mark_clean(const ChunkHash& hash) {
@@ -153,6 +239,7 @@ void DramTier::mark_clean(const ChunkHash& hash) {
   if (it != chunks_.end() && it->second.dirty) {
     it->second.dirty = false;
     dirty_bytes_ -= it->second.length;
+    space_cv_.notify_all();
   }
 }
 
@@ -176,6 +263,7 @@ TierStats DramTier::stats() const {
   s.bytes_out = bytes_out_;
   s.chunks = chunks_.size();
   s.dirty_bytes = dirty_bytes_;
+  s.backpressure_waits = backpressure_waits_;
   return s;
 }
 

@@ -12,7 +12,9 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <thread>
 #include <cstdint>
 #include <memory>
@@ -47,8 +49,33 @@ class DramTier {
   uint8_t* base() const { return arena_->base(); }
 
   // Space for bytes that are not (yet) chunks: staging for writes, named tensors, assembled views.
-  // Evicts as needed. kNoSpace names the request and what is held.
+  // Allocations are aligned to 4 KiB (so chunks can go to and from the NVMe tier with direct I/O).
+  // Evicts clean, unpinned chunks as needed. When the rest is pinned or open writes, kNoSpace at
+  // once, naming the request and what is held; when dirty chunks stand in the way (the flusher
+  // will make them clean), waits for it up to the back-pressure timeout (0, the default, fails at once): a writer that outruns the
+  // disks is slowed to their pace instead of failing or growing memory.
   Result<uint64_t> allocate(uint64_t nbytes);
+  void set_backpressure_timeout(std::chrono::milliseconds t) { backpressure_timeout_ = t; }
+  // Called (outside the tier's lock) when free space falls under low_water bytes after an
+  // allocation; the tier manager's demoter uses it.
+  void set_pressure_hook(uint64_t low_water, std::function<void()> hook);
+  uint64_t free_bytes() const;
+
+  // For the demoter: picks the policy's next victim among clean, unpinned chunks, pins it and
+  // returns (hash, offset, length); nullopt when none can go. Then finish_demotion drops it (unless
+  // someone else pinned it meanwhile, when it is only unpinned).
+  struct Victim {
+    ChunkHash hash;
+    uint64_t offset = 0;
+    uint64_t length = 0;
+  };
+  std::optional<Victim> take_victim();
+  void finish_demotion(const ChunkHash& hash);
+  // Pins a resident chunk; nullopt when it is not resident.
+  std::optional<uint64_t> pin_if_resident(const ChunkHash& hash);
+  // Passes lineage hints to the policy.
+  void hint_references(const ChunkHash& hash, uint32_t live_models);
+  void hint_refetch_cost(const ChunkHash& hash, double seconds);
   // Gives back [offset, offset+nbytes) (any aligned sub-range of an allocation).
   void release(uint64_t offset, uint64_t nbytes);
 
@@ -101,11 +128,16 @@ class DramTier {
   std::thread prefault_;
   mutable std::mutex mu_;
   std::condition_variable loaded_cv_;
+  std::condition_variable space_cv_;  // space may have become free
+  std::chrono::milliseconds backpressure_timeout_{0};  // 0: no waiting (kNoSpace at once)
+  uint64_t low_water_ = 0;
+  std::function<void()> pressure_hook_;
   ArenaAllocator alloc_;                                                    // GUARDED_BY(mu_)
   std::unique_ptr<EvictionPolicy> policy_;                                  // GUARDED_BY(mu_)
   std::unordered_map<ChunkHash, Resident, ChunkHashHasher> chunks_;         // GUARDED_BY(mu_)
   std::unordered_set<ChunkHash, ChunkHashHasher> loading_;                  // GUARDED_BY(mu_)
   uint64_t hits_ = 0, misses_ = 0, bytes_in_ = 0, bytes_out_ = 0, dirty_bytes_ = 0, chunk_bytes_ = 0;
+  uint64_t backpressure_waits_ = 0;
 };
 
 }  // namespace cairn

@@ -27,6 +27,7 @@
 #include <unordered_set>
 #include <utility>
 
+#include "core/fs.hpp"
 #include "core/safetensors.hpp"
 
 namespace cairn {
@@ -76,12 +77,6 @@ class UniqueFd {
     if (fd_ >= 0) ::close(fd_);
     fd_ = -1;
   }
-  // Closes and reports the error (NFS-like filesystems report write-back failures here).
-  Status close_checked(const std::string& path) {
-    int fd = std::exchange(fd_, -1);
-    if (fd >= 0 && ::close(fd) != 0 && errno != EINTR) return errno_status("closing " + path, errno);
-    return Status::ok();
-  }
 
  private:
   int fd_ = -1;
@@ -115,37 +110,6 @@ std::string hex16(uint64_t v) {
   return std::string(buf, 16);
 }
 
-// Writes all of iov in order with as few writev calls as the kernel allows (IOV_MAX pieces, at
-// most ~2 GiB per call). iov is consumed.
-Status writev_all(int fd, std::vector<iovec>& iov, const std::string& path) {
-  size_t i = 0;
-  while (i < iov.size()) {
-    if (iov[i].iov_len == 0) {
-      ++i;
-      continue;
-    }
-    int count = static_cast<int>(std::min<size_t>(iov.size() - i, IOV_MAX));
-    ssize_t n = ::writev(fd, &iov[i], count);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return errno_status("writing " + path, errno);
-    }
-    if (n == 0) return io_error("writing " + path + ": the write made no progress");
-    auto left = static_cast<size_t>(n);
-    while (left > 0) {
-      if (left >= iov[i].iov_len) {
-        left -= iov[i].iov_len;
-        ++i;
-      } else {
-        iov[i].iov_base = static_cast<char*>(iov[i].iov_base) + left;
-        iov[i].iov_len -= left;
-        left = 0;
-      }
-    }
-  }
-  return Status::ok();
-}
-
 // Reads exactly size bytes at offset; *got tells how many were read before end of file.
 Status pread_all(int fd, void* dst, size_t size, uint64_t offset, const std::string& path, size_t* got) {
   auto* p = static_cast<char*>(dst);
@@ -161,14 +125,6 @@ Status pread_all(int fd, void* dst, size_t size, uint64_t offset, const std::str
     done += static_cast<size_t>(n);
   }
   *got = done;
-  return Status::ok();
-}
-
-Status fsync_fd(int fd, const std::string& path) {
-  while (::fsync(fd) != 0) {
-    if (errno == EINTR) continue;
-    return errno_status("syncing " + path, errno);
-  }
   return Status::ok();
 }
 
@@ -250,32 +206,43 @@ bool path_exists(const std::string& path) {
   return ::lstat(path.c_str(), &st) == 0;
 }
 
-// Writes contents (a prefix and then pieces) to dir/.tmp-<unique>, fsyncs, and renames it to
-// dir/final_name, then fsyncs dir. On failure nothing stays: the temporary file is removed, and
-// so is the final name if the rename happened but the directory sync failed.
+// Writes pieces (in order, back to back) to dir/.tmp-<unique>, fsyncs, and renames it to
+// dir/final_name, then fsyncs dir, all through fs. On failure nothing stays: the temporary file is
+// removed, and so is the final name if the rename happened but the directory sync failed.
 class AtomicFileWriter {
  public:
   // replacing: final_name exists and is being replaced; then a failed directory sync leaves the
   // new file in place (removing it would lose the old one too).
-  static Status publish(const std::string& dir, const std::string& final_name, std::vector<iovec> pieces,
-                        const std::string& tmp_name, bool replacing = false) {
+  static Status publish(FileSystem& fs, const std::string& dir, const std::string& final_name,
+                        const std::vector<iovec>& pieces, const std::string& tmp_name, bool replacing = false) {
     std::string tmp = join_path(dir, tmp_name);
     std::string final_path = join_path(dir, final_name);
-    UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
-    if (!fd.valid()) return errno_status("creating " + tmp, errno);
-    Status s = writev_all(fd.get(), pieces, tmp);
-    if (s.is_ok()) s = fsync_fd(fd.get(), tmp);
-    Status cs = fd.close_checked(tmp);
-    if (s.is_ok()) s = cs;
-    if (s.is_ok() && ::rename(tmp.c_str(), final_path.c_str()) != 0)
-      s = errno_status("renaming " + tmp + " to " + final_path, errno);
+    Status s = write_synced(fs, tmp, pieces);
+    if (s.is_ok()) s = fs.rename(tmp, final_path);
     if (!s.is_ok()) {
-      ::unlink(tmp.c_str());
+      (void)fs.unlink(tmp);  // best effort: the next open of the repository removes stray temporaries
       return s;
     }
-    s = fsync_dir(dir);
-    if (!s.is_ok() && !replacing) ::unlink(final_path.c_str());
+    s = fs.sync_dir(dir);
+    if (!s.is_ok() && !replacing) (void)fs.unlink(final_path);
     return s;
+  }
+
+ private:
+  // Creates path (it must not exist) and writes and fsyncs pieces. The file is closed on return.
+  static Status write_synced(FileSystem& fs, const std::string& path, const std::vector<iovec>& pieces) {
+    CAIRN_ASSIGN_OR_RETURN(std::unique_ptr<File> f, fs.open(path, kCreate | kExclusive));
+    // One batch: the pieces are large (whole chunks) and go out together where io_uring allows it.
+    std::vector<IoRequest> reqs;
+    reqs.reserve(pieces.size());
+    uint64_t offset = 0;
+    for (const iovec& p : pieces) {
+      if (p.iov_len == 0) continue;
+      reqs.push_back({p.iov_base, p.iov_len, offset});
+      offset += p.iov_len;
+    }
+    CAIRN_RETURN_IF_ERROR(f->write_many(reqs));
+    return f->sync(/*data_only=*/false);
   }
 };
 
@@ -572,7 +539,7 @@ json manifest_to_json(const ModelManifest& m) {
   return j;
 }
 
-Result<ModelManifest> manifest_from_json(const json& j) {
+Result<ModelManifest> manifest_from_json(const json& j, bool with_locations) {
   const std::string top = "manifest";
   if (!j.is_object()) return invalid_argument(top + ": expected a JSON object");
   // Optional fields, written only when set.
@@ -622,7 +589,7 @@ Result<ModelManifest> manifest_from_json(const json& j) {
     if (m.collected && (m.retired_ns == 0 || !m.tensors.empty() || !m.pack.empty()))
       return invalid_argument("collected: only a retired model without tensors or pack can be collected");
   }
-  CAIRN_RETURN_IF_ERROR(validate_manifest(m, /*with_locations=*/true));
+  CAIRN_RETURN_IF_ERROR(validate_manifest(m, with_locations));
   return m;
 }
 
@@ -659,6 +626,7 @@ struct Repository::Impl {
   uint64_t chunk_size_ = 0;
   bool writer_ = false;
   UniqueFd lock_fd_;
+  FileSystem* fs_ = nullptr;  // pack and manifest writes, chunk reads (never null after open)
   std::atomic<uint64_t> tmp_counter_{0};
 
   // Serializes commit and remove; they alone change the catalog.
@@ -676,9 +644,10 @@ struct Repository::Impl {
   uint64_t retired_ = 0;
   int64_t last_created_ns_ = 0;
 
-  // Read descriptors, at most kMaxOpenPacks; shared so a reader keeps using one that was evicted.
+  // Open packs for reading, at most kMaxOpenPacks; shared so a reader keeps using one that was
+  // evicted.
   mutable std::mutex fd_mu_;
-  mutable std::unordered_map<std::string, std::shared_ptr<UniqueFd>> fds_;
+  mutable std::unordered_map<std::string, std::shared_ptr<File>> fds_;
 
   std::string tmp_name() {
     return std::string(kTmpPrefix) + std::to_string(::getpid()) + "-" + std::to_string(tmp_counter_.fetch_add(1));
@@ -716,8 +685,8 @@ struct Repository::Impl {
   // Deletes dead packs and punches the ranges of live packs that no chunk reference covers.
   void reclaim(const std::vector<std::string>& dead, GcReport* report);
   Status read_chunk(const ChunkRef& ref, void* dst) const;
-  Result<std::shared_ptr<UniqueFd>> pack_fd(const std::string& pack) const;
-  void forget_fd(const std::string& pack) const;
+  Result<std::shared_ptr<File>> pack_file(const std::string& pack) const;
+  void forget_pack_file(const std::string& pack) const;
 };
 
 Status Repository::Impl::take_lock() {
@@ -790,7 +759,7 @@ Status Repository::Impl::init_or_read_format(uint64_t chunk_size) {
     std::string content = std::string(kFormatMagic) + " " + std::to_string(kFormatVersion) + "\nchunk_size " +
                           std::to_string(chunk_size) + "\n";
     std::vector<iovec> iov{{content.data(), content.size()}};
-    CAIRN_RETURN_IF_ERROR(AtomicFileWriter::publish(dir_, kFormatFile, iov, tmp_name()));
+    CAIRN_RETURN_IF_ERROR(AtomicFileWriter::publish(*fs_, dir_, kFormatFile, iov, tmp_name()));
     chunk_size_ = chunk_size;
     return Status::ok();
   }
@@ -1269,16 +1238,16 @@ Status Repository::Impl::commit(ModelManifest& in, const Repository::ChunkSource
     iov.reserve(new_chunks.size() + 1);
     iov.push_back({prefix.data(), prefix.size()});
     for (const NewChunk& nc : new_chunks) iov.push_back({const_cast<void*>(nc.data), static_cast<size_t>(nc.length)});
-    Status s = AtomicFileWriter::publish(packs_dir_, pack_name, std::move(iov), tmp_name());
+    Status s = AtomicFileWriter::publish(*fs_, packs_dir_, pack_name, iov, tmp_name());
     if (!s.is_ok()) return s.with_context("committing " + model + ": writing its pack");
   }
   {
     std::vector<iovec> iov{{text.data(), text.size()}};
-    Status s = AtomicFileWriter::publish(manifests_dir_, mfile, std::move(iov), tmp_name());
+    Status s = AtomicFileWriter::publish(*fs_, manifests_dir_, mfile, iov, tmp_name());
     if (!s.is_ok()) {
       if (!pack_path.empty()) {
-        ::unlink(pack_path.c_str());
-        (void)fsync_dir(packs_dir_);
+        (void)fs_->unlink(pack_path);  // else the next open removes it: no manifest references it
+        (void)fs_->sync_dir(packs_dir_);
       }
       return s.with_context("committing " + model + ": writing its manifest");
     }
@@ -1337,7 +1306,7 @@ Status Repository::Impl::remove(const std::string& id) {
                                                        "be durable yet");
   bool deleted = false;
   for (const std::string& pack : dead) {
-    forget_fd(pack);
+    forget_pack_file(pack);
     std::string ppath = join_path(packs_dir_, pack);
     if (::unlink(ppath.c_str()) == 0 || errno == ENOENT) {
       deleted = true;
@@ -1365,7 +1334,7 @@ Status Repository::Impl::write_manifest(const ModelManifest& m, bool replacing) 
   }
   text += '\n';
   std::vector<iovec> iov{{text.data(), text.size()}};
-  return AtomicFileWriter::publish(manifests_dir_, manifest_file(m.id), std::move(iov), tmp_name(), replacing);
+  return AtomicFileWriter::publish(*fs_, manifests_dir_, manifest_file(m.id), iov, tmp_name(), replacing);
 }
 
 Status Repository::Impl::retire(const std::string& id) {
@@ -1437,7 +1406,7 @@ std::vector<Range> dead_ranges(std::vector<Range> live, uint64_t data_begin, uin
 void Repository::Impl::reclaim(const std::vector<std::string>& dead, GcReport* report) {
   bool unlinked = false;
   for (const std::string& pack : dead) {
-    forget_fd(pack);
+    forget_pack_file(pack);
     if (::unlink(join_path(packs_dir_, pack).c_str()) == 0) {
       unlinked = true;
       ++report->packs_deleted;
@@ -1639,27 +1608,26 @@ Result<FsckReport> Repository::Impl::fsck(bool verify_data) const {
 
 // ---- reads ----
 
-Result<std::shared_ptr<UniqueFd>> Repository::Impl::pack_fd(const std::string& pack) const {
+Result<std::shared_ptr<File>> Repository::Impl::pack_file(const std::string& pack) const {
   std::lock_guard lock(fd_mu_);
   auto it = fds_.find(pack);
   if (it != fds_.end()) return it->second;
   std::string path = join_path(packs_dir_, pack);
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    int err = errno;
-    if (err == ENOENT)
+  Result<std::unique_ptr<File>> f = fs_->open(path, kRead);
+  if (!f.is_ok()) {
+    if (f.status().code() == StatusCode::kNotFound)
       return not_found("pack " + path +
                        " does not exist (its model was removed, or the "
                        "repository lost it)");
-    return errno_status("opening pack " + path, err);
+    return f.status().with_context("opening pack " + path);
   }
-  auto holder = std::make_shared<UniqueFd>(fd);
+  std::shared_ptr<File> holder = std::move(f).value();
   if (fds_.size() >= kMaxOpenPacks) fds_.erase(fds_.begin());
   fds_.emplace(pack, holder);
   return holder;
 }
 
-void Repository::Impl::forget_fd(const std::string& pack) const {
+void Repository::Impl::forget_pack_file(const std::string& pack) const {
   std::lock_guard lock(fd_mu_);
   fds_.erase(pack);
 }
@@ -1670,10 +1638,10 @@ Status Repository::Impl::read_chunk(const ChunkRef& ref, void* dst) const {
   if (ref.length == 0 || ref.length > kMaxChunkSize || ref.offset > UINT64_MAX - ref.length)
     return invalid_argument("reading chunk " + ref.hash.hex() + " from pack " + ref.pack + ": bad length " +
                             std::to_string(ref.length) + " or offset " + std::to_string(ref.offset));
-  CAIRN_ASSIGN_OR_RETURN(std::shared_ptr<UniqueFd> fd, pack_fd(ref.pack));
+  CAIRN_ASSIGN_OR_RETURN(std::shared_ptr<File> file, pack_file(ref.pack));
   std::string path = join_path(packs_dir_, ref.pack);
   size_t got = 0;
-  CAIRN_RETURN_IF_ERROR(pread_all(fd->get(), dst, static_cast<size_t>(ref.length), ref.offset, path, &got));
+  CAIRN_RETURN_IF_ERROR(file->pread(dst, static_cast<size_t>(ref.length), ref.offset, &got));
   std::string where = "chunk " + ref.hash.hex() + " at offset " + std::to_string(ref.offset) + " (" +
                       std::to_string(ref.length) + " bytes) of pack " + path;
   if (got != ref.length)
@@ -1692,8 +1660,9 @@ Status Repository::Impl::read_chunk(const ChunkRef& ref, void* dst) const {
 Repository::Repository(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Repository::~Repository() = default;
 
-Result<std::unique_ptr<Repository>> Repository::open(const std::string& dir, uint64_t chunk_size) {
+Result<std::unique_ptr<Repository>> Repository::open(const std::string& dir, uint64_t chunk_size, FileSystem* fs) {
   auto impl = std::make_unique<Impl>();
+  impl->fs_ = fs != nullptr ? fs : &posix_fs();
   CAIRN_RETURN_IF_ERROR(impl->open(dir, chunk_size));
   return std::unique_ptr<Repository>(new Repository(std::move(impl)));
 }

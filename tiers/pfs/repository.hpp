@@ -1,4 +1,5 @@
 // The repository: the durable home of models, a directory on the parallel filesystem.
+// Via the FileSystem seam (core/fs.hpp): pack/manifest/FORMAT writes, read_chunk. Lock, scan, remove, gc, fsck: POSIX.
 //
 // Layout (docs/repository-format.md):
 //   FORMAT                         "cairn-repository 1\nchunk_size N\n"
@@ -35,6 +36,8 @@
 #include "core/status.hpp"
 
 namespace cairn {
+
+class FileSystem;
 
 // Where a chunk's bytes are in the repository.
 struct ChunkRef {
@@ -82,7 +85,9 @@ nlohmann::json manifest_to_json(const ModelManifest& m);
 // known, nbytes == shape x itemsize == sum of chunk lengths, pack names plain file names, metadata
 // and architecture nested at most kMaxManifestJsonDepth deep). kInvalidArgument names the field
 // that is wrong ("tensors[2].chunks[0].length: ..."). Never throws, whatever j holds.
-Result<ModelManifest> manifest_from_json(const nlohmann::json& j);
+// with_locations = false accepts chunks without a pack (a model not yet in the repository, as
+// the burst buffer records it).
+Result<ModelManifest> manifest_from_json(const nlohmann::json& j, bool with_locations = true);
 inline constexpr int kMaxManifestJsonDepth = 64;
 
 struct RepositoryStats {
@@ -134,8 +139,10 @@ class Repository {
   // removes temporary files and unreferenced packs left by a crash (the writer only). A manifest
   // that does not parse or check, a missing parent, or a missing or truncated pack fails open with
   // kCorruption naming the file; a non-empty directory without FORMAT, or another format version,
-  // is kInvalidArgument.
-  static Result<std::unique_ptr<Repository>> open(const std::string& dir, uint64_t chunk_size);
+  // is kInvalidArgument. fs: where pack and manifest bytes are written and chunks read (see the top
+  // of this file); nullptr = posix_fs(). It must outlive the Repository.
+  static Result<std::unique_ptr<Repository>> open(const std::string& dir, uint64_t chunk_size,
+                                                  FileSystem* fs = nullptr);
   ~Repository();
 
   uint64_t chunk_size() const;

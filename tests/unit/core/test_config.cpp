@@ -315,7 +315,7 @@ TEST_CASE("config: unknown keys are rejected with their path and the valid keys"
   CHECK(contains(m, "tiers.nvme.size: unknown key (valid keys here: path, capacity, persistent)"));
 
   m = load_error("policy: {evict: lru}");
-  CHECK(contains(m, "policy.evict: unknown key (valid keys here: eviction, prefetch)"));
+  CHECK(contains(m, "policy.evict: unknown key (valid keys here: eviction, prefetch, admission)"));
 
   m = load_error("peers: {bootstrapp: mpi}");
   CHECK(contains(m,

@@ -33,7 +33,8 @@ constexpr uint64_t kChunk = 64 * 1024;  // small chunks so that tests see multi-
 constexpr uint64_t kArenaBytes = 64ull << 20;
 
 int code(StatusCode c) { return static_cast<int>(c); }
-uint64_t round64(uint64_t n) { return n == 0 ? 64 : (n + 63) / 64 * 64; }
+// The DRAM arena allocates in 4 KiB units (so chunks can move to and from NVMe with direct I/O).
+uint64_t round4k(uint64_t n) { return n == 0 ? 4096 : (n + 4095) / 4096 * 4096; }
 
 struct TempDir : testing::TempDir {
   TempDir() : testing::TempDir("cairn-test-engine") {}
@@ -213,7 +214,7 @@ TEST_CASE("engine: staging space is allocated in the arena and freed", "[engine]
   const uint64_t space = a["space"].get<uint64_t>();
   const uint64_t off = a["offset"].get<uint64_t>();
   REQUIRE(off + 100000 <= f.e().arena_size());
-  REQUIRE(used_bytes(f.e()) == used0 + round64(100000));
+  REQUIRE(used_bytes(f.e()) == used0 + round4k(100000));
   std::memset(f.e().dram().base() + off, 0x11, 100000);  // the client writes into it
 
   ok(f.e(), f.session, {{"op", "free"}, {"space", space}});
@@ -276,7 +277,7 @@ TEST_CASE("engine: named tensors are put inline or from a space, described, leas
   // Deleting frees the bytes at once when nobody holds them.
   const uint64_t used = used_bytes(e);
   ok(e, s, {{"op", "delete_tensor"}, {"key", "a"}});
-  REQUIRE(used_bytes(e) == used - round64(1000));
+  REQUIRE(used_bytes(e) == used - round4k(1000));
   fails(e, s, {{"op", "tensor_info"}, {"key", "a"}}, StatusCode::kNotFound, "'a'");
   fails(e, s, {{"op", "lease_tensor"}, {"key", "a"}}, StatusCode::kNotFound, "'a'");
   fails(e, s, {{"op", "delete_tensor"}, {"key", "a"}}, StatusCode::kNotFound, "'a'");
@@ -719,7 +720,7 @@ TEST_CASE("engine: end_session releases the connection's leases and staging spac
   ok(e, s2, {{"op", "lease"}, {"id", "qp"}, {"tensors", {"y"}}, {"contiguous", true}});  // assembled copy
   ok(e, s2, {{"op", "lease"}, {"id", "pq"}, {"tensors", {"x"}}});                        // pinned chunks
   ok(e, s2, {{"op", "lease_tensor"}, {"key", "named"}});
-  REQUIRE(used_bytes(e) == used0 + (1 << 20) + round64(1000) + 2 * kChunk);
+  REQUIRE(used_bytes(e) == used0 + (1 << 20) + round4k(1000) + 2 * kChunk);
   REQUIRE(s2.leases.size() == 3);
   REQUIRE(s2.staging.size() == 2);
 

@@ -27,6 +27,25 @@ TEST_CASE("LRU evicts the least recently used evictable chunk", "[policy]") {
 TEST_CASE("make_eviction_policy rejects unknown names", "[policy]") {
   auto p = cairn::make_eviction_policy("fifo");
   REQUIRE_FALSE(p.is_ok());
-  REQUIRE(p.status().message().find("policy.eviction") != std::string::npos);
-  REQUIRE(cairn::make_eviction_policy("lru").is_ok());
+  REQUIRE(p.status().code() == cairn::StatusCode::kInvalidArgument);
+  REQUIRE(p.status().message() == "policy.eviction: 'fifo' is not one of lru, lineage");
+  auto lru = cairn::make_eviction_policy("lru");
+  REQUIRE(lru.is_ok());
+  REQUIRE(std::string((*lru)->name()) == "lru");
+  auto lineage = cairn::make_eviction_policy("lineage");
+  REQUIRE(lineage.is_ok());
+  REQUIRE(std::string((*lineage)->name()) == "lineage");
+}
+
+TEST_CASE("LRU ignores references, refetch costs and unknown keys", "[policy]") {
+  cairn::LruPolicy lru;
+  ChunkHash a{0, 1}, b{0, 2};
+  lru.track(a, 10);
+  lru.track(b, 10);
+  lru.set_references(a, 100);
+  lru.set_refetch_cost(a, 10.0);
+  lru.touch(ChunkHash{0, 9});
+  lru.remove(ChunkHash{0, 9});
+  REQUIRE(lru.size() == 2);
+  REQUIRE(lru.pick_victim([](const ChunkHash&) { return true; }) == a);
 }

@@ -61,7 +61,7 @@ TEST_CASE("DramTier allocates and releases arena space", "[dram]") {
   REQUIRE(a.is_ok());
   REQUIRE(b.is_ok());
   REQUIRE(*a != *b);
-  REQUIRE(tier->stats().used_bytes == 1024 + kMiB);  // rounded to the 64-byte unit
+  REQUIRE(tier->stats().used_bytes == 4096 + kMiB);  // rounded to the 4 KiB unit (direct I/O alignment)
   // The whole arena is writable.
   std::memset(tier->base() + *b, 0xAB, kMiB);
 

@@ -18,6 +18,7 @@
 #include <unordered_map>
 
 #include "unit/temp_dir.hpp"
+#include "core/fs.hpp"
 #include "core/safetensors.hpp"
 #include "tiers/pfs/repository.hpp"
 
@@ -1088,4 +1089,128 @@ TEST_CASE("gc killed with SIGKILL at random moments never loses a live model", "
           if (seen.insert(c.hash).second) live_bytes += c.length;
   CHECK(repo->stats().physical_bytes == live_bytes);
   WARN("gc runs killed part-way: " << interrupted_midway);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Faults injected through the FileSystem seam (core/fs.hpp): the repository's pack and manifest
+// writes and its chunk reads go through a FaultyFileSystem over the real filesystem.
+
+namespace {
+
+struct FaultyRepo {
+  TempDir tmp;
+  FaultyFileSystem faulty{posix_fs()};
+  std::unique_ptr<Repository> repo;
+  ChunkStore store;
+  std::set<std::string> packs_before, manifests_before;
+  RepositoryStats stats_before;
+
+  // Opens the repository over the faulty filesystem with one model ("base") committed.
+  FaultyRepo() {
+    auto r = Repository::open(tmp.repo(), kChunk, &faulty);
+    INFO(r.status().to_string());
+    REQUIRE(r.is_ok());
+    repo = std::move(r).value();
+    ModelManifest base = make_model("base", "", {u8_tensor(store, "w", kChunk + 10, 1)});
+    REQUIRE(repo->commit(base, store.source()).is_ok());
+    packs_before = files_in(tmp.repo() + "/packs");
+    manifests_before = files_in(tmp.repo() + "/manifests");
+    stats_before = repo->stats();
+  }
+
+  // A child of base with two new tensors (a pack of three chunks).
+  ModelManifest new_model(const std::string& id) {
+    return make_model(id, "base", {u8_tensor(store, "x", 2 * kChunk + 3, 2), u8_tensor(store, "y", 100, 3)});
+  }
+
+  // The failed commit of id left nothing: no model, no pack, no manifest, no temporary file.
+  void require_nothing_visible(const std::string& id) {
+    CHECK_FALSE(repo->contains(id));
+    CHECK(repo->list() == std::vector<std::string>{"base"});
+    CHECK(files_in(tmp.repo() + "/packs") == packs_before);
+    CHECK(files_in(tmp.repo() + "/manifests") == manifests_before);
+    CHECK(same_stats(repo->stats(), stats_before));
+  }
+};
+
+}  // namespace
+
+TEST_CASE("ENOSPC writing a pack: kNoSpace, nothing visible, and a later commit works", "[repository][faults]") {
+  FaultyRepo t;
+  t.faulty.add({.op = FaultyFileSystem::Op::kWrite, .path_contains = "/packs/", .err = ENOSPC});
+  ModelManifest m = t.new_model("new");
+  ModelManifest copy = m;
+  Status s = t.repo->commit(copy, t.store.source());
+  INFO(s.to_string());
+  CHECK(s.code() == StatusCode::kNoSpace);
+  CHECK_THAT(s.message(), Catch::Contains("writing its pack"));
+  CHECK(t.faulty.injected() == 1);
+  CHECK(copy == m);
+  t.require_nothing_visible("new");
+
+  t.faulty.clear();
+  copy = m;
+  REQUIRE(t.repo->commit(copy, t.store.source()).is_ok());
+  require_model_bytes(*t.repo, "new", t.store);
+  t.repo.reset();
+  auto reopened = open_repo(t.tmp.repo());
+  CHECK(reopened->list() == std::vector<std::string>{"base", "new"});
+  require_model_bytes(*reopened, "new", t.store);
+}
+
+TEST_CASE("a torn manifest write: the commit fails and nothing is visible", "[repository][faults]") {
+  FaultyRepo t;
+  t.faulty.add({.op = FaultyFileSystem::Op::kWrite,
+                .path_contains = "/manifests/",
+                .effect = FaultyFileSystem::Effect::kShortWrite});
+  ModelManifest m = t.new_model("torn");
+  Status s = t.repo->commit(m, t.store.source());
+  INFO(s.to_string());
+  CHECK(s.code() == StatusCode::kIo);
+  CHECK_THAT(s.message(), Catch::Contains("writing its manifest"));
+  CHECK(t.faulty.injected() == 1);
+  t.require_nothing_visible("torn");  // the pack, written first, was removed again
+  t.repo.reset();
+  auto reopened = open_repo(t.tmp.repo());
+  CHECK(reopened->list() == std::vector<std::string>{"base"});
+}
+
+TEST_CASE("a bit flipped while reading a chunk is kCorruption, never the bytes", "[repository][faults]") {
+  FaultyRepo t;
+  ModelManifest m = t.new_model("m");
+  REQUIRE(t.repo->commit(m, t.store.source()).is_ok());
+  const ChunkRef& c = m.tensors[0].chunks[1];
+  t.faulty.add({.op = FaultyFileSystem::Op::kRead,
+                .path_contains = "/packs/",
+                .effect = FaultyFileSystem::Effect::kFlipBit});
+  std::string buf(c.length, '\0');
+  Status s = t.repo->read_chunk(c, buf.data());
+  CHECK(s.code() == StatusCode::kCorruption);
+  CHECK_THAT(s.message(), Catch::Contains(c.pack));
+  CHECK_THAT(s.message(), Catch::Contains(c.hash.hex()));
+  CHECK(t.faulty.injected() == 1);
+  // The stored bytes are intact: the next read (the rule is spent) returns them.
+  REQUIRE(t.repo->read_chunk(c, buf.data()).is_ok());
+  CHECK(hash_bytes(buf.data(), buf.size()) == c.hash);
+}
+
+TEST_CASE("a failed sync fails the commit and leaves nothing visible", "[repository][faults]") {
+  FaultyRepo t;
+  using Op = FaultyFileSystem::Op;
+  SECTION("fsync of the pack") { t.faulty.add({.op = Op::kSync, .path_contains = "/packs/.tmp-"}); }
+  SECTION("fsync of the manifest") { t.faulty.add({.op = Op::kSync, .path_contains = "/manifests/.tmp-"}); }
+  SECTION("fsync of the manifests directory after the rename") {
+    // The first matching sync is the manifest file's own, the second the directory's.
+    t.faulty.add({.op = Op::kSync, .path_contains = "/manifests", .skip = 1});
+  }
+  SECTION("fsync of the packs directory") { t.faulty.add({.op = Op::kSync, .path_contains = "/packs", .skip = 1}); }
+  ModelManifest m = t.new_model("unsynced");
+  Status s = t.repo->commit(m, t.store.source());
+  INFO(s.to_string());
+  CHECK(s.code() == StatusCode::kIo);
+  CHECK(t.faulty.injected() == 1);
+  t.require_nothing_visible("unsynced");
+  t.repo.reset();
+  auto reopened = open_repo(t.tmp.repo());
+  CHECK(reopened->list() == std::vector<std::string>{"base"});
 }

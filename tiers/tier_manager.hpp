@@ -1,0 +1,114 @@
+// The tier manager: moves chunks between DRAM, the NVMe burst buffer and the repository.
+//
+// Where a chunk is: the DRAM tier knows its resident chunks (pins, and "dirty": no copy in any tier
+// below, so it may not leave); the NVMe tier knows its own (and which of them the repository lacks);
+// the repository knows what it stores. The manager answers the questions that need all three:
+//   - fetch: the fastest copy below DRAM (NVMe, verified against its hash, else the repository);
+//   - write_local: the `local` durability step, chunks whose only copy is in DRAM go to NVMe;
+//   - Source: the bytes of a model's chunks for a repository commit, from DRAM or NVMe;
+//   - demotion: a background thread keeps DRAM free space above a low-water mark by taking the
+//     eviction policy's victims and writing those NVMe lacks (as the admission policy allows) to the
+//     burst buffer before dropping them, so a later read finds them on NVMe rather than the PFS.
+// All movement runs on the flusher threads and the demoter, never on a request's thread, except a
+// read's fetch of what it needs.
+//
+// Thread-safety: every method may be called from any thread.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/hash.hpp"
+#include "core/status.hpp"
+#include "policy/eviction.hpp"
+#include "tiers/dram/dram_tier.hpp"
+#include "tiers/nvme/nvme_tier.hpp"
+#include "tiers/pfs/repository.hpp"
+
+namespace cairn {
+
+class TierManager {
+ public:
+  // nvme may be null (no burst buffer). Starts the demoter when there is one.
+  TierManager(DramTier& dram, NvmeTier* nvme, Repository& repo, std::unique_ptr<AdmissionPolicy> admission);
+  ~TierManager();
+  TierManager(const TierManager&) = delete;
+  TierManager& operator=(const TierManager&) = delete;
+
+  NvmeTier* nvme() const { return nvme_; }
+
+  // True when the chunk has no durable copy below DRAM (neither in the repository nor dirty-or-clean
+  // on NVMe while the repository lacks it): a chunk a client wrote must then stay in DRAM (dirty)
+  // until write_local or the repository commit.
+  bool only_in_dram(const ChunkHash& hash) const;
+
+  // Reads ref's bytes (ref.length) into dst from the fastest tier below DRAM. A burst-buffer copy
+  // that fails its hash is dropped and the repository read instead; a repository copy that fails is
+  // kCorruption. Bad bytes never stay in dst with OK returned.
+  Status fetch(const ChunkRef& ref, void* dst);
+
+  // The `local` step: every chunk in `chunks` that is dirty in DRAM goes to the NVMe tier, durably;
+  // then the DRAM copies are clean (they may be evicted; NVMe has them). kNoSpace when the burst
+  // buffer is full of data not yet in the repository (the caller then goes to the repository
+  // directly). REQUIRES: a burst buffer.
+  Status write_local(const std::vector<ChunkRef>& chunks);
+
+  // The bytes of chunks for a repository commit: DRAM copies are pinned, NVMe copies read into
+  // memory, until the Source is destroyed.
+  class Source {
+   public:
+    explicit Source(TierManager& tm) : tm_(tm) {}
+    ~Source();
+    Source(const Source&) = delete;
+    Source& operator=(const Source&) = delete;
+    Result<const void*> get(const ChunkHash& hash, uint64_t length);
+    uint64_t bytes() const { return bytes_; }
+
+   private:
+    TierManager& tm_;
+    std::vector<ChunkHash> pinned_;
+    std::vector<std::unique_ptr<uint8_t[]>> buffers_;
+    uint64_t bytes_ = 0;
+  };
+
+  // The chunks are in the repository now: clean in every tier.
+  void stored_globally(const std::vector<ChunkRef>& chunks);
+
+  // Per-source read counters and the demoter's work, for `cairn stats`.
+  nlohmann::json stats() const;
+  // Runs the demoter once, now (tests; the thread does the same when woken).
+  void demote_now();
+
+ private:
+  void demoter_loop();
+  void demote(uint64_t target_free);
+  void note_cost(const ChunkHash& h, uint64_t bytes, double seconds, bool from_nvme);
+
+  DramTier& dram_;
+  NvmeTier* nvme_;
+  Repository& repo_;
+  std::unique_ptr<AdmissionPolicy> admission_;
+  uint64_t low_water_ = 0, high_water_ = 0;
+
+  std::mutex demote_mu_;  // one demotion pass at a time
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool wake_ = false, stop_ = false;
+  std::thread demoter_;
+
+  std::atomic<uint64_t> nvme_reads_{0}, nvme_read_bytes_{0}, pfs_reads_{0}, pfs_read_bytes_{0};
+  std::atomic<uint64_t> nvme_corrupt_{0}, demoted_{0}, demoted_bytes_{0}, dropped_{0}, evicted_on_nvme_{0}, local_writes_{0},
+      local_write_bytes_{0};
+  // Measured read bandwidths (bytes/s, moving averages), the policy's refetch cost model.
+  std::atomic<double> nvme_bw_{2e9}, pfs_bw_{5e8};
+};
+
+}  // namespace cairn
