@@ -166,6 +166,8 @@ void TierManager::demote(uint64_t target_free) {
     if (nvme_ && !below) {
       AdmissionPolicy::Candidate c;
       c.bytes = v->length;
+      c.accesses = v->accesses;
+      c.references = v->references;
       c.refetch_cost = static_cast<double>(v->length) / pfs_bw_.load();
       if (!admission_ || admission_->admit(c)) {
         NvmeTier::Put p{v->hash, dram_.base() + v->offset, v->length, false};

@@ -116,7 +116,7 @@ std::optional<DramTier::Victim> DramTier::take_victim() {
   if (!victim) return std::nullopt;
   Resident& r = chunks_.at(*victim);
   ++r.pins;
-  return Victim{*victim, r.offset, r.length};
+  return Victim{*victim, r.offset, r.length, r.accesses, r.references};
 }
 
 void DramTier::finish_demotion(const ChunkHash& hash) {
@@ -144,6 +144,7 @@ std::optional<uint64_t> DramTier::pin_if_resident(const ChunkHash& hash) {
 
 void DramTier::hint_references(const ChunkHash& hash, uint32_t live_models) {
   std::lock_guard lock(mu_);
+  if (auto it = chunks_.find(hash); it != chunks_.end()) it->second.references = live_models;
   policy_->set_references(hash, live_models);
 }
 
@@ -158,6 +159,7 @@ DramTier::Claim DramTier::claim(const ChunkHash& hash) {
   if (it != chunks_.end()) {
     ++it->second.pins;
     ++hits_;
+    ++it->second.accesses;
     policy_->touch(hash);
     return {ClaimKind::kResident, it->second.offset};
   }
@@ -194,6 +196,7 @@ std::optional<uint64_t> DramTier::wait_pin(const ChunkHash& hash) {
   if (it == chunks_.end()) return std::nullopt;
   ++it->second.pins;
   ++hits_;
+  ++it->second.accesses;
   policy_->touch(hash);
   return it->second.offset;
 }

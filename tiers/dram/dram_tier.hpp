@@ -68,6 +68,8 @@ class DramTier {
     ChunkHash hash;
     uint64_t offset = 0;
     uint64_t length = 0;
+    uint32_t accesses = 0;    // reads while it was resident
+    uint32_t references = 0;  // live models using it, as last hinted
   };
   std::optional<Victim> take_victim();
   void finish_demotion(const ChunkHash& hash);
@@ -116,6 +118,8 @@ class DramTier {
     uint64_t length;
     uint32_t pins;
     bool dirty;
+    uint32_t accesses = 0;    // reads while resident (admission to NVMe)
+    uint32_t references = 0;  // live models using it, as last hinted
   };
   DramTier(std::unique_ptr<SharedArena> arena, std::unique_ptr<EvictionPolicy> policy);
   // REQUIRES: mu_ held. Evicts one victim; false when none can go.
