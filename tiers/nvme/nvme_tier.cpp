@@ -7,7 +7,9 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
+#include <unordered_set>
 
 #include "core/log.hpp"
 
@@ -94,14 +96,22 @@ struct NvmeTier::Impl {
   std::unique_ptr<File> data;
   int lock_fd = -1;
 
-  // The journal: appends are serialized; jsize is where the next record goes.
+  // The journal: appends are serialized; jsize is where the next record goes. Lock order: jmu, then mu.
   std::mutex jmu;
   std::unique_ptr<File> journal;
   uint64_t jsize = 0;
   uint64_t jlive_hint = 0;  // journal bytes of the state at the last compaction
+  // An append failed: what the journal holds past its last good record is unknown (a torn record,
+  // or whole records that were never made durable and may name extents given out again since). The
+  // next append rewrites the journal from the state first.  GUARDED_BY(jmu)
+  bool broken = false;
 
   mutable std::mutex mu;
-  std::condition_variable unpinned;
+  std::condition_variable unpinned;  // an entry's pins dropped to 0
+  std::condition_variable landed;    // a put finished with its chunks (inflight shrank)
+  // Chunks a put is storing right now (between planning and recording): a second put of the same
+  // chunk waits for the first instead of storing it twice.
+  std::unordered_set<ChunkHash, ChunkHashHasher> inflight;  // GUARDED_BY(mu)
   std::unordered_map<ChunkHash, Entry, ChunkHashHasher> entries;  // GUARDED_BY(mu)
   std::unordered_map<ChunkHash, bool, ChunkHashHasher> doomed;     // pinned entries to drop at unpin (true: corrupt)
   std::unique_ptr<ArenaAllocator> alloc;                           // GUARDED_BY(mu)
@@ -111,22 +121,30 @@ struct NvmeTier::Impl {
   std::unique_ptr<EvictionPolicy> policy;                          // GUARDED_BY(mu)
   uint64_t hits = 0, misses = 0, bytes_in = 0, bytes_out = 0, dirty_bytes = 0, corrupt = 0;
 
-  // Appends records (and syncs when asked). Sync also releases the quarantine.
-  Status append(const std::string& records, bool sync) {
+  // Appends records (and syncs when asked). Sync also releases the quarantine. on_durable, when
+  // given, runs once the records are on the device, with jmu and mu held: a put makes its chunks
+  // visible there, so a compaction (which snapshots the state under jmu) never misses a chunk whose
+  // record it replaces.
+  Status append(const std::string& records, bool sync, const std::function<void()>& on_durable = {}) {
     std::vector<std::pair<uint64_t, uint64_t>> released;
-    {
-      std::lock_guard jl(jmu);
-      if (!records.empty()) {
-        CAIRN_RETURN_IF_ERROR(journal->pwrite(records.data(), records.size(), jsize));
-        jsize += records.size();
+    std::lock_guard jl(jmu);
+    if (broken) CAIRN_RETURN_IF_ERROR(compact_locked());
+    if (!records.empty()) {
+      Status st = journal->pwrite(records.data(), records.size(), jsize);
+      if (!st.is_ok()) {
+        broken = true;
+        return st;
       }
-      if (!sync) return Status::ok();
+      jsize += records.size();
+    }
+    if (sync) {
       {
         std::lock_guard l(mu);
         released.swap(quarantine);
       }
       Status st = journal->sync(true);
       if (!st.is_ok()) {
+        broken = true;
         std::lock_guard l(mu);
         quarantine.insert(quarantine.end(), released.begin(), released.end());
         return st;
@@ -134,6 +152,7 @@ struct NvmeTier::Impl {
     }
     std::lock_guard l(mu);
     for (auto [off, len] : released) alloc->free(off, len);
+    if (on_durable) on_durable();
     return Status::ok();
   }
 
@@ -167,6 +186,11 @@ struct NvmeTier::Impl {
   // Rewrites the journal as the current state: journal.tmp, sync, rename, directory sync.
   Status compact() {
     std::lock_guard jl(jmu);
+    return compact_locked();
+  }
+
+  // REQUIRES: jmu held.
+  Status compact_locked() {
     std::string snap;
     std::vector<std::pair<uint64_t, uint64_t>> released;
     {
@@ -191,10 +215,14 @@ struct NvmeTier::Impl {
     journal = std::move(*f);
     jsize = snap.size();
     jlive_hint = snap.size();
+    broken = false;
     std::lock_guard l(mu);
     for (auto [off, len] : released) alloc->free(off, len);
     return Status::ok();
   }
+
+  // One pass of put(): stores what it can; chunks another put is storing go to later.
+  Status put_batch(std::span<const Put> chunks, std::vector<Put>& later);
 
   Status maybe_compact() {
     uint64_t size, live;
@@ -396,7 +424,6 @@ Result<std::unique_ptr<NvmeTier>> NvmeTier::open(Options options) {
   // Verify the chunks whose only durable copy is here. Clean ones are verified when read.
   std::vector<ChunkHash> bad;
   for (const auto& [h, e] : impl->entries) {
-    ++report.chunks;
     if (!e.dirty) continue;
     AlignedBuffer buf(round_up(e.length));
     Status st = buf.data() ? impl->read_extent(e.offset, buf.data(), e.length) : no_space("no memory");
@@ -414,6 +441,7 @@ Result<std::unique_ptr<NvmeTier>> NvmeTier::open(Options options) {
     impl->alloc->free(e.offset, round_up(e.length));
     impl->entries.erase(h);
   }
+  report.chunks = impl->entries.size();
   for (const auto& [h, e] : impl->entries) {
     impl->policy->track(h, e.length);
     if (e.dirty) impl->dirty_bytes += e.length;
@@ -430,20 +458,59 @@ Result<std::unique_ptr<NvmeTier>> NvmeTier::open(Options options) {
 }
 
 Status NvmeTier::put(std::span<const Put> chunks) {
+  for (const Put& p : chunks)
+    if (p.length == 0)
+      return invalid_argument("chunk " + p.hash.hex() + " is empty: a chunk in the burst buffer has at least one byte");
   Impl& im = *impl_;
+  std::vector<Put> later;  // chunks another put was storing: stored (or found) once it is done
+  Status st = im.put_batch(chunks, later);
+  while (st.is_ok() && !later.empty()) {
+    {
+      std::unique_lock l(im.mu);
+      im.landed.wait(l, [&] {
+        return std::none_of(later.begin(), later.end(), [&](const Put& p) { return im.inflight.count(p.hash) > 0; });
+      });
+    }
+    std::vector<Put> again;
+    st = im.put_batch(later, again);
+    later.swap(again);
+  }
+  return st;
+}
+
+Status NvmeTier::Impl::put_batch(std::span<const Put> chunks, std::vector<Put>& later) {
+  Impl& im = *this;
   struct Planned {
     const Put* put;
-    uint64_t offset;
+    uint64_t offset = 0;
+    bool placed = false;
   };
   std::vector<Planned> planned;
   std::string records;  // DEL records of evictions, PUT records of re-dirtied chunks
   uint64_t need = 0;
   {
     std::unique_lock l(im.mu);
-    std::unordered_map<ChunkHash, bool, ChunkHashHasher> seen;
+    std::unordered_set<ChunkHash, ChunkHashHasher> seen;
     for (const Put& p : chunks) {
-      if (!seen.emplace(p.hash, true).second) continue;
+      if (!seen.insert(p.hash).second) continue;
       auto it = im.entries.find(p.hash);
+      for (;;) {
+        if (im.inflight.count(p.hash)) break;
+        it = im.entries.find(p.hash);
+        auto d = im.doomed.find(p.hash);
+        if (it == im.entries.end() || d == im.doomed.end()) break;
+        if (!d->second) {
+          // Removed while being read: its bytes are good, so it simply stays.
+          im.doomed.erase(d);
+          break;
+        }
+        // A corrupt copy still being read: once its last reader drops it, store the chunk anew.
+        im.unpinned.wait(l);
+      }
+      if (im.inflight.count(p.hash)) {
+        later.push_back(p);
+        continue;
+      }
       if (it != im.entries.end()) {
         if (p.dirty && !it->second.dirty) {
           // The repository lost it (gc) and a new commit brought it back: its only copy is here.
@@ -454,60 +521,91 @@ Status NvmeTier::put(std::span<const Put> chunks) {
         continue;
       }
       need += round_up(p.length);
-      planned.push_back(Planned{&p, 0});
+      planned.push_back(Planned{&p});
+      im.inflight.insert(p.hash);
     }
   }
-  // Space: allocate, evicting clean chunks; when the evictions are all that stands in the way, make
-  // their DEL records durable so their extents can be reused.
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    bool short_of_space = false;
+  // However this put ends, its chunks are no longer in flight.
+  struct Landing {
+    Impl& im;
+    const std::vector<Planned>& planned;
+    ~Landing() {
+      {
+        std::lock_guard l(im.mu);
+        for (const auto& pl : planned) im.inflight.erase(pl.put->hash);
+      }
+      im.landed.notify_all();
+    }
+  } landing{im, planned};
+  auto give_back_locked = [&] {
+    for (auto& pl : planned)
+      if (pl.placed) im.alloc->free(pl.offset, round_up(pl.put->length));
+  };
+
+  // Space: allocate, evicting clean unpinned chunks in policy order, only as many as the chunks
+  // still to place need. An evicted extent is reusable once its DEL record is durable, so when the
+  // evicted (quarantined) and free bytes cover the rest, the records are synced and allocation
+  // retried; fragmentation may then need further evictions.
+  for (;;) {
+    bool release = false, stuck = false;
     {
       std::lock_guard l(im.mu);
-      for (auto& pl : planned) {
-        if (pl.offset != 0 || pl.put->length == 0) continue;
+      for (size_t i = 0; i < planned.size() && !release && !stuck; ++i) {
+        Planned& pl = planned[i];
+        if (pl.placed) continue;
         for (;;) {
           if (auto off = im.alloc->allocate(round_up(pl.put->length))) {
-            pl.offset = *off + 1;  // +1: 0 means "not yet"
+            pl.offset = *off;
+            pl.placed = true;
+            break;
+          }
+          uint64_t rest = 0, quarantined = 0;
+          for (size_t j = i; j < planned.size(); ++j)
+            if (!planned[j].placed) rest += round_up(planned[j].put->length);
+          for (const auto& q : im.quarantine) quarantined += q.second;
+          if (!im.quarantine.empty() && quarantined + im.alloc->free_bytes() >= rest) {
+            release = true;
             break;
           }
           auto victim = im.policy->pick_victim([&](const ChunkHash& h) {
             auto it = im.entries.find(h);
-            return it != im.entries.end() && !it->second.dirty && it->second.pins == 0;
+            return it != im.entries.end() && !it->second.dirty && it->second.pins == 0 && !im.doomed.count(h);
           });
           if (!victim) {
-            short_of_space = true;
+            (im.quarantine.empty() ? stuck : release) = true;
             break;
           }
           im.drop_locked(*victim, records);
         }
-        if (short_of_space) break;
       }
     }
-    if (!short_of_space) break;
-    bool can_reuse;
-    {
-      std::lock_guard l(im.mu);
-      can_reuse = !im.quarantine.empty();
-    }
-    if (attempt == 0 && can_reuse) {
-      CAIRN_RETURN_IF_ERROR(im.append(records, true));
+    if (!release && !stuck) break;
+    if (release) {
+      Status st = im.append(records, true);
       records.clear();
+      if (!st.is_ok()) {
+        std::lock_guard l(im.mu);
+        give_back_locked();
+        return st.with_context("writing the burst buffer journal");
+      }
       continue;
     }
-    std::lock_guard l(im.mu);
-    for (auto& pl : planned)
-      if (pl.offset) im.alloc->free(pl.offset - 1, round_up(pl.put->length));
-    uint64_t dirty = im.dirty_bytes;
-    if (!records.empty()) {
-      // Evictions already happened in memory; their records still go to the journal below.
+    uint64_t dirty = 0, reading = 0;
+    {
+      std::lock_guard l(im.mu);
+      give_back_locked();
+      dirty = im.dirty_bytes;
+      for (const auto& [h, e] : im.entries)
+        if (e.pins && !e.dirty) reading += e.length;
     }
     Status st = no_space("the burst buffer " + im.opt.path + " cannot take " + std::to_string(need) + " more bytes: " +
                          std::to_string(dirty) + " of its " + std::to_string(im.opt.capacity) +
-                         " bytes hold chunks not yet in the repository or being read");
-    (void)im.append(records, false);
+                         " bytes hold chunks not yet in the repository and " + std::to_string(reading) +
+                         " bytes chunks being read (the flusher frees space as it writes dirty chunks to the "
+                         "repository)");
+    (void)im.append(records, false);  // the evictions that did happen
     return st;
   }
-  for (auto& pl : planned) pl.offset = pl.offset ? pl.offset - 1 : 0;
 
   // Write the bytes, make them durable, then record them.
   std::vector<IoRequest> reqs;
@@ -518,30 +616,30 @@ Status NvmeTier::put(std::span<const Put> chunks) {
   if (st.is_ok() && !reqs.empty()) st = im.data->write_many(reqs);
   if (st.is_ok() && !planned.empty()) st = im.data->sync(true);
   if (!st.is_ok()) {
-    std::lock_guard l(im.mu);
-    for (const auto& pl : planned)
-      if (pl.put->length) im.alloc->free(pl.offset, round_up(pl.put->length));
-  } else {
-    for (const auto& pl : planned)
-      append_record(records, kPut, put_payload(pl.put->hash, pl.offset, pl.put->length, pl.put->dirty));
+    {
+      std::lock_guard l(im.mu);
+      give_back_locked();  // nothing names these bytes
+    }
+    (void)im.append(records, true);
+    return st.with_context("writing to the burst buffer " + im.data_path);
   }
-  Status js = im.append(records, true);
-  if (!st.is_ok()) return st.with_context("writing to the burst buffer " + im.data_path);
-  if (!js.is_ok()) {
-    // The bytes are written but not recorded: take the extents back (nothing names them).
-    std::lock_guard l(im.mu);
-    for (const auto& pl : planned)
-      if (pl.put->length) im.alloc->free(pl.offset, round_up(pl.put->length));
-    return js.with_context("writing the burst buffer journal");
-  }
-  {
-    std::lock_guard l(im.mu);
+  for (const auto& pl : planned)
+    append_record(records, kPut, put_payload(pl.put->hash, pl.offset, pl.put->length, pl.put->dirty));
+  Status js = im.append(records, true, [&] {
     for (const auto& pl : planned) {
       im.entries[pl.put->hash] = Entry{pl.offset, pl.put->length, pl.put->dirty, 0};
       im.policy->track(pl.put->hash, pl.put->length);
       im.bytes_in += pl.put->length;
       if (pl.put->dirty) im.dirty_bytes += pl.put->length;
     }
+  });
+  if (!js.is_ok()) {
+    // The bytes are written but their records may or may not be in the journal. The append marked
+    // the journal broken, so it is rewritten from the state (which lacks these chunks) before any
+    // other record: the extents can be given out again.
+    std::lock_guard l(im.mu);
+    give_back_locked();
+    return js.with_context("writing the burst buffer journal");
   }
   return im.maybe_compact();
 }
@@ -619,6 +717,7 @@ Status NvmeTier::read(const ChunkHash& hash, void* dst, uint64_t length) {
       im.drop_locked(hash, records);
     }
   }
+  im.unpinned.notify_all();
   if (!records.empty()) (void)im.append(records, false);
   if (bad) {
     CAIRN_LOG_ERROR("burst buffer {}: chunk {} at [{}, +{}) does not match its hash; copy dropped", im.data_path,
