@@ -563,3 +563,20 @@ def test_one_client_shared_by_threads(client):
     gc.collect()
     client.list()  # any release still deferred is done by the next call
     assert not client._conn.pending and client._conn.open_readers == set()
+
+
+def test_local_durability_and_flush(make_daemon, tmp_path):
+    """With a burst buffer, a `local` ticket reaches at least "local"; flush() waits for the
+    repository and stats() says nothing is left on its way."""
+    nvme = tmp_path / "nvme"
+    d = make_daemon(env={"CAIRN_TIERS_NVME_CAPACITY": "256MiB", "CAIRN_TIERS_NVME_PATH": str(nvme)})
+    with cairn.connect(d.socket) as c:
+        w = np.random.default_rng(3).standard_normal((512, 1024)).astype(np.float32)
+        t = c.save_model("loc", {"w": w}, durability="local")
+        assert t.wait() in ("local", "global")
+        assert c.stats()["tiers"]["nvme"]["enabled"] is True
+        out = c.flush(timeout=60)
+        assert out["pending_models"] == 0 and out["dirty_bytes"] == 0
+        s = c.stats()
+        assert s["flush"]["pending_models"] == 0 and s["repository"]["models"] == 1
+        assert np.array_equal(c.load_model("loc", copy=True)["w"], w)

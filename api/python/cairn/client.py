@@ -604,8 +604,9 @@ class Client:
 
     def stats(self) -> Dict[str, Any]:
         """The daemon's statistics: ``tiers`` (per tier: capacity, used bytes, hits, misses, bytes in
-        and out), ``repository`` (models, logical_bytes, physical_bytes, ...), ``pending_models``,
-        ``dirty_bytes``, ``chunk_size`` (docs/protocol.md)."""
+        and out), ``repository`` (models, logical_bytes, physical_bytes, ...), ``flush`` (what is not
+        yet in the repository, by stage), ``movement`` (reads per tier, demotions), ``recovery``,
+        ``pending_models``, ``dirty_bytes``, ``chunk_size`` (docs/protocol.md)."""
         return self._request({"op": "stats"})
 
     def remove(self, id: str) -> None:
@@ -619,6 +620,15 @@ class Client:
         repository first). Returns ``removed``, ``collected`` (ids), ``packs_deleted``,
         ``bytes_released``, ``bytes_punched``, ``bytes_unreclaimable``, ``physical_bytes``."""
         return self._request({"op": "gc"})
+
+    def flush(self, timeout: Optional[float] = None) -> Dict[str, Any]:
+        """Waits until every acknowledged model is in the repository, as ``cairn flush`` does.
+        ``timeout`` in seconds (None: no limit; past it :class:`cairn.Timeout` is raised). Returns
+        ``flushed_models``, ``pending_models``, ``dirty_bytes``, ``seconds``."""
+        req: Dict[str, Any] = {"op": "flush"}
+        if timeout is not None:
+            req["timeout_ms"] = int(timeout * 1000)
+        return self._request(req)
 
     def fsck(self, verify: bool = True) -> Dict[str, Any]:
         """Checks the repository, as ``cairn fsck`` does; ``verify`` reads and hashes every referenced
