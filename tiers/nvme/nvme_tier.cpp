@@ -125,9 +125,18 @@ struct NvmeTier::Impl {
   // given, runs once the records are on the device, with jmu and mu held: a put makes its chunks
   // visible there, so a compaction (which snapshots the state under jmu) never misses a chunk whose
   // record it replaces.
+  //
+  // Every change of the state is journalled with jmu held from the change (under mu) to the write,
+  // so the journal's order is the state's order (a DEL never lands after a later PUT of the same
+  // chunk) and a sync releases only quarantined extents whose DEL records are already written.
   Status append(const std::string& records, bool sync, const std::function<void()>& on_durable = {}) {
-    std::vector<std::pair<uint64_t, uint64_t>> released;
     std::lock_guard jl(jmu);
+    return append_locked(records, sync, on_durable);
+  }
+
+  // REQUIRES: jmu held.
+  Status append_locked(const std::string& records, bool sync, const std::function<void()>& on_durable = {}) {
+    std::vector<std::pair<uint64_t, uint64_t>> released;
     if (broken) CAIRN_RETURN_IF_ERROR(compact_locked());
     if (!records.empty()) {
       Status st = journal->pwrite(records.data(), records.size(), jsize);
@@ -486,7 +495,7 @@ Status NvmeTier::Impl::put_batch(std::span<const Put> chunks, std::vector<Put>& 
     bool placed = false;
   };
   std::vector<Planned> planned;
-  std::string records;  // DEL records of evictions, PUT records of re-dirtied chunks
+  std::vector<ChunkHash> redirty;  // held clean, asked for dirty
   uint64_t need = 0;
   {
     std::unique_lock l(im.mu);
@@ -512,12 +521,7 @@ Status NvmeTier::Impl::put_batch(std::span<const Put> chunks, std::vector<Put>& 
         continue;
       }
       if (it != im.entries.end()) {
-        if (p.dirty && !it->second.dirty) {
-          // The repository lost it (gc) and a new commit brought it back: its only copy is here.
-          it->second.dirty = true;
-          im.dirty_bytes += it->second.length;
-          append_record(records, kPut, put_payload(p.hash, it->second.offset, it->second.length, true));
-        }
+        if (p.dirty && !it->second.dirty) redirty.push_back(p.hash);
         continue;
       }
       need += round_up(p.length);
@@ -537,6 +541,22 @@ Status NvmeTier::Impl::put_batch(std::span<const Put> chunks, std::vector<Put>& 
       im.landed.notify_all();
     }
   } landing{im, planned};
+  if (!redirty.empty()) {
+    // The repository lost them (gc) and a new commit brought them back: their only copy is here.
+    std::lock_guard jl(im.jmu);
+    std::string rec;
+    {
+      std::lock_guard l(im.mu);
+      for (const ChunkHash& h : redirty) {
+        auto it = im.entries.find(h);
+        if (it == im.entries.end() || it->second.dirty) continue;
+        it->second.dirty = true;
+        im.dirty_bytes += it->second.length;
+        append_record(rec, kPut, put_payload(h, it->second.offset, it->second.length, true));
+      }
+    }
+    CAIRN_RETURN_IF_ERROR(im.append_locked(rec, false).with_context("writing the burst buffer journal"));
+  }
   auto give_back_locked = [&] {
     for (auto& pl : planned)
       if (pl.placed) im.alloc->free(pl.offset, round_up(pl.put->length));
@@ -549,7 +569,9 @@ Status NvmeTier::Impl::put_batch(std::span<const Put> chunks, std::vector<Put>& 
   for (;;) {
     bool release = false, stuck = false;
     {
-      std::lock_guard l(im.mu);
+      std::lock_guard jl(im.jmu);
+      std::string dels;  // of the evictions
+      std::unique_lock l(im.mu);
       for (size_t i = 0; i < planned.size() && !release && !stuck; ++i) {
         Planned& pl = planned[i];
         if (pl.placed) continue;
@@ -575,21 +597,19 @@ Status NvmeTier::Impl::put_batch(std::span<const Put> chunks, std::vector<Put>& 
             (im.quarantine.empty() ? stuck : release) = true;
             break;
           }
-          im.drop_locked(*victim, records);
+          im.drop_locked(*victim, dels);
         }
       }
-    }
-    if (!release && !stuck) break;
-    if (release) {
-      Status st = im.append(records, true);
-      records.clear();
+      l.unlock();
+      Status st = im.append_locked(dels, release);
       if (!st.is_ok()) {
-        std::lock_guard l(im.mu);
+        l.lock();
         give_back_locked();
         return st.with_context("writing the burst buffer journal");
       }
-      continue;
     }
+    if (!release && !stuck) break;
+    if (release) continue;
     uint64_t dirty = 0, reading = 0;
     {
       std::lock_guard l(im.mu);
@@ -603,7 +623,6 @@ Status NvmeTier::Impl::put_batch(std::span<const Put> chunks, std::vector<Put>& 
                          " bytes hold chunks not yet in the repository and " + std::to_string(reading) +
                          " bytes chunks being read (the flusher frees space as it writes dirty chunks to the "
                          "repository)");
-    (void)im.append(records, false);  // the evictions that did happen
     return st;
   }
 
@@ -620,9 +639,9 @@ Status NvmeTier::Impl::put_batch(std::span<const Put> chunks, std::vector<Put>& 
       std::lock_guard l(im.mu);
       give_back_locked();  // nothing names these bytes
     }
-    (void)im.append(records, true);
     return st.with_context("writing to the burst buffer " + im.data_path);
   }
+  std::string records;
   for (const auto& pl : planned)
     append_record(records, kPut, put_payload(pl.put->hash, pl.offset, pl.put->length, pl.put->dirty));
   Status js = im.append(records, true, [&] {
@@ -653,21 +672,23 @@ Status NvmeTier::put_model(uint64_t seq, const std::string& id, const std::strin
   if (p.size() > kMaxRecordPayload)
     return invalid_argument("model '" + id + "': its manifest is larger than a burst buffer record may be");
   append_record(rec, kModel, p);
+  std::lock_guard jl(impl_->jmu);
   {
     std::lock_guard l(impl_->mu);
     impl_->models[id] = PendingModel{seq, id, manifest_json};
   }
-  return impl_->append(rec, true).with_context("recording model '" + id + "' in the burst buffer");
+  return impl_->append_locked(rec, true).with_context("recording model '" + id + "' in the burst buffer");
 }
 
 Status NvmeTier::model_done(const std::string& id) {
   std::string rec;
+  std::lock_guard jl(impl_->jmu);
   {
     std::lock_guard l(impl_->mu);
     if (!impl_->models.erase(id)) return Status::ok();
   }
   append_record(rec, kDone, id);
-  return impl_->append(rec, false);
+  return impl_->append_locked(rec, false);
 }
 
 bool NvmeTier::contains(const ChunkHash& hash) const {
@@ -699,7 +720,7 @@ Status NvmeTier::read(const ChunkHash& hash, void* dst, uint64_t length) {
   }
   Status st = im.read_extent(offset, dst, length);
   bool bad = st.is_ok() && hash_bytes(dst, length) != hash;
-  std::string records;
+  bool drop = false;
   {
     std::lock_guard l(im.mu);
     auto it = im.entries.find(hash);
@@ -712,13 +733,24 @@ Status NvmeTier::read(const ChunkHash& hash, void* dst, uint64_t length) {
       ++im.hits;
       im.policy->touch(hash);
     }
-    if (it->second.pins == 0 && im.doomed.count(hash)) {
-      im.doomed.erase(hash);
-      im.drop_locked(hash, records);
+    drop = it->second.pins == 0 && im.doomed.count(hash);
+  }
+  if (drop) {
+    // The last reader of a removed or corrupt chunk drops it (with jmu, so that its DEL record is
+    // journalled in order; a put or remove in between may have settled it already).
+    std::lock_guard jl(im.jmu);
+    std::string records;
+    {
+      std::lock_guard l(im.mu);
+      auto it = im.entries.find(hash);
+      if (it != im.entries.end() && it->second.pins == 0 && im.doomed.count(hash)) {
+        im.doomed.erase(hash);
+        im.drop_locked(hash, records);
+      }
     }
+    if (!records.empty()) (void)im.append_locked(records, false);
   }
   im.unpinned.notify_all();
-  if (!records.empty()) (void)im.append(records, false);
   if (bad) {
     CAIRN_LOG_ERROR("burst buffer {}: chunk {} at [{}, +{}) does not match its hash; copy dropped", im.data_path,
                     hash.hex(), offset, length);
@@ -730,6 +762,7 @@ Status NvmeTier::read(const ChunkHash& hash, void* dst, uint64_t length) {
 
 void NvmeTier::mark_clean(const ChunkHash& hash) {
   std::string rec;
+  std::lock_guard jl(impl_->jmu);
   {
     std::lock_guard l(impl_->mu);
     auto it = impl_->entries.find(hash);
@@ -740,11 +773,12 @@ void NvmeTier::mark_clean(const ChunkHash& hash) {
   // Not synced: if the record is lost, recovery verifies the chunk as dirty and finds it is in the
   // repository anyway.
   append_record(rec, kClean, hash_payload(hash));
-  (void)impl_->append(rec, false);
+  (void)impl_->append_locked(rec, false);
 }
 
 void NvmeTier::remove(const ChunkHash& hash) {
   std::string rec;
+  std::lock_guard jl(impl_->jmu);
   {
     std::lock_guard l(impl_->mu);
     auto it = impl_->entries.find(hash);
@@ -755,7 +789,7 @@ void NvmeTier::remove(const ChunkHash& hash) {
     }
     impl_->drop_locked(hash, rec);
   }
-  (void)impl_->append(rec, false);
+  (void)impl_->append_locked(rec, false);
 }
 
 std::vector<ChunkHash> NvmeTier::dirty_chunks() const {

@@ -85,7 +85,9 @@ class NvmeTier {
   // Stores the chunks not held yet (a held clean chunk becomes dirty if dirty is asked), durably:
   // when it returns OK their bytes and records are on the device. Evicts clean, unpinned chunks as
   // needed (policy order); kNoSpace when the rest is dirty or being read. On failure nothing is
-  // recorded for the chunks that failed (their extents are free again).
+  // recorded for the chunks that failed (their extents are free again). kInvalidArgument (and
+  // nothing stored) when a chunk is empty: every chunk has at least one byte. A chunk another put is
+  // storing at the same time is waited for, not stored twice.
   Status put(std::span<const Put> chunks);
   // Records (durably) a model committed `local`: after a crash, open() returns it in pending.
   Status put_model(uint64_t seq, const std::string& id, const std::string& manifest_json);
