@@ -596,20 +596,47 @@ Result<json> Engine::op_commit(Session& s, const json& req, std::vector<uint8_t>
     m->source_header = prefix + js;
   }
   const uint64_t chunk_size = repo_->chunk_size();
+  // Where each new tensor's bytes are, then every chunk hashed (on several threads when there is
+  // much to hash: the hash is the part of a big commit's blocking time that is not the copy).
+  std::vector<Extent> tensor_ext(plan.size());
+  std::vector<std::pair<uint64_t, uint64_t>> to_hash;  // (arena offset, length)
+  {
+    size_t inline_index = 0;
+    for (size_t i = 0; i < plan.size(); ++i) {
+      const Planned& p = plan[i];
+      if (p.source == Planned::kInherit) continue;
+      tensor_ext[i] = p.source == Planned::kSpace ? s.staging[p.space] : inline_extents[inline_index++];
+      for (uint64_t off = 0; off < p.desc.nbytes; off += chunk_size)
+        to_hash.emplace_back(tensor_ext[i].offset + off, std::min(chunk_size, p.desc.nbytes - off));
+    }
+  }
+  std::vector<ChunkHash> hashes(to_hash.size());
+  {
+    uint64_t total = 0;
+    for (const auto& [o, l] : to_hash) total += l;
+    const size_t threads = total >= (64ull << 20) && to_hash.size() > 1
+                               ? std::min<size_t>({4, to_hash.size(), std::max(1u, std::thread::hardware_concurrency())})
+                               : 1;
+    std::atomic<size_t> next{0};
+    auto work = [&] {
+      for (size_t k; (k = next++) < to_hash.size();)
+        hashes[k] = hash_bytes(dram_->base() + to_hash[k].first, to_hash[k].second);
+    };
+    std::vector<std::thread> helpers;
+    for (size_t h = 1; h < threads; ++h) helpers.emplace_back(work);
+    work();
+    for (auto& th : helpers) th.join();
+  }
+  size_t hash_index = 0;
   std::vector<ChunkHash> pinned;
-  size_t inline_index = 0;
-  for (auto& p : plan) {
+  for (size_t pi = 0; pi < plan.size(); ++pi) {
+    auto& p = plan[pi];
     if (p.source == Planned::kInherit) {
       m->tensors.push_back(*p.inherited);
       continue;
     }
-    Extent ext;
-    if (p.source == Planned::kSpace) {
-      ext = s.staging[p.space];
-      s.staging.erase(p.space);
-    } else {
-      ext = inline_extents[inline_index++];
-    }
+    const Extent ext = tensor_ext[pi];
+    if (p.source == Planned::kSpace) s.staging.erase(p.space);
     TensorManifest t;
     t.name = p.name;
     t.dtype = p.desc.dtype;
@@ -618,7 +645,7 @@ Result<json> Engine::op_commit(Session& s, const json& req, std::vector<uint8_t>
     if (t.nbytes == 0) dram_->release(ext.offset, 0);
     for (uint64_t off = 0; off < t.nbytes; off += chunk_size) {
       uint64_t len = std::min(chunk_size, t.nbytes - off);
-      ChunkHash h = hash_bytes(dram_->base() + ext.offset + off, len);
+      ChunkHash h = hashes[hash_index++];
       bool dirty = tiers_->only_in_dram(h);
       dram_->adopt(h, ext.offset + off, len, dirty);
       pinned.push_back(h);

@@ -1,5 +1,7 @@
 #include "api/cpp/client.hpp"
 
+#include <sys/mman.h>
+
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -157,6 +159,17 @@ Result<Client::Space> Client::allocate(uint64_t nbytes) {
   CAIRN_ASSIGN_OR_RETURN(json r, call(json{{"op", "allocate"}, {"nbytes", nbytes}}));
   uint64_t off = r.value("offset", uint64_t{0});
   if (off + nbytes > view_->size()) return protocol_error("daemon allocated space outside the arena");
+  if (nbytes >= (1u << 20)) {
+    // Map the pages the caller is about to write in one call instead of one fault per 4 KiB page
+    // (measured: a 1 GiB commit on a fresh connection took 5x a memcpy, 2x once mapped). Best
+    // effort: kernels before 5.14 do not know MADV_POPULATE_WRITE and fault as before.
+#ifndef MADV_POPULATE_WRITE
+    constexpr int MADV_POPULATE_WRITE = 23;
+#endif
+    const uintptr_t page = 4096, start = reinterpret_cast<uintptr_t>(view_->write_base() + off) & ~(page - 1);
+    (void)::madvise(reinterpret_cast<void*>(start), nbytes + (reinterpret_cast<uintptr_t>(view_->write_base() + off) - start),
+                    MADV_POPULATE_WRITE);
+  }
   return Space{r.value("space", uint64_t{0}), view_->write_base() + off, nbytes};
 }
 
