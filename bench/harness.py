@@ -1,0 +1,429 @@
+"""The evidence harness behind bench/run.
+
+Runs each benchmark of bench/ (each measures cairn and its baselines in the same run, on the same
+data, and takes medians over repeats), turns their JSON into one list of ratios (cairn / baseline),
+prints the table, writes the results file, draws one plot per group with matplotlib, and renders
+docs/benchmarks.md from the results. No figure in the generated document is typed by hand: every
+number comes from the results file of the run that wrote it.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional
+
+ROOT = Path(__file__).resolve().parents[1]
+BUILD = Path(os.environ.get("CAIRN_BUILD_DIR", ROOT / "build"))
+BIN = BUILD / "bin"
+PY = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv" / "bin" / "python").exists() else sys.executable
+
+
+# ---- the machine ----------------------------------------------------------------------------
+
+def machine() -> Dict[str, Any]:
+    cpu = platform.processor() or ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = 0
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                mem = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    fs = subprocess.run(["stat", "-f", "-c", "%T", tempfile.gettempdir()], capture_output=True, text=True).stdout.strip()
+    gpu = "none"
+    if shutil.which("nvidia-smi"):
+        r = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
+        gpu = r.stdout.strip().splitlines()[0] if r.returncode == 0 and r.stdout.strip() else "none"
+    return {"host": socket.gethostname(), "cpu": cpu, "cores": os.cpu_count(), "memory_bytes": mem,
+            "kernel": platform.release(), "os": _os_name(), "tmp_filesystem": fs, "gpu": gpu,
+            "root": os.geteuid() == 0}
+
+
+def _os_name() -> str:
+    try:
+        for line in Path("/etc/os-release").read_text().splitlines():
+            if line.startswith("PRETTY_NAME="):
+                return line.split("=", 1)[1].strip('"')
+    except OSError:
+        pass
+    return platform.system()
+
+
+# ---- one ratio ------------------------------------------------------------------------------
+
+def ratio(group: str, metric: str, cairn: float, baseline: str, baseline_value: float, unit: str, better: str,
+          goal: Optional[str] = None, note: str = "") -> Dict[str, Any]:
+    """cairn / baseline, and how much better cairn is (>1: better) whichever way the metric points."""
+    r = cairn / baseline_value if baseline_value else float("nan")
+    adv = (baseline_value / cairn if cairn else float("inf")) if better == "lower" else r
+    met = None
+    if goal:
+        op, val = goal.split()
+        val = float(val)
+        met = {"<=": r <= val, ">=": r >= val, "<": r < val, ">": r > val}[op]
+    return {"group": group, "metric": metric, "cairn": cairn, "baseline": baseline, "baseline_value": baseline_value,
+            "unit": unit, "better": better, "ratio": r, "advantage": adv, "goal": goal, "met": met, "note": note}
+
+
+# ---- the components: how to run each, and how to read its JSON --------------------------------
+
+def run_tiers(quick: bool, work: Path) -> List[Dict[str, Any]]:
+    out = work / "tiers.json"
+    _run([str(BIN / "cairn_bench_tiers"), *(["--quick"] if quick else []), "--json", str(out)], work / "tiers.log")
+    d = json.loads(out.read_text())
+    rows = []
+    c = d.get("commit")
+    if c:
+        rows.append(ratio("tiers", f"commit {c['bytes'] >> 20} MiB at memory: blocking time", c["commit_memory_s"],
+                          "memcpy", c["memcpy_s"], "s", "lower", "<= 1.2"))
+        rows.append(ratio("tiers", f"commit {c['bytes'] >> 20} MiB at memory: blocking time", c["commit_memory_s"],
+                          "write+fsync", c["write_fsync_s"], "s", "lower"))
+    n = d.get("nvme")
+    if n:
+        base = n.get("odirect_read_GBps")
+        for key, label in (("read_GBps", "read into a buffer"), ("map_GBps", "zero-copy map")):
+            if key in n and base:
+                rows.append(ratio("tiers", f"reads from the NVMe tier: {label}", n[key], "O_DIRECT read", base, "GB/s",
+                                  "higher", ">= 0.9"))
+    m = d.get("dram")
+    if m:
+        for key, label in (("read_GBps", "DRAM hit, read into a buffer"), ("map_copy_GBps", "DRAM hit, map + copy out")):
+            if key in m and m.get("memcpy_GBps"):
+                rows.append(ratio("tiers", label, m[key], "memcpy", m["memcpy_GBps"], "GB/s", "higher", ">= 0.9"))
+    return rows
+
+
+def run_read(quick: bool, work: Path) -> List[Dict[str, Any]]:
+    log = work / "read.log"
+    args = [str(BIN / "cairn_bench_read"), "--mib", "64" if quick else "256", "--repeats", "2" if quick else "5", "--json"]
+    out = _run(args, log, capture=True)
+    d = json.loads(out)
+    mib = d["bytes"] >> 20
+    note = f"page cache dropped with {d.get('cache_drop')}"
+    return [ratio("reads", f"{mib} MiB DRAM hit into a buffer", d["dram_read_GBps"], "memcpy", d["memcpy_GBps"], "GB/s", "higher"),
+            ratio("reads", f"{mib} MiB cold from the repository", d["cold_read_GBps"], "plain read", d["plain_pack_read_GBps"],
+                  "GB/s", "higher", ">= 0.9", note)]
+
+
+def run_catalog(quick: bool, work: Path) -> List[Dict[str, Any]]:
+    out = work / "catalog.json"
+    _run([str(BIN / "cairn_bench_catalog"), *(["--quick"] if quick else []), "--json", str(out)], work / "catalog.log",
+         timeout=2400)
+    d = json.loads(out.read_text())
+    rows = []
+    for s in d["sizes"]:
+        n = s["models"]
+        rows.append(ratio("catalog", f"best_ancestor at {n:,} models (median)", s["index"]["median_us"], "linear scan",
+                          s["scan"]["median_us"], "us", "lower"))
+        if "redis" in s and isinstance(s["redis"], dict) and "median_us" in s["redis"]:
+            rows.append(ratio("catalog", f"best_ancestor at {n:,} models (median)", s["index"]["median_us"],
+                              "Redis (EvoStore)", s["redis"]["median_us"], "us", "lower"))
+    return rows
+
+
+def run_metadata(quick: bool, work: Path) -> List[Dict[str, Any]]:
+    out = work / "metadata.json"
+    _run([str(BIN / "cairn_bench_metadata"), *(["--quick"] if quick else []), "--json", str(out)], work / "metadata.log")
+    d = json.loads(out.read_text())
+    return [ratio("metadata", "metadata-only commits per second (memory)", d["commits_per_s_memory"],
+                  "bare request round trip", d["round_trips_per_s"], "1/s", "higher"),
+            ratio("metadata", "metadata-only commits per second (global)", d["commits_per_s_global"],
+                  "write+fsync of one file", d["file_fsync_per_s"], "1/s", "higher"),
+            ratio("metadata", "opening a model (client cache)", d["open_cached_us"], "first open", d["open_first_us"],
+                  "us", "lower")]
+
+
+def run_torch(quick: bool, work: Path) -> List[Dict[str, Any]]:
+    out = work / "torch.json"
+    _run([PY, str(ROOT / "bench/workloads/torch_load.py"), *(["--quick"] if quick else []), "--json", str(out)],
+         work / "torch.log", env=_cairn_env())
+    d = json.loads(out.read_text())
+    rows = []
+    for model, m in d["models"].items():
+        w = m["warm_s"]
+        c = w.get("cairn zero-copy")
+        if c is None:
+            continue
+        rows.append(ratio("torch loads", f"{model} warm state dict", c, "safetensors load_file",
+                          w["safetensors load_file"], "s", "lower", "<= 0.5"))
+        rows.append(ratio("torch loads", f"{model} warm state dict", c, "torch.load", w["torch.load"], "s", "lower",
+                          "<= 0.2"))
+        wm = m.get("warm_module_s", {})
+        if "cairn zero-copy" in wm:
+            rows.append(ratio("torch loads", f"{model} warm into nn.Module", wm["cairn zero-copy"], "safetensors load_file",
+                              wm["safetensors load_file"], "s", "lower"))
+            rows.append(ratio("torch loads", f"{model} warm into nn.Module", wm["cairn zero-copy"], "torch.load",
+                              wm["torch.load"], "s", "lower"))
+        cs = m.get("cold_s", {})
+        if "cairn.torch.load" in cs:
+            rows.append(ratio("torch loads", f"{model} cold state dict", cs["cairn.torch.load"], "torch.load",
+                              cs["torch.load"], "s", "lower", note=f"page cache: {d.get('cold_method')}"))
+    return rows
+
+
+def run_micro(quick: bool, work: Path) -> List[Dict[str, Any]]:
+    exe = BIN / "cairn_bench_micro"
+    if not exe.exists():
+        raise FileNotFoundError(f"{exe} is not built (Google Benchmark missing?)")
+    raw, out = work / "micro-raw.json", work / "micro.json"
+    _run([str(exe), "--benchmark_format=console", "--benchmark_out_format=json", f"--benchmark_out={raw}",
+          *(["--benchmark_min_time=0.01"] if quick else [])], work / "micro.log", timeout=900)
+    _run([PY, str(ROOT / "bench/micro/ratios.py"), str(raw), str(out)], work / "micro-ratios.log")
+    d = json.loads(out.read_text())
+    return [ratio("micro", r["metric"], r["cairn"], r["baseline"], r["baseline_value"],
+                  next((x["unit"] for x in d.get("rows", []) if x["metric"] == r["metric"]), ""),
+                  next((x["better"] for x in d.get("rows", []) if x["metric"] == r["metric"]), "higher"))
+            for r in d["ratios"]]
+
+
+def run_workloads(quick: bool, work: Path) -> List[Dict[str, Any]]:
+    outdir = work / "workloads"
+    outdir.mkdir(exist_ok=True)
+    _run([PY, str(ROOT / "bench/workloads/workloads.py"), *(["--quick"] if quick else []), "--out", str(outdir)],
+         work / "workloads.log", env=_cairn_env(), timeout=3000)
+    d = json.loads((outdir / "workloads.json").read_text())
+    rows = []
+    for r in d["ratios"]:
+        better = next((x["better"] for x in d.get("rows", []) if x["workload"] == r["workload"] and x["metric"] == r["metric"]),
+                      "lower")
+        unit = next((x["unit"] for x in d.get("rows", []) if x["workload"] == r["workload"] and x["metric"] == r["metric"]), "")
+        goal = r.get("goal")
+        if goal and not any(goal.startswith(op + " ") for op in ("<=", ">=", "<", ">")):
+            goal = None
+        rows.append(ratio(f"workload: {r['workload']}", r["metric"], r["cairn"], r["baseline"], r["baseline_value"], unit,
+                          better, goal, r.get("note", "")))
+    for r in d.get("rows", []):
+        if r.get("error"):
+            rows.append({"group": f"workload: {r.get('workload')}", "metric": r.get("metric", "error"), "error": r["error"]})
+    return rows
+
+
+COMPONENTS: List[tuple] = [
+    ("micro", run_micro, "Google Benchmark micro benchmarks (bench/micro)"),
+    ("tiers", run_tiers, "blocking commits, NVMe reads, DRAM hits (bench/workloads/tiering_bench.cpp)"),
+    ("reads", run_read, "DRAM-tier and cold repository reads (bench/workloads/read_bandwidth.cpp)"),
+    ("catalog", run_catalog, "best-ancestor queries (bench/workloads/catalog_bench.cpp)"),
+    ("metadata", run_metadata, "metadata-only commits and cached opens (bench/workloads/metadata_commits.cpp)"),
+    ("torch loads", run_torch, "PyTorch state-dict loads (bench/workloads/torch_load.py)"),
+    ("workloads", run_workloads, "NAS, ensemble, checkpoint, coupled workloads (bench/workloads/workloads.py)"),
+]
+
+
+def _cairn_env() -> Dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT / "api" / "python") + os.pathsep + env.get("PYTHONPATH", "")
+    env["CAIRN_LIBRARY"] = str(BUILD / "lib" / "libcairn.so")
+    env["CAIRN_BUILD_DIR"] = str(BUILD)
+    env["PATH"] = str(BIN) + os.pathsep + env.get("PATH", "")
+    return env
+
+
+def _run(args: List[str], log: Path, capture: bool = False, env: Optional[Dict[str, str]] = None,
+         timeout: int = 1800) -> str:
+    with open(log, "w") as lf:
+        r = subprocess.run(args, stdout=subprocess.PIPE if capture else lf, stderr=lf, env=env, timeout=timeout,
+                           cwd=str(ROOT), text=True)
+    if r.returncode != 0:
+        tail = "\n".join(log.read_text().splitlines()[-15:])
+        raise RuntimeError(f"{Path(args[0]).name if not args[0].endswith('python') else args[1]} exited with "
+                           f"{r.returncode}:\n{tail}")
+    return r.stdout if capture else ""
+
+
+# ---- output ---------------------------------------------------------------------------------
+
+def fmt(v: float, unit: str) -> str:
+    if v != v:  # nan
+        return "-"
+    if unit == "s":
+        return f"{v * 1e3:.1f} ms" if v < 10 else f"{v:.1f} s"
+    if unit == "us":
+        return f"{v:,.1f} µs" if v < 1e4 else f"{v / 1e3:,.1f} ms"
+    if unit == "bytes":
+        for u, s in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+            if v >= s:
+                return f"{v / s:.1f} {u}"
+        return f"{v:.0f} B"
+    if unit == "GB/s":
+        return f"{v:.2f} GB/s"
+    if unit == "1/s":
+        return f"{v:,.0f}/s"
+    if unit == "ns":
+        return f"{v:,.0f} ns"
+    return f"{v:.3g} {unit}".strip()
+
+
+def table(rows: List[Dict[str, Any]]) -> List[str]:
+    lines = ["| what | cairn | baseline | baseline's | cairn / baseline | goal |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['metric']} | **failed**: {r['error'].splitlines()[0][:160]} | | | | |")
+            continue
+        adv = r["advantage"]
+        verdict = (f"{adv:.2f}x better" if adv >= 1 else f"**{1 / adv:.2f}x worse**") if adv == adv else ""
+        goal = ""
+        if r["goal"]:
+            goal = f"{r['goal']}: {'met' if r['met'] else '**not met**'}"
+        note = f" ({r['note']})" if r.get("note") else ""
+        lines.append(f"| {r['metric']}{note} | {fmt(r['cairn'], r['unit'])} | {r['baseline']} | "
+                     f"{fmt(r['baseline_value'], r['unit'])} | {r['ratio']:.3g} ({verdict}) | {goal} |")
+    return lines
+
+
+def plot(group: str, rows: List[Dict[str, Any]], path: Path) -> bool:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    rows = [r for r in rows if "error" not in r and r["advantage"] == r["advantage"] and r["advantage"] > 0]
+    if not rows:
+        return False
+    labels = [f"{r['metric']}\nvs {r['baseline']}" for r in rows]
+    vals = [r["advantage"] for r in rows]
+    fig, ax = plt.subplots(figsize=(9, 0.55 * len(rows) + 1.2))
+    colors = ["#2a9d8f" if v >= 1 else "#e76f51" for v in vals]
+    ax.barh(range(len(rows)), vals, color=colors)
+    ax.axvline(1.0, color="black", linewidth=0.8)
+    ax.set_xscale("log")
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels(labels, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("how many times better cairn is than the baseline (log; < 1: worse)")
+    ax.set_title(group)
+    for i, v in enumerate(vals):
+        ax.text(v, i, f" {v:.2g}x", va="center", fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def render_doc(results: Dict[str, Any], img_dir: Path, doc_dir: Path) -> str:
+    m = results["machine"]
+    lines = ["# Benchmarks", "",
+             "Generated by `bench/run` (do not edit by hand: every figure below comes from "
+             f"`{results['results_file']}`). Each benchmark measures cairn and its baselines in the same run on the "
+             "same machine and data, and reports medians over repeats; CPU timings on a shared 2-core machine are "
+             "noisy, so compare figures from one run. How each benchmark works and how to run it alone: "
+             "[bench/README.md](../bench/README.md).", "",
+             "## Machine", "",
+             f"- {m['cpu']}, {m['cores']} cores, {m['memory_bytes'] / (1 << 30):.1f} GiB memory, {m['os']}, "
+             f"kernel {m['kernel']}; temporary files on {m['tmp_filesystem']}; GPU: {m['gpu']}",
+             f"- run {results['started']} ({'--quick' if results['quick'] else 'full run'}), "
+             f"{results['seconds'] / 60:.1f} minutes", ""]
+    goals = [r for r in results["ratios"] if "error" not in r and r.get("goal")]
+    if goals:
+        lines += ["## Goals", "", *table(goals), ""]
+    for name, _, desc in COMPONENTS:
+        rows = [r for r in results["ratios"] if r["group"] == name or r["group"].startswith(name + ":")
+                or (name == "workloads" and r["group"].startswith("workload:"))]
+        err = results["errors"].get(name)
+        if not rows and not err:
+            continue
+        lines += [f"## {name}", "", desc + ".", ""]
+        if err:
+            lines += [f"This part failed in this run: `{err.splitlines()[0][:300]}`", ""]
+        if rows:
+            lines += table(rows) + [""]
+            img = img_dir / f"{name.replace(' ', '-').replace(':', '')}.png"
+            if img.exists():
+                lines += [f"![{name}]({os.path.relpath(img, doc_dir)})", ""]
+    losses = [r for r in results["ratios"] if "error" not in r and r["advantage"] == r["advantage"] and r["advantage"] < 1]
+    if losses:
+        lines += ["## Where cairn loses", "",
+                  "Every row above where cairn is worse than its baseline, so none hides in a table:", ""]
+        for r in losses:
+            lines.append(f"- {r['group']}: {r['metric']} vs {r['baseline']}: {1 / r['advantage']:.2f}x worse")
+        lines += ["", "The analysis of each loss is in [docs/tiering.md](tiering.md) and the issue notes; "
+                  "the figures here are only what this run measured.", ""]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="small sizes and few repeats (correctness, not timing)")
+    ap.add_argument("--only", help="comma-separated components: " + ", ".join(c[0] for c in COMPONENTS))
+    ap.add_argument("--no-docs", action="store_true", help="do not regenerate docs/benchmarks.md")
+    a = ap.parse_args()
+    if not (BIN / "cairnd").exists():
+        print(f"bench/run: {BIN / 'cairnd'} is missing: run scripts/build first", file=sys.stderr)
+        return 2
+    only = set(a.only.split(",")) if a.only else None
+    started = dt.datetime.now()
+    host = socket.gethostname().split(".")[0]
+    if a.quick:
+        out_dir = ROOT / "bench" / "results" / "quick"
+        img_dir = out_dir
+        doc_path = out_dir / "benchmarks.md"
+    else:
+        out_dir = ROOT / "bench" / "results"
+        img_dir = ROOT / "docs" / "img" / "benchmarks"
+        doc_path = ROOT / "docs" / "benchmarks.md"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    img_dir.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="cairn-bench-run-"))
+    results: Dict[str, Any] = {"machine": machine(), "quick": a.quick, "started": started.isoformat(timespec="seconds"),
+                               "ratios": [], "errors": {}, "component_seconds": {}}
+    t0 = time.time()
+    for name, fn, desc in COMPONENTS:
+        if only and name not in only:
+            continue
+        print(f"== {name}: {desc}", flush=True)
+        c0 = time.time()
+        try:
+            rows = fn(a.quick, work)
+            results["ratios"] += rows
+            for line in table(rows):
+                print("   " + line)
+        except Exception as e:  # one failed part does not stop the others; it is reported
+            msg = f"{type(e).__name__}: {e}"
+            results["errors"][name] = msg
+            print(f"   FAILED: {msg}", file=sys.stderr)
+            if os.environ.get("CAIRN_BENCH_DEBUG"):
+                traceback.print_exc()
+        results["component_seconds"][name] = round(time.time() - c0, 1)
+        print(f"   ({results['component_seconds'][name]:.0f} s)", flush=True)
+    results["seconds"] = time.time() - t0
+    stamp = started.strftime("%Y-%m-%d-%H%M")
+    res_path = out_dir / f"{stamp}-{host}.json"
+    results["results_file"] = os.path.relpath(res_path, ROOT)
+    res_path.write_text(json.dumps(results, indent=1, default=str) + "\n")
+    groups: Dict[str, List[Dict[str, Any]]] = {}
+    for r in results["ratios"]:
+        key = "workloads" if r["group"].startswith("workload:") else r["group"]
+        groups.setdefault(key, []).append(r)
+    for g, rows in groups.items():
+        plot(g, rows, img_dir / f"{g.replace(' ', '-').replace(':', '')}.png")
+    if not a.no_docs:
+        doc_path.write_text(render_doc(results, img_dir, doc_path.parent))
+    shutil.rmtree(work, ignore_errors=True)
+    print(f"bench/run: {len(results['ratios'])} ratios in {results['seconds'] / 60:.1f} min; results {res_path}"
+          + ("" if a.no_docs else f"; {doc_path}"))
+    if results["errors"]:
+        print("bench/run: failed parts: " + ", ".join(results["errors"]), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
