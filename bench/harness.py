@@ -85,6 +85,10 @@ def ratio(group: str, metric: str, cairn: float, baseline: str, baseline_value: 
 
 # ---- the components: how to run each, and how to read its JSON --------------------------------
 
+class Skipped(Exception):
+    """A part that cannot run on this machine (an optional dependency is missing): reported, not a failure."""
+
+
 def run_tiers(quick: bool, work: Path) -> List[Dict[str, Any]]:
     out = work / "tiers.json"
     _run([str(BIN / "cairn_bench_tiers"), *(["--quick"] if quick else []), "--json", str(out)], work / "tiers.log")
@@ -182,7 +186,7 @@ def run_torch(quick: bool, work: Path) -> List[Dict[str, Any]]:
 def run_micro(quick: bool, work: Path) -> List[Dict[str, Any]]:
     exe = BIN / "cairn_bench_micro"
     if not exe.exists():
-        raise FileNotFoundError(f"{exe} is not built (Google Benchmark missing?)")
+        raise Skipped(f"{exe.name} is not built (CMake builds it when Google Benchmark, libbenchmark-dev, is found)")
     raw, out = work / "micro-raw.json", work / "micro.json"
     _run([str(exe), "--benchmark_format=console", "--benchmark_out_format=json", f"--benchmark_out={raw}",
           *(["--benchmark_min_time=0.01"] if quick else [])], work / "micro.log", timeout=900)
@@ -206,8 +210,10 @@ def run_workloads(quick: bool, work: Path) -> List[Dict[str, Any]]:
                       "lower")
         unit = next((x["unit"] for x in d.get("rows", []) if x["workload"] == r["workload"] and x["metric"] == r["metric"]), "")
         goal = r.get("goal")
-        if goal and not any(goal.startswith(op + " ") for op in ("<=", ">=", "<", ">")):
-            goal = None
+        if goal and (not any(goal.startswith(op + " ") for op in ("<=", ">=", "<", ">")) or "[cairn copy]" in r["metric"]):
+            goal = None  # the goals are the zero-copy path's; the copy rows are for information
+        if not unit and (" s:" in r["metric"] or r["metric"].endswith(" s") or " s " in r["metric"]):
+            unit = "s"
         rows.append(ratio(f"workload: {r['workload']}", r["metric"], r["cairn"], r["baseline"], r["baseline_value"], unit,
                           better, goal, r.get("note", "")))
     for r in d.get("rows", []):
@@ -338,9 +344,12 @@ def render_doc(results: Dict[str, Any], img_dir: Path, doc_dir: Path) -> str:
         rows = [r for r in results["ratios"] if r["group"] == name or r["group"].startswith(name + ":")
                 or (name == "workloads" and r["group"].startswith("workload:"))]
         err = results["errors"].get(name)
-        if not rows and not err:
+        skipped = results.get("skipped", {}).get(name)
+        if not rows and not err and not skipped:
             continue
         lines += [f"## {name}", "", desc + ".", ""]
+        if skipped:
+            lines += [f"Not run on this machine: {skipped}.", ""]
         if err:
             lines += [f"This part failed in this run: `{err.splitlines()[0][:300]}`", ""]
         if rows:
@@ -395,6 +404,9 @@ def main() -> int:
             results["ratios"] += rows
             for line in table(rows):
                 print("   " + line)
+        except Skipped as e:
+            results.setdefault("skipped", {})[name] = str(e)
+            print(f"   skipped: {e}")
         except Exception as e:  # one failed part does not stop the others; it is reported
             msg = f"{type(e).__name__}: {e}"
             results["errors"][name] = msg
