@@ -1,0 +1,191 @@
+// DRAM-hit reads through the client library from a real engine and server in this process (the
+// same path an application takes: a Unix socket for the lease, the shared arena for the bytes).
+//
+// One model, "resident", holds tensors of 1, 16 and 64 MiB, committed before the first benchmark
+// and read once (copy and map) so the client's arena mapping is faulted in. Per tensor size:
+//   dram_read   ModelReader::read into a pre-faulted user buffer (a lease round trip, a memcpy out
+//               of the arena; the release rides on the next request)
+//   dram_map    ModelReader::map + close (a lease round trip, a release round trip; no byte copied).
+//               Bytes/s is the tensor's size over that time: how fast the tensor becomes usable.
+//   memcpy      memcpy of the same number of bytes between pre-faulted private buffers
+#include <benchmark/benchmark.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "api/cpp/client.hpp"
+#include "bench/micro/micro_common.hpp"
+#include "core/config.hpp"
+#include "daemon/engine.hpp"
+#include "daemon/server.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr uint64_t kSizes[] = {uint64_t{1} << 20, uint64_t{16} << 20, uint64_t{64} << 20};
+
+std::string tensor_name(uint64_t bytes) { return "t" + cairn::bench::size_label(bytes); }
+
+struct Resident {
+  fs::path dir;
+  std::unique_ptr<cairn::Engine> engine;
+  std::unique_ptr<cairn::Server> server;
+  std::unique_ptr<cairn::Client> client;
+  std::unique_ptr<cairn::ModelReader> reader;
+  std::string error;  // why it could not start, or empty
+
+  ~Resident() {
+    reader.reset();
+    client.reset();
+    if (server) server->stop();
+    server.reset();
+    engine.reset();
+    std::error_code ec;
+    if (!dir.empty()) fs::remove_all(dir, ec);
+  }
+};
+
+std::unique_ptr<Resident> g_resident;
+
+// Starts the daemon and commits the model on first use. Returns null (with the reason in *error)
+// when it cannot.
+Resident* resident(std::string* error) {
+  if (g_resident) {
+    *error = g_resident->error;
+    return g_resident->error.empty() ? g_resident.get() : nullptr;
+  }
+  g_resident = std::make_unique<Resident>();
+  Resident& r = *g_resident;
+  auto fail = [&](const std::string& what, const cairn::Status& s) -> Resident* {
+    r.error = what + ": " + s.to_string();
+    *error = r.error;
+    return nullptr;
+  };
+  r.dir = fs::temp_directory_path() / ("cairn-bench-micro-" + std::to_string(::getpid()));
+  fs::create_directories(r.dir);
+  uint64_t total = 0;
+  for (uint64_t s : kSizes) total += s;
+  cairn::Config config;
+  config.repository = (r.dir / "repo").string();
+  config.socket = (r.dir / "cairnd.sock").string();
+  config.log.level = "warn";
+  config.tiers.dram.capacity = 3 * total + (64ull << 20);
+
+  auto engine = cairn::Engine::create(config);
+  if (!engine.is_ok()) return fail("starting the engine", engine.status());
+  r.engine = std::move(*engine);
+  // A daemon backs its arena at start-up, long before the first read.
+  while (!r.engine->dram().prefault_finished()) ::usleep(1000);
+  auto server = cairn::Server::start(*r.engine, config.socket);
+  if (!server.is_ok()) return fail("starting the server", server.status());
+  r.server = std::move(*server);
+  auto client = cairn::Client::connect(config.socket);
+  if (!client.is_ok()) return fail("connecting", client.status());
+  r.client = std::move(*client);
+  {
+    cairn::ModelWriter w(*r.client, "resident", "");
+    for (uint64_t s : kSizes) {
+      const std::vector<uint8_t> bytes = cairn::bench::random_bytes(s, s);
+      cairn::Status st = w.add_tensor(tensor_name(s), bytes.data(), cairn::DType::kU8, {static_cast<int64_t>(s)});
+      if (!st.is_ok()) return fail("add_tensor", st);
+    }
+    auto c = w.commit(cairn::Durability::kGlobal, true);
+    if (!c.is_ok()) return fail("commit", c.status());
+  }
+  auto reader = cairn::ModelReader::open(*r.client, "resident");
+  if (!reader.is_ok()) return fail("open", reader.status());
+  r.reader = std::move(*reader);
+  // The first read and map on a connection fault in the client's mappings of the arena.
+  for (uint64_t s : kSizes) {
+    std::vector<uint8_t> dst(s);
+    cairn::Status st = r.reader->read(tensor_name(s), dst.data(), s);
+    if (!st.is_ok()) return fail("first read", st);
+    const std::vector<uint8_t> expected = cairn::bench::random_bytes(s, s);
+    if (dst != expected) return fail("first read", cairn::internal_error("bytes differ"));
+    auto view = r.reader->map(tensor_name(s));
+    if (!view.is_ok()) return fail("first map", view.status());
+    if (std::memcmp(view->data(), expected.data(), s) != 0)
+      return fail("first map", cairn::internal_error("bytes differ"));
+    r.reader->close();
+  }
+  return &r;
+}
+
+void read_copy(benchmark::State& state, uint64_t size) {
+  std::string error;
+  Resident* r = resident(&error);
+  if (r == nullptr) {
+    state.SkipWithError(error.c_str());
+    return;
+  }
+  const std::string name = tensor_name(size);
+  std::vector<uint8_t> dst(size, 1);  // faulted in before timing
+  for (auto _ : state) {
+    cairn::Status s = r->reader->read(name, dst.data(), size);
+    if (!s.is_ok()) {
+      state.SkipWithError(s.to_string().c_str());
+      break;
+    }
+    benchmark::DoNotOptimize(dst.data());
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * size));
+}
+
+void read_map(benchmark::State& state, uint64_t size) {
+  std::string error;
+  Resident* r = resident(&error);
+  if (r == nullptr) {
+    state.SkipWithError(error.c_str());
+    return;
+  }
+  const std::string name = tensor_name(size);
+  for (auto _ : state) {
+    auto view = r->reader->map(name);
+    if (!view.is_ok()) {
+      state.SkipWithError(view.status().to_string().c_str());
+      break;
+    }
+    benchmark::DoNotOptimize(view->data());
+    r->reader->close();
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * size));
+}
+
+void copy(benchmark::State& state, uint64_t size) {
+  const std::vector<uint8_t> src = cairn::bench::random_bytes(size, 9);
+  std::vector<uint8_t> dst(size, 1);
+  for (auto _ : state) {
+    std::memcpy(dst.data(), src.data(), size);
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * size));
+}
+
+}  // namespace
+
+namespace cairn::bench {
+
+void register_dram_read_benchmarks() {
+  for (uint64_t size : kSizes) {
+    const std::string label = size_label(size);
+    benchmark::RegisterBenchmark(bench_name("dram_read", label, "cairn").c_str(), read_copy, size)
+        ->UseRealTime()->Unit(benchmark::kMicrosecond);
+    benchmark::RegisterBenchmark(bench_name("dram_read", label, "memcpy").c_str(), copy, size)
+        ->UseRealTime()->Unit(benchmark::kMicrosecond);
+    benchmark::RegisterBenchmark(bench_name("dram_map", label, "cairn").c_str(), read_map, size)
+        ->UseRealTime()->Unit(benchmark::kMicrosecond);
+    benchmark::RegisterBenchmark(bench_name("dram_map", label, "memcpy").c_str(), copy, size)
+        ->UseRealTime()->Unit(benchmark::kMicrosecond);
+  }
+}
+
+void stop_resident_daemon() { g_resident.reset(); }
+
+}  // namespace cairn::bench
