@@ -192,9 +192,12 @@ def run_micro(quick: bool, work: Path) -> List[Dict[str, Any]]:
           *(["--benchmark_min_time=0.01"] if quick else [])], work / "micro.log", timeout=900)
     _run([PY, str(ROOT / "bench/micro/ratios.py"), str(raw), str(out)], work / "micro-ratios.log")
     d = json.loads(out.read_text())
+    notes = {"dram_map": "map + release: time until the tensor is usable, no byte touched",
+             "wire_codec": "encode + decode in memory", "wire_roundtrip": "request and answer over a Unix socket pair"}
     return [ratio("micro", r["metric"], r["cairn"], r["baseline"], r["baseline_value"],
                   next((x["unit"] for x in d.get("rows", []) if x["metric"] == r["metric"]), ""),
-                  next((x["better"] for x in d.get("rows", []) if x["metric"] == r["metric"]), "higher"))
+                  next((x["better"] for x in d.get("rows", []) if x["metric"] == r["metric"]), "higher"),
+                  note=next((v for k, v in notes.items() if r["metric"].startswith(k)), ""))
             for r in d["ratios"]]
 
 
