@@ -47,7 +47,10 @@ def machine() -> Dict[str, Any]:
                 mem = int(line.split()[1]) * 1024
     except OSError:
         pass
-    fs = subprocess.run(["stat", "-f", "-c", "%T", tempfile.gettempdir()], capture_output=True, text=True).stdout.strip()
+    # findmnt names ext4 as ext4 (statfs's magic number cannot tell ext2/3/4 apart).
+    fs = subprocess.run(["findmnt", "-n", "-o", "FSTYPE", "--target", tempfile.gettempdir()], capture_output=True,
+                        text=True).stdout.strip() or \
+        subprocess.run(["stat", "-f", "-c", "%T", tempfile.gettempdir()], capture_output=True, text=True).stdout.strip()
     gpu = "none"
     if shutil.which("nvidia-smi"):
         r = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
