@@ -422,6 +422,13 @@ def main() -> int:
         results["component_seconds"][name] = round(time.time() - c0, 1)
         print(f"   ({results['component_seconds'][name]:.0f} s)", flush=True)
     results["seconds"] = time.time() - t0
+    # Each part's own output too (figures the ratio table does not show, e.g. time to reach global).
+    results["raw"] = {}
+    for f in sorted(work.glob("*.json")) + sorted(work.glob("*/*.json")):
+        try:
+            results["raw"][str(f.relative_to(work))] = json.loads(f.read_text())
+        except (OSError, ValueError):
+            pass
     stamp = started.strftime("%Y-%m-%d-%H%M")
     res_path = out_dir / f"{stamp}-{host}.json"
     results["results_file"] = os.path.relpath(res_path, ROOT)
