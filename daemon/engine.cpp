@@ -960,17 +960,13 @@ Status Engine::pin_tensor(const TensorManifest& t, std::vector<ChunkHash>& pinne
         if (failure.is_ok() && !r.is_ok()) failure = r.with_context("tensor '" + t.name + "'");
     }
     if (failure.is_ok()) {
-      uint64_t bytes = 0;
+      // (Reads per tier are counted by the tier manager, which knows where each chunk came from.)
       for (size_t k = 0; k < to_load.size(); ++k) {
         size_t i = to_load[k];
         dram_->finish_load(t.chunks[i].hash, load_off[k], t.chunks[i].length);
         offsets[i] = load_off[k];
         have[i] = true;
-        bytes += t.chunks[i].length;
       }
-      std::lock_guard lock(mu_);
-      pfs_chunk_reads_ += to_load.size();
-      pfs_bytes_read_ += bytes;
     } else {
       // Nothing was made resident: give the space back and let waiters try again.
       if (whole) {

@@ -208,7 +208,7 @@ class Engine {
   std::map<std::string, std::string> committing_;        // id -> parent, between validation and registration
   bool stopping_ = false;
   int64_t last_created_ns_ = 0;  // stamps of committed models, increasing
-  uint64_t pfs_chunk_reads_ = 0, pfs_bytes_read_ = 0, pfs_bytes_written_ = 0;
+  uint64_t pfs_bytes_written_ = 0;
   std::atomic<uint64_t> next_session_{1};
   std::thread local_flusher_, global_flusher_;
 };
