@@ -1,12 +1,23 @@
-// What every tier reports, and the seam the tier manager of a later issue builds on.
+// What every tier reports, and the seam the tier manager fetches through.
+//
+// A ChunkSource is a place below DRAM that can supply a chunk's bytes: the NVMe burst buffer and
+// the repository today (tiers/chunk_sources.hpp), a peer daemon's arena or the GPU tier later. The
+// tier manager keeps an ordered list of them, fastest first, and a fetch takes the first intact
+// copy: a new kind of source is one more entry in that list (TierManager::add_source).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <span>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
+#include "core/status.hpp"
+
 namespace cairn {
+
+struct ChunkRef;
 
 // Counters of one tier. Bytes in: bytes that entered the tier (writes, loads from below);
 // bytes out: bytes that left it (evictions, flushes to the tier below).
@@ -28,6 +39,45 @@ struct TierStats {
             {"hits", hits},           {"misses", misses},                 {"bytes_in", bytes_in},
             {"bytes_out", bytes_out}, {"chunks", chunks},                 {"dirty_bytes", dirty_bytes}};
   }
+};
+
+// A read bandwidth learnt from the reads themselves: a moving average over reads of 64 KiB or more
+// (smaller ones measure latency, not bandwidth). Thread-safe.
+class MeasuredBandwidth {
+ public:
+  explicit MeasuredBandwidth(double initial_bytes_per_second) : bw_(initial_bytes_per_second) {}
+  void sample(uint64_t bytes, double seconds) {
+    if (seconds <= 0 || bytes < (64u << 10)) return;
+    bw_.store(0.8 * bw_.load() + 0.2 * (static_cast<double>(bytes) / seconds));
+  }
+  double bytes_per_second() const { return bw_.load(); }
+  double seconds_for(uint64_t bytes) const { return static_cast<double>(bytes) / bw_.load(); }
+
+ private:
+  std::atomic<double> bw_;
+};
+
+// A source of chunk copies below DRAM. Implementations: tiers/chunk_sources.hpp.
+//
+// Thread-safety: every method may be called from any thread, concurrently.
+class ChunkSource {
+ public:
+  virtual ~ChunkSource() = default;
+
+  // A short name for counters ("reads_from_<name>") and messages: "nvme", "repository", ...
+  virtual const std::string& name() const = 0;
+  // Whether this source holds a copy of the chunk now. Cheap and local (no I/O); the copy may be
+  // gone by the time read() runs, which then fails and the caller tries the next source.
+  virtual bool has(const ChunkRef& ref) const = 0;
+  // Reads ref.length bytes of the chunk into dst (arena space) and verifies them against ref.hash.
+  // kCorruption when the copy fails its check (a source that can, drops it); any other error when
+  // the copy cannot be read. On error dst's contents are unspecified; bad bytes are never returned
+  // with OK.
+  virtual Status read(const ChunkRef& ref, void* dst) = 0;
+  // Expected seconds to read `bytes` from here (the eviction policy's refetch cost).
+  virtual double cost(uint64_t bytes) const = 0;
+  // These chunks will be read soon: a source may start moving them (readahead). Advice only.
+  virtual void will_read(std::span<const ChunkRef* const> refs) { (void)refs; }
 };
 
 }  // namespace cairn

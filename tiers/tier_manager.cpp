@@ -7,18 +7,19 @@
 #include <cstring>
 
 #include "core/log.hpp"
+#include "tiers/chunk_sources.hpp"
 
 namespace cairn {
 
-namespace {
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-}  // namespace
-
 TierManager::TierManager(DramTier& dram, NvmeTier* nvme, Repository& repo, std::unique_ptr<AdmissionPolicy> admission)
     : dram_(dram), nvme_(nvme), repo_(repo), admission_(std::move(admission)) {
+  auto repository = std::make_unique<RepositorySource>(repo_);
+  repository_source_ = repository.get();
+  add_source(std::move(repository), 0);
   if (!nvme_) return;
+  auto burst_buffer = std::make_unique<NvmeSource>(*nvme_);
+  nvme_source_ = burst_buffer.get();
+  add_source(std::move(burst_buffer), 0);
   // Demote when less than 1/8 of the arena is free, until 1/4 is: room for a burst of writes or
   // loads without evicting on the request's thread.
   low_water_ = dram_.arena_size() / 8;
@@ -48,44 +49,62 @@ bool TierManager::only_in_dram(const ChunkHash& hash) const {
   return !(nvme_ && nvme_->is_dirty(hash));
 }
 
-void TierManager::note_cost(const ChunkHash& h, uint64_t bytes, double seconds, bool from_nvme) {
-  if (seconds > 0 && bytes >= (64u << 10)) {
-    std::atomic<double>& bw = from_nvme ? nvme_bw_ : pfs_bw_;
-    double sample = static_cast<double>(bytes) / seconds;
-    bw.store(0.8 * bw.load() + 0.2 * sample);
-  }
-  // Where the chunk would come from once it leaves DRAM.
-  const bool below_on_nvme = nvme_ && nvme_->contains(h);
-  dram_.hint_refetch_cost(h, static_cast<double>(bytes) / (below_on_nvme ? nvme_bw_.load() : pfs_bw_.load()));
+void TierManager::add_source(std::unique_ptr<ChunkSource> source, size_t position) {
+  SourceSlot slot{std::move(source), std::make_unique<std::atomic<uint64_t>[]>(3)};
+  position = std::min(position, sources_.size());
+  sources_.insert(sources_.begin() + static_cast<std::ptrdiff_t>(position), std::move(slot));
+}
+
+std::vector<std::string> TierManager::source_names() const {
+  std::vector<std::string> out;
+  for (const auto& s : sources_) out.push_back(s.source->name());
+  return out;
+}
+
+void TierManager::note_cost(const ChunkRef& ref) {
+  // Where the chunk would come from once it leaves DRAM: the first source that has it (the last
+  // resort when none does yet).
+  const ChunkSource* below = sources_.back().source.get();
+  for (const auto& s : sources_)
+    if (s.source->has(ref)) {
+      below = s.source.get();
+      break;
+    }
+  dram_.hint_refetch_cost(ref.hash, below->cost(ref.length));
 }
 
 Status TierManager::fetch(const ChunkRef& ref, void* dst) {
-  if (nvme_ && nvme_->contains(ref.hash)) {
-    auto t0 = std::chrono::steady_clock::now();
-    Status st = nvme_->read(ref.hash, dst, ref.length);
+  for (size_t i = 0; i < sources_.size(); ++i) {
+    SourceSlot& slot = sources_[i];
+    const bool last = i + 1 == sources_.size();
+    if (!last && !slot.source->has(ref)) continue;
+    Status st = slot.source->read(ref, dst);
     if (st.is_ok()) {
-      ++nvme_reads_;
-      nvme_read_bytes_ += ref.length;
-      note_cost(ref.hash, ref.length, seconds_since(t0), true);
+      ++slot.counters[0];
+      slot.counters[1] += ref.length;
+      note_cost(ref);
       return st;
     }
-    if (st.code() == StatusCode::kCorruption) ++nvme_corrupt_;
-    // Dropped (corrupt) or evicted meanwhile: the repository has it unless it was dirty.
-    CAIRN_LOG_WARN("{}; reading the chunk from the repository instead", st.to_string());
+    if (st.code() == StatusCode::kCorruption) ++slot.counters[2];
+    if (last) return st;
+    // Dropped (corrupt) or evicted meanwhile: a source further down has it unless it was dirty.
+    CAIRN_LOG_WARN("{}; reading the chunk from the next source instead", st.to_string());
   }
-  std::optional<ChunkRef> where = ref.pack.empty() ? repo_.locate(ref.hash) : std::optional<ChunkRef>(ref);
-  if (!where) {
-    // A recovered model's chunk can have a pack name the repository no longer knows (gc).
-    where = repo_.locate(ref.hash);
-    if (!where) return corruption("chunk " + ref.hash.hex() + " has no intact copy in any tier");
+  return corruption("chunk " + ref.hash.hex() + " has no intact copy in any tier");
+}
+
+void TierManager::readahead(std::span<const ChunkRef* const> refs) {
+  std::vector<std::vector<const ChunkRef*>> per_source(sources_.size());
+  for (const ChunkRef* c : refs) {
+    if (dram_.offset_of(c->hash)) continue;
+    for (size_t i = 0; i < sources_.size(); ++i)
+      if (sources_[i].source->has(*c)) {
+        per_source[i].push_back(c);
+        break;
+      }
   }
-  auto t0 = std::chrono::steady_clock::now();
-  Status st = repo_.read_chunk(*where, dst);
-  if (!st.is_ok()) return st;
-  ++pfs_reads_;
-  pfs_read_bytes_ += ref.length;
-  note_cost(ref.hash, ref.length, seconds_since(t0), false);
-  return st;
+  for (size_t i = 0; i < sources_.size(); ++i)
+    if (!per_source[i].empty()) sources_[i].source->will_read(per_source[i]);
 }
 
 Status TierManager::write_local(const std::vector<ChunkRef>& chunks) {
@@ -138,6 +157,14 @@ void TierManager::stored_globally(const std::vector<ChunkRef>& chunks) {
   }
 }
 
+void TierManager::abandon(const std::vector<ChunkRef>& chunks) {
+  for (const ChunkRef& c : chunks) {
+    if (repo_.locate(c.hash)) continue;
+    dram_.mark_clean(c.hash);
+    if (nvme_) nvme_->remove(c.hash);
+  }
+}
+
 void TierManager::demoter_loop() {
   // Background work: requests come first on a busy node.
   (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 10);
@@ -168,7 +195,7 @@ void TierManager::demote(uint64_t target_free) {
       c.bytes = v->length;
       c.accesses = v->accesses;
       c.references = v->references;
-      c.refetch_cost = static_cast<double>(v->length) / pfs_bw_.load();
+      c.refetch_cost = repository_source_->cost(v->length);
       if (!admission_ || admission_->admit(c)) {
         NvmeTier::Put p{v->hash, dram_.base() + v->offset, v->length, false};
         Status st = nvme_->put(std::span<const NvmeTier::Put>(&p, 1));
@@ -190,19 +217,25 @@ void TierManager::demote(uint64_t target_free) {
 }
 
 nlohmann::json TierManager::stats() const {
-  return {{"reads_from_nvme", nvme_reads_.load()},
-          {"bytes_from_nvme", nvme_read_bytes_.load()},
-          {"reads_from_repository", pfs_reads_.load()},
-          {"bytes_from_repository", pfs_read_bytes_.load()},
-          {"nvme_copies_failed_check", nvme_corrupt_.load()},
-          {"demoted_chunks", demoted_.load()},
-          {"demoted_bytes", demoted_bytes_.load()},
-          {"evicted_already_on_nvme", evicted_on_nvme_.load()},
-          {"dropped_to_repository_only", dropped_.load()},
-          {"local_writes", local_writes_.load()},
-          {"local_write_bytes", local_write_bytes_.load()},
-          {"nvme_read_bandwidth", nvme_bw_.load()},
-          {"repository_read_bandwidth", pfs_bw_.load()}};
+  nlohmann::json out{{"demoted_chunks", demoted_.load()},
+                     {"demoted_bytes", demoted_bytes_.load()},
+                     {"evicted_already_on_nvme", evicted_on_nvme_.load()},
+                     {"dropped_to_repository_only", dropped_.load()},
+                     {"local_writes", local_writes_.load()},
+                     {"local_write_bytes", local_write_bytes_.load()}};
+  // Per source: reads served, bytes read, copies that failed their check; the learnt bandwidth.
+  for (const auto& s : sources_) {
+    const std::string& n = s.source->name();
+    out["reads_from_" + n] = s.counters[0].load();
+    out["bytes_from_" + n] = s.counters[1].load();
+    out[n + "_copies_failed_check"] = s.counters[2].load();
+    constexpr uint64_t kGB = 1000000000;
+    out[n + "_read_bandwidth"] = static_cast<double>(kGB) / s.source->cost(kGB);  // bytes/s
+  }
+  // A daemon without a burst buffer reports its counters as zero (clients read them unconditionally).
+  for (const char* k : {"reads_from_nvme", "bytes_from_nvme", "nvme_copies_failed_check", "nvme_read_bandwidth"})
+    if (!out.contains(k)) out[k] = 0;
+  return out;
 }
 
 }  // namespace cairn

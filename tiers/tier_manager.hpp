@@ -1,18 +1,21 @@
-// The tier manager: moves chunks between DRAM, the NVMe burst buffer and the repository.
+// The tier manager: moves chunks between DRAM, the sources below it and the repository.
 //
 // Where a chunk is: the DRAM tier knows its resident chunks (pins, and "dirty": no copy in any tier
 // below, so it may not leave); the NVMe tier knows its own (and which of them the repository lacks);
-// the repository knows what it stores. The manager answers the questions that need all three:
-//   - fetch: the fastest copy below DRAM (NVMe, verified against its hash, else the repository);
+// the repository knows what it stores. The manager answers the questions that need all of them:
+//   - fetch: the fastest intact copy below DRAM, walking an ordered list of chunk sources
+//     (tiers/tier.hpp: NVMe, then the repository; a peer or GPU source is one more entry);
+//   - readahead: tells each source which of a request's chunks it will be asked for;
 //   - write_local: the `local` durability step, chunks whose only copy is in DRAM go to NVMe;
 //   - Source: the bytes of a model's chunks for a repository commit, from DRAM or NVMe;
 //   - demotion: a background thread keeps DRAM free space above a low-water mark by taking the
 //     eviction policy's victims and writing those NVMe lacks (as the admission policy allows) to the
 //     burst buffer before dropping them, so a later read finds them on NVMe rather than the PFS.
 // All movement runs on the flusher threads and the demoter, never on a request's thread, except a
-// read's fetch of what it needs.
+// read's fetch of what it needs. It never decides what to evict (policy/ does) and never touches
+// models or manifests (the daemon's components do).
 //
-// Thread-safety: every method may be called from any thread.
+// Thread-safety: every method may be called from any thread, except add_source (assembly only).
 #pragma once
 
 #include <atomic>
@@ -32,6 +35,7 @@
 #include "tiers/dram/dram_tier.hpp"
 #include "tiers/nvme/nvme_tier.hpp"
 #include "tiers/pfs/repository.hpp"
+#include "tiers/tier.hpp"
 
 namespace cairn {
 
@@ -50,10 +54,22 @@ class TierManager {
   // until write_local or the repository commit.
   bool only_in_dram(const ChunkHash& hash) const;
 
-  // Reads ref's bytes (ref.length) into dst from the fastest tier below DRAM. A burst-buffer copy
-  // that fails its hash is dropped and the repository read instead; a repository copy that fails is
+  // Adds a chunk source to the fetch order at `position` (0 = asked first; past the end = last).
+  // The built-in order is NVMe (when there is a burst buffer), then the repository; the repository
+  // stays the last resort. REQUIRES: during assembly, before any other thread uses the manager.
+  void add_source(std::unique_ptr<ChunkSource> source, size_t position);
+  // The fetch order, by name (tests, `cairn stats`).
+  std::vector<std::string> source_names() const;
+
+  // Reads ref's bytes (ref.length) into dst from the first source below DRAM that has an intact
+  // copy. A copy that fails its check (kCorruption) or cannot be read is skipped with a warning and
+  // the next source asked; the last source's error is returned as it is; when no source has a copy,
   // kCorruption. Bad bytes never stay in dst with OK returned.
   Status fetch(const ChunkRef& ref, void* dst);
+
+  // Advice before a read of these chunks: those not resident in DRAM are announced to the source a
+  // fetch would take them from (the repository then starts the kernel reading its pack ranges).
+  void readahead(std::span<const ChunkRef* const> refs);
 
   // The `local` step: every chunk in `chunks` that is dirty in DRAM goes to the NVMe tier, durably;
   // then the DRAM copies are clean (they may be evicted; NVMe has them). kNoSpace when the burst
@@ -81,6 +97,9 @@ class TierManager {
 
   // The chunks are in the repository now: clean in every tier.
   void stored_globally(const std::vector<ChunkRef>& chunks);
+  // The model that needed these chunks failed to reach the repository and nothing else needs them:
+  // those the repository lacks are clean again in DRAM (so they may be evicted) and dropped from NVMe.
+  void abandon(const std::vector<ChunkRef>& chunks);
 
   // Per-source read counters and the demoter's work, for `cairn stats`.
   nlohmann::json stats() const;
@@ -90,7 +109,8 @@ class TierManager {
  private:
   void demoter_loop();
   void demote(uint64_t target_free);
-  void note_cost(const ChunkHash& h, uint64_t bytes, double seconds, bool from_nvme);
+  // Tells the DRAM policy what re-reading h would cost once it leaves DRAM.
+  void note_cost(const ChunkRef& ref);
 
   DramTier& dram_;
   NvmeTier* nvme_;
@@ -104,11 +124,17 @@ class TierManager {
   bool wake_ = false, stop_ = false;
   std::thread demoter_;
 
-  std::atomic<uint64_t> nvme_reads_{0}, nvme_read_bytes_{0}, pfs_reads_{0}, pfs_read_bytes_{0};
-  std::atomic<uint64_t> nvme_corrupt_{0}, demoted_{0}, demoted_bytes_{0}, dropped_{0}, evicted_on_nvme_{0}, local_writes_{0},
+  // The fetch order and each source's read counters (same index).
+  struct SourceSlot {
+    std::unique_ptr<ChunkSource> source;
+    std::unique_ptr<std::atomic<uint64_t>[]> counters;  // reads, bytes, failed checks
+  };
+  std::vector<SourceSlot> sources_;
+  ChunkSource* nvme_source_ = nullptr;        // in sources_ when there is a burst buffer
+  ChunkSource* repository_source_ = nullptr;  // in sources_, always last
+
+  std::atomic<uint64_t> demoted_{0}, demoted_bytes_{0}, dropped_{0}, evicted_on_nvme_{0}, local_writes_{0},
       local_write_bytes_{0};
-  // Measured read bandwidths (bytes/s, moving averages), the policy's refetch cost model.
-  std::atomic<double> nvme_bw_{2e9}, pfs_bw_{5e8};
 };
 
 }  // namespace cairn

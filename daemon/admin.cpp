@@ -1,0 +1,189 @@
+#include "daemon/admin.hpp"
+
+#include <chrono>
+
+#include "core/log.hpp"
+#include "daemon/request.hpp"
+
+namespace cairn {
+
+using nlohmann::json;
+using namespace request;
+
+Result<json> Admin::list(const json& req) {
+  const bool all = req.value("all", false);
+  json models = json::array();
+  auto row = [](const ModelManifest& m, const char* durability) {
+    json r{{"id", m.id},
+           {"parent", m.parent.empty() ? json() : json(m.parent)},
+           {"tensors", m.tensors.size()},
+           {"bytes", m.logical_bytes()},
+           {"created_ns", m.created_ns},
+           {"durability", durability}};
+    if (m.retired_ns != 0) r["retired"] = true;
+    if (m.collected) r["collected"] = true;
+    return r;
+  };
+  for (const auto& id : p_.repo.list()) {
+    auto m = p_.repo.get_shared(id);
+    if (m.is_ok() && (all || (*m)->retired_ns == 0)) models.push_back(row(**m, "global"));
+  }
+  for (const auto& m : p_.flusher.pending()) models.push_back(row(*m, "memory"));
+  return json{{"models", std::move(models)}};
+}
+
+Result<json> Admin::show(const json& req) {
+  CAIRN_ASSIGN_OR_RETURN(std::string id, get_name(req, "id", "a model id"));
+  std::shared_ptr<const ModelManifest> m = p_.flusher.find(id);
+  const bool pending = m != nullptr;
+  if (!m) {
+    auto r = p_.repo.get_shared(id);  // collected models too: their lineage and metadata remain
+    if (!r.is_ok()) return not_found("model '" + id + "' does not exist (see `cairn ls`)");
+    m = *r;
+  }
+  json tensors = json::array();
+  for (const auto& t : m->tensors)
+    tensors.push_back({{"name", t.name},
+                       {"dtype", dtype_name(t.dtype)},
+                       {"shape", shape_json(t.shape)},
+                       {"nbytes", t.nbytes},
+                       {"chunks", t.chunks.size()}});
+  json children = json::array();
+  if (auto d = p_.catalog.descendants(id, 1); d.is_ok())
+    for (const auto& [c, depth] : *d) children.push_back(c);
+  json out{{"id", m->id},
+           {"parent", m->parent.empty() ? json() : json(m->parent)},
+           {"children", std::move(children)},
+           {"created_ns", m->created_ns},
+           {"durability", pending ? "memory" : "global"},
+           {"pack", m->pack},
+           {"logical_bytes", m->logical_bytes()},
+           {"metadata", m->metadata},
+           {"architecture", m->architecture},
+           {"tensors", std::move(tensors)}};
+  if (m->retired_ns != 0) out["retired_ns"] = m->retired_ns;
+  if (m->collected) out["collected"] = true;
+  return out;
+}
+
+Result<json> Admin::stats(const json& /*req*/) {
+  RepositoryStats rs = p_.repo.stats();
+  TierStats dram = p_.dram.stats();
+  json moved = p_.tiers.stats();
+  const Flusher::Stats fl = p_.flusher.stats();
+  TierStats pfs;
+  pfs.name = "pfs";
+  pfs.enabled = true;
+  pfs.used_bytes = rs.physical_bytes;
+  pfs.chunks = rs.chunks;
+  pfs.hits = moved["reads_from_repository"].get<uint64_t>();
+  pfs.bytes_out = moved["bytes_from_repository"].get<uint64_t>();
+  pfs.bytes_in = fl.repository_bytes_written;
+  TierStats hbm, nvme;
+  hbm.name = "hbm";
+  nvme.name = "nvme";
+  if (p_.nvme) nvme = p_.nvme->stats();
+  json tiers{{"hbm", hbm.to_json()}, {"dram", dram.to_json()}, {"nvme", nvme.to_json()}, {"pfs", pfs.to_json()}};
+  tiers["nvme"]["path"] = p_.nvme_path;
+  if (p_.nvme) tiers["nvme"]["direct_io"] = p_.nvme->direct_io();
+  tiers["pfs"]["path"] = p_.repo.dir();
+  return json{{"tiers", std::move(tiers)},
+              {"repository",
+               {{"path", p_.repo.dir()},
+                {"models", rs.models},
+                {"retired", rs.retired},
+                {"packs", rs.packs},
+                {"chunks", rs.chunks},
+                {"logical_bytes", rs.logical_bytes},
+                {"physical_bytes", rs.physical_bytes}}},
+              {"catalog", {{"models", p_.catalog.size()}, {"live", p_.catalog.live()}}},
+              {"pending_models", fl.pending_models},
+              // What a crash could lose or delay: models not yet in the repository, by stage.
+              {"flush",
+               {{"pending_models", fl.pending_models},
+                {"awaiting_local", fl.awaiting_local},
+                {"local_not_global", fl.local_not_global},
+                {"dirty_dram_bytes", dram.dirty_bytes},
+                {"dirty_nvme_bytes", nvme.dirty_bytes}}},
+              {"movement", std::move(moved)},
+              {"recovery",
+               {{"models_recovered", p_.recovery.models_recovered}, {"models_lost", p_.recovery.models_lost}}},
+              {"dirty_bytes", dram.dirty_bytes + nvme.dirty_bytes},
+              {"chunk_size", p_.repo.chunk_size()}};
+}
+
+// `cairn rm`: retire. The model leaves queries and `cairn ls`; its bytes stay until `cairn gc`.
+Result<json> Admin::remove(const json& req) {
+  CAIRN_ASSIGN_OR_RETURN(std::string id, get_name(req, "id", "a model id"));
+  // A model still on its way to the repository is retired once it is there.
+  p_.flusher.wait_until_flushed(id);
+  auto before = p_.repo.get_shared(id);
+  Status st = p_.repo.retire(id);
+  if (st.code() == StatusCode::kNotFound) return not_found("model '" + id + "' does not exist (see `cairn ls`)");
+  CAIRN_RETURN_IF_ERROR(st);
+  CAIRN_RETURN_IF_ERROR(p_.catalog.retire(id));
+  if (before.is_ok() && (*before)->retired_ns == 0) p_.references.count(**before, -1);
+  return json{{"retired", id}};
+}
+
+Result<json> Admin::gc(const json& /*req*/) {
+  std::unique_lock gc_lock(p_.gc_mu);
+  p_.flusher.drain();  // every pending model is in the repository, so its references count
+  CAIRN_ASSIGN_OR_RETURN(GcReport r, p_.repo.gc());
+  for (const std::string& id : r.removed) {
+    Status s = p_.catalog.erase(id);
+    if (!s.is_ok()) CAIRN_LOG_WARN("gc: dropping '{}' from the catalog: {}", id, s.to_string());
+  }
+  RepositoryStats rs = p_.repo.stats();
+  return json{{"removed", r.removed},
+              {"collected", r.collected},
+              {"packs_deleted", r.packs_deleted},
+              {"bytes_released", r.bytes_released},
+              {"bytes_punched", r.bytes_punched},
+              {"bytes_unreclaimable", r.bytes_unreclaimable},
+              {"physical_bytes", rs.physical_bytes}};
+}
+
+Result<json> Admin::fsck(const json& req) {
+  const bool verify = req.value("verify", true);
+  std::shared_lock gc_lock(p_.gc_mu);
+  CAIRN_ASSIGN_OR_RETURN(FsckReport r, p_.repo.fsck(verify));
+  auto problems = [](const std::vector<FsckReport::Problem>& v) {
+    json out = json::array();
+    for (const auto& p : v) {
+      json j{{"pack", p.pack}, {"offset", p.offset}, {"length", p.length}, {"detail", p.detail}};
+      if (!p.model.empty()) {
+        j["model"] = p.model;
+        j["tensor"] = p.tensor;
+      }
+      out.push_back(std::move(j));
+    }
+    return out;
+  };
+  return json{{"ok", r.ok()},
+              {"models", r.models},
+              {"chunks", r.chunks},
+              {"bytes_verified", r.bytes_verified},
+              {"dangling", problems(r.dangling)},
+              {"orphaned", problems(r.orphaned)},
+              {"orphaned_bytes", r.orphaned_bytes}};
+}
+
+Result<json> Admin::flush(const json& req) {
+  // Blocks until every acknowledged model is in the repository (or the timeout passes).
+  int64_t timeout_ms = get_i64_or(req, "timeout_ms", -1);
+  auto t0 = std::chrono::steady_clock::now();
+  const uint64_t before = p_.flusher.stats().pending_models;
+  bool done = true;
+  if (timeout_ms < 0) p_.flusher.drain();
+  else done = p_.flusher.drain_for(std::chrono::milliseconds(timeout_ms));
+  const uint64_t left = p_.flusher.stats().pending_models;
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!done)
+    return timed_out("flush: " + std::to_string(left) + " models are still on their way to the repository after " +
+                     std::to_string(timeout_ms) + " ms");
+  uint64_t dirty = p_.dram.stats().dirty_bytes + (p_.nvme ? p_.nvme->stats().dirty_bytes : 0);
+  return json{{"flushed_models", before}, {"pending_models", left}, {"dirty_bytes", dirty}, {"seconds", secs}};
+}
+
+}  // namespace cairn

@@ -1,0 +1,63 @@
+// Administration: what `cairn ls/show/stats/rm/gc/fsck/flush` ask of the daemon. Requests: list,
+// show, stats, remove, gc, fsck, flush (docs/protocol.md, "Catalog").
+//
+// Owns: nothing; it reads the other components' state and calls the repository's maintenance.
+// gc takes the gc lock exclusively (no commit or read of repository data runs meanwhile) after the
+// flusher drained, so every committed model's references count. Never reads or writes chunks
+// itself.
+//
+// Thread-safety: every method may be called from any thread.
+#pragma once
+
+#include <cstdint>
+#include <shared_mutex>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "core/status.hpp"
+#include "daemon/catalog.hpp"
+#include "daemon/flusher.hpp"
+#include "daemon/references.hpp"
+#include "tiers/dram/dram_tier.hpp"
+#include "tiers/nvme/nvme_tier.hpp"
+#include "tiers/pfs/repository.hpp"
+#include "tiers/tier_manager.hpp"
+
+namespace cairn {
+
+// What recovery at start found (daemon/recovery.hpp), reported by stats.
+struct RecoveryReport {
+  uint64_t models_recovered = 0;  // committed `local` before a crash, found on the burst buffer
+  uint64_t models_lost = 0;       // their record or chunks failed their checks
+};
+
+class Admin {
+ public:
+  struct Parts {
+    Repository& repo;
+    Catalog& catalog;
+    Flusher& flusher;
+    ReferenceCounts& references;
+    DramTier& dram;
+    NvmeTier* nvme;                  // null without a burst buffer
+    TierManager& tiers;
+    const std::string& nvme_path;    // tiers.nvme.path, reported by stats
+    const RecoveryReport& recovery;
+    std::shared_mutex& gc_mu;
+  };
+  explicit Admin(Parts parts) : p_(parts) {}
+
+  Result<nlohmann::json> list(const nlohmann::json& req);
+  Result<nlohmann::json> show(const nlohmann::json& req);
+  Result<nlohmann::json> stats(const nlohmann::json& req);
+  Result<nlohmann::json> remove(const nlohmann::json& req);
+  Result<nlohmann::json> gc(const nlohmann::json& req);
+  Result<nlohmann::json> fsck(const nlohmann::json& req);
+  Result<nlohmann::json> flush(const nlohmann::json& req);
+
+ private:
+  Parts p_;
+};
+
+}  // namespace cairn

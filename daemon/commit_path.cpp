@@ -1,0 +1,332 @@
+#include "daemon/commit_path.hpp"
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <optional>
+#include <set>
+#include <thread>
+
+#include "core/graph.hpp"
+#include "daemon/model_graph.hpp"
+#include "daemon/request.hpp"
+
+namespace cairn {
+
+using nlohmann::json;
+using namespace request;
+
+// ---- staging space ----
+
+Result<json> CommitPath::allocate(Session& s, const json& req) {
+  CAIRN_ASSIGN_OR_RETURN(uint64_t n, get_u64(req, "nbytes"));
+  if (n > p_.dram.arena_size())
+    return no_space("a tensor of " + std::to_string(n) + " bytes does not fit the DRAM arena of " +
+                    std::to_string(p_.dram.arena_size()) + " bytes (raise tiers.dram.capacity)");
+  CAIRN_ASSIGN_OR_RETURN(uint64_t off, p_.dram.allocate(n));
+  uint64_t id = s.next_id++;
+  s.staging[id] = Extent{off, n};
+  return json{{"space", id}, {"offset", off}};
+}
+
+Result<json> CommitPath::free(Session& s, const json& req) {
+  CAIRN_ASSIGN_OR_RETURN(uint64_t id, get_u64(req, "space"));
+  auto it = s.staging.find(id);
+  if (it == s.staging.end()) return not_found("no staging space " + std::to_string(id) + " in this connection");
+  p_.dram.release(it->second.offset, it->second.length);
+  s.staging.erase(it);
+  return json::object();
+}
+
+void CommitPath::end_session(Session& s) {
+  for (auto& [id, ext] : s.staging) p_.dram.release(ext.offset, ext.length);
+  s.staging.clear();
+  p_.tickets.forget(s.tickets);
+  s.tickets.clear();
+}
+
+// ---- stamps ----
+
+void CommitPath::observe_created(int64_t created_ns) {
+  std::lock_guard lock(stamp_mu_);
+  last_created_ns_ = std::max(last_created_ns_, created_ns);
+}
+
+int64_t CommitPath::next_stamp() {
+  // The model's identity for client manifest caches: unique per commit, even when an id that gc
+  // deleted is used again.
+  auto now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                 std::chrono::system_clock::now().time_since_epoch()).count();
+  std::lock_guard lock(stamp_mu_);
+  last_created_ns_ = std::max<int64_t>(now, last_created_ns_ + 1);
+  return last_created_ns_;
+}
+
+// ---- commit ----
+
+struct CommitPath::Planned {
+  std::string name;
+  TensorDesc desc;
+  enum { kSpace, kInline, kInherit } source;
+  uint64_t space = 0;
+  uint64_t blob_offset = 0;
+  const TensorManifest* inherited = nullptr;
+};
+
+Result<std::vector<CommitPath::Planned>> CommitPath::plan(Session& s, const std::string& id, const json& tensors,
+                                                         bool inherit_all, const ModelManifest* parent,
+                                                         const std::vector<uint8_t>& blob) {
+  std::vector<Planned> plan;
+  std::set<std::string> names;
+  std::set<uint64_t> spaces;
+  for (const auto& tj : tensors) {
+    if (!tj.is_object()) return invalid_argument("model '" + id + "': each entry of 'tensors' must be an object");
+    CAIRN_ASSIGN_OR_RETURN(std::string name, get_name(tj, "name", "a tensor name"));
+    if (!names.insert(name).second) return invalid_argument("model '" + id + "': tensor '" + name + "' is given twice");
+    Planned p{name, {}, Planned::kSpace};
+    std::string what = "model '" + id + "', tensor '" + name + "'";
+    if (tj.value("inherit", false)) {
+      if (!parent) return invalid_argument(what + ": inherited, but the model has no parent");
+      p.inherited = parent->find(name);
+      if (!p.inherited) return not_found(what + ": inherited, but parent '" + parent->id + "' has no such tensor");
+      p.source = Planned::kInherit;
+      p.desc = TensorDesc{p.inherited->dtype, p.inherited->shape, p.inherited->nbytes};
+    } else {
+      CAIRN_ASSIGN_OR_RETURN(p.desc, get_tensor_desc(tj, what));
+      if (tj.contains("space")) {
+        CAIRN_ASSIGN_OR_RETURN(p.space, get_u64(tj, "space"));
+        auto it = s.staging.find(p.space);
+        if (it == s.staging.end() || !spaces.insert(p.space).second)
+          return not_found(what + ": no staging space " + std::to_string(p.space) + " in this connection");
+        if (it->second.length != p.desc.nbytes)
+          return invalid_argument(what + ": staging space holds " + std::to_string(it->second.length) +
+                                  " bytes but dtype and shape need " + std::to_string(p.desc.nbytes));
+      } else if (tj.contains("inline")) {
+        const json& in = tj["inline"];
+        if (!in.is_array() || in.size() != 2 || !in[0].is_number_unsigned() || !in[1].is_number_unsigned())
+          return invalid_argument(what + ": 'inline' must be [offset, length] into the frame's payload");
+        p.source = Planned::kInline;
+        p.blob_offset = in[0].get<uint64_t>();
+        uint64_t len = in[1].get<uint64_t>();
+        if (len != p.desc.nbytes || p.blob_offset > blob.size() || len > blob.size() - p.blob_offset)
+          return invalid_argument(what + ": inline bytes [" + std::to_string(p.blob_offset) + ", +" + std::to_string(len) +
+                                  ") do not match the payload of " + std::to_string(blob.size()) + " bytes or the " +
+                                  std::to_string(p.desc.nbytes) + " bytes dtype and shape need");
+      } else {
+        return invalid_argument(what + ": give one of 'space', 'inline' or 'inherit'");
+      }
+    }
+    plan.push_back(std::move(p));
+  }
+  if (inherit_all) {
+    // Every parent tensor not given explicitly, in the parent's order: a metadata-only commit when
+    // nothing else is given.
+    if (!parent) return invalid_argument("model '" + id + "': 'inherit_all' needs a parent");
+    for (const TensorManifest& t : parent->tensors) {
+      if (names.count(t.name)) continue;
+      Planned p{t.name, TensorDesc{t.dtype, t.shape, t.nbytes}, Planned::kInherit};
+      p.inherited = &t;
+      plan.push_back(std::move(p));
+    }
+  }
+  return plan;
+}
+
+namespace {
+
+// Hashes each (arena offset, length) range of base, on several threads when there is much to hash:
+// the hash is the part of a big commit's blocking time that is not the copy.
+std::vector<ChunkHash> hash_ranges(const uint8_t* base, const std::vector<std::pair<uint64_t, uint64_t>>& ranges) {
+  std::vector<ChunkHash> hashes(ranges.size());
+  uint64_t total = 0;
+  for (const auto& [o, l] : ranges) total += l;
+  const size_t threads = total >= (64ull << 20) && ranges.size() > 1
+                             ? std::min<size_t>({4, ranges.size(), std::max(1u, std::thread::hardware_concurrency())})
+                             : 1;
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t k; (k = next++) < ranges.size();) hashes[k] = hash_bytes(base + ranges[k].first, ranges[k].second);
+  };
+  std::vector<std::thread> helpers;
+  for (size_t h = 1; h < threads; ++h) helpers.emplace_back(work);
+  work();
+  for (auto& th : helpers) th.join();
+  return hashes;
+}
+
+}  // namespace
+
+Result<json> CommitPath::commit(Session& s, const json& req, std::vector<uint8_t>& blob) {
+  CAIRN_ASSIGN_OR_RETURN(std::string id, get_name(req, "id", "a model id"));
+  std::string parent;
+  if (req.contains("parent") && !req["parent"].is_null()) {
+    CAIRN_ASSIGN_OR_RETURN(parent, get_name(req, "parent", "a parent model id"));
+  }
+  std::string durability = req.value("durability", std::string("global"));
+  auto target = durability_from_name(durability);
+  if (!target) return invalid_argument("durability '" + durability + "' is not one of memory, local, global");
+  bool wait = req.value("wait", true);
+  json metadata = req.contains("metadata") ? req["metadata"] : json::object();
+  if (!metadata.is_object()) return invalid_argument("model '" + id + "': metadata must be a JSON object");
+  json architecture = req.contains("architecture") ? req["architecture"] : json();
+  std::optional<Graph> parsed_graph;
+  if (!architecture.is_null()) {
+    auto graph = parse_graph(architecture);
+    if (!graph.is_ok()) return graph.status().with_context("model '" + id + "'");
+    parsed_graph = std::move(graph).value();
+  }
+  auto tensors_it = req.find("tensors");
+  if (tensors_it == req.end() || !tensors_it->is_array())
+    return invalid_argument("model '" + id + "': missing array field 'tensors'");
+  const bool inherit_all = req.value("inherit_all", false);
+  // Until the model is registered: gc must not free a chunk this commit references.
+  std::shared_lock gc_lock(p_.gc_mu);
+
+  // Reserve the id so that two concurrent commits of one id cannot both succeed. A model moves from
+  // committing_ to the flusher's pending set to the repository, each entered before the previous is
+  // left, so checking them in that order under mu_ cannot miss it.
+  {
+    std::lock_guard lock(mu_);
+    if (committing_.count(id) || p_.flusher.contains(id) || p_.repo.contains(id))
+      return already_exists("model '" + id + "' already exists (model ids are immutable; choose a new id)");
+    committing_[id] = parent;
+  }
+  struct Unreserve {
+    CommitPath* c;
+    std::string id;
+    ~Unreserve() {
+      std::lock_guard lock(c->mu_);
+      c->committing_.erase(id);
+    }
+  } unreserve{this, id};
+
+  std::shared_ptr<const ModelManifest> parent_manifest;
+  if (!parent.empty()) {
+    auto pm = p_.models.find(parent);
+    if (!pm.is_ok()) return not_found("parent model '" + parent + "' of '" + id + "' does not exist");
+    parent_manifest = *pm;
+  }
+
+  // Pass 1: validate everything, touching nothing.
+  CAIRN_ASSIGN_OR_RETURN(std::vector<Planned> plan,
+                         this->plan(s, id, *tensors_it, inherit_all, parent_manifest.get(), blob));
+
+  // Pass 2: copy inline bytes into the arena (the only step that can still fail before chunks move).
+  std::vector<Extent> inline_extents;
+  for (auto& p : plan) {
+    if (p.source != Planned::kInline) continue;
+    auto off = p_.dram.allocate(p.desc.nbytes);
+    if (!off.is_ok()) {
+      for (auto& e : inline_extents) p_.dram.release(e.offset, e.length);
+      return off.status();
+    }
+    if (p.desc.nbytes) std::memcpy(p_.dram.base() + *off, blob.data() + p.blob_offset, p.desc.nbytes);
+    inline_extents.push_back(Extent{*off, p.desc.nbytes});
+  }
+
+  // Pass 3: hash in place and adopt the chunks into the DRAM tier (deduplicating).
+  auto m = std::make_shared<ModelManifest>();
+  m->id = id;
+  m->parent = parent;
+  m->metadata = metadata;
+  m->architecture = architecture;
+  if (req.contains("source_header") && req["source_header"].is_string()) {
+    std::string js = req["source_header"].get<std::string>();
+    std::string prefix(8, '\0');
+    uint64_t n = js.size();
+    for (int i = 0; i < 8; ++i) prefix[static_cast<size_t>(i)] = static_cast<char>((n >> (8 * i)) & 0xff);
+    m->source_header = prefix + js;
+  }
+  const uint64_t chunk_size = p_.repo.chunk_size();
+  // Where each new tensor's bytes are, then every chunk hashed.
+  std::vector<Extent> tensor_ext(plan.size());
+  std::vector<std::pair<uint64_t, uint64_t>> to_hash;  // (arena offset, length)
+  {
+    size_t inline_index = 0;
+    for (size_t i = 0; i < plan.size(); ++i) {
+      const Planned& p = plan[i];
+      if (p.source == Planned::kInherit) continue;
+      tensor_ext[i] = p.source == Planned::kSpace ? s.staging[p.space] : inline_extents[inline_index++];
+      for (uint64_t off = 0; off < p.desc.nbytes; off += chunk_size)
+        to_hash.emplace_back(tensor_ext[i].offset + off, std::min(chunk_size, p.desc.nbytes - off));
+    }
+  }
+  const std::vector<ChunkHash> hashes = hash_ranges(p_.dram.base(), to_hash);
+  size_t hash_index = 0;
+  std::vector<ChunkHash> pinned;
+  for (size_t pi = 0; pi < plan.size(); ++pi) {
+    auto& p = plan[pi];
+    if (p.source == Planned::kInherit) {
+      m->tensors.push_back(*p.inherited);
+      continue;
+    }
+    const Extent ext = tensor_ext[pi];
+    if (p.source == Planned::kSpace) s.staging.erase(p.space);
+    TensorManifest t;
+    t.name = p.name;
+    t.dtype = p.desc.dtype;
+    t.shape = p.desc.shape;
+    t.nbytes = p.desc.nbytes;
+    if (t.nbytes == 0) p_.dram.release(ext.offset, 0);
+    for (uint64_t off = 0; off < t.nbytes; off += chunk_size) {
+      uint64_t len = std::min(chunk_size, t.nbytes - off);
+      ChunkHash h = hashes[hash_index++];
+      bool dirty = p_.tiers.only_in_dram(h);
+      p_.dram.adopt(h, ext.offset + off, len, dirty);
+      pinned.push_back(h);
+      ChunkRef ref;
+      ref.hash = h;
+      ref.length = len;
+      if (auto stored = p_.repo.locate(h)) ref = *stored;
+      t.chunks.push_back(ref);
+    }
+    m->tensors.push_back(std::move(t));
+  }
+
+  // Register as pending (visible now) and hand it to the flusher, which writes models in commit
+  // order so that a parent always reaches the repository before its children. memory and local
+  // commits go through the burst buffer (DeepFreeze's levels); a global commit's caller waits for
+  // the repository anyway, so its bytes go there directly.
+  GraphHandle graph = graph_for(p_.catalog, *m, parsed_graph ? &*parsed_graph : nullptr, parent_manifest.get());
+  const uint64_t ticket = p_.tickets.create(*target);
+  Flusher::Entry entry{m, ticket, p_.burst_buffer && *target < Durability::kGlobal, false};
+  Status registered = p_.flusher.enqueue(std::move(entry), [&]() -> Status {
+    Status added = p_.catalog.add(id, parent, std::move(graph), metadata);
+    if (!added.is_ok()) return added.with_context("registering model '" + id + "' in the catalog");
+    m->created_ns = next_stamp();
+    p_.references.count(*m, +1);
+    return Status::ok();
+  });
+  for (const auto& h : pinned) p_.dram.unpin(h);
+  if (!registered.is_ok()) {
+    p_.tickets.forget({ticket});
+    return registered;
+  }
+  gc_lock.unlock();
+
+  json out{{"id", id}};
+  if (!wait) {
+    // The caller waits later with the ticket; it is forgotten when the connection ends.
+    s.tickets.insert(ticket);
+    out["ticket"] = ticket;
+    out["reached"] = durability_name(Durability::kMemory);
+    return out;
+  }
+  CAIRN_ASSIGN_OR_RETURN(TicketBook::Outcome t, p_.tickets.wait(ticket, std::chrono::milliseconds(-1)));
+  if (!t.error.is_ok()) return t.error;
+  out["reached"] = durability_name(t.reached);
+  return out;
+}
+
+Result<json> CommitPath::wait(const json& req) {
+  CAIRN_ASSIGN_OR_RETURN(uint64_t id, get_u64(req, "ticket"));
+  int64_t timeout_ms = get_i64_or(req, "timeout_ms", -1);
+  CAIRN_ASSIGN_OR_RETURN(TicketBook::Outcome t, p_.tickets.wait(id, std::chrono::milliseconds(timeout_ms)));
+  if (!t.done)
+    return timed_out("ticket " + std::to_string(id) + " has reached '" + durability_name(t.reached) + "', not '" +
+                     durability_name(t.target) + "', after " + std::to_string(timeout_ms) + " ms");
+  if (!t.error.is_ok()) return t.error;
+  return json{{"reached", durability_name(t.reached)}};
+}
+
+}  // namespace cairn

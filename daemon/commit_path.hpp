@@ -1,0 +1,83 @@
+// The commit path: staging space for writers, and `commit`, which turns tensors in the arena into
+// an immutable model. Requests: allocate, free, commit, wait (docs/protocol.md, "Writing models").
+//
+// A commit: validates the whole request touching nothing (plan), copies inline bytes into the
+// arena, hashes every new chunk in place (on up to 4 threads for big commits), adopts the chunks
+// into the DRAM tier (deduplicating), builds the manifest, and hands the model to the flusher,
+// which makes it visible (catalog, lookups) and queues it as one step. A commit that waits blocks
+// on its ticket until the durability it asked for.
+//
+// Owns: the ids being committed (so two commits of one id cannot both succeed), the commit stamps
+// (created_ns, increasing), and the tickets it hands out (in the ticket book). Never writes to the
+// burst buffer or the repository (the flusher does) and never reads chunks for clients.
+//
+// Thread-safety: every method may be called from any thread; a Session by one thread at a time.
+// Lock order: the gc lock (shared) is held across a commit until the model is registered; mu_ is a
+// leaf; stamp_mu_ is taken under the flusher's lock (in its admit step).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/status.hpp"
+#include "daemon/catalog.hpp"
+#include "daemon/flusher.hpp"
+#include "daemon/models.hpp"
+#include "daemon/references.hpp"
+#include "daemon/session.hpp"
+#include "daemon/tickets.hpp"
+#include "tiers/dram/dram_tier.hpp"
+#include "tiers/pfs/repository.hpp"
+#include "tiers/tier_manager.hpp"
+
+namespace cairn {
+
+class CommitPath {
+ public:
+  struct Parts {
+    DramTier& dram;
+    TierManager& tiers;
+    Repository& repo;
+    Catalog& catalog;
+    Flusher& flusher;
+    ReferenceCounts& references;
+    TicketBook& tickets;
+    const ModelDirectory& models;
+    std::shared_mutex& gc_mu;   // held shared until a commit's chunks are referenced by a registered model
+    bool burst_buffer = false;  // memory and local commits go through the local stage
+  };
+  explicit CommitPath(Parts parts) : p_(parts) {}
+
+  Result<nlohmann::json> allocate(Session& s, const nlohmann::json& req);
+  Result<nlohmann::json> free(Session& s, const nlohmann::json& req);
+  Result<nlohmann::json> commit(Session& s, const nlohmann::json& req, std::vector<uint8_t>& blob);
+  Result<nlohmann::json> wait(const nlohmann::json& req);
+  // Gives back the session's staging space and forgets its tickets.
+  void end_session(Session& s);
+
+  // A model loaded or recovered at start was stamped created_ns: later stamps follow it.
+  void observe_created(int64_t created_ns);
+  // The next commit stamp: wall clock, strictly after every earlier one. Called in the flusher's
+  // admit step, so stamps follow the flush (and repository) order.
+  int64_t next_stamp();
+
+ private:
+  struct Planned;
+  // Pass 1 of a commit: every field and tensor checked, nothing touched.
+  Result<std::vector<Planned>> plan(Session& s, const std::string& id, const nlohmann::json& tensors,
+                                    bool inherit_all, const ModelManifest* parent, const std::vector<uint8_t>& blob);
+
+  Parts p_;
+  std::mutex mu_;
+  std::map<std::string, std::string> committing_;  // GUARDED_BY(mu_) id -> parent, validation to registration
+  std::mutex stamp_mu_;
+  int64_t last_created_ns_ = 0;                    // GUARDED_BY(stamp_mu_)
+};
+
+}  // namespace cairn

@@ -1,0 +1,204 @@
+#include "daemon/flusher.hpp"
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <set>
+
+#include "core/log.hpp"
+
+namespace cairn {
+
+namespace {
+std::vector<ChunkRef> all_chunks(const ModelManifest& m) {
+  std::vector<ChunkRef> out;
+  for (const auto& t : m.tensors)
+    for (const auto& c : t.chunks) out.push_back(c);
+  return out;
+}
+}  // namespace
+
+Flusher::Flusher(Repository& repo, TierManager& tiers, NvmeTier* nvme, TicketBook& tickets, ForgetFailed forget_failed)
+    : repo_(repo), tiers_(tiers), nvme_(nvme), tickets_(tickets), forget_failed_(std::move(forget_failed)) {
+  local_thread_ = std::thread([this] { local_loop(); });
+  global_thread_ = std::thread([this] { global_loop(); });
+}
+
+Flusher::~Flusher() { stop(); }
+
+void Flusher::stop() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  work_cv_.notify_all();
+  progress_cv_.notify_all();
+  if (local_thread_.joinable()) local_thread_.join();
+  if (global_thread_.joinable()) global_thread_.join();
+}
+
+Status Flusher::enqueue(Entry entry, const std::function<Status()>& admit) {
+  {
+    std::lock_guard lock(mu_);
+    CAIRN_RETURN_IF_ERROR(admit());
+    const std::string id = entry.manifest->id;
+    Pending p;
+    p.manifest = std::move(entry.manifest);
+    p.ticket = entry.ticket;
+    p.seq = next_seq_++;
+    p.needs_local = entry.needs_local;
+    p.local_done = !entry.needs_local && entry.on_nvme;  // a recovered model has done its local stage
+    p.on_nvme = entry.on_nvme;
+    pending_[id] = p;
+    flush_order_.push_back(id);
+    if (p.needs_local) local_queue_.push_back(id);
+  }
+  work_cv_.notify_all();
+  return Status::ok();
+}
+
+std::shared_ptr<const ModelManifest> Flusher::find(const std::string& id) const {
+  std::lock_guard lock(mu_);
+  auto it = pending_.find(id);
+  return it == pending_.end() ? nullptr : it->second.manifest;
+}
+
+bool Flusher::contains(const std::string& id) const {
+  std::lock_guard lock(mu_);
+  return pending_.count(id) > 0;
+}
+
+std::vector<std::shared_ptr<const ModelManifest>> Flusher::pending() const {
+  std::lock_guard lock(mu_);
+  std::vector<std::shared_ptr<const ModelManifest>> out;
+  out.reserve(pending_.size());
+  for (const auto& [id, p] : pending_) out.push_back(p.manifest);
+  return out;
+}
+
+void Flusher::wait_until_flushed(const std::string& id) {
+  std::unique_lock lock(mu_);
+  progress_cv_.wait(lock, [&] { return stopping_ || !pending_.count(id); });
+}
+
+void Flusher::drain() {
+  std::unique_lock lock(mu_);
+  progress_cv_.wait(lock, [&] { return pending_.empty(); });
+}
+
+bool Flusher::drain_for(std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mu_);
+  return progress_cv_.wait_for(lock, timeout, [&] { return pending_.empty(); });
+}
+
+Flusher::Stats Flusher::stats() const {
+  std::lock_guard lock(mu_);
+  Stats s;
+  s.pending_models = pending_.size();
+  s.repository_bytes_written = bytes_written_;
+  for (const auto& [id, p] : pending_) {
+    if (p.needs_local && !p.local_done) ++s.awaiting_local;
+    if (p.on_nvme) ++s.local_not_global;
+  }
+  return s;
+}
+
+void Flusher::local_loop() {
+  // Background work: requests (a commit acknowledged at memory, a read) go first on a busy node.
+  (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 10);
+  for (;;) {
+    std::shared_ptr<const ModelManifest> m;
+    uint64_t seq = 0;
+    {
+      std::unique_lock lock(mu_);
+      work_cv_.wait(lock, [&] { return stopping_ || !local_queue_.empty(); });
+      if (local_queue_.empty()) return;  // stopping and drained
+      const std::string id = local_queue_.front();
+      local_queue_.pop_front();
+      m = pending_[id].manifest;
+      seq = pending_[id].seq;
+    }
+    // The chunks only DRAM holds go to the burst buffer, then the model's record: after both are on
+    // the device the model survives a crash of the daemon.
+    Status st = tiers_.write_local(all_chunks(*m));
+    if (st.is_ok()) st = nvme_->put_model(seq, m->id, manifest_to_json(*m).dump());
+    if (!st.is_ok())
+      CAIRN_LOG_WARN("model '{}': the burst buffer did not take it ({}); it goes to the repository directly", m->id,
+                     st.to_string());
+    {
+      std::lock_guard lock(mu_);
+      Pending& p = pending_[m->id];
+      p.local_done = true;
+      p.on_nvme = st.is_ok();
+      if (st.is_ok() && p.ticket) tickets_.reach(p.ticket, Durability::kLocal);
+    }
+    work_cv_.notify_all();
+  }
+}
+
+void Flusher::abandon_locked(const ModelManifest& m) {
+  std::set<ChunkHash> still_needed;
+  for (const auto& [id, p] : pending_)
+    for (const auto& t : p.manifest->tensors)
+      for (const auto& c : t.chunks) still_needed.insert(c.hash);
+  std::vector<ChunkRef> unneeded;
+  for (const auto& t : m.tensors)
+    for (const auto& c : t.chunks)
+      if (!still_needed.count(c.hash)) unneeded.push_back(c);
+  tiers_.abandon(unneeded);
+}
+
+void Flusher::global_loop() {
+  (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 10);
+  for (;;) {
+    std::shared_ptr<const ModelManifest> m;
+    uint64_t ticket = 0;
+    bool on_nvme = false;
+    {
+      // Commit order, so that a parent always reaches the repository before its children; a model
+      // still in its local stage holds back the ones after it.
+      std::unique_lock lock(mu_);
+      auto ready = [&] {
+        if (flush_order_.empty()) return false;
+        const Pending& p = pending_[flush_order_.front()];
+        return !p.needs_local || p.local_done;
+      };
+      work_cv_.wait(lock, [&] { return (stopping_ && flush_order_.empty()) || ready(); });
+      if (flush_order_.empty()) return;  // stopping and drained
+      const std::string id = flush_order_.front();
+      flush_order_.pop_front();
+      m = pending_[id].manifest;
+      ticket = pending_[id].ticket;
+      on_nvme = pending_[id].on_nvme;
+    }
+    ModelManifest copy = *m;
+    uint64_t new_bytes = 0;
+    Status st;
+    {
+      TierManager::Source source(tiers_);
+      st = repo_.commit(copy, [&](const ChunkHash& h, uint64_t length) -> Result<const void*> {
+        new_bytes += length;
+        return source.get(h, length);
+      });
+    }
+    if (st.is_ok()) tiers_.stored_globally(all_chunks(copy));
+    else CAIRN_LOG_ERROR("flushing model '{}' to the repository failed: {}", copy.id, st.to_string());
+    if (on_nvme) (void)nvme_->model_done(copy.id);
+    {
+      std::lock_guard lock(mu_);
+      bytes_written_ += st.is_ok() ? new_bytes : 0;
+      pending_.erase(copy.id);
+      if (!st.is_ok()) {
+        // Gone from queries; forgotten unless children (whose flushes fail in turn) name it.
+        forget_failed_(copy);
+        abandon_locked(copy);
+      }
+      // Before anyone who saw the model leave pending_ can ask the ticket.
+      if (ticket) tickets_.finish(ticket, st.is_ok() ? Durability::kGlobal : Durability::kMemory, st);
+    }
+    work_cv_.notify_all();
+    progress_cv_.notify_all();
+  }
+}
+
+}  // namespace cairn

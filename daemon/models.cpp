@@ -1,0 +1,14 @@
+#include "daemon/models.hpp"
+
+namespace cairn {
+
+Result<std::shared_ptr<const ModelManifest>> ModelDirectory::find(const std::string& id) const {
+  if (auto pending = flusher_.find(id)) return pending;
+  auto m = repo_.get_shared(id);
+  if (!m.is_ok()) return not_found("model '" + id + "' does not exist (see `cairn ls`)");
+  if ((*m)->collected)
+    return not_found("model '" + id + "' was retired and its data collected by `cairn gc`; only its lineage remains");
+  return std::move(m).value();
+}
+
+}  // namespace cairn

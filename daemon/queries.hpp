@@ -1,0 +1,31 @@
+// The catalog's front: the `query` request (docs/catalog.md) — best_ancestor, ancestors,
+// descendants, lca, path, tree, find — with its fields checked and each error naming the field.
+//
+// Owns: nothing (the catalog answers, daemon/catalog.hpp). Never does I/O and never changes the
+// catalog.
+//
+// Thread-safety: every method may be called from any thread.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include "core/status.hpp"
+#include "daemon/catalog.hpp"
+#include "daemon/models.hpp"
+
+namespace cairn {
+
+class CatalogQueries {
+ public:
+  CatalogQueries(Catalog& catalog, const ModelDirectory& models) : catalog_(catalog), models_(models) {}
+  Result<nlohmann::json> query(const nlohmann::json& req);
+
+ private:
+  // The best stored ancestor of a graph, with the stored model's tensors of each matching layer.
+  Result<nlohmann::json> best_ancestor(const nlohmann::json& q);
+
+  Catalog& catalog_;
+  const ModelDirectory& models_;
+};
+
+}  // namespace cairn

@@ -1,0 +1,84 @@
+#include "daemon/recovery.hpp"
+
+#include "core/log.hpp"
+#include "daemon/model_graph.hpp"
+
+namespace cairn {
+
+using nlohmann::json;
+
+Status load_catalog(const RecoveryParts& p) {
+  for (const std::string& id : p.repo.list()) {
+    CAIRN_ASSIGN_OR_RETURN(auto m, p.repo.get_shared(id));
+    std::shared_ptr<const ModelManifest> parent;
+    if (!m->parent.empty()) {
+      CAIRN_ASSIGN_OR_RETURN(parent, p.repo.get_shared(m->parent));
+    }
+    CAIRN_RETURN_IF_ERROR(p.catalog.add(m->id, m->parent, graph_for(p.catalog, *m, nullptr, parent.get()), m->metadata,
+                                        m->retired_ns != 0));
+    p.commits.observe_created(m->created_ns);
+    if (m->retired_ns == 0) p.references.count(*m, +1);
+  }
+  return Status::ok();
+}
+
+RecoveryReport recover_from_nvme(const RecoveryParts& p) {
+  RecoveryReport report;
+  NvmeTier* nvme = p.nvme;
+  if (!nvme) return report;
+  const auto& found = nvme->open_report();
+  // Chunks whose CLEAN record was lost in the crash.
+  for (const ChunkHash& h : nvme->dirty_chunks())
+    if (p.repo.locate(h)) nvme->mark_clean(h);
+  for (const auto& rec : found.pending) {
+    json j = json::parse(rec.manifest_json, nullptr, false);
+    auto parsed = j.is_discarded() ? Result<ModelManifest>(corruption("not JSON")) : manifest_from_json(j, false);
+    if (!parsed.is_ok()) {
+      CAIRN_LOG_ERROR("burst buffer: model '{}' committed `local` has an unreadable record ({}); it is lost", rec.id,
+                      parsed.status().to_string());
+      ++report.models_lost;
+      (void)nvme->model_done(rec.id);
+      continue;
+    }
+    auto m = std::make_shared<ModelManifest>(std::move(parsed).value());
+    if (p.repo.contains(m->id)) {  // it reached the repository; only the DONE record was lost
+      (void)nvme->model_done(m->id);
+      continue;
+    }
+    std::string missing;
+    for (const auto& t : m->tensors)
+      for (const auto& c : t.chunks)
+        if (missing.empty() && !nvme->contains(c.hash) && !p.repo.locate(c.hash))
+          missing = "tensor '" + t.name + "' chunk " + c.hash.hex();
+    std::shared_ptr<const ModelManifest> parent;
+    if (missing.empty() && !m->parent.empty()) {
+      auto pm = p.models.find(m->parent);
+      if (pm.is_ok()) parent = *pm;
+      else missing = "its parent '" + m->parent + "'";
+    }
+    if (!missing.empty()) {
+      CAIRN_LOG_ERROR("burst buffer: model '{}' committed `local` cannot be recovered: {} has no intact copy", m->id,
+                      missing);
+      ++report.models_lost;
+      (void)nvme->model_done(m->id);
+      continue;
+    }
+    Flusher::Entry entry{m, 0, false, true};
+    Status added = p.flusher.enqueue(std::move(entry), [&]() -> Status {
+      CAIRN_RETURN_IF_ERROR(p.catalog.add(m->id, m->parent, graph_for(p.catalog, *m, nullptr, parent.get()), m->metadata));
+      p.commits.observe_created(m->created_ns);
+      p.references.count(*m, +1);
+      return Status::ok();
+    });
+    if (!added.is_ok()) {
+      CAIRN_LOG_ERROR("burst buffer: model '{}': {}", m->id, added.to_string());
+      continue;
+    }
+    ++report.models_recovered;
+    CAIRN_LOG_INFO("burst buffer: recovered model '{}' (committed `local` before a crash); writing it to the repository",
+                   m->id);
+  }
+  return report;
+}
+
+}  // namespace cairn

@@ -1,0 +1,77 @@
+#include "daemon/tickets.hpp"
+
+namespace cairn {
+
+std::optional<Durability> durability_from_name(const std::string& name) {
+  if (name == "memory") return Durability::kMemory;
+  if (name == "local") return Durability::kLocal;
+  if (name == "global") return Durability::kGlobal;
+  return std::nullopt;
+}
+
+const char* durability_name(Durability d) {
+  switch (d) {
+    case Durability::kMemory: return "memory";
+    case Durability::kLocal: return "local";
+    case Durability::kGlobal: return "global";
+  }
+  return "none";
+}
+
+uint64_t TicketBook::create(Durability target) {
+  std::lock_guard lock(mu_);
+  uint64_t id = next_++;
+  tickets_[id] = Ticket{target, Durability::kMemory, Status::ok()};
+  return id;
+}
+
+void TicketBook::reach(uint64_t id, Durability level) {
+  {
+    std::lock_guard lock(mu_);
+    auto it = tickets_.find(id);
+    if (it == tickets_.end()) return;
+    it->second.reached = std::max(it->second.reached, level);
+  }
+  cv_.notify_all();
+}
+
+void TicketBook::finish(uint64_t id, Durability level, const Status& error) {
+  {
+    std::lock_guard lock(mu_);
+    auto it = tickets_.find(id);
+    if (it == tickets_.end()) return;
+    it->second.reached = level;
+    it->second.error = error;
+  }
+  cv_.notify_all();
+}
+
+Result<TicketBook::Outcome> TicketBook::wait(uint64_t id, std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mu_);
+  if (!tickets_.count(id)) return not_found("no ticket " + std::to_string(id) + " (already waited for?)");
+  auto done = [&] {
+    const Ticket& t = tickets_[id];
+    return stopping_ || t.reached >= t.target || !t.error.is_ok();
+  };
+  if (timeout.count() < 0) cv_.wait(lock, done);
+  else cv_.wait_for(lock, timeout, done);
+  const Ticket t = tickets_[id];
+  Outcome out{t.reached, t.target, t.error, t.reached >= t.target || !t.error.is_ok()};
+  if (out.done) tickets_.erase(id);
+  return out;
+}
+
+void TicketBook::forget(const std::set<uint64_t>& ids) {
+  std::lock_guard lock(mu_);
+  for (uint64_t t : ids) tickets_.erase(t);
+}
+
+void TicketBook::stop() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+}
+
+}  // namespace cairn

@@ -1,0 +1,67 @@
+// Tickets: how a caller that committed without waiting later waits for the durability it needs
+// (DeepFreeze/VELOC's asynchronous checkpoints). The commit path creates a ticket per commit; the
+// flusher reports the levels each model reaches; `wait` (and a commit that waits) blocks on it.
+//
+// Owns: the ticket table, its lock and condition variable. Never does I/O and never waits for
+// anything but its own condition.
+//
+// Thread-safety: every method may be called from any thread. Lock order: a leaf (nothing is called
+// while its lock is held).
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <unordered_map>
+
+#include "core/status.hpp"
+
+namespace cairn {
+
+// Durability levels, in order: what a commit asks for and a ticket reaches.
+enum class Durability : int { kMemory = 0, kLocal = 1, kGlobal = 2 };
+// "memory" / "local" / "global"; nullopt for anything else.
+std::optional<Durability> durability_from_name(const std::string& name);
+const char* durability_name(Durability d);
+
+class TicketBook {
+ public:
+  // A new ticket for a commit that asked for `target`; it has reached `memory`.
+  uint64_t create(Durability target);
+  // The model reached at least `level` (levels only rise).
+  void reach(uint64_t id, Durability level);
+  // The flusher is done with the model: it reached `level` (global, or memory when error is set).
+  void finish(uint64_t id, Durability level, const Status& error);
+
+  struct Outcome {
+    Durability reached = Durability::kMemory;
+    Durability target = Durability::kMemory;
+    Status error;
+    bool done = false;  // reached >= target, or an error
+  };
+  // Waits until the ticket is done, or timeout passes (negative: forever), or stop() was called.
+  // A done ticket is consumed. kNotFound for an unknown (or consumed) ticket.
+  Result<Outcome> wait(uint64_t id, std::chrono::milliseconds timeout);
+  // Forgets tickets (their connection ended before waiting for them).
+  void forget(const std::set<uint64_t>& ids);
+  // Wakes every waiter for good (the daemon is stopping).
+  void stop();
+
+ private:
+  struct Ticket {
+    Durability target = Durability::kGlobal;
+    Durability reached = Durability::kMemory;
+    Status error;
+  };
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::unordered_map<uint64_t, Ticket> tickets_;  // GUARDED_BY(mu_)
+  uint64_t next_ = 1;                             // GUARDED_BY(mu_)
+  bool stopping_ = false;                         // GUARDED_BY(mu_)
+};
+
+}  // namespace cairn

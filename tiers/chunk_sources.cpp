@@ -1,0 +1,54 @@
+#include "tiers/chunk_sources.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <map>
+
+namespace cairn {
+
+namespace {
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+}  // namespace
+
+bool NvmeSource::has(const ChunkRef& ref) const { return nvme_.contains(ref.hash); }
+
+Status NvmeSource::read(const ChunkRef& ref, void* dst) {
+  auto t0 = std::chrono::steady_clock::now();
+  Status st = nvme_.read(ref.hash, dst, ref.length);
+  if (st.is_ok()) bw_.sample(ref.length, seconds_since(t0));
+  return st;
+}
+
+bool RepositorySource::has(const ChunkRef& ref) const { return !ref.pack.empty() || repo_.locate(ref.hash); }
+
+Status RepositorySource::read(const ChunkRef& ref, void* dst) {
+  std::optional<ChunkRef> where = ref.pack.empty() ? repo_.locate(ref.hash) : std::optional<ChunkRef>(ref);
+  if (!where) {
+    // A recovered model's chunk can have a pack name the repository no longer knows (gc).
+    where = repo_.locate(ref.hash);
+    if (!where) return corruption("chunk " + ref.hash.hex() + " has no intact copy in any tier");
+  }
+  auto t0 = std::chrono::steady_clock::now();
+  Status st = repo_.read_chunk(*where, dst);
+  if (st.is_ok()) bw_.sample(ref.length, seconds_since(t0));
+  return st;
+}
+
+void RepositorySource::will_read(std::span<const ChunkRef* const> refs) {
+  std::map<std::string, int> fds;
+  for (const ChunkRef* c : refs) {
+    if (c->pack.empty()) continue;
+    auto [it, added] = fds.emplace(c->pack, -1);
+    if (added) it->second = ::open((repo_.dir() + "/packs/" + c->pack).c_str(), O_RDONLY | O_CLOEXEC);
+    if (it->second >= 0)
+      ::posix_fadvise(it->second, static_cast<off_t>(c->offset), static_cast<off_t>(c->length), POSIX_FADV_WILLNEED);
+  }
+  for (const auto& [pack, fd] : fds)
+    if (fd >= 0) ::close(fd);
+}
+
+}  // namespace cairn

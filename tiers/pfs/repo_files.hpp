@@ -1,0 +1,104 @@
+// The repository's files: the names the implementation files of Repository share, and the small
+// POSIX helpers they use to read, list, sync and atomically publish files. Not for use outside
+// tiers/pfs/.
+//
+// Owns no state (a UniqueFd owns one file descriptor) and decides nothing: what to write, keep or
+// delete is the caller's. Every helper reports failure as a Status naming the path; none throws.
+#pragma once
+
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "core/status.hpp"
+
+namespace cairn {
+class FileSystem;
+}  // namespace cairn
+
+namespace cairn::pfs {
+
+// File names (docs/repository-format.md).
+inline constexpr std::string_view kTmpPrefix = ".tmp-";  // a file being written; removed at open
+inline constexpr std::string_view kPackSuffix = ".safetensors";
+inline constexpr std::string_view kManifestSuffix = ".json";
+inline constexpr uint64_t kMaxChunkSize = 1ull << 32;  // 4 GiB: a chunk is read into memory whole
+
+// Owns a file descriptor (-1: none) and closes it.
+class UniqueFd {
+ public:
+  UniqueFd() = default;
+  explicit UniqueFd(int fd) : fd_(fd) {}
+  ~UniqueFd() { reset(); }
+  UniqueFd(UniqueFd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+  UniqueFd& operator=(UniqueFd&& o) noexcept {
+    if (this != &o) {
+      reset();
+      fd_ = std::exchange(o.fd_, -1);
+    }
+    return *this;
+  }
+  UniqueFd(const UniqueFd&) = delete;
+  UniqueFd& operator=(const UniqueFd&) = delete;
+
+  int get() const { return fd_; }
+  bool valid() const { return fd_ >= 0; }
+  void reset() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+// a/b (one slash between them).
+inline std::string join_path(const std::string& a, std::string_view b) {
+  std::string out = a;
+  if (out.empty() || out.back() != '/') out += '/';
+  out += b;
+  return out;
+}
+
+inline bool starts_with(std::string_view s, std::string_view prefix) { return s.substr(0, prefix.size()) == prefix; }
+inline bool ends_with(std::string_view s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
+}
+
+// A name for messages: quoted, cut to 80 bytes (ids can be 1 KiB, fuzzed keys anything).
+std::string quote(std::string_view s);
+
+// A pack's file name: a plain name under packs/, so a manifest can never point outside it.
+bool valid_pack_name(std::string_view s);
+
+// Reads exactly size bytes at offset; *got tells how many were read before end of file.
+Status pread_all(int fd, void* dst, size_t size, uint64_t offset, const std::string& path, size_t* got);
+
+// fsync of a directory; filesystems that cannot sync directories (EINVAL, EROFS) count as synced.
+Status fsync_dir(const std::string& path);
+
+// Entry names of a directory, without "." and "..", sorted. *missing is set (and OK returned) when
+// the directory does not exist and missing != nullptr.
+Status list_dir(const std::string& path, std::vector<std::string>* names, bool* missing = nullptr);
+
+// Writes pieces (in order, back to back) to dir/.tmp-<unique>, fsyncs, and renames it to
+// dir/final_name, then fsyncs dir, all through fs. On failure nothing stays: the temporary file is
+// removed, and so is the final name if the rename happened but the directory sync failed.
+class AtomicFileWriter {
+ public:
+  // replacing: final_name exists and is being replaced; then a failed directory sync leaves the
+  // new file in place (removing it would lose the old one too).
+  static Status publish(FileSystem& fs, const std::string& dir, const std::string& final_name,
+                        const std::vector<iovec>& pieces, const std::string& tmp_name, bool replacing = false);
+
+ private:
+  // Creates path (it must not exist) and writes and fsyncs pieces. The file is closed on return.
+  static Status write_synced(FileSystem& fs, const std::string& path, const std::vector<iovec>& pieces);
+};
+
+}  // namespace cairn::pfs

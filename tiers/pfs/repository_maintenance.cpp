@@ -1,0 +1,363 @@
+// Maintenance: remove (a model deleted at once), retire and gc (deleted later, in bulk, with the
+// space given back: whole packs deleted, holes punched in packs still in use), and fsck (a check
+// that changes nothing).
+//
+// Crash-safety: manifests change first (rewritten or deleted, and the directory synced), and only
+// then is data freed, and only data no manifest on disk references; so a crash at any step leaves
+// every model on disk whole, and at worst bytes nobody references, which the next gc (or, for
+// whole packs, the next open) frees. Children go before their parents, so no manifest on disk ever
+// names a missing parent.
+#include <fcntl.h>
+#include <linux/falloc.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "tiers/pfs/repository_impl.hpp"
+
+namespace cairn {
+namespace {
+
+using pfs::ends_with;
+using pfs::fsync_dir;
+using pfs::join_path;
+using pfs::kPackSuffix;
+using pfs::list_dir;
+using pfs::quote;
+using pfs::UniqueFd;
+
+}  // namespace
+
+// ---- remove ----
+
+Status Repository::Impl::remove(const std::string& id) {
+  if (!writer_)
+    return busy("repository " + dir_ + " is open read-only here: " + writer_description() +
+                " holds its write lock; remove through that process (the daemon)");
+  std::lock_guard write_lock(write_mu_);
+  const std::string model = "model " + quote(id);
+  {
+    std::shared_lock lock(mu_);
+    if (!models_.count(id)) return not_found(model + " is not in repository " + dir_);
+    auto cit = children_.find(id);
+    if (cit != children_.end() && !cit->second.empty()) {
+      std::string list;
+      for (size_t k = 0; k < cit->second.size() && k < 3; ++k) list += (k ? ", " : "") + quote(cit->second[k]);
+      if (cit->second.size() > 3) list += ", ...";
+      return busy(model + " has " + std::to_string(cit->second.size()) + " child model(s) (" + list +
+                  ") whose lineage needs it; remove them first");
+    }
+  }
+  std::string mpath = join_path(manifests_dir_, manifest_file(id));
+  if (::unlink(mpath.c_str()) != 0 && errno != ENOENT)
+    return errno_status("removing " + model + ": deleting its manifest " + mpath, errno);
+  Status synced = fsync_dir(manifests_dir_);
+
+  std::vector<std::string> dead;
+  {
+    std::unique_lock lock(mu_);
+    dead = drop_model(id);
+  }
+  Status result = synced.is_ok() ? Status::ok()
+                                 : synced.with_context(model +
+                                                       " was removed, but its manifest deletion may not "
+                                                       "be durable yet");
+  bool deleted = false;
+  for (const std::string& pack : dead) {
+    forget_pack_file(pack);
+    std::string ppath = join_path(packs_dir_, pack);
+    if (::unlink(ppath.c_str()) == 0 || errno == ENOENT) {
+      deleted = true;
+    } else if (result.is_ok()) {
+      result = errno_status(model + " was removed, but its unreferenced pack " + ppath +
+                                " could not be deleted (the next open of the repository deletes it)",
+                            errno);
+    }
+  }
+  if (deleted) {
+    Status s = fsync_dir(packs_dir_);
+    if (result.is_ok() && !s.is_ok()) result = s;
+  }
+  return result;
+}
+
+// ---- retire, gc, fsck ----
+
+Status Repository::Impl::retire(const std::string& id) {
+  if (!writer_)
+    return busy("repository " + dir_ + " is open read-only here: " + writer_description() +
+                " holds its write lock; retire through that process (the daemon)");
+  std::lock_guard write_lock(write_mu_);
+  std::shared_ptr<const ModelManifest> old;
+  {
+    std::shared_lock lock(mu_);
+    auto it = models_.find(id);
+    if (it == models_.end()) return not_found("model " + quote(id) + " is not in repository " + dir_);
+    old = it->second;
+  }
+  if (old->retired_ns != 0) return Status::ok();
+  auto m = std::make_shared<ModelManifest>(*old);
+  auto now =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  m->retired_ns = std::max<int64_t>(now, 1);
+  Status s = write_manifest(*m, /*replacing=*/true);
+  if (!s.is_ok()) return s.with_context("retiring model " + quote(id));
+  std::unique_lock lock(mu_);
+  models_[id] = std::move(m);
+  ++retired_;
+  return Status::ok();
+}
+
+namespace {
+
+// Allocated bytes of fd within [begin, end), by SEEK_DATA/SEEK_HOLE. Whole file systems blocks:
+// callers pass block-aligned ranges.
+uint64_t allocated_bytes(int fd, uint64_t begin, uint64_t end) {
+  uint64_t total = 0;
+  auto pos = static_cast<off_t>(begin);
+  while (static_cast<uint64_t>(pos) < end) {
+    off_t data = ::lseek(fd, pos, SEEK_DATA);
+    if (data < 0 || static_cast<uint64_t>(data) >= end) break;
+    off_t hole = ::lseek(fd, data, SEEK_HOLE);
+    uint64_t stop = hole < 0 ? end : std::min<uint64_t>(static_cast<uint64_t>(hole), end);
+    total += stop - static_cast<uint64_t>(data);
+    pos = static_cast<off_t>(stop);
+  }
+  return total;
+}
+
+struct Range {
+  uint64_t begin, end;
+};
+
+// The block-aligned parts of [data_begin, data_end) that no live range touches.
+std::vector<Range> dead_ranges(std::vector<Range> live, uint64_t data_begin, uint64_t data_end, uint64_t block) {
+  std::sort(live.begin(), live.end(), [](const Range& a, const Range& b) { return a.begin < b.begin; });
+  std::vector<Range> out;
+  uint64_t pos = data_begin;
+  auto gap = [&](uint64_t b, uint64_t e) {
+    uint64_t ab = (b + block - 1) / block * block, ae = e / block * block;
+    if (ab < ae) out.push_back({ab, ae});
+  };
+  for (const Range& r : live) {
+    if (r.begin > pos) gap(pos, r.begin);
+    pos = std::max(pos, r.end);
+  }
+  if (data_end > pos) gap(pos, data_end);
+  return out;
+}
+
+}  // namespace
+
+void Repository::Impl::reclaim(const std::vector<std::string>& dead, GcReport* report) {
+  bool unlinked = false;
+  for (const std::string& pack : dead) {
+    forget_pack_file(pack);
+    if (::unlink(join_path(packs_dir_, pack).c_str()) == 0) {
+      unlinked = true;
+      ++report->packs_deleted;
+    }
+  }
+  // Pack files nothing references (a crash between a pack's write and its manifest's, say).
+  std::vector<std::string> names;
+  if (list_dir(packs_dir_, &names).is_ok()) {
+    std::shared_lock lock(mu_);
+    for (const std::string& name : names) {
+      if (!ends_with(name, kPackSuffix) || packs_.count(name)) continue;
+      if (::unlink(join_path(packs_dir_, name).c_str()) == 0) {
+        unlinked = true;
+        ++report->packs_deleted;
+      }
+    }
+  }
+  if (unlinked) (void)fsync_dir(packs_dir_);
+
+  // Dead ranges inside live packs.
+  struct Plan {
+    std::string pack;
+    uint64_t data_begin;
+    std::vector<Range> live;
+  };
+  std::vector<Plan> plan;
+  {
+    std::shared_lock lock(mu_);
+    for (const auto& [name, info] : packs_) {
+      Plan p{name, info.data_begin, {}};
+      for (const ChunkHash& h : info.indexed) {
+        auto cit = chunks_.find(h);
+        if (cit != chunks_.end() && cit->second.ref.pack == name)
+          p.live.push_back({cit->second.ref.offset, cit->second.ref.offset + cit->second.ref.length});
+      }
+      plan.push_back(std::move(p));
+    }
+  }
+  for (Plan& p : plan) {
+    std::string path = join_path(packs_dir_, p.pack);
+    UniqueFd fd(::open(path.c_str(), O_RDWR | O_CLOEXEC));
+    if (!fd.valid()) continue;
+    struct stat st {};
+    if (::fstat(fd.get(), &st) != 0) continue;
+    uint64_t block = st.st_blksize > 0 ? static_cast<uint64_t>(st.st_blksize) : 4096;
+    for (const Range& r : dead_ranges(std::move(p.live), p.data_begin, static_cast<uint64_t>(st.st_size), block)) {
+      uint64_t before = allocated_bytes(fd.get(), r.begin, r.end);
+      if (before == 0) continue;
+      if (::fallocate(fd.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(r.begin),
+                      static_cast<off_t>(r.end - r.begin)) != 0) {
+        report->bytes_unreclaimable += before;
+        continue;
+      }
+      report->bytes_punched += before - allocated_bytes(fd.get(), r.begin, r.end);
+    }
+  }
+}
+
+Result<GcReport> Repository::Impl::gc() {
+  if (!writer_)
+    return busy("repository " + dir_ + " is open read-only here: " + writer_description() +
+                " holds its write lock; collect through that process (the daemon)");
+  std::lock_guard write_lock(write_mu_);
+  GcReport report;
+  // Retired models with no descendant left go (children before parents); retired models that
+  // live descendants still name as an ancestor stay, collected.
+  std::vector<std::shared_ptr<const ModelManifest>> to_collect;
+  uint64_t physical_before;
+  {
+    std::shared_lock lock(mu_);
+    physical_before = physical_bytes_;
+    std::unordered_set<std::string> removing;
+    for (auto it = order_.rbegin(); it != order_.rend(); ++it) {
+      const auto& m = models_.at(*it);
+      if (m->retired_ns == 0) continue;
+      bool leaf = true;
+      if (auto cit = children_.find(*it); cit != children_.end())
+        for (const std::string& c : cit->second) leaf = leaf && removing.count(c) > 0;
+      if (leaf) {
+        removing.insert(*it);
+        report.removed.push_back(*it);
+      } else if (!m->collected) {
+        to_collect.push_back(m);
+      }
+    }
+  }
+  // 1. Collected manifests (each replaced atomically).
+  std::vector<std::shared_ptr<const ModelManifest>> collected;
+  for (const auto& old : to_collect) {
+    auto m = std::make_shared<ModelManifest>(*old);
+    m->tensors.clear();
+    m->pack.clear();
+    m->source_header.clear();
+    m->collected = true;
+    Status s = write_manifest(*m, /*replacing=*/true);
+    if (!s.is_ok()) return s.with_context("gc: collecting retired model " + quote(m->id));
+    collected.push_back(std::move(m));
+    report.collected.push_back(old->id);
+  }
+  // 2. Deleted manifests, children first, so no manifest ever names a missing parent.
+  for (const std::string& id : report.removed) {
+    std::string path = join_path(manifests_dir_, manifest_file(id));
+    if (::unlink(path.c_str()) != 0 && errno != ENOENT)
+      return errno_status("gc: deleting the manifest of retired model " + quote(id) + " (" + path + ")", errno);
+  }
+  if (!report.removed.empty()) CAIRN_RETURN_IF_ERROR(fsync_dir(manifests_dir_).with_context("gc"));
+  // 3. The catalog.
+  std::vector<std::string> dead;
+  {
+    std::unique_lock lock(mu_);
+    for (auto& m : collected) {
+      std::shared_ptr<const ModelManifest>& slot = models_.at(m->id);
+      release_data(*slot, &dead);
+      slot = std::move(m);
+    }
+    for (const std::string& id : report.removed) {
+      auto d = drop_model(id);
+      dead.insert(dead.end(), d.begin(), d.end());
+    }
+    report.bytes_released = physical_before - physical_bytes_;
+  }
+  // 4. The bytes: only what no manifest on disk references.
+  reclaim(dead, &report);
+  return report;
+}
+
+Result<FsckReport> Repository::Impl::fsck(bool verify_data) const {
+  FsckReport report;
+  std::vector<std::shared_ptr<const ModelManifest>> models;
+  std::unordered_map<std::string, uint64_t> data_begin;  // referenced pack -> start of its data
+  {
+    std::shared_lock lock(mu_);
+    for (const std::string& id : order_) models.push_back(models_.at(id));
+    for (const auto& [name, info] : packs_) data_begin.emplace(name, info.data_begin);
+  }
+  report.models = models.size();
+  std::unordered_map<std::string, std::vector<Range>> live;
+  std::vector<uint8_t> buf;
+  for (const auto& m : models) {
+    for (const TensorManifest& t : m->tensors) {
+      for (const ChunkRef& c : t.chunks) {
+        ++report.chunks;
+        live[c.pack].push_back({c.offset, c.offset + c.length});
+        auto problem = [&](const std::string& detail) {
+          report.dangling.push_back({m->id, t.name, c.pack, c.offset, c.length, detail});
+        };
+        std::string path = join_path(packs_dir_, c.pack);
+        struct stat st {};
+        if (::stat(path.c_str(), &st) != 0) {
+          problem("pack file " + path + " is missing");
+          continue;
+        }
+        if (c.offset + c.length > static_cast<uint64_t>(st.st_size)) {
+          problem("the chunk lies past the end of " + path + " (" + std::to_string(st.st_size) + " bytes)");
+          continue;
+        }
+        if (!verify_data) continue;
+        buf.resize(c.length);
+        Status s = read_chunk(c, buf.data());
+        if (!s.is_ok()) {
+          problem(s.message());
+          continue;
+        }
+        report.bytes_verified += c.length;
+      }
+    }
+  }
+  // Orphans: pack files no manifest references, and allocated ranges inside referenced packs that
+  // no chunk covers (gc reclaims both).
+  std::vector<std::string> names;
+  CAIRN_RETURN_IF_ERROR(list_dir(packs_dir_, &names));
+  std::sort(names.begin(), names.end());
+  for (const std::string& name : names) {
+    if (!ends_with(name, kPackSuffix)) continue;
+    std::string path = join_path(packs_dir_, name);
+    UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    struct stat st {};
+    if (!fd.valid() || ::fstat(fd.get(), &st) != 0) continue;
+    auto size = static_cast<uint64_t>(st.st_size);
+    auto pit = data_begin.find(name);
+    auto lit = live.find(name);
+    if (pit == data_begin.end() || lit == live.end()) {
+      uint64_t bytes = static_cast<uint64_t>(st.st_blocks) * 512;
+      report.orphaned.push_back({"", "", name, 0, size, "no manifest references this pack file"});
+      report.orphaned_bytes += bytes;
+      continue;
+    }
+    uint64_t block = st.st_blksize > 0 ? static_cast<uint64_t>(st.st_blksize) : 4096;
+    for (const Range& r : dead_ranges(lit->second, pit->second, size, block)) {
+      uint64_t bytes = allocated_bytes(fd.get(), r.begin, r.end);
+      if (bytes == 0) continue;
+      report.orphaned.push_back({"", "", name, r.begin, r.end - r.begin,
+                                 std::to_string(bytes) + " allocated bytes no chunk reference covers"});
+      report.orphaned_bytes += bytes;
+    }
+  }
+  return report;
+}
+
+}  // namespace cairn
