@@ -163,7 +163,7 @@ Result<json> CommitPath::commit(Session& s, const json& req, std::vector<uint8_t
     CAIRN_ASSIGN_OR_RETURN(parent, get_name(req, "parent", "a parent model id"));
   }
   std::string durability = req.value("durability", std::string("global"));
-  auto target = durability_from_name(durability);
+  auto target = durability_level_from_name(durability);
   if (!target) return invalid_argument("durability '" + durability + "' is not one of memory, local, global");
   bool wait = req.value("wait", true);
   json metadata = req.contains("metadata") ? req["metadata"] : json::object();
@@ -289,7 +289,7 @@ Result<json> CommitPath::commit(Session& s, const json& req, std::vector<uint8_t
   // the repository anyway, so its bytes go there directly.
   GraphHandle graph = graph_for(p_.catalog, *m, parsed_graph ? &*parsed_graph : nullptr, parent_manifest.get());
   const uint64_t ticket = p_.tickets.create(*target);
-  Flusher::Entry entry{m, ticket, p_.burst_buffer && *target < Durability::kGlobal, false};
+  Flusher::Entry entry{m, ticket, p_.burst_buffer && *target < DurabilityLevel::kGlobal, false};
   Status registered = p_.flusher.enqueue(std::move(entry), [&]() -> Status {
     Status added = p_.catalog.add(id, parent, std::move(graph), metadata);
     if (!added.is_ok()) return added.with_context("registering model '" + id + "' in the catalog");
@@ -309,7 +309,7 @@ Result<json> CommitPath::commit(Session& s, const json& req, std::vector<uint8_t
     // The caller waits later with the ticket; it is forgotten when the connection ends.
     s.tickets.insert(ticket);
     out["ticket"] = ticket;
-    out["reached"] = durability_name(Durability::kMemory);
+    out["reached"] = durability_name(DurabilityLevel::kMemory);
     return out;
   }
   CAIRN_ASSIGN_OR_RETURN(TicketBook::Outcome t, p_.tickets.wait(ticket, std::chrono::milliseconds(-1)));

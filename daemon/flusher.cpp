@@ -130,7 +130,7 @@ void Flusher::local_loop() {
       Pending& p = pending_[m->id];
       p.local_done = true;
       p.on_nvme = st.is_ok();
-      if (st.is_ok() && p.ticket) tickets_.reach(p.ticket, Durability::kLocal);
+      if (st.is_ok() && p.ticket) tickets_.reach(p.ticket, DurabilityLevel::kLocal);
     }
     work_cv_.notify_all();
   }
@@ -194,7 +194,7 @@ void Flusher::global_loop() {
         abandon_locked(copy);
       }
       // Before anyone who saw the model leave pending_ can ask the ticket.
-      if (ticket) tickets_.finish(ticket, st.is_ok() ? Durability::kGlobal : Durability::kMemory, st);
+      if (ticket) tickets_.finish(ticket, st.is_ok() ? DurabilityLevel::kGlobal : DurabilityLevel::kMemory, st);
     }
     work_cv_.notify_all();
     progress_cv_.notify_all();

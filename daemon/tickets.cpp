@@ -2,30 +2,30 @@
 
 namespace cairn {
 
-std::optional<Durability> durability_from_name(const std::string& name) {
-  if (name == "memory") return Durability::kMemory;
-  if (name == "local") return Durability::kLocal;
-  if (name == "global") return Durability::kGlobal;
+std::optional<DurabilityLevel> durability_level_from_name(const std::string& name) {
+  if (name == "memory") return DurabilityLevel::kMemory;
+  if (name == "local") return DurabilityLevel::kLocal;
+  if (name == "global") return DurabilityLevel::kGlobal;
   return std::nullopt;
 }
 
-const char* durability_name(Durability d) {
+const char* durability_name(DurabilityLevel d) {
   switch (d) {
-    case Durability::kMemory: return "memory";
-    case Durability::kLocal: return "local";
-    case Durability::kGlobal: return "global";
+    case DurabilityLevel::kMemory: return "memory";
+    case DurabilityLevel::kLocal: return "local";
+    case DurabilityLevel::kGlobal: return "global";
   }
   return "none";
 }
 
-uint64_t TicketBook::create(Durability target) {
+uint64_t TicketBook::create(DurabilityLevel target) {
   std::lock_guard lock(mu_);
   uint64_t id = next_++;
-  tickets_[id] = Ticket{target, Durability::kMemory, Status::ok()};
+  tickets_[id] = Ticket{target, DurabilityLevel::kMemory, Status::ok()};
   return id;
 }
 
-void TicketBook::reach(uint64_t id, Durability level) {
+void TicketBook::reach(uint64_t id, DurabilityLevel level) {
   {
     std::lock_guard lock(mu_);
     auto it = tickets_.find(id);
@@ -35,7 +35,7 @@ void TicketBook::reach(uint64_t id, Durability level) {
   cv_.notify_all();
 }
 
-void TicketBook::finish(uint64_t id, Durability level, const Status& error) {
+void TicketBook::finish(uint64_t id, DurabilityLevel level, const Status& error) {
   {
     std::lock_guard lock(mu_);
     auto it = tickets_.find(id);

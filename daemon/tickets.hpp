@@ -23,23 +23,23 @@
 namespace cairn {
 
 // Durability levels, in order: what a commit asks for and a ticket reaches.
-enum class Durability : int { kMemory = 0, kLocal = 1, kGlobal = 2 };
+enum class DurabilityLevel : int { kMemory = 0, kLocal = 1, kGlobal = 2 };
 // "memory" / "local" / "global"; nullopt for anything else.
-std::optional<Durability> durability_from_name(const std::string& name);
-const char* durability_name(Durability d);
+std::optional<DurabilityLevel> durability_level_from_name(const std::string& name);
+const char* durability_name(DurabilityLevel d);
 
 class TicketBook {
  public:
   // A new ticket for a commit that asked for `target`; it has reached `memory`.
-  uint64_t create(Durability target);
+  uint64_t create(DurabilityLevel target);
   // The model reached at least `level` (levels only rise).
-  void reach(uint64_t id, Durability level);
+  void reach(uint64_t id, DurabilityLevel level);
   // The flusher is done with the model: it reached `level` (global, or memory when error is set).
-  void finish(uint64_t id, Durability level, const Status& error);
+  void finish(uint64_t id, DurabilityLevel level, const Status& error);
 
   struct Outcome {
-    Durability reached = Durability::kMemory;
-    Durability target = Durability::kMemory;
+    DurabilityLevel reached = DurabilityLevel::kMemory;
+    DurabilityLevel target = DurabilityLevel::kMemory;
     Status error;
     bool done = false;  // reached >= target, or an error
   };
@@ -53,8 +53,8 @@ class TicketBook {
 
  private:
   struct Ticket {
-    Durability target = Durability::kGlobal;
-    Durability reached = Durability::kMemory;
+    DurabilityLevel target = DurabilityLevel::kGlobal;
+    DurabilityLevel reached = DurabilityLevel::kMemory;
     Status error;
   };
   std::mutex mu_;
