@@ -228,6 +228,36 @@ def run_workloads(quick: bool, work: Path) -> List[Dict[str, Any]]:
     return rows
 
 
+def run_policy(quick: bool, work: Path) -> List[Dict[str, Any]]:
+    """cairn-sim on the committed traces (hit ratios beside Belady's) and, with real daemons, a NAS
+    candidate's wait for its parent with and without the driver's hints."""
+    rows = []
+    sim = BIN / "cairn-sim"
+    for trace in sorted((ROOT / "bench" / "traces").glob("*.csv")):
+        out = work / f"sim-{trace.stem}.json"
+        _run([str(sim), str(trace), "--sizes", "0.125,0.25,0.5", "--json", str(out)], work / f"sim-{trace.stem}.log")
+        d = json.loads(out.read_text())
+        belady = {r["fraction"]: r["byte_hit_ratio"] for r in d["results"] if r["policy"] == "belady"}
+        for r in d["results"]:
+            if r["policy"] == "belady":
+                continue
+            f = r["fraction"]
+            goal = ">= 0.95" if (trace.stem.startswith("nas") and r["policy"] == "hints" and abs(f - 0.25) < 1e-9) else None
+            rows.append(ratio("policy", f"{trace.stem} trace, cache {f:g} of the working set: byte hit ratio, {r['policy']}",
+                              r["byte_hit_ratio"], "Belady (offline optimum)", belady.get(f, float("nan")), "", "higher",
+                              goal))
+    out = work / "prefetch.json"
+    _run([PY, str(ROOT / "bench/workloads/prefetch_bench.py"), *(["--quick"] if quick else []), "--json", str(out)],
+         work / "prefetch.log", env=_cairn_env(), timeout=1200)
+    d = json.loads(out.read_text())
+    p = d["hints"]["prefetch"]
+    rows.append(ratio("policy", f"NAS task's wait for its parent ({d['candidates'] - 1} tasks, median; "
+                      f"{d['new_bytes_per_candidate'] >> 20} MiB new per candidate, cold repository)",
+                      d["hints"]["median_wait_s"], "the same without hints", d["no_hints"]["median_wait_s"], "s", "lower",
+                      note=f"prefetched chunks used {p.get('chunks_used')}, wasted {p.get('chunks_wasted')}"))
+    return rows
+
+
 COMPONENTS: List[tuple] = [
     ("micro", run_micro, "Google Benchmark micro benchmarks (bench/micro)"),
     ("tiers", run_tiers, "blocking commits, NVMe reads, DRAM hits (bench/workloads/tiering_bench.cpp)"),
@@ -236,6 +266,7 @@ COMPONENTS: List[tuple] = [
     ("metadata", run_metadata, "metadata-only commits and cached opens (bench/workloads/metadata_commits.cpp)"),
     ("torch loads", run_torch, "PyTorch state-dict loads (bench/workloads/torch_load.py)"),
     ("workloads", run_workloads, "NAS, ensemble, checkpoint, coupled workloads (bench/workloads/workloads.py)"),
+    ("policy", run_policy, "eviction policies vs Belady on traces (cairn-sim), prefetch from hints (bench/workloads/prefetch_bench.py)"),
 ]
 
 

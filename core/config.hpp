@@ -33,9 +33,11 @@ struct Config {
     TierConfig hbm, dram, nvme;
   } tiers;
   struct {
-    std::string eviction = "lru";   // lru | lineage
+    std::string eviction = "lru";   // lru | lineage | hints
     std::string prefetch = "hints"; // none | hints | lineage
     std::string admission = "all";  // all | reuse (which clean chunks leaving DRAM go to NVMe)
+    uint64_t prefetch_budget = 0;   // bytes staged ahead and not yet read; 0 = a quarter of the arena
+    std::string trace;              // "" = off; else a CSV file of chunk accesses (docs/policy.md)
   } policy;
   struct {
     std::string provider = "tcp;ofi_rxm";

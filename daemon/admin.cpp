@@ -109,6 +109,7 @@ Result<json> Admin::stats(const json& /*req*/) {
               {"recovery",
                {{"models_recovered", p_.recovery.models_recovered}, {"models_lost", p_.recovery.models_lost}}},
               {"dirty_bytes", dram.dirty_bytes + nvme.dirty_bytes},
+              {"prefetch", p_.prefetcher ? p_.prefetcher->stats() : json::object()},
               {"chunk_size", p_.repo.chunk_size()}};
 }
 

@@ -18,6 +18,7 @@
 #include "core/status.hpp"
 #include "daemon/catalog.hpp"
 #include "daemon/flusher.hpp"
+#include "daemon/prefetcher.hpp"
 #include "daemon/references.hpp"
 #include "tiers/dram/dram_tier.hpp"
 #include "tiers/nvme/nvme_tier.hpp"
@@ -45,6 +46,7 @@ class Admin {
     const std::string& nvme_path;    // tiers.nvme.path, reported by stats
     const RecoveryReport& recovery;
     std::shared_mutex& gc_mu;
+    Prefetcher* prefetcher = nullptr;  // its counters in stats
   };
   explicit Admin(Parts parts) : p_(parts) {}
 

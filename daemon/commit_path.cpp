@@ -10,6 +10,7 @@
 #include "core/graph.hpp"
 #include "daemon/model_graph.hpp"
 #include "daemon/request.hpp"
+#include "daemon/trace_recorder.hpp"
 
 namespace cairn {
 
@@ -274,6 +275,7 @@ Result<json> CommitPath::commit(Session& s, const json& req, std::vector<uint8_t
       bool dirty = p_.tiers.only_in_dram(h);
       p_.dram.adopt(h, ext.offset + off, len, dirty);
       pinned.push_back(h);
+      if (p_.trace) p_.trace->commit(id, h, len);
       ChunkRef ref;
       ref.hash = h;
       ref.length = len;

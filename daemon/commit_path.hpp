@@ -38,6 +38,8 @@
 
 namespace cairn {
 
+class TraceRecorder;
+
 class CommitPath {
  public:
   struct Parts {
@@ -51,6 +53,7 @@ class CommitPath {
     const ModelDirectory& models;
     std::shared_mutex& gc_mu;   // held shared until a commit's chunks are referenced by a registered model
     bool burst_buffer = false;  // memory and local commits go through the local stage
+    TraceRecorder* trace = nullptr;  // records the chunks each commit creates (policy.trace)
   };
   explicit CommitPath(Parts parts) : p_(parts) {}
 

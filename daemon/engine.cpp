@@ -6,6 +6,7 @@
 
 #include "core/log.hpp"
 #include "daemon/recovery.hpp"
+#include "daemon/trace_recorder.hpp"
 
 namespace cairn {
 
@@ -32,8 +33,14 @@ Result<std::unique_ptr<Engine>> Engine::create(const Config& config, EngineOptio
     if (!opened.is_ok()) return opened.status().with_context("opening the burst buffer (tiers.nvme.path " + config.tiers.nvme.path + ")");
     nvme = std::move(opened).value();
   }
-  std::unique_ptr<Engine> engine(
-      new Engine(config, std::move(repo), std::move(dram), std::move(nvme), std::move(admission)));
+  std::unique_ptr<TraceRecorder> trace;
+  if (!config.policy.trace.empty()) {
+    auto opened = TraceRecorder::open(config.policy.trace);
+    if (!opened.is_ok()) return opened.status().with_context("policy.trace");
+    trace = std::move(opened).value();
+  }
+  std::unique_ptr<Engine> engine(new Engine(config, std::move(repo), std::move(dram), std::move(nvme),
+                                            std::move(admission), std::move(trace)));
   RecoveryParts parts{*engine->repo_,    engine->catalog_, engine->references_, *engine->flusher_,
                       *engine->commits_, *engine->models_, engine->nvme_.get()};
   CAIRN_RETURN_IF_ERROR(load_catalog(parts));
@@ -42,12 +49,14 @@ Result<std::unique_ptr<Engine>> Engine::create(const Config& config, EngineOptio
 }
 
 Engine::Engine(Config config, std::unique_ptr<Repository> repo, std::unique_ptr<DramTier> dram,
-               std::unique_ptr<NvmeTier> nvme, std::unique_ptr<AdmissionPolicy> admission)
+               std::unique_ptr<NvmeTier> nvme, std::unique_ptr<AdmissionPolicy> admission,
+               std::unique_ptr<TraceRecorder> trace)
     : config_(std::move(config)),
       repo_(std::move(repo)),
       dram_(std::move(dram)),
       nvme_(std::move(nvme)),
       tiers_(std::make_unique<TierManager>(*dram_, nvme_.get(), *repo_, std::move(admission))),
+      trace_(std::move(trace)),
       references_(*dram_),
       named_(*dram_) {
   // A model whose repository write failed is gone: out of the catalog and the reference counts.
@@ -58,14 +67,22 @@ Engine::Engine(Config config, std::unique_ptr<Repository> repo, std::unique_ptr<
   });
   models_ = std::make_unique<ModelDirectory>(*flusher_, *repo_);
   commits_ = std::make_unique<CommitPath>(CommitPath::Parts{*dram_, *tiers_, *repo_, catalog_, *flusher_, references_,
-                                                            tickets_, *models_, gc_mu_, nvme_ != nullptr});
+                                                            tickets_, *models_, gc_mu_, nvme_ != nullptr,
+                                                            trace_.get()});
   reads_ = std::make_unique<Reads>(Reads::Parts{*dram_, *tiers_, named_, *models_, gc_mu_, repo_->chunk_size()});
+  const uint64_t budget =
+      config_.policy.prefetch_budget ? config_.policy.prefetch_budget : dram_->arena_size() / 4;
+  prefetcher_ = std::make_unique<Prefetcher>(
+      Prefetcher::Parts{*dram_, *reads_, *models_, config_.policy.prefetch, budget, trace_.get()});
+  reads_->set_observer(prefetcher_.get());
+  reads_->set_trace(trace_.get());
   admin_ = std::make_unique<Admin>(Admin::Parts{*repo_, catalog_, *flusher_, references_, *dram_, nvme_.get(), *tiers_,
-                                                config_.tiers.nvme.path, recovery_, gc_mu_});
-  queries_ = std::make_unique<CatalogQueries>(catalog_, *models_);
+                                                config_.tiers.nvme.path, recovery_, gc_mu_, prefetcher_.get()});
+  queries_ = std::make_unique<CatalogQueries>(catalog_, *models_, prefetcher_.get());
 }
 
 Engine::~Engine() {
+  prefetcher_->stop();
   drain();
   flusher_->stop();
   named_.stop();
@@ -119,6 +136,8 @@ const std::vector<Engine::Op>& Engine::table() {
       {"fsck", [](Engine& e, Session&, const json& r, B&) { return e.admin_->fsck(r); }},
       {"flush", [](Engine& e, Session&, const json& r, B&) { return e.admin_->flush(r); }},
       {"query", [](Engine& e, Session&, const json& r, B&) { return e.queries_->query(r); }},
+      // hints (prefetcher.cpp)
+      {"hint", [](Engine& e, Session&, const json& r, B&) { return e.prefetcher_->hint(r); }},
   };
   return kOps;
 }

@@ -9,6 +9,7 @@
 //   Reads        (reads.hpp)          open, leases, pinning, assembled views, readahead, prefetch
 //   Admin        (admin.hpp)          list, show, stats, remove, gc, fsck, flush
 //   CatalogQueries (queries.hpp)      the catalog's queries
+//   Prefetcher   (prefetcher.hpp)     hints, staging ahead of need (its own thread)
 // with the tiers below them (tiers/: DRAM, NVMe, the repository, the tier manager). Requests are
 // dispatched through one table from op name to handler (Engine::ops(), engine.cpp); every op it
 // names is documented in docs/protocol.md, and a test checks the two against each other.
@@ -38,6 +39,7 @@
 #include "daemon/flusher.hpp"
 #include "daemon/models.hpp"
 #include "daemon/named_tensors.hpp"
+#include "daemon/prefetcher.hpp"
 #include "daemon/queries.hpp"
 #include "daemon/reads.hpp"
 #include "daemon/references.hpp"
@@ -89,6 +91,7 @@ class Engine {
   DramTier& dram() { return *dram_; }
   NvmeTier* nvme() { return nvme_.get(); }
   TierManager& tiers() { return *tiers_; }
+  Prefetcher& prefetcher() { return *prefetcher_; }
 
  private:
   using Handler = Result<nlohmann::json> (*)(Engine&, Session&, const nlohmann::json&, std::vector<uint8_t>&);
@@ -96,7 +99,8 @@ class Engine {
   static const std::vector<Op>& table();
 
   Engine(Config config, std::unique_ptr<Repository> repo, std::unique_ptr<DramTier> dram,
-         std::unique_ptr<NvmeTier> nvme, std::unique_ptr<AdmissionPolicy> admission);
+         std::unique_ptr<NvmeTier> nvme, std::unique_ptr<AdmissionPolicy> admission,
+         std::unique_ptr<TraceRecorder> trace);
   Result<nlohmann::json> dispatch(Session& s, const std::string& op, const nlohmann::json& req,
                                   std::vector<uint8_t>& blob);
   Result<nlohmann::json> hello(Session& s);
@@ -108,6 +112,7 @@ class Engine {
   std::unique_ptr<DramTier> dram_;
   std::unique_ptr<NvmeTier> nvme_;
   std::unique_ptr<TierManager> tiers_;
+  std::unique_ptr<TraceRecorder> trace_;  // null unless policy.trace
   Catalog catalog_;
   // gc holds it exclusively; commits and reads of repository data hold it shared, so gc never
   // frees a chunk that a commit is about to reference or a reader is about to read.
@@ -120,6 +125,7 @@ class Engine {
   std::unique_ptr<ModelDirectory> models_;
   std::unique_ptr<CommitPath> commits_;
   std::unique_ptr<Reads> reads_;
+  std::unique_ptr<Prefetcher> prefetcher_;
   std::unique_ptr<Admin> admin_;
   std::unique_ptr<CatalogQueries> queries_;
   std::atomic<uint64_t> next_session_{1};

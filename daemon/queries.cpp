@@ -68,6 +68,12 @@ Result<json> CatalogQueries::best_ancestor(const json& q) {
                        {"from", best.source_layers[k]},
                        {"tensors", it == by_layer.end() ? json::array() : json(it->second)}});
   }
+  if (observer_) {
+    std::vector<std::string> names;
+    for (const auto& layer : tensors)
+      for (const auto& n : layer["tensors"]) names.push_back(n.get<std::string>());
+    observer_->matched(best.model, names);
+  }
   out["tensors"] = std::move(tensors);
   return out;
 }

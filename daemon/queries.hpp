@@ -12,12 +12,15 @@
 #include "core/status.hpp"
 #include "daemon/catalog.hpp"
 #include "daemon/models.hpp"
+#include "daemon/reads.hpp"
 
 namespace cairn {
 
 class CatalogQueries {
  public:
-  CatalogQueries(Catalog& catalog, const ModelDirectory& models) : catalog_(catalog), models_(models) {}
+  // observer (may be null) hears of each best_ancestor answer's tensors (the prefetcher stages them).
+  CatalogQueries(Catalog& catalog, const ModelDirectory& models, ReadObserver* observer = nullptr)
+      : catalog_(catalog), models_(models), observer_(observer) {}
   Result<nlohmann::json> query(const nlohmann::json& req);
 
  private:
@@ -26,6 +29,7 @@ class CatalogQueries {
 
   Catalog& catalog_;
   const ModelDirectory& models_;
+  ReadObserver* observer_;
 };
 
 }  // namespace cairn

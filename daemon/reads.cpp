@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "daemon/request.hpp"
+#include "daemon/trace_recorder.hpp"
 
 namespace cairn {
 
@@ -21,6 +22,7 @@ Result<json> Reads::open(const json& req) {
   out["parent"] = m->parent.empty() ? json() : json(m->parent);
   if (req.value("with_source_header", false) && m->source_header.size() > 8)
     out["source_header"] = m->source_header.substr(8);
+  if (observer_) observer_->opened(*m);
   return out;
 }
 
@@ -31,7 +33,8 @@ void Reads::readahead(const std::vector<const TensorManifest*>& tensors) {
   p_.tiers.readahead(refs);
 }
 
-Status Reads::pin_tensor(const TensorManifest& t, std::vector<ChunkHash>& pinned, std::vector<Extent>& extents) {
+Status Reads::pin_tensor(const TensorManifest& t, const std::string& model, bool prefetch,
+                         std::vector<ChunkHash>& pinned, std::vector<Extent>& extents) {
   DramTier& dram = p_.dram;
   const size_t n = t.chunks.size();
   std::vector<DramTier::Claim> claims(n);
@@ -43,6 +46,7 @@ Status Reads::pin_tensor(const TensorManifest& t, std::vector<ChunkHash>& pinned
   }
   std::vector<uint64_t> offsets(n, 0);
   std::vector<bool> have(n, false);
+  std::vector<const char*> served(n, "dram");  // the tier each chunk came from, for the trace
   for (size_t i = 0; i < n; ++i)
     if (claims[i].kind == DramTier::ClaimKind::kResident) offsets[i] = claims[i].offset, have[i] = true;
 
@@ -72,7 +76,7 @@ Status Reads::pin_tensor(const TensorManifest& t, std::vector<ChunkHash>& pinned
     if (failure.is_ok()) {
       auto read_one = [&](size_t k) {
         // The fastest intact copy below DRAM, verified (tiers/tier_manager.hpp).
-        results[k] = p_.tiers.fetch(t.chunks[to_load[k]], dram.base() + load_off[k]);
+        results[k] = p_.tiers.fetch(t.chunks[to_load[k]], dram.base() + load_off[k], &served[to_load[k]]);
       };
       constexpr size_t kParallelReads = 4;
       std::atomic<size_t> next{0};
@@ -118,7 +122,7 @@ Status Reads::pin_tensor(const TensorManifest& t, std::vector<ChunkHash>& pinned
       if (c.kind == DramTier::ClaimKind::kLoading) continue;
       const ChunkRef& ref0 = t.chunks[i];
       auto a = dram.allocate(ref0.length);
-      Status st = !a.is_ok() ? a.status() : p_.tiers.fetch(ref0, dram.base() + *a);
+      Status st = !a.is_ok() ? a.status() : p_.tiers.fetch(ref0, dram.base() + *a, &served[i]);
       if (!st.is_ok()) {
         if (a.is_ok()) dram.release(*a, ref0.length);
         dram.abort_load(ref0.hash);
@@ -140,6 +144,8 @@ Status Reads::pin_tensor(const TensorManifest& t, std::vector<ChunkHash>& pinned
     pinned.push_back(t.chunks[i].hash);
     extents.push_back(Extent{offsets[i], t.chunks[i].length});
   }
+  if (trace_)
+    for (size_t i = 0; i < n; ++i) trace_->access(model, t.chunks[i].hash, t.chunks[i].length, served[i], prefetch);
   return Status::ok();
 }
 
@@ -175,7 +181,7 @@ Result<json> Reads::lease(Session& s, const json& req) {
     }
     Session::Lease lease;
     std::vector<Extent> extents;
-    Status st = pin_tensor(*t, lease.pinned_chunks, extents);
+    Status st = pin_tensor(*t, m->id, false, lease.pinned_chunks, extents);
     if (!st.is_ok()) {
       undo();
       return st;
@@ -209,6 +215,7 @@ Result<json> Reads::lease(Session& s, const json& req) {
     granted.push_back(lid);
     leases.push_back({{"lease", lid}, {"extents", std::move(ex)}, {"nbytes", t->nbytes}});
   }
+  if (observer_) observer_->leased(*m, wanted);
   return json{{"leases", std::move(leases)}, {"created_ns", m->created_ns}};
 }
 
@@ -241,6 +248,15 @@ void Reads::end_session(Session& s) {
   s.leases.clear();
 }
 
+Status Reads::stage(const std::string& model, const TensorManifest& t) {
+  std::shared_lock gc_lock(p_.gc_mu);
+  std::vector<ChunkHash> pinned;
+  std::vector<Extent> extents;
+  CAIRN_RETURN_IF_ERROR(pin_tensor(t, model, true, pinned, extents));
+  for (const auto& h : pinned) p_.dram.unpin(h);
+  return Status::ok();
+}
+
 Result<json> Reads::prefetch(const json& req) {
   CAIRN_ASSIGN_OR_RETURN(std::string id, get_name(req, "id", "a model id"));
   std::shared_lock gc_lock(p_.gc_mu);
@@ -252,7 +268,7 @@ Result<json> Reads::prefetch(const json& req) {
   for (const auto& t : m->tensors) {
     std::vector<ChunkHash> pinned;
     std::vector<Extent> extents;
-    CAIRN_RETURN_IF_ERROR(pin_tensor(t, pinned, extents));
+    CAIRN_RETURN_IF_ERROR(pin_tensor(t, m->id, true, pinned, extents));
     for (const auto& h : pinned) p_.dram.unpin(h);
     bytes += t.nbytes;
   }

@@ -28,6 +28,19 @@
 
 namespace cairn {
 
+class TraceRecorder;
+
+// What reads reveal about what will be read next (the prefetcher listens). Called on the request's
+// thread after the request's own work; must not block.
+class ReadObserver {
+ public:
+  virtual ~ReadObserver() = default;
+  virtual void opened(const ModelManifest& m) = 0;
+  virtual void leased(const ModelManifest& m, const std::vector<const TensorManifest*>& tensors) = 0;
+  // A best_ancestor answer named these tensors of `model` for the caller to transfer.
+  virtual void matched(const std::string& model, const std::vector<std::string>& tensors) = 0;
+};
+
 class Reads {
  public:
   struct Parts {
@@ -47,15 +60,26 @@ class Reads {
   // Ends every lease of the session.
   void end_session(Session& s);
 
+  // Makes every chunk of t resident without leasing it (the prefetcher's path: the same verified
+  // fetch as a lease, nothing stays pinned). Holds the gc lock shared while it reads.
+  Status stage(const std::string& model, const TensorManifest& t);
+  // Set at assembly, before requests are served (null: nobody listens / no trace).
+  void set_observer(ReadObserver* observer) { observer_ = observer; }
+  void set_trace(TraceRecorder* trace) { trace_ = trace; }
+
  private:
-  // Makes every chunk of t resident and pinned; fills the extents (one per chunk, in order). On
-  // failure nothing stays pinned.
-  Status pin_tensor(const TensorManifest& t, std::vector<ChunkHash>& pinned, std::vector<Extent>& extents);
+  // Makes every chunk of t (a tensor of `model`) resident and pinned; fills the extents (one per
+  // chunk, in order). On failure nothing stays pinned. Records each chunk's access in the trace,
+  // with the tier that served it (prefetch: staged by the prefetcher, not read by a client).
+  Status pin_tensor(const TensorManifest& t, const std::string& model, bool prefetch, std::vector<ChunkHash>& pinned,
+                    std::vector<Extent>& extents);
   // Tells the sources below DRAM which chunks of these tensors are about to be read.
   void readahead(const std::vector<const TensorManifest*>& tensors);
   void release_lease(Session::Lease& lease);
 
   Parts p_;
+  ReadObserver* observer_ = nullptr;
+  TraceRecorder* trace_ = nullptr;
 };
 
 }  // namespace cairn

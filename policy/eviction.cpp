@@ -8,6 +8,8 @@
 #include <stdexcept>
 #include <tuple>
 
+#include "policy/hint_policy.hpp"
+
 namespace cairn {
 
 namespace {
@@ -190,6 +192,7 @@ double LineagePolicy::aging() const { return impl_->aging; }
 Result<std::unique_ptr<EvictionPolicy>> make_eviction_policy(const std::string& name, const Clock& clock) {
   if (name == "lru") return std::unique_ptr<EvictionPolicy>(std::make_unique<LruPolicy>());
   if (name == "lineage") return std::unique_ptr<EvictionPolicy>(std::make_unique<LineagePolicy>(clock));
+  if (name == "hints") return std::unique_ptr<EvictionPolicy>(std::make_unique<HintAwarePolicy>(clock));
   return invalid_argument("policy.eviction: '" + name + "' is not one of lru, lineage");
 }
 

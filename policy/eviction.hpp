@@ -53,6 +53,27 @@ class EvictionPolicy {
   // fastest tier below that holds it (the tier manager's cost model: size / bandwidth + latency).
   // Unknown keys are ignored.
   virtual void set_refetch_cost(const ChunkHash& /*key*/, double /*seconds*/) {}
+
+  // ---- Hints (docs/policy.md, "Hints in the eviction order") ----
+  // What the workflow announced (cairn_hint: will_load, population, sequence, done), mapped by the
+  // caller from models to the chunks they use and passed on per chunk. Only the hint-aware policy
+  // ("hints", policy/hint_policy.hpp) weighs them; these defaults do nothing, so lru and lineage
+  // ignore them. Contract for the tier that passes them on:
+  //  - a key the policy does not track is ignored, so when a chunk enters the tier later (a
+  //    prefetch or a read landing) the tier passes that chunk's hint state again after track();
+  //  - a hint only reorders victims: pick_victim still honours evictable() (pinned, dirty chunks);
+  //  - a wrong or stale hint costs hits, never correctness.
+  // The chunk is expected to be read `seconds_from_now` from now (0: next; < 0: overdue, taken as
+  // 0). +infinity or NaN withdraws the expectation; so do track() and touch() of the chunk (the
+  // expected read happened) and, in the hint-aware policy, the expectation going stale.
+  virtual void set_expected_use(const ChunkHash& /*key*/, double /*seconds_from_now*/) {}
+  // Whether a model of the live population (the last `population` hint) uses the chunk. Holds until
+  // changed or the chunk leaves.
+  virtual void set_population(const ChunkHash& /*key*/, bool /*member*/) {}
+  // Whether every model that uses the chunk is `done` (no more reads expected): such chunks go
+  // first. track() and touch() withdraw it (a read proves the hint wrong).
+  virtual void set_done(const ChunkHash& /*key*/, bool /*done*/) {}
+
   // The best victim for which evictable(key) is true, or nullopt when none is.
   virtual std::optional<ChunkHash> pick_victim(const std::function<bool(const ChunkHash&)>& evictable) = 0;
   virtual const char* name() const = 0;
@@ -112,7 +133,8 @@ class LineagePolicy final : public EvictionPolicy {
   std::unique_ptr<Impl> impl_;
 };
 
-// The policy named by policy.eviction: "lru" or "lineage". `clock` must outlive the policy.
+// The policy named by policy.eviction: "lru", "lineage" or "hints" (HintAwarePolicy,
+// policy/hint_policy.hpp). `clock` must outlive the policy.
 Result<std::unique_ptr<EvictionPolicy>> make_eviction_policy(const std::string& name,
                                                              const Clock& clock = steady_clock());
 

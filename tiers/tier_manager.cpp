@@ -73,7 +73,7 @@ void TierManager::note_cost(const ChunkRef& ref) {
   dram_.hint_refetch_cost(ref.hash, below->cost(ref.length));
 }
 
-Status TierManager::fetch(const ChunkRef& ref, void* dst) {
+Status TierManager::fetch(const ChunkRef& ref, void* dst, const char** source) {
   for (size_t i = 0; i < sources_.size(); ++i) {
     SourceSlot& slot = sources_[i];
     const bool last = i + 1 == sources_.size();
@@ -83,6 +83,7 @@ Status TierManager::fetch(const ChunkRef& ref, void* dst) {
       ++slot.counters[0];
       slot.counters[1] += ref.length;
       note_cost(ref);
+      if (source) *source = slot.source->name().c_str();
       return st;
     }
     if (st.code() == StatusCode::kCorruption) ++slot.counters[2];

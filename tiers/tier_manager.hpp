@@ -64,8 +64,9 @@ class TierManager {
   // Reads ref's bytes (ref.length) into dst from the first source below DRAM that has an intact
   // copy. A copy that fails its check (kCorruption) or cannot be read is skipped with a warning and
   // the next source asked; the last source's error is returned as it is; when no source has a copy,
-  // kCorruption. Bad bytes never stay in dst with OK returned.
-  Status fetch(const ChunkRef& ref, void* dst);
+  // kCorruption. Bad bytes never stay in dst with OK returned. source (optional) gets the name of
+  // the source that served it (valid while the manager lives).
+  Status fetch(const ChunkRef& ref, void* dst, const char** source = nullptr);
 
   // Advice before a read of these chunks: those not resident in DRAM are announced to the source a
   // fetch would take them from (the repository then starts the kernel reading its pack ranges).

@@ -6,6 +6,7 @@
 #include <cctype>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -552,6 +553,36 @@ int main(int argc, char** argv) {
   auto* prefetch = app.add_subcommand("prefetch", "bring a model into DRAM ahead of need");
   prefetch->add_option("ID", id, "model id")->required();
   prefetch->callback([&] { rc = cmd_simple(json{{"op", "prefetch"}, {"id", id}}, false); });
+
+  // cairn hint KIND MODEL... [--tensor NAME]... [--when SECONDS|next] [--ahead K]
+  std::string hint_kind, hint_when;
+  std::vector<std::string> hint_models, hint_tensors;
+  unsigned hint_ahead = 0;
+  auto* hint = app.add_subcommand("hint", "tell the daemon what the workflow will read (docs/policy.md)");
+  hint->add_option("KIND", hint_kind, "will_load, population, sequence or done")->required();
+  hint->add_option("MODEL", hint_models, "model ids (in order, for sequence)")->required();
+  hint->add_option("--tensor", hint_tensors, "will_load: only these tensors");
+  hint->add_option("--when", hint_when, "will_load: seconds from now, or next");
+  hint->add_option("--ahead", hint_ahead, "sequence: models to stage ahead of the reader");
+  hint->callback([&] {
+    json h{{"kind", hint_kind}, {"models", hint_models}};
+    if (!hint_tensors.empty()) h["tensors"] = hint_tensors;
+    if (hint_ahead) h["ahead"] = hint_ahead;
+    if (!hint_when.empty()) {
+      if (hint_when == "next") {
+        h["when"] = "next";
+      } else {
+        char* end = nullptr;
+        double secs = std::strtod(hint_when.c_str(), &end);
+        if (end == hint_when.c_str() || *end != '\0') {
+          rc = fail(cairn::invalid_argument("--when: '" + hint_when + "' is neither seconds nor 'next'"));
+          return;
+        }
+        h["when"] = secs;
+      }
+    }
+    rc = cmd_simple(json{{"op", "hint"}, {"hint", h}}, true);
+  });
 
   std::string query_text;
   auto* query = app.add_subcommand("query", "run a JSON query, e.g. '{\"op\":\"ancestors\",\"model\":\"m3\"}'");

@@ -364,6 +364,24 @@ static char* dump_c(const nlohmann::json& j) {
   return out;
 }
 
+cairn_status cairn_hint(cairn_client* c, const char* hint_json, char** result_json) {
+  return guarded([&] {
+    CAIRN_REQUIRE_ARG(c && hint_json, "client and hint must not be NULL");
+    if (result_json) *result_json = nullptr;
+    auto h = nlohmann::json::parse(hint_json, nullptr, false);
+    if (h.is_discarded() || !h.is_object())
+      return fail(CAIRN_ERR_INVALID_ARGUMENT, "the hint is not a JSON object (docs/policy.md)");
+    auto r = c->impl->hint(h);
+    if (!r.is_ok()) return fail(r.status());
+    if (result_json) {
+      char* out = dump_c(*r);
+      if (!out) return fail(CAIRN_ERR_NO_SPACE, "out of memory");
+      *result_json = out;
+    }
+    return done(cairn::Status::ok());
+  });
+}
+
 cairn_status cairn_query(cairn_client* c, const char* request_json, char** result_json) {
   return guarded([&] {
     CAIRN_REQUIRE_ARG(c && request_json && result_json, "client, request and result must not be NULL");

@@ -187,6 +187,12 @@ Status Client::wait(uint64_t ticket, int timeout_ms) {
 
 Status Client::prefetch(const std::string& id) { return call(json{{"op", "prefetch"}, {"id", id}}).status(); }
 
+Result<json> Client::hint(const json& h) {
+  CAIRN_ASSIGN_OR_RETURN(json r, call(json{{"op", "hint"}, {"hint", h}}));
+  r.erase("status");
+  return r;
+}
+
 Result<json> Client::query(const json& q) {
   CAIRN_ASSIGN_OR_RETURN(json r, call(json{{"op", "query"}, {"query", q}}));
   r.erase("status");

@@ -75,6 +75,8 @@ class Client {
   Status wait(uint64_t ticket, int timeout_ms);
   Status prefetch(const std::string& id);
   Result<nlohmann::json> query(const nlohmann::json& q);
+  // Sends a hint (docs/policy.md); the daemon's answer.
+  Result<nlohmann::json> hint(const nlohmann::json& h);
 
   const uint8_t* arena() const { return view_->read_base(); }
   uint64_t arena_size() const { return view_->size(); }

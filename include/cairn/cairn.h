@@ -157,6 +157,13 @@ CAIRN_EXPORT void cairn_model_close(cairn_model_reader *r);
 
 /* Asks the daemon to bring model id into DRAM ahead of need. Returns at once. */
 CAIRN_EXPORT cairn_status cairn_prefetch(cairn_client *c, const char *id);
+/* Tells the daemon what the workflow will read (docs/policy.md); advice, never an error on a later
+ * read. hint_json is one hint object, e.g. {"kind":"will_load","models":["m7"],"when":"next"},
+ * {"kind":"population","models":[...]}, {"kind":"sequence","models":[...],"ahead":2},
+ * {"kind":"done","models":[...]}. A malformed hint is CAIRN_ERR_INVALID_ARGUMENT naming the field;
+ * models that do not exist are ignored (listed in *result_json). result_json may be NULL; else it
+ * receives the daemon's answer (free with cairn_free). */
+CAIRN_EXPORT cairn_status cairn_hint(cairn_client *c, const char *hint_json, char **result_json);
 /* Runs a JSON query, e.g. {"op":"ancestors","model":"m7"} or {"op":"descendants","model":"m0"};
  * *result_json (free with cairn_free) is the JSON answer. */
 CAIRN_EXPORT cairn_status cairn_query(cairn_client *c, const char *request_json, char **result_json);

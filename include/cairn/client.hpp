@@ -234,6 +234,15 @@ class Client {
     return Reader(r);
   }
   Status prefetch(const std::string& id) { return Status::from(cairn_prefetch(c_, id.c_str())); }
+  // A hint (docs/policy.md), e.g. {"kind":"will_load","models":["m7"]}; the answer as JSON text.
+  Result<std::string> hint(const std::string& hint_json) {
+    char* out = nullptr;
+    Status s = Status::from(cairn_hint(c_, hint_json.c_str(), &out));
+    if (!s) return s;
+    std::string result(out ? out : "{}");
+    cairn_free(out);
+    return result;
+  }
   // A JSON query ({"op":"ancestors","model":id}, ...); the answer as JSON text.
   Result<std::string> query(const std::string& request_json) {
     char* out = nullptr;

@@ -129,6 +129,20 @@ int main(int argc, char **argv) {
     CHECK(cairn_model_commit(w, CAIRN_DURABILITY_GLOBAL, NULL) == CAIRN_ERR_EXISTS);
     CHECK(strstr(cairn_last_error(), base_id) != NULL);
 
+    /* Hints: advice, so unknown models are listed, not an error; a malformed hint names its field. */
+    {
+      char hint[512], *res = NULL;
+      snprintf(hint, sizeof hint, "{\"kind\":\"will_load\",\"models\":[\"%s\",\"no-such-model\"],\"when\":\"next\"}",
+               child_id);
+      CHECK_OK(cairn_hint(c, hint, &res));
+      CHECK(res != NULL && strstr(res, "no-such-model") != NULL);
+      cairn_free(res);
+      CHECK_OK(cairn_hint(c, "{\"kind\":\"done\",\"models\":[\"x\"]}", NULL));
+      CHECK(cairn_hint(c, "{\"kind\":\"soon\",\"models\":[]}", NULL) == CAIRN_ERR_INVALID_ARGUMENT);
+      CHECK(strstr(cairn_last_error(), "hint.kind") != NULL);
+      CHECK(cairn_hint(c, "not json", NULL) == CAIRN_ERR_INVALID_ARGUMENT);
+      CHECK(cairn_hint(NULL, "{}", NULL) == CAIRN_ERR_INVALID_ARGUMENT);
+    }
     CHECK_OK(cairn_model_open(c, child_id, &r));
     CHECK_OK(cairn_model_tensor_count(r, &count));
     CHECK(count == 3);

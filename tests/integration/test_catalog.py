@@ -239,3 +239,19 @@ def test_kill9_during_gc_loses_nothing_live(make_daemon, tmp):
         if m["id"] in retired:
             assert m.get("collected") is True
     assert d.stop() == 0
+
+
+def test_hint_through_the_tool(make_daemon, tmp):
+    """`cairn hint`: the daemon's answer as JSON; unknown ids listed; bad input named in one line."""
+    d = make_daemon().start()
+    rng = np.random.default_rng(5)
+    put_model(d, tmp, "h0", conv_graph([32, 64]), rng)
+    r = json.loads(d.cairn("hint", "will_load", "h0", "ghost", "--when", "next").stdout)
+    assert r["kind"] == "will_load" and r["models"] == 1 and r["unknown"] == ["ghost"]
+    r = json.loads(d.cairn("hint", "sequence", "h0", "--ahead", "1").stdout)
+    assert r["queued"] == 1
+    bad = d.cairn("hint", "soon", "h0", check=False)
+    assert bad.returncode != 0 and "hint.kind" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+    bad = d.cairn("hint", "will_load", "h0", "--when", "later", check=False)
+    assert bad.returncode != 0 and "--when" in bad.stderr
+    assert d.stats()["prefetch"]["hints"] == 2

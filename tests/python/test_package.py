@@ -580,3 +580,23 @@ def test_local_durability_and_flush(make_daemon, tmp_path):
         s = c.stats()
         assert s["flush"]["pending_models"] == 0 and s["repository"]["models"] == 1
         assert np.array_equal(c.load_model("loc", copy=True)["w"], w)
+
+
+def test_hints(client):
+    """Client.hint: unknown models are listed, not an error; a malformed hint names its field; the
+    hinted model reads back exactly."""
+    w = np.arange(1 << 16, dtype=np.float32)
+    client.save_model("hinted", {"w": w}, wait=True)
+    r = client.hint("will_load", ["hinted", "never-stored"], when="next")
+    assert r["kind"] == "will_load" and r["models"] == 1 and r["unknown"] == ["never-stored"]
+    assert client.hint("sequence", ["hinted"], ahead=1)["queued"] == 1
+    assert client.hint("population", "hinted")["models"] == 1  # one id as a plain string
+    client.hint("done", ["hinted"])
+    with pytest.raises(cairn.InvalidArgument, match="hint.kind"):
+        client.hint("maybe", ["hinted"])
+    with pytest.raises(cairn.InvalidArgument, match="hint.ahead"):
+        client.hint("sequence", ["hinted"], ahead=0)
+    with pytest.raises(cairn.InvalidArgument, match="hint.when"):
+        client.hint("will_load", ["hinted"], when="tomorrow")
+    assert np.array_equal(client.load_model("hinted", copy=True)["w"], w)
+    assert client.stats()["prefetch"]["hints"] >= 4

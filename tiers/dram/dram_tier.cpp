@@ -1,5 +1,7 @@
 #include "tiers/dram/dram_tier.hpp"
 
+#include <cmath>
+
 #include <sys/mman.h>
 
 #include <cstdlib>
@@ -153,6 +155,55 @@ void DramTier::hint_refetch_cost(const ChunkHash& hash, double seconds) {
   policy_->set_refetch_cost(hash, seconds);
 }
 
+void DramTier::hint_expected_use(const ChunkHash& hash, double seconds) {
+  std::lock_guard lock(mu_);
+  auto it = hint_entry_locked(hash);
+  it->second.expected_s = std::isfinite(seconds) ? seconds : std::numeric_limits<double>::infinity();
+  policy_->set_expected_use(hash, seconds);
+  prune_hint_locked(it);
+}
+
+void DramTier::hint_population(const ChunkHash& hash, bool member) {
+  std::lock_guard lock(mu_);
+  auto it = hint_entry_locked(hash);
+  it->second.population = member;
+  policy_->set_population(hash, member);
+  prune_hint_locked(it);
+}
+
+void DramTier::hint_done(const ChunkHash& hash) {
+  std::lock_guard lock(mu_);
+  auto it = hint_entry_locked(hash);
+  it->second.done = true;
+  policy_->set_done(hash, true);
+}
+
+std::unordered_map<ChunkHash, DramTier::HintTerms, ChunkHashHasher>::iterator DramTier::hint_entry_locked(
+    const ChunkHash& hash) {
+  // Hints are advice: past a million hinted chunks the oldest knowledge is simply forgotten.
+  constexpr size_t kMaxHinted = 1u << 20;
+  if (hinted_.size() >= kMaxHinted && !hinted_.count(hash)) hinted_.clear();
+  return hinted_.try_emplace(hash).first;
+}
+
+void DramTier::prune_hint_locked(std::unordered_map<ChunkHash, HintTerms, ChunkHashHasher>::iterator it) {
+  const HintTerms& t = it->second;
+  if (!t.population && !t.done && std::isinf(t.expected_s)) hinted_.erase(it);
+}
+
+void DramTier::reapply_hints_locked(const ChunkHash& hash) {
+  auto it = hinted_.find(hash);
+  if (it == hinted_.end()) return;
+  if (it->second.population) policy_->set_population(hash, true);
+  if (it->second.done) policy_->set_done(hash, true);
+  if (!std::isinf(it->second.expected_s)) {
+    policy_->set_expected_use(hash, it->second.expected_s);
+    // The chunk arrived for the announced read: the expectation is used up once passed on.
+    it->second.expected_s = std::numeric_limits<double>::infinity();
+    prune_hint_locked(it);
+  }
+}
+
 DramTier::Claim DramTier::claim(const ChunkHash& hash) {
   std::lock_guard lock(mu_);
   auto it = chunks_.find(hash);
@@ -177,6 +228,7 @@ void DramTier::finish_load(const ChunkHash& hash, uint64_t offset, uint64_t leng
     chunk_bytes_ += length;
     bytes_in_ += length;
     policy_->track(hash, length);
+    reapply_hints_locked(hash);
   }
   loaded_cv_.notify_all();
 }
@@ -223,6 +275,7 @@ uint64_t DramTier::adopt(const ChunkHash& hash, uint64_t offset, uint64_t length
   bytes_in_ += length;
   if (dirty) dirty_bytes_ += length;
   policy_->track(hash, length);
+  reapply_hints_locked(hash);
   return offset;
 }
 

@@ -15,6 +15,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <functional>
+#include <limits>
 #include <thread>
 #include <cstdint>
 #include <memory>
@@ -78,6 +79,11 @@ class DramTier {
   // Passes lineage hints to the policy.
   void hint_references(const ChunkHash& hash, uint32_t live_models);
   void hint_refetch_cost(const ChunkHash& hash, double seconds);
+  // Passes a workflow's hints to the policy (policy/eviction.hpp: set_expected_use, set_population,
+  // set_done). Advice: pinned and dirty chunks stay whatever the policy thinks of them.
+  void hint_expected_use(const ChunkHash& hash, double seconds);
+  void hint_population(const ChunkHash& hash, bool member);
+  void hint_done(const ChunkHash& hash);
   // Gives back [offset, offset+nbytes) (any aligned sub-range of an allocation).
   void release(uint64_t offset, uint64_t nbytes);
 
@@ -139,6 +145,20 @@ class DramTier {
   ArenaAllocator alloc_;                                                    // GUARDED_BY(mu_)
   std::unique_ptr<EvictionPolicy> policy_;                                  // GUARDED_BY(mu_)
   std::unordered_map<ChunkHash, Resident, ChunkHashHasher> chunks_;         // GUARDED_BY(mu_)
+  // What hints said of chunks, resident or not: passed to the policy again when a chunk enters (the
+  // policy ignores hints on chunks it does not track). Neutral entries are dropped.
+  struct HintTerms {
+    bool population = false;
+    bool done = false;
+    double expected_s = std::numeric_limits<double>::infinity();  // as last hinted (seconds from then)
+  };
+  std::unordered_map<ChunkHash, HintTerms, ChunkHashHasher> hinted_;  // GUARDED_BY(mu_)
+  // REQUIRES: mu_ held. Passes the chunk's hint terms, if any, to the policy (after track()).
+  void reapply_hints_locked(const ChunkHash& hash);
+  // REQUIRES: mu_ held. The chunk's entry, created if missing (bounded: see the .cpp).
+  std::unordered_map<ChunkHash, HintTerms, ChunkHashHasher>::iterator hint_entry_locked(const ChunkHash& hash);
+  // REQUIRES: mu_ held. Drops the entry when it says nothing.
+  void prune_hint_locked(std::unordered_map<ChunkHash, HintTerms, ChunkHashHasher>::iterator it);
   std::unordered_set<ChunkHash, ChunkHashHasher> loading_;                  // GUARDED_BY(mu_)
   uint64_t hits_ = 0, misses_ = 0, bytes_in_ = 0, bytes_out_ = 0, dirty_bytes_ = 0, chunk_bytes_ = 0;
   uint64_t backpressure_waits_ = 0;

@@ -636,6 +636,17 @@ class Client:
         ``orphaned_bytes`` (docs/protocol.md)."""
         return self._request({"op": "fsck", "verify": bool(verify)})
 
+    def hint(self, kind: str, models: Sequence[str], **fields: Any) -> Dict[str, Any]:
+        """Tells the daemon what the workflow will read next (docs/policy.md); advice only.
+
+        ``kind`` is ``"will_load"`` (fields ``tensors=[...]``, ``when=seconds`` or ``"next"``),
+        ``"population"``, ``"sequence"`` (``ahead=k``) or ``"done"``. Returns the daemon's answer
+        (``unknown`` lists ids that do not exist). A malformed hint raises CairnError naming the
+        field."""
+        h: Dict[str, Any] = {"kind": kind, "models": [models] if isinstance(models, str) else list(models)}
+        h.update(fields)
+        return self._json_call("cairn_hint", _json(h, "hint"))
+
     def query(self, request: Mapping[str, Any]) -> Dict[str, Any]:
         """Runs a catalog query (``cairn_query``), e.g. ``{"op": "ancestors", "model": "m7"}``;
         returns the daemon's answer."""

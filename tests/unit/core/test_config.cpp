@@ -315,7 +315,7 @@ TEST_CASE("config: unknown keys are rejected with their path and the valid keys"
   CHECK(contains(m, "tiers.nvme.size: unknown key (valid keys here: path, capacity, persistent)"));
 
   m = load_error("policy: {evict: lru}");
-  CHECK(contains(m, "policy.evict: unknown key (valid keys here: eviction, prefetch, admission)"));
+  CHECK(contains(m, "policy.evict: unknown key (valid keys here: eviction, prefetch, admission, prefetch_budget, trace)"));
 
   m = load_error("peers: {bootstrapp: mpi}");
   CHECK(contains(m,
@@ -389,7 +389,7 @@ TEST_CASE("config: booleans accept the YAML spellings", "[config]") {
 
 TEST_CASE("config: bad enum values list the allowed ones", "[config]") {
   std::string m = load_error("policy: {eviction: fifo}");
-  CHECK(m == "/etc/cairn.yaml: policy.eviction: 'fifo' is not one of: lru, lineage");
+  CHECK(m == "/etc/cairn.yaml: policy.eviction: 'fifo' is not one of: lru, lineage, hints");
   m = load_error("policy: {prefetch: always}");
   CHECK(contains(m, "policy.prefetch: 'always' is not one of: none, hints, lineage"));
   m = load_error("peers: {bootstrap: pmix}");

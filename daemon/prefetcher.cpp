@@ -1,0 +1,267 @@
+#include "daemon/prefetcher.hpp"
+
+#include <sys/resource.h>
+#include <algorithm>
+#include <unordered_set>
+#include <unistd.h>
+
+#include "core/log.hpp"
+#include "daemon/trace_recorder.hpp"
+
+namespace cairn {
+
+using nlohmann::json;
+
+Prefetcher::Prefetcher(Parts parts) : p_(std::move(parts)), reserve_(p_.dram.arena_size() / 8) {
+  thread_ = std::thread([this] { loop(); });
+}
+
+Prefetcher::~Prefetcher() { stop(); }
+
+void Prefetcher::stop() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+    queue_.clear();
+  }
+  cv_.notify_all();
+  idle_cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void Prefetcher::idle() {
+  std::unique_lock lock(mu_);
+  idle_cv_.wait(lock, [&] { return stopping_ || (queue_.empty() && !busy_); });
+}
+
+std::vector<std::string> Prefetcher::for_chunks(const std::vector<std::string>& ids,
+                                                const std::function<void(const ChunkRef&)>& fn) {
+  std::vector<std::string> unknown;
+  for (const std::string& id : ids) {
+    auto m = p_.models.find(id);
+    if (!m.is_ok()) {
+      unknown.push_back(id);
+      continue;
+    }
+    for (const TensorManifest& t : (*m)->tensors)
+      for (const ChunkRef& c : t.chunks) fn(c);
+  }
+  return unknown;
+}
+
+void Prefetcher::enqueue(Job job) {
+  if (p_.mode == "none") return;
+  {
+    std::lock_guard lock(mu_);
+    if (stopping_) return;
+    queue_.push_back(std::move(job));
+  }
+  cv_.notify_one();
+}
+
+Result<json> Prefetcher::hint(const json& req) {
+  auto hit = req.find("hint");
+  if (hit == req.end()) return invalid_argument("request 'hint': missing object field 'hint' (docs/policy.md)");
+  CAIRN_ASSIGN_OR_RETURN(Hint h, parse_hint(*hit));
+  if (p_.trace) p_.trace->hint(h);
+  std::vector<std::string> unknown;
+  size_t queued = 0;
+  switch (h.kind) {
+    case Hint::Kind::kWillLoad: {
+      unknown = for_chunks(h.models, [&](const ChunkRef& c) { p_.dram.hint_expected_use(c.hash, h.when_s); });
+      for (const std::string& id : h.models) {
+        if (std::find(unknown.begin(), unknown.end(), id) != unknown.end()) continue;
+        enqueue(Job{id, h.tensors, "will_load"});
+        ++queued;
+      }
+      break;
+    }
+    case Hint::Kind::kPopulation: {
+      std::set<std::string> now(h.models.begin(), h.models.end()), before;
+      {
+        std::lock_guard lock(mu_);
+        before.swap(population_);
+        population_ = now;
+      }
+      std::vector<std::string> left;
+      for (const auto& id : before)
+        if (!now.count(id)) left.push_back(id);
+      (void)for_chunks(left, [&](const ChunkRef& c) { p_.dram.hint_population(c.hash, false); });
+      unknown = for_chunks(h.models, [&](const ChunkRef& c) { p_.dram.hint_population(c.hash, true); });
+      break;
+    }
+    case Hint::Kind::kSequence: {
+      // Expected use by position: the k-th next model is needed after the k-1 before it.
+      size_t k = 0;
+      for (const std::string& id : h.models) {
+        const double when = static_cast<double>(k++);
+        if (!p_.models.find(id).is_ok()) unknown.push_back(id);
+        else (void)for_chunks({id}, [&](const ChunkRef& c) { p_.dram.hint_expected_use(c.hash, when); });
+      }
+      std::vector<Job> first;
+      {
+        std::lock_guard lock(mu_);
+        sequence_ = h.models;
+        ahead_ = h.ahead;
+        sequence_next_ = std::min<size_t>(h.ahead, sequence_.size());
+        for (size_t i = 0; i < sequence_next_; ++i) first.push_back(Job{sequence_[i], {}, "sequence"});
+      }
+      for (auto& j : first) {
+        enqueue(std::move(j));
+        ++queued;
+      }
+      break;
+    }
+    case Hint::Kind::kDone: {
+      // Chunks a live population model still uses are kept.
+      std::set<std::string> population;
+      {
+        std::lock_guard lock(mu_);
+        population = population_;
+      }
+      std::unordered_set<ChunkHash, ChunkHashHasher> keep;
+      (void)for_chunks(std::vector<std::string>(population.begin(), population.end()),
+                       [&](const ChunkRef& c) { keep.insert(c.hash); });
+      unknown = for_chunks(h.models, [&](const ChunkRef& c) {
+        if (!keep.count(c.hash)) p_.dram.hint_done(c.hash);
+      });
+      break;
+    }
+  }
+  {
+    std::lock_guard lock(mu_);
+    ++hints_;
+    unknown_ += unknown.size();
+  }
+  if (!unknown.empty())
+    CAIRN_LOG_WARN("hint '{}': {} of {} models do not exist (first: '{}'); the hint applies to the others",
+                   hint_kind_name(h.kind), unknown.size(), h.models.size(), unknown.front().substr(0, 80));
+  return json{{"kind", hint_kind_name(h.kind)},
+              {"models", h.models.size() - unknown.size()},
+              {"unknown", unknown},
+              {"queued", queued}};
+}
+
+void Prefetcher::opened(const ModelManifest& m) {
+  if (p_.mode != "lineage" || m.parent.empty()) return;
+  // The parent of what is being read is the likeliest next read in a search (its siblings derive
+  // from it); stage what it does not share with m.
+  enqueue(Job{m.parent, {}, "ancestor"});
+}
+
+void Prefetcher::matched(const std::string& model, const std::vector<std::string>& tensors) {
+  if (p_.mode != "lineage" || tensors.empty()) return;
+  enqueue(Job{model, tensors, "match"});
+}
+
+void Prefetcher::leased(const ModelManifest& m, const std::vector<const TensorManifest*>& tensors) {
+  std::vector<Job> next;
+  {
+    std::lock_guard lock(mu_);
+    if (!staged_.empty())
+      for (const TensorManifest* t : tensors)
+        for (const ChunkRef& c : t->chunks)
+          if (auto it = staged_.find(c.hash); it != staged_.end()) {
+            ++chunks_used_;
+            staged_bytes_ -= std::min(staged_bytes_, it->second);
+            staged_.erase(it);
+          }
+    // A read of the sequence's i-th model: keep `ahead` models staged beyond it.
+    for (size_t i = 0; i < sequence_.size(); ++i) {
+      if (sequence_[i] != m.id) continue;
+      const size_t want = std::min(sequence_.size(), i + 1 + ahead_);
+      for (; sequence_next_ < want; ++sequence_next_) next.push_back(Job{sequence_[sequence_next_], {}, "sequence"});
+      break;
+    }
+  }
+  for (auto& j : next) enqueue(std::move(j));
+}
+
+void Prefetcher::loop() {
+  // Below every request: a prefetch must never slow a demand read.
+  (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 10);
+  for (;;) {
+    Job job;
+    {
+      std::unique_lock lock(mu_);
+      busy_ = false;
+      idle_cv_.notify_all();
+      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (stopping_) return;
+      job = std::move(queue_.front());
+      queue_.pop_front();
+      busy_ = true;
+      ++jobs_;
+    }
+    stage(job);
+  }
+}
+
+void Prefetcher::stage(const Job& job) {
+  auto m = p_.models.find(job.model);
+  if (!m.is_ok()) return;  // gone since the hint (retired and collected): nothing to do
+  for (const TensorManifest& t : (*m)->tensors) {
+    if (!job.tensors.empty() && std::find(job.tensors.begin(), job.tensors.end(), t.name) == job.tensors.end()) continue;
+    std::vector<const ChunkRef*> missing;
+    uint64_t missing_bytes = 0;
+    for (const ChunkRef& c : t.chunks)
+      if (!p_.dram.offset_of(c.hash)) missing.push_back(&c), missing_bytes += c.length;
+    if (missing.empty()) continue;
+    {
+      std::lock_guard lock(mu_);
+      if (stopping_) return;
+      if (staged_bytes_ + missing_bytes > p_.budget) prune_locked();
+      if (staged_bytes_ + missing_bytes > p_.budget || p_.dram.free_bytes() < missing_bytes + reserve_) {
+        ++skipped_budget_;
+        continue;
+      }
+    }
+    Status st = p_.reads.stage(job.model, t);
+    std::lock_guard lock(mu_);
+    if (!st.is_ok()) {
+      ++failures_;
+      CAIRN_LOG_WARN("prefetch of model '{}' ({}): {}", job.model, job.reason, st.to_string());
+      continue;
+    }
+    for (const ChunkRef* c : missing)
+      if (staged_.emplace(c->hash, c->length).second) {
+        ++chunks_staged_;
+        bytes_staged_ += c->length;
+        staged_bytes_ += c->length;
+      }
+  }
+}
+
+void Prefetcher::prune_locked() {
+  // A staged chunk that left DRAM before any read used it was wasted bandwidth.
+  for (auto it = staged_.begin(); it != staged_.end();) {
+    if (p_.dram.offset_of(it->first)) {
+      ++it;
+      continue;
+    }
+    ++chunks_wasted_;
+    staged_bytes_ -= std::min(staged_bytes_, it->second);
+    it = staged_.erase(it);
+  }
+}
+
+json Prefetcher::stats() {
+  std::lock_guard lock(mu_);
+  prune_locked();
+  return json{{"mode", p_.mode},
+              {"budget_bytes", p_.budget},
+              {"hints", hints_},
+              {"unknown_models", unknown_},
+              {"jobs", jobs_},
+              {"queued", queue_.size()},
+              {"chunks_staged", chunks_staged_},
+              {"bytes_staged", bytes_staged_},
+              {"chunks_used", chunks_used_},
+              {"chunks_wasted", chunks_wasted_},
+              {"chunks_unread", staged_.size()},
+              {"bytes_unread", staged_bytes_},
+              {"skipped_for_budget", skipped_budget_},
+              {"failures", failures_}};
+}
+
+}  // namespace cairn

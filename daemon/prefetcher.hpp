@@ -1,0 +1,106 @@
+// The prefetcher: acts on hints (daemon/hints.hpp) and on what reads reveal, staging chunks into
+// DRAM ahead of need and telling the eviction policy what the workflow will want. Request: hint
+// (docs/policy.md). Modes (policy.prefetch): none (hints only steer eviction), hints (also stage
+// what will_load and sequence announce), lineage (also a model's ancestors when it is opened and
+// the matching tensors of a best_ancestor answer).
+//
+// Staging runs on one background thread (nice 10, below every request), one tensor at a time,
+// through Reads::stage (the same verified fetch path a lease takes), and only within a budget:
+// bytes staged and not yet read stay under policy.prefetch_budget, and staging never takes the
+// arena's free space under its reserve, so it evicts nothing a request still needs and never
+// touches pinned or dirty data. A hint naming unknown models is accepted (advice), its unknown
+// ids listed in the answer and logged.
+//
+// Owns: the job queue and its thread, the population and sequence a workflow announced, the set of
+// chunks it staged that no read has used yet, and its counters. Never serves a read and never
+// writes a model.
+//
+// Thread-safety: every method may be called from any thread. Lock order: mu_ is a leaf except that
+// the DRAM tier's lock is taken inside it (policy hints).
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/status.hpp"
+#include "daemon/hints.hpp"
+#include "daemon/models.hpp"
+#include "daemon/reads.hpp"
+#include "tiers/dram/dram_tier.hpp"
+
+namespace cairn {
+
+class TraceRecorder;
+
+class Prefetcher final : public ReadObserver {
+ public:
+  struct Parts {
+    DramTier& dram;
+    Reads& reads;
+    const ModelDirectory& models;
+    std::string mode;       // none | hints | lineage
+    uint64_t budget = 0;    // bytes staged and not yet read, at most
+    TraceRecorder* trace;   // may be null
+  };
+  explicit Prefetcher(Parts parts);
+  ~Prefetcher() override;
+  Prefetcher(const Prefetcher&) = delete;
+  Prefetcher& operator=(const Prefetcher&) = delete;
+
+  // The `hint` request: {"hint": {...}}.
+  Result<nlohmann::json> hint(const nlohmann::json& req);
+  // ReadObserver: what reads reveal.
+  void opened(const ModelManifest& m) override;
+  void leased(const ModelManifest& m, const std::vector<const TensorManifest*>& tensors) override;
+  void matched(const std::string& model, const std::vector<std::string>& tensors) override;
+
+  // Counters for `cairn stats` ("prefetch").
+  nlohmann::json stats();
+  // Blocks until the queue is empty and nothing is being staged (tests, benchmarks).
+  void idle();
+  // Drops queued work and joins the thread. Idempotent.
+  void stop();
+
+ private:
+  struct Job {
+    std::string model;
+    std::vector<std::string> tensors;  // empty: all
+    std::string reason;                // will_load, sequence, ancestor, match
+  };
+  void loop();
+  void stage(const Job& job);
+  void enqueue(Job job);
+  // Forgets staged chunks that left DRAM unread (counted wasted). REQUIRES: mu_ held.
+  void prune_locked();
+  // Applies fn to every chunk of the models that exist; returns the ids that do not.
+  std::vector<std::string> for_chunks(const std::vector<std::string>& ids,
+                                      const std::function<void(const ChunkRef&)>& fn);
+
+  Parts p_;
+  uint64_t reserve_;  // free arena bytes staging never goes under
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_, idle_cv_;
+  std::deque<Job> queue_;                                       // GUARDED_BY(mu_)
+  bool busy_ = false, stopping_ = false;                        // GUARDED_BY(mu_)
+  std::set<std::string> population_;                            // GUARDED_BY(mu_)
+  std::vector<std::string> sequence_;                           // GUARDED_BY(mu_)
+  uint32_t ahead_ = 2;                                          // GUARDED_BY(mu_)
+  size_t sequence_next_ = 0;                                    // GUARDED_BY(mu_) first not yet staged
+  std::unordered_map<ChunkHash, uint64_t, ChunkHashHasher> staged_;  // GUARDED_BY(mu_) staged, not yet read: bytes
+  uint64_t staged_bytes_ = 0;                                   // GUARDED_BY(mu_)
+  uint64_t hints_ = 0, unknown_ = 0, jobs_ = 0, chunks_staged_ = 0, bytes_staged_ = 0, chunks_used_ = 0,
+           chunks_wasted_ = 0, skipped_budget_ = 0, failures_ = 0;  // GUARDED_BY(mu_)
+  std::thread thread_;
+};
+
+}  // namespace cairn

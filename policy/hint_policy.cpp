@@ -1,0 +1,260 @@
+#include "policy/hint_policy.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <set>
+#include <stdexcept>
+#include <tuple>
+#include <unordered_map>
+#include <utility>
+
+namespace cairn {
+
+struct HintAwarePolicy::Impl {
+  struct Entry {
+    // The lineage terms, as LineagePolicy keeps them.
+    uint64_t bytes = 0;
+    uint32_t references = 0;
+    std::optional<double> refetch_cost;  // seconds; unset until the tier manager tells
+    double frequency = 0;                // as of last_access_ns, before decay since then
+    int64_t last_access_ns = 0;
+    double priority = 0;                 // H
+    uint64_t sequence = 0;               // order of the last access: ties go to the older
+    // The hint terms.
+    bool population = false;
+    bool done = false;
+    std::optional<int64_t> expected_at_ns;  // when a read is expected (steady ns)
+    Standing standing = Standing::kOrdinary;
+  };
+  // (standing, H, -expected_at, sequence, key), lowest first. H is 0 for the expected standing and
+  // -expected_at 0 for the others, so each standing orders by its own term. Sequences are unique.
+  using Rank = std::tuple<int, double, int64_t, uint64_t, ChunkHash>;
+
+  const Clock& clock;
+  Options options;
+  double aging = 0;  // L
+  uint64_t next_sequence = 0;
+  std::unordered_map<ChunkHash, Entry, ChunkHashHasher> entries;
+  std::set<Rank> order;
+  std::set<std::pair<int64_t, ChunkHash>> expectations;  // (expected_at, key), to find stale ones
+
+  Impl(const Clock& c, Options o) : clock(c), options(o) {}
+
+  static Rank rank_of(const ChunkHash& key, const Entry& e) {
+    if (e.standing == Standing::kExpected) {
+      // Later reads rank lower; -INT64_MIN would overflow (add_seconds_ns only saturates upwards
+      // here, but a clock may start anywhere).
+      const int64_t at = std::max(*e.expected_at_ns, std::numeric_limits<int64_t>::min() + 1);
+      return Rank{3, 0.0, -at, e.sequence, key};
+    }
+    return Rank{static_cast<int>(e.standing), e.priority, 0, e.sequence, key};
+  }
+
+  static Standing standing_of(const Entry& e) {
+    if (e.expected_at_ns) return Standing::kExpected;
+    if (e.done) return Standing::kDone;
+    if (e.population) return Standing::kPopulation;
+    return Standing::kOrdinary;
+  }
+
+  double decayed_frequency(const Entry& e, int64_t now) const {
+    const int64_t dt_ns = std::max<int64_t>(0, now - e.last_access_ns);
+    return e.frequency * std::exp2(-(static_cast<double>(dt_ns) * 1e-9) / options.half_life_s);
+  }
+
+  // H with the current L; the same formula as LineagePolicy.
+  double lineage_priority(const Entry& e, int64_t now) const {
+    const double cost = e.refetch_cost ? *e.refetch_cost : static_cast<double>(e.bytes) / options.default_bandwidth;
+    const double size = static_cast<double>(std::max<uint64_t>(e.bytes, 1));
+    return aging + decayed_frequency(e, now) * (1.0 + e.references) * cost / size;
+  }
+
+  // REQUIRES: e is not in `order`. Recomputes the standing and inserts e.
+  void place(const ChunkHash& key, Entry& e) {
+    e.standing = standing_of(e);
+    order.insert(rank_of(key, e));
+  }
+
+  void unplace(const ChunkHash& key, const Entry& e) { order.erase(rank_of(key, e)); }
+
+  void clear_expectation(const ChunkHash& key, Entry& e) {
+    if (!e.expected_at_ns) return;
+    expectations.erase(std::make_pair(*e.expected_at_ns, key));
+    e.expected_at_ns.reset();
+  }
+
+  // A read: frequency, recency and H as LineagePolicy; the read fulfils an expectation and refutes
+  // a done hint. `fresh`: e was just created and is not in `order` yet.
+  void access(const ChunkHash& key, Entry& e, bool fresh) {
+    const int64_t now = clock.now_ns();
+    if (!fresh) unplace(key, e);
+    e.frequency = decayed_frequency(e, now) + 1.0;
+    e.last_access_ns = now;
+    e.sequence = next_sequence++;
+    clear_expectation(key, e);
+    e.done = false;
+    e.priority = lineage_priority(e, now);
+    place(key, e);
+  }
+
+  // Drops the expectations overdue by more than the grace.
+  void drop_stale(int64_t now) {
+    const double grace_ns = options.expected_use_grace_s * 1e9;
+    while (!expectations.empty()) {
+      const auto [at, key] = *expectations.begin();
+      if (static_cast<double>(now) - static_cast<double>(at) <= grace_ns) break;
+      Entry& e = entries.at(key);
+      unplace(key, e);
+      clear_expectation(key, e);
+      place(key, e);
+    }
+  }
+};
+
+HintAwarePolicy::HintAwarePolicy(const Clock& clock) : HintAwarePolicy(clock, Options{}) {}
+
+HintAwarePolicy::HintAwarePolicy(const Clock& clock, Options options) {
+  // Written so NaN fails too.
+  if (!(options.half_life_s > 0))
+    throw std::invalid_argument("HintAwarePolicy: half_life_s must be > 0 (use infinity for no decay)");
+  if (!(options.default_bandwidth > 0) || std::isinf(options.default_bandwidth))
+    throw std::invalid_argument("HintAwarePolicy: default_bandwidth must be a positive number of bytes/s");
+  if (!(options.expected_use_horizon_s > 0))
+    throw std::invalid_argument("HintAwarePolicy: expected_use_horizon_s must be > 0 (infinity: no horizon)");
+  if (!(options.expected_use_grace_s > 0) || std::isinf(options.expected_use_grace_s))
+    throw std::invalid_argument("HintAwarePolicy: expected_use_grace_s must be a positive number of seconds");
+  impl_ = std::make_unique<Impl>(clock, options);
+}
+
+HintAwarePolicy::~HintAwarePolicy() = default;
+
+void HintAwarePolicy::track(const ChunkHash& key, uint64_t bytes) {
+  auto [it, inserted] = impl_->entries.try_emplace(key);
+  Impl::Entry& e = it->second;
+  if (inserted) e.last_access_ns = impl_->clock.now_ns();
+  // Tracking a chunk again is an access, as in LineagePolicy (the rank does not hold the size, so
+  // access() still finds the entry to re-rank).
+  e.bytes = bytes;
+  impl_->access(key, e, inserted);
+}
+
+void HintAwarePolicy::touch(const ChunkHash& key) {
+  auto it = impl_->entries.find(key);
+  if (it != impl_->entries.end()) impl_->access(key, it->second, false);
+}
+
+void HintAwarePolicy::remove(const ChunkHash& key) {
+  auto it = impl_->entries.find(key);
+  if (it == impl_->entries.end()) return;
+  impl_->unplace(key, it->second);
+  impl_->clear_expectation(key, it->second);
+  impl_->entries.erase(it);
+}
+
+void HintAwarePolicy::set_references(const ChunkHash& key, uint32_t live_models) {
+  auto it = impl_->entries.find(key);
+  if (it == impl_->entries.end()) return;
+  Impl::Entry& e = it->second;
+  impl_->unplace(key, e);
+  e.references = live_models;
+  e.priority = impl_->lineage_priority(e, impl_->clock.now_ns());
+  impl_->place(key, e);
+}
+
+void HintAwarePolicy::set_refetch_cost(const ChunkHash& key, double seconds) {
+  auto it = impl_->entries.find(key);
+  if (it == impl_->entries.end()) return;
+  Impl::Entry& e = it->second;
+  impl_->unplace(key, e);
+  // As LineagePolicy: neither NaN nor infinity may reach the ordering.
+  e.refetch_cost = (seconds >= 0) ? std::min(seconds, std::numeric_limits<double>::max()) : 0.0;
+  e.priority = impl_->lineage_priority(e, impl_->clock.now_ns());
+  impl_->place(key, e);
+}
+
+void HintAwarePolicy::set_expected_use(const ChunkHash& key, double seconds_from_now) {
+  auto it = impl_->entries.find(key);
+  if (it == impl_->entries.end()) return;
+  Impl::Entry& e = it->second;
+  impl_->unplace(key, e);
+  impl_->clear_expectation(key, e);
+  // NaN and +infinity withdraw; so does a read expected beyond the horizon (the caller tells again
+  // when it is nearer).
+  if (!std::isnan(seconds_from_now) && seconds_from_now <= impl_->options.expected_use_horizon_s &&
+      !std::isinf(seconds_from_now)) {
+    const int64_t at = add_seconds_ns(impl_->clock.now_ns(), std::max(0.0, seconds_from_now));
+    e.expected_at_ns = at;
+    impl_->expectations.insert(std::make_pair(at, key));
+  }
+  impl_->place(key, e);
+}
+
+void HintAwarePolicy::set_population(const ChunkHash& key, bool member) {
+  auto it = impl_->entries.find(key);
+  if (it == impl_->entries.end() || it->second.population == member) return;
+  impl_->unplace(key, it->second);
+  it->second.population = member;
+  impl_->place(key, it->second);
+}
+
+void HintAwarePolicy::set_done(const ChunkHash& key, bool done) {
+  auto it = impl_->entries.find(key);
+  if (it == impl_->entries.end() || it->second.done == done) return;
+  impl_->unplace(key, it->second);
+  it->second.done = done;
+  impl_->place(key, it->second);
+}
+
+std::optional<ChunkHash> HintAwarePolicy::pick_victim(const std::function<bool(const ChunkHash&)>& evictable) {
+  impl_->drop_stale(impl_->clock.now_ns());
+  for (const auto& [rank_standing, h, neg_expected, sequence, key] : impl_->order) {
+    if (!evictable(key)) continue;
+    // Only the ordinary competition moves L (and never down: see LineagePolicy).
+    if (rank_standing == static_cast<int>(Standing::kOrdinary) ||
+        rank_standing == static_cast<int>(Standing::kPopulation))
+      impl_->aging = std::max(impl_->aging, h);
+    return key;
+  }
+  return std::nullopt;
+}
+
+size_t HintAwarePolicy::size() const { return impl_->entries.size(); }
+
+std::optional<HintAwarePolicy::Standing> HintAwarePolicy::standing(const ChunkHash& key) const {
+  auto it = impl_->entries.find(key);
+  if (it == impl_->entries.end()) return std::nullopt;
+  return it->second.standing;
+}
+
+std::optional<double> HintAwarePolicy::priority(const ChunkHash& key) const {
+  auto it = impl_->entries.find(key);
+  if (it == impl_->entries.end()) return std::nullopt;
+  return it->second.priority;
+}
+
+double HintAwarePolicy::aging() const { return impl_->aging; }
+
+int64_t add_seconds_ns(int64_t now_ns, double seconds) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max(), kMin = std::numeric_limits<int64_t>::min();
+  const double ns = seconds * 1e9;
+  // 9.2e18 is below 2^63, so the casts below stay in range.
+  if (ns >= 9.2e18) return kMax;
+  if (ns <= -9.2e18) return kMin;
+  const auto d = static_cast<int64_t>(ns);
+  if (d > 0 && now_ns > kMax - d) return kMax;
+  if (d < 0 && now_ns < kMin - d) return kMin;
+  return now_ns + d;
+}
+
+const char* standing_name(HintAwarePolicy::Standing s) {
+  switch (s) {
+    case HintAwarePolicy::Standing::kDone: return "done";
+    case HintAwarePolicy::Standing::kOrdinary: return "ordinary";
+    case HintAwarePolicy::Standing::kPopulation: return "population";
+    case HintAwarePolicy::Standing::kExpected: return "expected";
+  }
+  return "?";
+}
+
+}  // namespace cairn

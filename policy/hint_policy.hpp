@@ -1,0 +1,79 @@
+// The hint-aware eviction scorer: the lineage scorer (GreedyDual-Size-Frequency with lineage
+// references and refetch cost, as LineagePolicy) plus what the workflow announced.
+//
+// Why: a NAS driver knows its live population, an ensemble or a sweep knows what it reads next, and
+// a finished model will not be read again. Recency and frequency learn this late; hints say it ahead.
+// The same scorer serves DRAM and NVMe (each tier owns an instance); it is pure, like every policy.
+//
+// Each chunk stands in one of four standings; victims come from the lowest standing first:
+//   0 done       every model using it is done (set_done)            ordered by H, lowest first
+//   1 ordinary   no hint                                             ordered by H, lowest first
+//   2 population used by a model of the live population              ordered by H, lowest first
+//   3 expected   a read is expected within the horizon               the farthest expected first
+// where H is LineagePolicy's priority, L + frequency * (1 + references) * refetch_cost / size.
+// An expectation outranks done and population (a hint naming the model again overrides "done").
+// Without hints every chunk is ordinary and the policy picks exactly what LineagePolicy picks.
+// Only victims of standings 1 and 2 raise L (hint-forced victims would inflate it past chunks that
+// won the ordinary competition). An expectation overdue by more than the grace goes stale and is
+// dropped at the next pick_victim (a wrong hint cannot pin a chunk forever).
+//
+// Not thread-safe, as every policy: the owning tier serializes calls. O(log n) per call, plus the
+// chunks pick_victim skips and the stale expectations it drops.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+
+#include "policy/eviction.hpp"
+
+namespace cairn {
+
+class HintAwarePolicy final : public EvictionPolicy {
+ public:
+  // REQUIRES: all > 0 (half_life_s and expected_use_horizon_s may be infinity); the constructor
+  // throws std::invalid_argument otherwise.
+  struct Options {
+    double half_life_s = 60.0;             // frequency decay, as LineagePolicy
+    double default_bandwidth = 1e9;        // bytes/s, for chunks without a refetch cost
+    double expected_use_horizon_s = 600;   // an expected read farther ahead than this is ignored
+    double expected_use_grace_s = 60;      // an expectation overdue by this much is dropped
+  };
+  enum class Standing : int { kDone = 0, kOrdinary = 1, kPopulation = 2, kExpected = 3 };
+
+  // `clock` is borrowed: it must outlive the policy.
+  explicit HintAwarePolicy(const Clock& clock = steady_clock());
+  HintAwarePolicy(const Clock& clock, Options options);
+  ~HintAwarePolicy() override;
+
+  void track(const ChunkHash& key, uint64_t bytes) override;
+  void touch(const ChunkHash& key) override;
+  void remove(const ChunkHash& key) override;
+  void set_references(const ChunkHash& key, uint32_t live_models) override;
+  void set_refetch_cost(const ChunkHash& key, double seconds) override;
+  void set_expected_use(const ChunkHash& key, double seconds_from_now) override;
+  void set_population(const ChunkHash& key, bool member) override;
+  void set_done(const ChunkHash& key, bool done) override;
+  std::optional<ChunkHash> pick_victim(const std::function<bool(const ChunkHash&)>& evictable) override;
+  const char* name() const override { return "hints"; }
+
+  size_t size() const;
+  // For tests and stats; nullopt for an unknown key. The standing as of the last call that changed
+  // the chunk (a stale expectation is only dropped by pick_victim).
+  std::optional<Standing> standing(const ChunkHash& key) const;
+  // H as LineagePolicy::priority computes it (whatever the standing).
+  std::optional<double> priority(const ChunkHash& key) const;
+  double aging() const;  // L
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+const char* standing_name(HintAwarePolicy::Standing s);  // "done", "ordinary", ...
+
+// now_ns + seconds, saturating at the ends of int64 (a hint's "in a very long time" must not
+// overflow). REQUIRES: seconds is not NaN.
+int64_t add_seconds_ns(int64_t now_ns, double seconds);
+
+}  // namespace cairn

@@ -1,0 +1,196 @@
+// Hints and the prefetcher (daemon/hints.hpp, daemon/prefetcher.hpp, docs/policy.md): parsing with
+// errors that name the field, staging ahead of reads, sequences, budgets, and hints that are wrong
+// or too big, which must never change what a read returns.
+#include "unit/daemon/engine_util.hpp"
+
+#include "daemon/hints.hpp"
+
+namespace cairn {
+namespace {
+
+using namespace engine_test;
+
+// A repository with `n` models of two tensors each (three chunks per tensor), committed `global`
+// by one engine and reopened by a fresh one, so that nothing is in DRAM.
+struct Stored {
+  TempDir dir;
+  std::vector<std::vector<uint8_t>> w, b;
+  explicit Stored(int n) {
+    auto e = make_engine(dir.path);
+    Session s;
+    for (int i = 0; i < n; ++i) {
+      w.push_back(pattern(3 * kChunk, 100 + static_cast<uint64_t>(i)));
+      b.push_back(pattern(3 * kChunk - 17, 200 + static_cast<uint64_t>(i)));
+      commit_inline(*e, s, "m" + std::to_string(i), "", {{"w", w.back()}, {"b", b.back()}});
+    }
+    e->end_session(s);
+  }
+};
+
+uint64_t dram_hits(Engine& e) { return e.dram().stats().hits; }
+
+}  // namespace
+
+TEST_CASE("hints: the parser rejects garbage naming the field", "[hints]") {
+  auto bad = [](const json& j, const std::string& needle) {
+    auto h = parse_hint(j);
+    INFO(j.dump());
+    REQUIRE_FALSE(h.is_ok());
+    CHECK(h.status().code() == StatusCode::kInvalidArgument);
+    CHECK_THAT(h.status().message(), Catch::Contains(needle));
+  };
+  bad(json::array(), "hint: must be a JSON object");
+  bad(json{{"models", {"a"}}}, "hint.kind");
+  bad(json{{"kind", "maybe_load"}, {"models", {"a"}}}, "hint.kind: 'maybe_load'");
+  bad(json{{"kind", "done"}}, "hint.models: missing");
+  bad(json{{"kind", "done"}, {"models", "a"}}, "hint.models: must be an array");
+  bad(json{{"kind", "done"}, {"models", {"a", 7}}}, "hint.models[1]");
+  bad(json{{"kind", "done"}, {"models", {""}}}, "hint.models[0]");
+  bad(json{{"kind", "done"}, {"models", {"a"}}, {"when", 1}}, "hint.when: not a field of a 'done' hint");
+  bad(json{{"kind", "will_load"}, {"models", {"a"}}, {"when", -1}}, "hint.when");
+  bad(json{{"kind", "will_load"}, {"models", {"a"}}, {"when", "later"}}, "hint.when");
+  bad(json{{"kind", "will_load"}, {"models", {"a"}}, {"tensors", {1}}}, "hint.tensors[0]");
+  bad(json{{"kind", "sequence"}, {"models", {"a"}}, {"ahead", 0}}, "hint.ahead");
+  bad(json{{"kind", "sequence"}, {"models", {"a"}}, {"ahead", 1000}}, "hint.ahead");
+
+  auto h = parse_hint(json{{"kind", "will_load"}, {"models", {"a", "b", "a"}}, {"tensors", {"w"}}, {"when", "next"}});
+  REQUIRE(h.is_ok());
+  CHECK(h->models == std::vector<std::string>{"a", "b"});  // duplicates dropped, order kept
+  CHECK(h->tensors == std::vector<std::string>{"w"});
+  CHECK(h->when_s == 0);
+  auto q = parse_hint(json{{"kind", "sequence"}, {"models", {"x", "y"}}, {"ahead", 3}});
+  REQUIRE(q.is_ok());
+  CHECK(q->kind == Hint::Kind::kSequence);
+  CHECK(q->ahead == 3);
+}
+
+TEST_CASE("hints: will_load stages a model before it is read; the read finds it in DRAM", "[hints][prefetch]") {
+  Stored st(2);
+  auto e = make_engine(st.dir.path);
+  Session s;
+  json r = ok(*e, s, {{"op", "hint"}, {"hint", {{"kind", "will_load"}, {"models", {"m1"}}, {"when", "next"}}}});
+  CHECK(r["kind"] == "will_load");
+  CHECK(r["models"] == 1);
+  CHECK(r["queued"] == 1);
+  CHECK(r["unknown"].empty());
+  e->prefetcher().idle();
+  json p = stats(*e, s)["prefetch"];
+  CHECK(p["chunks_staged"] == 6);
+  CHECK(p["bytes_staged"] == 6 * kChunk - 17);
+  const uint64_t hits0 = dram_hits(*e);
+  CHECK(read_tensor(*e, s, "m1", "w") == st.w[1]);
+  CHECK(read_tensor(*e, s, "m1", "b") == st.b[1]);
+  CHECK(dram_hits(*e) - hits0 == 6);  // every chunk was already there
+  p = stats(*e, s)["prefetch"];
+  CHECK(p["chunks_used"] == 6);
+  CHECK(p["chunks_wasted"] == 0);
+  CHECK(p["chunks_unread"] == 0);
+  // m0 was not announced: its read misses.
+  const uint64_t misses0 = e->dram().stats().misses;
+  CHECK(read_tensor(*e, s, "m0", "w") == st.w[0]);
+  CHECK(e->dram().stats().misses - misses0 == 3);
+  e->end_session(s);
+}
+
+TEST_CASE("hints: will_load of some tensors stages only those", "[hints][prefetch]") {
+  Stored st(1);
+  auto e = make_engine(st.dir.path);
+  Session s;
+  ok(*e, s, {{"op", "hint"}, {"hint", {{"kind", "will_load"}, {"models", {"m0"}}, {"tensors", {"b"}}}}});
+  e->prefetcher().idle();
+  CHECK(stats(*e, s)["prefetch"]["chunks_staged"] == 3);
+  e->end_session(s);
+}
+
+TEST_CASE("hints: a sequence keeps `ahead` models staged in front of the reader", "[hints][prefetch]") {
+  Stored st(4);
+  auto e = make_engine(st.dir.path);
+  Session s;
+  ok(*e, s, {{"op", "hint"}, {"hint", {{"kind", "sequence"}, {"models", {"m0", "m1", "m2", "m3"}}, {"ahead", 1}}}});
+  e->prefetcher().idle();
+  CHECK(stats(*e, s)["prefetch"]["chunks_staged"] == 6);  // m0 only
+  for (int i = 0; i < 4; ++i) {
+    const std::string id = "m" + std::to_string(i);
+    const uint64_t used0 = stats(*e, s)["prefetch"]["chunks_used"].get<uint64_t>();
+    CHECK(read_tensor(*e, s, id, "w") == st.w[static_cast<size_t>(i)]);
+    CHECK(read_tensor(*e, s, id, "b") == st.b[static_cast<size_t>(i)]);
+    // Every chunk of the model was staged before its turn (the DRAM miss counter would count the
+    // prefetcher's own staging of the next model, which runs meanwhile).
+    CHECK(stats(*e, s)["prefetch"]["chunks_used"].get<uint64_t>() - used0 == 6);
+    e->prefetcher().idle();
+  }
+  json p = stats(*e, s)["prefetch"];
+  CHECK(p["chunks_staged"] == 24);
+  CHECK(p["chunks_used"] == 24);
+  e->end_session(s);
+}
+
+TEST_CASE("hints: unknown models are listed and the rest applies; bad hints are errors naming the field",
+          "[hints][prefetch]") {
+  Stored st(1);
+  auto e = make_engine(st.dir.path);
+  Session s;
+  json r = ok(*e, s, {{"op", "hint"}, {"hint", {{"kind", "will_load"}, {"models", {"nope", "m0", "also-nope"}}}}});
+  CHECK(r["models"] == 1);
+  CHECK(r["unknown"] == json{"nope", "also-nope"});
+  fails(*e, s, {{"op", "hint"}}, StatusCode::kInvalidArgument, "missing object field 'hint'");
+  fails(*e, s, {{"op", "hint"}, {"hint", {{"kind", "soon"}, {"models", {"m0"}}}}}, StatusCode::kInvalidArgument,
+        "hint.kind");
+  ok(*e, s, {{"op", "hint"}, {"hint", {{"kind", "done"}, {"models", {"m0", "ghost"}}}}});
+  ok(*e, s, {{"op", "hint"}, {"hint", {{"kind", "population"}, {"models", {"ghost"}}}}});
+  e->prefetcher().idle();
+  CHECK(read_tensor(*e, s, "m0", "w") == st.w[0]);
+  CHECK(stats(*e, s)["prefetch"]["unknown_models"] == 4);
+  e->end_session(s);
+}
+
+TEST_CASE("hints: a flood bigger than the budget and DRAM stages within the budget and reads stay exact",
+          "[hints][prefetch]") {
+  Stored st(12);  // 12 x 6 chunks of 64 KiB
+  auto e = make_engine(st.dir.path, [](Config& c) { c.policy.prefetch_budget = 10 * kChunk; });
+  Session s;
+  std::vector<std::string> all;
+  for (int i = 0; i < 12; ++i) all.push_back("m" + std::to_string(i));
+  for (int round = 0; round < 3; ++round)
+    ok(*e, s, {{"op", "hint"}, {"hint", {{"kind", "will_load"}, {"models", all}}}});
+  e->prefetcher().idle();
+  json p = stats(*e, s)["prefetch"];
+  CHECK(p["bytes_unread"].get<uint64_t>() <= 10 * kChunk);
+  CHECK(p["skipped_for_budget"].get<uint64_t>() > 0);
+  for (int i = 11; i >= 0; --i) CHECK(read_tensor(*e, s, all[static_cast<size_t>(i)], "w") == st.w[static_cast<size_t>(i)]);
+  e->end_session(s);
+}
+
+TEST_CASE("hints: with policy.prefetch none a hint stages nothing", "[hints][prefetch]") {
+  Stored st(1);
+  auto e = make_engine(st.dir.path, [](Config& c) { c.policy.prefetch = "none"; });
+  Session s;
+  json r = ok(*e, s, {{"op", "hint"}, {"hint", {{"kind", "will_load"}, {"models", {"m0"}}}}});
+  e->prefetcher().idle();
+  CHECK(stats(*e, s)["prefetch"]["chunks_staged"] == 0);
+  e->end_session(s);
+}
+
+TEST_CASE("prefetch lineage: opening a model stages its parent; a best_ancestor answer stages its tensors",
+          "[hints][prefetch]") {
+  TempDir dir;
+  const auto a = pattern(3 * kChunk, 1), b = pattern(3 * kChunk, 2);
+  {
+    auto e = make_engine(dir.path);
+    Session s;
+    commit_inline(*e, s, "parent", "", {{"w", a}, {"v", b}});
+    commit_inline(*e, s, "child", "parent", {{"w", pattern(3 * kChunk, 3)}}, {"v"});
+    e->end_session(s);
+  }
+  auto e = make_engine(dir.path, [](Config& c) { c.policy.prefetch = "lineage"; });
+  Session s;
+  ok(*e, s, {{"op", "open"}, {"id", "child"}});
+  e->prefetcher().idle();
+  CHECK(stats(*e, s)["prefetch"]["chunks_staged"] == 6);  // the parent's w and v
+  const uint64_t misses0 = e->dram().stats().misses;
+  CHECK(read_tensor(*e, s, "parent", "w") == a);
+  CHECK(e->dram().stats().misses == misses0);
+  e->end_session(s);
+}
+
+}  // namespace cairn

@@ -1,0 +1,261 @@
+#include <catch2/catch.hpp>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "policy/simulator.hpp"
+#include "policy/trace.hpp"
+#include "policy/trace_gen.hpp"
+
+using cairn::HintKind;
+using cairn::SimPolicy;
+using cairn::SimResult;
+using cairn::Simulator;
+using cairn::Trace;
+using cairn::TraceEvent;
+using cairn::TraceEventKind;
+using cairn::TraceTier;
+
+namespace {
+
+// Builds a trace one event a second.
+class Build {
+ public:
+  Build& access(const std::string& model, const std::string& chunk, uint64_t bytes = 10,
+                TraceTier tier = TraceTier::kUnknown) {
+    return add(TraceEventKind::kAccess, {model}, chunk, bytes, tier);
+  }
+  Build& insert(const std::string& model, const std::string& chunk, uint64_t bytes = 10) {
+    return add(TraceEventKind::kInsert, {model}, chunk, bytes, TraceTier::kUnknown);
+  }
+  Build& hint(HintKind kind, std::vector<std::string> models) {
+    return add(TraceEventKind::kHint, std::move(models), "", 0, TraceTier::kUnknown, kind);
+  }
+  const Trace& trace() const { return t_; }
+
+ private:
+  Build& add(TraceEventKind kind, std::vector<std::string> models, const std::string& chunk, uint64_t bytes,
+             TraceTier tier, HintKind hint = HintKind::kNone) {
+    TraceEvent e;
+    e.time_ns = static_cast<int64_t>(t_.events.size()) * 1'000'000'000;
+    e.kind = kind;
+    e.models = std::move(models);
+    e.chunk = chunk;
+    e.bytes = bytes;
+    e.tier = tier;
+    e.hint = hint;
+    REQUIRE(cairn::validate_trace_event(e).is_ok());
+    t_.events.push_back(std::move(e));
+    return *this;
+  }
+  Trace t_;
+};
+
+Simulator make(const Trace& t) {
+  auto s = Simulator::create(t);
+  REQUIRE(s.is_ok());
+  return std::move(s).value();
+}
+
+}  // namespace
+
+TEST_CASE("Simulator: LRU and Belady hits on a hand-made trace", "[policy][sim]") {
+  // a b a c b a through a cache of two chunks.
+  Build b;
+  b.access("m", "a").access("m", "b").access("m", "a").access("m", "c").access("m", "b").access("m", "a");
+  const Simulator sim = make(b.trace());
+  const SimResult lru = sim.run(SimPolicy::kLru, 20);
+  REQUIRE(lru.requests == 6);
+  REQUIRE(lru.hits == 1);  // only the second a: c pushes b out, b pushes a out, a pushes c out
+  REQUIRE(lru.bytes_hit == 10);
+  REQUIRE(lru.evictions == 3);
+  const SimResult opt = sim.run(SimPolicy::kBelady, 20);
+  REQUIRE(opt.hits == 3);  // c is never read again: not cached; b and a hit
+  REQUIRE(opt.bypassed == 1);
+  REQUIRE(opt.evictions == 0);
+  REQUIRE(opt.byte_hit_ratio() == Approx(0.5));
+  REQUIRE(opt.object_hit_ratio() == Approx(0.5));
+  // A cache of all three hits every second read.
+  for (SimPolicy p : cairn::kAllSimPolicies) REQUIRE(sim.run(p, 30).hits == 3);
+  // An empty cache hits nothing.
+  for (SimPolicy p : cairn::kAllSimPolicies) REQUIRE(sim.run(p, 0).hits == 0);
+}
+
+TEST_CASE("Simulator: a chunk larger than the cache is never cached", "[policy][sim]") {
+  Build b;
+  b.access("m", "big", 20).access("m", "small", 5).access("m", "big", 20).access("m", "small", 5);
+  const Simulator sim = make(b.trace());
+  for (SimPolicy p : cairn::kAllSimPolicies) {
+    INFO(cairn::sim_policy_name(p));
+    const SimResult r = sim.run(p, 15);
+    REQUIRE(r.hits == 1);
+    REQUIRE(r.bytes_hit == 5);
+    REQUIRE(r.bytes_missed() == 45);
+  }
+}
+
+TEST_CASE("Simulator: inserts fill the cache without being requests; misses counted per tier", "[policy][sim]") {
+  Build b;
+  b.insert("m", "a").insert("m", "x", 7);
+  b.access("m", "a", 10, TraceTier::kDram).access("m", "b", 10, TraceTier::kRepository);
+  b.access("m", "c", 10, TraceTier::kNvme).access("m", "b", 10, TraceTier::kPeer);
+  const Simulator sim = make(b.trace());
+  const cairn::TraceSummary& s = sim.summary();
+  REQUIRE(s.events == 6);
+  REQUIRE(s.accesses == 4);
+  REQUIRE(s.inserts == 2);
+  REQUIRE(s.models == 1);
+  REQUIRE(s.chunks_accessed == 3);
+  REQUIRE(s.working_set_bytes == 30);  // x is written, never read: not in the working set
+  REQUIRE(s.unbounded_hits == 2);
+  const SimResult r = sim.run(SimPolicy::kLru, 1000);
+  REQUIRE(r.requests == 4);
+  REQUIRE(r.hits == 2);
+  REQUIRE(r.bytes_missed_by_tier[static_cast<int>(TraceTier::kRepository)] == 10);
+  REQUIRE(r.bytes_missed_by_tier[static_cast<int>(TraceTier::kNvme)] == 10);
+  REQUIRE(r.bytes_missed_by_tier[static_cast<int>(TraceTier::kPeer)] == 0);
+  REQUIRE(r.bytes_missed_by_tier[static_cast<int>(TraceTier::kDram)] == 0);
+  // At 0.5 of the working set (15 bytes: one chunk of 10).
+  const std::vector<SimResult> rs = sim.run_fractions({SimPolicy::kLru, SimPolicy::kBelady}, {0.5, 1.0});
+  REQUIRE(rs.size() == 4);
+  REQUIRE(rs[0].capacity_bytes == 15);
+  REQUIRE(rs[0].fraction == 0.5);
+  REQUIRE(rs[1].policy == SimPolicy::kBelady);
+  REQUIRE(rs[3].capacity_bytes == 30);
+}
+
+TEST_CASE("Simulator: a population hint keeps the parent through a scan", "[policy][sim]") {
+  Build b;
+  b.hint(HintKind::kPopulation, {"parent"});
+  b.access("parent", "P").access("other", "Y1").access("other", "Y2").access("parent", "P");
+  const Simulator sim = make(b.trace());
+  REQUIRE(sim.run(SimPolicy::kLru, 20).hits == 0);
+  REQUIRE(sim.run(SimPolicy::kLineage, 20).hits == 0);
+  REQUIRE(sim.run(SimPolicy::kHints, 20).hits == 1);
+  REQUIRE(sim.run(SimPolicy::kBelady, 20).hits == 1);
+}
+
+TEST_CASE("Simulator: a done model's chunks go first", "[policy][sim]") {
+  Build b;
+  b.access("e", "E").access("d", "D").hint(HintKind::kDone, {"d"}).access("f", "F").access("e", "E");
+  const Simulator sim = make(b.trace());
+  REQUIRE(sim.run(SimPolicy::kLru, 20).hits == 0);  // F pushed E out
+  REQUIRE(sim.run(SimPolicy::kHints, 20).hits == 1);
+}
+
+TEST_CASE("Simulator: a will_load hint keeps the model through other reads", "[policy][sim]") {
+  Build b;
+  b.access("a", "A").access("b", "B").hint(HintKind::kWillLoad, {"a"}).access("c", "C").access("a", "A");
+  const Simulator sim = make(b.trace());
+  REQUIRE(sim.run(SimPolicy::kLru, 20).hits == 0);
+  REQUIRE(sim.run(SimPolicy::kHints, 20).hits == 1);
+
+  SECTION("a chunk shared with a model read meanwhile stays expected") {
+    Build s;
+    s.access("a", "A").access("b", "B").hint(HintKind::kWillLoad, {"a"});
+    s.access("x", "A").access("c", "C").access("a", "A");  // x reads a's chunk: a's read is still to come
+    const Simulator sim2 = make(s.trace());
+    REQUIRE(sim2.run(SimPolicy::kHints, 20).hits == 2);
+  }
+}
+
+TEST_CASE("Simulator: a chunk id with two sizes is an error naming it", "[policy][sim]") {
+  Build b;
+  b.access("m", "a", 10).access("m", "a", 11);
+  auto sim = Simulator::create(b.trace());
+  REQUIRE_FALSE(sim.is_ok());
+  REQUIRE(sim.status().message() ==
+          "simulator: event 2: chunk a has 11 bytes, but 10 before (a chunk id names one content)");
+  cairn::SimOptions bad;
+  bad.sequence_step_s = -1;
+  REQUIRE_FALSE(Simulator::create(Trace{}, bad).is_ok());
+  REQUIRE(cairn::parse_sim_policy("opt").status().message() == "policy 'opt' is not one of lru, lineage, hints, belady");
+  REQUIRE(*cairn::parse_sim_policy("belady") == SimPolicy::kBelady);
+}
+
+// ---- the committed traces (bench/traces/) ----
+
+namespace {
+
+std::string read_text(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+TEST_CASE("The committed traces are the generators' output, small, and replay sensibly", "[policy][sim][traces]") {
+  for (const char* workload : cairn::kTraceWorkloads) {
+    INFO(workload);
+    const std::string path = std::string(CAIRN_SOURCE_DIR) + "/bench/traces/" + workload + ".csv";
+    const std::string text = read_text(path);
+    REQUIRE(!text.empty());
+    REQUIRE(text.size() < 200 * 1024);
+    auto generated = cairn::generate_trace(workload);
+    REQUIRE(generated.is_ok());
+    // Regenerate with: cairn-sim --generate <workload> --out bench/traces/<workload>.csv
+    REQUIRE(cairn::format_trace(*generated) == text);
+
+    auto trace = cairn::read_trace_file(path);
+    REQUIRE(trace.is_ok());
+    REQUIRE(*trace == *generated);
+    const Simulator sim = make(*trace);
+    const cairn::TraceSummary& s = sim.summary();
+    REQUIRE(s.working_set_bytes > 0);
+    const auto results =
+        sim.run_fractions({SimPolicy::kLru, SimPolicy::kLineage, SimPolicy::kHints, SimPolicy::kBelady}, {0.125, 0.25, 0.5});
+    REQUIRE(results.size() == 12);
+    for (size_t i = 0; i < results.size(); i += 4) {
+      const SimResult& lru = results[i];
+      const SimResult& opt = results[i + 3];
+      REQUIRE(opt.policy == SimPolicy::kBelady);
+      for (size_t k = i; k < i + 4; ++k) {
+        REQUIRE(results[k].requests == s.accesses);
+        REQUIRE(results[k].bytes_hit <= s.unbounded_bytes_hit);
+      }
+      REQUIRE(opt.bytes_hit >= lru.bytes_hit);
+    }
+  }
+}
+
+TEST_CASE("On the NAS trace the hint-aware policy beats LRU and the lineage scorer at every size",
+          "[policy][sim][traces]") {
+  auto trace = cairn::read_trace_file(std::string(CAIRN_SOURCE_DIR) + "/bench/traces/nas.csv");
+  REQUIRE(trace.is_ok());
+  const Simulator sim = make(*trace);
+  const auto r = sim.run_fractions({SimPolicy::kLru, SimPolicy::kLineage, SimPolicy::kHints, SimPolicy::kBelady},
+                                   {0.125, 0.25});
+  for (size_t i = 0; i < r.size(); i += 4) {
+    INFO("size " << r[i].fraction << ": lru " << r[i].byte_hit_ratio() << " lineage " << r[i + 1].byte_hit_ratio()
+                 << " hints " << r[i + 2].byte_hit_ratio() << " belady " << r[i + 3].byte_hit_ratio());
+    REQUIRE(r[i + 2].byte_hit_ratio() > r[i].byte_hit_ratio());
+    REQUIRE(r[i + 2].byte_hit_ratio() > r[i + 1].byte_hit_ratio());
+    // Issue 16 asks for 0.95 of Belady at 1/4; this trace (seed 1) gives 0.94 there and 0.85 at
+    // 1/8 (other seeds: docs/policy.md). The test guards against a regression, not the goal.
+    REQUIRE(r[i + 2].byte_hit_ratio() >= (r[i].fraction < 0.2 ? 0.8 : 0.9) * r[i + 3].byte_hit_ratio());
+  }
+}
+
+TEST_CASE("The generators are deterministic and refuse unknown workloads", "[policy][sim]") {
+  cairn::GenerateOptions o;
+  o.seed = 42;
+  o.scale = 0.2;
+  for (const char* workload : cairn::kTraceWorkloads) {
+    INFO(workload);
+    auto a = cairn::generate_trace(workload, o);
+    auto b = cairn::generate_trace(workload, o);
+    REQUIRE(a.is_ok());
+    REQUIRE(*a == *b);
+    const std::string text = cairn::format_trace(*a);
+    auto back = cairn::parse_trace(text);
+    REQUIRE(back.is_ok());
+    REQUIRE(*back == *a);
+  }
+  REQUIRE(cairn::generate_trace("zoo").status().message() ==
+          "generate: workload 'zoo' is not one of nas, ensemble, sweep, checkpoint");
+  o.scale = 0;
+  REQUIRE_FALSE(cairn::generate_trace("nas", o).is_ok());
+}
