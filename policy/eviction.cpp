@@ -193,7 +193,7 @@ Result<std::unique_ptr<EvictionPolicy>> make_eviction_policy(const std::string& 
   if (name == "lru") return std::unique_ptr<EvictionPolicy>(std::make_unique<LruPolicy>());
   if (name == "lineage") return std::unique_ptr<EvictionPolicy>(std::make_unique<LineagePolicy>(clock));
   if (name == "hints") return std::unique_ptr<EvictionPolicy>(std::make_unique<HintAwarePolicy>(clock));
-  return invalid_argument("policy.eviction: '" + name + "' is not one of lru, lineage");
+  return invalid_argument("policy.eviction: '" + name + "' is not one of lru, lineage, hints");
 }
 
 // ---- admission ----

@@ -13,7 +13,8 @@
 //  - commit and evict: recorded facts about the original cache; the simulator ignores them.
 // The online policies are the tier's own classes (LruPolicy, LineagePolicy, HintAwarePolicy) on a
 // FakeClock that follows the trace's timestamps. references = the distinct models the trace has
-// seen using the chunk. Refetch costs are left unknown (the policies' size / bandwidth default).
+// seen using the chunk (for the hint-aware policy, those not done). Refetch costs are left unknown
+// (the policies' size / bandwidth default).
 //
 // Belady ("belady") knows the future: on a miss it evicts the resident chunks whose next access is
 // farthest away, and bypasses the new chunk (does not cache it) when its own next access is farther
@@ -50,7 +51,8 @@ struct SimOptions {
   HintAwarePolicy::Options hints;
   // Seconds between the models of a `sequence` hint (the i-th is expected i * step from the hint).
   // 0: estimated from the trace so far (the mean time between the starts of model loads; 1 s until
-  // two loads were seen). REQUIRES: >= 0.
+  // two loads were seen). Either way shortened so that the whole sequence lies within
+  // hints.expected_use_horizon_s (the order is what a sequence says for sure). REQUIRES: >= 0.
   double sequence_step_s = 0;
 };
 

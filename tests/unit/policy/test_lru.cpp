@@ -28,7 +28,7 @@ TEST_CASE("make_eviction_policy rejects unknown names", "[policy]") {
   auto p = cairn::make_eviction_policy("fifo");
   REQUIRE_FALSE(p.is_ok());
   REQUIRE(p.status().code() == cairn::StatusCode::kInvalidArgument);
-  REQUIRE(p.status().message() == "policy.eviction: 'fifo' is not one of lru, lineage");
+  REQUIRE(p.status().message() == "policy.eviction: 'fifo' is not one of lru, lineage, hints");
   auto lru = cairn::make_eviction_policy("lru");
   REQUIRE(lru.is_ok());
   REQUIRE(std::string((*lru)->name()) == "lru");
