@@ -54,6 +54,11 @@ void Prefetcher::enqueue(Job job) {
   {
     std::lock_guard lock(mu_);
     if (stopping_) return;
+    // Advice, bounded: past kMaxQueued jobs the oldest is dropped (a newer hint knows better).
+    if (queue_.size() >= kMaxQueued) {
+      queue_.pop_front();
+      ++dropped_;
+    }
     queue_.push_back(std::move(job));
   }
   cv_.notify_one();
@@ -261,6 +266,7 @@ json Prefetcher::stats() {
               {"chunks_unread", staged_.size()},
               {"bytes_unread", staged_bytes_},
               {"skipped_for_budget", skipped_budget_},
+              {"dropped_jobs", dropped_},
               {"failures", failures_}};
 }
 

@@ -99,7 +99,8 @@ class Prefetcher final : public ReadObserver {
   std::unordered_map<ChunkHash, uint64_t, ChunkHashHasher> staged_;  // GUARDED_BY(mu_) staged, not yet read: bytes
   uint64_t staged_bytes_ = 0;                                   // GUARDED_BY(mu_)
   uint64_t hints_ = 0, unknown_ = 0, jobs_ = 0, chunks_staged_ = 0, bytes_staged_ = 0, chunks_used_ = 0,
-           chunks_wasted_ = 0, skipped_budget_ = 0, failures_ = 0;  // GUARDED_BY(mu_)
+           chunks_wasted_ = 0, skipped_budget_ = 0, failures_ = 0, dropped_ = 0;  // GUARDED_BY(mu_)
+  static constexpr size_t kMaxQueued = 4096;
   std::thread thread_;
 };
 

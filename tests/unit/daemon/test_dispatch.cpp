@@ -2,8 +2,8 @@
 // documented op is served.
 #include <catch2/catch.hpp>
 
+#include <cctype>
 #include <fstream>
-#include <regex>
 #include <set>
 #include <sstream>
 #include <string>
@@ -15,21 +15,32 @@ namespace {
 
 // The ops docs/protocol.md documents under "## Requests": the first cell of each row of a table
 // whose header starts with "| op |", and each "**`name`**" paragraph (commit, wait).
+// The name in "`name`" at the start of s (after `prefix`), if it is [a-z_]+; "" otherwise.
+std::string op_name_after(const std::string& s, const std::string& prefix) {
+  if (s.rfind(prefix, 0) != 0) return "";
+  const size_t begin = prefix.size();
+  size_t end = begin;
+  while (end < s.size() && (std::islower(static_cast<unsigned char>(s[end])) || s[end] == '_')) ++end;
+  if (end == begin || end >= s.size() || s[end] != '`') return "";
+  return s.substr(begin, end - begin);
+}
+
 std::set<std::string> documented_ops(const std::string& markdown) {
   std::set<std::string> ops;
   std::istringstream in(markdown);
   std::string line;
   bool in_requests = false, in_op_table = false;
-  const std::regex row(R"(^\| `([a-z_]+)` \|)");
-  const std::regex bold(R"(^\*\*`([a-z_]+)`\*\*)");
-  std::smatch m;
   while (std::getline(in, line)) {
     if (line.rfind("## ", 0) == 0) in_requests = line == "## Requests";
     if (!in_requests) continue;
     if (line.rfind("| op |", 0) == 0) in_op_table = true;
     else if (line.empty() || line[0] != '|') in_op_table = false;
-    if (in_op_table && std::regex_search(line, m, row)) ops.insert(m[1]);
-    if (std::regex_search(line, m, bold)) ops.insert(m[1]);
+    if (in_op_table) {
+      std::string name = op_name_after(line, "| `");
+      if (!name.empty() && line.compare(3 + name.size(), 3, "` |") == 0) ops.insert(name);
+    }
+    std::string bold = op_name_after(line, "**`");
+    if (!bold.empty() && line.compare(3 + bold.size(), 3, "`**") == 0) ops.insert(bold);
   }
   return ops;
 }
