@@ -17,10 +17,7 @@ import argparse
 import json
 import os
 import shutil
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,56 +31,11 @@ os.environ.setdefault("CAIRN_LIBRARY", str(BUILD / "lib" / "libcairn.so"))
 import numpy as np  # noqa: E402
 
 import cairn  # noqa: E402
+from bench_daemon import Daemon, drop_caches  # noqa: E402
 
 
-class Daemon:
-    def __init__(self, root: Path, dram: str, prefetch: str, trace: str = ""):
-        self.root = root
-        self.socket = str(root / "cairnd.sock")
-        self.config = root / "cairn.yaml"
-        self.config.write_text(f"socket: {self.socket}\nrepository: {root / 'repo'}\n"
-                               f"tiers:\n  dram:\n    capacity: {dram}\n"
-                               f"policy:\n  prefetch: {prefetch}\n  trace: \"{trace}\"\n"
-                               f"log:\n  level: warn\n  file: {root / 'cairnd.log'}\n")
-        self.proc = None
-
-    def start(self):
-        self.proc = subprocess.Popen([str(BUILD / "bin" / "cairnd"), "--config", str(self.config)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError("cairnd exited: " + self.proc.stderr.read().decode())
-            try:
-                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                s.connect(self.socket)
-                s.close()
-                return self
-            except OSError:
-                time.sleep(0.02)
-        raise RuntimeError("cairnd did not start")
-
-    def stop(self):
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            self.proc.wait(timeout=120)
-
-
-def drop_caches(repo: Path) -> str:
-    os.sync()
-    try:
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-        return "drop_caches"
-    except OSError:
-        for p in repo.rglob("*"):
-            if p.is_file():
-                fd = os.open(p, os.O_RDONLY)
-                try:
-                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-                finally:
-                    os.close(fd)
-        return "fadvise(DONTNEED)"
+def daemon(root: Path, trace: str = "") -> Daemon:
+    return Daemon(BUILD, root, "1GiB", f"  prefetch: hints\n  trace: \"{trace}\"\n")
 
 
 def build_chain(client, n: int, tensors: int, tensor_bytes: int, changed: int, rng):
@@ -102,9 +54,9 @@ def build_chain(client, n: int, tensors: int, tensor_bytes: int, changed: int, r
 
 
 def replay(root: Path, n: int, train_s: float, hinted: bool, expect, trace: str = "") -> dict:
-    d = Daemon(root, "1GiB", "hints", trace).start()
+    d = daemon(root, trace).start()
     try:
-        how = drop_caches(root / "repo")
+        how = drop_caches([p for p in (root / "repo").rglob("*") if p.is_file()])
         c = cairn.connect(d.socket)
         waits = []
         for i in range(1, n):
@@ -136,7 +88,7 @@ def main():
     n, tensors, tensor_bytes, changed, train_s = (4, 8, 1 << 20, 4, 0.05) if args.quick else (10, 32, 4 << 20, 16, 0.4)
     root = Path(tempfile.mkdtemp(prefix="cairn-prefetch-bench-"))
     try:
-        d = Daemon(root, "1GiB", "hints").start()
+        d = daemon(root).start()
         try:
             c = cairn.connect(d.socket)
             expect = build_chain(c, n, tensors, tensor_bytes, changed, np.random.default_rng(7))

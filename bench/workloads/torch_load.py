@@ -28,10 +28,7 @@ import argparse
 import json
 import os
 import shutil
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -49,6 +46,7 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 
 import cairn  # noqa: E402
 import cairn.torch as ct  # noqa: E402
+from bench_daemon import Daemon, drop_caches  # noqa: E402
 
 
 def bert_base_module():
@@ -69,54 +67,6 @@ def bert_base_module():
 def resnet50_module():
     torch.manual_seed(0)
     return torchvision.models.resnet50()
-
-
-class Daemon:
-    def __init__(self, root: Path, dram: str):
-        self.root = root
-        self.socket = str(root / "cairnd.sock")
-        self.config = root / "cairn.yaml"
-        self.config.write_text(f"socket: {self.socket}\nrepository: {root / 'repo'}\n"
-                               f"tiers:\n  dram:\n    capacity: {dram}\nlog:\n  level: warn\n  file: {root / 'cairnd.log'}\n")
-        self.proc = None
-
-    def start(self):
-        self.proc = subprocess.Popen([str(BUILD / "bin" / "cairnd"), "--config", str(self.config)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError("cairnd exited: " + self.proc.stderr.read().decode())
-            try:
-                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                s.connect(self.socket)
-                s.close()
-                return self
-            except OSError:
-                time.sleep(0.02)
-        raise RuntimeError("cairnd did not start")
-
-    def stop(self):
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            self.proc.wait(timeout=120)
-
-
-def drop_caches(files):
-    """Drops the page cache; returns how."""
-    os.sync()
-    try:
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-        return "drop_caches"
-    except OSError:
-        for p in files:
-            fd = os.open(p, os.O_RDONLY)
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
-        return "fadvise(DONTNEED)"
 
 
 def same(a, b):
@@ -141,7 +91,7 @@ def main():
 
     root = Path(tempfile.mkdtemp(prefix="cairn-bench-torch-", dir=os.environ.get("TMPDIR", "/var/tmp")))
     results = {"machine": {"cpus": os.cpu_count()}, "models": {}}
-    d = Daemon(root, "2GiB").start()
+    d = Daemon(BUILD, root, "2GiB").start()
     try:
         c = cairn.connect(d.socket)
         for name, make in models:
@@ -182,7 +132,7 @@ def main():
         # Cold: a fresh daemon (empty arena, repository on disk) and dropped page cache.
         c.close()
         d.stop()
-        d = Daemon(root, "2GiB")
+        d = Daemon(BUILD, root, "2GiB")
         for name, _ in models:
             row = results["models"][name]
             pt, st = root / f"{name}.pt", root / f"{name}.safetensors"

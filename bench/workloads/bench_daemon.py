@@ -1,0 +1,63 @@
+"""What the Python workload scripts share: a cairnd they start and stop by pid, and dropping the
+page cache before a cold measurement."""
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+
+class Daemon:
+    """A cairnd on its own socket and repository under root (cairnd.sock, repo/, cairnd.log);
+    `policy` is the YAML body of the config's policy section ("" = the defaults)."""
+
+    def __init__(self, build: Path, root: Path, dram: str, policy: str = ""):
+        self.build = build
+        self.root = root
+        self.socket = str(root / "cairnd.sock")
+        self.config = root / "cairn.yaml"
+        self.config.write_text(f"socket: {self.socket}\nrepository: {root / 'repo'}\n"
+                               f"tiers:\n  dram:\n    capacity: {dram}\n"
+                               + (f"policy:\n{policy}" if policy else "")
+                               + f"log:\n  level: warn\n  file: {root / 'cairnd.log'}\n")
+        self.proc = None
+
+    def start(self):
+        self.proc = subprocess.Popen([str(self.build / "bin" / "cairnd"), "--config", str(self.config)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError("cairnd exited: " + self.proc.stderr.read().decode())
+            try:
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                s.connect(self.socket)
+                s.close()
+                return self
+            except OSError:
+                time.sleep(0.02)
+        raise RuntimeError("cairnd did not start")
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(timeout=120)
+
+
+def drop_caches(files) -> str:
+    """Drops the page cache (as root: drop_caches; else posix_fadvise(DONTNEED) on each of `files`);
+    returns how."""
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return "drop_caches"
+    except OSError:
+        for p in files:
+            fd = os.open(p, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+        return "fadvise(DONTNEED)"
