@@ -1,4 +1,5 @@
 #include "policy/eviction.hpp"
+#include "policy/gdsf.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -86,9 +87,7 @@ struct LineagePolicy::Impl {
 
   // The frequency decayed to `now`: each half-life since the last access halves it.
   double decayed_frequency(const Entry& e, int64_t now) const {
-    // A clock that steps back (it should not) must not inflate the count.
-    const int64_t dt_ns = std::max<int64_t>(0, now - e.last_access_ns);
-    return e.frequency * std::exp2(-(static_cast<double>(dt_ns) * 1e-9) / options.half_life_s);
+    return gdsf::decayed_frequency(e.frequency, e.last_access_ns, now, options.half_life_s);
   }
 
   // Re-ranks e with the current L and what is known now; O(log n).
@@ -99,11 +98,8 @@ struct LineagePolicy::Impl {
 
   // REQUIRES: e is not in `order` (new, or just erased from it).
   void rank(const ChunkHash& key, Entry& e, int64_t now) {
-    const double cost = e.refetch_cost ? *e.refetch_cost : static_cast<double>(e.bytes) / options.default_bandwidth;
-    // An empty chunk frees nothing but still costs its refetch latency; dividing by one byte keeps
-    // it ranked (and finite) instead of dividing by zero.
-    const double size = static_cast<double>(std::max<uint64_t>(e.bytes, 1));
-    e.priority = aging + decayed_frequency(e, now) * (1.0 + e.references) * cost / size;
+    e.priority = gdsf::priority(aging, decayed_frequency(e, now), e.references, e.refetch_cost, e.bytes,
+                                options.default_bandwidth);
     order.insert(Rank{e.priority, e.sequence, key});
   }
 

@@ -1,4 +1,5 @@
 #include "policy/hint_policy.hpp"
+#include "policy/gdsf.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -59,15 +60,13 @@ struct HintAwarePolicy::Impl {
   }
 
   double decayed_frequency(const Entry& e, int64_t now) const {
-    const int64_t dt_ns = std::max<int64_t>(0, now - e.last_access_ns);
-    return e.frequency * std::exp2(-(static_cast<double>(dt_ns) * 1e-9) / options.half_life_s);
+    return gdsf::decayed_frequency(e.frequency, e.last_access_ns, now, options.half_life_s);
   }
 
   // H with the current L; the same formula as LineagePolicy.
   double lineage_priority(const Entry& e, int64_t now) const {
-    const double cost = e.refetch_cost ? *e.refetch_cost : static_cast<double>(e.bytes) / options.default_bandwidth;
-    const double size = static_cast<double>(std::max<uint64_t>(e.bytes, 1));
-    return aging + decayed_frequency(e, now) * (1.0 + e.references) * cost / size;
+    return gdsf::priority(aging, decayed_frequency(e, now), e.references, e.refetch_cost, e.bytes,
+                          options.default_bandwidth);
   }
 
   // REQUIRES: e is not in `order`. Recomputes the standing and inserts e.
