@@ -100,8 +100,8 @@ Result<json> Prefetcher::hint(const json& req) {
       size_t k = 0;
       for (const std::string& id : h.models) {
         const double when = static_cast<double>(k++);
-        if (!p_.models.find(id).is_ok()) unknown.push_back(id);
-        else (void)for_chunks({id}, [&](const ChunkRef& c) { p_.dram.hint_expected_use(c.hash, when); });
+        for (auto& u : for_chunks({id}, [&](const ChunkRef& c) { p_.dram.hint_expected_use(c.hash, when); }))
+          unknown.push_back(std::move(u));
       }
       std::vector<Job> first;
       {
