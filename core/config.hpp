@@ -29,6 +29,7 @@ struct Config {
   std::string socket;               // "" = $CAIRN_SOCKET, then the default path
   std::string repository = "./cairn-repo";
   uint64_t chunk_size = 16ull << 20;
+  std::string repository_refresh = "1s";  // how often other daemons' commits are read: "250ms", "1s", "0"
   struct {
     TierConfig hbm, dram, nvme;
   } tiers;

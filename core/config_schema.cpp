@@ -14,6 +14,8 @@ const std::vector<Key>& schema() {
        .min_size = 64 * kKiB,
        .max_size = kGiB,
        .power_of_two = true},
+      {.path = "repository_refresh",
+       .field = [](Config& c) -> Field { return &c.repository_refresh; }},
       {.path = "tiers.hbm.capacity",
        .field = [](Config& c) -> Field { return &c.tiers.hbm.capacity; }},
       {.path = "tiers.hbm.devices",

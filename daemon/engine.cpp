@@ -15,6 +15,9 @@ using nlohmann::json;
 // ---- assembly ----
 
 Result<std::unique_ptr<Engine>> Engine::create(const Config& config, EngineOptions options) {
+  if (!parse_duration(config.repository_refresh))
+    return invalid_argument("repository_refresh: '" + config.repository_refresh +
+                            "' is not a duration (a number and ms, s or m, such as 250ms or 1s; 0 = off)");
   CAIRN_ASSIGN_OR_RETURN(auto repo, Repository::open(config.repository, config.chunk_size, options.repository_fs));
   CAIRN_ASSIGN_OR_RETURN(auto policy, make_eviction_policy(config.policy.eviction));
   CAIRN_ASSIGN_OR_RETURN(auto admission, make_admission_policy(config.policy.admission));
@@ -45,6 +48,9 @@ Result<std::unique_ptr<Engine>> Engine::create(const Config& config, EngineOptio
                       *engine->commits_, *engine->models_, engine->nvme_.get()};
   CAIRN_RETURN_IF_ERROR(load_catalog(parts));
   engine->recovery_ = recover_from_nvme(parts);
+  engine->watch_ = std::make_unique<RepositoryWatch>(
+      RepositoryWatch::Parts{*engine->repo_, engine->catalog_, engine->references_, *engine->commits_},
+      *parse_duration(config.repository_refresh));
   return engine;
 }
 
@@ -82,6 +88,7 @@ Engine::Engine(Config config, std::unique_ptr<Repository> repo, std::unique_ptr<
 }
 
 Engine::~Engine() {
+  if (watch_) watch_->stop();
   prefetcher_->stop();
   drain();
   flusher_->stop();
@@ -135,6 +142,7 @@ const std::vector<Engine::Op>& Engine::table() {
       {"gc", [](Engine& e, Session&, const json& r, B&) { return e.admin_->gc(r); }},
       {"fsck", [](Engine& e, Session&, const json& r, B&) { return e.admin_->fsck(r); }},
       {"flush", [](Engine& e, Session&, const json& r, B&) { return e.admin_->flush(r); }},
+      {"sync", [](Engine& e, Session&, const json& r, B&) { return e.watch_->sync(r); }},
       {"query", [](Engine& e, Session&, const json& r, B&) { return e.queries_->query(r); }},
       // hints (prefetcher.cpp)
       {"hint", [](Engine& e, Session&, const json& r, B&) { return e.prefetcher_->hint(r); }},

@@ -41,6 +41,7 @@
 #include "daemon/named_tensors.hpp"
 #include "daemon/prefetcher.hpp"
 #include "daemon/queries.hpp"
+#include "daemon/repository_watch.hpp"
 #include "daemon/reads.hpp"
 #include "daemon/references.hpp"
 #include "daemon/session.hpp"
@@ -128,6 +129,7 @@ class Engine {
   std::unique_ptr<Prefetcher> prefetcher_;
   std::unique_ptr<Admin> admin_;
   std::unique_ptr<CatalogQueries> queries_;
+  std::unique_ptr<RepositoryWatch> watch_;
   std::atomic<uint64_t> next_session_{1};
 };
 

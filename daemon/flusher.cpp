@@ -1,5 +1,7 @@
 #include "daemon/flusher.hpp"
 
+#include <unordered_map>
+
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -150,13 +152,18 @@ void Flusher::abandon_locked(const ModelManifest& m) {
 
 void Flusher::global_loop() {
   (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 10);
+  constexpr size_t kMaxBatch = 256;  // models per group commit: one log write and one fdatasync
   for (;;) {
-    std::shared_ptr<const ModelManifest> m;
-    uint64_t ticket = 0;
-    bool on_nvme = false;
+    struct Item {
+      std::shared_ptr<const ModelManifest> m;
+      uint64_t ticket = 0;
+      bool on_nvme = false;
+    };
+    std::vector<Item> batch;
     {
       // Commit order, so that a parent always reaches the repository before its children; a model
-      // still in its local stage holds back the ones after it.
+      // still in its local stage holds back the ones after it. Every ready model at the front goes
+      // in one batch (the repository writes their records with one sync).
       std::unique_lock lock(mu_);
       auto ready = [&] {
         if (flush_order_.empty()) return false;
@@ -165,36 +172,57 @@ void Flusher::global_loop() {
       };
       work_cv_.wait(lock, [&] { return (stopping_ && flush_order_.empty()) || ready(); });
       if (flush_order_.empty()) return;  // stopping and drained
-      const std::string id = flush_order_.front();
-      flush_order_.pop_front();
-      m = pending_[id].manifest;
-      ticket = pending_[id].ticket;
-      on_nvme = pending_[id].on_nvme;
+      while (batch.size() < kMaxBatch && ready()) {
+        const std::string id = flush_order_.front();
+        flush_order_.pop_front();
+        const Pending& p = pending_[id];
+        batch.push_back({p.manifest, p.ticket, p.on_nvme});
+      }
     }
-    ModelManifest copy = *m;
-    uint64_t new_bytes = 0;
-    Status st;
+    std::vector<ModelManifest> copies;
+    copies.reserve(batch.size());
+    for (const Item& it : batch) copies.push_back(*it.m);
+    std::vector<Status> results;
+    std::unordered_map<ChunkHash, uint64_t, ChunkHashHasher> fetched;  // new bytes, by chunk
     {
       TierManager::Source source(tiers_);
-      st = repo_.commit(copy, [&](const ChunkHash& h, uint64_t length) -> Result<const void*> {
-        new_bytes += length;
+      (void)repo_.commit_batch(copies, [&](const ChunkHash& h, uint64_t length) -> Result<const void*> {
+        fetched[h] = length;
         return source.get(h, length);
-      });
+      }, &results);
     }
-    if (st.is_ok()) tiers_.stored_globally(all_chunks(copy));
-    else CAIRN_LOG_ERROR("flushing model '{}' to the repository failed: {}", copy.id, st.to_string());
-    if (on_nvme) (void)nvme_->model_done(copy.id);
-    {
-      std::lock_guard lock(mu_);
-      bytes_written_ += st.is_ok() ? new_bytes : 0;
-      pending_.erase(copy.id);
-      if (!st.is_ok()) {
-        // Gone from queries; forgotten unless children (whose flushes fail in turn) name it.
-        forget_failed_(copy);
-        abandon_locked(copy);
+    // The bytes each model wrote: its chunks that were fetched (the first model to name one pays).
+    for (size_t i = 0; i < batch.size(); ++i) {
+      const ModelManifest& copy = copies[i];
+      const Status& st = results[i];
+      uint64_t new_bytes = 0;
+      if (st.is_ok()) {
+        for (const auto& t : copy.tensors)
+          for (const auto& c : t.chunks) {
+            auto f = fetched.find(c.hash);
+            if (f != fetched.end()) {
+              new_bytes += f->second;
+              fetched.erase(f);
+            }
+          }
+        tiers_.stored_globally(all_chunks(copy));
+      } else {
+        CAIRN_LOG_ERROR("flushing model '{}' to the repository failed: {}", copy.id, st.to_string());
       }
-      // Before anyone who saw the model leave pending_ can ask the ticket.
-      if (ticket) tickets_.finish(ticket, st.is_ok() ? DurabilityLevel::kGlobal : DurabilityLevel::kMemory, st);
+      if (batch[i].on_nvme) (void)nvme_->model_done(copy.id);
+      {
+        std::lock_guard lock(mu_);
+        bytes_written_ += new_bytes;
+        pending_.erase(copy.id);
+        if (!st.is_ok()) {
+          // Gone from queries; forgotten unless children (whose flushes fail in turn) name it.
+          forget_failed_(copy);
+          abandon_locked(copy);
+        }
+        // Before anyone who saw the model leave pending_ can ask the ticket.
+        if (batch[i].ticket)
+          tickets_.finish(batch[i].ticket, st.is_ok() ? DurabilityLevel::kGlobal : DurabilityLevel::kMemory, st);
+      }
     }
     work_cv_.notify_all();
     progress_cv_.notify_all();

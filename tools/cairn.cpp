@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "api/cpp/client.hpp"
+#include "tiers/pfs/repository.hpp"
 #include "core/safetensors.hpp"
 #include "core/wire.hpp"
 #include "tools/model_files.hpp"
@@ -468,6 +469,32 @@ int cmd_flush(double timeout_s) {
   return 0;
 }
 
+int cmd_sync() {
+  auto client = connect();
+  if (!client.is_ok()) return fail(client.status());
+  auto r = (*client)->call(json{{"op", "sync"}});
+  if (!r.is_ok()) return fail(r.status());
+  std::printf("sync: %llu models from other daemons, %llu removed, %llu retired; %llu models in the repository\n",
+              static_cast<unsigned long long>((*r)["added"].get<uint64_t>()),
+              static_cast<unsigned long long>((*r)["removed"].get<uint64_t>()),
+              static_cast<unsigned long long>((*r)["retired"].get<uint64_t>()),
+              static_cast<unsigned long long>((*r)["models"].get<uint64_t>()));
+  return 0;
+}
+
+// `cairn migrate DIR`: opens the repository directly (no daemon), which migrates a version-1
+// repository, and compacts it.
+int cmd_migrate(const std::string& dir) {
+  auto repo = cairn::Repository::open(dir, cairn::kDefaultChunkSize);
+  if (!repo.is_ok()) return fail(repo.status());
+  auto c = (*repo)->compact();
+  if (!c.is_ok()) return fail(c.status());
+  auto st = (*repo)->stats();
+  std::printf("%s: repository format 2, %llu models, %llu files\n", dir.c_str(),
+              static_cast<unsigned long long>(st.models), static_cast<unsigned long long>(st.files));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -541,6 +568,14 @@ int main(int argc, char** argv) {
   auto* flush = app.add_subcommand("flush", "wait until every acknowledged model is in the repository");
   flush->add_option("--timeout", flush_timeout, "give up after this many seconds (exit status non-zero)");
   flush->callback([&] { rc = cmd_flush(flush_timeout); });
+
+  auto* sync = app.add_subcommand("sync", "see now what other daemons published to the shared repository");
+  sync->callback([&] { rc = cmd_sync(); });
+
+  std::string repo_dir;
+  auto* migrate = app.add_subcommand("migrate", "migrate a repository written by cairn 0.1 (format 1) to format 2, in place");
+  migrate->add_option("DIR", repo_dir, "repository directory")->required();
+  migrate->callback([&] { rc = cmd_migrate(repo_dir); });
 
   auto* gc = app.add_subcommand("gc", "reclaim what only retired models use");
   gc->callback([&] { rc = cmd_gc(); });

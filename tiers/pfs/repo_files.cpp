@@ -34,7 +34,7 @@ std::string quote(std::string_view s) {
 
 bool valid_pack_name(std::string_view s) {
   if (s.size() <= kPackSuffix.size() || s.size() > kMaxPackNameBytes) return false;
-  if (s.front() == '.' || !ends_with(s, kPackSuffix)) return false;
+  if (s.front() == '.' || !(ends_with(s, kPackSuffix) || ends_with(s, kSegmentSuffix))) return false;
   for (char c : s) {
     bool ok =
         (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';

@@ -25,8 +25,17 @@ namespace cairn::pfs {
 
 // File names (docs/repository-format.md).
 inline constexpr std::string_view kTmpPrefix = ".tmp-";  // a file being written; removed at open
-inline constexpr std::string_view kPackSuffix = ".safetensors";
-inline constexpr std::string_view kManifestSuffix = ".json";
+inline constexpr std::string_view kPackSuffix = ".safetensors";    // a pack of its own (safetensors)
+inline constexpr std::string_view kSegmentSuffix = ".pack";        // a writer's pack segment
+inline constexpr std::string_view kLogSuffix = ".log";             // a writer's manifest log
+inline constexpr std::string_view kCheckpointSuffix = ".ckpt";     // a catalog checkpoint
+inline constexpr std::string_view kManifestSuffix = ".json";       // version 1's manifests
+inline constexpr const char* kPacksDir = "packs";
+inline constexpr const char* kLogsDir = "logs";
+inline constexpr const char* kCheckpointsDir = "checkpoints";
+inline constexpr const char* kManifestsDir = "manifests";          // version 1 only
+// A pack segment starts with this many bytes: "cairn-pack-segment 2\n<wid>\n", padded with '\n'.
+inline constexpr uint64_t kSegmentHeaderBytes = 64;
 inline constexpr uint64_t kMaxChunkSize = 1ull << 32;  // 4 GiB: a chunk is read into memory whole
 
 // Owns a file descriptor (-1: none) and closes it.
@@ -73,7 +82,8 @@ inline bool ends_with(std::string_view s, std::string_view suffix) {
 // A name for messages: quoted, cut to 80 bytes (ids can be 1 KiB, fuzzed keys anything).
 std::string quote(std::string_view s);
 
-// A pack's file name: a plain name under packs/, so a manifest can never point outside it.
+// A pack's file name: a plain name under packs/ ending in .safetensors or .pack, so a manifest
+// can never point outside it.
 bool valid_pack_name(std::string_view s);
 
 // Reads exactly size bytes at offset; *got tells how many were read before end of file.

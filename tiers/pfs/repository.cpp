@@ -1,10 +1,12 @@
 // The public Repository (repository.hpp): a thin facade over Repository::Impl. Each operation
 // forwards to Impl (repository_impl.hpp says which file implements what); the catalog lookups read
-// the catalog here, under its shared lock.
+// the catalog here, under its shared lock; a lookup that misses refreshes first (the model may be
+// another writer's) and looks again.
 //
 // Never writes a file and never changes the catalog itself.
 #include "tiers/pfs/repository.hpp"
 
+#include <filesystem>
 #include <memory>
 #include <shared_mutex>
 #include <utility>
@@ -17,37 +19,97 @@ namespace {
 
 using pfs::quote;
 
+// Files under dir, recursively (what a parallel filesystem's metadata servers hold for it).
+uint64_t count_files(const std::string& dir) {
+  uint64_t n = 0;
+  std::error_code ec;
+  for (auto it = std::filesystem::recursive_directory_iterator(dir, ec); !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec))
+    if (it->is_regular_file(ec)) ++n;
+  return n;
+}
+
 }  // namespace
 
 Repository::Repository(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Repository::~Repository() = default;
 
-Result<std::unique_ptr<Repository>> Repository::open(const std::string& dir, uint64_t chunk_size, FileSystem* fs) {
+Result<std::unique_ptr<Repository>> Repository::open(const std::string& dir, uint64_t chunk_size, FileSystem* fs,
+                                                     const RepositoryOptions& options) {
   auto impl = std::make_unique<Impl>();
   impl->fs_ = fs != nullptr ? fs : &posix_fs();
+  impl->options_ = options;
   CAIRN_RETURN_IF_ERROR(impl->open(dir, chunk_size));
   return std::unique_ptr<Repository>(new Repository(std::move(impl)));
 }
 
 uint64_t Repository::chunk_size() const { return impl_->chunk_size_; }
 const std::string& Repository::dir() const { return impl_->dir_; }
-bool Repository::writable() const { return impl_->writer_; }
+bool Repository::writable() const { return impl_->writable_; }
+const std::string& Repository::writer_id() const { return impl_->wid(); }
 
-Status Repository::commit(ModelManifest& m, const ChunkSource& src) { return impl_->commit(m, src); }
+Status Repository::commit(ModelManifest& m, const ChunkSource& src) {
+  std::vector<ModelManifest> one;
+  one.push_back(std::move(m));
+  std::vector<Status> results;
+  Status s = impl_->commit_batch(one, src, &results);
+  m = std::move(one[0]);
+  return s;
+}
 
-bool Repository::contains(const std::string& id) const {
+Status Repository::commit_batch(std::vector<ModelManifest>& ms, const ChunkSource& src, std::vector<Status>* results) {
+  return impl_->commit_batch(ms, src, results);
+}
+
+Status Repository::claim(const std::string& id) {
+  if (!impl_->writable_) return impl_->check_writable();
+  CAIRN_RETURN_IF_ERROR(impl_->coord_->claim(id));
+  // The id may have been published before our claim: look at every log now.
+  RefreshReport ignored;
+  Status s = impl_->refresh(&ignored);
+  if (s.is_ok() && contains_cached(id)) s = already_exists("model " + quote(id) + " is already in repository " + impl_->dir_ + "; models are immutable, commit under a new id");
+  if (!s.is_ok()) impl_->coord_->release(id);
+  return s;
+}
+
+void Repository::release_claim(const std::string& id) { impl_->coord_->release(id); }
+
+Result<RefreshReport> Repository::refresh() {
+  RefreshReport r;
+  CAIRN_RETURN_IF_ERROR(impl_->refresh(&r));
+  return r;
+}
+
+Result<CompactReport> Repository::compact() {
+  CompactReport r;
+  CAIRN_RETURN_IF_ERROR(impl_->compact(&r, /*take_lease=*/true));
+  return r;
+}
+
+bool Repository::contains_cached(const std::string& id) const {
   std::shared_lock lock(impl_->mu_);
   return impl_->models_.count(id) > 0;
 }
 
-Result<ModelManifest> Repository::get(const std::string& id) const {
-  std::shared_ptr<const ModelManifest> m;
-  {
-    std::shared_lock lock(impl_->mu_);
-    auto it = impl_->models_.find(id);
-    if (it == impl_->models_.end()) return not_found("model " + quote(id) + " is not in repository " + impl_->dir_);
-    m = it->second;
+std::shared_ptr<const ModelManifest> Repository::find_refreshing(const std::string& id) const {
+  for (int pass = 0; pass < 2; ++pass) {
+    {
+      std::shared_lock lock(impl_->mu_);
+      auto it = impl_->models_.find(id);
+      if (it != impl_->models_.end()) return it->second;
+    }
+    if (pass == 0) {
+      RefreshReport ignored;
+      (void)impl_->refresh(&ignored);
+    }
   }
+  return nullptr;
+}
+
+bool Repository::contains(const std::string& id) const { return find_refreshing(id) != nullptr; }
+
+Result<ModelManifest> Repository::get(const std::string& id) const {
+  auto m = find_refreshing(id);
+  if (!m) return not_found("model " + quote(id) + " is not in repository " + impl_->dir_);
   return *m;
 }
 
@@ -78,15 +140,23 @@ Result<GcReport> Repository::gc() { return impl_->gc(); }
 Result<FsckReport> Repository::fsck(bool verify_data) const { return impl_->fsck(verify_data); }
 
 Result<std::shared_ptr<const ModelManifest>> Repository::get_shared(const std::string& id) const {
-  std::shared_lock lock(impl_->mu_);
-  auto it = impl_->models_.find(id);
-  if (it == impl_->models_.end()) return not_found("model " + quote(id) + " is not in repository " + impl_->dir_);
-  return it->second;
+  auto m = find_refreshing(id);
+  if (!m) return not_found("model " + quote(id) + " is not in repository " + impl_->dir_);
+  return m;
 }
 
 RepositoryStats Repository::stats() const {
-  std::shared_lock lock(impl_->mu_);
   RepositoryStats s;
+  s.files = count_files(impl_->dir_);
+  s.writers_alive = 0;
+  for (const std::string& w : impl_->coord_->registered_writers())
+    if (impl_->coord_->alive(w)) ++s.writers_alive;
+  if (!impl_->coord_->registered()) ++s.writers_alive;  // this handle, before its first write
+  {
+    std::lock_guard lock(impl_->sync_mu_);
+    s.group_syncs = impl_->group_syncs_;
+  }
+  std::shared_lock lock(impl_->mu_);
   s.models = impl_->models_.size();
   s.packs = impl_->packs_.size();
   s.logical_bytes = impl_->logical_bytes_;

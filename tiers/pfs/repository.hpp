@@ -1,29 +1,28 @@
-// The repository: the durable home of models, a directory on the parallel filesystem.
-// Via the FileSystem seam (core/fs.hpp): pack/manifest/FORMAT writes, read_chunk. Lock, scan, remove, gc, fsck: POSIX.
-// The manifest types and their JSON form are in manifest.hpp (included here); the implementation's
-// files are listed in repository_impl.hpp.
+// The repository: the durable home of models, a directory on the parallel filesystem, shared by
+// any number of processes (every daemon of a job, and of the user's other jobs).
+// Via the FileSystem seam (core/fs.hpp): pack, log, checkpoint and FORMAT writes, read_chunk.
+// Claims, lease, scans, remove, gc, fsck: POSIX. The manifest types and their JSON form are in
+// manifest.hpp (included here); the implementation's files are listed in repository_impl.hpp.
 //
-// Layout (docs/repository-format.md):
-//   FORMAT                         "cairn-repository 1\nchunk_size N\n"
-//   packs/<idhash>-<unique>.safetensors
-//                                  one per committed model holding only the chunks that were new
-//                                  when it was committed; a valid safetensors file
-//   manifests/<idhash>.json        one per model: tensors -> chunk hashes -> (pack, offset, length)
-// A model exists once its manifest is in place. Both files are written to a temporary name,
-// fsync'd, renamed into place, and the directory fsync'd, so a crash leaves either the old state or
-// the new one; stray temporary files and packs that no manifest references are removed at open.
-// The catalog (models, lineage, chunk index, reference counts) lives in memory and is rebuilt from
-// the manifests at open.
+// Layout (docs/repository-format.md, version 2):
+//   FORMAT                          "cairn-repository 2\nchunk_size N\n"
+//   logs/<wid>-<seq>.log            a writer's manifest log: checksummed records (commit, retire,
+//                                   collect, remove), appended with group commit
+//   packs/<wid>-<seq>.pack          a writer's pack segment: small models' new chunks, appended
+//   packs/<name>.safetensors        a pack of its own for a model with many new bytes (and every
+//                                   pack of a migrated version-1 repository): a valid safetensors file
+//   checkpoints/ckpt-<seq>.ckpt     the catalog at some point of every log, so open reads only tails
+//   writers/, claims/, maintenance.lease   coordination between processes (coordination.hpp)
+// A model exists once its commit record is durable. Data is durable before the record that names
+// it. Ids are unique across every writer (claims). Other writers' models appear at refresh() (the
+// daemon calls it every repository_refresh), and at once when a lookup misses.
 //
-// Thread-safety: all methods may be called concurrently. Commits are serialized with each other
-// (so two commits never store the same new chunk twice); reads run in parallel with everything.
-//
-// Processes: one writer, any number of readers. open() takes an exclusive flock() on <dir>/LOCK;
-// the process that gets it is the writer (it cleans up after crashes, commits and removes). A
-// Repository opened while another open file description holds the lock is read-only: it sees the
-// models committed before its open, and commit/remove return kBusy naming the writer.
+// Thread-safety: all methods may be called concurrently. Commits of one handle are planned one at a
+// time (so two commits never store the same new chunk twice) and made durable together (group
+// commit); reads run in parallel with everything.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -49,6 +48,9 @@ struct RepositoryStats {
   uint64_t physical_bytes = 0;  // chunk bytes held in pack files (each chunk stored once)
   uint64_t chunks = 0;          // distinct chunks stored
   uint64_t retired = 0;         // models retired and not yet deleted by gc (collected ones included)
+  uint64_t files = 0;           // files under the repository directory (packs, logs, checkpoints, ...)
+  uint64_t group_syncs = 0;     // group writes of records by this handle (each one fdatasync)
+  uint64_t writers_alive = 0;   // writers registered and alive, this one included
 };
 
 // What Repository::gc did.
@@ -80,6 +82,38 @@ struct FsckReport {
   bool ok() const { return dangling.empty(); }
 };
 
+// Tunables of a Repository handle (the daemon sets them from its config).
+struct RepositoryOptions {
+  // A model whose new chunks reach this many bytes gets a pack file of its own (a valid
+  // safetensors file); smaller ones go into this writer's pack segment. 0: every model its own pack.
+  uint64_t own_pack_bytes = 64ull << 20;
+  // A pack segment or a log is sealed and a new one started beyond these sizes.
+  uint64_t segment_bytes = 1ull << 30;
+  uint64_t log_bytes = 256ull << 20;
+  // gc frees bytes only this long after the records that made them dead, when other writers are
+  // alive (they may be planning a commit against a view older than those records). A committer
+  // whose view is older than half of it refreshes before it writes its record.
+  std::chrono::milliseconds gc_grace{5000};
+  // Open compacts when at least this many logs of writers that are gone are not in a checkpoint.
+  size_t compact_after_logs = 16;
+};
+
+// What refresh() found: models other writers published, and models removed, since the last one.
+struct RefreshReport {
+  std::vector<std::shared_ptr<const ModelManifest>> added;
+  std::vector<std::string> removed;
+  std::vector<std::string> retired;  // became retired or collected (their manifests changed)
+  bool reloaded = false;             // the logs were compacted under us: the catalog was rebuilt
+};
+
+struct CompactReport {
+  uint64_t checkpoint_seq = 0;
+  uint64_t models = 0;
+  uint64_t logs_deleted = 0;
+  uint64_t checkpoints_deleted = 0;
+  uint64_t writers_forgotten = 0;
+};
+
 class Repository {
  public:
   // Supplies the bytes of a chunk the repository does not hold yet. The pointer must stay valid
@@ -93,15 +127,34 @@ class Repository {
   // kCorruption naming the file; a non-empty directory without FORMAT, or another format version,
   // is kInvalidArgument. fs: where pack and manifest bytes are written and chunks read (see the top
   // of this file); nullptr = posix_fs(). It must outlive the Repository.
+  // A version-1 repository (one manifest file per model) is migrated on open when the directory
+  // is writable, else refused with a message naming `cairn migrate`.
   static Result<std::unique_ptr<Repository>> open(const std::string& dir, uint64_t chunk_size,
-                                                  FileSystem* fs = nullptr);
+                                                  FileSystem* fs = nullptr, const RepositoryOptions& options = {});
   ~Repository();
 
   uint64_t chunk_size() const;
   const std::string& dir() const;
-  // False when another process (or another Repository in this one) held the write lock at open:
-  // then commit and remove return kBusy, and open did no crash cleanup.
+  // False when this process may not write the directory (then commit, remove and gc fail).
   bool writable() const;
+  // This handle's writer id ("w" + 16 hex digits): its files are named after it.
+  const std::string& writer_id() const;
+
+  // Reserves id for a commit of this handle: kExists when a model of that id is in the repository
+  // (looked up on the spot in every writer's log) or another live writer is committing it. Commit
+  // takes the claim over (and claims by itself when it was not claimed); release_claim gives it
+  // back when the commit will not happen.
+  Status claim(const std::string& id);
+  void release_claim(const std::string& id);
+  // Whether the catalog holds id, without looking at other writers' logs.
+  bool contains_cached(const std::string& id) const;
+
+  // Reads what other writers published since the last call (and touches this writer's liveness
+  // file). The daemon calls it every repository_refresh; a miss of get/contains calls it too.
+  Result<RefreshReport> refresh();
+  // Writes a checkpoint of the catalog and deletes the logs it makes unnecessary (logs of writers
+  // that are gone), under the maintenance lease.
+  Result<CompactReport> compact();
 
   // Makes m durable. REQUIRES: m.id new (else kExists); m.parent "" or an existing model (else
   // kNotFound); every tensor's chunks have hash and length set, consistent with nbytes and
@@ -109,7 +162,12 @@ class Repository {
   // others are taken from src and written, once each, to the model's new pack. On success m's
   // ChunkRefs, pack and created_ns are filled in. On failure nothing is visible.
   Status commit(ModelManifest& m, const ChunkSource& src);
+  // Commits several models with one group write of their records (the flusher's batches). Each
+  // model succeeds or fails on its own ((*results)[i]); a model may name an earlier one of the
+  // batch as its parent. Returns the first failure, or OK.
+  Status commit_batch(std::vector<ModelManifest>& ms, const ChunkSource& src, std::vector<Status>* results);
 
+  // A miss refreshes first (the model may be another writer's).
   bool contains(const std::string& id) const;
   Result<ModelManifest> get(const std::string& id) const;  // kNotFound names the id
   // The same without a copy.
@@ -140,6 +198,8 @@ class Repository {
   RepositoryStats stats() const;
 
  private:
+  // The model, refreshing once when it is not in the catalog.
+  std::shared_ptr<const ModelManifest> find_refreshing(const std::string& id) const;
   struct Impl;
   explicit Repository(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;

@@ -1,11 +1,15 @@
-// The write path: commit writes a model's new chunks to a pack of its own and then its manifest;
-// write_manifest rewrites a manifest in place (retire and gc use it).
+// The write path. A commit plans which of its chunks are new, writes them (to this writer's pack
+// segment, or to a pack of its own when they are many bytes), adds the model to the catalog and
+// queues its commit record; the group commit then writes every queued record with one write and
+// one fdatasync of the log (after an fdatasync of the segment), so a batch of commits costs one
+// sync, not one each.
 //
-// Crash-safety: both files are published with AtomicFileWriter (temporary name, fsync, rename,
-// directory fsync), the pack before the manifest, so a model becomes visible (on disk, then in the
-// catalog) only once everything it references is durable; a crash in between leaves a pack no
-// manifest references, which the next open removes. Commit never writes into an existing pack:
-// each pack is written once, whole, under a name no other file has.
+// Crash-safety: chunk bytes are durable before the record that names them (the segment is synced
+// before the log in the same group write; a pack of its own is published with AtomicFileWriter
+// before its record is queued). A crash leaves at worst bytes no record names (inert; gc punches
+// them once the writer is known dead) and a torn record at the end of the log (never
+// acknowledged; readers stop before it). A failed group write is cut off the log again
+// (ftruncate), its models leave the catalog and their callers get the error.
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -18,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/log.hpp"
 #include "core/safetensors.hpp"
 #include "tiers/pfs/repository_impl.hpp"
 
@@ -29,30 +34,249 @@ using pfs::AtomicFileWriter;
 using pfs::join_path;
 using pfs::kPackSuffix;
 using pfs::quote;
+using pfs::RecordType;
 using pfs::starts_with;
 
 constexpr std::string_view kChunkEntryPrefix = "__chunk__.";
 
-// v as 16 lowercase hex digits (a pack name's creation-time part).
-std::string hex16(uint64_t v) {
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
-  return std::string(buf, 16);
-}
-
-// Whether anything (a dangling link included) is at path.
-bool path_exists(const std::string& path) {
-  struct stat st {};
-  return ::lstat(path.c_str(), &st) == 0;
+std::string seq6(uint32_t v) {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "%06u", v);
+  return buf;
 }
 
 }  // namespace
 
-Status Repository::Impl::commit(ModelManifest& in, const Repository::ChunkSource& src) {
-  if (!writer_)
-    return busy("repository " + dir_ + " is open read-only here: " + writer_description() +
-                " holds its write lock; commit through that process (the daemon)");
-  std::lock_guard write_lock(write_mu_);
+// ---- this writer's files ----
+
+Status Repository::Impl::ensure_log() {
+  uint64_t written = 0;
+  {
+    std::lock_guard lock(sync_mu_);
+    written = log_written_ + queued_.size();
+  }
+  if (log_ && written < options_.log_bytes) return Status::ok();
+  if (log_) {
+    // Roll over: everything queued goes to the old log, then a seal record ends it.
+    CAIRN_RETURN_IF_ERROR(wait_durable(queued_gen()));
+    json seal = {{"log", log_name_}};
+    std::string rec = pfs::encode_record(RecordType::kSeal, seal.dump());
+    std::lock_guard lock(sync_mu_);
+    if (log_->pwrite(rec.data(), rec.size(), log_written_).is_ok() && log_->sync(true).is_ok()) log_written_ += rec.size();
+    own_sealed_logs_[log_name_] = log_written_;
+    {
+      std::unique_lock clock(mu_);
+      sealed_.insert(log_name_);
+    }
+    log_.reset();
+  }
+  CAIRN_RETURN_IF_ERROR(coord_->register_writer());
+  std::string name = wid() + "-" + seq6(++file_seq_) + std::string(pfs::kLogSuffix);
+  CAIRN_ASSIGN_OR_RETURN(auto f, fs_->open(join_path(logs_dir_, name), kCreate | kExclusive));
+  // The log's directory entry is durable before any record in it is acknowledged.
+  CAIRN_RETURN_IF_ERROR(fs_->sync_dir(logs_dir_).with_context("creating log " + name));
+  std::lock_guard lock(sync_mu_);
+  log_ = std::move(f);
+  log_name_ = name;
+  log_written_ = 0;
+  return Status::ok();
+}
+
+Status Repository::Impl::ensure_segment(uint64_t more_bytes) {
+  if (seg_ && (seg_end_ + more_bytes <= options_.segment_bytes || seg_end_ == pfs::kSegmentHeaderBytes))
+    return Status::ok();
+  if (seg_) {
+    // Sealed: its bytes are synced by the records queued so far; no more go in.
+    CAIRN_RETURN_IF_ERROR(wait_durable(queued_gen()));
+    {
+      std::lock_guard lock(sync_mu_);
+      if (seg_dirty_) CAIRN_RETURN_IF_ERROR(seg_->sync(true));
+      seg_dirty_ = false;
+    }
+    json seal = {{"pack", seg_name_}};
+    CAIRN_RETURN_IF_ERROR(append_durable(pfs::encode_record(RecordType::kSeal, seal.dump()), 1));
+    {
+      std::unique_lock clock(mu_);
+      sealed_.insert(seg_name_);
+    }
+    std::lock_guard lock(sync_mu_);
+    seg_.reset();
+  }
+  CAIRN_RETURN_IF_ERROR(coord_->register_writer());
+  std::string name = wid() + "-" + seq6(++file_seq_) + std::string(pfs::kSegmentSuffix);
+  std::string path = join_path(packs_dir_, name);
+  CAIRN_ASSIGN_OR_RETURN(auto f, fs_->open(path, kCreate | kExclusive));
+  std::string header = "cairn-pack-segment 2\n" + wid() + "\n";
+  header.resize(pfs::kSegmentHeaderBytes, '\n');
+  Status s = f->pwrite(header.data(), header.size(), 0);
+  if (s.is_ok()) s = f->sync(true);
+  if (s.is_ok()) s = fs_->sync_dir(packs_dir_);
+  if (!s.is_ok()) {
+    (void)fs_->unlink(path);
+    return s.with_context("creating pack segment " + path);
+  }
+  std::lock_guard lock(sync_mu_);
+  seg_ = std::move(f);
+  seg_name_ = name;
+  seg_end_ = pfs::kSegmentHeaderBytes;
+  return Status::ok();
+}
+
+void Repository::Impl::seal() {
+  std::lock_guard wlock(write_mu_);
+  if (!log_) return;
+  if (!wait_durable(queued_gen()).is_ok()) return;
+  json seal = {{"log", log_name_}};
+  if (seg_) seal["pack"] = seg_name_;
+  (void)append_durable(pfs::encode_record(RecordType::kSeal, seal.dump()), 1);
+}
+
+// ---- group commit ----
+
+uint64_t Repository::Impl::queue_records(const std::string& bytes, uint64_t count) {
+  std::lock_guard lock(sync_mu_);
+  queued_ += bytes;
+  queued_gen_ += count;
+  return queued_gen_;
+}
+
+uint64_t Repository::Impl::queued_gen() {
+  std::lock_guard lock(sync_mu_);
+  return queued_gen_;
+}
+
+Status Repository::Impl::wait_durable(uint64_t gen) {
+  std::unique_lock lock(sync_mu_);
+  for (;;) {
+    for (const auto& [lo, failure] : failed_)
+      if (gen >= lo && gen <= failure.first) return failure.second;
+    if (durable_gen_ >= gen && !syncing_) return Status::ok();
+    if (durable_gen_ >= gen) return Status::ok();
+    if (syncing_) {
+      sync_cv_.wait(lock);
+      continue;
+    }
+    // Lead one group write: everything queued so far.
+    syncing_ = true;
+    std::string bytes = std::move(queued_);
+    queued_.clear();
+    const uint64_t upto = queued_gen_;
+    const bool seg_dirty = seg_dirty_;
+    seg_dirty_ = false;
+    const uint64_t at = log_written_;
+    File* seg = seg_.get();
+    File* log = log_.get();
+    lock.unlock();
+    Status s;
+    if (seg_dirty && seg != nullptr) s = seg->sync(true).with_context("syncing pack segment");
+    if (s.is_ok() && !bytes.empty()) {
+      if (log == nullptr) {
+        s = internal_error("records queued without a log");
+      } else {
+        s = log->pwrite(bytes.data(), bytes.size(), at);
+        if (s.is_ok()) s = log->sync(true);
+        if (!s.is_ok()) {
+          s = s.with_context("writing the repository log " + join_path(logs_dir_, log_name_));
+          (void)log->truncate(at);  // readers never see the failed batch
+        }
+      }
+    }
+    lock.lock();
+    if (s.is_ok()) {
+      log_written_ = at + bytes.size();
+      ++group_syncs_;
+    } else {
+      failed_[durable_gen_ + 1] = {upto, s};
+    }
+    durable_gen_ = upto;
+    syncing_ = false;
+    sync_cv_.notify_all();
+  }
+}
+
+Status Repository::Impl::append_durable(const std::string& bytes, uint64_t count) {
+  CAIRN_RETURN_IF_ERROR(ensure_log());
+  return wait_durable(queue_records(bytes, count));
+}
+
+// ---- commit ----
+
+Status Repository::Impl::commit_batch(std::vector<ModelManifest>& ms, const Repository::ChunkSource& src,
+                                      std::vector<Status>* results) {
+  results->assign(ms.size(), Status::ok());
+  Status first;
+  auto fail_all = [&](const Status& s) {
+    for (Status& r : *results) r = s;
+    return s;
+  };
+  if (!writable_) return fail_all(check_writable());
+  // Plans dedup against the catalog: it must not be older than half the gc grace (gc frees bytes
+  // a grace after the records that made them dead).
+  Status rs = refresh_if_older(options_.gc_grace / 4);
+  if (!rs.is_ok()) return fail_all(rs.with_context("committing"));
+  std::vector<size_t> staged;
+  std::vector<bool> claimed_here(ms.size(), false);
+  uint64_t gen = 0;
+  {
+    std::lock_guard wlock(write_mu_);
+    Status ls = ensure_log();
+    if (!ls.is_ok()) return fail_all(ls.with_context("committing"));
+    std::string records;
+    for (size_t i = 0; i < ms.size(); ++i) {
+      ModelManifest& m = ms[i];
+      Status s;
+      if (!coord_->holds(m.id)) {
+        s = coord_->claim(m.id);
+        if (s.is_ok()) {
+          claimed_here[i] = true;
+          bool known = false;
+          {
+            std::lock_guard rlock(refresh_mu_);
+            bool reload = false;
+            RefreshReport ignored;
+            s = read_logs(&ignored, &reload, /*own_too=*/false);
+            if (reload) reload_needed_ = true;
+          }
+          {
+            std::shared_lock lock(mu_);
+            known = models_.count(m.id) != 0;
+          }
+          if (s.is_ok() && known)
+            s = already_exists("committing model " + quote(m.id) + ": it is already in repository " + dir_ +
+                               "; models are immutable, commit under a new id");
+        }
+      }
+      std::string rec;
+      if (s.is_ok()) s = stage(m, src, &rec);
+      if (!s.is_ok()) {
+        (*results)[i] = s;
+        if (first.is_ok()) first = s;
+        // The commit will not happen: the id is free again (also when the daemon claimed it).
+        if (s.code() != StatusCode::kExists || claimed_here[i]) coord_->release(m.id);
+        continue;
+      }
+      records += rec;
+      staged.push_back(i);
+    }
+    if (!staged.empty()) gen = queue_records(records, staged.size());
+  }
+  if (staged.empty()) return first;
+  Status d = wait_durable(gen);
+  if (!d.is_ok()) {
+    std::unique_lock lock(mu_);
+    for (auto it = staged.rbegin(); it != staged.rend(); ++it) drop_model(ms[*it].id);
+  }
+  for (size_t i : staged) {
+    if (!d.is_ok()) {
+      (*results)[i] = d;
+      if (first.is_ok()) first = d;
+    }
+    coord_->release(ms[i].id);
+  }
+  return first;
+}
+
+Status Repository::Impl::stage(ModelManifest& in, const Repository::ChunkSource& src, std::string* record) {
   const std::string model = "model " + quote(in.id);
   {
     Status s = validate_manifest(in, /*with_locations=*/false);
@@ -60,6 +284,7 @@ Status Repository::Impl::commit(ModelManifest& in, const Repository::ChunkSource
     if (!s.is_ok()) return s.with_context("committing " + model);
   }
   ModelManifest m = in;
+  std::shared_ptr<const ModelManifest> parent;
 
   // Plan the pack: which chunks are new, and under which entries they go.
   struct NewChunk {
@@ -81,9 +306,13 @@ Status Repository::Impl::commit(ModelManifest& in, const Repository::ChunkSource
     if (models_.count(m.id))
       return already_exists(model + " is already in repository " + dir_ +
                             "; models are immutable, commit under a new id");
-    if (!m.parent.empty() && !models_.count(m.parent))
-      return not_found("parent " + quote(m.parent) + " of " + model + " is not in repository " + dir_ +
-                       "; commit the parent first");
+    if (!m.parent.empty()) {
+      auto pit = models_.find(m.parent);
+      if (pit == models_.end())
+        return not_found("parent " + quote(m.parent) + " of " + model + " is not in repository " + dir_ +
+                         "; commit the parent first");
+      parent = pit->second;
+    }
     for (TensorManifest& t : m.tensors) {
       for (ChunkRef& c : t.chunks) {
         auto it = chunks_.find(c.hash);
@@ -161,14 +390,16 @@ Status Repository::Impl::commit(ModelManifest& in, const Repository::ChunkSource
   auto now =
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
   // A creation time given by the caller (the daemon stamps models when they become visible) is
-  // kept when it follows the last one; commit order and created_ns order always agree.
+  // kept when it follows this handle's last one.
   m.created_ns = in.created_ns > last_created_ns_ ? in.created_ns : std::max<int64_t>(now, last_created_ns_ + 1);
 
-  // Lay out the pack and name it.
+  // Where the new chunks go: a pack of their own (a safetensors file with whole tensors under
+  // their names) when they are many bytes, else the end of this writer's segment.
+  const bool own_pack = !new_chunks.empty() && data_bytes >= options_.own_pack_bytes;
   std::string prefix;
   std::string pack_name;
-  if (!new_chunks.empty()) {
-    std::map<std::string, std::string> meta{{"cairn.format", "1"},
+  if (own_pack) {
+    std::map<std::string, std::string> meta{{"cairn.format", "2"},
                                             {"cairn.model", m.id},
                                             {"cairn.parent", m.parent},
                                             {"cairn.chunk_size", std::to_string(chunk_size_)}};
@@ -186,11 +417,17 @@ Status Repository::Impl::commit(ModelManifest& in, const Repository::ChunkSource
         return internal_error("committing " + model + ": pack entry " + quote(entries[k].name) +
                               " laid out with a size other than its chunks'");
     }
-    std::string base =
-        hash_bytes(m.id.data(), m.id.size()).hex().substr(0, 16) + "-" + hex16(static_cast<uint64_t>(m.created_ns));
-    pack_name = base + std::string(kPackSuffix);
-    for (int k = 1; path_exists(join_path(packs_dir_, pack_name)); ++k)
-      pack_name = base + "-" + std::to_string(k) + std::string(kPackSuffix);
+    pack_name = wid() + "-" + seq6(++file_seq_) + std::string(kPackSuffix);
+  } else if (!new_chunks.empty()) {
+    CAIRN_RETURN_IF_ERROR(ensure_segment(data_bytes).with_context("committing " + model));
+    uint64_t off = seg_end_;
+    for (NewChunk& nc : new_chunks) {
+      nc.offset = off;
+      off += nc.length;
+    }
+    pack_name = seg_name_;
+  }
+  if (!new_chunks.empty())
     for (TensorManifest& t : m.tensors)
       for (ChunkRef& c : t.chunks) {
         auto it = placed.find(c.hash);
@@ -198,76 +435,50 @@ Status Repository::Impl::commit(ModelManifest& in, const Repository::ChunkSource
         c.pack = pack_name;
         c.offset = new_chunks[it->second].offset;
       }
-  }
   m.pack = pack_name;
   for (TensorManifest& t : m.tensors)
     for (ChunkRef& c : t.chunks)
       if (c.pack.empty()) return internal_error("committing " + model + ": a chunk has no location");
 
-  // Serialize the manifest before writing anything, so bad metadata leaves no pack behind.
-  std::string text;
+  // Serialize the record before writing anything, so bad metadata leaves no bytes behind.
+  std::string payload;
   try {
-    text = manifest_to_json(m).dump();
+    payload = encode_commit(m, parent.get());
   } catch (const json::exception& e) {
     return invalid_argument("committing " + model + ": metadata or architecture cannot be written as JSON (" +
                             e.what() + "); strings must be valid UTF-8");
   }
-  text += '\n';
-  const std::string mfile = manifest_file(m.id);
-  if (path_exists(join_path(manifests_dir_, mfile)))
-    return already_exists("committing " + model + ": manifest file " + join_path(manifests_dir_, mfile) +
-                          " exists but is not in the catalog (another writer process?)");
 
-  // Publish: pack, then manifest. The model exists once its manifest is renamed into place.
-  std::string pack_path;
-  if (!new_chunks.empty()) {
-    pack_path = join_path(packs_dir_, pack_name);
+  // The bytes.
+  if (own_pack) {
     std::vector<iovec> iov;
     iov.reserve(new_chunks.size() + 1);
     iov.push_back({prefix.data(), prefix.size()});
     for (const NewChunk& nc : new_chunks) iov.push_back({const_cast<void*>(nc.data), static_cast<size_t>(nc.length)});
     Status s = AtomicFileWriter::publish(*fs_, packs_dir_, pack_name, iov, tmp_name());
     if (!s.is_ok()) return s.with_context("committing " + model + ": writing its pack");
-  }
-  {
-    std::vector<iovec> iov{{text.data(), text.size()}};
-    Status s = AtomicFileWriter::publish(*fs_, manifests_dir_, mfile, iov, tmp_name());
-    if (!s.is_ok()) {
-      if (!pack_path.empty()) {
-        (void)fs_->unlink(pack_path);  // else the next open removes it: no manifest references it
-        (void)fs_->sync_dir(packs_dir_);
-      }
-      return s.with_context("committing " + model + ": writing its manifest");
-    }
+  } else if (!new_chunks.empty()) {
+    std::vector<IoRequest> reqs;
+    reqs.reserve(new_chunks.size());
+    for (const NewChunk& nc : new_chunks)
+      reqs.push_back({const_cast<void*>(nc.data), static_cast<size_t>(nc.length), nc.offset});
+    Status s = seg_->write_many(reqs);
+    if (!s.is_ok()) return s.with_context("committing " + model + ": writing to pack segment " + seg_name_);
+    seg_end_ += data_bytes;
+    std::lock_guard lock(sync_mu_);
+    seg_dirty_ = true;
   }
 
-  // Visible to readers of this process.
+  // In the catalog (visible to this process) now; durable with its record.
   auto shared = std::make_shared<const ModelManifest>(m);
   {
     std::unique_lock lock(mu_);
-    if (!pack_name.empty()) {
-      PackInfo info;
-      info.data_begin = prefix.size();
-      info.data_bytes = data_bytes;
-      packs_.emplace(pack_name, std::move(info));
-    }
-    last_created_ns_ = m.created_ns;
-    add_model(std::move(shared));
+    Status s = add_model(shared);
+    if (!s.is_ok()) return s.with_context("committing " + model);
   }
+  *record = pfs::encode_record(RecordType::kCommit, payload);
   in = std::move(m);
   return Status::ok();
-}
-
-Status Repository::Impl::write_manifest(const ModelManifest& m, bool replacing) {
-  std::string text;
-  try {
-    text = manifest_to_json(m).dump();
-  } catch (const json::exception& e) {
-    return invalid_argument("model " + quote(m.id) + ": its manifest cannot be written as JSON (" + e.what() + ")");
-  }
-  text += '\n';
-  std::vector<iovec> iov{{text.data(), text.size()}};
-  return AtomicFileWriter::publish(*fs_, manifests_dir_, manifest_file(m.id), iov, tmp_name(), replacing);
 }
 
 }  // namespace cairn

@@ -2,11 +2,16 @@
 // space given back: whole packs deleted, holes punched in packs still in use), and fsck (a check
 // that changes nothing).
 //
-// Crash-safety: manifests change first (rewritten or deleted, and the directory synced), and only
-// then is data freed, and only data no manifest on disk references; so a crash at any step leaves
-// every model on disk whole, and at worst bytes nobody references, which the next gc (or, for
-// whole packs, the next open) frees. Children go before their parents, so no manifest on disk ever
-// names a missing parent.
+// Crash-safety: records go first (a remove, retire or collect record durable in this writer's log),
+// and only then is data freed, and only data no record references; so a crash at any step leaves
+// every model whole, and at worst bytes nobody references, which the next gc frees. Children are
+// removed before their parents.
+//
+// Many writers: gc runs under the maintenance lease (one collector at a time; a dead collector's
+// lease is broken by the next). Bytes in files another live writer may still append to are never
+// touched; and while other writers are alive, bytes are freed only gc_grace after the records that
+// made them dead, since another writer may be planning a commit against a view from before them
+// (it refreshes when its view is older than a quarter of the grace: docs/repository-format.md).
 #include <fcntl.h>
 #include <linux/falloc.h>
 #include <sys/stat.h>
@@ -15,12 +20,14 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <thread>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
 #include <vector>
 
+#include "core/log.hpp"
 #include "tiers/pfs/repository_impl.hpp"
 
 namespace cairn {
@@ -39,9 +46,7 @@ using pfs::UniqueFd;
 // ---- remove ----
 
 Status Repository::Impl::remove(const std::string& id) {
-  if (!writer_)
-    return busy("repository " + dir_ + " is open read-only here: " + writer_description() +
-                " holds its write lock; remove through that process (the daemon)");
+  CAIRN_RETURN_IF_ERROR(check_writable());
   std::lock_guard write_lock(write_mu_);
   const std::string model = "model " + quote(id);
   {
@@ -56,45 +61,38 @@ Status Repository::Impl::remove(const std::string& id) {
                   ") whose lineage needs it; remove them first");
     }
   }
-  std::string mpath = join_path(manifests_dir_, manifest_file(id));
-  if (::unlink(mpath.c_str()) != 0 && errno != ENOENT)
-    return errno_status("removing " + model + ": deleting its manifest " + mpath, errno);
-  Status synced = fsync_dir(manifests_dir_);
-
+  nlohmann::json body = {{"id", id}};
+  CAIRN_RETURN_IF_ERROR(append_durable(pfs::encode_record(pfs::RecordType::kRemove, body.dump()), 1)
+                            .with_context("removing " + model));
   std::vector<std::string> dead;
   {
     std::unique_lock lock(mu_);
     dead = drop_model(id);
   }
-  Status result = synced.is_ok() ? Status::ok()
-                                 : synced.with_context(model +
-                                                       " was removed, but its manifest deletion may not "
-                                                       "be durable yet");
-  bool deleted = false;
-  for (const std::string& pack : dead) {
-    forget_pack_file(pack);
-    std::string ppath = join_path(packs_dir_, pack);
-    if (::unlink(ppath.c_str()) == 0 || errno == ENOENT) {
-      deleted = true;
-    } else if (result.is_ok()) {
-      result = errno_status(model + " was removed, but its unreferenced pack " + ppath +
-                                " could not be deleted (the next open of the repository deletes it)",
-                            errno);
+  // Whole packs nothing references: deleted now when no other writer may be planning against them
+  // (else the next gc does it, after the grace).
+  if (!others_alive()) {
+    bool deleted = false;
+    for (const std::string& pack : dead) {
+      if (owner_may_append(pack)) continue;
+      forget_pack_file(pack);
+      if (::unlink(join_path(packs_dir_, pack).c_str()) == 0) deleted = true;
     }
+    if (deleted) (void)fsync_dir(packs_dir_);
   }
-  if (deleted) {
-    Status s = fsync_dir(packs_dir_);
-    if (result.is_ok() && !s.is_ok()) result = s;
-  }
-  return result;
+  return Status::ok();
+}
+
+bool Repository::Impl::others_alive() const {
+  for (const std::string& w : coord_->registered_writers())
+    if (w != wid() && coord_->alive(w)) return true;
+  return false;
 }
 
 // ---- retire, gc, fsck ----
 
 Status Repository::Impl::retire(const std::string& id) {
-  if (!writer_)
-    return busy("repository " + dir_ + " is open read-only here: " + writer_description() +
-                " holds its write lock; retire through that process (the daemon)");
+  CAIRN_RETURN_IF_ERROR(check_writable());
   std::lock_guard write_lock(write_mu_);
   std::shared_ptr<const ModelManifest> old;
   {
@@ -104,15 +102,19 @@ Status Repository::Impl::retire(const std::string& id) {
     old = it->second;
   }
   if (old->retired_ns != 0) return Status::ok();
-  auto m = std::make_shared<ModelManifest>(*old);
   auto now =
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  nlohmann::json body = {{"id", id}, {"retired_ns", std::max<int64_t>(now, 1)}};
+  CAIRN_RETURN_IF_ERROR(append_durable(pfs::encode_record(pfs::RecordType::kRetire, body.dump()), 1)
+                            .with_context("retiring model " + quote(id)));
+  auto m = std::make_shared<ModelManifest>(*old);
   m->retired_ns = std::max<int64_t>(now, 1);
-  Status s = write_manifest(*m, /*replacing=*/true);
-  if (!s.is_ok()) return s.with_context("retiring model " + quote(id));
   std::unique_lock lock(mu_);
-  models_[id] = std::move(m);
-  ++retired_;
+  auto it = models_.find(id);
+  if (it != models_.end() && it->second->retired_ns == 0) {
+    it->second = std::move(m);
+    ++retired_;
+  }
   return Status::ok();
 }
 
@@ -160,36 +162,64 @@ std::vector<Range> dead_ranges(std::vector<Range> live, uint64_t data_begin, uin
 void Repository::Impl::reclaim(const std::vector<std::string>& dead, GcReport* report) {
   bool unlinked = false;
   for (const std::string& pack : dead) {
+    if (owner_may_append(pack)) continue;
     forget_pack_file(pack);
     if (::unlink(join_path(packs_dir_, pack).c_str()) == 0) {
       unlinked = true;
       ++report->packs_deleted;
     }
   }
-  // Pack files nothing references (a crash between a pack's write and its manifest's, say).
+  // Files nothing references whose writers are gone: packs of commits that died before their
+  // record, temporary files of a crash, claims of dead writers.
   std::vector<std::string> names;
   if (list_dir(packs_dir_, &names).is_ok()) {
-    std::shared_lock lock(mu_);
     for (const std::string& name : names) {
-      if (!ends_with(name, kPackSuffix) || packs_.count(name)) continue;
+      bool tmp = pfs::starts_with(name, pfs::kTmpPrefix);
+      std::string owner = tmp ? file_writer(name.substr(pfs::kTmpPrefix.size())) : file_writer(name);
+      if (!tmp && !(ends_with(name, kPackSuffix) || ends_with(name, pfs::kSegmentSuffix))) continue;
+      if (tmp ? (!owner.empty() && (owner == wid() || coord_->alive(owner))) : owner_may_append(name)) continue;
+      {
+        std::shared_lock lock(mu_);
+        if (!tmp && packs_.count(name)) continue;
+      }
+      forget_pack_file(name);
       if (::unlink(join_path(packs_dir_, name).c_str()) == 0) {
         unlinked = true;
-        ++report->packs_deleted;
+        if (!tmp) ++report->packs_deleted;
       }
     }
   }
   if (unlinked) (void)fsync_dir(packs_dir_);
+  std::vector<std::string> claims;
+  std::string cdir = join_path(dir_, pfs::kClaimsDir);
+  if (list_dir(cdir, &claims).is_ok()) {
+    for (const std::string& c : claims) {
+      std::string holder;
+      if (!read_small_file(join_path(cdir, c), 256, &holder).is_ok()) continue;
+      while (!holder.empty() && holder.back() == '\n') holder.pop_back();
+      if (holder != wid() && !coord_->alive(holder)) ::unlink(join_path(cdir, c).c_str());
+    }
+  }
 
-  // Dead ranges inside live packs.
+  // Dead ranges inside live packs that no live writer appends to.
   struct Plan {
     std::string pack;
     uint64_t data_begin;
     std::vector<Range> live;
   };
   std::vector<Plan> plan;
+  std::vector<std::string> pack_names;
+  {
+    std::shared_lock lock(mu_);
+    for (const auto& [name, info] : packs_) pack_names.push_back(name);
+  }
+  std::unordered_set<std::string> skip;
+  for (const std::string& name : pack_names)
+    if (name != seg_name_ && owner_may_append(name)) skip.insert(name);
   {
     std::shared_lock lock(mu_);
     for (const auto& [name, info] : packs_) {
+      if (skip.count(name)) continue;
       Plan p{name, info.data_begin, {}};
       for (const ChunkHash& h : info.indexed) {
         auto cit = chunks_.find(h);
@@ -206,7 +236,9 @@ void Repository::Impl::reclaim(const std::vector<std::string>& dead, GcReport* r
     struct stat st {};
     if (::fstat(fd.get(), &st) != 0) continue;
     uint64_t block = st.st_blksize > 0 ? static_cast<uint64_t>(st.st_blksize) : 4096;
-    for (const Range& r : dead_ranges(std::move(p.live), p.data_begin, static_cast<uint64_t>(st.st_size), block)) {
+    uint64_t end = static_cast<uint64_t>(st.st_size);
+    if (p.pack == seg_name_) end = std::min(end, seg_end_);
+    for (const Range& r : dead_ranges(std::move(p.live), p.data_begin, end, block)) {
       uint64_t before = allocated_bytes(fd.get(), r.begin, r.end);
       if (before == 0) continue;
       if (::fallocate(fd.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(r.begin),
@@ -220,14 +252,19 @@ void Repository::Impl::reclaim(const std::vector<std::string>& dead, GcReport* r
 }
 
 Result<GcReport> Repository::Impl::gc() {
-  if (!writer_)
-    return busy("repository " + dir_ + " is open read-only here: " + writer_description() +
-                " holds its write lock; collect through that process (the daemon)");
-  std::lock_guard write_lock(write_mu_);
+  CAIRN_RETURN_IF_ERROR(check_writable());
+  CAIRN_RETURN_IF_ERROR(coord_->take_lease("gc of repository " + dir_, std::chrono::seconds(30)));
+  struct Release {
+    pfs::Coordination* c;
+    ~Release() { c->release_lease(); }
+  } release{coord_.get()};
+  RefreshReport ignored;
+  CAIRN_RETURN_IF_ERROR(refresh(&ignored));
+  std::unique_lock write_lock(write_mu_);
   GcReport report;
   // Retired models with no descendant left go (children before parents); retired models that
   // live descendants still name as an ancestor stay, collected.
-  std::vector<std::shared_ptr<const ModelManifest>> to_collect;
+  std::vector<std::string> to_collect;
   uint64_t physical_before;
   {
     std::shared_lock lock(mu_);
@@ -243,38 +280,32 @@ Result<GcReport> Repository::Impl::gc() {
         removing.insert(*it);
         report.removed.push_back(*it);
       } else if (!m->collected) {
-        to_collect.push_back(m);
+        to_collect.push_back(*it);
       }
     }
   }
-  // 1. Collected manifests (each replaced atomically).
-  std::vector<std::shared_ptr<const ModelManifest>> collected;
-  for (const auto& old : to_collect) {
-    auto m = std::make_shared<ModelManifest>(*old);
-    m->tensors.clear();
-    m->pack.clear();
-    m->source_header.clear();
-    m->collected = true;
-    Status s = write_manifest(*m, /*replacing=*/true);
-    if (!s.is_ok()) return s.with_context("gc: collecting retired model " + quote(m->id));
-    collected.push_back(std::move(m));
-    report.collected.push_back(old->id);
-  }
-  // 2. Deleted manifests, children first, so no manifest ever names a missing parent.
-  for (const std::string& id : report.removed) {
-    std::string path = join_path(manifests_dir_, manifest_file(id));
-    if (::unlink(path.c_str()) != 0 && errno != ENOENT)
-      return errno_status("gc: deleting the manifest of retired model " + quote(id) + " (" + path + ")", errno);
-  }
-  if (!report.removed.empty()) CAIRN_RETURN_IF_ERROR(fsync_dir(manifests_dir_).with_context("gc"));
-  // 3. The catalog.
+  // 1. The records: collects, then removes (children first), durable before anything is freed.
+  std::string records;
+  for (const std::string& id : to_collect)
+    records += pfs::encode_record(pfs::RecordType::kCollect, nlohmann::json{{"id", id}}.dump());
+  for (const std::string& id : report.removed)
+    records += pfs::encode_record(pfs::RecordType::kRemove, nlohmann::json{{"id", id}}.dump());
+  uint64_t count = to_collect.size() + report.removed.size();
+  if (count > 0) CAIRN_RETURN_IF_ERROR(append_durable(records, count).with_context("gc"));
+  // 2. The catalog.
   std::vector<std::string> dead;
   {
     std::unique_lock lock(mu_);
-    for (auto& m : collected) {
-      std::shared_ptr<const ModelManifest>& slot = models_.at(m->id);
+    for (const std::string& id : to_collect) {
+      std::shared_ptr<const ModelManifest>& slot = models_.at(id);
+      auto m = std::make_shared<ModelManifest>(*slot);
       release_data(*slot, &dead);
+      m->tensors.clear();
+      m->pack.clear();
+      m->source_header.clear();
+      m->collected = true;
       slot = std::move(m);
+      report.collected.push_back(id);
     }
     for (const std::string& id : report.removed) {
       auto d = drop_model(id);
@@ -282,7 +313,18 @@ Result<GcReport> Repository::Impl::gc() {
     }
     report.bytes_released = physical_before - physical_bytes_;
   }
-  // 4. The bytes: only what no manifest on disk references.
+  // 3. Other live writers may be planning against a view from before these records: give them the
+  // grace, then look at their logs again (what they committed meanwhile counts as live).
+  if (others_alive()) {
+    write_lock.unlock();
+    std::this_thread::sleep_for(options_.gc_grace);
+    CAIRN_RETURN_IF_ERROR(refresh(&ignored));
+    write_lock.lock();
+    std::shared_lock lock(mu_);
+    dead.erase(std::remove_if(dead.begin(), dead.end(), [&](const std::string& p) { return packs_.count(p) > 0; }),
+               dead.end());
+  }
+  // 4. The bytes: only what no record references.
   reclaim(dead, &report);
   return report;
 }
@@ -334,7 +376,8 @@ Result<FsckReport> Repository::Impl::fsck(bool verify_data) const {
   CAIRN_RETURN_IF_ERROR(list_dir(packs_dir_, &names));
   std::sort(names.begin(), names.end());
   for (const std::string& name : names) {
-    if (!ends_with(name, kPackSuffix)) continue;
+    if (!ends_with(name, kPackSuffix) && !ends_with(name, pfs::kSegmentSuffix)) continue;
+    if (name != seg_name_ && owner_may_append(name)) continue;  // another writer's: it may be mid-commit
     std::string path = join_path(packs_dir_, name);
     UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
     struct stat st {};

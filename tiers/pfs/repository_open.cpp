@@ -1,21 +1,18 @@
-// Opening a repository: the write lock, the FORMAT file, and the catalog scan that rebuilds the
-// in-memory catalog from the manifests and recovers from a crash; and the catalog's bookkeeping
-// (a model added, dropped, or its data released), which commit and maintenance use too.
+// Opening a repository: the FORMAT file (a version-1 repository is migrated), the catalog load
+// (the newest checkpoint and the logs' tails, repository_sync.cpp), and the catalog's bookkeeping
+// (a model added, dropped, or its data released), which every other part uses.
 //
-// Recovery is the writer's alone: it removes the temporary files and the packs no manifest
-// references, which are all a crash can leave (see scan). A read-only view never deletes a file
-// and never writes FORMAT, a pack or a manifest. Open never repairs a manifest: one that does not
-// parse or check fails open with kCorruption naming the file, for an operator to restore.
+// Open deletes nothing another process may be writing: what a crash leaves (temporary files, data
+// no record names, a torn record at the end of a dead writer's log) is inert, and gc removes it
+// under the maintenance lease once its writer is known to be gone.
 #include <fcntl.h>
-#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
-#include <map>
+#include <cstring>
 #include <string>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -25,14 +22,11 @@
 namespace cairn {
 namespace {
 
-using json = nlohmann::json;
 using pfs::AtomicFileWriter;
 using pfs::ends_with;
 using pfs::fsync_dir;
 using pfs::join_path;
-using pfs::kManifestSuffix;
 using pfs::kMaxChunkSize;
-using pfs::kPackSuffix;
 using pfs::kTmpPrefix;
 using pfs::list_dir;
 using pfs::pread_all;
@@ -41,13 +35,9 @@ using pfs::starts_with;
 using pfs::UniqueFd;
 
 constexpr std::string_view kFormatMagic = "cairn-repository";
-constexpr int kFormatVersion = 1;
+constexpr int kFormatVersion = 2;
 constexpr const char* kFormatFile = "FORMAT";
-constexpr const char* kLockFile = "LOCK";
-constexpr const char* kPacksDir = "packs";
-constexpr const char* kManifestsDir = "manifests";
-constexpr uint64_t kMaxManifestBytes = 1ull << 30;  // sanity bound when reading a manifest
-constexpr int kReaderScanAttempts = 5;
+constexpr const char* kLockFile = "LOCK";  // version 1's writer lock: ignored
 
 // mkdir -p with mode 0755 for the directories it creates.
 Status make_dirs(const std::string& path) {
@@ -67,6 +57,8 @@ Status make_dirs(const std::string& path) {
   return Status::ok();
 }
 
+}  // namespace
+
 // The whole file; kNotFound (errno_status maps ENOENT) when absent.
 Status read_small_file(const std::string& path, uint64_t max_bytes, std::string* out) {
   UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
@@ -85,68 +77,27 @@ Status read_small_file(const std::string& path, uint64_t max_bytes, std::string*
   return Status::ok();
 }
 
-// A manifest scan has read, and the file it came from.
-struct LoadedModel {
-  std::shared_ptr<ModelManifest> m;
-  std::string file;
-};
+// ---- open: FORMAT ----
 
-}  // namespace
-
-// ---- open: the lock and FORMAT ----
-
-Status Repository::Impl::take_lock() {
-  std::string path = join_path(dir_, kLockFile);
-  lock_fd_ = UniqueFd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
-  if (!lock_fd_.valid()) {
-    if (errno == EACCES || errno == EROFS || errno == EPERM) {
-      writer_ = false;  // a read-only view (no permission to write the repository)
-      return Status::ok();
-    }
-    return errno_status("opening the repository lock file " + path, errno);
-  }
-  while (::flock(lock_fd_.get(), LOCK_EX | LOCK_NB) != 0) {
-    if (errno == EINTR) continue;
-    if (errno == EWOULDBLOCK) {
-      writer_ = false;
-      return Status::ok();
-    }
-    if (errno == ENOLCK || errno == EOPNOTSUPP || errno == ENOSYS || errno == EINVAL) {
-      // The filesystem has no locks (e.g. Lustre mounted without -o flock): the single-writer
-      // rule is then the operator's (docs/repository-format.md).
-      writer_ = true;
-      return Status::ok();
-    }
-    return errno_status("locking " + path, errno);
-  }
-  writer_ = true;
-  // Who holds it, for the kBusy messages of read-only views.
-  char host[256] = {};
-  ::gethostname(host, sizeof host - 1);
-  std::string who = "pid " + std::to_string(::getpid()) + " on " + host + "\n";
-  if (::ftruncate(lock_fd_.get(), 0) == 0) {
-    ssize_t ignored = ::pwrite(lock_fd_.get(), who.data(), who.size(), 0);
-    (void)ignored;
-  }
-  return Status::ok();
+Status Repository::Impl::check_writable() {
+  if (writable_) return Status::ok();
+  return permission_denied("repository " + dir_ + " is not writable by this process; it can be read, not changed");
 }
 
-std::string Repository::Impl::writer_description() const {
-  std::string who;
-  if (read_small_file(join_path(dir_, kLockFile), 4096, &who).is_ok()) {
-    while (!who.empty() && (who.back() == '\n' || who.back() == '\r')) who.pop_back();
-  }
-  return who.empty() ? std::string("another process") : who;
+Status Repository::Impl::write_format(int version) {
+  std::string content = std::string(kFormatMagic) + " " + std::to_string(version) + "\nchunk_size " +
+                        std::to_string(chunk_size_) + "\n";
+  std::vector<iovec> iov{{content.data(), content.size()}};
+  bool replacing = fs_->exists(join_path(dir_, kFormatFile));
+  return AtomicFileWriter::publish(*fs_, dir_, kFormatFile, iov, tmp_name(), replacing);
 }
 
-Status Repository::Impl::init_or_read_format(uint64_t chunk_size) {
+Status Repository::Impl::init_or_read_format(uint64_t chunk_size, int* version) {
   std::string path = join_path(dir_, kFormatFile);
   std::string text;
   Status s = read_small_file(path, 4096, &text);
   if (s.code() == StatusCode::kNotFound) {
-    if (!writer_)
-      return unavailable("repository " + dir_ + " has no FORMAT file yet and " + writer_description() +
-                         " holds its write lock (it may be creating it); retry shortly");
+    CAIRN_RETURN_IF_ERROR(check_writable());
     if (chunk_size == 0 || chunk_size > kMaxChunkSize)
       return invalid_argument("chunk size " + std::to_string(chunk_size) + " for new repository " + dir_ +
                               " must be 1.." + std::to_string(kMaxChunkSize) + " bytes");
@@ -154,22 +105,19 @@ Status Repository::Impl::init_or_read_format(uint64_t chunk_size) {
     CAIRN_RETURN_IF_ERROR(list_dir(dir_, &names));
     for (const std::string& n : names) {
       if (n == kLockFile) continue;
-      if (starts_with(n, kTmpPrefix)) {
-        ::unlink(join_path(dir_, n).c_str());
-        continue;
-      }
+      if (starts_with(n, kTmpPrefix) || n == kFormatFile) continue;  // another process creating it too
       return invalid_argument("directory " + dir_ + " is not empty (it holds " + quote(n) +
                               ") and has no FORMAT file, so it is not a cairn repository; give an "
                               "empty or new directory");
     }
-    std::string content = std::string(kFormatMagic) + " " + std::to_string(kFormatVersion) + "\nchunk_size " +
-                          std::to_string(chunk_size) + "\n";
-    std::vector<iovec> iov{{content.data(), content.size()}};
-    CAIRN_RETURN_IF_ERROR(AtomicFileWriter::publish(*fs_, dir_, kFormatFile, iov, tmp_name()));
     chunk_size_ = chunk_size;
-    return Status::ok();
+    // Two processes creating one repository at once: the last rename wins and both read it back.
+    CAIRN_RETURN_IF_ERROR(write_format(kFormatVersion));
+    text.clear();
+    CAIRN_RETURN_IF_ERROR(read_small_file(path, 4096, &text));
+  } else {
+    CAIRN_RETURN_IF_ERROR(s);
   }
-  CAIRN_RETURN_IF_ERROR(s);
   // "cairn-repository <version>\nchunk_size <n>\n"
   std::string_view rest = text;
   auto take_line = [&rest](std::string_view* line) {
@@ -194,32 +142,45 @@ Status Repository::Impl::init_or_read_format(uint64_t chunk_size) {
                     std::string(kFormatMagic) + " " + std::to_string(kFormatVersion) + "\\nchunk_size N\\n\"); is " +
                     dir_ + " a cairn repository?";
   if (!take_line(&line1) || !starts_with(line1, std::string(kFormatMagic) + " ")) return corruption(bad);
-  uint64_t version = 0;
-  if (!parse_u64(line1.substr(kFormatMagic.size() + 1), &version)) return corruption(bad);
-  if (version != static_cast<uint64_t>(kFormatVersion))
-    return invalid_argument("repository " + dir_ + " has format version " + std::to_string(version) +
+  uint64_t v = 0;
+  if (!parse_u64(line1.substr(kFormatMagic.size() + 1), &v)) return corruption(bad);
+  if (v != 1 && v != static_cast<uint64_t>(kFormatVersion))
+    return invalid_argument("repository " + dir_ + " has format version " + std::to_string(v) +
                             "; this cairn reads version " + std::to_string(kFormatVersion) +
-                            " only — use a matching cairn");
+                            " (and migrates version 1) only — use a matching cairn");
   uint64_t cs = 0;
   if (!take_line(&line2) || !starts_with(line2, "chunk_size ") || !parse_u64(line2.substr(11), &cs) || cs == 0 ||
       cs > kMaxChunkSize || !rest.empty())
     return corruption(bad);
   chunk_size_ = cs;
+  *version = static_cast<int>(v);
   return Status::ok();
 }
+
 
 Status Repository::Impl::open(const std::string& dir, uint64_t chunk_size) {
   if (dir.empty()) return invalid_argument("repository directory: empty path");
   dir_ = dir;
   while (dir_.size() > 1 && dir_.back() == '/') dir_.pop_back();
-  packs_dir_ = join_path(dir_, kPacksDir);
-  manifests_dir_ = join_path(dir_, kManifestsDir);
+  packs_dir_ = join_path(dir_, pfs::kPacksDir);
+  logs_dir_ = join_path(dir_, pfs::kLogsDir);
+  ckpt_dir_ = join_path(dir_, pfs::kCheckpointsDir);
+  coord_ = std::make_unique<pfs::Coordination>(dir_);
   CAIRN_RETURN_IF_ERROR(make_dirs(dir_));
-  CAIRN_RETURN_IF_ERROR(take_lock());
-  CAIRN_RETURN_IF_ERROR(init_or_read_format(chunk_size));
-  if (writer_) {
+  writable_ = ::access(dir_.c_str(), W_OK) == 0;
+  int version = 0;
+  CAIRN_RETURN_IF_ERROR(init_or_read_format(chunk_size, &version));
+  if (version == 1) {
+    if (!writable_)
+      return invalid_argument("repository " + dir_ +
+                              " has format version 1 (a file per model) and this process cannot migrate it (the "
+                              "directory is not writable); run `cairn migrate " + dir_ + "` as its owner");
+    CAIRN_RETURN_IF_ERROR(migrate_v1());
+  }
+  if (writable_) {
     bool created = false;
-    for (const std::string& sub : {packs_dir_, manifests_dir_}) {
+    for (const std::string& sub : {packs_dir_, logs_dir_, ckpt_dir_, join_path(dir_, pfs::kWritersDir),
+                                   join_path(dir_, pfs::kClaimsDir)}) {
       if (::mkdir(sub.c_str(), 0755) == 0) {
         created = true;
       } else if (errno != EEXIST) {
@@ -228,13 +189,36 @@ Status Repository::Impl::open(const std::string& dir, uint64_t chunk_size) {
     }
     if (created) CAIRN_RETURN_IF_ERROR(fsync_dir(dir_));
   }
-  for (int attempt = 1;; ++attempt) {
-    bool raced = false;
-    Status s = scan(&raced);
-    if (s.is_ok()) return s;
-    clear_catalog();
-    if (!raced || attempt >= kReaderScanAttempts) return s;
+  {
+    std::lock_guard lock(refresh_mu_);
+    CAIRN_RETURN_IF_ERROR(load(nullptr));
   }
+  // A migration that died after FORMAT said 2 leaves version 1's manifests behind; they are in
+  // the checkpoint, so they go.
+  if (writable_ && fs_->exists(join_path(dir_, pfs::kManifestsDir)) &&
+      coord_->take_lease("removing version 1 manifests", std::chrono::milliseconds(0)).is_ok()) {
+    (void)fs_->remove_all(join_path(dir_, pfs::kManifestsDir));
+    coord_->release_lease();
+  }
+  // Many logs of writers that are gone: fold them into a checkpoint now, so the next open is fast.
+  if (writable_ && options_.compact_after_logs > 0) {
+    size_t dead_logs = 0;
+    {
+      std::lock_guard lock(refresh_mu_);
+      for (const auto& [name, off] : read_to_)
+        if (!owner_may_append(name)) ++dead_logs;
+    }
+    if (dead_logs >= options_.compact_after_logs) {
+      CompactReport ignored;
+      Status s = compact(&ignored, /*take_lease=*/true);
+      if (!s.is_ok() && s.code() != StatusCode::kBusy) return s.with_context("compacting at open");
+    }
+  }
+  return Status::ok();
+}
+
+Repository::Impl::~Impl() {
+  if (log_ || seg_) seal();
 }
 
 void Repository::Impl::clear_catalog() {
@@ -249,161 +233,44 @@ void Repository::Impl::clear_catalog() {
   last_created_ns_ = 0;
 }
 
-// ---- the catalog scan ----
-
-// Crash recovery. Every file is renamed into place only once it is durable, and a pack before the
-// manifest that references it, so a crash leaves at most: temporary files (.tmp-*); packs that no
-// manifest references (a commit that died before its manifest, a remove or gc that died between
-// its manifest changes and the pack deletions); and dead ranges inside packs still in use (gc died
-// before punching them), which the next gc punches. The writer deletes the first two below. Every
-// manifest in place was whole when it was renamed there, so anything else wrong is corruption:
-// reported, never repaired.
-Status Repository::Impl::scan(bool* raced) {
-  *raced = false;
-  // 1. Manifests.
-  std::vector<std::string> names;
-  bool missing = false;
-  CAIRN_RETURN_IF_ERROR(list_dir(manifests_dir_, &names, &missing));
-  bool removed_manifest_tmp = false;
-  std::vector<LoadedModel> loaded;
-  std::unordered_map<std::string, size_t> by_id;
-  for (const std::string& name : names) {
-    std::string path = join_path(manifests_dir_, name);
-    if (starts_with(name, kTmpPrefix)) {
-      if (writer_ && ::unlink(path.c_str()) == 0) removed_manifest_tmp = true;
-      continue;
-    }
-    if (!ends_with(name, kManifestSuffix)) continue;  // not ours (an editor's backup, say)
-    std::string text;
-    Status s = read_small_file(path, kMaxManifestBytes, &text);
-    if (s.code() == StatusCode::kNotFound && !writer_) {
-      *raced = true;
-      continue;
-    }
-    if (!s.is_ok()) return s.code() == StatusCode::kNotFound ? corruption(s.message()) : s;
-    const std::string what = "manifest " + path;
-    const std::string todo = "; restore it, or move it out of manifests/ to drop that model";
-    json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded()) return corruption(what + " is not valid JSON" + todo);
-    Result<ModelManifest> r = manifest_from_json(j);
-    if (!r.is_ok()) return corruption(what + ": " + r.status().message() + todo);
-    auto m = std::make_shared<ModelManifest>(std::move(r).value());
-    if (name != manifest_file(m->id))
-      return corruption(what + " holds model " + quote(m->id) + ", whose manifest is named " + manifest_file(m->id) +
-                        todo);
-    Status cs = validate_chunking(*m, chunk_size_);
-    if (!cs.is_ok()) return corruption(what + ": " + cs.message() + todo);
-    by_id.emplace(m->id, loaded.size());
-    loaded.push_back({std::move(m), path});
-  }
-
-  // 2. Lineage: parents exist, no cycles.
-  for (const LoadedModel& lm : loaded) {
-    const std::string& p = lm.m->parent;
-    if (!p.empty() && !by_id.count(p))
-      return corruption("manifest " + lm.file + ": model " + quote(lm.m->id) + " has parent " + quote(p) +
-                        ", which is not in the repository; restore the parent's manifest");
-  }
-  {
-    std::vector<int> state(loaded.size(), 0);  // 0 new, 1 on the current path, 2 done
-    for (size_t i = 0; i < loaded.size(); ++i) {
-      std::vector<size_t> path;
-      size_t k = i;
-      while (state[k] == 0) {
-        state[k] = 1;
-        path.push_back(k);
-        const std::string& p = loaded[k].m->parent;
-        if (p.empty()) break;
-        k = by_id.at(p);
-        if (state[k] == 1)
-          return corruption("model " + quote(loaded[k].m->id) +
-                            " is its own ancestor (a parent cycle in the manifests)");
-      }
-      for (size_t q : path) state[q] = 2;
-    }
-  }
-
-  // 3. Packs: which are referenced, by whom first.
-  std::map<std::string, std::string> referenced;  // pack -> first model id
-  for (const LoadedModel& lm : loaded) {
-    if (!lm.m->pack.empty()) referenced.emplace(lm.m->pack, lm.m->id);
-    for (const TensorManifest& t : lm.m->tensors)
-      for (const ChunkRef& c : t.chunks) referenced.emplace(c.pack, lm.m->id);
-  }
-  std::vector<std::string> pack_names;
-  bool packs_missing = false;
-  CAIRN_RETURN_IF_ERROR(list_dir(packs_dir_, &pack_names, &packs_missing));
-  bool removed_pack = false;
-  if (writer_) {
-    for (const std::string& name : pack_names) {
-      bool stray = starts_with(name, kTmpPrefix) || (ends_with(name, kPackSuffix) && !referenced.count(name));
-      if (stray && ::unlink(join_path(packs_dir_, name).c_str()) == 0) removed_pack = true;
-    }
-  }
-  std::unordered_map<std::string, PackInfo> packs;
-  std::unordered_map<std::string, uint64_t> pack_sizes;
-  for (const auto& [pack, first_model] : referenced) {
+Status Repository::Impl::register_pack(const std::string& pack) {
+  if (packs_.count(pack)) return Status::ok();
+  PackInfo info;
+  if (ends_with(pack, pfs::kSegmentSuffix)) {
+    info.data_begin = pfs::kSegmentHeaderBytes;
+  } else {
     std::string path = join_path(packs_dir_, pack);
     UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
     if (!fd.valid()) {
       int err = errno;
       if (err == ENOENT) {
-        if (!writer_) *raced = true;
-        return corruption("model " + quote(first_model) + " references pack " + pack + ", which is missing from " +
-                          packs_dir_ + "; restore the pack, or remove the model's manifest");
+        // Replaying a log, a model that a later record removes may name a pack gc deleted: only
+        // packs still referenced once the load is done must exist (load() checks).
+        info.missing = true;
+        packs_.emplace(pack, std::move(info));
+        return Status::ok();
       }
       return errno_status("opening pack " + path, err);
     }
-    struct stat st {};
-    if (::fstat(fd.get(), &st) != 0) return errno_status("checking pack " + path, errno);
-    auto size = static_cast<uint64_t>(st.st_size);
     uint8_t prefix[8] = {};
     size_t got = 0;
     CAIRN_RETURN_IF_ERROR(pread_all(fd.get(), prefix, sizeof prefix, 0, path, &got));
     uint64_t n = 0;
     for (int b = 7; b >= 0; --b) n = n << 8 | prefix[b];
-    if (got < 8 || n > safetensors::kMaxHeaderBytes || 8 + n > size)
-      return corruption("pack " + path + " (of model " + quote(first_model) +
-                        ") does not start with a safetensors header; restore it");
-    PackInfo info;
+    if (got < 8 || n > safetensors::kMaxHeaderBytes)
+      return corruption("pack " + path + " does not start with a safetensors header; restore it");
     info.data_begin = 8 + n;
-    info.data_bytes = size - info.data_begin;
-    packs.emplace(pack, std::move(info));
-    pack_sizes.emplace(pack, size);
   }
-  // Every chunk lies inside its pack's data section.
-  for (const LoadedModel& lm : loaded) {
-    for (const TensorManifest& t : lm.m->tensors) {
-      for (size_t ci = 0; ci < t.chunks.size(); ++ci) {
-        const ChunkRef& c = t.chunks[ci];
-        const PackInfo& info = packs.at(c.pack);
-        if (c.offset < info.data_begin || c.offset + c.length > pack_sizes.at(c.pack))
-          return corruption("model " + quote(lm.m->id) + " tensor " + quote(t.name) + " chunk " + std::to_string(ci) +
-                            " lies at [" + std::to_string(c.offset) + ", " + std::to_string(c.offset + c.length) +
-                            ") outside the data of pack " + c.pack + " (" + std::to_string(pack_sizes.at(c.pack)) +
-                            " bytes); the pack is truncated or the manifest is wrong");
-      }
-    }
-  }
-  if (removed_manifest_tmp) CAIRN_RETURN_IF_ERROR(fsync_dir(manifests_dir_));
-  if (removed_pack) CAIRN_RETURN_IF_ERROR(fsync_dir(packs_dir_));
-
-  // 4. The catalog, in commit order.
-  std::sort(loaded.begin(), loaded.end(), [](const LoadedModel& a, const LoadedModel& b) {
-    return a.m->created_ns != b.m->created_ns ? a.m->created_ns < b.m->created_ns : a.m->id < b.m->id;
-  });
-  std::unique_lock lock(mu_);
-  packs_ = std::move(packs);
-  for (LoadedModel& lm : loaded) {
-    last_created_ns_ = std::max(last_created_ns_, lm.m->created_ns);
-    add_model(std::move(lm.m));
-  }
+  packs_.emplace(pack, std::move(info));
   return Status::ok();
 }
 
 // ---- the catalog's bookkeeping (mu_ held exclusively) ----
 
-void Repository::Impl::add_model(std::shared_ptr<const ModelManifest> m) {
+Status Repository::Impl::add_model(std::shared_ptr<const ModelManifest> m) {
+  if (!m->pack.empty()) CAIRN_RETURN_IF_ERROR(register_pack(m->pack));
+  for (const TensorManifest& t : m->tensors)
+    for (const ChunkRef& c : t.chunks) CAIRN_RETURN_IF_ERROR(register_pack(c.pack));
   const std::string& id = m->id;
   order_.push_back(id);
   if (!m->parent.empty()) children_[m->parent].push_back(id);
@@ -423,7 +290,9 @@ void Repository::Impl::add_model(std::shared_ptr<const ModelManifest> m) {
     }
   }
   if (m->retired_ns != 0) ++retired_;
+  last_created_ns_ = std::max(last_created_ns_, m->created_ns);
   models_.emplace(id, std::move(m));
+  return Status::ok();
 }
 
 std::vector<std::string> Repository::Impl::drop_model(const std::string& id) {

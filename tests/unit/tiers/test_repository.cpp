@@ -1,169 +1,17 @@
 // Tests for the repository on the PFS (tiers/pfs/repository.hpp, docs/repository-format.md).
-#include <signal.h>
-#include <stdlib.h>
-#include <sys/resource.h>
-#include <sys/wait.h>
-#include <unistd.h>
+#include "unit/tiers/repo_test_util.hpp"
 
-#include <atomic>
-#include <catch2/catch.hpp>
-#include <cstring>
-#include <filesystem>
-#include <fstream>
-#include <iterator>
-#include <mutex>
-#include <random>
-#include <set>
-#include <thread>
-#include <unordered_map>
-
-#include "unit/temp_dir.hpp"
-#include "core/fs.hpp"
-#include "core/safetensors.hpp"
-#include "tiers/pfs/repository.hpp"
-
-namespace fs = std::filesystem;
-using namespace cairn;
-
-namespace {
-
-constexpr uint64_t kChunk = 64 * 1024;  // small chunks so tests see multi-chunk tensors
-
-struct TempDir : testing::TempDir {
-  TempDir() : testing::TempDir("cairn-test-repo") {}
-};
-
-// Deterministic, incompressible-looking bytes.
-std::string make_bytes(size_t n, uint64_t seed) {
-  std::string s(n, '\0');
-  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (size_t i = 0; i < n; ++i) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    s[i] = static_cast<char>(x & 0xFF);
-  }
-  return s;
-}
-
-// Chunk bytes by hash, handed to commit as its ChunkSource; counts what commit asks for.
-struct ChunkStore {
-  std::unordered_map<ChunkHash, std::string, ChunkHashHasher> chunks;
-  std::unordered_map<std::string, std::string> tensors;  // name -> bytes (last one added)
-  std::atomic<int> calls{0};
-  std::atomic<uint64_t> bytes_asked{0};
-
-  Repository::ChunkSource source() {
-    return [this](const ChunkHash& h, uint64_t len) -> Result<const void*> {
-      ++calls;
-      bytes_asked += len;
-      auto it = chunks.find(h);
-      if (it == chunks.end() || it->second.size() != len) return not_found("test source: no chunk " + h.hex());
-      return static_cast<const void*>(it->second.data());
-    };
-  }
-  void reset_counts() {
-    calls = 0;
-    bytes_asked = 0;
-  }
-};
-
-TensorManifest make_tensor(ChunkStore& store, const std::string& name, DType dtype, std::vector<int64_t> shape,
-                           const std::string& bytes, uint64_t chunk_size = kChunk) {
-  TensorManifest t;
-  t.name = name;
-  t.dtype = dtype;
-  t.shape = std::move(shape);
-  t.nbytes = bytes.size();
-  REQUIRE(tensor_nbytes(dtype, t.shape).value() == bytes.size());
-  for (uint64_t off = 0; off < bytes.size(); off += chunk_size) {
-    uint64_t n = std::min<uint64_t>(chunk_size, bytes.size() - off);
-    std::string piece = bytes.substr(off, n);
-    ChunkRef c;
-    c.hash = hash_bytes(piece.data(), piece.size());
-    c.length = n;
-    store.chunks.emplace(c.hash, std::move(piece));
-    t.chunks.push_back(c);
-  }
-  store.tensors[name] = bytes;
-  return t;
-}
-
-// A U8 tensor of n pseudo-random bytes.
-TensorManifest u8_tensor(ChunkStore& store, const std::string& name, size_t n, uint64_t seed) {
-  return make_tensor(store, name, DType::kU8, {static_cast<int64_t>(n)}, make_bytes(n, seed));
-}
-
-ModelManifest make_model(const std::string& id, const std::string& parent, std::vector<TensorManifest> tensors) {
-  ModelManifest m;
-  m.id = id;
-  m.parent = parent;
-  m.tensors = std::move(tensors);
-  m.metadata = {{"score", 0.5}, {"task", "test"}};
-  return m;
-}
-
-// Reads a tensor back chunk by chunk.
-std::string read_tensor(const Repository& repo, const TensorManifest& t) {
-  std::string out;
-  for (const ChunkRef& c : t.chunks) {
-    std::string buf(c.length, '\0');
-    Status s = repo.read_chunk(c, buf.data());
-    INFO(s.to_string());
-    REQUIRE(s.is_ok());
-    out += buf;
-  }
-  return out;
-}
-
-void require_model_bytes(const Repository& repo, const std::string& id, const ChunkStore& store) {
-  Result<ModelManifest> m = repo.get(id);
-  REQUIRE(m.is_ok());
-  for (const TensorManifest& t : m->tensors) {
-    INFO("tensor " << t.name);
-    REQUIRE(read_tensor(repo, t) == store.tensors.at(t.name));
-  }
-}
-
-std::unique_ptr<Repository> open_repo(const std::string& dir, uint64_t chunk_size = kChunk) {
-  auto r = Repository::open(dir, chunk_size);
-  INFO(r.status().to_string());
-  REQUIRE(r.is_ok());
-  return std::move(r).value();
-}
-
-std::set<std::string> files_in(const std::string& dir) {
-  std::set<std::string> out;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir, ec)) out.insert(e.path().filename().string());
-  return out;
-}
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-void spit(const std::string& path, const std::string& data) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << data;
-}
-
-bool same_stats(const RepositoryStats& a, const RepositoryStats& b) {
-  return a.models == b.models && a.packs == b.packs && a.logical_bytes == b.logical_bytes &&
-         a.physical_bytes == b.physical_bytes && a.chunks == b.chunks;
-}
-
-}  // namespace
-
-TEST_CASE("a new repository has FORMAT, packs/ and manifests/", "[repository]") {
+TEST_CASE("a new repository has FORMAT, packs/, logs/ and checkpoints/", "[repository]") {
   TempDir tmp;
   auto repo = open_repo(tmp.repo());
   CHECK(repo->chunk_size() == kChunk);
   CHECK(repo->writable());
-  CHECK(slurp(tmp.repo() + "/FORMAT") == "cairn-repository 1\nchunk_size 65536\n");
+  CHECK(slurp(tmp.repo() + "/FORMAT") == "cairn-repository 2\nchunk_size 65536\n");
   CHECK(fs::is_directory(tmp.repo() + "/packs"));
-  CHECK(fs::is_directory(tmp.repo() + "/manifests"));
+  CHECK(fs::is_directory(tmp.repo() + "/logs"));
+  CHECK(fs::is_directory(tmp.repo() + "/checkpoints"));
+  CHECK_FALSE(fs::exists(tmp.repo() + "/manifests"));
+  CHECK(files_in(tmp.repo() + "/logs").empty());  // nothing written yet: no log
   auto st = repo->stats();
   CHECK(st.models == 0);
   CHECK(st.packs == 0);
@@ -174,7 +22,7 @@ TEST_CASE("a new repository has FORMAT, packs/ and manifests/", "[repository]") 
   CHECK(again->chunk_size() == kChunk);
 }
 
-TEST_CASE("open rejects what is not a version-1 repository", "[repository]") {
+TEST_CASE("open rejects what is not a cairn repository", "[repository]") {
   TempDir tmp;
   SECTION("a non-empty directory without FORMAT") {
     fs::create_directories(tmp.repo());
@@ -187,11 +35,11 @@ TEST_CASE("open rejects what is not a version-1 repository", "[repository]") {
   }
   SECTION("an unknown format version") {
     fs::create_directories(tmp.repo());
-    spit(tmp.repo() + "/FORMAT", "cairn-repository 2\nchunk_size 65536\n");
+    spit(tmp.repo() + "/FORMAT", "cairn-repository 3\nchunk_size 65536\n");
     auto r = Repository::open(tmp.repo(), kChunk);
     REQUIRE_FALSE(r.is_ok());
     CHECK(r.status().code() == StatusCode::kInvalidArgument);
-    CHECK_THAT(r.status().message(), Catch::Contains("version 2"));
+    CHECK_THAT(r.status().message(), Catch::Contains("version 3"));
   }
   SECTION("a garbled FORMAT") {
     fs::create_directories(tmp.repo());
@@ -232,9 +80,8 @@ TEST_CASE("commit then get round-trips manifests and bytes", "[repository]") {
       CHECK(c.pack == committed.pack);
       CHECK(c.offset > 8);
     }
-  // The manifest file name is the id's hash, never the id.
-  std::string mfile = hash_bytes(m.id.data(), m.id.size()).hex() + ".json";
-  CHECK(fs::exists(tmp.repo() + "/manifests/" + mfile));
+  // One log of this writer holds the record; file names never hold the id.
+  CHECK(files_in(tmp.repo() + "/logs") == std::set<std::string>{repo->writer_id() + "-000001.log"});
   CHECK(fs::exists(tmp.repo() + "/packs/" + committed.pack));
 
   Result<ModelManifest> got = repo->get(m.id);
@@ -463,7 +310,7 @@ TEST_CASE("a pack is an ordinary safetensors file", "[repository]") {
   auto h = safetensors::read_header(path);
   INFO(h.status().to_string());
   REQUIRE(h.is_ok());
-  CHECK(h->metadata.at("cairn.format") == "1");
+  CHECK(h->metadata.at("cairn.format") == "2");
   CHECK(h->metadata.at("cairn.model") == "child");
   CHECK(h->metadata.at("cairn.parent") == "parent");
   // Whole new tensors under their own names; the rest as chunk entries.
@@ -520,12 +367,16 @@ TEST_CASE("a corrupt chunk is reported, never returned", "[repository]") {
     std::string buf0(c0.length, '\0');
     CHECK(repo->read_chunk(c0, buf0.data()).is_ok());
   }
-  SECTION("a truncated pack fails open") {
+  SECTION("a truncated pack: open works, the chunk read and fsck report it") {
     fs::resize_file(path, c.offset + 10);
-    auto r = Repository::open(tmp.repo(), kChunk);
-    REQUIRE_FALSE(r.is_ok());
-    CHECK(r.status().code() == StatusCode::kCorruption);
-    CHECK_THAT(r.status().message(), Catch::Contains(m.pack));
+    auto repo = open_repo(tmp.repo());
+    std::string buf(c.length, '\0');
+    Status s = repo->read_chunk(c, buf.data());
+    CHECK(s.code() == StatusCode::kCorruption);
+    CHECK_THAT(s.message(), Catch::Contains(m.pack));
+    auto f = repo->fsck(false);
+    REQUIRE(f.is_ok());
+    CHECK(f->dangling.size() == 1);
   }
   SECTION("a missing pack fails open, naming model and pack") {
     fs::remove(path);
@@ -535,26 +386,46 @@ TEST_CASE("a corrupt chunk is reported, never returned", "[repository]") {
     CHECK_THAT(r.status().message(), Catch::Contains(m.pack));
     CHECK_THAT(r.status().message(), Catch::Contains("'m'"));
   }
-  SECTION("a corrupt manifest fails open, naming the file") {
-    std::string mpath = tmp.repo() + "/manifests/" + hash_bytes("m", 1).hex() + ".json";
-    std::string text = slurp(mpath);
-    spit(mpath, text.substr(0, text.size() / 2));
+  SECTION("a corrupt record followed by good ones fails open, naming the log") {
+    std::string log = only_file(tmp.repo() + "/logs");
+    std::string text = slurp(log);
+    // A second, valid record after the first, then a flipped byte in the first one's payload.
+    auto pr = pfs::parse_records(text);
+    REQUIRE(pr.records.size() >= 1);
+    text += pfs::encode_record(pfs::RecordType::kRetire, R"({"id":"m","retired_ns":5})");
+    text[pr.records[0].offset + pfs::kRecordHeaderBytes + 3] ^= 0x01;
+    spit(log, text);
     auto r = Repository::open(tmp.repo(), kChunk);
     REQUIRE_FALSE(r.is_ok());
     CHECK(r.status().code() == StatusCode::kCorruption);
-    CHECK_THAT(r.status().message(), Catch::Contains(mpath));
-    // The pack of a model whose manifest is unreadable is not deleted.
-    CHECK(fs::exists(path));
+    CHECK_THAT(r.status().message(), Catch::Contains(log));
+    CHECK_THAT(r.status().message(), Catch::Contains("checksum"));
+    CHECK(fs::exists(path));  // nothing is deleted
   }
-  SECTION("a manifest with a bad field fails open, naming the field") {
-    std::string mpath = tmp.repo() + "/manifests/" + hash_bytes("m", 1).hex() + ".json";
-    auto j = nlohmann::json::parse(slurp(mpath));
+  SECTION("a torn last record is what a crash leaves: ignored") {
+    std::string log = only_file(tmp.repo() + "/logs");
+    std::string text = slurp(log);
+    text += pfs::encode_record(pfs::RecordType::kRetire, R"({"id":"m","retired_ns":5})").substr(0, 40);
+    spit(log, text);
+    auto repo = open_repo(tmp.repo());
+    CHECK(repo->contains("m"));
+    CHECK_FALSE(repo->get("m")->retired_ns != 0);
+  }
+  SECTION("a record with a bad field fails open, naming the field") {
+    std::string log = only_file(tmp.repo() + "/logs");
+    std::string text = slurp(log);
+    auto pr = pfs::parse_records(text);
+    REQUIRE(pr.records.size() >= 1);
+    REQUIRE(pr.records[0].type == pfs::RecordType::kCommit);
+    auto j = nlohmann::json::parse(pr.records[0].payload);
     j["tensors"][0]["dtype"] = "F17";
-    spit(mpath, j.dump());
+    std::string rest = text.substr(pr.records[0].offset + pfs::kRecordHeaderBytes + pr.records[0].payload.size());
+    spit(log, pfs::encode_record(pfs::RecordType::kCommit, j.dump()) + rest);
     auto r = Repository::open(tmp.repo(), kChunk);
     REQUIRE_FALSE(r.is_ok());
     CHECK(r.status().code() == StatusCode::kCorruption);
     CHECK_THAT(r.status().message(), Catch::Contains("tensors[0].dtype"));
+    CHECK_THAT(r.status().message(), Catch::Contains(log));
   }
   SECTION("reading a chunk outside the pack") {
     auto repo = open_repo(tmp.repo());
@@ -568,7 +439,7 @@ TEST_CASE("a corrupt chunk is reported, never returned", "[repository]") {
   }
 }
 
-TEST_CASE("open cleans up after a crash", "[repository]") {
+TEST_CASE("what a crash leaves is inert, and gc removes it once its writer is gone", "[repository]") {
   TempDir tmp;
   ChunkStore store;
   ModelManifest m = make_model("m", "", {u8_tensor(store, "w", kChunk + 7, 1)});
@@ -579,20 +450,27 @@ TEST_CASE("open cleans up after a crash", "[repository]") {
     before = repo->stats();
   }
   std::string packs = tmp.repo() + "/packs/";
-  std::string manifests = tmp.repo() + "/manifests/";
-  // A crash while writing a pack, one between the pack's rename and the manifest's, and one while
-  // writing a manifest.
-  spit(packs + ".tmp-123-0", "half a pack");
-  fs::copy_file(packs + m.pack, packs + "0123456789abcdef-0000000000000001.safetensors");
-  spit(manifests + ".tmp-123-1", "{\"format\":");
-  spit(manifests + "README", "not a manifest: ignored");
+  // A dead writer's leftovers: a temporary pack, a pack whose record never landed, a claim.
+  const std::string dead = "w00000000000000d1";
+  spit(packs + ".tmp-" + dead + "-0", "half a pack");
+  fs::copy_file(packs + m.pack, packs + dead + "-000001.safetensors");
+  spit(tmp.repo() + "/writers/" + dead, "pid 1 host gone\n");  // nobody holds its lock: dead
+  spit(tmp.repo() + "/claims/" + hash_bytes("x", 1).hex(), dead + "\n");
   REQUIRE(files_in(packs).size() == 3);
 
   auto repo = open_repo(tmp.repo());
-  CHECK(files_in(packs) == std::set<std::string>{m.pack});
-  CHECK(files_in(manifests) == std::set<std::string>{hash_bytes("m", 1).hex() + ".json", "README"});
+  CHECK(files_in(packs).size() == 3);  // open deletes nothing
+  before.files = repo->stats().files;
   CHECK(same_stats(repo->stats(), before));
   require_model_bytes(*repo, "m", store);
+  // Its claim does not keep the id: a dead writer's claim is broken.
+  ChunkStore xs;
+  ModelManifest x = make_model("x", "", {u8_tensor(xs, "w", 10, 5)});
+  REQUIRE(repo->commit(x, xs.source()).is_ok());
+  auto r = repo->gc();
+  REQUIRE(r.is_ok());
+  CHECK(files_in(packs) == std::set<std::string>{m.pack, x.pack});
+  CHECK(files_in(tmp.repo() + "/claims").empty());
 }
 
 TEST_CASE("remove keeps lineage and packs that are still referenced", "[repository]") {
@@ -635,7 +513,6 @@ TEST_CASE("remove keeps lineage and packs that are still referenced", "[reposito
   CHECK(st.chunks == 2);  // t1's chunks are no longer live
   CHECK_FALSE(repo->locate(a.tensors[0].chunks[0].hash).has_value());
   require_model_bytes(*repo, "d", store);
-  CHECK(files_in(tmp.repo() + "/manifests").size() == 1);
 
   // The same state after a reopen.
   repo.reset();
@@ -645,7 +522,6 @@ TEST_CASE("remove keeps lineage and packs that are still referenced", "[reposito
 
   REQUIRE(repo->remove("d").is_ok());
   CHECK(files_in(packs).empty());
-  CHECK(files_in(tmp.repo() + "/manifests").empty());
   st = repo->stats();
   CHECK(st.models == 0);
   CHECK(st.packs == 0);
@@ -666,7 +542,7 @@ TEST_CASE("a failed commit leaves nothing behind", "[repository]") {
   ModelManifest base = make_model("base", "", {u8_tensor(store, "w", kChunk + 10, 1)});
   REQUIRE(repo->commit(base, store.source()).is_ok());
   const auto packs_before = files_in(tmp.repo() + "/packs");
-  const auto manifests_before = files_in(tmp.repo() + "/manifests");
+  const auto logs_before = slurp(only_file(tmp.repo() + "/logs"));
   const auto stats_before = repo->stats();
 
   ModelManifest m =
@@ -755,7 +631,7 @@ TEST_CASE("a failed commit leaves nothing behind", "[repository]") {
     CHECK(copy == m);  // untouched on failure
   }
   CHECK(files_in(tmp.repo() + "/packs") == packs_before);
-  CHECK(files_in(tmp.repo() + "/manifests") == manifests_before);
+  CHECK(slurp(only_file(tmp.repo() + "/logs")) == logs_before);
   CHECK(same_stats(repo->stats(), stats_before));
   CHECK(repo->list() == std::vector<std::string>{"base"});
   // And a good commit still works afterwards.
@@ -822,31 +698,54 @@ TEST_CASE("readers run while commits land", "[repository]") {
   CHECK(repo->stats().models == kModels);
 }
 
-TEST_CASE("a second open of a held repository is read-only", "[repository]") {
+TEST_CASE("two handles on one repository both write, see each other and keep ids unique", "[repository][shared]") {
   TempDir tmp;
-  auto writer = open_repo(tmp.repo());
+  auto one = open_repo(tmp.repo(), kChunk, RepositoryOptions{});
+  auto two = open_repo(tmp.repo(), kChunk, RepositoryOptions{});
+  CHECK(one->writable());
+  CHECK(two->writable());
+  CHECK(one->writer_id() != two->writer_id());
   ChunkStore store;
-  ModelManifest m = make_model("m", "", {u8_tensor(store, "w", 1000, 1)});
-  REQUIRE(writer->commit(m, store.source()).is_ok());
-  // A stray temporary file: the writer may be writing it, so a reader must not touch it.
-  spit(tmp.repo() + "/packs/.tmp-999-0", "in flight");
-
-  auto reader = open_repo(tmp.repo());
-  CHECK_FALSE(reader->writable());
-  CHECK(fs::exists(tmp.repo() + "/packs/.tmp-999-0"));
-  CHECK(reader->contains("m"));
-  require_model_bytes(*reader, "m", store);
-  ModelManifest other = make_model("o", "", {u8_tensor(store, "x", 10, 2)});
-  Status s = reader->commit(other, store.source());
-  CHECK(s.code() == StatusCode::kBusy);
-  CHECK_THAT(s.message(), Catch::Contains("pid"));
-  CHECK(reader->remove("m").code() == StatusCode::kBusy);
-  reader.reset();
-  writer.reset();
-  // With the writer gone, the next open is the writer and cleans up.
-  auto next = open_repo(tmp.repo());
-  CHECK(next->writable());
-  CHECK_FALSE(fs::exists(tmp.repo() + "/packs/.tmp-999-0"));
+  ModelManifest a = make_model("a", "", {u8_tensor(store, "w", kChunk + 5, 1)});
+  REQUIRE(one->commit(a, store.source()).is_ok());
+  // An unknown id is looked up on the spot.
+  REQUIRE(two->contains("a"));
+  require_model_bytes(*two, "a", store);
+  // A child through the other handle, deduplicating against the first one's chunks.
+  ModelManifest b = make_model("b", "a", {a.tensors[0], u8_tensor(store, "x", 100, 2)});
+  store.bytes_asked = 0;
+  REQUIRE(two->commit(b, store.source()).is_ok());
+  CHECK(store.bytes_asked == 100);
+  auto rr = one->refresh();
+  REQUIRE(rr.is_ok());
+  REQUIRE(rr->added.size() == 1);
+  CHECK(rr->added[0]->id == "b");
+  CHECK(one->children("a") == std::vector<std::string>{"b"});
+  // The same id through both: the second loses.
+  ModelManifest again = make_model("a", "", {u8_tensor(store, "y", 10, 3)});
+  CHECK(two->commit(again, store.source()).code() == StatusCode::kExists);
+  // A claim held by a live writer: kExists naming it; released, the id is free.
+  REQUIRE(one->claim("c").is_ok());
+  Status s = two->claim("c");
+  CHECK(s.code() == StatusCode::kExists);
+  CHECK_THAT(s.message(), Catch::Contains(one->writer_id()));
+  one->release_claim("c");
+  CHECK(two->claim("c").is_ok());
+  two->release_claim("c");
+  // Retire through one, seen by the other.
+  REQUIRE(one->retire("b").is_ok());
+  REQUIRE(two->refresh().is_ok());
+  CHECK(two->get("b")->retired_ns != 0);
+  CHECK(two->stats().writers_alive == 2);
+  // Both close; a reopen sees everything.
+  one.reset();
+  two.reset();
+  auto three = open_repo(tmp.repo());
+  CHECK(three->list().size() == 2);
+  require_model_bytes(*three, "b", store);
+  auto f = three->fsck(true);
+  REQUIRE(f.is_ok());
+  CHECK(f->ok());
 }
 
 TEST_CASE("manifest JSON is strict and round-trips", "[repository]") {
@@ -1006,7 +905,6 @@ TEST_CASE("retire and gc: collected lineage, exact reclaim, holes punched, state
   CHECK(repo->stats().models == 0);
   CHECK(repo->stats().physical_bytes == 0);
   CHECK(files_in(tmp.repo() + "/packs").empty());
-  CHECK(files_in(tmp.repo() + "/manifests").empty());
 }
 
 TEST_CASE("gc killed with SIGKILL at random moments never loses a live model", "[repository][gc]") {
@@ -1048,7 +946,8 @@ TEST_CASE("gc killed with SIGKILL at random moments never loses a live model", "
     REQUIRE(f->dangling.empty());
   };
   size_t interrupted_midway = 0;
-  size_t manifests_before = files_in(tmp.repo() + "/manifests").size();
+  auto model_count = [&] { return open_repo(tmp.repo())->stats().models; };
+  size_t models_before = model_count();
   bool completed = false;
   for (int trial = 0; trial < 12 && !completed; ++trial) {
     pid_t pid = ::fork();
@@ -1066,9 +965,9 @@ TEST_CASE("gc killed with SIGKILL at random moments never loses a live model", "
       REQUIRE(WEXITSTATUS(status) == 0);
       completed = true;
     }
-    size_t now = files_in(tmp.repo() + "/manifests").size();
-    if (!completed && now != manifests_before) ++interrupted_midway;
-    manifests_before = now;
+    size_t now = model_count();
+    if (!completed && now != models_before) ++interrupted_midway;
+    models_before = now;
     auto repo = open_repo(tmp.repo());
     check_live(*repo);
   }
@@ -1102,7 +1001,8 @@ struct FaultyRepo {
   FaultyFileSystem faulty{posix_fs()};
   std::unique_ptr<Repository> repo;
   ChunkStore store;
-  std::set<std::string> packs_before, manifests_before;
+  std::set<std::string> packs_before;
+  std::string log_before;
   RepositoryStats stats_before;
 
   // Opens the repository over the faulty filesystem with one model ("base") committed.
@@ -1114,7 +1014,7 @@ struct FaultyRepo {
     ModelManifest base = make_model("base", "", {u8_tensor(store, "w", kChunk + 10, 1)});
     REQUIRE(repo->commit(base, store.source()).is_ok());
     packs_before = files_in(tmp.repo() + "/packs");
-    manifests_before = files_in(tmp.repo() + "/manifests");
+    log_before = slurp(only_file(tmp.repo() + "/logs"));
     stats_before = repo->stats();
   }
 
@@ -1128,7 +1028,7 @@ struct FaultyRepo {
     CHECK_FALSE(repo->contains(id));
     CHECK(repo->list() == std::vector<std::string>{"base"});
     CHECK(files_in(tmp.repo() + "/packs") == packs_before);
-    CHECK(files_in(tmp.repo() + "/manifests") == manifests_before);
+    CHECK(slurp(only_file(tmp.repo() + "/logs")) == log_before);
     CHECK(same_stats(repo->stats(), stats_before));
   }
 };
@@ -1143,7 +1043,7 @@ TEST_CASE("ENOSPC writing a pack: kNoSpace, nothing visible, and a later commit 
   Status s = t.repo->commit(copy, t.store.source());
   INFO(s.to_string());
   CHECK(s.code() == StatusCode::kNoSpace);
-  CHECK_THAT(s.message(), Catch::Contains("writing its pack"));
+  CHECK_THAT(s.message(), Catch::Contains("pack segment"));
   CHECK(t.faulty.injected() == 1);
   CHECK(copy == m);
   t.require_nothing_visible("new");
@@ -1158,18 +1058,18 @@ TEST_CASE("ENOSPC writing a pack: kNoSpace, nothing visible, and a later commit 
   require_model_bytes(*reopened, "new", t.store);
 }
 
-TEST_CASE("a torn manifest write: the commit fails and nothing is visible", "[repository][faults]") {
+TEST_CASE("a torn log write: the commit fails and nothing is visible", "[repository][faults]") {
   FaultyRepo t;
   t.faulty.add({.op = FaultyFileSystem::Op::kWrite,
-                .path_contains = "/manifests/",
+                .path_contains = "/logs/",
                 .effect = FaultyFileSystem::Effect::kShortWrite});
   ModelManifest m = t.new_model("torn");
   Status s = t.repo->commit(m, t.store.source());
   INFO(s.to_string());
   CHECK(s.code() == StatusCode::kIo);
-  CHECK_THAT(s.message(), Catch::Contains("writing its manifest"));
+  CHECK_THAT(s.message(), Catch::Contains("writing the repository log"));
   CHECK(t.faulty.injected() == 1);
-  t.require_nothing_visible("torn");  // the pack, written first, was removed again
+  t.require_nothing_visible("torn");  // the log was cut back; the segment's bytes are dead
   t.repo.reset();
   auto reopened = open_repo(t.tmp.repo());
   CHECK(reopened->list() == std::vector<std::string>{"base"});
@@ -1197,13 +1097,8 @@ TEST_CASE("a bit flipped while reading a chunk is kCorruption, never the bytes",
 TEST_CASE("a failed sync fails the commit and leaves nothing visible", "[repository][faults]") {
   FaultyRepo t;
   using Op = FaultyFileSystem::Op;
-  SECTION("fsync of the pack") { t.faulty.add({.op = Op::kSync, .path_contains = "/packs/.tmp-"}); }
-  SECTION("fsync of the manifest") { t.faulty.add({.op = Op::kSync, .path_contains = "/manifests/.tmp-"}); }
-  SECTION("fsync of the manifests directory after the rename") {
-    // The first matching sync is the manifest file's own, the second the directory's.
-    t.faulty.add({.op = Op::kSync, .path_contains = "/manifests", .skip = 1});
-  }
-  SECTION("fsync of the packs directory") { t.faulty.add({.op = Op::kSync, .path_contains = "/packs", .skip = 1}); }
+  SECTION("fsync of the pack segment") { t.faulty.add({.op = Op::kSync, .path_contains = "/packs/"}); }
+  SECTION("fsync of the log") { t.faulty.add({.op = Op::kSync, .path_contains = "/logs/"}); }
   ModelManifest m = t.new_model("unsynced");
   Status s = t.repo->commit(m, t.store.source());
   INFO(s.to_string());

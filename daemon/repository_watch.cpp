@@ -1,0 +1,108 @@
+#include "daemon/repository_watch.hpp"
+
+#include <cctype>
+#include <optional>
+
+#include "core/log.hpp"
+#include "daemon/commit_path.hpp"
+#include "daemon/model_graph.hpp"
+
+namespace cairn {
+
+using nlohmann::json;
+
+std::optional<std::chrono::milliseconds> parse_duration(const std::string& text) {
+  size_t k = 0;
+  while (k < text.size() && std::isdigit(static_cast<unsigned char>(text[k]))) ++k;
+  if (k == 0 || k > 12) return std::nullopt;
+  uint64_t v = std::stoull(text.substr(0, k));
+  std::string unit = text.substr(k);
+  if (unit == "ms") return std::chrono::milliseconds(v);
+  if (unit == "s" || (unit.empty() && v == 0)) return std::chrono::milliseconds(v * 1000);
+  if (unit == "m") return std::chrono::milliseconds(v * 60000);
+  return std::nullopt;
+}
+
+RepositoryWatch::RepositoryWatch(Parts parts, std::chrono::milliseconds interval) : p_(parts), interval_(interval) {
+  if (interval_.count() > 0) thread_ = std::thread([this] { loop(); });
+}
+
+RepositoryWatch::~RepositoryWatch() { stop(); }
+
+void RepositoryWatch::stop() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void RepositoryWatch::loop() {
+  std::unique_lock lock(mu_);
+  while (!stopping_) {
+    cv_.wait_for(lock, interval_, [&] { return stopping_; });
+    if (stopping_) break;
+    lock.unlock();
+    Result<RefreshReport> r = refresh_once();
+    if (!r.is_ok()) CAIRN_LOG_WARN("refreshing the repository: {}", r.status().to_string());
+    lock.lock();
+  }
+}
+
+Result<RefreshReport> RepositoryWatch::refresh_once() {
+  std::lock_guard lock(mu_);
+  Result<RefreshReport> r = p_.repo.refresh();
+  ++refreshes_;
+  if (!r.is_ok()) {
+    ++failures_;
+    return r;
+  }
+  // Parents come before their children in `added` (the repository applies them in that order).
+  for (const auto& m : r->added) {
+    if (p_.catalog.contains(m->id)) continue;
+    std::shared_ptr<const ModelManifest> parent;
+    if (!m->parent.empty()) {
+      auto pm = p_.repo.get_shared(m->parent);
+      if (pm.is_ok()) parent = *pm;
+    }
+    Status s = p_.catalog.add(m->id, m->parent, graph_for(p_.catalog, *m, nullptr, parent.get()), m->metadata,
+                              m->retired_ns != 0);
+    if (!s.is_ok()) {
+      CAIRN_LOG_WARN("model '{}' of another daemon: {}", m->id, s.to_string());
+      continue;
+    }
+    p_.commits.observe_created(m->created_ns);
+    if (m->retired_ns == 0) p_.references.count(*m, +1);
+    ++models_added_;
+  }
+  for (const std::string& id : r->retired) (void)p_.catalog.retire(id);
+  for (const std::string& id : r->removed) {
+    if (p_.catalog.contains(id)) {
+      (void)p_.catalog.retire(id);
+      (void)p_.catalog.erase(id);
+      ++models_removed_;
+    }
+  }
+  return r;
+}
+
+Result<json> RepositoryWatch::sync(const json& /*req*/) {
+  CAIRN_ASSIGN_OR_RETURN(RefreshReport r, refresh_once());
+  return json{{"added", r.added.size()},
+              {"removed", r.removed.size()},
+              {"retired", r.retired.size()},
+              {"reloaded", r.reloaded},
+              {"models", p_.repo.stats().models}};
+}
+
+json RepositoryWatch::stats() const {
+  std::lock_guard lock(mu_);
+  return json{{"refresh_interval_ms", interval_.count()},
+              {"refreshes", refreshes_},
+              {"models_from_other_daemons", models_added_},
+              {"models_removed_by_other_daemons", models_removed_},
+              {"failures", failures_}};
+}
+
+}  // namespace cairn

@@ -1,0 +1,71 @@
+// The repository watch: keeps this daemon's catalog current with what other daemons publish to the
+// shared repository. Every `repository_refresh` (default 1s) a thread asks the repository for the
+// new records of the other writers' logs and adds their models to the lineage catalog and the
+// reference counts (and retires or erases the ones they retired or collected). `cairn sync` (wire
+// op `sync`) does the same at once. A lookup of an unknown id does not wait for it: the repository
+// looks the id up on the spot (Repository::get refreshes on a miss).
+//
+// Owns: the thread and its stop flag, and the counters it reports. Never writes the repository.
+//
+// Thread-safety: every method may be called from any thread; apply() runs under its own mutex, so
+// the thread and a `sync` never interleave. Lock order: mu_ before the catalog's and the reference
+// counts' locks.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "core/status.hpp"
+#include "daemon/catalog.hpp"
+#include "daemon/references.hpp"
+#include "tiers/pfs/repository.hpp"
+
+namespace cairn {
+
+class CommitPath;
+
+class RepositoryWatch {
+ public:
+  struct Parts {
+    Repository& repo;
+    Catalog& catalog;
+    ReferenceCounts& references;
+    CommitPath& commits;
+  };
+  // interval 0: no thread (only `sync`).
+  RepositoryWatch(Parts parts, std::chrono::milliseconds interval);
+  ~RepositoryWatch();
+  RepositoryWatch(const RepositoryWatch&) = delete;
+  RepositoryWatch& operator=(const RepositoryWatch&) = delete;
+
+  void stop();
+  // `sync`: refresh now. Replies {added, removed, retired, models}.
+  Result<nlohmann::json> sync(const nlohmann::json& req);
+  // For `cairn stats`: refreshes done, models learnt from other daemons, the interval.
+  nlohmann::json stats() const;
+
+ private:
+  Result<RefreshReport> refresh_once();
+  void loop();
+
+  Parts p_;
+  std::chrono::milliseconds interval_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;
+  uint64_t refreshes_ = 0;
+  uint64_t models_added_ = 0;
+  uint64_t models_removed_ = 0;
+  uint64_t failures_ = 0;
+  std::thread thread_;
+};
+
+// Parses a duration such as "1s", "250ms", "2m", "0" (off). nullopt when malformed.
+std::optional<std::chrono::milliseconds> parse_duration(const std::string& text);
+
+}  // namespace cairn

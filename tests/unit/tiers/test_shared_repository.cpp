@@ -1,0 +1,397 @@
+// Tests for the repository many processes share (format 2): records, pack segments, compact
+// commit records, refresh, checkpoints and compaction, migration of format 1, gc beside a live
+// writer, and kill -9 during group commit, compaction and migration
+// (docs/repository-format.md).
+#include <nlohmann/json.hpp>
+
+#include "unit/tiers/repo_test_util.hpp"
+
+namespace {
+
+// A pipe the forked writer reports acknowledged ids through.
+struct AckPipe {
+  int fd[2] = {-1, -1};
+  AckPipe() { REQUIRE(::pipe(fd) == 0); }
+  ~AckPipe() {
+    if (fd[0] >= 0) ::close(fd[0]);
+    if (fd[1] >= 0) ::close(fd[1]);
+  }
+  void send(const std::string& id) {
+    std::string line = id + "\n";
+    ssize_t n = ::write(fd[1], line.data(), line.size());
+    (void)n;
+  }
+  std::vector<std::string> drain() {
+    ::close(fd[1]);
+    fd[1] = -1;
+    std::string all;
+    char buf[4096];
+    ssize_t n;
+    while ((n = ::read(fd[0], buf, sizeof buf)) > 0) all.append(buf, static_cast<size_t>(n));
+    std::vector<std::string> ids;
+    size_t pos = 0;
+    for (size_t nl; (nl = all.find('\n', pos)) != std::string::npos; pos = nl + 1) ids.push_back(all.substr(pos, nl - pos));
+    return ids;
+  }
+};
+
+uint64_t count_files(const std::string& dir) {
+  uint64_t n = 0;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    if (e.is_regular_file()) ++n;
+  return n;
+}
+
+// The bytes of model i of a writer: one small tensor of its own plus, for children, the parent's.
+ModelManifest small_model(ChunkStore& store, const std::string& id, const std::string& parent,
+                          const ModelManifest* parent_m, uint64_t seed) {
+  std::vector<TensorManifest> ts;
+  if (parent_m) ts = parent_m->tensors;
+  ts.push_back(u8_tensor(store, "own." + id, 300 + seed % 700, seed));
+  return make_model(id, parent, std::move(ts));
+}
+
+}  // namespace
+
+TEST_CASE("records: round trip, torn ends and garbage", "[repository][records]") {
+  std::string a = pfs::encode_record(pfs::RecordType::kCommit, R"({"id":"x"})");
+  std::string b = pfs::encode_record(pfs::RecordType::kRemove, R"({"id":"y"})");
+  auto r = pfs::parse_records(a + b);
+  REQUIRE(r.stop == pfs::ParseResult::kEnd);
+  REQUIRE(r.records.size() == 2);
+  CHECK(r.records[1].type == pfs::RecordType::kRemove);
+  CHECK(r.records[1].payload == R"({"id":"y"})");
+  CHECK(r.consumed == a.size() + b.size());
+  for (size_t cut = 1; cut < b.size(); ++cut) {
+    auto t = pfs::parse_records(a + b.substr(0, cut));
+    CHECK(t.records.size() == 1);
+    CHECK(t.consumed == a.size());
+    CHECK(t.stop == pfs::ParseResult::kIncomplete);
+  }
+  std::string flipped = a;
+  flipped.back() ^= 1;
+  auto f = pfs::parse_records(flipped);
+  CHECK(f.stop == pfs::ParseResult::kBad);
+  CHECK_THAT(f.why, Catch::Contains("checksum"));
+  auto g = pfs::parse_records("garbage that is long enough to be a header or more");
+  CHECK(g.stop == pfs::ParseResult::kBad);
+  CHECK_THAT(g.why, Catch::Contains("magic"));
+  std::string unknown = a;
+  unknown[4] = 99;
+  CHECK_THAT(pfs::parse_records(unknown).why, Catch::Contains("unknown type"));
+  std::string huge = a;
+  huge[15] = 0x7f;
+  CHECK_THAT(pfs::parse_records(huge).why, Catch::Contains("payload"));
+}
+
+TEST_CASE("small models share one pack segment and one log: few files", "[repository][shared]") {
+  TempDir tmp;
+  ChunkStore store;
+  std::vector<ModelManifest> models;
+  {
+    auto repo = open_repo(tmp.repo(), kChunk, RepositoryOptions{});
+    for (int i = 0; i < 300; ++i) {
+      const ModelManifest* parent = i ? &models[static_cast<size_t>(i / 2)] : nullptr;
+      ModelManifest m = small_model(store, "m" + std::to_string(i), parent ? parent->id : "", parent, 1000 + i);
+      REQUIRE(repo->commit(m, store.source()).is_ok());
+      models.push_back(m);
+    }
+    // A metadata-only child: its record says "tensors": "parent".
+    ModelManifest meta = make_model("meta", "m299", models.back().tensors);
+    REQUIRE(repo->commit(meta, store.source()).is_ok());
+    models.push_back(meta);
+    CHECK(repo->stats().models == 301);
+  }
+  // FORMAT, one log, one segment (+ nothing else but empty dirs).
+  CHECK(count_files(tmp.repo()) == 3);
+  auto log = only_file(tmp.repo() + "/logs");
+  const std::string log_bytes = slurp(log);
+  auto pr = pfs::parse_records(log_bytes);
+  bool compact = false;
+  for (const auto& r : pr.records)
+    if (r.type == pfs::RecordType::kCommit) compact = compact || r.payload.find(R"("tensors":"parent")") != std::string::npos;
+  CHECK(compact);
+  auto repo = open_repo(tmp.repo());
+  CHECK(repo->stats().models == 301);
+  for (const auto& m : models) {
+    auto got = repo->get(m.id);
+    REQUIRE(got.is_ok());
+    CHECK(got->tensors.size() == m.tensors.size());
+    require_model_bytes(*repo, m.id, store);
+  }
+  auto f = repo->fsck(true);
+  REQUIRE(f.is_ok());
+  CHECK(f->ok());
+  CHECK(f->orphaned.empty());
+}
+
+TEST_CASE("compaction: a checkpoint replaces the logs of writers that are gone", "[repository][shared]") {
+  TempDir tmp;
+  ChunkStore store;
+  RepositoryOptions opts;
+  opts.compact_after_logs = 0;  // only when asked
+  std::vector<ModelManifest> models;
+  auto watcher = open_repo(tmp.repo(), kChunk, opts);  // opened before anything, reads later
+  for (int w = 0; w < 5; ++w) {
+    auto repo = open_repo(tmp.repo(), kChunk, opts);
+    for (int i = 0; i < 20; ++i) {
+      const ModelManifest* parent = models.empty() ? nullptr : &models[models.size() / 2];
+      ModelManifest m = small_model(store, "w" + std::to_string(w) + "-" + std::to_string(i),
+                                    parent ? parent->id : "", parent, 10 * w + i);
+      REQUIRE(repo->commit(m, store.source()).is_ok());
+      models.push_back(m);
+    }
+    if (w == 2) REQUIRE(repo->retire(models[3].id).is_ok());
+  }
+  CHECK(files_in(tmp.repo() + "/logs").size() == 5);
+  {
+    auto compactor = open_repo(tmp.repo(), kChunk, opts);
+    auto c = compactor->compact();
+    INFO(c.status().to_string());
+    REQUIRE(c.is_ok());
+    CHECK(c->models == models.size());
+    CHECK(c->logs_deleted == 5);
+    CHECK(files_in(tmp.repo() + "/checkpoints").size() == 1);
+    CHECK(files_in(tmp.repo() + "/logs").empty());
+  }
+  // The watcher had read nothing of the deleted logs: it notices and rebuilds from the checkpoint.
+  auto rr = watcher->refresh();
+  REQUIRE(rr.is_ok());
+  CHECK(rr->reloaded);
+  CHECK(watcher->stats().models == models.size());
+  CHECK(watcher->get(models[3].id)->retired_ns != 0);
+  // A fresh open reads the checkpoint alone.
+  auto repo = open_repo(tmp.repo(), kChunk, opts);
+  CHECK(repo->list().size() == models.size());
+  for (const auto& m : models) require_model_bytes(*repo, m.id, store);
+  // And keeps working: commits after it land in a new log, a second compaction folds that in.
+  ModelManifest late = small_model(store, "late", models[0].id, &models[0], 999);
+  REQUIRE(repo->commit(late, store.source()).is_ok());
+  REQUIRE(repo->compact().is_ok());
+  repo.reset();
+  auto again = open_repo(tmp.repo(), kChunk, opts);
+  CHECK(again->contains("late"));
+  require_model_bytes(*again, "late", store);
+  CHECK(files_in(tmp.repo() + "/checkpoints").size() == 1);
+}
+
+TEST_CASE("a format-1 repository is migrated on open, every model exact", "[repository][migrate]") {
+  TempDir tmp;
+  fs::create_directories(tmp.path);
+  fs::copy(std::string(CAIRN_SOURCE_DIR) + "/tests/fixtures/repo-v1", tmp.repo(), fs::copy_options::recursive);
+  auto expected = nlohmann::json::parse(slurp(std::string(CAIRN_SOURCE_DIR) + "/tests/fixtures/repo-v1-expected.json"));
+  const auto packs_before = files_in(tmp.repo() + "/packs");
+  auto check = [&](Repository& repo) {
+    CHECK(repo.stats().models == expected.size());
+    for (auto& [id, want] : expected.items()) {
+      INFO("model " << id);
+      auto m = repo.get(id);
+      REQUIRE(m.is_ok());
+      CHECK(m->parent == want["parent"].get<std::string>());
+      CHECK(m->metadata == want["metadata"]);
+      CHECK(m->collected == want["collected"].get<bool>());
+      CHECK(m->tensors.size() == want["tensors"].size());
+      for (const auto& t : m->tensors) {
+        const auto& wt = want["tensors"][t.name];
+        REQUIRE(wt.is_array());
+        REQUIRE(t.chunks.size() == wt[2].size());
+        for (size_t k = 0; k < t.chunks.size(); ++k) CHECK(t.chunks[k].hash.hex() == wt[2][k].get<std::string>());
+        read_tensor(repo, t);  // every chunk reads back and matches its hash
+      }
+    }
+  };
+  {
+    auto repo = open_repo(tmp.repo(), kChunk, RepositoryOptions{});
+    check(*repo);
+  }
+  CHECK(slurp(tmp.repo() + "/FORMAT") == "cairn-repository 2\nchunk_size 65536\n");
+  CHECK_FALSE(fs::exists(tmp.repo() + "/manifests"));
+  CHECK(files_in(tmp.repo() + "/packs") == packs_before);  // no byte of data moved
+  auto repo = open_repo(tmp.repo(), kChunk, RepositoryOptions{});
+  check(*repo);
+  auto f = repo->fsck(true);
+  REQUIRE(f.is_ok());
+  CHECK(f->ok());
+}
+
+TEST_CASE("a format-1 repository that cannot be written is refused, naming cairn migrate", "[repository][migrate]") {
+  if (::geteuid() == 0) SUCCEED("running as root: permissions do not stop root, so this case cannot be made here");
+  else {
+    TempDir tmp;
+    fs::create_directories(tmp.path);
+    fs::copy(std::string(CAIRN_SOURCE_DIR) + "/tests/fixtures/repo-v1", tmp.repo(), fs::copy_options::recursive);
+    fs::permissions(tmp.repo(), fs::perms::owner_write, fs::perm_options::remove);
+    auto r = Repository::open(tmp.repo(), kChunk);
+    fs::permissions(tmp.repo(), fs::perms::owner_write, fs::perm_options::add);
+    REQUIRE_FALSE(r.is_ok());
+    CHECK_THAT(r.status().message(), Catch::Contains("cairn migrate"));
+  }
+}
+
+TEST_CASE("gc beside a live writer waits the grace and loses nothing it commits", "[repository][shared][gc]") {
+  TempDir tmp;
+  ChunkStore store;
+  RepositoryOptions opts;
+  opts.gc_grace = std::chrono::milliseconds(300);
+  auto a = open_repo(tmp.repo(), kChunk, opts);
+  auto b = open_repo(tmp.repo(), kChunk, opts);
+  std::vector<ModelManifest> models;
+  for (int i = 0; i < 40; ++i) {
+    ModelManifest m = make_model("r" + std::to_string(i), "", {u8_tensor(store, "t" + std::to_string(i), 2000 + i, 50 + i)});
+    REQUIRE(a->commit(m, store.source()).is_ok());
+    models.push_back(m);
+  }
+  for (int i = 0; i < 40; i += 2) REQUIRE(a->retire(models[static_cast<size_t>(i)].id).is_ok());
+  REQUIRE(b->refresh().is_ok());
+  // b commits models that reuse the retired models' chunks while a collects.
+  std::atomic<bool> done{false};
+  std::vector<std::string> committed;
+  std::thread writer([&] {
+    for (int i = 0; i < 40 && !done; i += 2) {
+      ModelManifest m = make_model("reuse" + std::to_string(i), "", {models[static_cast<size_t>(i)].tensors[0]});
+      m.tensors[0].name = "t" + std::to_string(i);
+      if (b->commit(m, store.source()).is_ok()) committed.push_back(m.id);
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  });
+  auto t0 = std::chrono::steady_clock::now();
+  auto r = a->gc();
+  auto took = std::chrono::steady_clock::now() - t0;
+  done = true;
+  writer.join();
+  REQUIRE(r.is_ok());
+  CHECK(took >= opts.gc_grace);
+  CHECK(r->removed.size() == 20);
+  REQUIRE(a->refresh().is_ok());
+  for (const std::string& id : committed) require_model_bytes(*a, id, store);
+  for (int i = 1; i < 40; i += 2) require_model_bytes(*a, models[static_cast<size_t>(i)].id, store);
+  auto f = a->fsck(true);
+  REQUIRE(f.is_ok());
+  CHECK(f->ok());
+}
+
+TEST_CASE("kill -9 during group commit, beside another writer: every acknowledged model reads back", "[repository][shared][crash]") {
+  TempDir tmp;
+  ChunkStore store;
+  std::mt19937_64 rng(5);
+  // Both the child and the parent know every model's bytes: they are deterministic.
+  std::vector<ModelManifest> planned;
+  for (int i = 0; i < 400; ++i) planned.push_back(small_model(store, "k" + std::to_string(i), "", nullptr, 7000 + i));
+  { auto init = open_repo(tmp.repo(), kChunk, RepositoryOptions{}); }
+  auto other = open_repo(tmp.repo(), kChunk, RepositoryOptions{});
+  std::set<std::string> acked;
+  int other_n = 0;
+  for (int trial = 0; trial < 6; ++trial) {
+    AckPipe pipe;
+    pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      auto repo = Repository::open(tmp.repo(), kChunk);
+      if (!repo.is_ok()) ::_exit(3);
+      // Batches of 8 through commit_batch (group commit), ids this trial owns.
+      for (int i = trial; i < 400; i += 6 * 8) {
+        std::vector<ModelManifest> batch;
+        for (int k = i; k < i + 8 * 6 && k < 400; k += 6) batch.push_back(planned[static_cast<size_t>(k)]);
+        std::vector<Status> results;
+        (void)(*repo)->commit_batch(batch, store.source(), &results);
+        for (size_t k = 0; k < batch.size(); ++k)
+          if (results[k].is_ok()) pipe.send(batch[k].id);
+      }
+      ::_exit(0);
+    }
+    // Meanwhile the other writer commits too.
+    for (int k = 0; k < 5; ++k) {
+      ModelManifest m = small_model(store, "o" + std::to_string(other_n), "", nullptr, 90000 + other_n);
+      ++other_n;
+      REQUIRE(other->commit(m, store.source()).is_ok());
+    }
+    ::usleep(static_cast<useconds_t>(rng() % 30000));
+    ::kill(pid, SIGKILL);
+    int status = 0;
+    REQUIRE(::waitpid(pid, &status, 0) == pid);
+    for (const std::string& id : pipe.drain()) acked.insert(id);
+    auto repo = open_repo(tmp.repo(), kChunk, RepositoryOptions{});
+    for (const std::string& id : acked) {
+      INFO("acknowledged " << id << " in trial " << trial);
+      REQUIRE(repo->contains(id));
+      require_model_bytes(*repo, id, store);
+    }
+    for (int k = 0; k < other_n; ++k) REQUIRE(repo->contains("o" + std::to_string(k)));
+    auto f = repo->fsck(true);
+    REQUIRE(f.is_ok());
+    REQUIRE(f->dangling.empty());
+  }
+  WARN("models acknowledged before the kills: " << acked.size());
+}
+
+TEST_CASE("kill -9 during compaction and during migration loses nothing", "[repository][crash]") {
+  std::mt19937_64 rng(9);
+  SECTION("compaction") {
+    TempDir tmp;
+    ChunkStore store;
+    RepositoryOptions opts;
+    opts.compact_after_logs = 0;
+    std::vector<std::string> ids;
+    for (int w = 0; w < 6; ++w) {
+      auto repo = open_repo(tmp.repo(), kChunk, opts);
+      for (int i = 0; i < 60; ++i) {
+        ModelManifest m = small_model(store, "c" + std::to_string(w) + "-" + std::to_string(i), "", nullptr, 100 * w + i);
+        REQUIRE(repo->commit(m, store.source()).is_ok());
+        ids.push_back(m.id);
+      }
+    }
+    bool completed = false;
+    for (int trial = 0; trial < 8 && !completed; ++trial) {
+      pid_t pid = ::fork();
+      REQUIRE(pid >= 0);
+      if (pid == 0) {
+        RepositoryOptions o;
+        o.compact_after_logs = 0;
+        auto repo = Repository::open(tmp.repo(), kChunk, nullptr, o);
+        if (!repo.is_ok()) ::_exit(3);
+        ::_exit((*repo)->compact().is_ok() ? 0 : 4);
+      }
+      if (trial < 7) ::usleep(static_cast<useconds_t>(rng() % 20000));
+      ::kill(pid, SIGKILL);
+      int status = 0;
+      REQUIRE(::waitpid(pid, &status, 0) == pid);
+      if (WIFEXITED(status)) {
+        REQUIRE(WEXITSTATUS(status) == 0);
+        completed = true;
+      }
+      auto repo = open_repo(tmp.repo(), kChunk, opts);
+      REQUIRE(repo->stats().models == ids.size());
+      for (const std::string& id : ids) require_model_bytes(*repo, id, store);
+    }
+  }
+  SECTION("migration") {
+    bool completed = false;
+    for (int trial = 0; trial < 8 && !completed; ++trial) {
+      TempDir tmp;
+      fs::create_directories(tmp.path);
+      fs::copy(std::string(CAIRN_SOURCE_DIR) + "/tests/fixtures/repo-v1", tmp.repo(), fs::copy_options::recursive);
+      pid_t pid = ::fork();
+      REQUIRE(pid >= 0);
+      if (pid == 0) {
+        auto repo = Repository::open(tmp.repo(), kChunk);
+        ::_exit(repo.is_ok() ? 0 : 4);
+      }
+      if (trial < 7) ::usleep(static_cast<useconds_t>(rng() % 3000));
+      ::kill(pid, SIGKILL);
+      int status = 0;
+      REQUIRE(::waitpid(pid, &status, 0) == pid);
+      if (WIFEXITED(status)) {
+        REQUIRE(WEXITSTATUS(status) == 0);
+        completed = true;
+      }
+      auto repo = open_repo(tmp.repo(), kChunk, RepositoryOptions{});
+      CHECK(repo->stats().models == 5);
+      for (const std::string& id : repo->list()) {
+        auto m = repo->get(id);
+        REQUIRE(m.is_ok());
+        for (const auto& t : m->tensors) read_tensor(*repo, t);
+      }
+      CHECK_FALSE(fs::exists(tmp.repo() + "/manifests"));
+    }
+  }
+}
