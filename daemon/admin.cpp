@@ -95,7 +95,13 @@ Result<json> Admin::stats(const json& /*req*/) {
                 {"packs", rs.packs},
                 {"chunks", rs.chunks},
                 {"logical_bytes", rs.logical_bytes},
-                {"physical_bytes", rs.physical_bytes}}},
+                {"physical_bytes", rs.physical_bytes},
+                // Sharing (docs/repository-format.md): files on the PFS, this daemon's writer id,
+                // the writers alive, and the group writes of records this daemon made.
+                {"files", rs.files},
+                {"writer", p_.repo.writer_id()},
+                {"writers_alive", rs.writers_alive},
+                {"group_syncs", rs.group_syncs}}},
               {"catalog", {{"models", p_.catalog.size()}, {"live", p_.catalog.live()}}},
               {"pending_models", fl.pending_models},
               // What a crash could lose or delay: models not yet in the repository, by stage.
@@ -131,6 +137,10 @@ Result<json> Admin::gc(const json& /*req*/) {
   std::unique_lock gc_lock(p_.gc_mu);
   p_.flusher.drain();  // every pending model is in the repository, so its references count
   CAIRN_ASSIGN_OR_RETURN(GcReport r, p_.repo.gc());
+  // And fold the logs of daemons that are gone into a checkpoint (another process compacting: later).
+  auto compacted = p_.repo.compact();
+  if (!compacted.is_ok() && compacted.status().code() != StatusCode::kBusy)
+    CAIRN_LOG_WARN("gc: compacting the repository: {}", compacted.status().to_string());
   for (const std::string& id : r.removed) {
     Status s = p_.catalog.erase(id);
     if (!s.is_ok()) CAIRN_LOG_WARN("gc: dropping '{}' from the catalog: {}", id, s.to_string());

@@ -123,9 +123,12 @@ Result<std::vector<CommitPath::Planned>> CommitPath::plan(Session& s, const std:
     // Every parent tensor not given explicitly, in the parent's order: a metadata-only commit when
     // nothing else is given.
     if (!parent) return invalid_argument("model '" + id + "': 'inherit_all' needs a parent");
+    // An inherited entry only points at the parent's tensor: its name, dtype and shape are the
+    // parent's, copied once into the manifest (no per-tensor copies here).
+    plan.reserve(plan.size() + parent->tensors.size());
     for (const TensorManifest& t : parent->tensors) {
-      if (names.count(t.name)) continue;
-      Planned p{t.name, TensorDesc{t.dtype, t.shape, t.nbytes}, Planned::kInherit};
+      if (!names.empty() && names.count(t.name)) continue;
+      Planned p{std::string(), TensorDesc{}, Planned::kInherit};
       p.inherited = &t;
       plan.push_back(std::move(p));
     }
@@ -167,6 +170,13 @@ Result<json> CommitPath::commit(Session& s, const json& req, std::vector<uint8_t
   auto target = durability_level_from_name(durability);
   if (!target) return invalid_argument("durability '" + durability + "' is not one of memory, local, global");
   bool wait = req.value("wait", true);
+  // "ticket": false (with wait false) keeps no ticket: a pipelining client that has nothing to wait
+  // for beyond the reply (durability memory) does not leave one per commit in the ticket book.
+  bool want_ticket = true;
+  if (auto it = req.find("ticket"); it != req.end()) {
+    if (!it->is_boolean()) return invalid_argument("model '" + id + "': 'ticket' must be true or false");
+    want_ticket = wait || it->get<bool>();
+  }
   json metadata = req.contains("metadata") ? req["metadata"] : json::object();
   if (!metadata.is_object()) return invalid_argument("model '" + id + "': metadata must be a JSON object");
   json architecture = req.contains("architecture") ? req["architecture"] : json();
@@ -186,10 +196,19 @@ Result<json> CommitPath::commit(Session& s, const json& req, std::vector<uint8_t
   // Reserve the id so that two concurrent commits of one id cannot both succeed. A model moves from
   // committing_ to the flusher's pending set to the repository, each entered before the previous is
   // left, so checking them in that order under mu_ cannot miss it.
+  // The repository's claim makes the id unique across every daemon that shares the repository: it
+  // fails when the id is in the repository (looked up in every daemon's log) or another daemon is
+  // committing it. The claim is the repository's until the model is there; a commit that fails
+  // before the flusher has it gives it back.
   {
     std::lock_guard lock(mu_);
-    if (committing_.count(id) || p_.flusher.contains(id) || p_.repo.contains(id))
+    if (committing_.count(id) || p_.flusher.contains(id))
       return already_exists("model '" + id + "' already exists (model ids are immutable; choose a new id)");
+    Status claimed = p_.repo.claim(id);
+    if (claimed.code() == StatusCode::kExists)
+      return already_exists("model '" + id + "' already exists (model ids are immutable; choose a new id): " +
+                            claimed.message());
+    CAIRN_RETURN_IF_ERROR(claimed);
     committing_[id] = parent;
   }
   struct Unreserve {
@@ -198,6 +217,7 @@ Result<json> CommitPath::commit(Session& s, const json& req, std::vector<uint8_t
     ~Unreserve() {
       std::lock_guard lock(c->mu_);
       c->committing_.erase(id);
+      if (!c->p_.flusher.contains(id) && !c->p_.repo.contains_cached(id)) c->p_.repo.release_claim(id);
     }
   } unreserve{this, id};
 
@@ -255,6 +275,7 @@ Result<json> CommitPath::commit(Session& s, const json& req, std::vector<uint8_t
   const std::vector<ChunkHash> hashes = hash_ranges(p_.dram.base(), to_hash);
   size_t hash_index = 0;
   std::vector<ChunkHash> pinned;
+  m->tensors.reserve(plan.size());
   for (size_t pi = 0; pi < plan.size(); ++pi) {
     auto& p = plan[pi];
     if (p.source == Planned::kInherit) {
@@ -290,7 +311,7 @@ Result<json> CommitPath::commit(Session& s, const json& req, std::vector<uint8_t
   // commits go through the burst buffer (DeepFreeze's levels); a global commit's caller waits for
   // the repository anyway, so its bytes go there directly.
   GraphHandle graph = graph_for(p_.catalog, *m, parsed_graph ? &*parsed_graph : nullptr, parent_manifest.get());
-  const uint64_t ticket = p_.tickets.create(*target);
+  const uint64_t ticket = want_ticket ? p_.tickets.create(*target) : 0;
   Flusher::Entry entry{m, ticket, p_.burst_buffer && *target < DurabilityLevel::kGlobal, false};
   Status registered = p_.flusher.enqueue(std::move(entry), [&]() -> Status {
     Status added = p_.catalog.add(id, parent, std::move(graph), metadata);
@@ -301,7 +322,7 @@ Result<json> CommitPath::commit(Session& s, const json& req, std::vector<uint8_t
   });
   for (const auto& h : pinned) p_.dram.unpin(h);
   if (!registered.is_ok()) {
-    p_.tickets.forget({ticket});
+    if (ticket) p_.tickets.forget({ticket});
     return registered;
   }
   gc_lock.unlock();
@@ -309,8 +330,10 @@ Result<json> CommitPath::commit(Session& s, const json& req, std::vector<uint8_t
   json out{{"id", id}};
   if (!wait) {
     // The caller waits later with the ticket; it is forgotten when the connection ends.
-    s.tickets.insert(ticket);
-    out["ticket"] = ticket;
+    if (ticket) {
+      s.tickets.insert(ticket);
+      out["ticket"] = ticket;
+    }
     out["reached"] = durability_name(DurabilityLevel::kMemory);
     return out;
   }

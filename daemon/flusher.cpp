@@ -153,6 +153,7 @@ void Flusher::abandon_locked(const ModelManifest& m) {
 void Flusher::global_loop() {
   (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 10);
   constexpr size_t kMaxBatch = 256;  // models per group commit: one log write and one fdatasync
+  constexpr uint64_t kMaxBatchBytes = 4ull << 20;  // new chunk bytes per batch (beyond one model)
   for (;;) {
     struct Item {
       std::shared_ptr<const ModelManifest> m;
@@ -172,10 +173,19 @@ void Flusher::global_loop() {
       };
       work_cv_.wait(lock, [&] { return (stopping_ && flush_order_.empty()) || ready(); });
       if (flush_order_.empty()) return;  // stopping and drained
+      // A batch pins the bytes it writes until the repository has them: bound them (metadata-only
+      // commits cost none), so a batch never crowds readers out of the arena.
+      uint64_t batch_bytes = 0;
       while (batch.size() < kMaxBatch && ready()) {
         const std::string id = flush_order_.front();
-        flush_order_.pop_front();
         const Pending& p = pending_[id];
+        uint64_t new_bytes = 0;
+        for (const auto& t : p.manifest->tensors)
+          for (const auto& c : t.chunks)
+            if (!repo_.locate(c.hash)) new_bytes += c.length;
+        if (!batch.empty() && batch_bytes + new_bytes > kMaxBatchBytes) break;
+        batch_bytes += new_bytes;
+        flush_order_.pop_front();
         batch.push_back({p.manifest, p.ticket, p.on_nvme});
       }
     }

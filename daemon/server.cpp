@@ -4,9 +4,11 @@
 #include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -167,29 +169,164 @@ void Server::accept_loop() {
   }
 }
 
+namespace {
+
+// Reads request frames from a connection through a buffer: one recv() brings every request a
+// pipelining client has sent so far, instead of two reads per frame. Same rules and errors as
+// wire::recv_frame (a descriptor that arrives is closed: clients pass none).
+class FrameReader {
+ public:
+  explicit FrameReader(int fd) : fd_(fd) {}
+
+  // A whole frame (or a header that does not decode) is buffered: next() will not block.
+  bool frame_buffered() const {
+    const size_t have = end_ - pos_;
+    if (have < wire::kFrameHeaderBytes) return false;
+    auto h = wire::decode_header({buf_.data() + pos_, wire::kFrameHeaderBytes});
+    return !h.is_ok() || have >= wire::kFrameHeaderBytes + h->json_len + h->blob_len;
+  }
+
+  Result<wire::Frame> next() {
+    while (end_ - pos_ < wire::kFrameHeaderBytes) {
+      const bool started = end_ > pos_;
+      CAIRN_ASSIGN_OR_RETURN(size_t n, fill(wire::kFrameHeaderBytes - (end_ - pos_)));
+      if (n == 0)
+        return started ? protocol_error("connection closed in the middle of a frame") : unavailable("connection closed");
+    }
+    CAIRN_ASSIGN_OR_RETURN(wire::FrameHeader h, wire::decode_header({buf_.data() + pos_, wire::kFrameHeaderBytes}));
+    const size_t head = wire::kFrameHeaderBytes + h.json_len;
+    while (end_ - pos_ < head) {
+      CAIRN_ASSIGN_OR_RETURN(size_t n, fill(head - (end_ - pos_)));
+      if (n == 0) return protocol_error("connection closed in the middle of a frame");
+    }
+    CAIRN_ASSIGN_OR_RETURN(nlohmann::json body,
+                           wire::decode_body(h.kind, {buf_.data() + pos_ + wire::kFrameHeaderBytes, h.json_len}));
+    pos_ += head;
+    wire::Frame f;
+    f.kind = h.kind;
+    f.body = std::move(body);
+    if (h.blob_len > 0) {
+      // What is buffered, then the rest straight into the blob (no second copy of big payloads).
+      f.blob.resize(h.blob_len);
+      const size_t have = std::min<size_t>(end_ - pos_, h.blob_len);
+      std::memcpy(f.blob.data(), buf_.data() + pos_, have);
+      pos_ += have;
+      if (have < h.blob_len) CAIRN_RETURN_IF_ERROR(wire::read_full(fd_, f.blob.data() + have, h.blob_len - have));
+    }
+    if (pos_ == end_) {
+      pos_ = end_ = 0;
+      if (buf_.size() > (1u << 20)) std::vector<uint8_t>().swap(buf_);  // after one huge request
+    }
+    return f;
+  }
+
+ private:
+  // One read of at least `need` bytes of room; returns the bytes read (0: end of file).
+  Result<size_t> fill(size_t need) {
+    const size_t room = std::max<size_t>(need, 64 * 1024);
+    if (buf_.size() - end_ < room) {
+      if (pos_ > 0) {
+        std::memmove(buf_.data(), buf_.data() + pos_, end_ - pos_);
+        end_ -= pos_;
+        pos_ = 0;
+      }
+      if (buf_.size() - end_ < room) buf_.resize(end_ + room);
+    }
+    iovec iov{buf_.data() + end_, buf_.size() - end_};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)] = {};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    ssize_t r;
+    do {
+      r = ::recvmsg(fd_, &msg, MSG_CMSG_CLOEXEC);
+    } while (r < 0 && errno == EINTR);
+    for (cmsghdr* cm = CMSG_FIRSTHDR(&msg); r >= 0 && cm != nullptr; cm = CMSG_NXTHDR(&msg, cm)) {
+      if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) continue;
+      const size_t n = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < n; ++i) {
+        int passed;
+        std::memcpy(&passed, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
+        ::close(passed);
+      }
+    }
+    if (r < 0) {
+      if (errno == ECONNRESET) return unavailable("connection closed");
+      return errno_status("socket recvmsg", errno);
+    }
+    end_ += static_cast<size_t>(r);
+    return static_cast<size_t>(r);
+  }
+
+  int fd_;
+  std::vector<uint8_t> buf_;
+  size_t pos_ = 0, end_ = 0;
+};
+
+// A request that may block for long (waiting for durability, a tensor, the flusher): the answers
+// held back for the requests before it are sent first.
+bool may_block(const nlohmann::json& req) {
+  const auto op = req.find("op");
+  if (op == req.end() || !op->is_string()) return true;
+  if (*op != "commit") return *op != "ping";
+  const auto wait = req.find("wait");
+  const auto durability = req.find("durability");
+  const bool waits = wait == req.end() || !wait->is_boolean() || wait->get<bool>();
+  return waits && !(durability != req.end() && durability->is_string() && *durability == "memory");
+}
+
+}  // namespace
+
 void Server::serve(int fd, uint64_t conn_id) {
   Session session;
+  FrameReader reader(fd);
+  // Responses are held back while more requests are already buffered (a pipelining client), and
+  // sent together: one write for many answers. Order is always the requests' order.
+  std::vector<uint8_t> out;
+  auto flush = [&]() -> Status {
+    if (out.empty()) return Status::ok();
+    Status st = wire::write_full(fd, out.data(), out.size());
+    out.clear();
+    if (out.capacity() > (1u << 20)) std::vector<uint8_t>().swap(out);
+    return st;
+  };
   for (;;) {
-    auto frame = wire::recv_frame(fd);
+    if (!reader.frame_buffered() && !flush().is_ok()) break;
+    auto frame = reader.next();
     if (!frame.is_ok()) {
       if (frame.status().code() != StatusCode::kUnavailable) {
         // Garbage on the socket: say what was wrong, then drop the connection.
         CAIRN_LOG_WARN("connection {}: {}", conn_id, frame.status().to_string());
-        (void)wire::send_frame(fd, wire::Kind::kResponse, wire::error_response(frame.status()));
+        if (flush().is_ok()) (void)wire::send_frame(fd, wire::Kind::kResponse, wire::error_response(frame.status()));
       }
       break;
     }
-    if (frame->passed_fd >= 0) ::close(frame->passed_fd);
     if (frame->kind != wire::Kind::kRequest) {
-      (void)wire::send_frame(fd, wire::Kind::kResponse,
-                             wire::error_response(protocol_error("expected a request frame, got a response")));
+      if (flush().is_ok())
+        (void)wire::send_frame(fd, wire::Kind::kResponse,
+                               wire::error_response(protocol_error("expected a request frame, got a response")));
       break;
     }
+    if (may_block(frame->body) && !flush().is_ok()) break;
     Response r = engine_.handle(session, frame->body, frame->blob);
     bool hello = frame->body.value("op", std::string()) == "hello" && r.body.value("status", 1) == 0;
-    Status st = wire::send_frame(fd, wire::Kind::kResponse, r.body, r.blob, hello ? engine_.arena_fd() : -1);
-    if (!st.is_ok()) break;
+    if (hello) {
+      // The arena's descriptor rides on this frame: sent on its own.
+      if (!flush().is_ok() || !wire::send_frame(fd, wire::Kind::kResponse, r.body, r.blob, engine_.arena_fd()).is_ok())
+        break;
+      continue;
+    }
+    std::vector<uint8_t> encoded = wire::encode_frame(wire::Kind::kResponse, r.body, r.blob);
+    if (encoded.size() - wire::kFrameHeaderBytes - r.blob.size() > wire::kMaxJsonBytes) {
+      CAIRN_LOG_WARN("connection {}: a response of {} bytes exceeds the frame limit; closing", conn_id, encoded.size());
+      break;
+    }
+    out.insert(out.end(), encoded.begin(), encoded.end());
+    if (out.size() >= (256u << 10) && !flush().is_ok()) break;
   }
+  (void)flush();
   engine_.end_session(session);
   std::lock_guard lock(mu_);
   ::close(fd);

@@ -21,7 +21,7 @@ struct cairn_model_reader {
 };
 struct cairn_ticket {
   cairn_client* client;
-  uint64_t id;
+  cairn::Ticket ticket;  // resolved by the client's pipeline (docs/protocol.md, "Pipelined commits")
 };
 
 namespace {
@@ -227,12 +227,16 @@ cairn_status cairn_model_commit(cairn_model_writer* w, cairn_durability d, cairn
     const int level = raw_enum(d);
     CAIRN_REQUIRE_ARG(level >= CAIRN_DURABILITY_MEMORY && level <= CAIRN_DURABILITY_GLOBAL,
                       "unknown durability " + std::to_string(level));
-    auto r = w->impl->commit(static_cast<cairn::Durability>(level), ticket == nullptr);
-    if (!r.is_ok()) return fail(r.status());
-    if (ticket) {
-      // The ticket is answered by the client the writer came from.
-      *ticket = new cairn_ticket{w->client, *r};
+    if (!ticket) {
+      auto r = w->impl->commit(static_cast<cairn::Durability>(level), true);
+      if (!r.is_ok()) return fail(r.status());
+      return done(cairn::Status::ok());
     }
+    // At memory: pipelined (returns once the request is written; the outcome is the ticket's).
+    auto r = w->impl->commit_async(static_cast<cairn::Durability>(level));
+    if (!r.is_ok()) return fail(r.status());
+    // The ticket is answered by the client the writer came from.
+    *ticket = new cairn_ticket{w->client, std::move(r).value()};
     return done(cairn::Status::ok());
   });
   delete w;
@@ -244,10 +248,19 @@ void cairn_model_abort(cairn_model_writer* w) { delete w; }
 cairn_status cairn_wait(cairn_ticket* t, int timeout_ms) {
   return guarded([&] {
     CAIRN_REQUIRE_ARG(t, "ticket is NULL");
-    if (t->id == 0 || t->client == nullptr) return done(cairn::Status::ok());
-    return done(t->client->impl->wait(t->id, timeout_ms));
+    if (!t->ticket || t->client == nullptr) return done(cairn::Status::ok());
+    return done(t->client->impl->wait(t->ticket, timeout_ms));
   });
 }
+
+cairn_status cairn_pipeline_flush(cairn_client* c) {
+  return guarded([&] {
+    CAIRN_REQUIRE_ARG(c, "client is NULL");
+    return done(c->impl->flush_pipeline());
+  });
+}
+
+size_t cairn_pipeline_in_flight(const cairn_client* c) { return c ? c->impl->in_flight() : 0; }
 
 void cairn_ticket_free(cairn_ticket* t) { delete t; }
 

@@ -1,12 +1,14 @@
 #include "api/cpp/client.hpp"
 
+#include <poll.h>
 #include <sys/mman.h>
-
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 
@@ -89,9 +91,122 @@ Result<std::unique_ptr<Client>> Client::connect(const std::string& address_in) {
   return c;
 }
 
-Client::~Client() { ::close(fd_); }
+Client::~Client() {
+  // Every request sent is answered before the connection ends: a pipelined commit the daemon had
+  // not read yet would otherwise be dropped with the connection.
+  (void)flush_pipeline();
+  ::close(fd_);
+}
 
-Result<json> Client::call(const json& request_in, std::span<const uint8_t> blob) {
+Status Client::lost(const std::string& why) {
+  if (broken_.is_ok()) broken_ = unavailable("lost the connection to cairnd on " + address_ + ": " + why);
+  // Every request in flight ends with that error (none of their replies can arrive any more).
+  std::deque<ReplyHandler> pending;
+  pending.swap(in_flight_);
+  for (auto& h : pending)
+    if (h) h(broken_);
+  return broken_;
+}
+
+Status Client::write_all(std::span<const uint8_t> a, std::span<const uint8_t> b) {
+  const std::span<const uint8_t> parts[2] = {a, b};
+  for (const auto& part : parts) {
+    size_t done = 0;
+    while (done < part.size()) {
+      ssize_t r = ::send(fd_, part.data() + done, part.size() - done, MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (r >= 0) {
+        done += static_cast<size_t>(r);
+        continue;
+      }
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) return lost(std::strerror(errno));
+      // The socket is full. The daemon may itself be blocked writing replies we have not read:
+      // read them meanwhile, so that a long pipeline never deadlocks.
+      pollfd p{fd_, static_cast<short>(POLLOUT | (in_flight_.empty() ? 0 : POLLIN)), 0};
+      int n = ::poll(&p, 1, -1);
+      if (n < 0 && errno != EINTR) return lost(std::strerror(errno));
+      if (n > 0 && (p.revents & POLLIN)) {
+        auto c = collect(0);
+        if (!c.is_ok()) return c.status();
+      }
+    }
+  }
+  return Status::ok();
+}
+
+void Client::dispatch_buffered() {
+  while (broken_.is_ok() && rend_ - rpos_ >= wire::kFrameHeaderBytes) {
+    auto h = wire::decode_header({rbuf_.data() + rpos_, wire::kFrameHeaderBytes});
+    if (!h.is_ok()) {
+      (void)lost(h.status().message());
+      return;
+    }
+    const size_t total = wire::kFrameHeaderBytes + h->json_len + h->blob_len;
+    if (rend_ - rpos_ < total) {
+      want_ = total - (rend_ - rpos_);
+      return;
+    }
+    want_ = 0;
+    if (h->kind != wire::Kind::kResponse) {
+      (void)lost("cairnd sent a request frame where a response was expected");
+      return;
+    }
+    auto body = wire::decode_body(wire::Kind::kResponse, {rbuf_.data() + rpos_ + wire::kFrameHeaderBytes, h->json_len});
+    rpos_ += total;
+    if (!body.is_ok()) {
+      (void)lost(body.status().message());
+      return;
+    }
+    if (in_flight_.empty()) {
+      (void)lost("cairnd sent a response to no request");
+      return;
+    }
+    ReplyHandler handler = std::move(in_flight_.front());
+    in_flight_.pop_front();
+    Status st = wire::response_status(*body);
+    if (!handler) continue;
+    if (st.is_ok()) handler(std::move(body).value());
+    else handler(std::move(st));
+  }
+  if (rpos_ == rend_) rpos_ = rend_ = 0;
+}
+
+Result<bool> Client::collect(int timeout_ms) {
+  if (!broken_.is_ok()) return broken_;
+  pollfd p{fd_, POLLIN, 0};
+  for (;;) {
+    int n = ::poll(&p, 1, timeout_ms);
+    if (n > 0) break;
+    if (n == 0) return false;
+    if (errno != EINTR) return lost(std::strerror(errno));
+  }
+  // Room for at least 64 KiB, or for the rest of the frame being received.
+  const size_t room = std::max<size_t>(64 * 1024, want_);
+  if (rbuf_.size() - rend_ < room) {
+    if (rpos_ > 0) {
+      std::memmove(rbuf_.data(), rbuf_.data() + rpos_, rend_ - rpos_);
+      rend_ -= rpos_;
+      rpos_ = 0;
+    }
+    if (rbuf_.size() - rend_ < room) rbuf_.resize(rend_ + room);
+  }
+  ssize_t r;
+  do {
+    r = ::recv(fd_, rbuf_.data() + rend_, rbuf_.size() - rend_, MSG_DONTWAIT);
+  } while (r < 0 && errno == EINTR);
+  if (r < 0) {
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
+    return lost(std::strerror(errno));
+  }
+  if (r == 0) return lost("cairnd closed the connection");
+  rend_ += static_cast<size_t>(r);
+  dispatch_buffered();
+  if (!broken_.is_ok()) return broken_;
+  return true;
+}
+
+Status Client::send_request(const json& request_in, std::span<const uint8_t> blob, ReplyHandler on_reply) {
+  if (!broken_.is_ok()) return broken_;
   const json* request = &request_in;
   json with_release;
   if (!deferred_release_.empty()) {
@@ -99,15 +214,89 @@ Result<json> Client::call(const json& request_in, std::span<const uint8_t> blob)
     with_release["release"] = deferred_release_;
     request = &with_release;
   }
+  std::string js = request->dump(-1, ' ', false, json::error_handler_t::replace);
+  if (js.size() > wire::kMaxJsonBytes)
+    return invalid_argument("message too large (" + std::to_string(js.size()) + " bytes of JSON)");
+  if (blob.size() > wire::kMaxBlobBytes)
+    return invalid_argument("inline payload too large (" + std::to_string(blob.size()) + " bytes)");
+  auto hb = wire::encode_header(wire::FrameHeader{wire::Kind::kRequest, static_cast<uint32_t>(js.size()), blob.size()});
+  // Small frames go out in one piece.
+  const bool one_piece = blob.size() <= 64 * 1024;
+  std::vector<uint8_t> head;
+  head.reserve(hb.size() + js.size() + (one_piece ? blob.size() : 0));
+  head.insert(head.end(), hb.begin(), hb.end());
+  head.insert(head.end(), js.begin(), js.end());
+  if (one_piece) head.insert(head.end(), blob.begin(), blob.end());
   ++requests_;
-  Status st = wire::send_frame(fd_, wire::Kind::kRequest, *request, blob);
   deferred_release_.clear();  // sent, or the connection is gone and with it the leases
-  if (!st.is_ok()) return unavailable("lost the connection to cairnd on " + address_ + ": " + st.message());
-  auto f = wire::recv_frame(fd_);
-  if (!f.is_ok()) return unavailable("lost the connection to cairnd on " + address_ + ": " + f.status().message());
-  if (f->passed_fd >= 0) ::close(f->passed_fd);
-  CAIRN_RETURN_IF_ERROR(wire::response_status(f->body));
-  return std::move(f->body);
+  CAIRN_RETURN_IF_ERROR(write_all(head, one_piece ? std::span<const uint8_t>() : blob));
+  in_flight_.push_back(std::move(on_reply));
+  return Status::ok();
+}
+
+Result<json> Client::call(const json& request, std::span<const uint8_t> blob) {
+  free_failed_spaces();
+  std::optional<Result<json>> mine;
+  CAIRN_RETURN_IF_ERROR(send_request(request, blob, [&mine](Result<json> r) { mine.emplace(std::move(r)); }));
+  // Replies come in request order: those of pipelined requests sent before this one first.
+  while (!mine) {
+    auto c = collect(-1);
+    if (!c.is_ok() && !mine) return c.status();
+  }
+  return std::move(*mine);
+}
+
+Status Client::send_pipelined(const json& request, std::span<const uint8_t> blob, ReplyHandler on_reply) {
+  free_failed_spaces();
+  while (in_flight_.size() >= kMaxInFlight) {
+    auto c = collect(-1);
+    if (!c.is_ok()) return c.status();
+  }
+  return send_request(request, blob, std::move(on_reply));
+}
+
+void Client::free_failed_spaces() {
+  if (spaces_to_free_.empty() || !broken_.is_ok()) return;
+  std::vector<uint64_t> ids;
+  ids.swap(spaces_to_free_);
+  // A space the daemon does not know (any more) is harmless to free: the replies are not needed.
+  for (uint64_t id : ids) (void)send_request(json{{"op", "free"}, {"space", id}}, {}, nullptr);
+}
+
+Status Client::flush_pipeline() {
+  free_failed_spaces();
+  while (!in_flight_.empty()) {
+    auto c = collect(-1);
+    if (!c.is_ok()) break;
+  }
+  Status orphan = std::exchange(orphan_error_, Status::ok());
+  if (!orphan.is_ok()) return orphan;
+  return broken_;
+}
+
+Status Client::wait(const Ticket& t, int timeout_ms) {
+  if (!t) return invalid_argument("no ticket to wait for");
+  const auto start = std::chrono::steady_clock::now();
+  auto left_ms = [&]() -> int {
+    if (timeout_ms < 0) return -1;
+    auto spent = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count();
+    return static_cast<int>(std::max<int64_t>(0, timeout_ms - spent));
+  };
+  while (!t->resolved) {
+    const int left = left_ms();
+    auto c = collect(left);
+    if (!c.is_ok()) break;  // the connection is lost: every ticket in flight is resolved with that
+    if (!*c && !t->resolved && left == 0)
+      return timed_out("the reply to the commit of model '" + t->id + "' has not arrived after " +
+                       std::to_string(timeout_ms) + " ms");
+  }
+  if (!t->resolved) return broken_;
+  if (!t->status.is_ok() || t->daemon_ticket == 0) return t->status;
+  Status st = wait(t->daemon_ticket, left_ms());
+  if (st.code() == StatusCode::kTimeout) return st;  // the daemon keeps the ticket: wait again
+  t->daemon_ticket = 0;
+  t->status = st;
+  return st;
 }
 
 Status Client::put_tensor(const std::string& key, const void* data, DType dtype, const std::vector<int64_t>& shape) {
@@ -271,15 +460,19 @@ Status ModelWriter::set_metadata(const json& meta) {
   return Status::ok();
 }
 
-Result<uint64_t> ModelWriter::commit(Durability d, bool wait) {
-  if (done_) return invalid_argument("model '" + id_ + "' was already committed or aborted");
+json ModelWriter::request(Durability d, bool wait) const {
   json req{{"op", "commit"},        {"id", id_},          {"durability", durability_name(d)},
            {"wait", wait},          {"tensors", tensors_}, {"metadata", metadata_}};
   if (!parent_.empty()) req["parent"] = parent_;
   if (inherit_all_) req["inherit_all"] = true;
   if (!architecture_.is_null()) req["architecture"] = architecture_;
   if (!source_header_.empty()) req["source_header"] = source_header_;
-  auto r = client_.call(req, inline_);
+  return req;
+}
+
+Result<uint64_t> ModelWriter::commit(Durability d, bool wait) {
+  if (done_) return invalid_argument("model '" + id_ + "' was already committed or aborted");
+  auto r = client_.call(request(d, wait), inline_);
   if (!r.is_ok()) {
     abort();  // frees the spaces the daemon did not take
     return r.status();
@@ -287,6 +480,42 @@ Result<uint64_t> ModelWriter::commit(Durability d, bool wait) {
   done_ = true;
   spaces_.clear();
   return r->value("ticket", uint64_t{0});
+}
+
+Result<Ticket> ModelWriter::commit_async(Durability d) {
+  if (done_) return invalid_argument("model '" + id_ + "' was already committed or aborted");
+  auto t = std::make_shared<CommitTicket>();
+  t->id = id_;
+  t->target = d;
+  if (d != Durability::kMemory) {
+    CAIRN_ASSIGN_OR_RETURN(t->daemon_ticket, commit(d, false));
+    t->resolved = true;
+    return t;
+  }
+  // Pipelined: memory is reached when the daemon has registered the model, so there is nothing to
+  // wait for beyond the reply; "ticket": false asks the daemon to keep no ticket for it.
+  json req = request(d, false);
+  req["ticket"] = false;
+  t->pipelined = true;
+  Client* c = &client_;
+  std::vector<uint64_t> spaces = spaces_;
+  Status sent = client_.send_pipelined(req, inline_, [t, c, spaces](Result<json> r) {
+    t->resolved = true;
+    t->status = r.status();
+    if (r.is_ok()) return;
+    // A failed commit consumed none of its spaces (they die with a lost connection anyway).
+    if (r.status().code() != StatusCode::kUnavailable)
+      c->spaces_to_free_.insert(c->spaces_to_free_.end(), spaces.begin(), spaces.end());
+    // Nobody holds the ticket any more: keep the error for flush_pipeline.
+    if (t.use_count() == 1 && c->orphan_error_.is_ok()) c->orphan_error_ = r.status();
+  });
+  if (!sent.is_ok()) {
+    abort();
+    return sent;
+  }
+  done_ = true;
+  spaces_.clear();
+  return t;
 }
 
 void ModelWriter::abort() {

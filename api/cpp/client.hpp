@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -41,6 +42,21 @@ struct TensorInfo {
 // Tensors up to this size travel inline in the request; larger ones go through the arena.
 inline constexpr uint64_t kInlineLimit = 64 * 1024;
 
+// What the client knows of one commit made with ModelWriter::commit_async. A pipelined commit (at
+// durability memory) is sent without waiting for its reply: its ticket resolves when the client
+// collects that reply (on its next request that needs a reply, on Client::wait of any ticket, on
+// Client::flush_pipeline, or when the connection ends). A commit answered before commit_async
+// returned is resolved at once. See docs/protocol.md, "Pipelined commits".
+struct CommitTicket {
+  std::string id;                            // the model
+  Durability target = Durability::kMemory;   // the durability asked for
+  bool pipelined = false;                    // sent without waiting for the reply
+  bool resolved = false;                     // the reply is in (status says how it went)
+  Status status;                             // the commit's outcome, then (after a wait) the durability's
+  uint64_t daemon_ticket = 0;                // the daemon's ticket for a level above memory (0: none left)
+};
+using Ticket = std::shared_ptr<CommitTicket>;
+
 class Client {
  public:
   // address "" = wire::default_socket_path() ($CAIRN_SOCKET, then the default). kUnavailable names the path when nothing listens.
@@ -49,8 +65,26 @@ class Client {
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;
 
-  // One request/response exchange. The response's status becomes the Status.
+  // One request/response exchange. The response's status becomes the Status. Replies of pipelined
+  // requests sent before it are collected first (in order).
   Result<nlohmann::json> call(const nlohmann::json& request, std::span<const uint8_t> blob = {});
+
+  // Pipelining. Sends a request without waiting for its reply; on_reply gets the reply (or the
+  // error it carries, or kUnavailable when the connection is lost first) when it is collected, in
+  // request order. on_reply must not call back into the client. At most kMaxInFlight requests are
+  // in flight: sending one more first collects the oldest reply. kUnavailable if the request could
+  // not be sent (on_reply is then not called).
+  static constexpr size_t kMaxInFlight = 256;
+  using ReplyHandler = std::function<void(Result<nlohmann::json>)>;
+  Status send_pipelined(const nlohmann::json& request, std::span<const uint8_t> blob, ReplyHandler on_reply);
+  // Collects every outstanding reply (each resolves its ticket). Returns the first error of a
+  // pipelined commit whose ticket was dropped before its reply came (so that no error is lost;
+  // errors of tickets still held stay on them), or kUnavailable when the connection was lost.
+  Status flush_pipeline();
+  size_t in_flight() const { return in_flight_.size(); }
+  // Waits up to timeout_ms (-1: forever) for a commit_async ticket: its reply if not in yet, then
+  // the daemon's ticket (a durability above memory). kTimeout leaves the ticket to wait again.
+  Status wait(const Ticket& ticket, int timeout_ms);
 
   // Named tensors.
   Status put_tensor(const std::string& key, const void* data, DType dtype, const std::vector<int64_t>& shape);
@@ -102,8 +136,28 @@ class Client {
 
  private:
   Client(int fd, std::string address) : fd_(fd), address_(std::move(address)) {}
+  // Encodes and writes one request (with the deferred releases), collecting replies that arrive
+  // while the socket is full. Registers on_reply as the next reply's handler once written.
+  Status send_request(const nlohmann::json& request, std::span<const uint8_t> blob, ReplyHandler on_reply);
+  Status write_all(std::span<const uint8_t> a, std::span<const uint8_t> b);
+  // Reads what the socket holds (waiting up to timeout_ms for something, -1: forever) and hands
+  // every complete reply to its handler. false on timeout; kUnavailable once the connection is lost.
+  Result<bool> collect(int timeout_ms);
+  void dispatch_buffered();
+  Status lost(const std::string& why);
+  // Sends `free` for staging spaces of pipelined commits that failed (their reply handlers cannot
+  // send anything themselves).
+  void free_failed_spaces();
   int fd_;
   std::string address_;
+  std::deque<ReplyHandler> in_flight_;   // reply handlers, oldest first
+  std::vector<uint8_t> rbuf_;            // received bytes; [rpos_, rend_) not yet decoded
+  size_t rpos_ = 0, rend_ = 0;
+  size_t want_ = 0;                      // bytes still missing from the frame being received
+  Status broken_;                        // set once the connection is lost: every later call fails with it
+  Status orphan_error_;                  // the first error of a pipelined commit nobody held a ticket for
+  std::vector<uint64_t> spaces_to_free_;
+  friend class ModelWriter;  // its pipelined commits' reply handlers
   std::unique_ptr<ArenaView> view_;
   uint64_t chunk_size_ = 0;
   std::vector<uint64_t> deferred_release_;
@@ -136,11 +190,17 @@ class ModelWriter {
   // Commits. wait=true: returns once durability d is reached (ticket 0); otherwise returns a ticket
   // for Client::wait once the model is visible.
   Result<uint64_t> commit(Durability d, bool wait);
+  // Commits without waiting for durability d. At memory the commit is pipelined: it returns once the
+  // request is written, and its outcome (kExists, parent not found, ...) is reported on the ticket
+  // (Client::wait). Above memory it returns once the model is visible, as commit(d, false) does.
+  // An error returned here means nothing was sent (or, above memory, the commit failed).
+  Result<Ticket> commit_async(Durability d);
   void abort();
   const std::string& id() const { return id_; }
 
  private:
   Status check_name(const std::string& name);
+  nlohmann::json request(Durability d, bool wait) const;
   Client& client_;
   std::string id_, parent_;
   nlohmann::json tensors_ = nlohmann::json::array();

@@ -73,7 +73,9 @@ CAIRN_EXPORT const char *cairn_last_error(void);
  * ${XDG_RUNTIME_DIR:-/tmp}/cairn-$UID/cairnd.sock. Fails with CAIRN_ERR_UNAVAILABLE (naming the
  * path) when no daemon listens there. */
 CAIRN_EXPORT cairn_status cairn_connect(const char *address, cairn_client **out);
-/* Ends the connection; leases held by its readers end with it. NULL is ignored. */
+/* Ends the connection; leases held by its readers end with it. Replies of pipelined commits still
+ * in flight are collected first (every commit sent is processed; call cairn_pipeline_flush before
+ * to learn the errors of commits whose tickets were freed unwaited). NULL is ignored. */
 CAIRN_EXPORT void cairn_disconnect(cairn_client *c);
 /* The socket path c is connected to (the default resolved when cairn_connect got NULL). Valid until
  * cairn_disconnect(c); "" when c is NULL. */
@@ -119,13 +121,36 @@ CAIRN_EXPORT cairn_status cairn_model_set_architecture(cairn_model_writer *w, co
 /* Metadata: a JSON object (score, epoch, task, tags ...). */
 CAIRN_EXPORT cairn_status cairn_model_set_metadata(cairn_model_writer *w, const char *meta_json);
 /* Commits and frees w (whatever the result). With ticket == NULL the call returns once durability d
- * is reached; otherwise it returns once the model is visible (in memory) and *ticket tracks d. */
+ * is reached (and returns the commit's error). With a ticket:
+ *  - d = MEMORY: the commit is pipelined. The call returns as soon as the request is written, without
+ *    waiting for the daemon's reply; *ticket stands for that reply. The commit's outcome
+ *    (CAIRN_ERR_EXISTS, CAIRN_ERR_NOT_FOUND for a missing parent, ...) is returned by cairn_wait on
+ *    this ticket, never by another call. Requests of one client are served in order, so a later
+ *    request of the same client (a child commit, an open) sees the model; other clients see it once
+ *    its reply was collected (cairn_wait, cairn_pipeline_flush, or any later call of this client
+ *    that needs a reply). At most 256 requests are in flight: the 257th waits for the oldest reply.
+ *    An error returned by the call itself means nothing was sent (e.g. CAIRN_ERR_UNAVAILABLE).
+ *  - d = LOCAL or GLOBAL: the call returns once the model is visible (in memory), with its error if
+ *    it failed; *ticket tracks d.
+ * See docs/protocol.md, "Pipelined commits". */
 CAIRN_EXPORT cairn_status cairn_model_commit(cairn_model_writer *w, cairn_durability d, cairn_ticket **ticket);
 /* Drops an uncommitted model and frees w. */
 CAIRN_EXPORT void cairn_model_abort(cairn_model_writer *w);
-/* Waits up to timeout_ms (-1: forever) for the ticket's durability; CAIRN_ERR_TIMEOUT if not yet. */
+/* Waits up to timeout_ms (-1: forever) for the ticket: for a pipelined commit, first its reply (the
+ * commit's own error is returned here), then the durability asked for. CAIRN_ERR_TIMEOUT if not
+ * yet (wait again later); CAIRN_ERR_UNAVAILABLE if the connection was lost before the reply came
+ * (the commit may or may not have been made). Waiting again returns the same outcome. */
 CAIRN_EXPORT cairn_status cairn_wait(cairn_ticket *t, int timeout_ms);
+/* Frees a ticket. Freeing a pipelined commit's ticket before waiting for it does not cancel the
+ * commit; its error, if any, is then returned by the next cairn_pipeline_flush. */
 CAIRN_EXPORT void cairn_ticket_free(cairn_ticket *t);
+/* Collects the reply of every pipelined commit of c still in flight (resolving their tickets).
+ * Returns CAIRN_OK, or the first error of a pipelined commit whose ticket was freed before its reply
+ * came (errors of tickets still held stay on them), or CAIRN_ERR_UNAVAILABLE when the connection
+ * was lost. After it returns, every commit of c is visible to every client. */
+CAIRN_EXPORT cairn_status cairn_pipeline_flush(cairn_client *c);
+/* How many requests of c are sent and not yet answered (0 for NULL). */
+CAIRN_EXPORT size_t cairn_pipeline_in_flight(const cairn_client *c);
 
 /* ---- reading a model ---- */
 

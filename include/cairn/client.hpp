@@ -114,7 +114,9 @@ class Writer {
   Status commit(cairn_durability d = CAIRN_DURABILITY_GLOBAL) {
     return Status::from(cairn_model_commit(std::exchange(w_, nullptr), d, nullptr));
   }
-  // Commits; the ticket waits for durability d later.
+  // Commits; the ticket waits for durability d later. At CAIRN_DURABILITY_MEMORY the commit is
+  // pipelined: this returns once the request is written, and the commit's own error (kExists, a
+  // missing parent, ...) comes from ticket.wait() (cairn.h, cairn_model_commit).
   Result<Ticket> commit_async(cairn_durability d) {
     cairn_ticket* t = nullptr;
     Status s = Status::from(cairn_model_commit(std::exchange(w_, nullptr), d, &t));
@@ -219,6 +221,11 @@ class Client {
     return found != 0;
   }
   Status delete_tensor(const std::string& key) { return Status::from(cairn_delete_tensor(c_, key.c_str())); }
+
+  // Collects the replies of every pipelined commit in flight (cairn_pipeline_flush): the first error
+  // of a commit whose ticket was dropped unwaited, or kUnavailable when the connection was lost.
+  Status flush_pipeline() { return Status::from(cairn_pipeline_flush(c_)); }
+  size_t in_flight() const { return cairn_pipeline_in_flight(c_); }
 
   // parent: "" for none.
   Result<Writer> create_model(const std::string& id, const std::string& parent = "") {

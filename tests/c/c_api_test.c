@@ -129,6 +129,41 @@ int main(int argc, char **argv) {
     CHECK(cairn_model_commit(w, CAIRN_DURABILITY_GLOBAL, NULL) == CAIRN_ERR_EXISTS);
     CHECK(strstr(cairn_last_error(), base_id) != NULL);
 
+    /* Pipelined commits (memory, with a ticket): the call returns once the request is written; the
+     * duplicate id's error comes from its own ticket only, and later commits still succeed. */
+    {
+      cairn_ticket *tk[8];
+      char pid[200], ppar[200];
+      int i;
+      for (i = 0; i < 8; ++i) {
+        snprintf(pid, sizeof pid, "%s-pl%d", base_id, i);
+        if (i == 0) snprintf(ppar, sizeof ppar, "%s", base_id);
+        else snprintf(ppar, sizeof ppar, "%s-pl%d", base_id, i == 4 ? 2 : i - 1);
+        CHECK_OK(cairn_model_create(c, i == 3 ? base_id : pid, ppar, &w));
+        CHECK_OK(cairn_model_inherit_all(w));
+        CHECK_OK(cairn_model_commit(w, CAIRN_DURABILITY_MEMORY, &tk[i]));
+        CHECK(tk[i] != NULL);
+      }
+      CHECK(cairn_pipeline_in_flight(c) > 0);
+      for (i = 0; i < 8; ++i) {
+        if (i == 3) {
+          CHECK(cairn_wait(tk[i], -1) == CAIRN_ERR_EXISTS);
+          CHECK(strstr(cairn_last_error(), base_id) != NULL);
+        } else {
+          CHECK_OK(cairn_wait(tk[i], -1));
+        }
+        cairn_ticket_free(tk[i]);
+      }
+      CHECK(cairn_pipeline_in_flight(c) == 0);
+      /* A freed, unwaited ticket's error comes from the next pipeline flush. */
+      CHECK_OK(cairn_model_create(c, base_id, base_id, &w));
+      CHECK_OK(cairn_model_inherit_all(w));
+      CHECK_OK(cairn_model_commit(w, CAIRN_DURABILITY_MEMORY, &tk[0]));
+      cairn_ticket_free(tk[0]);
+      CHECK(cairn_pipeline_flush(c) == CAIRN_ERR_EXISTS);
+      CHECK_OK(cairn_pipeline_flush(c));
+    }
+
     /* Hints: advice, so unknown models are listed, not an error; a malformed hint names its field. */
     {
       char hint[512], *res = NULL;

@@ -61,6 +61,22 @@ int main(int argc, char** argv) {
     auto st = dup->commit();
     CHECK(st.code() == CAIRN_ERR_EXISTS && st.message().find("cpp-base") != std::string::npos);
   }
+  {
+    // Pipelined: the duplicate's error is on its ticket, not on the call.
+    auto dup = client->create_model("cpp-base" + suffix, "cpp-base" + suffix);
+    CHECK(dup->inherit("a"));
+    auto t = dup->commit_async(CAIRN_DURABILITY_MEMORY);
+    CHECK(t);
+    auto next = client->create_model("cpp-next" + suffix, "cpp-base" + suffix);
+    CHECK(next->inherit("a"));
+    auto t2 = next->commit_async(CAIRN_DURABILITY_MEMORY);
+    CHECK(t2);
+    auto st = t->wait();
+    CHECK(st.code() == CAIRN_ERR_EXISTS && st.message().find("cpp-base") != std::string::npos);
+    CHECK(t2->wait());
+    CHECK(client->flush_pipeline());
+    CHECK(client->in_flight() == 0);
+  }
   auto r = client->open_model("cpp-child" + suffix);
   CHECK(r);
   auto ts = r->tensors();

@@ -71,8 +71,9 @@ def test_local_commit_survives_kill9(make_daemon, tmp):
     d.start()
     # Recovered from the burst buffer and written to the repository.
     d.cairn("flush")
-    manifests = os.listdir(d.repo / "manifests")
-    assert len([m for m in manifests if m.endswith(".json")]) == 4
+    listed = [line.split()[0] for line in d.cairn("ls").stdout.splitlines() if line.strip()]
+    assert sorted(listed) == ["l0", "l1", "l2", "l3"]
+    assert all("global" in line for line in d.cairn("ls").stdout.splitlines() if line.strip())
     assert d.stats()["recovery"]["models_recovered"] >= 0
     for mid, f in files.items():
         out = tmp / f"{mid}.out"

@@ -355,10 +355,10 @@ def test_inherit_stores_only_the_changed_tensor(make_daemon):
 
 def test_tickets(client):
     x = {"w": np.arange(200000, dtype=np.float32)}
-    t = client.save_model("t-memory", x, durability="memory")
-    assert t.reached == "memory" and t.done
-    assert np.array_equal(client.load_model("t-memory")["w"], x["w"])  # visible at once
-    assert t.wait() == "memory"
+    t = client.save_model("t-memory", x, durability="memory")  # pipelined: the reply is collected later
+    assert t.reached == "sent" and not t.done
+    assert np.array_equal(client.load_model("t-memory")["w"], x["w"])  # visible at once to this client
+    assert t.wait() == "memory" and t.reached == "memory" and t.done
 
     t = client.save_model("t-global", x, parent="t-memory", inherit=[], durability="global")
     assert t.reached in ("memory", "global")
@@ -387,6 +387,54 @@ def test_tickets(client):
     gone = client.save_model("t-unwaited", x)
     del gone  # a ticket nobody waits for is freed; the model is still flushed
     gc.collect()
+
+
+def test_pipelined_commits(client, daemon):
+    """save_model at memory without wait is pipelined: many commits in flight, each outcome on its
+    own ticket, in order (a child right after its parent sees it)."""
+    client.save_model("pl-base", {"a": np.arange(10, dtype=np.int32), "b": np.ones(3)}, wait=True)
+    tickets = []
+    for i in range(300):
+        parent = f"pl{i - 1}" if i else "pl-base"
+        mid = f"pl{i}"
+        if i == 100:
+            mid = "pl-base"  # taken: AlreadyExists, on this ticket only
+        if i == 101:
+            parent = "pl99"
+        if i == 150:
+            parent = "pl-none"  # NotFound
+        if i == 151:
+            parent = "pl149"
+        tickets.append(client.save_model(mid, {}, parent=parent, inherit_all=True, meta={"i": i},
+                                         durability="memory"))
+        assert client.in_flight <= 256
+    assert client.in_flight > 0  # nothing waited for the replies yet
+    for i, t in enumerate(tickets):
+        if i == 100:
+            with pytest.raises(cairn.AlreadyExists, match="pl-base"):
+                t.wait()
+            with pytest.raises(cairn.AlreadyExists):  # the same outcome again
+                t.wait()
+        elif i == 150:
+            with pytest.raises(cairn.NotFound, match="pl-none"):
+                t.wait()
+        else:
+            assert t.wait() == "memory", i
+    assert client.in_flight == 0
+    import cairn as _c
+    with _c.connect(daemon.socket) as other:
+        m = other.load_model("pl299")
+        assert np.array_equal(m["a"], np.arange(10, dtype=np.int32))
+        assert other.show("pl299")["parent"] == "pl298"
+        assert other.show("pl-base")["metadata"] == {}
+
+    # A ticket dropped unwaited: its error comes from flush_pipeline, once.
+    t = client.save_model("pl-base", {}, parent="pl-base", inherit_all=True, durability="memory")
+    del t
+    gc.collect()
+    with pytest.raises(cairn.AlreadyExists):
+        client.flush_pipeline()
+    client.flush_pipeline()
 
 
 def test_errors_carry_status_and_message(client):

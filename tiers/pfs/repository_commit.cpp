@@ -217,6 +217,7 @@ Status Repository::Impl::commit_batch(std::vector<ModelManifest>& ms, const Repo
   std::vector<size_t> staged;
   std::vector<bool> claimed_here(ms.size(), false);
   uint64_t gen = 0;
+  const auto planned_at = std::chrono::steady_clock::now();
   {
     std::lock_guard wlock(write_mu_);
     Status ls = ensure_log();
@@ -262,6 +263,11 @@ Status Repository::Impl::commit_batch(std::vector<ModelManifest>& ms, const Repo
   }
   if (staged.empty()) return first;
   Status d = wait_durable(gen);
+  if (auto took = std::chrono::steady_clock::now() - planned_at; d.is_ok() && took > options_.gc_grace / 2)
+    CAIRN_LOG_WARN("repository {}: a commit took {} ms from plan to sync, more than half the gc grace ({} ms): the "
+                   "gc grace assumption did not hold (a gc of another daemon may have freed a chunk it reuses); "
+                   "raise gc_grace on a filesystem this slow",
+                   dir_, std::chrono::duration_cast<std::chrono::milliseconds>(took).count(), options_.gc_grace.count());
   if (!d.is_ok()) {
     std::unique_lock lock(mu_);
     for (auto it = staged.rbegin(); it != staged.rend(); ++it) drop_model(ms[*it].id);

@@ -78,6 +78,8 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "cairn_model_abort": (None, [c_void_p]),
         "cairn_wait": (st, [c_void_p, c_int]),
         "cairn_ticket_free": (None, [c_void_p]),
+        "cairn_pipeline_flush": (st, [c_void_p]),
+        "cairn_pipeline_in_flight": (c_size_t, [c_void_p]),
         "cairn_model_open": (st, [c_void_p, c_char_p, _c_void_p_p]),
         "cairn_model_tensor_count": (st, [c_void_p, ctypes.POINTER(c_size_t)]),
         "cairn_model_tensor_info": (st, [c_void_p, c_size_t, ctypes.POINTER(c_char_p), ctypes.POINTER(c_int),

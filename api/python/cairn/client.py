@@ -206,9 +206,16 @@ def _free_ticket(lib: ctypes.CDLL, handle: ctypes.c_void_p) -> None:
 class Ticket:
     """The progress of one commit towards its durability.
 
-    ``save_model`` returns once the model is visible (in the daemon's memory); ``wait()`` blocks until
-    the requested durability is reached. Tickets belong to their client's connection: a ticket that
-    is not waited for before the client closes is forgotten (the daemon still flushes the model).
+    ``save_model`` above ``"memory"`` returns once the model is visible (in the daemon's memory);
+    ``wait()`` blocks until the requested durability is reached. At ``"memory"`` without ``wait``
+    the commit is *pipelined*: ``save_model`` returns as soon as the request is written, and the
+    commit's own outcome (AlreadyExists, a missing parent, ...) is raised by ``wait()`` -- never by
+    another call. Until then ``reached`` is ``"sent"``. Later calls of the same client see the model
+    (requests are served in order); other clients see it once its reply was collected (``wait()``,
+    :meth:`Client.flush_pipeline`, or any later call of this client that needs a reply).
+    Tickets belong to their client's connection: a ticket that is not waited for before the client
+    closes is forgotten (the daemon still flushes the model; a pipelined commit's error then comes
+    from :meth:`Client.flush_pipeline`).
     """
 
     def __init__(self, conn: _Connection, handle: Optional[ctypes.c_void_p], model_id: str, durability: str,
@@ -226,8 +233,8 @@ class Ticket:
 
     @property
     def reached(self) -> str:
-        """The level known to be reached: ``"memory"`` after the commit, the requested durability once
-        ``wait()`` succeeded. (``"local"`` is reached together with ``"global"`` until the NVMe tier
+        """The level known to be reached: ``"sent"`` for a pipelined commit whose reply has not been
+        collected, ``"memory"`` after the commit, the requested durability once ``wait()`` succeeded. (``"local"`` is reached together with ``"global"`` until the NVMe tier
         exists; the C API does not report the higher level, so this says ``"local"``.)"""
         return self._reached
 
@@ -411,7 +418,9 @@ class Client:
                 in their order, then ``inherit``.
 
         Without ``wait`` the call returns once the model is visible (its bytes are in the daemon's
-        memory); the daemon writes it to the repository behind the caller.
+        memory); the daemon writes it to the repository behind the caller. At ``"memory"`` without
+        ``wait`` the commit is pipelined: the call returns once the request is written and errors of
+        the commit itself are raised by the ticket's ``wait()`` (see :class:`Ticket`).
         """
         mid = _name(id, "model id")
         par = _name(parent, "parent id") if parent is not None else None
@@ -467,14 +476,28 @@ class Client:
             except BaseException:
                 lib.cairn_model_abort(w)
                 raise
-            # "memory" is reached when the commit answers: no ticket to wait for (an unwaited ticket
-            # stays in the daemon until the connection ends).
-            if wait or durability == "memory":
+            if wait:
                 _check(lib.cairn_model_commit(w, level, None))  # frees w
                 return Ticket(self._conn, None, id, durability, durability)
+            # At "memory" the commit is pipelined: its outcome is the ticket's.
             t = ctypes.c_void_p()
             _check(lib.cairn_model_commit(w, level, ctypes.byref(t)))  # frees w
-            return Ticket(self._conn, t, id, durability, "memory")
+            return Ticket(self._conn, t, id, durability, "sent" if durability == "memory" else "memory")
+
+    def flush_pipeline(self) -> None:
+        """Collects the replies of every pipelined commit (``save_model`` at ``"memory"`` without
+        ``wait``) still in flight, resolving their tickets; afterwards every commit of this client is
+        visible to every client. Raises the first error of a pipelined commit whose ticket was
+        garbage collected unwaited (errors of tickets still held are raised by their ``wait()``), or
+        Unavailable when the connection was lost."""
+        with self._conn.op() as h:
+            _check(self._lib.cairn_pipeline_flush(h))
+
+    @property
+    def in_flight(self) -> int:
+        """Requests sent and not yet answered (pipelined commits)."""
+        with self._conn.op() as h:
+            return int(self._lib.cairn_pipeline_in_flight(h))
 
     def _reader_infos(self, r: ctypes.c_void_p) -> List[TensorInfo]:
         lib = self._lib

@@ -1,0 +1,306 @@
+// Pipelined commits (docs/protocol.md, "Pipelined commits"): the client sends commits at durability
+// memory without waiting for their replies, and each reply resolves its commit's ticket. Runs a real
+// engine and server in-process and talks to them through the client library over the socket; the
+// "daemon dies" cases use a fake daemon that answers some requests and then closes the connection.
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "api/cpp/client.hpp"
+#include "core/wire.hpp"
+#include "daemon/server.hpp"
+#include "unit/daemon/engine_util.hpp"
+
+namespace cairn {
+namespace {
+
+using nlohmann::json;
+using namespace engine_test;
+
+struct Daemon {
+  TempDir dir;
+  std::unique_ptr<Engine> engine;
+  std::unique_ptr<Server> server;
+  std::string socket;
+  Daemon() {
+    engine = make_engine(dir.repo());
+    socket = dir.path + "/run/cairnd.sock";
+    auto s = Server::start(*engine, socket);
+    INFO((s.is_ok() ? std::string() : s.status().to_string()));
+    REQUIRE(s.is_ok());
+    server = std::move(s).value();
+  }
+  std::unique_ptr<Client> connect() const {
+    auto c = Client::connect(socket);
+    INFO((c.is_ok() ? std::string() : c.status().to_string()));
+    REQUIRE(c.is_ok());
+    return std::move(c).value();
+  }
+};
+
+// A base model with a few inline tensors, committed the blocking way.
+void commit_base(Client& c, const std::string& id) {
+  ModelWriter w(c, id, "");
+  for (int t = 0; t < 4; ++t) {
+    auto bytes = pattern(1000 + t, static_cast<uint64_t>(t));
+    REQUIRE(w.add_tensor("t" + std::to_string(t), bytes.data(), DType::kU8, {static_cast<int64_t>(bytes.size())}).is_ok());
+  }
+  REQUIRE(w.commit(Durability::kGlobal, true).is_ok());
+}
+
+Result<Ticket> metadata_commit(Client& c, const std::string& id, const std::string& parent, int step) {
+  ModelWriter w(c, id, parent);
+  CAIRN_RETURN_IF_ERROR(w.inherit_all());
+  CAIRN_RETURN_IF_ERROR(w.set_metadata(json{{"step", step}}));
+  return w.commit_async(Durability::kMemory);
+}
+
+TEST_CASE("pipelined commits: many in flight, in order, then waited") {
+  Daemon d;
+  auto c = d.connect();
+  commit_base(*c, "base");
+  const uint64_t requests_before = c->requests();
+  std::vector<Ticket> tickets;
+  size_t max_in_flight = 0;
+  const int n = 1000;
+  for (int i = 0; i < n; ++i) {
+    // Each child names the one committed just before it: ordering makes the parent exist.
+    auto t = metadata_commit(*c, "m" + std::to_string(i), i ? "m" + std::to_string(i - 1) : "base", i);
+    REQUIRE(t.is_ok());
+    tickets.push_back(*t);
+    max_in_flight = std::max(max_in_flight, c->in_flight());
+    REQUIRE(c->in_flight() <= Client::kMaxInFlight);
+  }
+  // Nothing waited for the replies: the first commit's reply is still to be collected after it was sent.
+  CHECK(max_in_flight > 1);
+  CHECK(c->requests() - requests_before == static_cast<uint64_t>(n));
+  for (int i = 0; i < n; ++i) {
+    INFO("ticket " << i << ": " << tickets[static_cast<size_t>(i)]->status.to_string());
+    REQUIRE(c->wait(tickets[static_cast<size_t>(i)], -1).is_ok());
+    REQUIRE(tickets[static_cast<size_t>(i)]->resolved);
+  }
+  CHECK(c->in_flight() == 0);
+  CHECK(c->flush_pipeline().is_ok());
+  // Another connection sees the whole chain, with its metadata and the inherited tensors.
+  auto other = d.connect();
+  auto r = ModelReader::open(*other, "m999");
+  REQUIRE(r.is_ok());
+  CHECK((*r)->parent() == "m998");
+  CHECK((*r)->metadata()["step"] == 999);
+  CHECK((*r)->tensors().size() == 4);
+  std::vector<uint8_t> out(1002);
+  REQUIRE((*r)->read("t2", out.data(), out.size()).is_ok());
+  CHECK(out == pattern(1002, 2));
+}
+
+TEST_CASE("pipelined commits: an error lands on its own ticket, later commits succeed") {
+  Daemon d;
+  auto c = d.connect();
+  commit_base(*c, "base");
+  std::vector<Ticket> tickets;
+  for (int i = 0; i < 20; ++i) {
+    std::string id = "p" + std::to_string(i), parent = i ? "p" + std::to_string(i - 1) : "base";
+    if (i == 7) id = "base";               // taken: kExists
+    if (i == 8) parent = "p6";             // p7 was never made: skip it
+    if (i == 12) parent = "no-such-model";  // kNotFound
+    if (i == 13) parent = "p11";
+    auto t = metadata_commit(*c, id, parent, i);
+    REQUIRE(t.is_ok());
+    tickets.push_back(*t);
+  }
+  // A request that needs its reply collects the replies before it; their errors are not its own.
+  auto ping = c->call(json{{"op", "ping"}});
+  CHECK(ping.is_ok());
+  CHECK(c->in_flight() == 0);
+  for (int i = 0; i < 20; ++i) {
+    Status st = c->wait(tickets[static_cast<size_t>(i)], -1);
+    INFO("ticket " << i << ": " << st.to_string());
+    if (i == 7) {
+      CHECK(st.code() == StatusCode::kExists);
+      CHECK(st.message().find("'base'") != std::string::npos);
+      CHECK(c->wait(tickets[7], 0).code() == StatusCode::kExists);  // waiting again: the same outcome
+    } else if (i == 12) {
+      CHECK(st.code() == StatusCode::kNotFound);
+      CHECK(st.message().find("no-such-model") != std::string::npos);
+    } else {
+      CHECK(st.is_ok());
+    }
+  }
+  auto other = d.connect();
+  CHECK(ModelReader::open(*other, "p19").is_ok());
+  CHECK(ModelReader::open(*other, "p12").status().code() == StatusCode::kNotFound);
+  auto base = ModelReader::open(*other, "base");
+  REQUIRE(base.is_ok());
+  CHECK((*base)->tensors().size() == 4);  // the failed duplicate changed nothing
+}
+
+TEST_CASE("pipelined commits: the error of a dropped ticket is reported by flush_pipeline") {
+  Daemon d;
+  auto c = d.connect();
+  commit_base(*c, "base");
+  {
+    auto t = metadata_commit(*c, "base", "base", 0);  // a duplicate id; the ticket is dropped unwaited
+    REQUIRE(t.is_ok());
+  }
+  auto kept = metadata_commit(*c, "k1", "base", 1);
+  REQUIRE(kept.is_ok());
+  Status st = c->flush_pipeline();
+  CHECK(st.code() == StatusCode::kExists);
+  CHECK(c->flush_pipeline().is_ok());  // reported once
+  CHECK((*kept)->resolved);
+  CHECK(c->wait(*kept, 0).is_ok());
+}
+
+TEST_CASE("pipelined commits: big inline commits do not deadlock the socket") {
+  Daemon d;
+  auto c = d.connect();
+  // 300 commits of 60 KiB each: far more than the socket buffers hold in either direction.
+  std::vector<Ticket> tickets;
+  auto bytes = pattern(60 * 1024, 7);
+  for (int i = 0; i < 300; ++i) {
+    bytes[0] = static_cast<uint8_t>(i);
+    bytes[1] = static_cast<uint8_t>(i >> 8);
+    ModelWriter w(*c, "big" + std::to_string(i), "");
+    REQUIRE(w.add_tensor("w", bytes.data(), DType::kU8, {static_cast<int64_t>(bytes.size())}).is_ok());
+    auto t = w.commit_async(Durability::kMemory);
+    REQUIRE(t.is_ok());
+    tickets.push_back(*t);
+  }
+  REQUIRE(c->flush_pipeline().is_ok());
+  for (auto& t : tickets) CHECK(c->wait(t, 0).is_ok());
+  auto r = ModelReader::open(*c, "big299");
+  REQUIRE(r.is_ok());
+  std::vector<uint8_t> out(bytes.size());
+  REQUIRE((*r)->read("w", out.data(), out.size()).is_ok());
+  CHECK(out[0] == static_cast<uint8_t>(299));
+  CHECK(out[1] == static_cast<uint8_t>(299 >> 8));
+}
+
+TEST_CASE("pipelined commits: above memory the commit answers before returning") {
+  Daemon d;
+  auto c = d.connect();
+  commit_base(*c, "base");
+  ModelWriter w(*c, "base", "");  // taken: reported by the call itself, as before
+  CHECK(w.commit_async(Durability::kGlobal).status().code() == StatusCode::kExists);
+  ModelWriter g(*c, "g1", "base");
+  REQUIRE(g.inherit_all().is_ok());
+  auto t = g.commit_async(Durability::kGlobal);
+  REQUIRE(t.is_ok());
+  CHECK((*t)->resolved);
+  CHECK((*t)->daemon_ticket != 0);
+  CHECK(c->wait(*t, 60000).is_ok());
+  CHECK((*t)->daemon_ticket == 0);
+}
+
+TEST_CASE("commit with ticket false keeps no ticket in the daemon") {
+  TempDir dir;
+  auto e = make_engine(dir.repo());
+  Session s;
+  commit_inline(*e, s, "base", "", {{"a", pattern(100, 1)}});
+  json r = ok(*e, s, json{{"op", "commit"}, {"id", "c1"}, {"parent", "base"}, {"tensors", json::array()},
+                          {"inherit_all", true}, {"durability", "memory"}, {"wait", false}, {"ticket", false}});
+  CHECK_FALSE(r.contains("ticket"));
+  CHECK(r["reached"] == "memory");
+  CHECK(s.tickets.empty());
+  r = ok(*e, s, json{{"op", "commit"}, {"id", "c2"}, {"parent", "base"}, {"tensors", json::array()},
+                     {"inherit_all", true}, {"durability", "memory"}, {"wait", false}});
+  CHECK(r.contains("ticket"));
+  fails(*e, s, json{{"op", "commit"}, {"id", "c3"}, {"tensors", json::array()}, {"ticket", 1}},
+        StatusCode::kInvalidArgument, "'ticket'");
+}
+
+// A fake daemon: answers hello (with an arena descriptor), reads `read` requests, answers the first
+// `answer` of them, then closes the connection as a dying daemon would.
+struct FakeDaemon {
+  TempDir dir;
+  std::string socket;
+  int listen_fd = -1;
+  std::thread thread;
+  std::atomic<int> requests_read{0};
+  FakeDaemon(int read, int answer) {
+    socket = dir.path + "/fake.sock";
+    listen_fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::memcpy(addr.sun_path, socket.c_str(), socket.size() + 1);
+    REQUIRE(::bind(listen_fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+    REQUIRE(::listen(listen_fd, 4) == 0);
+    thread = std::thread([this, read, answer] {
+      int fd = ::accept(listen_fd, nullptr, nullptr);
+      if (fd < 0) return;
+      auto hello = wire::recv_frame(fd);
+      int arena = ::memfd_create("fake-arena", MFD_CLOEXEC);
+      if (hello.is_ok() && arena >= 0 && ::ftruncate(arena, 1 << 20) == 0)
+        (void)wire::send_frame(fd, wire::Kind::kResponse,
+                               json{{"status", 0}, {"arena_size", 1 << 20}, {"chunk_size", 65536}}, {}, arena);
+      if (arena >= 0) ::close(arena);
+      for (int i = 0; i < read; ++i) {
+        auto f = wire::recv_frame(fd);
+        if (!f.is_ok()) break;
+        ++requests_read;
+        if (i < answer) (void)wire::send_frame(fd, wire::Kind::kResponse, json{{"status", 0}, {"id", f->body["id"]}});
+      }
+      ::close(fd);
+    });
+  }
+  ~FakeDaemon() {
+    ::shutdown(listen_fd, SHUT_RDWR);
+    if (thread.joinable()) thread.join();
+    ::close(listen_fd);
+  }
+};
+
+TEST_CASE("pipelined commits: a daemon dying mid-pipeline fails the unanswered tickets, no hang") {
+  FakeDaemon fake(10, 4);
+  auto c = Client::connect(fake.socket);
+  REQUIRE(c.is_ok());
+  std::vector<Ticket> tickets;
+  for (int i = 0; i < 10; ++i) {
+    auto t = metadata_commit(**c, "m" + std::to_string(i), "base", i);
+    REQUIRE(t.is_ok());
+    tickets.push_back(*t);
+  }
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < 10; ++i) {
+    Status st = (*c)->wait(tickets[static_cast<size_t>(i)], 30000);
+    INFO("ticket " << i << ": " << st.to_string());
+    if (i < 4) {
+      CHECK(st.is_ok());
+    } else {
+      CHECK(st.code() == StatusCode::kUnavailable);
+      CHECK(st.message().find("lost the connection") != std::string::npos);
+    }
+  }
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(20));
+  CHECK((*c)->flush_pipeline().code() == StatusCode::kUnavailable);
+  // Later calls fail at once too.
+  CHECK((*c)->call(json{{"op", "ping"}}).status().code() == StatusCode::kUnavailable);
+  auto t = metadata_commit(**c, "late", "base", 0);
+  CHECK(t.status().code() == StatusCode::kUnavailable);
+}
+
+TEST_CASE("pipelined commits: a reply that does not come in time is a timeout, then can be waited again") {
+  FakeDaemon fake(3, 0);  // reads, never answers, closes after the third request
+  auto c = Client::connect(fake.socket);
+  REQUIRE(c.is_ok());
+  auto t1 = metadata_commit(**c, "a", "base", 0);
+  REQUIRE(t1.is_ok());
+  Status st = (*c)->wait(*t1, 50);
+  CHECK(st.code() == StatusCode::kTimeout);
+  CHECK_FALSE((*t1)->resolved);
+  auto t2 = metadata_commit(**c, "b", "base", 1);
+  auto t3 = metadata_commit(**c, "c", "base", 2);
+  REQUIRE(t2.is_ok());
+  REQUIRE(t3.is_ok());
+  CHECK((*c)->wait(*t1, 30000).code() == StatusCode::kUnavailable);
+  CHECK((*c)->wait(*t3, 0).code() == StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace cairn
