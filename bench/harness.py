@@ -158,6 +158,35 @@ def run_metadata(quick: bool, work: Path) -> List[Dict[str, Any]]:
                   "us", "lower")]
 
 
+def run_repository(quick: bool, work: Path) -> List[Dict[str, Any]]:
+    out = work / "repository.json"
+    _run([str(BIN / "cairn_bench_repository"), *(["--quick"] if quick else []), "--json", str(out)],
+         work / "repository.log", timeout=3600)
+    d = json.loads(out.read_text())
+    base = d["file_per_model_commits_per_s"]
+    fsnote = f"on {d['fs_type']}, {d['chunks_per_model']} chunk references per manifest"
+    rows = [ratio("repository", f"metadata-only commits per second, batches of {r['batch']}", r["commits_per_s"],
+                  "one manifest file per model (format 1)", base, "1/s", "higher", note=fsnote)
+            for r in d["commit_rates"]]
+    s = d["scale"]
+    n = s["models"]
+    capped = " (capped by memory)" if s["capped_by_memory"] else ""
+    # Format 1 kept one manifest file per model (metadata-only models wrote no pack); the goal is
+    # < 1,000 files at 100,000 models, i.e. a hundredth of that.
+    rows.append(ratio("repository", f"files under the repository at {n:,} models{capped}", s["files_after_compact"],
+                      "one file per model (format 1)", n + 1, "files", "lower", "<= 0.01",
+                      note=f"{s['files_before_compact']} before compact()"))
+    rows.append(ratio("repository", f"reopen at {n:,} models after compact(){capped}", s["open_s_after_compact"],
+                      "reopen before compact()", s["open_s_before_compact"], "s", "lower",
+                      note="goal: < 2 s"))
+    rows.append(ratio("repository", f"reopen at {n:,} models before compact(){capped}", s["open_s_before_compact"],
+                      "the 2 s goal", 2.0, "s", "lower", "< 1"))
+    rows.append(ratio("repository", "catalog memory per model (VmRSS growth)", s["rss_bytes_per_model"],
+                      "the goal: 2 GiB per 1,000,000 models", (2 << 30) / 1e6, "bytes", "lower", "< 1",
+                      note=f"{s['projected_rss_bytes_1m_models'] / (1 << 30):.1f} GiB projected for 1,000,000 models"))
+    return rows
+
+
 def run_torch(quick: bool, work: Path) -> List[Dict[str, Any]]:
     out = work / "torch.json"
     _run([PY, str(ROOT / "bench/workloads/torch_load.py"), *(["--quick"] if quick else []), "--json", str(out)],
@@ -264,6 +293,8 @@ COMPONENTS: List[tuple] = [
     ("reads", run_read, "DRAM-tier and cold repository reads (bench/workloads/read_bandwidth.cpp)"),
     ("catalog", run_catalog, "best-ancestor queries (bench/workloads/catalog_bench.cpp)"),
     ("metadata", run_metadata, "metadata-only commits and cached opens (bench/workloads/metadata_commits.cpp)"),
+    ("repository", run_repository, "the shared repository in-process: group commit vs one file per model, files, "
+     "reopen time and memory at 100,000 models (bench/workloads/repository_bench.cpp)"),
     ("torch loads", run_torch, "PyTorch state-dict loads (bench/workloads/torch_load.py)"),
     ("workloads", run_workloads, "NAS, ensemble, checkpoint, coupled workloads (bench/workloads/workloads.py)"),
     ("policy", run_policy, "eviction policies vs Belady on traces (cairn-sim), prefetch from hints (bench/workloads/prefetch_bench.py)"),
@@ -311,6 +342,8 @@ def fmt(v: float, unit: str) -> str:
         return f"{v:,.0f}/s"
     if unit == "ns":
         return f"{v:,.0f} ns"
+    if unit == "files":
+        return f"{v:,.0f} files"
     return f"{v:.3g} {unit}".strip()
 
 

@@ -14,6 +14,8 @@ Status init_logging(const std::string& level, const std::string& file) {
     if (file.empty()) logger = spdlog::stderr_logger_mt("cairn");
     else logger = spdlog::basic_logger_mt("cairn", file);
     logger->set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ cairnd[%P] %v");
+    // Warnings and errors reach the file at once: they are what an operator reads after a crash.
+    logger->flush_on(spdlog::level::warn);
     spdlog::set_default_logger(logger);
   } catch (const spdlog::spdlog_ex& e) {
     return io_error(std::string("log.file: cannot open '") + file + "': " + e.what());

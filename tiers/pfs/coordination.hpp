@@ -7,9 +7,11 @@
 //                        the filesystem's lock manager) tells others at once when it dies. Where
 //                        flock is not supported, the owner touches the file's mtime at every refresh
 //                        and it counts as dead once the mtime is kDeadAfter old.
-//   claims/<idhash>      a model id being published (O_EXCL create): the holder's wid. Removed once
-//                        the model's record is durable or the commit failed; a dead holder's claim
-//                        is broken by the next claimant.
+//   claims/<wid>.intents one per writer: the model ids it means to publish, appended (no fsync,
+//                        no file per id: a create per commit is what parallel filesystems and ext4
+//                        are slowest at). "+<hex length>:<id>\n" claims an id, "-<hex length>:<id>\n"
+//                        gives it back. A claim stays until withdrawn: once the model's record is
+//                        durable, the repository holds the id anyway. A dead writer's claims are void.
 //   maintenance.lease    held (O_EXCL create, the holder's wid) by the one process running gc,
 //                        compaction or migration; a dead holder's lease is broken by the next taker.
 //
@@ -19,7 +21,9 @@
 #include <chrono>
 #include <cstdint>
 #include <mutex>
+#include <map>
 #include <set>
+#include <unordered_map>
 #include <string>
 #include <vector>
 
@@ -58,10 +62,15 @@ class Coordination {
   // Removes writers/<wid> of a dead writer (compaction does, once its files are gone).
   void forget_dead(const std::string& wid);
 
-  // Claims id for publishing. kExists when another live writer is publishing it (the message names
-  // it) or when this process holds the claim already.
+  // Claims id for publishing: appends the claim to our intents file, then reads every other live
+  // writer's. kExists when another live writer claimed it first (the message names it) or this
+  // process holds the claim already. Two writers claiming at once never both succeed: each writes
+  // before it reads, so at least one sees the other's claim; one that sees a rival withdraws, waits
+  // a random moment and looks again: if the rival's claim still stands, the rival won.
   Status claim(const std::string& id);
-  // Drops this process's claim (missing is fine).
+  // The model is in the repository: the claim is done with (it may stand: the id is taken anyway).
+  void settle(const std::string& id);
+  // Drops this process's claim, withdrawing it (missing is fine).
   void release(const std::string& id);
   bool holds(const std::string& id) const;
 
@@ -71,7 +80,12 @@ class Coordination {
   void release_lease();
 
  private:
-  std::string claim_path(const std::string& id) const;
+  // Appends one intents entry ('+' or '-') to our file.
+  Status write_intent(char sign, const std::string& id);
+  // Reads the new entries of every other writer's intents file into pending_.
+  void read_intents();
+  // The live writer (other than us) whose claim on id stands, and the offset of that claim.
+  bool rival(const std::string& id, std::string* wid, uint64_t* offset);
   // Creates path with O_EXCL holding our wid. OK; kExists with *holder set; other errors.
   Status create_exclusive(const std::string& path, std::string* holder);
   // Breaks path if it still names dead_holder (rename away, check, delete). True when it is gone.
@@ -85,6 +99,16 @@ class Coordination {
   bool flock_works_ = true;
   std::chrono::steady_clock::time_point last_heartbeat_{};
   std::set<std::string> claims_;  // ids this process holds
+  UniqueFd intents_fd_;           // claims/<wid>.intents, O_APPEND
+  // Other writers' intents files: how far read, and their standing claims (id -> entry offset).
+  struct Intents {
+    UniqueFd fd;
+    uint64_t read_to = 0;
+    std::string partial;  // an entry cut by the end of the file so far
+    std::unordered_map<std::string, uint64_t> pending;
+  };
+  std::map<std::string, Intents> others_;  // by wid
+  std::mutex read_mu_;                     // serializes read_intents
   bool lease_held_ = false;
 };
 

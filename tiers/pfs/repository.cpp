@@ -74,8 +74,12 @@ Status Repository::claim(const std::string& id) {
 void Repository::release_claim(const std::string& id) { impl_->coord_->release(id); }
 
 Result<RefreshReport> Repository::refresh() {
-  RefreshReport r;
-  CAIRN_RETURN_IF_ERROR(impl_->refresh(&r));
+  RefreshReport ignored;
+  CAIRN_RETURN_IF_ERROR(impl_->refresh(&ignored));
+  // Everything other writers' records changed since the last call, whichever refresh read them.
+  std::unique_lock lock(impl_->mu_);
+  RefreshReport r = std::move(impl_->unreported_);
+  impl_->unreported_ = RefreshReport{};
   return r;
 }
 

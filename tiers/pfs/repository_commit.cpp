@@ -276,8 +276,10 @@ Status Repository::Impl::commit_batch(std::vector<ModelManifest>& ms, const Repo
     if (!d.is_ok()) {
       (*results)[i] = d;
       if (first.is_ok()) first = d;
+      coord_->release(ms[i].id);
+    } else {
+      coord_->settle(ms[i].id);
     }
-    coord_->release(ms[i].id);
   }
   return first;
 }

@@ -143,6 +143,12 @@ struct Repository::Impl {
   uint64_t retired_ = 0;
   int64_t last_created_ns_ = 0;
   std::vector<Deferred> deferred_;  // records waiting for their model (or its parent)
+  // What records of other writers changed since the public refresh() last handed it out (every
+  // internal refresh adds to it: a claim's, a lookup's, gc's).
+  RefreshReport unreported_;
+  // Collected models as they were before gc released their data: their children's commit records
+  // name the parent's tensors by position. Written to checkpoints as a commit and a collect record.
+  std::unordered_map<std::string, std::shared_ptr<const ModelManifest>> collected_base_;
   std::set<std::string> sealed_;    // files whose writers sealed them
 
   // Open packs for reading, at most kMaxOpenPacks (repository_read.cpp); shared so a reader keeps
@@ -203,8 +209,10 @@ struct Repository::Impl {
   // Refreshes when the view is older than max_age.
   Status refresh_if_older(std::chrono::milliseconds max_age);
   Status compact(CompactReport* report, bool take_lease);
+  // bases: collected models as they were before gc (collected_base_).
   Status publish_checkpoint(uint64_t seq, const std::map<std::string, uint64_t>& covers,
-                            const std::vector<std::shared_ptr<const ModelManifest>>& models);
+                            const std::vector<std::shared_ptr<const ModelManifest>>& models,
+                            const std::unordered_map<std::string, std::shared_ptr<const ModelManifest>>& bases = {});
   // Reads a checkpoint: its header (seq, covers) and, unless header_only, applies its models.
   Status read_checkpoint(const std::string& name, uint64_t* seq, std::map<std::string, uint64_t>* covers,
                          bool header_only, RefreshReport* rep);

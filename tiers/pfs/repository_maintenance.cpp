@@ -67,6 +67,7 @@ Status Repository::Impl::remove(const std::string& id) {
   std::vector<std::string> dead;
   {
     std::unique_lock lock(mu_);
+    collected_base_.erase(id);
     dead = drop_model(id);
   }
   // Whole packs nothing references: deleted now when no other writer may be planning against them
@@ -190,14 +191,14 @@ void Repository::Impl::reclaim(const std::vector<std::string>& dead, GcReport* r
     }
   }
   if (unlinked) (void)fsync_dir(packs_dir_);
+  // The intents files of writers that are gone: their claims are void.
   std::vector<std::string> claims;
   std::string cdir = join_path(dir_, pfs::kClaimsDir);
   if (list_dir(cdir, &claims).is_ok()) {
     for (const std::string& c : claims) {
-      std::string holder;
-      if (!read_small_file(join_path(cdir, c), 256, &holder).is_ok()) continue;
-      while (!holder.empty() && holder.back() == '\n') holder.pop_back();
-      if (holder != wid() && !coord_->alive(holder)) ::unlink(join_path(cdir, c).c_str());
+      std::string owner = file_writer(c.size() > 17 ? c.substr(0, 17) + "-" : c);
+      if (owner.empty() || owner == wid() || coord_->alive(owner)) continue;
+      ::unlink(join_path(cdir, c).c_str());
     }
   }
 
@@ -299,6 +300,7 @@ Result<GcReport> Repository::Impl::gc() {
     for (const std::string& id : to_collect) {
       std::shared_ptr<const ModelManifest>& slot = models_.at(id);
       auto m = std::make_shared<ModelManifest>(*slot);
+      collected_base_[id] = slot;
       release_data(*slot, &dead);
       m->tensors.clear();
       m->pack.clear();
@@ -308,6 +310,7 @@ Result<GcReport> Repository::Impl::gc() {
       report.collected.push_back(id);
     }
     for (const std::string& id : report.removed) {
+      collected_base_.erase(id);
       auto d = drop_model(id);
       dead.insert(dead.end(), d.begin(), d.end());
     }

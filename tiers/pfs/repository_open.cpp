@@ -192,6 +192,8 @@ Status Repository::Impl::open(const std::string& dir, uint64_t chunk_size) {
   {
     std::lock_guard lock(refresh_mu_);
     CAIRN_RETURN_IF_ERROR(load(nullptr));
+    std::unique_lock clock(mu_);
+    unreported_ = RefreshReport{};  // the caller reads the catalog it opened with
   }
   // A migration that died after FORMAT said 2 leaves version 1's manifests behind; they are in
   // the checkpoint, so they go.

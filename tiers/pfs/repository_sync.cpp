@@ -167,10 +167,15 @@ Status Repository::Impl::apply(RecordType type, std::string_view payload, const 
         auto pit = models_.find(parent_id);
         if (pit == models_.end()) return defer();
         parent = pit->second;
+        // A child names its parent's tensors as they were when it was committed.
+        if (parent->collected) {
+          auto bit = collected_base_.find(parent_id);
+          if (bit != collected_base_.end()) parent = bit->second;
+        }
       }
       if (models_.count(id)) {
-        // Two writers published one id: claims make this impossible unless a claim was broken
-        // wrongly (a writer judged dead that was not). The first one applied stays.
+        // Two writers published one id: claims make this impossible unless a writer was judged
+        // dead while it was not (no flock and a heartbeat 60 s late). The first one applied stays.
         CAIRN_LOG_WARN("{}: model {} is in the repository already; this record is ignored", where, quote(id));
         return Status::ok();
       }
@@ -180,6 +185,7 @@ Status Repository::Impl::apply(RecordType type, std::string_view payload, const 
       if (!cs.is_ok()) return corruption(where + ": " + cs.message());
       auto m = std::make_shared<const ModelManifest>(std::move(r).value());
       CAIRN_RETURN_IF_ERROR(add_model(m).with_context(where + ", model " + quote(m->id)));
+      unreported_.added.push_back(m);
       if (rep) rep->added.push_back(std::move(m));
       return Status::ok();
     }
@@ -194,6 +200,8 @@ Status Repository::Impl::apply(RecordType type, std::string_view payload, const 
       if (type == RecordType::kRemove) {
         std::vector<std::string> dead = drop_model(id);
         (void)dead;  // files are deleted by the gc that wrote the record
+        collected_base_.erase(id);
+        unreported_.removed.push_back(id);
         if (rep) rep->removed.push_back(id);
         return Status::ok();
       }
@@ -205,6 +213,7 @@ Status Repository::Impl::apply(RecordType type, std::string_view payload, const 
         ++retired_;
       } else {
         if (old->collected) return Status::ok();
+        collected_base_[id] = old;
         std::vector<std::string> dead;
         release_data(*old, &dead);
         m->tensors.clear();
@@ -217,6 +226,7 @@ Status Repository::Impl::apply(RecordType type, std::string_view payload, const 
         }
       }
       mit->second = std::move(m);
+      unreported_.retired.push_back(id);
       if (rep) rep->retired.push_back(id);
       return Status::ok();
     }
@@ -248,27 +258,46 @@ void Repository::Impl::apply_deferred(RefreshReport* rep) {
 
 // ---- checkpoints ----
 
-Status Repository::Impl::publish_checkpoint(uint64_t seq, const std::map<std::string, uint64_t>& covers,
-                                            const std::vector<std::shared_ptr<const ModelManifest>>& models) {
+Status Repository::Impl::publish_checkpoint(
+    uint64_t seq, const std::map<std::string, uint64_t>& covers, const std::vector<std::shared_ptr<const ModelManifest>>& models,
+    const std::unordered_map<std::string, std::shared_ptr<const ModelManifest>>& bases) {
   json begin = {{"seq", seq}, {"models", models.size()}, {"covers", covers}};
   std::string bytes = pfs::encode_record(RecordType::kCheckpointBegin, begin.dump());
   std::unordered_map<std::string, const ModelManifest*> by_id;
   for (const auto& m : models) by_id.emplace(m->id, m.get());
+  // A collected model whose state before gc is known is written as it was, then collected, so its
+  // children's records (which name its tensors by position) still decode.
+  std::unordered_map<std::string, const ModelManifest*> base;
+  for (const auto& [id, m] : bases) {
+    base.emplace(id, m.get());
+  }
+  uint64_t records = 0;
   for (const auto& m : models) {
+    const ModelManifest* written = m.get();
+    if (m->collected) {
+      auto b = base.find(m->id);
+      if (b != base.end()) written = b->second;
+    }
     const ModelManifest* parent = nullptr;
     if (!m->parent.empty()) {
-      auto it = by_id.find(m->parent);
-      if (it != by_id.end()) parent = it->second;
+      auto it = base.find(m->parent);
+      if (it != base.end()) parent = it->second;
+      else if (auto it2 = by_id.find(m->parent); it2 != by_id.end()) parent = it2->second;
     }
     std::string payload;
     try {
-      payload = encode_commit(*m, parent);
+      payload = encode_commit(*written, parent);
     } catch (const json::exception& e) {
       return internal_error("checkpoint: model " + quote(m->id) + " cannot be written as JSON: " + e.what());
     }
     bytes += pfs::encode_record(RecordType::kCommit, payload);
+    ++records;
+    if (written != m.get()) {
+      bytes += pfs::encode_record(RecordType::kCollect, json{{"id", m->id}}.dump());
+      ++records;
+    }
   }
-  json end = {{"seq", seq}, {"models", models.size()}};
+  json end = {{"seq", seq}, {"models", models.size()}, {"records", records}};
   bytes += pfs::encode_record(RecordType::kCheckpointEnd, end.dump());
   std::vector<iovec> iov{{bytes.data(), bytes.size()}};
   return pfs::AtomicFileWriter::publish(*fs_, ckpt_dir_, checkpoint_name(seq), iov, tmp_name());
@@ -311,16 +340,20 @@ Status Repository::Impl::read_checkpoint(const std::string& name, uint64_t* seq,
   }
   if (header_only) return Status::ok();
   uint64_t n = begin["models"].get<uint64_t>();
-  if (pr.records.size() != n + 2 || pr.records.back().type != RecordType::kCheckpointEnd)
-    return corruption("checkpoint " + path + " holds " + std::to_string(pr.records.size()) + " records for " +
-                      std::to_string(n) + " models" + todo);
+  if (pr.records.back().type != RecordType::kCheckpointEnd)
+    return corruption("checkpoint " + path + " does not end with a checkpoint record" + todo);
   std::unique_lock lock(mu_);
+  uint64_t commits = 0;
   for (size_t k = 1; k + 1 < pr.records.size(); ++k) {
     const pfs::ParsedRecord& r = pr.records[k];
-    if (r.type != RecordType::kCommit)
-      return corruption("checkpoint " + path + ": record " + std::to_string(k) + " is not a model" + todo);
+    if (r.type != RecordType::kCommit && r.type != RecordType::kCollect)
+      return corruption("checkpoint " + path + ": record " + std::to_string(k) + " is neither a model nor a collect" + todo);
+    if (r.type == RecordType::kCommit) ++commits;
     CAIRN_RETURN_IF_ERROR(apply(r.type, r.payload, "", r.offset, rep).with_context("checkpoint " + path));
   }
+  if (commits != n)
+    return corruption("checkpoint " + path + " holds " + std::to_string(commits) + " models where its header says " +
+                      std::to_string(n) + todo);
   return Status::ok();
 }
 
@@ -347,6 +380,7 @@ Status Repository::Impl::load(RefreshReport* rep) {
     std::unique_lock lock(mu_);
     clear_catalog();
     deferred_.clear();
+    collected_base_.clear();
   }
   read_to_.clear();
   log_files_.clear();
@@ -488,14 +522,24 @@ Status Repository::Impl::refresh(RefreshReport* rep) {
     CAIRN_RETURN_IF_ERROR(load(nullptr));
     reload_needed_ = false;
     rep->reloaded = true;
-    std::shared_lock slock(mu_);
-    for (const auto& [id, m] : models_) {
-      auto b = before.find(id);
-      if (b == before.end()) rep->added.push_back(m);
-      else if (b->second->retired_ns != m->retired_ns || b->second->collected != m->collected) rep->retired.push_back(id);
+    {
+      std::unique_lock ulock(mu_);
+      // What the rebuild changed, as seen from before it (load() reported every model as new).
+      unreported_ = RefreshReport{};
+      unreported_.reloaded = true;
+      for (const std::string& id : order_) {
+        const auto& m = models_.at(id);
+        auto b = before.find(id);
+        if (b == before.end()) unreported_.added.push_back(m);
+        else if (b->second->retired_ns != m->retired_ns || b->second->collected != m->collected)
+          unreported_.retired.push_back(id);
+      }
+      for (const auto& [id, m] : before)
+        if (!models_.count(id)) unreported_.removed.push_back(id);
+      rep->added.insert(rep->added.end(), unreported_.added.begin(), unreported_.added.end());
+      rep->removed.insert(rep->removed.end(), unreported_.removed.begin(), unreported_.removed.end());
+      rep->retired.insert(rep->retired.end(), unreported_.retired.begin(), unreported_.retired.end());
     }
-    for (const auto& [id, m] : before)
-      if (!models_.count(id)) rep->removed.push_back(id);
     CAIRN_LOG_INFO("repository {}: logs were compacted under this process; the catalog was rebuilt", dir_);
   }
   view_time_ = last_refresh_;
@@ -560,7 +604,12 @@ Status Repository::Impl::compact(CompactReport* report, bool take_lease) {
     for (const std::string& id : order_) models.push_back(models_.at(id));
   }
   uint64_t seq = std::max(ckpt_seq_, checkpoint_seq(newest_checkpoint())) + 1;
-  CAIRN_RETURN_IF_ERROR(publish_checkpoint(seq, covers, models).with_context("compacting repository " + dir_));
+  std::unordered_map<std::string, std::shared_ptr<const ModelManifest>> bases;
+  {
+    std::shared_lock lock(mu_);
+    bases = collected_base_;
+  }
+  CAIRN_RETURN_IF_ERROR(publish_checkpoint(seq, covers, models, bases).with_context("compacting repository " + dir_));
   ckpt_seq_ = seq;
   report->checkpoint_seq = seq;
   report->models = models.size();

@@ -455,7 +455,7 @@ TEST_CASE("what a crash leaves is inert, and gc removes it once its writer is go
   spit(packs + ".tmp-" + dead + "-0", "half a pack");
   fs::copy_file(packs + m.pack, packs + dead + "-000001.safetensors");
   spit(tmp.repo() + "/writers/" + dead, "pid 1 host gone\n");  // nobody holds its lock: dead
-  spit(tmp.repo() + "/claims/" + hash_bytes("x", 1).hex(), dead + "\n");
+  spit(tmp.repo() + "/claims/" + dead + ".intents", "+1:x\n");
   REQUIRE(files_in(packs).size() == 3);
 
   auto repo = open_repo(tmp.repo());
@@ -470,7 +470,7 @@ TEST_CASE("what a crash leaves is inert, and gc removes it once its writer is go
   auto r = repo->gc();
   REQUIRE(r.is_ok());
   CHECK(files_in(packs) == std::set<std::string>{m.pack, x.pack});
-  CHECK(files_in(tmp.repo() + "/claims").empty());
+  CHECK(files_in(tmp.repo() + "/claims") == std::set<std::string>{repo->writer_id() + ".intents"});
 }
 
 TEST_CASE("remove keeps lineage and packs that are still referenced", "[repository]") {

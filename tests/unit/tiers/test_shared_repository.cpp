@@ -243,6 +243,9 @@ TEST_CASE("gc beside a live writer waits the grace and loses nothing it commits"
   }
   for (int i = 0; i < 40; i += 2) REQUIRE(a->retire(models[static_cast<size_t>(i)].id).is_ok());
   REQUIRE(b->refresh().is_ok());
+  // b is a live writer once it has written.
+  ModelManifest first = make_model("b-first", "", {u8_tensor(store, "bf", 100, 77)});
+  REQUIRE(b->commit(first, store.source()).is_ok());
   // b commits models that reuse the retired models' chunks while a collects.
   std::atomic<bool> done{false};
   std::vector<std::string> committed;
@@ -394,4 +397,63 @@ TEST_CASE("kill -9 during compaction and during migration loses nothing", "[repo
       CHECK_FALSE(fs::exists(tmp.repo() + "/manifests"));
     }
   }
+}
+
+TEST_CASE("a parent collected by gc: its other writer's child still opens, before and after compaction",
+          "[repository][shared][gc]") {
+  TempDir tmp;
+  ChunkStore store;
+  RepositoryOptions opts;
+  opts.gc_grace = std::chrono::milliseconds(50);
+  opts.compact_after_logs = 0;
+  {
+    auto a = open_repo(tmp.repo(), kChunk, opts);
+    auto b = open_repo(tmp.repo(), kChunk, opts);
+    ModelManifest p = make_model("p", "", {u8_tensor(store, "a", 3000, 1), u8_tensor(store, "b", 4000, 2)});
+    REQUIRE(a->commit(p, store.source()).is_ok());
+    // The child inherits tensor 1 ("b") by position.
+    ModelManifest c = make_model("p/c", "p", {u8_tensor(store, "x", 500, 3), p.tensors[1]});
+    REQUIRE(b->commit(c, store.source()).is_ok());
+    REQUIRE(a->retire("p").is_ok());
+    auto r = a->gc();
+    REQUIRE(r.is_ok());
+    CHECK(r->collected == std::vector<std::string>{"p"});
+  }
+  auto check = [&] {
+    auto repo = open_repo(tmp.repo(), kChunk, opts);
+    auto c = repo->get("p/c");
+    REQUIRE(c.is_ok());
+    REQUIRE(c->tensors.size() == 2);
+    CHECK(c->tensors[1].name == "b");
+    require_model_bytes(*repo, "p/c", store);
+    CHECK(repo->get("p")->collected);
+    return repo;
+  };
+  check();
+  REQUIRE(check()->compact().is_ok());
+  check();
+}
+
+TEST_CASE("refresh() reports what any internal refresh read (a lookup's, a claim's)", "[repository][shared]") {
+  TempDir tmp;
+  ChunkStore store;
+  auto a = open_repo(tmp.repo(), kChunk, RepositoryOptions{});
+  auto b = open_repo(tmp.repo(), kChunk, RepositoryOptions{});
+  ModelManifest m = make_model("m", "", {u8_tensor(store, "w", 100, 1)});
+  REQUIRE(a->commit(m, store.source()).is_ok());
+  REQUIRE(b->contains("m"));  // found on the spot by a lookup's refresh
+  ModelManifest n = make_model("n", "", {u8_tensor(store, "v", 100, 2)});
+  REQUIRE(a->commit(n, store.source()).is_ok());
+  REQUIRE(b->claim("z").is_ok());  // a claim reads every log too
+  b->release_claim("z");
+  REQUIRE(a->retire("m").is_ok());
+  auto r = b->refresh();
+  REQUIRE(r.is_ok());
+  std::set<std::string> added;
+  for (const auto& x : r->added) added.insert(x->id);
+  CHECK(added == std::set<std::string>{"m", "n"});
+  CHECK(r->retired == std::vector<std::string>{"m"});
+  auto again = b->refresh();
+  REQUIRE(again.is_ok());
+  CHECK(again->added.empty());
 }
