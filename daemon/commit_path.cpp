@@ -275,8 +275,13 @@ Result<json> CommitPath::commit(Session& s, const json& req, std::vector<uint8_t
   const std::vector<ChunkHash> hashes = hash_ranges(p_.dram.base(), to_hash);
   size_t hash_index = 0;
   std::vector<ChunkHash> pinned;
-  m->tensors.reserve(plan.size());
-  for (size_t pi = 0; pi < plan.size(); ++pi) {
+  // A metadata-only child (every tensor its parent's, in order) shares the parent's tensor list.
+  bool all_parent = parent_manifest && !plan.empty() && plan.size() == parent_manifest->tensors.size();
+  for (size_t pi = 0; all_parent && pi < plan.size(); ++pi)
+    all_parent = plan[pi].source == Planned::kInherit && plan[pi].inherited == &parent_manifest->tensors[pi];
+  if (all_parent) m->tensors = parent_manifest->tensors;
+  else m->tensors.reserve(plan.size());
+  for (size_t pi = 0; pi < plan.size() && !all_parent; ++pi) {
     auto& p = plan[pi];
     if (p.source == Planned::kInherit) {
       m->tensors.push_back(*p.inherited);

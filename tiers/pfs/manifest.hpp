@@ -7,6 +7,8 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -37,12 +39,70 @@ struct TensorManifest {
   bool operator==(const TensorManifest&) const = default;
 };
 
+// A model's tensors: a vector shared between copies until one of them is changed (copy on write).
+// A derived model that inherits its parent's tensors holds the parent's list itself, not a copy, so
+// a million metadata-only children cost a million pointers, and copying a manifest is cheap.
+// Iteration and operator[] are read-only (they never copy); changing a tensor in place goes through
+// mut(), which first makes the list this manifest's own when another one shares it, as do
+// push_back, emplace_back, reserve and resize.
+class TensorList {
+ public:
+  using value_type = TensorManifest;
+  using iterator = std::vector<TensorManifest>::iterator;
+  using const_iterator = std::vector<TensorManifest>::const_iterator;
+
+  TensorList() = default;
+  TensorList(std::vector<TensorManifest> v)  // NOLINT: implicit, as a vector assigns
+      : v_(v.empty() ? nullptr : std::make_shared<std::vector<TensorManifest>>(std::move(v))) {}
+  TensorList(std::initializer_list<TensorManifest> l) : TensorList(std::vector<TensorManifest>(l)) {}
+
+  size_t size() const { return v_ ? v_->size() : 0; }
+  bool empty() const { return size() == 0; }
+  const std::vector<TensorManifest>& vec() const { return v_ ? *v_ : empty_vec(); }
+  const_iterator begin() const { return vec().begin(); }
+  const_iterator end() const { return vec().end(); }
+  const_iterator cbegin() const { return vec().begin(); }
+  const_iterator cend() const { return vec().end(); }
+  const TensorManifest& operator[](size_t i) const { return (*v_)[i]; }
+  const TensorManifest& front() const { return v_->front(); }
+  const TensorManifest& back() const { return v_->back(); }
+
+  // The list to change in place: this manifest's own (copied first when shared).
+  std::vector<TensorManifest>& mut() {
+    if (!v_) v_ = std::make_shared<std::vector<TensorManifest>>();
+    else if (v_.use_count() > 1) v_ = std::make_shared<std::vector<TensorManifest>>(*v_);
+    return *v_;
+  }
+  void push_back(TensorManifest t) { mut().push_back(std::move(t)); }
+  template <class... A>
+  TensorManifest& emplace_back(A&&... a) { return mut().emplace_back(std::forward<A>(a)...); }
+  void reserve(size_t n) { mut().reserve(n); }
+  void clear() { v_.reset(); }
+  void resize(size_t n) { mut().resize(n); }
+  iterator erase(const_iterator first, const_iterator last) {
+    auto off = first - vec().begin(), len = last - first;
+    auto& v = mut();
+    return v.erase(v.begin() + off, v.begin() + off + len);
+  }
+
+  // Whether both lists are the same vector (so equal without comparing).
+  bool shares_with(const TensorList& o) const { return v_ == o.v_; }
+  bool operator==(const TensorList& o) const { return v_ == o.v_ || vec() == o.vec(); }
+
+ private:
+  static const std::vector<TensorManifest>& empty_vec() {
+    static const std::vector<TensorManifest> e;
+    return e;
+  }
+  std::shared_ptr<std::vector<TensorManifest>> v_;  // null: empty
+};
+
 struct ModelManifest {
   std::string id;
   std::string parent;             // "" = none
   nlohmann::json metadata = nlohmann::json::object();
   nlohmann::json architecture;    // null when none was given
-  std::vector<TensorManifest> tensors;
+  TensorList tensors;
   // The original safetensors header (8-byte length + JSON) when the model was stored from a file,
   // so `cairn get` of the whole model reproduces the file byte for byte. "" otherwise.
   std::string source_header;

@@ -321,8 +321,10 @@ Status Repository::Impl::stage(ModelManifest& in, const Repository::ChunkSource&
                          "; commit the parent first");
       parent = pit->second;
     }
-    for (TensorManifest& t : m.tensors) {
-      for (ChunkRef& c : t.chunks) {
+    // Read-only walks go through a const reference: a tensor list shared with the parent stays shared.
+    const TensorList& tensors = m.tensors;
+    for (const TensorManifest& t : tensors) {
+      for (const ChunkRef& c : t.chunks) {
         auto it = chunks_.find(c.hash);
         if (it != chunks_.end() && it->second.ref.length != c.length)
           return invalid_argument("committing " + model + ": tensor " + quote(t.name) + " has chunk " + c.hash.hex() +
@@ -365,16 +367,20 @@ Status Repository::Impl::stage(ModelManifest& in, const Repository::ChunkSource&
     }
     // Chunks the repository holds already (inherited ones among them) take its location; the
     // others get one in the new pack below, whatever the caller put there.
-    for (TensorManifest& t : m.tensors)
-      for (ChunkRef& c : t.chunks) {
-        auto it = chunks_.find(c.hash);
-        if (it != chunks_.end()) {
-          c = it->second.ref;
-        } else {
-          c.pack.clear();
-          c.offset = 0;
-        }
-      }
+    auto located = [&](const ChunkRef& c) {
+      auto it = chunks_.find(c.hash);
+      if (it != chunks_.end()) return it->second.ref;
+      ChunkRef r = c;
+      r.pack.clear();
+      r.offset = 0;
+      return r;
+    };
+    bool relocate = false;
+    for (const TensorManifest& t : tensors)
+      for (const ChunkRef& c : t.chunks) relocate = relocate || !(located(c) == c);
+    if (relocate)
+      for (TensorManifest& t : m.tensors.mut())
+        for (ChunkRef& c : t.chunks) c = located(c);
   }
 
   // The bytes of the new chunks, checked against their hashes.
@@ -436,7 +442,7 @@ Status Repository::Impl::stage(ModelManifest& in, const Repository::ChunkSource&
     pack_name = seg_name_;
   }
   if (!new_chunks.empty())
-    for (TensorManifest& t : m.tensors)
+    for (TensorManifest& t : m.tensors.mut())
       for (ChunkRef& c : t.chunks) {
         auto it = placed.find(c.hash);
         if (it == placed.end()) continue;
@@ -444,8 +450,8 @@ Status Repository::Impl::stage(ModelManifest& in, const Repository::ChunkSource&
         c.offset = new_chunks[it->second].offset;
       }
   m.pack = pack_name;
-  for (TensorManifest& t : m.tensors)
-    for (ChunkRef& c : t.chunks)
+  for (const TensorManifest& t : std::as_const(m.tensors))
+    for (const ChunkRef& c : t.chunks)
       if (c.pack.empty()) return internal_error("committing " + model + ": a chunk has no location");
 
   // Serialize the record before writing anything, so bad metadata leaves no bytes behind.

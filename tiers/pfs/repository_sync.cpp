@@ -123,7 +123,7 @@ Result<ModelManifest> decode_commit(json j, const ModelManifest* parent) {
   if (all_parent) {
     m.tensors = parent->tensors;
   } else if (!from_parent.empty()) {
-    std::vector<TensorManifest> own = std::move(m.tensors);
+    std::vector<TensorManifest> own = std::move(m.tensors.mut());
     m.tensors.clear();
     m.tensors.reserve(own.size() + from_parent.size());
     size_t next_own = 0, fp = 0;

@@ -153,7 +153,7 @@ TEST_CASE("an inherited tensor costs no bytes and no source call", "[repository]
   auto before = repo->stats();
 
   ModelManifest child = make_model("c", "p", {parent.tensors[0]});  // same ChunkRefs as the parent
-  child.tensors[0].name = "w";
+  child.tensors.mut()[0].name = "w";
   ChunkStore empty;
   REQUIRE(repo->commit(child, empty.source()).is_ok());
   CHECK(empty.calls == 0);
@@ -559,26 +559,26 @@ TEST_CASE("a failed commit leaves nothing behind", "[repository]") {
     want = StatusCode::kNotFound;
   }
   SECTION("nbytes that disagree with the shape") {
-    m.tensors[1].nbytes = 99;
+    m.tensors.mut()[1].nbytes = 99;
     want = StatusCode::kInvalidArgument;
   }
   SECTION("chunk lengths that disagree with the chunk size") {
     ChunkStore other;
-    m.tensors[0] = make_tensor(other, "x", DType::kU8, {2 * static_cast<int64_t>(kChunk) + 3},
+    m.tensors.mut()[0] = make_tensor(other, "x", DType::kU8, {2 * static_cast<int64_t>(kChunk) + 3},
                                make_bytes(2 * kChunk + 3, 2), kChunk / 2);
     src = other.source();
     want = StatusCode::kInvalidArgument;
   }
   SECTION("a chunk count that disagrees with nbytes") {
-    m.tensors[0].chunks.pop_back();
+    m.tensors.mut()[0].chunks.pop_back();
     want = StatusCode::kInvalidArgument;
   }
   SECTION("a hash not set") {
-    m.tensors[1].chunks[0].hash = ChunkHash{};
+    m.tensors.mut()[1].chunks[0].hash = ChunkHash{};
     want = StatusCode::kInvalidArgument;
   }
   SECTION("duplicate tensor names") {
-    m.tensors[1].name = "x";
+    m.tensors.mut()[1].name = "x";
     want = StatusCode::kInvalidArgument;
   }
   SECTION("an invalid id") {
@@ -686,7 +686,7 @@ TEST_CASE("readers run while commits land", "[repository]") {
     });
   }
   for (int i = 1; i < kModels; ++i) {
-    models[i].tensors[1] = models[0].tensors[0];
+    models[i].tensors.mut()[1] = models[0].tensors[0];
     Status s = repo->commit(models[i], store.source());
     REQUIRE(s.is_ok());
     committed.store(i + 1);

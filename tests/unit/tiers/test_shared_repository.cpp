@@ -46,7 +46,7 @@ uint64_t count_files(const std::string& dir) {
 ModelManifest small_model(ChunkStore& store, const std::string& id, const std::string& parent,
                           const ModelManifest* parent_m, uint64_t seed) {
   std::vector<TensorManifest> ts;
-  if (parent_m) ts = parent_m->tensors;
+  if (parent_m) ts = parent_m->tensors.vec();
   ts.push_back(u8_tensor(store, "own." + id, 300 + seed % 700, seed));
   return make_model(id, parent, std::move(ts));
 }
@@ -97,7 +97,7 @@ TEST_CASE("small models share one pack segment and one log: few files", "[reposi
       models.push_back(m);
     }
     // A metadata-only child: its record says "tensors": "parent".
-    ModelManifest meta = make_model("meta", "m299", models.back().tensors);
+    ModelManifest meta = make_model("meta", "m299", models.back().tensors.vec());
     REQUIRE(repo->commit(meta, store.source()).is_ok());
     models.push_back(meta);
     CHECK(repo->stats().models == 301);
@@ -252,7 +252,7 @@ TEST_CASE("gc beside a live writer waits the grace and loses nothing it commits"
   std::thread writer([&] {
     for (int i = 0; i < 40 && !done; i += 2) {
       ModelManifest m = make_model("reuse" + std::to_string(i), "", {models[static_cast<size_t>(i)].tensors[0]});
-      m.tensors[0].name = "t" + std::to_string(i);
+      m.tensors.mut()[0].name = "t" + std::to_string(i);
       if (b->commit(m, store.source()).is_ok()) committed.push_back(m.id);
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
