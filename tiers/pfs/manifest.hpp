@@ -85,6 +85,9 @@ class TensorList {
     return v.erase(v.begin() + off, v.begin() + off + len);
   }
 
+  // The shared vector's address while any list holds it (nullptr when empty): lists that share it
+  // have the same identity.
+  const void* identity() const { return v_.get(); }
   // Whether both lists are the same vector (so equal without comparing).
   bool shares_with(const TensorList& o) const { return v_ == o.v_; }
   bool operator==(const TensorList& o) const { return v_ == o.v_ || vec() == o.vec(); }

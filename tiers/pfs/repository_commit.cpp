@@ -287,8 +287,23 @@ Status Repository::Impl::commit_batch(std::vector<ModelManifest>& ms, const Repo
 Status Repository::Impl::stage(ModelManifest& in, const Repository::ChunkSource& src, std::string* record) {
   const std::string model = "model " + quote(in.id);
   {
-    Status s = validate_manifest(in, /*with_locations=*/false);
-    if (s.is_ok()) s = validate_chunking(in, chunk_size_);
+    // A child that shares its parent's tensor list (a metadata-only commit) has tensors the
+    // repository checked when the parent was committed: only the rest is checked again.
+    bool inherited_whole = false;
+    if (!in.parent.empty()) {
+      std::shared_lock lock(mu_);
+      auto pit = models_.find(in.parent);
+      inherited_whole = pit != models_.end() && !in.tensors.empty() && in.tensors.shares_with(pit->second->tensors);
+    }
+    Status s;
+    if (inherited_whole) {
+      ModelManifest head = in;
+      head.tensors.clear();
+      s = validate_manifest(head, /*with_locations=*/false);
+    } else {
+      s = validate_manifest(in, /*with_locations=*/false);
+      if (s.is_ok()) s = validate_chunking(in, chunk_size_);
+    }
     if (!s.is_ok()) return s.with_context("committing " + model);
   }
   ModelManifest m = in;

@@ -73,7 +73,7 @@ struct Repository::Impl {
   // One distinct live chunk.
   struct ChunkInfo {
     ChunkRef ref;       // its first stored location
-    uint64_t refs = 0;  // (model, tensor, chunk slot) references
+    uint64_t refs = 0;  // (tensor list, tensor, chunk slot) references: zero when no model uses it
   };
 
   // A record whose model is not known yet (its commit record, or its parent's, is in a log not read
@@ -138,6 +138,10 @@ struct Repository::Impl {
   std::unordered_map<std::string, std::vector<std::string>> children_;
   std::unordered_map<ChunkHash, ChunkInfo, ChunkHashHasher> chunks_;
   std::unordered_map<std::string, PackInfo> packs_;
+  // Models holding each shared tensor list (TensorList::identity). A list's chunks are counted in
+  // chunks_ and packs_ once, however many models share it: a million metadata-only children of one
+  // parent cost a million counter increments here, not a million times the parent's chunk count.
+  std::unordered_map<const void*, uint64_t> list_refs_;
   uint64_t logical_bytes_ = 0;
   uint64_t physical_bytes_ = 0;  // bytes of the distinct chunks some manifest references
   uint64_t retired_ = 0;

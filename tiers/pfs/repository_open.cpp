@@ -225,6 +225,7 @@ Repository::Impl::~Impl() {
 
 void Repository::Impl::clear_catalog() {
   models_.clear();
+  list_refs_.clear();
   order_.clear();
   children_.clear();
   chunks_.clear();
@@ -270,15 +271,21 @@ Status Repository::Impl::register_pack(const std::string& pack) {
 // ---- the catalog's bookkeeping (mu_ held exclusively) ----
 
 Status Repository::Impl::add_model(std::shared_ptr<const ModelManifest> m) {
+  // A tensor list other models already hold is counted already.
+  const void* list = m->tensors.identity();
+  auto lit = list ? list_refs_.find(list) : list_refs_.end();
+  const bool first = lit == list_refs_.end() || lit->second == 0;
   if (!m->pack.empty()) CAIRN_RETURN_IF_ERROR(register_pack(m->pack));
-  for (const TensorManifest& t : m->tensors)
-    for (const ChunkRef& c : t.chunks) CAIRN_RETURN_IF_ERROR(register_pack(c.pack));
+  if (first)
+    for (const TensorManifest& t : m->tensors)
+      for (const ChunkRef& c : t.chunks) CAIRN_RETURN_IF_ERROR(register_pack(c.pack));
+  if (list) ++list_refs_[list];
   const std::string& id = m->id;
   order_.push_back(id);
   if (!m->parent.empty()) children_[m->parent].push_back(id);
   logical_bytes_ += m->logical_bytes();
   if (!m->pack.empty()) packs_.at(m->pack).refs++;
-  for (const TensorManifest& t : m->tensors) {
+  for (const TensorManifest& t : first ? m->tensors : TensorList()) {
     for (const ChunkRef& c : t.chunks) {
       PackInfo& pack = packs_.at(c.pack);
       pack.refs++;
@@ -335,13 +342,21 @@ void Repository::Impl::release_data(const ModelManifest& m, std::vector<std::str
     packs_.erase(pit);
     dead->push_back(name);
   };
-  for (const TensorManifest& t : m.tensors) {
-    for (const ChunkRef& c : t.chunks) {
-      auto cit = chunks_.find(c.hash);
-      if (cit != chunks_.end() && --cit->second.refs == 0) erase_chunk(cit);
-      release_pack(c.pack);
-    }
+  // The list's chunks are released with the last model that holds it.
+  bool last = true;
+  if (const void* list = m.tensors.identity()) {
+    auto lit = list_refs_.find(list);
+    if (lit != list_refs_.end() && --lit->second > 0) last = false;
+    else if (lit != list_refs_.end()) list_refs_.erase(lit);
   }
+  if (last)
+    for (const TensorManifest& t : m.tensors) {
+      for (const ChunkRef& c : t.chunks) {
+        auto cit = chunks_.find(c.hash);
+        if (cit != chunks_.end() && --cit->second.refs == 0) erase_chunk(cit);
+        release_pack(c.pack);
+      }
+    }
   if (!m.pack.empty()) release_pack(m.pack);
 }
 

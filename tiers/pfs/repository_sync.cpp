@@ -79,11 +79,17 @@ std::string file_writer(const std::string& name) {
 // ---- the compact commit record ----
 
 std::string encode_commit(const ModelManifest& m, const ModelManifest* parent) {
+  if (parent != nullptr && !parent->tensors.empty() && m.tensors == parent->tensors) {
+    // A metadata-only child: its tensors are never serialized (the list is shared, not copied).
+    ModelManifest head = m;
+    head.tensors.clear();
+    json j = manifest_to_json(head);
+    j["tensors"] = "parent";
+    return j.dump();
+  }
   json j = manifest_to_json(m);
   if (parent != nullptr && !parent->tensors.empty()) {
-    if (m.tensors == parent->tensors) {
-      j["tensors"] = "parent";
-    } else {
+    {
       json& ts = j["tensors"];
       for (size_t k = 0; k < m.tensors.size(); ++k)
         if (k < parent->tensors.size() && m.tensors[k] == parent->tensors[k]) ts[k] = k;
