@@ -190,8 +190,7 @@ Status Coordination::write_intent(char sign, const std::string& id) {
 void Coordination::read_intents() {
   std::lock_guard lock(read_mu_);
   std::string cdir = join_path(dir_, kClaimsDir);
-  std::vector<std::string> names;
-  (void)list_dir(cdir, &names, nullptr);
+  const std::vector<std::string>& names = claims_listing_.get(cdir);
   for (const std::string& name : names) {
     if (name.size() != 17 + 8 || name.compare(17, 8, ".intents") != 0) continue;
     std::string w = name.substr(0, 17);

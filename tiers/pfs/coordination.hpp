@@ -109,6 +109,7 @@ class Coordination {
   };
   std::map<std::string, Intents> others_;  // by wid
   std::mutex read_mu_;                     // serializes read_intents
+  DirListing claims_listing_;              // read_mu_
   bool lease_held_ = false;
 };
 

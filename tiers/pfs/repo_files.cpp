@@ -125,4 +125,23 @@ Status AtomicFileWriter::write_synced(FileSystem& fs, const std::string& path, c
   return f->sync(/*data_only=*/false);
 }
 
+const std::vector<std::string>& DirListing::get(const std::string& dir) {
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0) {
+    names_.clear();
+    mtime_ns_ = -1;
+    return names_;
+  }
+  const int64_t mtime = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+  timespec now {};
+  ::clock_gettime(CLOCK_REALTIME, &now);
+  const int64_t now_ns = static_cast<int64_t>(now.tv_sec) * 1000000000 + now.tv_nsec;
+  constexpr int64_t kTrustAfterNs = 2'000'000'000;  // mtimes younger than this are listed anyway
+  if (mtime == mtime_ns_ && now_ns - mtime > kTrustAfterNs) return names_;
+  names_.clear();
+  if (!list_dir(dir, &names_, nullptr).is_ok()) names_.clear();
+  mtime_ns_ = mtime;
+  return names_;
+}
+
 }  // namespace cairn::pfs

@@ -96,6 +96,20 @@ Status fsync_dir(const std::string& path);
 // the directory does not exist and missing != nullptr.
 Status list_dir(const std::string& path, std::vector<std::string>* names, bool* missing = nullptr);
 
+// A directory listed again only when it may have changed: its mtime moved, or is too recent to
+// trust (a filesystem with coarse timestamps may not move it for a second create). Refreshes call
+// it on every commit; listing a directory is a metadata request on a parallel filesystem, a stat
+// is a cheaper one. Not thread-safe (its owner's lock guards it).
+class DirListing {
+ public:
+  // The entries of dir (sorted), from the cache when dir did not change since the last call.
+  const std::vector<std::string>& get(const std::string& dir);
+
+ private:
+  int64_t mtime_ns_ = -1;
+  std::vector<std::string> names_;
+};
+
 // Writes pieces (in order, back to back) to dir/.tmp-<unique>, fsyncs, and renames it to
 // dir/final_name, then fsyncs dir, all through fs. On failure nothing stays: the temporary file is
 // removed, and so is the final name if the rename happened but the directory sync failed.

@@ -127,6 +127,8 @@ struct Repository::Impl {
   std::map<std::string, uint64_t> read_to_;  // log file -> bytes applied
   std::map<std::string, std::unique_ptr<File>> log_files_;
   std::set<std::string> warned_;  // logs with a torn end already reported
+  mutable std::mutex listing_mu_;  // the two listings (a leaf lock)
+  mutable pfs::DirListing logs_listing_, ckpt_listing_;
   uint64_t ckpt_seq_ = 0;         // the checkpoint loaded or written last
   bool reload_needed_ = false;
   std::chrono::steady_clock::time_point last_refresh_{};

@@ -365,8 +365,8 @@ Status Repository::Impl::read_checkpoint(const std::string& name, uint64_t* seq,
 
 // The newest checkpoint's name, or "".
 std::string Repository::Impl::newest_checkpoint() const {
-  std::vector<std::string> names;
-  (void)list_dir(ckpt_dir_, &names, nullptr);
+  std::lock_guard lock(listing_mu_);
+  const std::vector<std::string>& names = ckpt_listing_.get(ckpt_dir_);
   std::string best;
   uint64_t best_seq = 0;
   for (const std::string& n : names) {
@@ -423,8 +423,10 @@ Status Repository::Impl::check_packs_present() {
 Status Repository::Impl::read_logs(RefreshReport* rep, bool* reload, bool own_too) {
   *reload = false;
   std::vector<std::string> names;
-  bool missing = false;
-  CAIRN_RETURN_IF_ERROR(list_dir(logs_dir_, &names, &missing));
+  {
+    std::lock_guard lock(listing_mu_);
+    names = logs_listing_.get(logs_dir_);
+  }
   std::set<std::string> present;
   std::string buf;
   for (const std::string& name : names) {
