@@ -39,6 +39,8 @@ void RepositoryWatch::stop() {
 }
 
 void RepositoryWatch::loop() {
+  constexpr uint64_t kCompactEvery = 60;  // refreshes
+  uint64_t ticks = 0;
   std::unique_lock lock(mu_);
   while (!stopping_) {
     cv_.wait_for(lock, interval_, [&] { return stopping_; });
@@ -46,6 +48,13 @@ void RepositoryWatch::loop() {
     lock.unlock();
     Result<RefreshReport> r = refresh_once();
     if (!r.is_ok()) CAIRN_LOG_WARN("refreshing the repository: {}", r.status().to_string());
+    // Now and then, fold the logs of daemons that are gone into a checkpoint.
+    if (++ticks % kCompactEvery == 0) {
+      auto c = p_.repo.compact_if_needed();
+      if (!c.is_ok()) CAIRN_LOG_WARN("compacting the repository: {}", c.status().to_string());
+      else if (c->checkpoint_seq != 0)
+        CAIRN_LOG_INFO("compacted the repository: checkpoint {}, {} logs folded in", c->checkpoint_seq, c->logs_deleted);
+    }
     lock.lock();
   }
 }

@@ -89,6 +89,22 @@ Result<CompactReport> Repository::compact() {
   return r;
 }
 
+Result<CompactReport> Repository::compact_if_needed() {
+  CompactReport r;
+  if (!impl_->writable_ || impl_->options_.compact_after_logs == 0) return r;
+  size_t dead_logs = 0;
+  {
+    std::lock_guard lock(impl_->refresh_mu_);
+    for (const auto& [name, off] : impl_->read_to_)
+      if (!impl_->owner_may_append(name)) ++dead_logs;
+  }
+  if (dead_logs < impl_->options_.compact_after_logs) return r;
+  Status s = impl_->compact(&r, /*take_lease=*/true, std::chrono::milliseconds(0));
+  if (s.code() == StatusCode::kBusy) return CompactReport{};  // another process compacts or collects
+  CAIRN_RETURN_IF_ERROR(s);
+  return r;
+}
+
 bool Repository::contains_cached(const std::string& id) const {
   std::shared_lock lock(impl_->mu_);
   return impl_->models_.count(id) > 0;

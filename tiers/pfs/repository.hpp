@@ -155,6 +155,10 @@ class Repository {
   // Writes a checkpoint of the catalog and deletes the logs it makes unnecessary (logs of writers
   // that are gone), under the maintenance lease.
   Result<CompactReport> compact();
+  // Compacts when compact_after_logs logs of writers that are gone are not in a checkpoint yet and
+  // nobody else holds the maintenance lease (the daemon's watch calls it now and then). A report
+  // with checkpoint_seq 0 when it did nothing.
+  Result<CompactReport> compact_if_needed();
 
   // Makes m durable. REQUIRES: m.id new (else kExists); m.parent "" or an existing model (else
   // kNotFound); every tensor's chunks have hash and length set, consistent with nbytes and

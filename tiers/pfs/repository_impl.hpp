@@ -214,7 +214,8 @@ struct Repository::Impl {
   Status refresh(RefreshReport* rep);
   // Refreshes when the view is older than max_age.
   Status refresh_if_older(std::chrono::milliseconds max_age);
-  Status compact(CompactReport* report, bool take_lease);
+  Status compact(CompactReport* report, bool take_lease,
+                 std::chrono::milliseconds lease_wait = std::chrono::seconds(30));
   // bases: collected models as they were before gc (collected_base_).
   Status publish_checkpoint(uint64_t seq, const std::map<std::string, uint64_t>& covers,
                             const std::vector<std::shared_ptr<const ModelManifest>>& models,

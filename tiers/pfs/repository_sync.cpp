@@ -576,9 +576,9 @@ bool Repository::Impl::owner_may_append(const std::string& name) const {
   return coord_->alive(w);
 }
 
-Status Repository::Impl::compact(CompactReport* report, bool take_lease) {
+Status Repository::Impl::compact(CompactReport* report, bool take_lease, std::chrono::milliseconds lease_wait) {
   CAIRN_RETURN_IF_ERROR(check_writable());
-  if (take_lease) CAIRN_RETURN_IF_ERROR(coord_->take_lease("compacting repository " + dir_, std::chrono::seconds(30)));
+  if (take_lease) CAIRN_RETURN_IF_ERROR(coord_->take_lease("compacting repository " + dir_, lease_wait));
   struct Release {
     pfs::Coordination* c;
     bool on;

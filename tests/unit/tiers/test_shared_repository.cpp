@@ -457,3 +457,31 @@ TEST_CASE("refresh() reports what any internal refresh read (a lookup's, a claim
   REQUIRE(again.is_ok());
   CHECK(again->added.empty());
 }
+
+TEST_CASE("compact_if_needed folds the logs of writers that are gone, and only then", "[repository][shared]") {
+  TempDir tmp;
+  ChunkStore store;
+  RepositoryOptions opts;
+  opts.compact_after_logs = 3;
+  auto live = open_repo(tmp.repo(), kChunk, opts);
+  for (int w = 0; w < 3; ++w) {
+    auto gone = open_repo(tmp.repo(), kChunk, opts);
+    ModelManifest m = small_model(store, "g" + std::to_string(w), "", nullptr, 40 + w);
+    REQUIRE(gone->commit(m, store.source()).is_ok());
+    if (w == 1) {
+      REQUIRE(live->refresh().is_ok());
+      auto none = live->compact_if_needed();
+      REQUIRE(none.is_ok());
+      CHECK(none->checkpoint_seq == 0);  // two dead logs: not yet
+    }
+  }
+  REQUIRE(live->refresh().is_ok());
+  auto c = live->compact_if_needed();
+  REQUIRE(c.is_ok());
+  CHECK(c->checkpoint_seq != 0);
+  CHECK(c->logs_deleted == 3);
+  CHECK(files_in(tmp.repo() + "/logs").empty());
+  auto again = open_repo(tmp.repo(), kChunk, opts);
+  CHECK(again->stats().models == 3);
+  for (int w = 0; w < 3; ++w) require_model_bytes(*again, "g" + std::to_string(w), store);
+}
