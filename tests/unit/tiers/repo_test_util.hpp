@@ -183,6 +183,23 @@ bool same_stats(const RepositoryStats& a, const RepositoryStats& b) {
          a.physical_bytes == b.physical_bytes && a.chunks == b.chunks;
 }
 
+// Forks a child that runs child() and exits with its code, kills it with SIGKILL after a random
+// delay of up to max_delay_us (at once when no_delay), and reaps it. True when the child had
+// finished on its own before the kill (it must then have exited 0).
+template <class Child>
+bool fork_and_kill(Child child, std::mt19937_64& rng, uint64_t max_delay_us, bool no_delay) {
+  pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) ::_exit(child());
+  if (!no_delay) ::usleep(static_cast<useconds_t>(rng() % max_delay_us));
+  ::kill(pid, SIGKILL);
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  if (!WIFEXITED(status)) return false;
+  REQUIRE(WEXITSTATUS(status) == 0);
+  return true;
+}
+
 #pragma GCC diagnostic pop
 
 }  // namespace

@@ -950,21 +950,13 @@ TEST_CASE("gc killed with SIGKILL at random moments never loses a live model", "
   size_t models_before = model_count();
   bool completed = false;
   for (int trial = 0; trial < 12 && !completed; ++trial) {
-    pid_t pid = ::fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-      auto repo = Repository::open(tmp.repo(), kChunk);
-      if (!repo.is_ok() || !(*repo)->writable()) ::_exit(3);
-      ::_exit((*repo)->gc().is_ok() ? 0 : 4);
-    }
-    if (trial < 11) ::usleep(static_cast<useconds_t>(rng() % 60000));
-    ::kill(pid, SIGKILL);
-    int status = 0;
-    REQUIRE(::waitpid(pid, &status, 0) == pid);
-    if (WIFEXITED(status)) {
-      REQUIRE(WEXITSTATUS(status) == 0);
-      completed = true;
-    }
+    completed = fork_and_kill(
+        [&] {
+          auto repo = Repository::open(tmp.repo(), kChunk);
+          if (!repo.is_ok() || !(*repo)->writable()) return 3;
+          return (*repo)->gc().is_ok() ? 0 : 4;
+        },
+        rng, 60000, trial >= 11);
     size_t now = model_count();
     if (!completed && now != models_before) ++interrupted_midway;
     models_before = now;

@@ -345,23 +345,15 @@ TEST_CASE("kill -9 during compaction and during migration loses nothing", "[repo
     }
     bool completed = false;
     for (int trial = 0; trial < 8 && !completed; ++trial) {
-      pid_t pid = ::fork();
-      REQUIRE(pid >= 0);
-      if (pid == 0) {
-        RepositoryOptions o;
-        o.compact_after_logs = 0;
-        auto repo = Repository::open(tmp.repo(), kChunk, nullptr, o);
-        if (!repo.is_ok()) ::_exit(3);
-        ::_exit((*repo)->compact().is_ok() ? 0 : 4);
-      }
-      if (trial < 7) ::usleep(static_cast<useconds_t>(rng() % 20000));
-      ::kill(pid, SIGKILL);
-      int status = 0;
-      REQUIRE(::waitpid(pid, &status, 0) == pid);
-      if (WIFEXITED(status)) {
-        REQUIRE(WEXITSTATUS(status) == 0);
-        completed = true;
-      }
+      completed = fork_and_kill(
+          [&] {
+            RepositoryOptions o;
+            o.compact_after_logs = 0;
+            auto repo = Repository::open(tmp.repo(), kChunk, nullptr, o);
+            if (!repo.is_ok()) return 3;
+            return (*repo)->compact().is_ok() ? 0 : 4;
+          },
+          rng, 20000, trial >= 7);
       auto repo = open_repo(tmp.repo(), kChunk, opts);
       REQUIRE(repo->stats().models == ids.size());
       for (const std::string& id : ids) require_model_bytes(*repo, id, store);
@@ -373,20 +365,8 @@ TEST_CASE("kill -9 during compaction and during migration loses nothing", "[repo
       TempDir tmp;
       fs::create_directories(tmp.path);
       fs::copy(std::string(CAIRN_SOURCE_DIR) + "/tests/fixtures/repo-v1", tmp.repo(), fs::copy_options::recursive);
-      pid_t pid = ::fork();
-      REQUIRE(pid >= 0);
-      if (pid == 0) {
-        auto repo = Repository::open(tmp.repo(), kChunk);
-        ::_exit(repo.is_ok() ? 0 : 4);
-      }
-      if (trial < 7) ::usleep(static_cast<useconds_t>(rng() % 3000));
-      ::kill(pid, SIGKILL);
-      int status = 0;
-      REQUIRE(::waitpid(pid, &status, 0) == pid);
-      if (WIFEXITED(status)) {
-        REQUIRE(WEXITSTATUS(status) == 0);
-        completed = true;
-      }
+      completed = fork_and_kill([&] { return Repository::open(tmp.repo(), kChunk).is_ok() ? 0 : 4; }, rng, 3000,
+                                trial >= 7);
       auto repo = open_repo(tmp.repo(), kChunk, RepositoryOptions{});
       CHECK(repo->stats().models == 5);
       for (const std::string& id : repo->list()) {
