@@ -41,10 +41,12 @@ struct Config {
     std::string trace;              // "" = off; else a CSV file of chunk accesses (docs/policy.md)
   } policy;
   struct {
-    std::string provider = "tcp;ofi_rxm";
-    std::string rendezvous;         // directory on the PFS; "" = peers disabled
-    std::string bootstrap = "none"; // none | rendezvous | mpi | static
-    std::vector<std::string> static_peers;
+    std::string job;                // group id; "" = $SLURM_JOB_ID, else $PBS_JOBID, else no peers; "none" = off
+    std::string rendezvous;         // directory every node sees; "" = <repository>/.peers
+    std::string provider = "tcp;ofi_rxm";  // libfabric provider
+    std::string address;            // address or interface to bind; "" = the host name's address
+    uint64_t expect = 0;            // members to wait for at start; 0 = whoever is there
+    std::string timeout = "10s";    // a peer silent this long is gone: "500ms", "10s"
   } peers;
   struct {
     std::string level = "info";     // trace | debug | info | warn | error | off

@@ -44,6 +44,28 @@ Result<std::unique_ptr<Engine>> Engine::create(const Config& config, EngineOptio
   }
   std::unique_ptr<Engine> engine(new Engine(config, std::move(repo), std::move(dram), std::move(nvme),
                                             std::move(admission), std::move(trace)));
+  // The job's peer group: one more chunk source, after the NVMe tier and before the repository.
+  PeerGroup group = resolve_peer_group(config);
+  if (!group.job.empty()) {
+#ifdef CAIRN_HAVE_LIBFABRIC
+    auto timeout = parse_duration(config.peers.timeout);
+    if (!timeout || timeout->count() <= 0)
+      return invalid_argument("peers.timeout: '" + config.peers.timeout + "' is not a positive duration (such as 500ms or 10s)");
+    PeerService::Options po;
+    po.job = group.job;
+    po.rendezvous = group.rendezvous;
+    po.provider = config.peers.provider;
+    po.address = config.peers.address;
+    po.expect = config.peers.expect;
+    po.timeout = *timeout;
+    auto started = PeerService::start(po, *engine->dram_);
+    if (!started.is_ok()) return started.status();
+    engine->peers_ = std::move(started).value();
+    engine->tiers_->add_source(engine->peers_->source(), engine->tiers_->source_names().size() - 1);
+#else
+    return unavailable("peers.job is '" + group.job + "' but this cairnd was built without libfabric (CAIRN_WITH_LIBFABRIC=OFF); set peers.job: none");
+#endif
+  }
   RecoveryParts parts{*engine->repo_,    engine->catalog_, engine->references_, *engine->flusher_,
                       *engine->commits_, *engine->models_, engine->nvme_.get()};
   CAIRN_RETURN_IF_ERROR(load_catalog(parts));
@@ -143,6 +165,9 @@ const std::vector<Engine::Op>& Engine::table() {
       {"fsck", [](Engine& e, Session&, const json& r, B&) { return e.admin_->fsck(r); }},
       {"flush", [](Engine& e, Session&, const json& r, B&) { return e.admin_->flush(r); }},
       {"sync", [](Engine& e, Session&, const json& r, B&) { return e.watch_->sync(r); }},
+      {"peers", [](Engine& e, Session&, const json&, B&) -> Result<json> {
+         return e.peers_ ? e.peers_->status() : json{{"enabled", false}, {"members", json::array()}};
+       }},
       {"query", [](Engine& e, Session&, const json& r, B&) { return e.queries_->query(r); }},
       // hints (prefetcher.cpp)
       {"hint", [](Engine& e, Session&, const json& r, B&) { return e.prefetcher_->hint(r); }},

@@ -39,6 +39,7 @@
 #include "daemon/flusher.hpp"
 #include "daemon/models.hpp"
 #include "daemon/named_tensors.hpp"
+#include "daemon/peers/peer_service.hpp"
 #include "daemon/prefetcher.hpp"
 #include "daemon/queries.hpp"
 #include "daemon/repository_watch.hpp"
@@ -93,6 +94,7 @@ class Engine {
   NvmeTier* nvme() { return nvme_.get(); }
   TierManager& tiers() { return *tiers_; }
   Prefetcher& prefetcher() { return *prefetcher_; }
+  PeerService* peers() { return peers_.get(); }
 
  private:
   using Handler = Result<nlohmann::json> (*)(Engine&, Session&, const nlohmann::json&, std::vector<uint8_t>&);
@@ -112,6 +114,9 @@ class Engine {
   std::unique_ptr<Repository> repo_;
   std::unique_ptr<DramTier> dram_;
   std::unique_ptr<NvmeTier> nvme_;
+  // The job's peer group (null when the daemon is alone). Before tiers_, which holds its chunk
+  // source: that source goes first.
+  std::unique_ptr<PeerService> peers_;
   std::unique_ptr<TierManager> tiers_;
   std::unique_ptr<TraceRecorder> trace_;  // null unless policy.trace
   Catalog catalog_;

@@ -89,7 +89,10 @@ Status TierManager::fetch(const ChunkRef& ref, void* dst, const char** source) {
     if (st.code() == StatusCode::kCorruption) ++slot.counters[2];
     if (last) return st;
     // Dropped (corrupt) or evicted meanwhile: a source further down has it unless it was dirty.
-    CAIRN_LOG_WARN("{}; reading the chunk from the next source instead", st.to_string());
+    // kNotFound is a source declining without a fault (the peer group's directory saying "read it
+    // from the repository yourself"): no warning.
+    if (st.code() != StatusCode::kNotFound)
+      CAIRN_LOG_WARN("{}; reading the chunk from the next source instead", st.to_string());
   }
   return corruption("chunk " + ref.hash.hex() + " has no intact copy in any tier");
 }

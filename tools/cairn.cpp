@@ -482,6 +482,38 @@ int cmd_sync() {
   return 0;
 }
 
+// `cairn peers`: the job's peer group as this node's daemon sees it.
+int cmd_peers(bool as_json) {
+  auto client = connect();
+  if (!client.is_ok()) return fail(client.status());
+  auto r = (*client)->call(json{{"op", "peers"}});
+  if (!r.is_ok()) return fail(r.status());
+  if (as_json) {
+    std::printf("%s\n", r->dump(2).c_str());
+    return 0;
+  }
+  if (!r->value("enabled", false)) {
+    std::printf("peers: none (this daemon is not in a peer group: peers.job is empty and no batch job id is set)\n");
+    return 0;
+  }
+  std::printf("job %s, %zu members (provider %s, rendezvous %s)\n", r->value("job", "").c_str(), (*r)["members"].size(),
+              r->value("provider", "").c_str(), r->value("rendezvous", "").c_str());
+  std::printf("  %-18s %-10s %-16s %8s %12s %12s\n", "member", "state", "host", "pid", "sent", "received");
+  for (const json& m : (*r)["members"])
+    std::printf("  %-18s %-10s %-16s %8lld %12s %12s\n", m.value("id", "").c_str(), m.value("state", "").c_str(),
+                m.value("host", "").c_str(), static_cast<long long>(m.value("pid", int64_t{0})),
+                human_bytes(m.value("bytes_sent", uint64_t{0})).c_str(),
+                human_bytes(m.value("bytes_received", uint64_t{0})).c_str());
+  std::printf("chunks fetched from peers %llu (%s), served %llu (%s); %llu corrupt bodies dropped, %llu timeouts\n",
+              static_cast<unsigned long long>(r->value("fetched_chunks", uint64_t{0})),
+              human_bytes(r->value("fetched_bytes", uint64_t{0})).c_str(),
+              static_cast<unsigned long long>(r->value("served_chunks", uint64_t{0})),
+              human_bytes(r->value("served_bytes", uint64_t{0})).c_str(),
+              static_cast<unsigned long long>(r->value("bad_bodies", uint64_t{0})),
+              static_cast<unsigned long long>(r->value("timeouts", uint64_t{0})));
+  return 0;
+}
+
 // `cairn migrate DIR`: opens the repository directly (no daemon), which migrates a version-1
 // repository, and compacts it.
 int cmd_migrate(const std::string& dir) {
@@ -571,6 +603,10 @@ int main(int argc, char** argv) {
 
   auto* sync = app.add_subcommand("sync", "see now what other daemons published to the shared repository");
   sync->callback([&] { rc = cmd_sync(); });
+
+  auto* peers = app.add_subcommand("peers", "list the members of this job's peer group and the bytes exchanged with each");
+  peers->add_flag("--json", as_json, "print JSON");
+  peers->callback([&] { rc = cmd_peers(as_json); });
 
   std::string repo_dir;
   auto* migrate = app.add_subcommand("migrate", "migrate a repository written by cairn 0.1 (format 1) to format 2, in place");

@@ -91,7 +91,8 @@ def tmp(tmp_path_factory):
     # Short paths: Unix socket paths are limited to 107 bytes.
     d = Path(tempfile.mkdtemp(prefix="cairn-it-", dir="/tmp"))
     yield d
-    subprocess.run(["rm", "-rf", str(d)])
+    if not os.environ.get("CAIRN_KEEP_TMP"):  # keep it to read the daemons' logs after a failure
+        subprocess.run(["rm", "-rf", str(d)])
 
 
 @pytest.fixture

@@ -47,6 +47,7 @@ bool DramTier::evict_one_locked() {
   chunk_bytes_ -= it->second.length;
   chunks_.erase(it);
   policy_->remove(*victim);
+  if (residency_hook_) residency_hook_(*victim, false);
   return true;
 }
 
@@ -132,6 +133,7 @@ void DramTier::finish_demotion(const ChunkHash& hash) {
     chunk_bytes_ -= it->second.length;
     chunks_.erase(it);
     policy_->remove(hash);
+    if (residency_hook_) residency_hook_(hash, false);
   }
   space_cv_.notify_all();
 }
@@ -229,6 +231,7 @@ void DramTier::finish_load(const ChunkHash& hash, uint64_t offset, uint64_t leng
     bytes_in_ += length;
     policy_->track(hash, length);
     reapply_hints_locked(hash);
+    if (residency_hook_) residency_hook_(hash, true);
   }
   loaded_cv_.notify_all();
 }
@@ -276,6 +279,7 @@ uint64_t DramTier::adopt(const ChunkHash& hash, uint64_t offset, uint64_t length
   if (dirty) dirty_bytes_ += length;
   policy_->track(hash, length);
   reapply_hints_locked(hash);
+  if (residency_hook_) residency_hook_(hash, true);
   return offset;
 }
 
@@ -321,6 +325,19 @@ TierStats DramTier::stats() const {
   s.dirty_bytes = dirty_bytes_;
   s.backpressure_waits = backpressure_waits_;
   return s;
+}
+
+void DramTier::set_residency_hook(std::function<void(const ChunkHash&, bool)> hook) {
+  std::lock_guard lock(mu_);
+  residency_hook_ = std::move(hook);
+}
+
+std::vector<ChunkHash> DramTier::resident_chunks() const {
+  std::lock_guard lock(mu_);
+  std::vector<ChunkHash> out;
+  out.reserve(chunks_.size());
+  for (const auto& [h, r] : chunks_) out.push_back(h);
+  return out;
 }
 
 }  // namespace cairn

@@ -61,6 +61,12 @@ class DramTier {
   // allocation; the tier manager's demoter uses it.
   void set_pressure_hook(uint64_t low_water, std::function<void()> hook);
   uint64_t free_bytes() const;
+  // Called whenever a chunk becomes resident (true) or leaves DRAM (false): the peer service tells
+  // the group's chunk directory. It runs under the tier's lock: it must only queue, never block or
+  // call back into the tier. Set during assembly; an empty function clears it.
+  void set_residency_hook(std::function<void(const ChunkHash&, bool resident)> hook);
+  // The hashes of every resident chunk now (the peer service re-announces them when homes move).
+  std::vector<ChunkHash> resident_chunks() const;
 
   // For the demoter: picks the policy's next victim among clean, unpinned chunks, pins it and
   // returns (hash, offset, length); nullopt when none can go. Then finish_demotion drops it (unless
@@ -142,6 +148,7 @@ class DramTier {
   std::chrono::milliseconds backpressure_timeout_{0};  // 0: no waiting (kNoSpace at once)
   uint64_t low_water_ = 0;
   std::function<void()> pressure_hook_;
+  std::function<void(const ChunkHash&, bool)> residency_hook_;  // GUARDED_BY(mu_)
   ArenaAllocator alloc_;                                                    // GUARDED_BY(mu_)
   std::unique_ptr<EvictionPolicy> policy_;                                  // GUARDED_BY(mu_)
   std::unordered_map<ChunkHash, Resident, ChunkHashHasher> chunks_;         // GUARDED_BY(mu_)

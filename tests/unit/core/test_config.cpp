@@ -58,8 +58,10 @@ void require_same(const Config& a, const Config& b) {
   CHECK(a.policy.prefetch == b.policy.prefetch);
   CHECK(a.peers.provider == b.peers.provider);
   CHECK(a.peers.rendezvous == b.peers.rendezvous);
-  CHECK(a.peers.bootstrap == b.peers.bootstrap);
-  CHECK(a.peers.static_peers == b.peers.static_peers);
+  CHECK(a.peers.job == b.peers.job);
+  CHECK(a.peers.address == b.peers.address);
+  CHECK(a.peers.expect == b.peers.expect);
+  CHECK(a.peers.timeout == b.peers.timeout);
   CHECK(a.log.level == b.log.level);
   CHECK(a.log.file == b.log.file);
   CHECK(a.to_yaml() == b.to_yaml());
@@ -106,8 +108,10 @@ TEST_CASE("config: no file gives the documented defaults", "[config]") {
   CHECK(c.policy.prefetch == "hints");
   CHECK(c.peers.provider == "tcp;ofi_rxm");
   CHECK(c.peers.rendezvous.empty());
-  CHECK(c.peers.bootstrap == "none");
-  CHECK(c.peers.static_peers.empty());
+  CHECK(c.peers.job.empty());
+  CHECK(c.peers.address.empty());
+  CHECK(c.peers.expect == 0);
+  CHECK(c.peers.timeout == "10s");
   CHECK(c.log.level == "info");
   CHECK(c.log.file.empty());
 }
@@ -153,8 +157,10 @@ TEST_CASE("config: a file overrides only the keys it names", "[config]") {
       "peers:\n"
       "  provider: cxi\n"
       "  rendezvous: /lus/proj/rdv\n"
-      "  bootstrap: static\n"
-      "  static_peers: [\"node1:7000\", node2:7000]\n"
+      "  job: \"4242\"\n"
+      "  address: 10.1.2.3\n"
+      "  expect: 8\n"
+      "  timeout: 2s\n"
       "log: {level: debug, file: /tmp/cairnd.log}\n");
   CHECK(c.socket.empty());
   CHECK(c.repository == "/lus/proj/cairn");
@@ -169,8 +175,10 @@ TEST_CASE("config: a file overrides only the keys it names", "[config]") {
   CHECK(c.policy.prefetch == "lineage");
   CHECK(c.peers.provider == "cxi");
   CHECK(c.peers.rendezvous == "/lus/proj/rdv");
-  CHECK(c.peers.bootstrap == "static");
-  CHECK(c.peers.static_peers == std::vector<std::string>{"node1:7000", "node2:7000"});
+  CHECK(c.peers.job == "4242");
+  CHECK(c.peers.address == "10.1.2.3");
+  CHECK(c.peers.expect == 8);
+  CHECK(c.peers.timeout == "2s");
   CHECK(c.log.level == "debug");
   CHECK(c.log.file == "/tmp/cairnd.log");
 }
@@ -182,10 +190,11 @@ TEST_CASE("config: a size may be an integer scalar or a string", "[config]") {
 }
 
 TEST_CASE("config: null string values mean empty, null lists mean none", "[config]") {
-  Config c = load_ok("repository:\nlog: {file: ~}\npeers: {static_peers: }\n");
+  Config c = load_ok("repository:\nlog: {file: ~}\npolicy: {trace: }\ntiers: {hbm: {devices: }}\n");
   CHECK(c.repository.empty());
   CHECK(c.log.file.empty());
-  CHECK(c.peers.static_peers.empty());
+  CHECK(c.policy.trace.empty());
+  CHECK(c.tiers.hbm.devices.empty());
 }
 
 // ---- sizes ----
@@ -317,10 +326,10 @@ TEST_CASE("config: unknown keys are rejected with their path and the valid keys"
   m = load_error("policy: {evict: lru}");
   CHECK(contains(m, "policy.evict: unknown key (valid keys here: eviction, prefetch, admission, prefetch_budget, trace)"));
 
-  m = load_error("peers: {bootstrapp: mpi}");
+  m = load_error("peers: {jobid: 12}");
   CHECK(contains(m,
-                 "peers.bootstrapp: unknown key (valid keys here: provider, rendezvous, "
-                 "bootstrap, static_peers)"));
+                 "peers.jobid: unknown key (valid keys here: job, rendezvous, provider, "
+                 "address, expect, timeout)"));
 
   m = load_error("log: {levels: info}");
   CHECK(contains(m, "log.levels: unknown key (valid keys here: level, file)"));
@@ -363,8 +372,8 @@ TEST_CASE("config: wrong types name the key", "[config]") {
   m = load_error("tiers: {hbm: {devices: [99999999999]}}");
   CHECK(contains(m, "tiers.hbm.devices: item 1"));
 
-  m = load_error("peers: {static_peers: [a, [b]]}");
-  CHECK(contains(m, "peers.static_peers: item 2: expected a scalar, got a list"));
+  m = load_error("peers: {expect: many}");
+  CHECK(contains(m, "peers.expect"));
 
   m = load_error("tiers: {nvme: {persistent: }}");
   CHECK(contains(m, "tiers.nvme.persistent: expected a boolean"));
@@ -392,8 +401,6 @@ TEST_CASE("config: bad enum values list the allowed ones", "[config]") {
   CHECK(m == "/etc/cairn.yaml: policy.eviction: 'fifo' is not one of: lru, lineage, hints");
   m = load_error("policy: {prefetch: always}");
   CHECK(contains(m, "policy.prefetch: 'always' is not one of: none, hints, lineage"));
-  m = load_error("peers: {bootstrap: pmix}");
-  CHECK(contains(m, "peers.bootstrap: 'pmix' is not one of: none, rendezvous, mpi, static"));
   m = load_error("log: {level: verbose}");
   CHECK(contains(m, "log.level: 'verbose' is not one of: trace, debug, info, warn, error, off"));
   m = load_error("log: {level: INFO}");  // case matters
@@ -525,8 +532,9 @@ TEST_CASE("config: environment variables override the file", "[config]") {
       {"CAIRN_POLICY_PREFETCH", "none"},
       {"CAIRN_PEERS_PROVIDER", "verbs;ofi_rxm"},
       {"CAIRN_PEERS_RENDEZVOUS", "/lus/rdv"},
-      {"CAIRN_PEERS_BOOTSTRAP", "static"},
-      {"CAIRN_PEERS_STATIC_PEERS", "n1:7000,n2:7000"},
+      {"CAIRN_PEERS_JOB", "77"},
+      {"CAIRN_PEERS_EXPECT", "16"},
+      {"CAIRN_PEERS_TIMEOUT", "3s"},
       {"CAIRN_LOG_LEVEL", "warn"},
       {"CAIRN_LOG_FILE", "/tmp/c.log"},
       {"CAIRN_SOMETHING_ELSE", "ignored"},  // clients use other CAIRN_* names
@@ -545,8 +553,9 @@ TEST_CASE("config: environment variables override the file", "[config]") {
   CHECK(c.policy.prefetch == "none");
   CHECK(c.peers.provider == "verbs;ofi_rxm");
   CHECK(c.peers.rendezvous == "/lus/rdv");
-  CHECK(c.peers.bootstrap == "static");
-  CHECK(c.peers.static_peers == std::vector<std::string>{"n1:7000", "n2:7000"});
+  CHECK(c.peers.job == "77");
+  CHECK(c.peers.expect == 16);
+  CHECK(c.peers.timeout == "3s");
   CHECK(c.log.level == "warn");
   CHECK(c.log.file == "/tmp/c.log");
 }
@@ -575,7 +584,7 @@ TEST_CASE("config: bad environment values name the variable", "[config]") {
   CHECK(contains(env_error("CAIRN_TIERS_HBM_DEVICES", "0,x"),
                  "CAIRN_TIERS_HBM_DEVICES item 2: 'x' is not a device number"));
   CHECK(contains(env_error("CAIRN_TIERS_HBM_DEVICES", "0,,1"), "CAIRN_TIERS_HBM_DEVICES: item 2"));
-  CHECK(contains(env_error("CAIRN_PEERS_STATIC_PEERS", "a,"), "CAIRN_PEERS_STATIC_PEERS: item 2"));
+  CHECK(contains(env_error("CAIRN_PEERS_EXPECT", "several"), "CAIRN_PEERS_EXPECT: 'several' is not a size"));
   CHECK(contains(env_error("CAIRN_REPOSITORY", "${UNCLOSED"), "CAIRN_REPOSITORY: unterminated"));
   CHECK(contains(env_error("CAIRN_LOG_FILE", "a\nb"), "CAIRN_LOG_FILE: "));
   CHECK(contains(env_error("CAIRN_LOG_FILE", "\xff"), "not valid UTF-8"));
@@ -609,10 +618,10 @@ TEST_CASE("config: string values expand variables", "[config]") {
   CHECK(repo("cost: 5$ or $ 5") == "cost: 5$ or $ 5");
   CHECK(repo("$USER") == "carol");
   CHECK(repo("a${JOB}b") == "a42b");
-  // Expansion applies to every string key, lists included, and to environment values.
-  Config c = load_ok("log: {file: $SCRATCH/log}\npeers: {static_peers: [\"$JOB:1\"]}", env);
+  // Expansion applies to every string key, and to environment values.
+  Config c = load_ok("log: {file: $SCRATCH/log}\npeers: {job: \"$JOB:1\"}", env);
   CHECK(c.log.file == "/lus/scratch/log");
-  CHECK(c.peers.static_peers == std::vector<std::string>{"42:1"});
+  CHECK(c.peers.job == "42:1");
   Env with_override = env;
   with_override["CAIRN_TIERS_NVME_PATH"] = "${SCRATCH}/nvme";
   CHECK(load_ok("", with_override).tiers.nvme.path == "/lus/scratch/nvme");
@@ -658,12 +667,13 @@ TEST_CASE("config: to_yaml round-trips unusual values", "[config]") {
       "peers:\n"
       "  provider: \"~\"\n"
       "  rendezvous: \"123\"\n"
-      "  bootstrap: mpi\n"
-      "  static_peers: [\"a, b\", \"#c\", \"d: e\", \"\", \"[f]\"]\n"
+      "  job: \"a, b #c\"\n"
+      "  address: \"d: e [f]\"\n"
       "log: {level: off, file: \"caf\\u00e9 \\u2028 \\u2029 \\uFEFF \\U0001F600 'x'\"}\n");
   CHECK(c.repository == "$literal and ${braced}");
   CHECK(c.tiers.nvme.path == "yes");
-  CHECK(c.peers.static_peers.size() == 5);
+  CHECK(c.peers.job == "a, b #c");
+  CHECK(c.peers.address == "d: e [f]");
   std::string yaml = c.to_yaml();
   INFO(yaml);
   Config back = load_ok(yaml);
@@ -697,8 +707,8 @@ TEST_CASE("config: random mutations of a valid config never throw or crash", "[c
       "policy: {eviction: lineage, prefetch: hints}\n"
       "peers:\n"
       "  provider: \"tcp;ofi_rxm\"\n"
-      "  bootstrap: static\n"
-      "  static_peers: [\"node1:7000\", 'node2:7000']\n"
+      "  job: \"1234\"\n"
+      "  address: 'eth0'\n"
       "log: {level: debug, file: \"\"}\n";
   REQUIRE(load_config_text(base, "base", {}).is_ok());
   const std::string alphabet = ":-[]{},#&*!|>'\"%@`?$ \t\n\r\\.0123456789KMGiBabcxyz~\x80\xff";

@@ -1,0 +1,85 @@
+// The peer service: makes the daemons of one batch job a cooperative cache (docs/peers.md).
+//
+// It owns the group's parts and runs the protocol between them:
+//   Membership (membership.hpp)     who is in the group: the rendezvous directory, the secret
+//   Fabric (tiers/peer/fabric.hpp)  the libfabric endpoint; the DRAM arena registered once
+//   ChunkDirectory (directory.hpp)  for the chunks this member is home for: who holds them
+//   peer_wire.hpp                   the messages, each MAC'd with the group's secret
+// and gives the tier manager one more chunk source (source()), asked after the NVMe tier and before
+// the repository: a read that misses locally asks the chunk's home, which answers "fetch it from
+// holder H" (the least-loaded), "read the repository yourself" (the first to ask: each chunk is read
+// from the repository once per job), or queues the asker until the loader holds it. The body comes
+// as one tagged message straight into the reader's arena space and is checked against its hash.
+//
+// Every member proves it holds the secret (an HMAC challenge) before it is served anything; frames
+// that fail their MAC are dropped and logged. A member that stops answering costs a reader at most
+// peers.timeout; the membership scan (every timeout/4) then drops it everywhere.
+//
+// Threads: the fabric's progress thread runs the message handlers (never blocking); one service
+// thread sends the batched holder announcements and runs the membership scan; readers block in
+// fetch() on their own threads.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "core/config.hpp"
+#include "core/status.hpp"
+#include "tiers/dram/dram_tier.hpp"
+#include "tiers/tier.hpp"
+
+namespace cairn {
+
+struct ChunkRef;
+
+// The group id and rendezvous directory a config names: peers.job, else $SLURM_JOB_ID, else
+// $PBS_JOBID; "" (no group) when none or "none". rendezvous "" = <repository>/.peers.
+struct PeerGroup {
+  std::string job;
+  std::string rendezvous;
+};
+PeerGroup resolve_peer_group(const Config& config);
+
+class PeerService {
+ public:
+  struct Options {
+    std::string job;
+    std::string rendezvous;
+    std::string provider = "tcp;ofi_rxm";
+    std::string address;
+    uint64_t expect = 0;
+    std::chrono::milliseconds timeout{10000};
+  };
+  // Opens the fabric, registers the arena, joins the group, greets the members there and (with
+  // expect > 0) waits up to the timeout for that many verified members.
+  static Result<std::unique_ptr<PeerService>> start(const Options& options, DramTier& dram);
+  // Says goodbye, leaves the rendezvous directory, stops the threads, closes the fabric.
+  ~PeerService();
+  PeerService(const PeerService&) = delete;
+  PeerService& operator=(const PeerService&) = delete;
+
+  // The chunk source for TierManager::add_source (it refers to this service: destroy it first).
+  std::unique_ptr<ChunkSource> source();
+
+  // Reads ref's bytes into dst (arena space) from a member that holds the chunk, checked against
+  // its hash. kNotFound when the group says this member reads it from the repository itself (or
+  // nobody else is there); kUnavailable / kTimeout / kCorruption when a holder failed.
+  Status fetch(const ChunkRef& ref, void* dst);
+  // Whether another verified member is there now (a fetch can only help then).
+  bool has_members() const;
+
+  // `cairn peers`: the group, each member with its state and bytes exchanged, the directory.
+  nlohmann::json status() const;
+
+  struct Impl;
+
+ private:
+  explicit PeerService(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace cairn

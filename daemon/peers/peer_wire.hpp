@@ -1,0 +1,55 @@
+// The messages between the daemons of a peer group (docs/peers.md has the table).
+//
+// A frame (at most Fabric::kMaxControlBytes):
+//   offset 0 "CPW1" | 4 type u8 | 5 flags u8 (0) | 6 reserved u16 (0) | 8 seq u64 LE | 16 from_len u16 LE
+//   | 18 reserved u16 (0) | 20 body_len u32 LE | 24 from (the sender's member id, 1-64 bytes)
+//   | body (CBOR of a JSON object) | MAC (32 bytes)
+// MAC = HMAC-SHA256(group secret, every byte before it): a daemon that does not hold the group's
+// secret cannot make a frame any member accepts. decode checks everything and names what is wrong.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/status.hpp"
+
+namespace cairn {
+
+enum class PeerMsg : uint8_t {
+  kHello = 1,     // {nonce}: prove you hold the secret
+  kHelloReply,    // {nonce, answer}: answer = HMAC(secret, nonce | replier id | asker id)
+  kLookup,        // {req, chunk, length}: to the chunk's home: who holds it?
+  kLookupReply,   // {req, verdict: "fetch"|"load"|"wait", holder}: fetch from holder / read the repository yourself
+  kHave,          // {chunks: [hex...]}: the sender holds these now (to their homes)
+  kDrop,          // {chunks: [hex...]}: the sender no longer holds these
+  kGet,           // {req, chunk, length, tag}: send me the chunk's body with this tag
+  kGetReply,      // {req, error}: the body will not come (not held any more, ...)
+  kFetched,       // {chunk, holder}: a fetch from holder finished (load accounting at the home)
+  kLoaded,        // {chunk, ok}: the loader's repository read finished (ok: it holds it now)
+  kCommit,        // {model: manifest JSON}: a model committed on the sender (the job's catalog)
+  kBye,           // {}: the sender is leaving
+};
+constexpr uint8_t kMaxPeerMsg = static_cast<uint8_t>(PeerMsg::kBye);
+const char* peer_msg_name(PeerMsg type);
+
+struct PeerMessage {
+  PeerMsg type = PeerMsg::kHello;
+  uint64_t seq = 0;
+  std::string from;
+  nlohmann::json body = nlohmann::json::object();
+};
+
+constexpr size_t kPeerHeaderBytes = 24;
+constexpr size_t kPeerMacBytes = 32;
+
+std::vector<uint8_t> encode_peer_message(const PeerMessage& message, const std::string& secret);
+// kProtocol naming the fault: "peer message: 12 bytes, shorter than a header", "bad magic",
+// "unknown type 77", "lengths exceed the frame", "bad MAC (not signed with this group's secret)",
+// "body is not CBOR: ...", "body is not an object".
+Result<PeerMessage> decode_peer_message(std::span<const uint8_t> frame, const std::string& secret);
+
+}  // namespace cairn
