@@ -259,7 +259,7 @@ void send_one_body(Pair& p, size_t n, bool register_src, bool register_dst, uint
   REQUIRE(send.status.is_ok());
   CHECK(recv.bytes == n);
   CHECK(send.bytes == n);
-  CHECK(std::memcmp(dst.data(), src.data(), n) == 0);
+  CHECK((n == 0 || std::memcmp(dst.data(), src.data(), n) == 0));  // an empty vector's data() may be null
   CHECK(std::all_of(dst.begin() + static_cast<ptrdiff_t>(n), dst.end(), [](uint8_t c) { return c == 0xee; }));
   std::this_thread::sleep_for(10ms);
   CHECK(recv.count() == 1);
