@@ -73,10 +73,20 @@ Status Reads::pin_tensor(const TensorManifest& t, const std::string& model, bool
       }
     }
     std::vector<Status> results(to_load.size());
-    if (failure.is_ok()) {
+    std::vector<char> loaded(to_load.size(), 0);
+    const bool read_any = failure.is_ok();
+    if (read_any) {
       auto read_one = [&](size_t k) {
+        const ChunkRef& ref = t.chunks[to_load[k]];
         // The fastest intact copy below DRAM, verified (tiers/tier_manager.hpp).
-        results[k] = p_.tiers.fetch(t.chunks[to_load[k]], dram.base() + load_off[k], &served[to_load[k]]);
+        results[k] = p_.tiers.fetch(ref, dram.base() + load_off[k], &served[to_load[k]]);
+        // Resident at once, not when the whole tensor is in: a reader waiting for this chunk (here,
+        // or a peer member that the group's directory told to wait for this daemon's load) has it
+        // while the rest still loads. Each chunk owns its sub-range of a whole-tensor allocation.
+        if (results[k].is_ok()) {
+          dram.finish_load(ref.hash, load_off[k], ref.length);
+          loaded[k] = 1;
+        }
       };
       constexpr size_t kParallelReads = 4;
       std::atomic<size_t> next{0};
@@ -90,18 +100,23 @@ Status Reads::pin_tensor(const TensorManifest& t, const std::string& model, bool
       for (const auto& r : results)
         if (failure.is_ok() && !r.is_ok()) failure = r.with_context("tensor '" + t.name + "'");
     }
-    if (failure.is_ok()) {
-      // (Reads per source are counted by the tier manager, which knows where each chunk came from.)
-      for (size_t k = 0; k < to_load.size(); ++k) {
-        size_t i = to_load[k];
-        dram.finish_load(t.chunks[i].hash, load_off[k], t.chunks[i].length);
-        offsets[i] = load_off[k];
-        have[i] = true;
-      }
-    } else {
-      // Nothing was made resident: give the space back and let waiters try again.
+    // (Reads per source are counted by the tier manager, which knows where each chunk came from.)
+    if (!read_any) {
+      // No space: nothing was read; give back what was granted and let waiters try again.
       for (const auto& g : granted) dram.release(g.offset, g.length);
       for (size_t k : to_load) dram.abort_load(t.chunks[k].hash);
+    }
+    for (size_t k = 0; read_any && k < to_load.size(); ++k) {
+      const size_t i = to_load[k];
+      if (loaded[k]) {
+        offsets[i] = load_off[k];
+        have[i] = true;  // pinned by finish_load; unpinned below if the tensor fails
+      } else {
+        // Its space goes back (its own allocation, or its sub-range of the tensor's) and waiters
+        // try again.
+        dram.release(load_off[k], t.chunks[i].length);
+        dram.abort_load(t.chunks[i].hash);
+      }
     }
   }
   for (size_t i : to_wait) {

@@ -1,26 +1,5 @@
-// Fabric: the transport between the daemons of a job over one libfabric FI_EP_RDM endpoint
-// (tiers/peer/fabric.hpp says what it offers).
-//
-// open() picks the provider by name, binds the endpoint to the configured address (FI_SOURCE: an IP
-// address, or an interface name resolved to its address here), opens an FI_AV_TABLE address vector
-// and one tagged completion queue, posts a ring of control receive buffers and starts the progress
-// thread. Every operation carries an Op whose first bytes are the fi_context2 libfabric hands back
-// in its completion; the progress thread reads the queue (fi_cq_sread when the provider gives it a
-// wait fd, else fi_cq_read with a backoff sleep), runs the op's callback and frees it.
-// A post the provider refuses for now (FI_EAGAIN: rxm still connecting, a full queue) is queued and
-// retried by the progress thread, oldest first per peer, until FabricOptions::busy_timeout_ms; so no
-// caller (a callback on the progress thread included) ever blocks in a post.
-//
-// Memory: when the provider's mr_mode has FI_MR_LOCAL (or options.descriptors_always), every
-// operation passes a descriptor: the region's, for buffers inside a register_region region; the
-// Fabric's own, for control buffers (registered once); otherwise the buffer is registered for that
-// one operation and deregistered when it completes. FI_MR_ENDPOINT regions are bound to the
-// endpoint and enabled; keys are the provider's (FI_MR_PROV_KEY) or a counter. No RMA is done
-// here, so FI_MR_VIRT_ADDR changes nothing.
-//
-// Locking: mu guards the table of ops in flight (so that cancel never races the op's free) and the
-// body receives by tag; queue_mu the ops waiting to be posted (taken before mu). The provider is
-// opened FI_THREAD_SAFE, so posts need no lock of ours. No lock is held while a callback runs.
+// Fabric: open() (hints, endpoint setup, the control receive ring), memory registration and the public
+// methods (tiers/peer/fabric_internal.hpp says how the implementation works and is split).
 #include "tiers/peer/fabric.hpp"
 
 #include <arpa/inet.h>
@@ -32,44 +11,26 @@
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_eq.h>
 #include <rdma/fi_errno.h>
-#include <rdma/fi_tagged.h>
 #include <sys/socket.h>
 
-#include <algorithm>
-#include <atomic>
-#include <chrono>
-#include <condition_variable>
 #include <cstring>
-#include <exception>
-#include <list>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <shared_mutex>
+#include <string>
 #include <thread>
-#include <unordered_map>
-#include <unordered_set>
 #include <utility>
 
 #include "core/log.hpp"
+#include "tiers/peer/fabric_internal.hpp"
 
 namespace cairn {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
 constexpr uint32_t kFiVersion = FI_VERSION(1, 17);
-constexpr size_t kControlRing = 64;       // control receives kept posted
-constexpr size_t kControlSlotsKept = 64;  // registered control send buffers kept for reuse
-constexpr int kWaitTimeoutMs = 100;       // fi_cq_sread's timeout: how soon stop is noticed
-constexpr auto kMaxPollSleep = std::chrono::microseconds(1000);
-constexpr auto kCloseWait = std::chrono::seconds(2);  // the destructor's wait for ops in flight
-constexpr size_t kCqBatch = 32;
-
-std::string fi_error_text(ssize_t ret) {
-  int e = static_cast<int>(ret < 0 ? -ret : ret);
-  return std::string(fi_strerror(e)) + " (" + std::to_string(e) + ")";
-}
+constexpr size_t kControlRing = 64;  // control receives kept posted
 
 // "eth0" -> its IPv4 address (else its IPv6 one); an IP address or anything else unchanged (a host
 // name: fi_getinfo resolves it, or says it cannot).
@@ -97,600 +58,56 @@ std::string resolve_node(const std::string& address) {
   return address;
 }
 
-enum class OpKind : uint8_t { kControlRecv, kControlSend, kBodyRecv, kBodySend };
-
-const char* op_name(OpKind k) {
-  switch (k) {
-    case OpKind::kControlRecv:
-      return "control receive";
-    case OpKind::kControlSend:
-      return "control send";
-    case OpKind::kBodyRecv:
-      return "body receive";
-    case OpKind::kBodySend:
-      return "body send";
-  }
-  return "operation";
-}
-
-struct Op;
-
-// What libfabric gets as the operation's context: standard layout, so the pointer it hands back is
-// the pointer to this struct (the fi_context2 is provider scratch space for FI_CONTEXT2 providers).
-struct OpContext {
-  fi_context2 ctx;
-  Op* op;
-};
-
-// A registered control send buffer (kMaxControlBytes), reused while the pool has room.
-struct ControlSlot {
-  std::unique_ptr<uint8_t[]> buf;
-  fid_mr* mr = nullptr;
-  void* desc = nullptr;
-};
-
-struct Op {
-  OpContext c{};
-  OpKind kind = OpKind::kBodySend;
-  uint64_t tag = 0;
-  uint64_t peer = FI_ADDR_UNSPEC;  // sends: the destination
-  void* data = nullptr;            // what is sent / received into
-  size_t length = 0;
-  void* desc = nullptr;
-  Fabric::Completion done;
-  fid_mr* temp_mr = nullptr;          // registered for this op only
-  std::vector<uint8_t> owned;         // control send without descriptors: the copy
-  std::unique_ptr<ControlSlot> slot;  // control send with descriptors
-  bool cancel_requested = false;      // body receive: cancel_body_receive was called (under mu)
-  Clock::time_point give_up;          // queued after FI_EAGAIN: when it fails
-
-  Op() { c.op = this; }
-};
-
-// One completion, read from the queue (or made up at close).
-struct Event {
-  Op* op = nullptr;
-  int err = 0;  // 0, or a positive FI_E* code
-  std::string text;
-  size_t len = 0;
-};
-
-struct Region {
-  uintptr_t base = 0;
-  size_t length = 0;
-  fid_mr* mr = nullptr;
-  void* desc = nullptr;
-};
-
 }  // namespace
 
-struct Fabric::Impl {
-  FabricOptions options;
-  fi_info* info = nullptr;
-  fid_fabric* fabric = nullptr;
-  fid_domain* domain = nullptr;
-  fid_av* av = nullptr;
-  fid_cq* cq = nullptr;
-  fid_ep* ep = nullptr;
-  bool cq_waitable = false;  // opened with a wait object: the progress thread uses fi_cq_sread
-  bool need_desc = false;    // FI_MR_LOCAL (or options.descriptors_always)
-  bool mr_endpoint = false;  // FI_MR_ENDPOINT: regions are bound to the endpoint
-  bool prov_key = false;     // FI_MR_PROV_KEY: the provider picks keys
-  std::atomic<uint64_t> next_key{1};
-  std::string name;  // fi_getname
-  std::string prov_name;
+std::string Fabric::Impl::where() const {
+  return "fabric " + prov_name + (options.address.empty() ? "" : " on " + options.address);
+}
 
-  // Regions registered once, by base address.
-  mutable std::shared_mutex regions_mu;
-  std::map<uintptr_t, Region> regions;
-  std::vector<fid_mr*> retired_mrs;  // replaced by a larger registration of the same base
+// ---- memory registration ----
 
-  // The control receive ring: kControlRing buffers of kMaxControlBytes, one registration.
-  std::unique_ptr<uint8_t[]> ring_mem;
-  fid_mr* ring_mr = nullptr;
-  void* ring_desc = nullptr;
-  std::vector<std::unique_ptr<Op>> ring;
-
-  std::mutex slots_mu;
-  std::vector<std::unique_ptr<ControlSlot>> free_slots;
-
-  std::mutex handler_mu;
-  std::shared_ptr<const ControlHandler> handler;
-
-  // Ops in flight (posted or queued; ring receives included) and the body receives by tag.
-  std::mutex mu;
-  std::condition_variable drained;
-  std::unordered_set<Op*> in_flight;
-  std::unordered_map<uint64_t, Op*> body_recvs;
-
-  // Ops the provider did not take yet (FI_EAGAIN), oldest first; lock order: queue_mu, then mu.
-  std::mutex queue_mu;
-  std::list<Op*> queued;
-  std::unordered_map<uint64_t, size_t> queued_per_peer;  // receives count under FI_ADDR_UNSPEC
-  std::atomic<size_t> queued_count{0};
-
-  std::thread progress;
-  std::atomic<std::thread::id> progress_id{};
-  std::atomic<bool> stop{false};
-  std::atomic<bool> closing{false};
-  std::atomic<bool> sleeping{false};  // the progress thread is (about to be) waiting
-  std::mutex poll_mu;                 // polling mode: the progress thread's sleep, cut short by wake
-  std::condition_variable poll_cv;
-  bool kicked = false;
-
-  std::atomic<uint64_t> control_sent{0}, control_received{0}, body_sent{0}, body_received{0};
-  std::atomic<uint64_t> bytes_sent{0}, bytes_received{0}, errors{0};
-
-  ~Impl() { shutdown(); }
-
-  std::string where() const {
-    return "fabric " + prov_name + (options.address.empty() ? "" : " on " + options.address);
-  }
-
-  // ---- memory registration ----
-
-  Status reg_mr(const void* base, size_t length, uint64_t access, fid_mr** mr, void** desc) {
-    uint64_t key = prov_key ? 0 : next_key.fetch_add(1);
-    int ret = fi_mr_reg(domain, base, length, access, 0, key, 0, mr, nullptr);
-    if (ret) return unavailable(where() + ": fi_mr_reg of " + std::to_string(length) + " bytes: " + fi_error_text(ret));
-    if (mr_endpoint) {
-      ret = fi_mr_bind(*mr, &ep->fid, 0);
-      if (!ret) ret = fi_mr_enable(*mr);
-      if (ret) {
-        fi_close(&(*mr)->fid);
-        *mr = nullptr;
-        return unavailable(where() + ": binding a memory region to the endpoint: " + fi_error_text(ret));
-      }
-    }
-    *desc = fi_mr_desc(*mr);
-    return Status::ok();
-  }
-
-  static void close_mr(fid_mr*& mr) {
-    if (!mr) return;
-    int ret = fi_close(&mr->fid);
-    if (ret) CAIRN_LOG_WARN("fabric: closing a memory region: {}", fi_error_text(ret));
-    mr = nullptr;
-  }
-
-  // Sets op->desc for [op->data, + op->length): a region's, or one registered for this op only.
-  Status describe(Op* op, uint64_t access) {
-    op->desc = nullptr;
-    if (!need_desc || op->length == 0) return Status::ok();
-    auto a = reinterpret_cast<uintptr_t>(op->data);
-    {
-      std::shared_lock l(regions_mu);
-      auto it = regions.upper_bound(a);
-      if (it != regions.begin()) {
-        --it;
-        const Region& r = it->second;
-        if (a >= r.base && a + op->length <= r.base + r.length) {
-          op->desc = r.desc;
-          return Status::ok();
-        }
-      }
-    }
-    return reg_mr(op->data, op->length, access, &op->temp_mr, &op->desc);
-  }
-
-  // ---- posting ----
-
-  bool on_progress_thread() const { return std::this_thread::get_id() == progress_id.load(); }
-
-  // Wakes the progress thread if it waits, so that it drives the provider's progress now.
-  void wake() {
-    if (!sleeping.load() || on_progress_thread()) return;
-    if (cq_waitable) {
-      fi_cq_signal(cq);
-    } else {
-      std::lock_guard l(poll_mu);
-      kicked = true;
-      poll_cv.notify_one();
+Status Fabric::Impl::reg_mr(const void* base, size_t length, uint64_t access, fid_mr** mr, void** desc) {
+  uint64_t key = prov_key ? 0 : next_key.fetch_add(1);
+  int ret = fi_mr_reg(domain, base, length, access, 0, key, 0, mr, nullptr);
+  if (ret) return unavailable(where() + ": fi_mr_reg of " + std::to_string(length) + " bytes: " + fi_error_text(ret));
+  if (mr_endpoint) {
+    ret = fi_mr_bind(*mr, &ep->fid, 0);
+    if (!ret) ret = fi_mr_enable(*mr);
+    if (ret) {
+      fi_close(&(*mr)->fid);
+      *mr = nullptr;
+      return unavailable(where() + ": binding a memory region to the endpoint: " + fi_error_text(ret));
     }
   }
+  *desc = fi_mr_desc(*mr);
+  return Status::ok();
+}
 
-  ssize_t try_post(Op* op) {
-    switch (op->kind) {
-      case OpKind::kControlRecv:
-      case OpKind::kBodyRecv:
-        return fi_trecv(ep, op->data, op->length, op->desc, FI_ADDR_UNSPEC, op->tag, 0, &op->c);
-      case OpKind::kControlSend:
-      case OpKind::kBodySend:
-        return fi_tsend(ep, op->data, op->length, op->desc, op->peer, op->tag, &op->c);
-    }
-    return -FI_EINVAL;
-  }
+void Fabric::Impl::close_mr(fid_mr*& mr) {
+  if (!mr) return;
+  int ret = fi_close(&mr->fid);
+  if (ret) CAIRN_LOG_WARN("fabric: closing a memory region: {}", fi_error_text(ret));
+  mr = nullptr;
+}
 
-  // Hands op to the provider, or queues it (FI_EAGAIN) for the progress thread to retry. OK: done
-  // will run. Otherwise the op is untracked and the caller's to free.
-  Status submit(Op* op) {
-    {
-      std::lock_guard l(mu);
-      if (closing.load()) return unavailable(where() + ": the fabric is closing");
-      if (op->kind == OpKind::kBodyRecv) {
-        if (!body_recvs.emplace(op->tag, op).second)
-          return invalid_argument(where() + ": a body receive with tag " +
-                                  std::to_string(op->tag & ~Fabric::kBodyTagBit) + " is already posted");
-      }
-      in_flight.insert(op);
-    }
-    // Behind what is queued for the same peer (keeps each peer's order).
-    if (queued_count.load() > 0) {
-      std::lock_guard l(queue_mu);
-      if (queued_per_peer.count(op->peer)) {
-        enqueue(op);
-        wake();
+Status Fabric::Impl::describe(Op* op, uint64_t access) {
+  op->desc = nullptr;
+  if (!need_desc || op->length == 0) return Status::ok();
+  auto a = reinterpret_cast<uintptr_t>(op->data);
+  {
+    std::shared_lock l(regions_mu);
+    auto it = regions.upper_bound(a);
+    if (it != regions.begin()) {
+      --it;
+      const Region& r = it->second;
+      if (a >= r.base && a + op->length <= r.base + r.length) {
+        op->desc = r.desc;
         return Status::ok();
       }
     }
-    ssize_t ret = try_post(op);
-    if (ret == 0) {
-      wake();
-      return Status::ok();
-    }
-    if (ret == -FI_EAGAIN) {
-      std::lock_guard l(queue_mu);
-      enqueue(op);
-      wake();
-      return Status::ok();
-    }
-    untrack(op);
-    ++errors;
-    return unavailable(where() + ": posting a " + op_name(op->kind) + ": " + fi_error_text(ret));
   }
-
-  void enqueue(Op* op) {  // REQUIRES: queue_mu
-    op->give_up = Clock::now() + std::chrono::milliseconds(options.busy_timeout_ms);
-    queued.push_back(op);
-    ++queued_per_peer[op->peer];
-    ++queued_count;
-  }
-
-  void dequeue(std::list<Op*>::iterator it) {  // REQUIRES: queue_mu
-    auto pp = queued_per_peer.find((*it)->peer);
-    if (pp != queued_per_peer.end() && --pp->second == 0) queued_per_peer.erase(pp);
-    queued.erase(it);
-    --queued_count;
-  }
-
-  // The progress thread: posts what the provider would not take before, oldest first per peer;
-  // fails what waited past its time, was cancelled, or met the fabric closing.
-  void retry_queued() {
-    std::vector<Event> failed;
-    {
-      std::lock_guard l(queue_mu);
-      std::unordered_set<uint64_t> busy;  // peers whose oldest queued op still gets FI_EAGAIN
-      auto now = Clock::now();
-      for (auto it = queued.begin(); it != queued.end();) {
-        Op* op = *it;
-        bool cancelled;
-        {
-          std::lock_guard ml(mu);
-          cancelled = op->cancel_requested;
-        }
-        Event ev;
-        ev.op = op;
-        if (closing.load()) {
-          ev.err = FI_ECANCELED;
-        } else if (cancelled) {
-          ev.err = FI_ECANCELED;
-        } else if (busy.count(op->peer)) {
-          ++it;
-          continue;
-        } else {
-          ssize_t ret = try_post(op);
-          if (ret == 0) {
-            auto next = std::next(it);
-            dequeue(it);
-            it = next;
-            continue;
-          }
-          if (ret == -FI_EAGAIN && now < op->give_up) {
-            busy.insert(op->peer);
-            ++it;
-            continue;
-          }
-          ev.err = static_cast<int>(-ret);
-          ev.text = ret == -FI_EAGAIN ? "the provider did not take it for " + std::to_string(options.busy_timeout_ms) +
-                                            " ms (peer unreachable?)"
-                                      : fi_error_text(ret);
-        }
-        auto next = std::next(it);
-        dequeue(it);
-        it = next;
-        failed.push_back(std::move(ev));
-      }
-    }
-    for (const Event& ev : failed) complete(ev);  // without queue_mu: callbacks may post
-  }
-
-  void untrack(Op* op) {
-    std::lock_guard l(mu);
-    in_flight.erase(op);
-    if (op->kind == OpKind::kBodyRecv) {
-      auto it = body_recvs.find(op->tag);
-      if (it != body_recvs.end() && it->second == op) body_recvs.erase(it);
-    }
-    if (in_flight.empty()) drained.notify_all();
-  }
-
-  // ---- completions ----
-
-  // Reads what the queue holds (waiting up to wait_ms when the queue has a wait object) and
-  // handles it. Returns whether anything was read.
-  bool read_cq(int wait_ms) {
-    fi_cq_tagged_entry entries[kCqBatch];
-    ssize_t n = wait_ms > 0 && cq_waitable ? fi_cq_sread(cq, entries, kCqBatch, nullptr, wait_ms)
-                                           : fi_cq_read(cq, entries, kCqBatch);
-    if (n > 0) {
-      for (ssize_t i = 0; i < n; ++i) {
-        Event ev;
-        ev.op = static_cast<OpContext*>(entries[i].op_context)->op;
-        ev.len = entries[i].len;
-        complete(ev);
-      }
-      return true;
-    }
-    if (n == -FI_EAVAIL) {
-      fi_cq_err_entry err{};
-      if (fi_cq_readerr(cq, &err, 0) <= 0) return false;
-      Event ev;
-      ev.err = err.err ? err.err : FI_EOTHER;
-      ev.len = err.len;
-      ev.text = fi_strerror(ev.err);
-      if (err.prov_errno) {
-        char buf[256] = {};
-        const char* p = fi_cq_strerror(cq, err.prov_errno, err.err_data, buf, sizeof buf);
-        if (p && *p && ev.text != p) ev.text += std::string(" (") + p + ")";
-      }
-      if (err.err == FI_ETRUNC) ev.text += ": the message had " + std::to_string(err.olen) + " more bytes";
-      if (!err.op_context) {
-        ++errors;
-        CAIRN_LOG_WARN("{}: an error without an operation: {}", where(), ev.text);
-        return true;
-      }
-      ev.op = static_cast<OpContext*>(err.op_context)->op;
-      complete(ev);
-      return true;
-    }
-    if (n != -FI_EAGAIN && n < 0 && !stop.load()) {
-      CAIRN_LOG_WARN("{}: reading the completion queue: {}", where(), fi_error_text(n));
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    return false;
-  }
-
-  static void run(const Fabric::Completion& done, const Status& st, size_t len, const char* what) {
-    if (!done) return;
-    try {
-      done(st, len);
-    } catch (const std::exception& e) {
-      CAIRN_LOG_ERROR("fabric: a {} callback threw: {}", what, e.what());
-    } catch (...) {
-      CAIRN_LOG_ERROR("fabric: a {} callback threw", what);
-    }
-  }
-
-  void complete(const Event& ev) {
-    Op* op = ev.op;
-    untrack(op);
-    close_mr(op->temp_mr);
-    Status st;
-    if (ev.err) {
-      bool body = op->kind == OpKind::kBodyRecv || op->kind == OpKind::kBodySend;
-      std::string what = where() + ": " + op_name(op->kind) +
-                         (body ? " (tag " + std::to_string(op->tag & ~Fabric::kBodyTagBit) + ")" : std::string());
-      if (ev.err == FI_ECANCELED)
-        st = unavailable(what + (closing.load() ? " cancelled: the fabric is closing" : " cancelled"));
-      else
-        st = unavailable(what + " failed: " + ev.text);
-      if (ev.err != FI_ECANCELED) ++errors;
-    }
-    switch (op->kind) {
-      case OpKind::kControlRecv: {
-        if (st.is_ok()) {
-          ++control_received;
-          bytes_received += ev.len;
-          std::shared_ptr<const ControlHandler> h;
-          {
-            std::lock_guard l(handler_mu);
-            h = handler;
-          }
-          if (h && *h) {
-            try {
-              (*h)(std::span<const uint8_t>(static_cast<const uint8_t*>(op->data), ev.len));
-            } catch (const std::exception& e) {
-              CAIRN_LOG_ERROR("{}: the control handler threw: {}", where(), e.what());
-            } catch (...) {
-              CAIRN_LOG_ERROR("{}: the control handler threw", where());
-            }
-          } else {
-            CAIRN_LOG_WARN("{}: a control message of {} bytes arrived before a handler was set; dropped", where(),
-                           ev.len);
-          }
-        } else if (ev.err != FI_ECANCELED) {
-          CAIRN_LOG_WARN("{}", st.to_string());
-        }
-        if (ev.err == FI_ECANCELED || closing.load()) return;  // the ring stays down
-        Status p = submit(op);
-        if (!p.is_ok() && !closing.load())
-          CAIRN_LOG_ERROR("{}: reposting a control receive: {}", where(), p.to_string());
-        return;
-      }
-      case OpKind::kControlSend:
-        if (st.is_ok()) {
-          ++control_sent;
-          bytes_sent += op->length;
-        }
-        run(op->done, st, st.is_ok() ? op->length : 0, "control send");
-        if (op->slot) give_slot(std::move(op->slot));
-        break;
-      case OpKind::kBodyRecv:
-        if (st.is_ok()) {
-          ++body_received;
-          bytes_received += ev.len;
-        }
-        run(op->done, st, st.is_ok() ? ev.len : 0, "body receive");
-        break;
-      case OpKind::kBodySend:
-        if (st.is_ok()) {
-          ++body_sent;
-          bytes_sent += op->length;
-        }
-        run(op->done, st, st.is_ok() ? op->length : 0, "body send");
-        break;
-    }
-    delete op;
-  }
-
-  void progress_loop() {
-    progress_id.store(std::this_thread::get_id());
-    auto pause = std::chrono::microseconds(0);
-    while (!stop.load()) {
-      if (queued_count.load() > 0) retry_queued();
-      bool waiting_ops = queued_count.load() > 0;  // retry them soon, not after a long wait
-      if (cq_waitable) {
-        // Posters signal only while sleeping is set; a post made before this store is seen by
-        // sread's first (non-blocking) read, which also drives the provider's progress.
-        sleeping.store(true);
-        read_cq(waiting_ops ? 1 : kWaitTimeoutMs);
-        sleeping.store(false);
-        continue;
-      }
-      if (read_cq(0)) {
-        pause = std::chrono::microseconds(0);
-        continue;
-      }
-      // Idle: sleep longer and longer (up to kMaxPollSleep), cut short by wake().
-      pause = std::clamp<std::chrono::microseconds>(pause * 2, std::chrono::microseconds(5), kMaxPollSleep);
-      sleeping.store(true);
-      {
-        std::unique_lock l(poll_mu);
-        poll_cv.wait_for(l, pause, [&] { return kicked || stop.load(); });
-        kicked = false;
-      }
-      sleeping.store(false);
-    }
-  }
-
-  // ---- control send buffers ----
-
-  Result<std::unique_ptr<ControlSlot>> take_slot() {
-    {
-      std::lock_guard l(slots_mu);
-      if (!free_slots.empty()) {
-        auto s = std::move(free_slots.back());
-        free_slots.pop_back();
-        return s;
-      }
-    }
-    auto s = std::make_unique<ControlSlot>();
-    s->buf.reset(new uint8_t[Fabric::kMaxControlBytes]);
-    CAIRN_RETURN_IF_ERROR(reg_mr(s->buf.get(), Fabric::kMaxControlBytes, FI_SEND, &s->mr, &s->desc));
-    return s;
-  }
-
-  void give_slot(std::unique_ptr<ControlSlot> s) {
-    {
-      std::lock_guard l(slots_mu);
-      if (free_slots.size() < kControlSlotsKept) {
-        free_slots.push_back(std::move(s));
-        return;
-      }
-    }
-    close_mr(s->mr);
-  }
-
-  // ---- close ----
-
-  void shutdown() {
-    closing.store(true);
-    if (progress.joinable()) {
-      if (on_progress_thread()) {
-        // Destroyed from one of its own callbacks: it cannot wait for itself.
-        CAIRN_LOG_ERROR("{}: destroyed from its own callback; the progress thread is left running", where());
-        progress.detach();
-        return;
-      }
-      // Cancel what is posted; the progress thread reports the cancelled completions and fails
-      // what is queued. Sends may still finish; wait for them a little (bounded).
-      {
-        std::unique_lock l(mu);
-        for (Op* op : in_flight) fi_cancel(&ep->fid, &op->c);
-      }
-      wake();
-      {
-        std::unique_lock l(mu);
-        drained.wait_until(l, Clock::now() + kCloseWait, [&] { return in_flight.empty(); });
-      }
-      stop.store(true);
-      sleeping.store(true);
-      wake();
-      progress.join();
-    }
-    // Closing the endpoint ends every operation still posted: the provider no longer touches
-    // their buffers, so their callbacks can run now (with an error) and the ops be freed.
-    if (ep) {
-      int ret = fi_close(&ep->fid);
-      if (ret == -FI_EBUSY) {
-        close_regions();  // some providers refuse while memory regions are bound to the endpoint
-        ret = fi_close(&ep->fid);
-      }
-      if (ret) CAIRN_LOG_WARN("{}: closing the endpoint: {}", where(), fi_error_text(ret));
-      ep = nullptr;
-    }
-    std::vector<Op*> left;
-    {
-      std::lock_guard l(mu);
-      left.assign(in_flight.begin(), in_flight.end());
-      in_flight.clear();
-      body_recvs.clear();
-    }
-    {
-      std::lock_guard l(queue_mu);
-      queued.clear();
-      queued_per_peer.clear();
-      queued_count.store(0);
-    }
-    for (Op* op : left) {
-      close_mr(op->temp_mr);
-      if (op->kind == OpKind::kControlRecv) continue;  // owned by ring
-      run(op->done, unavailable(where() + ": closed before the " + op_name(op->kind) + " completed"), 0,
-          op_name(op->kind));
-      if (op->slot) close_mr(op->slot->mr);
-      delete op;
-    }
-    close_fid(av ? &av->fid : nullptr, "the address vector");
-    av = nullptr;
-    close_fid(cq ? &cq->fid : nullptr, "the completion queue");
-    cq = nullptr;
-    close_regions();
-    close_mr(ring_mr);
-    {
-      std::lock_guard l(slots_mu);
-      for (auto& s : free_slots) close_mr(s->mr);
-      free_slots.clear();
-    }
-    close_fid(domain ? &domain->fid : nullptr, "the domain");
-    domain = nullptr;
-    close_fid(fabric ? &fabric->fid : nullptr, "the fabric");
-    fabric = nullptr;
-    if (info) fi_freeinfo(info);
-    info = nullptr;
-  }
-
-  void close_fid(fid* f, const char* what) {
-    if (!f) return;
-    int ret = fi_close(f);
-    if (ret) CAIRN_LOG_WARN("{}: closing {}: {}", where(), what, fi_error_text(ret));
-  }
-
-  void close_regions() {
-    std::unique_lock l(regions_mu);
-    for (auto& [base, r] : regions) close_mr(r.mr);
-    for (fid_mr*& mr : retired_mrs) close_mr(mr);
-  }
-};
+  return reg_mr(op->data, op->length, access, &op->temp_mr, &op->desc);
+}
 
 // ---- open ----
 

@@ -1,0 +1,148 @@
+// A reader's fetch from the peer group (peer_service_impl.hpp): ask the chunk's home, then receive
+// the body from the holder it names straight into arena space, and check it against its hash.
+#include "core/hash.hpp"
+#include "daemon/peers/peer_service_impl.hpp"
+
+namespace cairn {
+
+using json = nlohmann::json;
+using PClock = std::chrono::steady_clock;
+using Member = PeerService::Impl::Member;
+using Pending = PeerService::Impl::Pending;
+using Outgoing = PeerService::Impl::Outgoing;
+
+// Waits for a pending request; returns it (removed) or nullopt on timeout (removed too).
+std::optional<Pending> PeerService::Impl::wait(std::unique_lock<std::mutex>& lock, uint64_t req, PClock::time_point deadline) {
+  bool ok = cv.wait_until(lock, deadline, [&] {
+    auto it = pendings.find(req);
+    return it == pendings.end() || it->second.done;
+  });
+  auto it = pendings.find(req);
+  if (it == pendings.end()) return std::nullopt;
+  Pending p = std::move(it->second);
+  pendings.erase(it);
+  if (!ok) return std::nullopt;
+  return p;
+}
+
+Status PeerService::Impl::fetch(const ChunkRef& ref, void* dst) {
+  Status last = not_found("peer group: no other member holds chunk " + ref.hash.hex());
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    std::unique_lock lock(mu);
+    const std::string home_id = home(ref.hash);
+    if (home_id.empty()) return last;
+    // 1. Ask the chunk's home (this member's own directory when it is the home).
+    uint64_t req = add_pending(home_id);
+    std::vector<Outgoing> out;
+    if (home_id == self) {
+      auto a = directory.lookup(ref.hash, self, req, PClock::now());
+      if (a.verdict != ChunkDirectory::Verdict::kWait) deliver(a, out);
+    } else {
+      auto o = to_member(home_id, PeerMsg::kLookup,
+                         json{{"req", req}, {"chunk", ref.hash.hex()}, {"length", ref.length}});
+      if (!o || !members[home_id].verified) {
+        pendings.erase(req);
+        return not_found("peer group: the home of chunk " + ref.hash.hex() + " (" + home_id + ") is not verified yet");
+      }
+      out.push_back(std::move(*o));
+    }
+    lock.unlock();
+    send(out);
+    lock.lock();
+    auto answer = wait(lock, req, PClock::now() + opts.timeout);
+    if (!answer) {
+      ++peer_timeouts;
+      return timed_out("peer group: the home of chunk " + ref.hash.hex() + " (" + home_id + ") did not answer within " +
+                       std::to_string(opts.timeout.count()) + " ms");
+    }
+    if (!answer->status.is_ok()) return answer->status;
+    if (answer->verdict != ChunkDirectory::Verdict::kFetch || answer->holder.empty() || answer->holder == self)
+      return not_found("peer group: this member reads chunk " + ref.hash.hex() + " from the repository for the job");
+    // 2. Fetch the body from the holder, straight into dst.
+    const std::string holder = answer->holder;
+    Status st = fetch_from(lock, holder, ref, dst);
+    // 3. Tell the home the fetch is over (its load count for the holder).
+    out.clear();
+    if (home_id == self) directory.fetch_done(ref.hash, holder);
+    else if (auto o = to_member(home_id, PeerMsg::kFetched, json{{"chunk", ref.hash.hex()}, {"holder", holder}}))
+      out.push_back(std::move(*o));
+    if (st.is_ok()) {
+      auto it = members.find(holder);
+      if (it != members.end()) {
+        ++it->second.chunks_fetched;
+        it->second.bytes_received += ref.length;
+      }
+      ++fetched_chunks;
+      fetched_bytes += ref.length;
+    }
+    lock.unlock();
+    send(out);
+    if (st.is_ok()) return st;
+    last = st;
+    if (st.code() == StatusCode::kTimeout) return st;  // the timeout is spent: the repository next
+  }
+  return last;
+}
+
+// REQUIRES: lock held (released while waiting). One body from holder into dst, verified.
+Status PeerService::Impl::fetch_from(std::unique_lock<std::mutex>& lock, const std::string& holder, const ChunkRef& ref, void* dst) {
+  auto it = members.find(holder);
+  if (it == members.end() || !it->second.reachable)
+    return unavailable("peer group: holder " + holder + " of chunk " + ref.hash.hex() + " is gone");
+  const uint64_t handle = it->second.handle;
+  const uint64_t req = add_pending(holder);
+  const uint64_t tag = Fabric::kBodyTagBit | req;
+  Outgoing get = make(holder, handle, PeerMsg::kGet,
+                      json{{"req", req}, {"chunk", ref.hash.hex()}, {"length", ref.length}, {"tag", tag}});
+  lock.unlock();
+  // The body's completion: the same pending entry as a get_reply refusal; the first one wins.
+  auto body_done = std::make_shared<std::atomic<bool>>(false);
+  Status posted = fabric->post_body_receive(tag, dst, ref.length, [this, req, body_done](const Status& s, size_t n) {
+    std::lock_guard g(mu);
+    body_done->store(true);
+    auto p = pendings.find(req);
+    if (p != pendings.end() && !p->second.done) {
+      p->second.done = true;
+      p->second.status = s;
+      p->second.bytes = n;
+    }
+    cv.notify_all();
+  });
+  if (posted.is_ok()) {
+    Status sent = fabric->send_control(handle, get.frame);
+    if (!sent.is_ok()) {
+      fabric->cancel_body_receive(tag);
+      posted = sent;
+    }
+  }
+  lock.lock();
+  if (!posted.is_ok()) {
+    pendings.erase(req);
+    return posted;
+  }
+  auto p = wait(lock, req, PClock::now() + opts.timeout);
+  const bool got_body = p && p->status.is_ok() && body_done->load();
+  if (!got_body) {
+    // Make sure the fabric no longer writes into dst before it goes back to the caller.
+    lock.unlock();
+    fabric->cancel_body_receive(tag);
+    lock.lock();
+    cv.wait_for(lock, std::chrono::seconds(5), [&] { return body_done->load(); });
+    if (!p) {
+      ++peer_timeouts;
+      return timed_out("peer group: holder " + holder + " did not send chunk " + ref.hash.hex() + " within " +
+                       std::to_string(opts.timeout.count()) + " ms");
+    }
+    return p->status.is_ok() ? unavailable("peer group: the body of chunk " + ref.hash.hex() + " did not arrive")
+                             : p->status;
+  }
+  if (p->bytes != ref.length || hash_bytes(dst, ref.length) != ref.hash) {
+    ++bad_bodies;
+    CAIRN_LOG_WARN("peers: member {} sent chunk {} with wrong bytes ({} of {} bytes): dropped", holder,
+                   ref.hash.hex(), p->bytes, ref.length);
+    return corruption("peer group: chunk " + ref.hash.hex() + " from " + holder + " fails its hash");
+  }
+  return Status::ok();
+}
+
+}  // namespace cairn

@@ -1,0 +1,182 @@
+// Internal to daemon/peers/peer_service*.cpp: the peer service's state and its methods, by file:
+//   peer_service.cpp   start and stop, `cairn peers`, the chunk source, the service thread
+//                      (announcements to the homes, the membership scan)
+//   peer_messages.cpp  the messages from other members (on the fabric's progress thread)
+//   peer_fetch.cpp     a reader's fetch: ask the home, receive the body from a holder
+// Locking: mu guards the members, the directory and the pending requests; no fabric call and no
+// blocking wait is made while holding it, except the readers' waits on cv.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/log.hpp"
+#include "daemon/peers/directory.hpp"
+#include "daemon/peers/membership.hpp"
+#include "daemon/peers/peer_service.hpp"
+#include "daemon/peers/peer_wire.hpp"
+#include "policy/placement.hpp"
+#include "tiers/peer/fabric.hpp"
+#include "tiers/pfs/manifest.hpp"
+
+namespace cairn {
+
+struct PeerService::Impl {
+  using json = nlohmann::json;
+  using PClock = std::chrono::steady_clock;
+
+  // One member other than this one.
+  struct Member {
+    MemberInfo info;
+    uint64_t handle = 0;
+    bool reachable = false;     // in the address vector
+    bool verified = false;      // answered this member's challenge
+    std::string nonce;          // the challenge this member sent it
+    PClock::time_point hello_at{};
+    uint64_t bytes_sent = 0, bytes_received = 0, chunks_served = 0, chunks_fetched = 0, refused = 0;
+  };
+
+  // A reader waiting for an answer (a lookup's verdict, a body).
+  struct Pending {
+    bool done = false;
+    Status status;
+    ChunkDirectory::Verdict verdict = ChunkDirectory::Verdict::kWait;
+    std::string holder;
+    std::string target;  // the member it waits on (gone -> fails at once)
+    size_t bytes = 0;
+  };
+
+  Options opts;
+  DramTier& dram;
+  std::unique_ptr<Fabric> fabric;
+  std::unique_ptr<Membership> membership;
+  std::string self;
+  std::string secret;
+  bool corrupt_bodies = false;  // CAIRN_PEERS_FAULT=corrupt_bodies: a test's faulty holder
+
+  mutable std::mutex mu;
+  std::condition_variable cv;           // pendings, expect
+  std::map<std::string, Member> members;  // GUARDED_BY(mu), without self
+  std::vector<std::string> ids;           // GUARDED_BY(mu): live member ids, self included, sorted
+  ChunkDirectory directory;               // GUARDED_BY(mu)
+  std::unordered_map<uint64_t, Pending> pendings;  // GUARDED_BY(mu)
+  uint64_t next_request = 1;              // GUARDED_BY(mu)
+  uint64_t refused_frames = 0;            // GUARDED_BY(mu)
+  uint64_t fetched_chunks = 0, fetched_bytes = 0, served_chunks = 0, served_bytes = 0, bad_bodies = 0,
+           loads_assigned = 0, peer_timeouts = 0;  // GUARDED_BY(mu)
+  PClock::time_point last_refusal_log{};
+
+  // Holder announcements from the DRAM tier's hook, sent by the service thread.
+  std::mutex announce_mu;
+  std::condition_variable announce_cv;
+  std::vector<std::pair<ChunkHash, bool>> announcements;  // GUARDED_BY(announce_mu)
+  bool rescan = false, stopping = false;                   // GUARDED_BY(announce_mu)
+  std::thread service;
+  std::atomic<uint64_t> seq{1};
+
+  Impl(const Options& o, DramTier& d) : opts(o), dram(d), directory(o.timeout) {}
+
+  // ---- sending ----
+
+  struct Outgoing {
+    uint64_t handle;
+    std::string to;
+    std::vector<uint8_t> frame;
+  };
+
+  Outgoing make(const std::string& to, uint64_t handle, PeerMsg type, json body) {
+    PeerMessage m;
+    m.type = type;
+    m.seq = seq++;
+    m.from = self;
+    m.body = std::move(body);
+    return Outgoing{handle, to, encode_peer_message(m, secret)};
+  }
+  // REQUIRES: mu held. An outgoing message to a member, or nothing if it is not reachable.
+  std::optional<Outgoing> to_member(const std::string& id, PeerMsg type, json body) {
+    auto it = members.find(id);
+    if (it == members.end() || !it->second.reachable) return std::nullopt;
+    return make(id, it->second.handle, type, std::move(body));
+  }
+  void send(std::vector<Outgoing>& out) {
+    for (Outgoing& o : out) {
+      Status st = fabric->send_control(o.handle, o.frame);
+      if (!st.is_ok()) CAIRN_LOG_DEBUG("peers: sending to {}: {}", o.to, st.to_string());
+    }
+    out.clear();
+  }
+
+  // REQUIRES: mu held. An answer of the directory goes to its requester: this member's own
+  // pending request, or a lookup_reply message.
+  void deliver(const ChunkDirectory::Answer& a, std::vector<Outgoing>& out);
+  void deliver_all(const std::vector<ChunkDirectory::Answer>& answers, std::vector<Outgoing>& out) {
+    for (const auto& a : answers) deliver(a, out);
+  }
+
+  std::string home(const ChunkHash& h) const { return home_of(h, ids); }
+
+  // ---- receiving (on the fabric's progress thread; never blocks) ----
+
+  void on_message(std::span<const uint8_t> frame);
+
+  // REQUIRES: mu held. A verified member asks for a chunk's body: send it from the arena, pinned
+  // until the send completes.
+  void serve_get(Member& mem, const json& b, std::vector<Outgoing>& out);
+  std::vector<std::function<void()>> bodies;  // GUARDED_BY(mu): body sends queued by serve_get
+
+  // REQUIRES: mu held. Greets a member: a challenge it must answer with the secret.
+  void greet(Member& mem, std::vector<Outgoing>& out);
+
+  // REQUIRES: mu held. A member is gone: out of the directory, its readers' waits end.
+  void forget(const std::string& id, std::vector<Outgoing>& out);
+
+  // ---- the service thread: announcements, membership ----
+
+  // The DRAM tier's residency hook: queues a have/drop for the service thread (never blocks).
+  void announce(const ChunkHash& h, bool resident);
+  // Sends a batch of announcements to the chunks' homes (this member's own directory directly).
+  void flush_announcements(std::vector<std::pair<ChunkHash, bool>>& batch);
+  // Reads the rendezvous directory: greets new members, forgets gone ones, moves homes.
+  void scan();
+  // The service thread: announcements as they come, a scan and the directory's expiry every timeout/4.
+  void service_loop();
+
+  // ---- reading ----
+
+  // REQUIRES: mu held.
+  uint64_t add_pending(const std::string& target) {
+    uint64_t req = next_request++;
+    pendings[req].target = target;
+    return req;
+  }
+  // Waits for a pending request; returns it (removed) or nullopt on timeout (removed too).
+  std::optional<Pending> wait(std::unique_lock<std::mutex>& lock, uint64_t req, PClock::time_point deadline);
+
+  // PeerService::fetch: ask the home, then fetch from the holder it names (peer_service.hpp).
+  Status fetch(const ChunkRef& ref, void* dst);
+
+  // REQUIRES: lock held (released while waiting). One body from holder into dst, verified.
+  Status fetch_from(std::unique_lock<std::mutex>& lock, const std::string& holder, const ChunkRef& ref, void* dst);
+
+  size_t verified_count() const {
+    size_t n = 0;
+    for (const auto& [id, m] : members) n += m.verified;
+    return n;
+  }
+};
+
+}  // namespace cairn
