@@ -213,10 +213,11 @@ PeerService::~PeerService() {
     for (auto& [id, m] : s.members)
       if (m.reachable && m.verified) out.push_back(s.make(id, m.handle, PeerMsg::kBye, json::object()));
   }
+  const bool said_goodbye = !out.empty();
   s.send(out);
   if (s.membership) s.membership->leave();
   // A moment for the goodbyes to leave before the endpoint closes.
-  if (!s.members.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  if (said_goodbye) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   s.fabric.reset();
 }
 

@@ -21,6 +21,7 @@
 #include <unordered_map>
 
 #include "unit/temp_dir.hpp"
+#include "unit/test_bytes.hpp"
 #include "core/fs.hpp"
 #include "core/safetensors.hpp"
 #include "tiers/pfs/records.hpp"
@@ -41,18 +42,7 @@ struct TempDir : testing::TempDir {
   TempDir() : testing::TempDir("cairn-test-repo") {}
 };
 
-// Deterministic, incompressible-looking bytes.
-std::string make_bytes(size_t n, uint64_t seed) {
-  std::string s(n, '\0');
-  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (size_t i = 0; i < n; ++i) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    s[i] = static_cast<char>(x & 0xFF);
-  }
-  return s;
-}
+using testing::make_bytes;
 
 // Chunk bytes by hash, handed to commit as its ChunkSource; counts what commit asks for.
 struct ChunkStore {

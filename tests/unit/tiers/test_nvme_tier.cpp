@@ -26,6 +26,7 @@
 #include "policy/eviction.hpp"
 #include "tiers/nvme/nvme_tier.hpp"
 #include "unit/temp_dir.hpp"
+#include "unit/test_bytes.hpp"
 
 namespace stdfs = std::filesystem;
 using namespace cairn;
@@ -41,18 +42,7 @@ constexpr long kBtrfsMagic = 0x9123683E;
 
 uint64_t round_up(uint64_t n) { return (n + kBlock - 1) / kBlock * kBlock; }
 
-// Deterministic, incompressible-looking bytes.
-std::string make_bytes(size_t n, uint64_t seed) {
-  std::string s(n, '\0');
-  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (size_t i = 0; i < n; ++i) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    s[i] = static_cast<char>(x & 0xFF);
-  }
-  return s;
-}
+using testing::make_bytes;
 
 struct Chunk {
   ChunkHash hash;
