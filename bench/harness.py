@@ -304,6 +304,75 @@ def run_policy(quick: bool, work: Path) -> List[Dict[str, Any]]:
     return rows
 
 
+def run_peers(quick: bool, work: Path) -> List[Dict[str, Any]]:
+    """Real daemons as one peer group over libfabric (bench/workloads/peers_bench.py): the stream
+    between two daemons vs fi_pingpong, an ensemble's repository reads and load times with and
+    without peers, and the simulation at 1,024 nodes fed with those measurements."""
+    if not shutil.which("fi_info"):
+        raise Skipped("libfabric is not installed (fi_info not found; Debian: libfabric1 and libfabric-bin, "
+                      "scripts/deps installs them)")
+    probe = subprocess.run(["fi_info", "-p", "tcp;ofi_rxm", "-t", "FI_EP_RDM"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        raise Skipped("libfabric has no tcp;ofi_rxm provider with RDM endpoints (fi_info -p 'tcp;ofi_rxm' -t "
+                      "FI_EP_RDM failed)")
+    out = work / "peers.json"
+    _run([PY, str(ROOT / "bench/workloads/peers_bench.py"), *(["--quick"] if quick else []), "--json", str(out)],
+         work / "peers.log", env=_cairn_env(), timeout=1800)
+    d = json.loads(out.read_text())
+    # Keep the simulation's plot: the work directory is removed at the end of the run.
+    sim_png = Path(d["simulation"].get("plot") or "")
+    if sim_png.is_file():
+        dest = ROOT / ("bench/results/quick" if quick else "docs/img/benchmarks") / "peers-simulation.png"
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(sim_png, dest)
+    rows = []
+    s = d["stream"]
+    b = s["baseline"]
+    chunk_mib = d["chunk_bytes"] >> 20
+    rows.append(ratio("peers", f"a {s['bytes'] >> 20} MiB model streamed from a peer daemon's DRAM "
+                      f"({d['provider']}, {chunk_mib} MiB chunks, median of {s['repeats']})", s["GBps"],
+                      f"{b['tool']}, {b['message_bytes'] >> 20} MiB messages", b["GBps"], "GB/s", "higher", ">= 0.8",
+                      note="loopback on one machine; fi_pingpong has one message in flight"))
+    if "tcp_stream" in s and s["tcp_stream"] is not b:
+        t = s["tcp_stream"]
+        rows.append(ratio("peers", f"a {s['bytes'] >> 20} MiB model streamed from a peer daemon's DRAM",
+                          s["GBps"], "a TCP stream between two processes (loopback)", t["GBps"], "GB/s", "higher"))
+    e = d["ensemble"]
+    mb = e["model_bytes"]
+    size = f"{mb / 1e6:.0f} MB model"
+    alone = e["alone"]["median_s"]
+    for t in e["trials"]:
+        n = t["n"]
+        p, np_ = t["peers"], t["no_peers"]
+        rows.append(ratio("peers", f"ensemble of {n} ({size}): bytes the job read from the repository",
+                          p["repository_bytes"], "the model once (1 copy per job)", mb, "bytes", "lower", "<= 1.0",
+                          note=f"page cache dropped ({p['page_cache']})"))
+        rows.append(ratio("peers", f"ensemble of {n} ({size}): bytes the job read from the repository",
+                          p["repository_bytes"], f"{n} daemons without peers", np_["repository_bytes"], "bytes",
+                          "lower"))
+        rows.append(ratio("peers", f"ensemble of {n} ({size}), all load at once: slowest member", p["slowest_s"],
+                          "one member loading alone (no peers)", alone, "s", "lower", "<= 2.0",
+                          note=f"page cache dropped ({p['page_cache']})"))
+        rows.append(ratio("peers", f"ensemble of {n} ({size}), all load at once: slowest member", p["slowest_s"],
+                          f"{n} daemons without peers", np_["slowest_s"], "s", "lower",
+                          note="one machine: without peers the page cache serves all but the first reader"))
+    sim = d["simulation"]
+    pr = sim["params"]
+    for rule in ("eager", "late"):
+        x = sim["dispatch"][rule]["at_1024"]
+        if not x:
+            continue
+        what = ("eager: waiters answered at once" if rule == "eager"
+                else "late: waiters queued for a free upload slot")
+        rows.append(ratio("peers", f"1,024 nodes load BERT-base: time until all hold it (directory {what})",
+                          x["cairn_s"],
+                          "every node reads the PFS", x["baseline_s"], "s", "lower",
+                          note=f"simulated, directory rule {rule}; link {pr['link_Bps'] / 1e9:.2f} GB/s and PFS "
+                               f"{pr['pfs_per_client_Bps'] / 1e9:.2f} GB/s per client measured, "
+                               f"{pr['pfs_aggregate_Bps'] / 1e9:g} GB/s aggregate assumed"))
+    return rows
+
+
 COMPONENTS: List[tuple] = [
     ("micro", run_micro, "Google Benchmark micro benchmarks (bench/micro)"),
     ("tiers", run_tiers, "blocking commits, NVMe reads, DRAM hits (bench/workloads/tiering_bench.cpp)"),
@@ -317,6 +386,8 @@ COMPONENTS: List[tuple] = [
     ("torch loads", run_torch, "PyTorch state-dict loads (bench/workloads/torch_load.py)"),
     ("workloads", run_workloads, "NAS, ensemble, checkpoint, coupled workloads (bench/workloads/workloads.py)"),
     ("policy", run_policy, "eviction policies vs Belady on traces (cairn-sim), prefetch from hints (bench/workloads/prefetch_bench.py)"),
+    ("peers", run_peers, "the daemons of a job as one cache over libfabric: peer stream, ensemble loads, "
+     "simulated 16 to 4,096 nodes (bench/workloads/peers_bench.py)"),
 ]
 
 

@@ -19,17 +19,37 @@ bool ChunkDirectory::pick(Entry& e, const std::string& requester, std::string& h
   std::pair<std::string, uint32_t>* best = nullptr;
   for (auto& h : e.holders) {
     if (h.first == requester) continue;
+    if (uploads_per_holder_ && h.second >= uploads_per_holder_) continue;  // its slots are taken
     if (best == nullptr || h.second < best->second) best = &h;  // strict <: ties keep the first added
   }
   if (best == nullptr) return false;
   ++best->second;
   holder = best->first;
+  e.fetches.emplace_back(requester, holder);
   return true;
 }
 
-// Each queued waiter is answered as if it asked now, in queue order: a holder other than itself ->
-// kFetch; else no loader (or itself the loader) -> it becomes the loader (kLoad); else it keeps
-// waiting. So at most one member loads, and the first waiter is the one that takes over.
+bool ChunkDirectory::has_other_holder(const Entry& e, const std::string& requester) {
+  return std::any_of(e.holders.begin(), e.holders.end(), [&](const auto& h) { return h.first != requester; });
+}
+
+ChunkDirectory::Verdict ChunkDirectory::decide(Entry& e, const std::string& requester, Clock::time_point now,
+                                               std::string& holder) {
+  if (pick(e, requester, holder)) return Verdict::kFetch;
+  // Holders, all busy: wait for a slot (a fetch ending, or the next holder) rather than load again.
+  if (has_other_holder(e, requester)) return Verdict::kWait;
+  if (e.loader.empty() || e.loader == requester) {
+    // Nobody else holds it and nobody (else) is reading it: the requester reads the repository. A
+    // loader that asks again (a retry) is told to load again, with a fresh deadline.
+    e.loader = requester;
+    e.deadline = now + load_timeout_;
+    return Verdict::kLoad;
+  }
+  return Verdict::kWait;
+}
+
+// Each queued waiter is answered as if it asked now, in queue order (decide); those told to wait
+// stay queued. So at most one member loads, and the first waiter is the one that takes over.
 void ChunkDirectory::resolve(const ChunkHash& h, Entry& e, Clock::time_point now, std::vector<Answer>& out) {
   std::vector<Waiter> still;
   for (Waiter& w : e.waiters) {
@@ -37,13 +57,8 @@ void ChunkDirectory::resolve(const ChunkHash& h, Entry& e, Clock::time_point now
     a.chunk = h;
     a.requester = w.member;
     a.request = w.request;
-    if (pick(e, w.member, a.holder)) {
-      a.verdict = Verdict::kFetch;
-    } else if (e.loader.empty() || e.loader == w.member) {
-      e.loader = w.member;
-      e.deadline = now + load_timeout_;
-      a.verdict = Verdict::kLoad;
-    } else {
+    a.verdict = decide(e, w.member, now, a.holder);
+    if (a.verdict == Verdict::kWait) {
       still.push_back(std::move(w));
       continue;
     }
@@ -59,18 +74,8 @@ ChunkDirectory::Answer ChunkDirectory::lookup(const ChunkHash& h, const std::str
   a.chunk = h;
   a.requester = requester;
   a.request = request;
-  if (pick(e, requester, a.holder)) {
-    a.verdict = Verdict::kFetch;
-  } else if (e.loader.empty() || e.loader == requester) {
-    // Nobody else holds it and nobody (else) is reading it: the requester reads the repository. A
-    // loader that asks again (a retry) is told to load again, with a fresh deadline.
-    e.loader = requester;
-    e.deadline = now + load_timeout_;
-    a.verdict = Verdict::kLoad;
-  } else {
-    e.waiters.push_back(Waiter{requester, request});
-    a.verdict = Verdict::kWait;
-  }
+  a.verdict = decide(e, requester, now, a.holder);
+  if (a.verdict == Verdict::kWait) e.waiters.push_back(Waiter{requester, request});
   return a;
 }
 
@@ -105,11 +110,25 @@ std::vector<ChunkDirectory::Answer> ChunkDirectory::load_failed(const ChunkHash&
   return out;
 }
 
-void ChunkDirectory::fetch_done(const ChunkHash& h, const std::string& holder) {
+// Ends one fetch (requester, holder): the holder's slot is free again.
+static void end_fetch(std::vector<std::pair<std::string, uint32_t>>& holders,
+                      std::vector<std::pair<std::string, std::string>>& fetches, const std::string& requester,
+                      const std::string& holder) {
+  auto f = std::find(fetches.begin(), fetches.end(), std::pair{requester, holder});
+  if (f == fetches.end()) return;  // unknown or already ended (a duplicate fetched message)
+  fetches.erase(f);
+  auto hit = find_holder(holders, holder);
+  if (hit != holders.end() && hit->second > 0) --hit->second;
+}
+
+std::vector<ChunkDirectory::Answer> ChunkDirectory::fetch_done(const ChunkHash& h, const std::string& holder,
+                                                               const std::string& requester, Clock::time_point now) {
+  std::vector<Answer> out;
   auto it = entries_.find(h);
-  if (it == entries_.end()) return;
-  auto hit = find_holder(it->second.holders, holder);
-  if (hit != it->second.holders.end() && hit->second > 0) --hit->second;
+  if (it == entries_.end()) return out;
+  end_fetch(it->second.holders, it->second.fetches, requester, holder);
+  resolve(h, it->second, now, out);
+  return out;
 }
 
 // Visits every entry, then erases those left with no holder, loader or waiter.
@@ -132,10 +151,14 @@ std::vector<ChunkDirectory::Answer> ChunkDirectory::member_gone(const std::strin
     auto hit = find_holder(e.holders, member);
     if (hit != e.holders.end()) e.holders.erase(hit);
     std::erase_if(e.waiters, [&](const Waiter& w) { return w.member == member; });
-    if (e.loader == member) {
-      e.loader.clear();
-      resolve(h, e, now, out);
+    // Its fetches in flight (as requester) free their holders' slots; those it served are gone.
+    for (size_t i = e.fetches.size(); i-- > 0;) {
+      auto [requester, holder] = e.fetches[i];
+      if (requester == member) end_fetch(e.holders, e.fetches, requester, holder);
+      else if (holder == member) e.fetches.erase(e.fetches.begin() + static_cast<std::ptrdiff_t>(i));
     }
+    if (e.loader == member) e.loader.clear();
+    resolve(h, e, now, out);
   });
   return out;
 }

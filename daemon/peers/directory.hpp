@@ -4,9 +4,10 @@
 // no clock of its own (the caller passes now): the peer service turns its verdicts into messages.
 //
 // The rules (docs/peers.md):
-//   - lookup by R: a holder other than R exists -> kFetch from the least-loaded holder (its load
-//     count +1 until fetch_done); no holder and no loader -> kLoad (R reads the repository; its
-//     deadline is now + timeout); no holder but a loader -> kWait (R is queued);
+//   - lookup by R: a holder other than R with a free upload slot exists -> kFetch from the
+//     least-loaded one (its load count +1 until fetch_done); holders but none free -> kWait (R is
+//     queued until a fetch ends or a new holder appears); no holder and no loader -> kLoad (R reads
+//     the repository; its deadline is now + timeout); no holder but a loader -> kWait;
 //   - add_holder(h, M): M holds h now; every queued waiter gets kFetch (spread over the holders by
 //     load); a loader that became a holder is no longer loading;
 //   - load_failed(h, M) / a loader past its deadline / a loader gone: the first waiter becomes the
@@ -14,7 +15,10 @@
 //   - member_gone(M): M leaves every holder set; waiters of chunks M was loading are resolved as
 //     above; M's own queued lookups are dropped;
 //   - so each chunk is read from the repository once per job, and a chunk every member loads
-//     spreads as a tree (each new holder serves the next requesters).
+//     spreads as a tree: with one upload slot per holder, each finished fetch makes one more holder,
+//     and the holders double every transfer time, instead of every member queueing at the first
+//     holder's network card (bench/workloads/peers_sim.py shows the difference: linear in the
+//     number of members without the limit, logarithmic with it).
 //
 // Thread-safety: none; the peer service holds its lock around every call.
 #pragma once
@@ -43,7 +47,9 @@ class ChunkDirectory {
     std::string holder;    // kFetch: whom to fetch from
   };
 
-  explicit ChunkDirectory(std::chrono::milliseconds load_timeout) : load_timeout_(load_timeout) {}
+  // uploads_per_holder: fetches of one chunk a holder serves at once (0 = no limit).
+  explicit ChunkDirectory(std::chrono::milliseconds load_timeout, uint32_t uploads_per_holder = 0)
+      : load_timeout_(load_timeout), uploads_per_holder_(uploads_per_holder) {}
 
   // R asks for h. Returns the answer now (kWait: R is queued and answered by a later call).
   Answer lookup(const ChunkHash& h, const std::string& requester, uint64_t request, Clock::time_point now);
@@ -53,9 +59,12 @@ class ChunkDirectory {
   void remove_holder(const ChunkHash& h, const std::string& member);
   // M's repository read of h failed: the next waiter (if any) becomes the loader.
   std::vector<Answer> load_failed(const ChunkHash& h, const std::string& member, Clock::time_point now);
-  // A fetch from holder (answered kFetch earlier) finished, well or not.
-  void fetch_done(const ChunkHash& h, const std::string& holder);
-  // M is gone: drop it everywhere; returns the answers this resolves.
+  // requester's fetch from holder (answered kFetch earlier) finished, well or not: the holder's
+  // slot is free again. Returns the answers for the waiters this resolves.
+  std::vector<Answer> fetch_done(const ChunkHash& h, const std::string& holder, const std::string& requester,
+                                 Clock::time_point now);
+  // M is gone: drop it everywhere (as holder, loader, waiter, and its fetches in flight, whose
+  // holders' slots are freed); returns the answers this resolves.
   std::vector<Answer> member_gone(const std::string& member, Clock::time_point now);
   // Loaders past their deadline are treated as failed; returns the answers this resolves.
   std::vector<Answer> expire(Clock::time_point now);
@@ -76,16 +85,23 @@ class ChunkDirectory {
   };
   struct Entry {
     std::vector<std::pair<std::string, uint32_t>> holders;  // member, fetches it is serving now
+    std::vector<std::pair<std::string, std::string>> fetches;  // (requester, holder) in flight
     std::string loader;                                      // "" = none
     Clock::time_point deadline{};
     std::vector<Waiter> waiters;
   };
-  // Picks the least-loaded holder other than `requester` (ties: the first added), counts a fetch.
+  // Picks the least-loaded holder other than `requester` with a free slot (ties: the first added),
+  // counts the fetch.
   bool pick(Entry& e, const std::string& requester, std::string& holder);
+  // Whether a holder other than `requester` exists (free or not).
+  static bool has_other_holder(const Entry& e, const std::string& requester);
+  // The answer for `requester` now: kFetch, kLoad (it becomes the loader) or kWait.
+  Verdict decide(Entry& e, const std::string& requester, Clock::time_point now, std::string& holder);
   // Resolves e's waiters after a change: to holders when there are any, else a new loader.
   void resolve(const ChunkHash& h, Entry& e, Clock::time_point now, std::vector<Answer>& out);
 
   std::chrono::milliseconds load_timeout_;
+  uint32_t uploads_per_holder_;
   std::unordered_map<ChunkHash, Entry, ChunkHashHasher> entries_;
 };
 

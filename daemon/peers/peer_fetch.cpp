@@ -63,7 +63,7 @@ Status PeerService::Impl::fetch(const ChunkRef& ref, void* dst) {
     Status st = fetch_from(lock, holder, ref, dst);
     // 3. Tell the home the fetch is over (its load count for the holder).
     out.clear();
-    if (home_id == self) directory.fetch_done(ref.hash, holder);
+    if (home_id == self) deliver_all(directory.fetch_done(ref.hash, holder, self, PClock::now()), out);
     else if (auto o = to_member(home_id, PeerMsg::kFetched, json{{"chunk", ref.hash.hex()}, {"holder", holder}}))
       out.push_back(std::move(*o));
     if (st.is_ok()) {

@@ -36,7 +36,8 @@ void PeerService::Impl::deliver(const ChunkDirectory::Answer& a, std::vector<Out
     auto it = pendings.find(a.request);
     if (it == pendings.end()) {
       // The reader gave up; release what the answer handed out.
-      if (a.verdict == ChunkDirectory::Verdict::kFetch) directory.fetch_done(a.chunk, a.holder);
+      if (a.verdict == ChunkDirectory::Verdict::kFetch)
+          deliver_all(directory.fetch_done(a.chunk, a.holder, self, PClock::now()), out);
       return;
     }
     it->second.done = true;
@@ -187,7 +188,8 @@ void PeerService::Impl::on_message(std::span<const uint8_t> frame) {
     }
     case PeerMsg::kFetched: {
       auto h = chunk_of(b.value("chunk", json()));
-      if (h && b.contains("holder") && b["holder"].is_string()) directory.fetch_done(*h, b["holder"].get<std::string>());
+      if (h && b.contains("holder") && b["holder"].is_string())
+          deliver_all(directory.fetch_done(*h, b["holder"].get<std::string>(), m.from, now), out);
       break;
     }
     case PeerMsg::kLoaded: {

@@ -88,7 +88,10 @@ struct PeerService::Impl {
   std::thread service;
   std::atomic<uint64_t> seq{1};
 
-  Impl(const Options& o, DramTier& d) : opts(o), dram(d), directory(o.timeout) {}
+  // One upload of a chunk per holder at a time: each finished fetch adds a holder, so a chunk that
+  // every member wants spreads as a tree (directory.hpp).
+  static constexpr uint32_t kUploadsPerHolder = 1;
+  Impl(const Options& o, DramTier& d) : opts(o), dram(d), directory(o.timeout, kUploadsPerHolder) {}
 
   // ---- sending ----
 

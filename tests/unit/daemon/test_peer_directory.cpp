@@ -74,20 +74,20 @@ TEST_CASE("lookups go to the least-loaded holder; fetch_done gives the load back
   REQUIRE(holder("R3") == "H1");
   REQUIRE(holder("R4") == "H2");
   // H1 2, H2 2. Two of H2's fetches finish: H2 is the least loaded twice.
-  d.fetch_done(kChunk, "H2");
-  d.fetch_done(kChunk, "H2");
+  d.fetch_done(kChunk, "H2", "R2", t0);
+  d.fetch_done(kChunk, "H2", "R4", t0);
   REQUIRE(holder("R5") == "H2");
   REQUIRE(holder("R6") == "H2");
   REQUIRE(holder("R7") == "H1");
-  // H1 3, H2 2. More fetch_done than fetches never underflows: H1 0.
-  for (int i = 0; i < 10; ++i) d.fetch_done(kChunk, "H1");
+  // H1 3, H2 2. More fetch_done than fetches (repeats) never underflows: H1 0.
+  for (const char* r : {"R1", "R3", "R7", "R1", "R3", "R7", "R1"}) d.fetch_done(kChunk, "H1", r, t0);
   REQUIRE(holder("R8") == "H1");
   REQUIRE(holder("R9") == "H1");
   REQUIRE(holder("R10") == "H1");  // 2 and 2: the first added
   REQUIRE(holder("R11") == "H2");
   // fetch_done for an unknown chunk or holder is ignored.
-  d.fetch_done(kOther, "H1");
-  d.fetch_done(kChunk, "nobody");
+  d.fetch_done(kOther, "H1", "R8", t0);
+  d.fetch_done(kChunk, "nobody", "R8", t0);
   REQUIRE(d.entries() == 1);
 }
 
@@ -311,9 +311,12 @@ TEST_CASE("take_moved returns and removes exactly the entries whose home changed
 
 TEST_CASE("each chunk is read from the repository once, however the lookups interleave", "[peers]") {
   // 8 members each want the same 64 chunks; lookups, loads and fetches complete in random order.
+  // With no limit on a holder's uploads, and with one upload slot per holder (the daemon's rule).
+  const uint32_t slots = GENERATE(0u, 1u);
+  INFO("uploads per holder " << slots);
   for (uint64_t seed = 1; seed <= 20; ++seed) {
     std::mt19937_64 rng(seed);
-    ChunkDirectory d(1000ms);
+    ChunkDirectory d(1000ms, slots);
     const int kMembers = 8, kChunks = 64;
     std::vector<ChunkHash> chunks;
     for (int i = 0; i < kChunks; ++i) chunks.push_back(ChunkHash{rng(), static_cast<uint64_t>(i)});
@@ -363,7 +366,7 @@ TEST_CASE("each chunk is read from the repository once, however the lookups inte
           if (t.state == State::kFetching) {
             // The holder must really hold it.
             REQUIRE(tasks[index.at({t.from, h})].state == State::kHave);
-            d.fetch_done(h, t.from);
+            for (const auto& a : d.fetch_done(h, t.from, me, now)) apply(a);
           }
           t.state = State::kHave;
           ++done;
@@ -378,4 +381,51 @@ TEST_CASE("each chunk is read from the repository once, however the lookups inte
     REQUIRE(fetches == (kMembers - 1) * kChunks);
     for (const auto& c : chunks) REQUIRE(d.holders(c).size() == kMembers);
   }
+}
+
+TEST_CASE("one upload slot per holder: waiters are served as holders free up, the holders double", "[peers]") {
+  ChunkDirectory d(1000ms, 1);
+  REQUIRE(d.add_holder(kChunk, "A", t0).empty());
+  // B fetches from A; C..H wait (A's slot is taken), they are not told to load.
+  auto b = d.lookup(kChunk, "B", 1, t0);
+  REQUIRE(b.verdict == Verdict::kFetch);
+  REQUIRE(b.holder == "A");
+  for (int i = 0; i < 6; ++i) {
+    std::string r(1, static_cast<char>('C' + i));
+    REQUIRE(d.lookup(kChunk, r, 10 + i, t0).verdict == Verdict::kWait);
+  }
+  // B's fetch ends and B holds the chunk: A and B each serve one waiter.
+  REQUIRE(d.fetch_done(kChunk, "A", "B", t0).size() == 1);  // A's slot: the first waiter
+  auto out = d.add_holder(kChunk, "B", t0);
+  REQUIRE(out.size() == 1);
+  REQUIRE(out[0].requester == "D");
+  REQUIRE(out[0].holder == "B");
+  // Both served fetches end and both requesters hold it: four holders, four more served.
+  std::vector<ChunkDirectory::Answer> next;
+  for (auto [holder, requester] : {std::pair{"A", "C"}, std::pair{"B", "D"}}) {
+    for (auto& a : d.fetch_done(kChunk, holder, requester, t0)) next.push_back(a);
+    for (auto& a : d.add_holder(kChunk, requester, t0)) next.push_back(a);
+  }
+  REQUIRE(next.size() == 4);
+  std::set<std::string> from;
+  for (const auto& a : next) {
+    REQUIRE(a.verdict == Verdict::kFetch);
+    from.insert(a.holder);
+  }
+  REQUIRE(from == std::set<std::string>{"A", "B", "C", "D"});
+}
+
+TEST_CASE("a requester that dies mid-fetch frees its holder's slot for the next waiter", "[peers]") {
+  ChunkDirectory d(1000ms, 1);
+  REQUIRE(d.add_holder(kChunk, "A", t0).empty());
+  REQUIRE(d.lookup(kChunk, "B", 1, t0).verdict == Verdict::kFetch);
+  REQUIRE(d.lookup(kChunk, "C", 2, t0).verdict == Verdict::kWait);
+  auto out = d.member_gone("B", t0);
+  REQUIRE(out.size() == 1);
+  REQUIRE(out[0].requester == "C");
+  REQUIRE(out[0].verdict == Verdict::kFetch);
+  REQUIRE(out[0].holder == "A");
+  // A late fetched message from the gone member changes nothing.
+  REQUIRE(d.fetch_done(kChunk, "A", "B", t0).empty());
+  REQUIRE(d.lookup(kChunk, "E", 3, t0).verdict == Verdict::kWait);
 }
