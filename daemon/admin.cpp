@@ -29,12 +29,20 @@ Result<json> Admin::list(const json& req) {
     if (m.is_ok() && (all || (*m)->retired_ns == 0)) models.push_back(row(**m, "global"));
   }
   for (const auto& m : p_.flusher.pending()) models.push_back(row(*m, "memory"));
+  // Committed on another member of the job, not in the repository yet (as far as this daemon knows).
+  if (p_.remote)
+    for (const auto& m : p_.remote->all()) {
+      json r = row(*m, "memory");
+      r["peer"] = true;
+      models.push_back(std::move(r));
+    }
   return json{{"models", std::move(models)}};
 }
 
 Result<json> Admin::show(const json& req) {
   CAIRN_ASSIGN_OR_RETURN(std::string id, get_name(req, "id", "a model id"));
   std::shared_ptr<const ModelManifest> m = p_.flusher.find(id);
+  if (!m && p_.remote) m = p_.remote->find(id);  // committed on another member of the job
   const bool pending = m != nullptr;
   if (!m) {
     auto r = p_.repo.get_shared(id);  // collected models too: their lineage and metadata remain

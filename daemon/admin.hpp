@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/status.hpp"
+#include "daemon/peers/remote_models.hpp"
 #include "daemon/catalog.hpp"
 #include "daemon/flusher.hpp"
 #include "daemon/prefetcher.hpp"
@@ -47,6 +48,7 @@ class Admin {
     const RecoveryReport& recovery;
     std::shared_mutex& gc_mu;
     Prefetcher* prefetcher = nullptr;  // its counters in stats
+    const RemoteModels* remote = nullptr;  // models committed on other members of the job
   };
   explicit Admin(Parts parts) : p_(parts) {}
 

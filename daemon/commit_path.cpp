@@ -330,6 +330,7 @@ Result<json> CommitPath::commit(Session& s, const json& req, std::vector<uint8_t
     if (ticket) p_.tickets.forget({ticket});
     return registered;
   }
+  if (p_.committed) p_.committed(*m);
   gc_lock.unlock();
 
   json out{{"id", id}};

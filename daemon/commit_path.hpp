@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <shared_mutex>
@@ -54,6 +55,8 @@ class CommitPath {
     std::shared_mutex& gc_mu;   // held shared until a commit's chunks are referenced by a registered model
     bool burst_buffer = false;  // memory and local commits go through the local stage
     TraceRecorder* trace = nullptr;  // records the chunks each commit creates (policy.trace)
+    // Called with each model once it is registered (visible): the peer group announces it.
+    std::function<void(const ModelManifest&)> committed = {};
   };
   explicit CommitPath(Parts parts) : p_(parts) {}
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "core/log.hpp"
+#include "daemon/model_graph.hpp"
 #include "daemon/recovery.hpp"
 #include "daemon/trace_recorder.hpp"
 
@@ -58,6 +59,9 @@ Result<std::unique_ptr<Engine>> Engine::create(const Config& config, EngineOptio
     po.address = config.peers.address;
     po.expect = config.peers.expect;
     po.timeout = *timeout;
+    Engine* e = engine.get();
+    po.on_model = [e](ModelManifest m, const std::string& member) { e->add_peer_model(std::move(m), member); };
+    po.on_member_gone = [e](const std::string& member) { e->drop_peer_models(member); };
     auto started = PeerService::start(po, *engine->dram_);
     if (!started.is_ok()) return started.status();
     engine->peers_ = std::move(started).value();
@@ -71,7 +75,8 @@ Result<std::unique_ptr<Engine>> Engine::create(const Config& config, EngineOptio
   CAIRN_RETURN_IF_ERROR(load_catalog(parts));
   engine->recovery_ = recover_from_nvme(parts);
   engine->watch_ = std::make_unique<RepositoryWatch>(
-      RepositoryWatch::Parts{*engine->repo_, engine->catalog_, engine->references_, *engine->commits_},
+      RepositoryWatch::Parts{*engine->repo_, engine->catalog_, engine->references_, *engine->commits_,
+                             &engine->remote_},
       *parse_duration(config.repository_refresh));
   return engine;
 }
@@ -93,10 +98,12 @@ Engine::Engine(Config config, std::unique_ptr<Repository> repo, std::unique_ptr<
     (void)catalog_.erase(m.id);
     references_.count(m, -1);
   });
-  models_ = std::make_unique<ModelDirectory>(*flusher_, *repo_);
+  models_ = std::make_unique<ModelDirectory>(*flusher_, *repo_, remote_);
   commits_ = std::make_unique<CommitPath>(CommitPath::Parts{*dram_, *tiers_, *repo_, catalog_, *flusher_, references_,
                                                             tickets_, *models_, gc_mu_, nvme_ != nullptr,
-                                                            trace_.get()});
+                                                            trace_.get(), [this](const ModelManifest& m) {
+                                                              if (peers_) peers_->announce_model(m);
+                                                            }});
   reads_ = std::make_unique<Reads>(Reads::Parts{*dram_, *tiers_, named_, *models_, gc_mu_, repo_->chunk_size()});
   const uint64_t budget =
       config_.policy.prefetch_budget ? config_.policy.prefetch_budget : dram_->arena_size() / 4;
@@ -105,7 +112,8 @@ Engine::Engine(Config config, std::unique_ptr<Repository> repo, std::unique_ptr<
   reads_->set_observer(prefetcher_.get());
   reads_->set_trace(trace_.get());
   admin_ = std::make_unique<Admin>(Admin::Parts{*repo_, catalog_, *flusher_, references_, *dram_, nvme_.get(), *tiers_,
-                                                config_.tiers.nvme.path, recovery_, gc_mu_, prefetcher_.get()});
+                                                config_.tiers.nvme.path, recovery_, gc_mu_, prefetcher_.get(),
+                                                &remote_});
   queries_ = std::make_unique<CatalogQueries>(catalog_, *models_, prefetcher_.get());
 }
 
@@ -230,6 +238,39 @@ Result<json> Engine::hello(Session& s) {
               {"pid", static_cast<int64_t>(::getpid())},
               {"session", s.id},
               {"version", "0.1.0"}};
+}
+
+void Engine::add_peer_model(ModelManifest model, const std::string& member) {
+  // Known already: published and seen here, or (a race of ids is settled by the repository's claim)
+  // one of this daemon's own.
+  if (catalog_.contains(model.id) || flusher_->contains(model.id)) return;
+  auto m = std::make_shared<const ModelManifest>(std::move(model));
+  std::shared_ptr<const ModelManifest> parent;
+  if (!m->parent.empty())
+    if (auto p = models_->find(m->parent); p.is_ok()) parent = *p;
+  Status added = catalog_.add(m->id, m->parent, graph_for(catalog_, *m, nullptr, parent.get()), m->metadata);
+  if (!added.is_ok()) {
+    CAIRN_LOG_WARN("model '{}' of peer {}: {}", m->id, member, added.to_string());
+    return;
+  }
+  commits_->observe_created(m->created_ns);
+  references_.count(*m, +1);
+  remote_.put(std::move(m), member);
+}
+
+void Engine::drop_peer_models(const std::string& member) {
+  for (const std::string& id : remote_.of_member(member)) {
+    auto m = remote_.find(id);
+    if (!m || !remote_.erase(id)) continue;
+    // Published before the member left: the repository serves it (get looks the id up on a miss).
+    if (repo_->get_shared(id).is_ok()) continue;
+    (void)catalog_.retire(id);
+    (void)catalog_.erase(id);
+    references_.count(*m, -1);
+    CAIRN_LOG_WARN("model '{}' was committed on peer {}, which left the group before writing it to the repository: "
+                   "it is gone (commit at durability local or global to survive a member)",
+                   id, member);
+  }
 }
 
 }  // namespace cairn

@@ -40,6 +40,7 @@
 #include "daemon/models.hpp"
 #include "daemon/named_tensors.hpp"
 #include "daemon/peers/peer_service.hpp"
+#include "daemon/peers/remote_models.hpp"
 #include "daemon/prefetcher.hpp"
 #include "daemon/queries.hpp"
 #include "daemon/repository_watch.hpp"
@@ -107,6 +108,10 @@ class Engine {
   Result<nlohmann::json> dispatch(Session& s, const std::string& op, const nlohmann::json& req,
                                   std::vector<uint8_t>& blob);
   Result<nlohmann::json> hello(Session& s);
+  // The job's catalog (peer_service.hpp): a model another member committed joins the catalog and
+  // the remote models; the unflushed models of a member that left are gone.
+  void add_peer_model(ModelManifest model, const std::string& member);
+  void drop_peer_models(const std::string& member);
 
   // Declaration order is construction order: each component after what it uses, so destruction
   // stops the users (the flusher's threads) before what they use.
@@ -120,6 +125,7 @@ class Engine {
   std::unique_ptr<TierManager> tiers_;
   std::unique_ptr<TraceRecorder> trace_;  // null unless policy.trace
   Catalog catalog_;
+  RemoteModels remote_;  // models committed on other members of the job, not yet in the repository
   // gc holds it exclusively; commits and reads of repository data hold it shared, so gc never
   // frees a chunk that a commit is about to reference or a reader is about to read.
   std::shared_mutex gc_mu_;

@@ -4,6 +4,7 @@ namespace cairn {
 
 Result<std::shared_ptr<const ModelManifest>> ModelDirectory::find(const std::string& id) const {
   if (auto pending = flusher_.find(id)) return pending;
+  if (auto remote = remote_.find(id)) return remote;
   auto m = repo_.get_shared(id);
   if (!m.is_ok()) return not_found("model '" + id + "' does not exist (see `cairn ls`)");
   if ((*m)->collected)

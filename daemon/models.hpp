@@ -1,5 +1,5 @@
 // Where a committed model's manifest is: pending in the flusher (committed, not yet in the
-// repository) or in the repository. The one lookup every component that serves a model uses.
+// repository), committed on another member of the job (RemoteModels), or in the repository. The one lookup every component that serves a model uses.
 //
 // Owns nothing; never blocks on I/O (the repository's manifests are in memory).
 //
@@ -11,20 +11,24 @@
 
 #include "core/status.hpp"
 #include "daemon/flusher.hpp"
+#include "daemon/peers/remote_models.hpp"
 #include "tiers/pfs/repository.hpp"
 
 namespace cairn {
 
 class ModelDirectory {
  public:
-  ModelDirectory(const Flusher& flusher, const Repository& repo) : flusher_(flusher), repo_(repo) {}
-  // The manifest of a readable model: pending, or in the repository and not collected by gc.
+  ModelDirectory(const Flusher& flusher, const Repository& repo, const RemoteModels& remote)
+      : flusher_(flusher), repo_(repo), remote_(remote) {}
+  // The manifest of a readable model: pending, committed on another member of the job's peer group
+  // (not yet in the repository), or in the repository and not collected by gc.
   // kNotFound says which of the two it is not.
   Result<std::shared_ptr<const ModelManifest>> find(const std::string& id) const;
 
  private:
   const Flusher& flusher_;
   const Repository& repo_;
+  const RemoteModels& remote_;
 };
 
 }  // namespace cairn

@@ -69,6 +69,9 @@ Result<RefreshReport> RepositoryWatch::refresh_once() {
   }
   // Parents come before their children in `added` (the repository applies them in that order).
   for (const auto& m : r->added) {
+    // A model a peer announced is in the repository now: served from here from now on (its catalog
+    // entry and reference counts came with the announcement).
+    if (p_.remote) p_.remote->erase(m->id);
     if (p_.catalog.contains(m->id)) continue;
     std::shared_ptr<const ModelManifest> parent;
     if (!m->parent.empty()) {

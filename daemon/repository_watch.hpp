@@ -22,6 +22,7 @@
 
 #include "core/status.hpp"
 #include "daemon/catalog.hpp"
+#include "daemon/peers/remote_models.hpp"
 #include "daemon/references.hpp"
 #include "tiers/pfs/repository.hpp"
 
@@ -36,6 +37,7 @@ class RepositoryWatch {
     Catalog& catalog;
     ReferenceCounts& references;
     CommitPath& commits;
+    RemoteModels* remote = nullptr;  // the job's models from peers: dropped once published here
   };
   // interval 0: no thread (only `sync`).
   RepositoryWatch(Parts parts, std::chrono::milliseconds interval);

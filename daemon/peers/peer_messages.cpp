@@ -197,6 +197,23 @@ void PeerService::Impl::on_message(std::span<const uint8_t> frame) {
       if (h && !b.value("ok", false)) deliver_all(directory.load_failed(*h, m.from, now), out);
       break;
     }
+    case PeerMsg::kCommit: {
+      // A model committed on that member: into the job's catalog, on the service thread.
+      if (!b.contains("model")) break;
+      auto model = manifest_from_json(b["model"], /*with_locations=*/false);
+      if (!model.is_ok()) {
+        CAIRN_LOG_WARN("peers: member {} announced a model this daemon cannot read: {}", m.from,
+                       model.status().to_string());
+        break;
+      }
+      ++models_received;
+      {
+        std::lock_guard al(announce_mu);
+        incoming_models.emplace_back(std::move(model).value(), m.from);
+      }
+      announce_cv.notify_all();
+      break;
+    }
     case PeerMsg::kBye: {
       CAIRN_LOG_INFO("peers: member {} ({}) left", m.from, mem.info.host);
       forget(m.from, out);
@@ -278,6 +295,11 @@ void PeerService::Impl::forget(const std::string& id, std::vector<Outgoing>& out
       p.status = unavailable("peer " + id + " left the group");
     }
   cv.notify_all();
+  {
+    std::lock_guard al(announce_mu);
+    gone_members.push_back(id);
+  }
+  announce_cv.notify_all();
 }
 
 }  // namespace cairn

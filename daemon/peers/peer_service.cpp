@@ -110,17 +110,30 @@ void PeerService::Impl::service_loop() {
   auto period = std::max(std::chrono::milliseconds(50), opts.timeout / 4);
   auto next_scan = PClock::now() + period;
   std::vector<std::pair<ChunkHash, bool>> batch;
+  std::vector<std::pair<ModelManifest, std::string>> models;
+  std::vector<std::string> gone;
   while (true) {
     bool do_scan = false;
     {
       std::unique_lock lock(announce_mu);
-      announce_cv.wait_until(lock, next_scan, [&] { return stopping || rescan || !announcements.empty(); });
+      announce_cv.wait_until(lock, next_scan, [&] {
+        return stopping || rescan || !announcements.empty() || !incoming_models.empty() || !gone_members.empty();
+      });
       if (stopping) return;
       batch.swap(announcements);
+      models.swap(incoming_models);
+      gone.swap(gone_members);
       do_scan = rescan || PClock::now() >= next_scan;
       rescan = false;
     }
     if (!batch.empty()) flush_announcements(batch);
+    // The job's catalog, in the order the messages came.
+    for (auto& [model, member] : models)
+      if (opts.on_model) opts.on_model(std::move(model), member);
+    models.clear();
+    for (const std::string& member : gone)
+      if (opts.on_member_gone) opts.on_member_gone(member);
+    gone.clear();
     if (do_scan) {
       scan();
       std::vector<Outgoing> out;
@@ -225,6 +238,28 @@ std::unique_ptr<ChunkSource> PeerService::source() { return std::make_unique<Pee
 
 Status PeerService::fetch(const ChunkRef& ref, void* dst) { return impl_->fetch(ref, dst); }
 
+void PeerService::announce_model(const ModelManifest& model) {
+  Impl& s = *impl_;
+  const json body{{"model", manifest_to_json(model)}};
+  std::vector<Outgoing> out;
+  {
+    std::lock_guard lock(s.mu);
+    for (const auto& [id, m] : s.members) {
+      if (!m.verified || !m.reachable) continue;
+      Outgoing o = s.make(id, m.handle, PeerMsg::kCommit, body);
+      if (o.frame.size() > Fabric::kMaxControlBytes) {
+        ++s.models_too_large;
+        CAIRN_LOG_DEBUG("peers: model '{}' is not announced: its manifest takes {} bytes, more than a message",
+                        model.id, o.frame.size());
+        return;
+      }
+      out.push_back(std::move(o));
+    }
+    if (!out.empty()) ++s.models_announced;
+  }
+  s.send(out);
+}
+
 bool PeerService::has_members() const {
   std::lock_guard lock(impl_->mu);
   return impl_->verified_count() > 0;
@@ -266,6 +301,9 @@ json PeerService::status() const {
               {"loads_assigned", s.loads_assigned},
               {"timeouts", s.peer_timeouts},
               {"refused_frames", s.refused_frames},
+              {"models_announced", s.models_announced},
+              {"models_received", s.models_received},
+              {"models_too_large", s.models_too_large},
               {"fabric", s.fabric->stats()}};
 }
 

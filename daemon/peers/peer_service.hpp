@@ -22,6 +22,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -30,6 +31,7 @@
 #include "core/config.hpp"
 #include "core/status.hpp"
 #include "tiers/dram/dram_tier.hpp"
+#include "tiers/pfs/manifest.hpp"
 #include "tiers/tier.hpp"
 
 namespace cairn {
@@ -53,6 +55,10 @@ class PeerService {
     std::string address;
     uint64_t expect = 0;
     std::chrono::milliseconds timeout{10000};
+    // The job's catalog: a model another member committed (called on the service thread, in the
+    // order that member committed them), and a member that left (its unflushed models are gone).
+    std::function<void(ModelManifest model, const std::string& member)> on_model = {};
+    std::function<void(const std::string& member)> on_member_gone = {};
   };
   // Opens the fabric, registers the arena, joins the group, greets the members there and (with
   // expect > 0) waits up to the timeout for that many verified members.
@@ -71,6 +77,10 @@ class PeerService {
   Status fetch(const ChunkRef& ref, void* dst);
   // Whether another verified member is there now (a fetch can only help then).
   bool has_members() const;
+  // Tells every verified member about a model committed here (the job's catalog). A manifest whose
+  // message would exceed one control message (about 64 KiB: thousands of tensors) is not announced;
+  // the others see that model when it reaches the repository.
+  void announce_model(const ModelManifest& model);
 
   // `cairn peers`: the group, each member with its state and bytes exchanged, the directory.
   nlohmann::json status() const;

@@ -85,6 +85,10 @@ struct PeerService::Impl {
   std::condition_variable announce_cv;
   std::vector<std::pair<ChunkHash, bool>> announcements;  // GUARDED_BY(announce_mu)
   bool rescan = false, stopping = false;                   // GUARDED_BY(announce_mu)
+  // The job's catalog, handed to Options::on_model / on_member_gone on the service thread.
+  std::vector<std::pair<ModelManifest, std::string>> incoming_models;  // GUARDED_BY(announce_mu)
+  std::vector<std::string> gone_members;                                // GUARDED_BY(announce_mu)
+  uint64_t models_announced = 0, models_received = 0, models_too_large = 0;  // GUARDED_BY(mu)
   std::thread service;
   std::atomic<uint64_t> seq{1};
 

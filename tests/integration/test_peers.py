@@ -11,7 +11,9 @@
 - a daemon of another job, or of this job without the secret, is refused (its messages fail the
   group's MAC) and is served nothing; a member that sends corrupted chunks never makes a reader
   see them;
-- the same id committed on two members at once: exactly one succeeds.
+- the same id committed on two members at once: exactly one succeeds;
+- a model committed `memory` on one member is listed, matched (`cairn match`) and read exactly on
+  another through the job's catalog, not the repository (that member never refreshes its view).
 """
 import json
 import os
@@ -42,14 +44,14 @@ CHUNK = "4MiB"
 
 
 def member(make_daemon, name, repo, index, job="job-1", rendezvous=None, dram="512MiB", timeout="3s", extra_env=None,
-           peers=True):
+           peers=True, refresh="1s"):
     """A daemon of the job on 127.0.0.<index>, with its own socket, arena and log, on repository `repo`."""
     d = make_daemon(name)
     d.repo = Path(repo)
     rdv = rendezvous or (Path(repo).parent / "rdv")
     peers_cfg = (f"peers:\n  job: \"{job}\"\n  rendezvous: {rdv}\n  provider: \"tcp;ofi_rxm\"\n"
                  f"  address: 127.0.0.{index}\n  timeout: {timeout}\n") if peers else "peers:\n  job: none\n"
-    d.config.write_text(f"socket: {d.socket}\nrepository: {repo}\nchunk_size: {CHUNK}\n"
+    d.config.write_text(f"socket: {d.socket}\nrepository: {repo}\nchunk_size: {CHUNK}\nrepository_refresh: {refresh}\n"
                         f"tiers:\n  dram:\n    capacity: {dram}\n" + peers_cfg +
                         f"log:\n  level: info\n  file: {d.root / 'cairnd.log'}\n")
     if extra_env:
@@ -270,3 +272,47 @@ def test_same_id_on_two_members_at_once(make_daemon, tmp):
         for t in threads:
             t.join(60)
         assert sorted(results) == ["exists", "ok"], (mid, results)
+
+
+def chain_graph(widths):
+    """stem -> Linear layers; one tensor per layer named '<layer>.weight'."""
+    layers = [{"name": "stem", "type": "Linear", "config": {"out_features": widths[0]}, "inputs": []}]
+    for i, w in enumerate(widths[1:]):
+        layers.append({"name": f"l{i}", "type": "Linear", "config": {"out_features": w}, "inputs": [layers[-1]["name"]]})
+    return {"layers": layers}
+
+
+def test_a_model_committed_on_one_member_is_seen_by_the_others_at_once(make_daemon, tmp):
+    repo = tmp / "repo"
+    a = member(make_daemon, "a", repo, 1).start()
+    # b never refreshes its view of the repository: what it sees of a's models comes from the group.
+    b = member(make_daemon, "b", repo, 2, refresh="0").start()
+    wait_verified([a, b], 2)
+    rng = np.random.default_rng(13)
+    graph = chain_graph([64, 128, 256])
+    want = {l["name"] + ".weight": rand(rng, (256, 256), np.float32) for l in graph["layers"]}
+    with cairn.connect(a.socket) as ca:
+        ca.save_model("parent", want, arch=graph, meta={"score": 0.5}, durability="memory", wait=True)
+        child = dict(want, **{"l1.weight": rand(rng, (256, 256), np.float32)})
+        ca.save_model("child", child, parent="parent", arch=graph, meta={"score": 0.8}, durability="memory", wait=True)
+    deadline = time.time() + 10
+    listed = {}
+    while time.time() < deadline:
+        listed = {m["id"]: m for m in json.loads(b.cairn("ls", "--json").stdout)}
+        if "parent" in listed and "child" in listed:
+            break
+        time.sleep(0.05)
+    assert "parent" in listed and "child" in listed, listed
+    assert listed["child"].get("peer") is True
+    # Lineage and best_ancestor answer over the job: a candidate extending the graph matches child
+    # (the higher score) on b.
+    q = tmp / "query.json"
+    q.write_text(json.dumps(chain_graph([64, 128, 256, 512])))
+    r = json.loads(b.cairn("match", q).stdout)
+    assert r["model"] == "child", r
+    with cairn.connect(b.socket) as cb:
+        assert_model(cb, "child", child)
+        assert_model(cb, "parent", want)
+        assert cb.show("child")["parent"] == "parent"
+    assert peers_of(b)["models_received"] >= 2
+    assert peers_of(a)["models_announced"] >= 2

@@ -152,6 +152,13 @@ std::optional<ChunkRef> Repository::locate(const ChunkHash& hash) const {
   return it->second.ref;
 }
 
+std::optional<ChunkRef> Repository::locate_refreshing(const ChunkHash& hash) const {
+  if (auto where = locate(hash)) return where;
+  RefreshReport ignored;  // as in find_refreshing: the watch still gets its report
+  (void)impl_->refresh(&ignored);
+  return locate(hash);
+}
+
 Status Repository::read_chunk(const ChunkRef& ref, void* dst) const { return impl_->read_chunk(ref, dst); }
 
 Status Repository::remove(const std::string& id) { return impl_->remove(id); }

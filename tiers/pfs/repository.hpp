@@ -180,6 +180,9 @@ class Repository {
   std::vector<std::string> children(const std::string& id) const;
   // Where the chunk is stored, if it is.
   std::optional<ChunkRef> locate(const ChunkHash& hash) const;
+  // The same; a miss refreshes first (the chunk may be in another writer's model that this handle
+  // has not read yet: a peer's model, announced before this daemon's refresh saw it).
+  std::optional<ChunkRef> locate_refreshing(const ChunkHash& hash) const;
   // Reads ref's bytes into dst (ref.length bytes) with one pread and verifies the hash: a mismatch
   // is kCorruption naming the pack and offset, and dst's contents are then unspecified.
   Status read_chunk(const ChunkRef& ref, void* dst) const;

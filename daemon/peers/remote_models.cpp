@@ -1,0 +1,44 @@
+// The job's catalog of models committed on other members (remote_models.hpp).
+#include "daemon/peers/remote_models.hpp"
+
+namespace cairn {
+
+bool RemoteModels::put(std::shared_ptr<const ModelManifest> model, const std::string& member) {
+  std::lock_guard lock(mu_);
+  const std::string id = model->id;
+  return models_.try_emplace(id, std::move(model), member).second;
+}
+
+std::shared_ptr<const ModelManifest> RemoteModels::find(const std::string& id) const {
+  std::lock_guard lock(mu_);
+  auto it = models_.find(id);
+  return it == models_.end() ? nullptr : it->second.first;
+}
+
+bool RemoteModels::erase(const std::string& id) {
+  std::lock_guard lock(mu_);
+  return models_.erase(id) > 0;
+}
+
+std::vector<std::shared_ptr<const ModelManifest>> RemoteModels::all() const {
+  std::lock_guard lock(mu_);
+  std::vector<std::shared_ptr<const ModelManifest>> out;
+  out.reserve(models_.size());
+  for (const auto& [id, e] : models_) out.push_back(e.first);
+  return out;
+}
+
+std::vector<std::string> RemoteModels::of_member(const std::string& member) const {
+  std::lock_guard lock(mu_);
+  std::vector<std::string> out;
+  for (const auto& [id, e] : models_)
+    if (e.second == member) out.push_back(id);
+  return out;
+}
+
+size_t RemoteModels::size() const {
+  std::lock_guard lock(mu_);
+  return models_.size();
+}
+
+}  // namespace cairn

@@ -1,0 +1,38 @@
+// The job's catalog: models committed on other members of the peer group that this daemon's
+// repository view does not have yet (docs/peers.md, "One catalog per job"). A member announces each
+// model it commits, at any durability, to every verified member as soon as the commit is
+// acknowledged; the others add it to their lineage catalog and serve it from here, its chunks coming
+// from the committer (a peer) until it reaches the repository. An entry leaves when the repository
+// watch sees the model published, or when its member leaves the group without having flushed it.
+//
+// Thread-safety: every method may be called from any thread.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "tiers/pfs/manifest.hpp"
+
+namespace cairn {
+
+class RemoteModels {
+ public:
+  // Adds a model committed on `member`; false when the id is here already.
+  bool put(std::shared_ptr<const ModelManifest> model, const std::string& member);
+  std::shared_ptr<const ModelManifest> find(const std::string& id) const;
+  // Removes it; false when it was not here.
+  bool erase(const std::string& id);
+  std::vector<std::shared_ptr<const ModelManifest>> all() const;
+  // The ids committed on `member`.
+  std::vector<std::string> of_member(const std::string& member) const;
+  size_t size() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::unordered_map<std::string, std::pair<std::shared_ptr<const ModelManifest>, std::string>> models_;
+};
+
+}  // namespace cairn
