@@ -3,10 +3,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <future>
 
 #include "core/log.hpp"
 #include "daemon/model_graph.hpp"
 #include "daemon/recovery.hpp"
+#include "daemon/request.hpp"
 #include "daemon/trace_recorder.hpp"
 
 namespace cairn {
@@ -62,6 +64,10 @@ Result<std::unique_ptr<Engine>> Engine::create(const Config& config, EngineOptio
     Engine* e = engine.get();
     po.on_model = [e](ModelManifest m, const std::string& member) { e->add_peer_model(std::move(m), member); };
     po.on_member_gone = [e](const std::string& member) { e->drop_peer_models(member); };
+    po.on_stage = [e](const std::string& model) -> Result<uint64_t> {
+      CAIRN_ASSIGN_OR_RETURN(auto r, e->reads_->prefetch(json{{"id", model}}));
+      return r.value("bytes", uint64_t{0});
+    };
     auto started = PeerService::start(po, *engine->dram_);
     if (!started.is_ok()) return started.status();
     engine->peers_ = std::move(started).value();
@@ -118,6 +124,7 @@ Engine::Engine(Config config, std::unique_ptr<Repository> repo, std::unique_ptr<
 }
 
 Engine::~Engine() {
+  if (peers_) peers_->stop_staging();  // other members' `prefetch --all` read through reads_
   if (watch_) watch_->stop();
   prefetcher_->stop();
   drain();
@@ -163,7 +170,7 @@ const std::vector<Engine::Op>& Engine::table() {
       {"open", [](Engine& e, Session&, const json& r, B&) { return e.reads_->open(r); }},
       {"lease", [](Engine& e, Session& s, const json& r, B&) { return e.reads_->lease(s, r); }},
       {"release", [](Engine& e, Session& s, const json& r, B&) { return e.reads_->release(s, r); }},
-      {"prefetch", [](Engine& e, Session&, const json& r, B&) { return e.reads_->prefetch(r); }},
+      {"prefetch", [](Engine& e, Session&, const json& r, B&) { return e.prefetch(r); }},
       // administration (admin.cpp) and queries (queries.cpp)
       {"list", [](Engine& e, Session&, const json& r, B&) { return e.admin_->list(r); }},
       {"show", [](Engine& e, Session&, const json& r, B&) { return e.admin_->show(r); }},
@@ -256,6 +263,43 @@ void Engine::add_peer_model(ModelManifest model, const std::string& member) {
   commits_->observe_created(m->created_ns);
   references_.count(*m, +1);
   remote_.put(std::move(m), member);
+}
+
+Result<json> Engine::prefetch(const json& req) {
+  auto all = req.find("all");
+  if (all == req.end() || (all->is_boolean() && !all->get<bool>())) return reads_->prefetch(req);
+  if (!all->is_boolean()) return invalid_argument("request 'prefetch': field 'all' must be true or false");
+  auto limit = req.find("timeout_ms");
+  if (limit != req.end() && !limit->is_number_unsigned())
+    return invalid_argument("request 'prefetch': field 'timeout_ms' must be a non-negative integer");
+  CAIRN_ASSIGN_OR_RETURN(std::string id, request::get_name(req, "id", "a model id"));
+  CAIRN_RETURN_IF_ERROR(models_->find(id).status());  // unknown here: nobody is asked
+  json members = json::array();
+  if (!peers_) {
+    CAIRN_ASSIGN_OR_RETURN(json local, reads_->prefetch(req));
+    local["members"] = std::move(members);
+    local["peers"] = false;
+    return local;
+  }
+  // The others and this daemon at once: they fetch from each other as the chunks arrive.
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::milliseconds(limit == req.end() ? uint64_t{600000} : limit->get<uint64_t>());
+  auto t0 = std::chrono::steady_clock::now();
+  auto remote = std::async(std::launch::async, [this, &id, deadline] { return peers_->stage_all(id, deadline); });
+  Result<json> local = reads_->prefetch(req);
+  const double local_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  members = remote.get();
+  const double all_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!local.is_ok()) return local.status().with_context("prefetch --all: this member");
+  json out = *local;
+  out["seconds"] = local_s;
+  out["all_seconds"] = all_s;
+  bool ok = true;
+  for (const auto& m : members) ok = ok && m.value("ok", false);
+  out["all_ok"] = ok;
+  out["members"] = std::move(members);
+  out["peers"] = true;
+  return out;
 }
 
 void Engine::drop_peer_models(const std::string& member) {

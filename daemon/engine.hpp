@@ -112,6 +112,9 @@ class Engine {
   // the remote models; the unflushed models of a member that left are gone.
   void add_peer_model(ModelManifest model, const std::string& member);
   void drop_peer_models(const std::string& member);
+  // `prefetch`: into this daemon's DRAM; with "all": true, into every member's of the peer group at
+  // once (docs/peers.md, "cairn prefetch --all").
+  Result<nlohmann::json> prefetch(const nlohmann::json& req);
 
   // Declaration order is construction order: each component after what it uses, so destruction
   // stops the users (the flusher's threads) before what they use.

@@ -2,9 +2,10 @@
 // client maps, pinned until released. Requests: open, lease, release, prefetch (docs/protocol.md,
 // "Reading models"); also the release of lease_tensor pins and of everything at a session's end.
 //
-// A lease pins every chunk of a tensor: resident chunks at once; missing ones are claimed, read
+// A lease pins every chunk of its tensors: resident chunks at once; missing ones are claimed, read
 // through the tier manager (the fastest intact copy below DRAM) into one allocation when the whole
-// tensor is missing, several at a time, and a chunk wanted by several readers is read once. A
+// tensor is missing, several at a time across all the tensors of the request, and a chunk wanted
+// by several readers is read once. A
 // `contiguous` lease of scattered chunks gets an assembled copy owned by the lease.
 //
 // Owns: nothing but the leases it records in sessions. Never writes models, never changes what
@@ -15,6 +16,8 @@
 #pragma once
 
 #include <shared_mutex>
+#include <span>
+#include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -68,11 +71,17 @@ class Reads {
   void set_trace(TraceRecorder* trace) { trace_ = trace; }
 
  private:
-  // Makes every chunk of t (a tensor of `model`) resident and pinned; fills the extents (one per
-  // chunk, in order). On failure nothing stays pinned. Records each chunk's access in the trace,
-  // with the tier that served it (prefetch: staged by the prefetcher, not read by a client).
-  Status pin_tensor(const TensorManifest& t, const std::string& model, bool prefetch, std::vector<ChunkHash>& pinned,
-                    std::vector<Extent>& extents);
+  // The chunks of one tensor, pinned, and where they are (one extent per chunk, in order).
+  struct PinnedTensor {
+    std::vector<ChunkHash> pinned;
+    std::vector<Extent> extents;
+  };
+  // Makes every chunk of these tensors (of `model`) resident and pinned; out gets one entry per
+  // tensor. The missing chunks of all the tensors are read through one pool (daemon/reads_pin.cpp).
+  // All or nothing: on failure nothing stays pinned. Records each chunk's access in the trace, with
+  // the tier that served it (prefetch: staged by the prefetcher, not read by a client).
+  Status pin_tensors(std::span<const TensorManifest* const> tensors, const std::string& model, bool prefetch,
+                     std::vector<PinnedTensor>& out);
   // Tells the sources below DRAM which chunks of these tensors are about to be read.
   void readahead(const std::vector<const TensorManifest*>& tensors);
   void release_lease(Session::Lease& lease);

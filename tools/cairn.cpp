@@ -514,6 +514,41 @@ int cmd_peers(bool as_json) {
   return 0;
 }
 
+// `cairn prefetch ID [--all] [--json]`: into this daemon's DRAM; with --all, into every member's of
+// the job's peer group at once. Exit 1 when a member failed.
+int cmd_prefetch(const std::string& id, bool all, bool as_json) {
+  auto client = connect();
+  if (!client.is_ok()) return fail(client.status());
+  json req{{"op", "prefetch"}, {"id", id}};
+  if (all) req["all"] = true;
+  auto r = (*client)->call(req);
+  if (!r.is_ok()) return fail(r.status());
+  r->erase("status");
+  if (as_json) std::printf("%s\n", r->dump(2).c_str());
+  if (!all) return 0;
+  bool ok = true;
+  if (!as_json) {
+    if (!r->value("peers", false))
+      std::printf("%s: %s in this daemon's DRAM (no peer group: nobody else to ask)\n", id.c_str(),
+                  human_bytes(r->value("bytes", uint64_t{0})).c_str());
+    else
+      std::printf("%s: %s in DRAM here (%.3f s) and on %zu other members (%.3f s in all)\n", id.c_str(),
+                  human_bytes(r->value("bytes", uint64_t{0})).c_str(), r->value("seconds", 0.0),
+                  (*r)["members"].size(), r->value("all_seconds", 0.0));
+  }
+  for (const json& m : r->value("members", json::array())) {
+    const bool mok = m.value("ok", false);
+    ok = ok && mok;
+    if (as_json) continue;
+    if (mok)
+      std::printf("  %-18s ok     %10s  %.3f s\n", m.value("member", "").c_str(),
+                  human_bytes(m.value("bytes", uint64_t{0})).c_str(), m.value("seconds", 0.0));
+    else
+      std::printf("  %-18s FAILED %s\n", m.value("member", "").c_str(), m.value("error", "").c_str());
+  }
+  return ok ? 0 : 1;
+}
+
 // `cairn migrate DIR`: opens the repository directly (no daemon), which migrates a version-1
 // repository, and compacts it.
 int cmd_migrate(const std::string& dir) {
@@ -622,8 +657,11 @@ int main(int argc, char** argv) {
   fsck->callback([&] { rc = cmd_fsck(quick, as_json); });
 
   auto* prefetch = app.add_subcommand("prefetch", "bring a model into DRAM ahead of need");
+  bool prefetch_all = false;
   prefetch->add_option("ID", id, "model id")->required();
-  prefetch->callback([&] { rc = cmd_simple(json{{"op", "prefetch"}, {"id", id}}, false); });
+  prefetch->add_flag("--all", prefetch_all, "into the DRAM of every member of the job's peer group at once");
+  prefetch->add_flag("--json", as_json, "print JSON");
+  prefetch->callback([&] { rc = cmd_prefetch(id, prefetch_all, as_json); });
 
   // cairn hint KIND MODEL... [--tensor NAME]... [--when SECONDS|next] [--ahead K]
   std::string hint_kind, hint_when;

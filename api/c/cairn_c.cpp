@@ -377,6 +377,21 @@ static char* dump_c(const nlohmann::json& j) {
   return out;
 }
 
+cairn_status cairn_prefetch_all(cairn_client* c, const char* id, char** result_json) {
+  return guarded([&] {
+    CAIRN_REQUIRE_ARG(c && id, "client and id must not be NULL");
+    if (result_json) *result_json = nullptr;
+    auto r = c->impl->prefetch_all(id);
+    if (!r.is_ok()) return fail(r.status());
+    if (result_json) {
+      char* out = dump_c(*r);
+      if (!out) return fail(CAIRN_ERR_NO_SPACE, "out of memory");
+      *result_json = out;
+    }
+    return done(cairn::Status::ok());
+  });
+}
+
 cairn_status cairn_hint(cairn_client* c, const char* hint_json, char** result_json) {
   return guarded([&] {
     CAIRN_REQUIRE_ARG(c && hint_json, "client and hint must not be NULL");

@@ -376,6 +376,12 @@ Status Client::wait(uint64_t ticket, int timeout_ms) {
 
 Status Client::prefetch(const std::string& id) { return call(json{{"op", "prefetch"}, {"id", id}}).status(); }
 
+Result<json> Client::prefetch_all(const std::string& id) {
+  CAIRN_ASSIGN_OR_RETURN(json r, call(json{{"op", "prefetch"}, {"id", id}, {"all", true}}));
+  r.erase("status");
+  return r;
+}
+
 Result<json> Client::hint(const json& h) {
   CAIRN_ASSIGN_OR_RETURN(json r, call(json{{"op", "hint"}, {"hint", h}}));
   r.erase("status");

@@ -108,6 +108,8 @@ class Client {
 
   Status wait(uint64_t ticket, int timeout_ms);
   Status prefetch(const std::string& id);
+  // Into every peer group member's DRAM at once; the daemon's report (cairn.h, cairn_prefetch_all).
+  Result<nlohmann::json> prefetch_all(const std::string& id);
   Result<nlohmann::json> query(const nlohmann::json& q);
   // Sends a hint (docs/policy.md); the daemon's answer.
   Result<nlohmann::json> hint(const nlohmann::json& h);

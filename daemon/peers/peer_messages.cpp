@@ -37,7 +37,9 @@ void PeerService::Impl::deliver(const ChunkDirectory::Answer& a, std::vector<Out
     if (it == pendings.end()) {
       // The reader gave up; release what the answer handed out.
       if (a.verdict == ChunkDirectory::Verdict::kFetch)
-          deliver_all(directory.fetch_done(a.chunk, a.holder, self, PClock::now()), out);
+        deliver_all(directory.fetch_done(a.chunk, a.holder, self, PClock::now()), out);
+      else if (a.verdict == ChunkDirectory::Verdict::kLoad)
+        deliver_all(directory.load_failed(a.chunk, self, PClock::now()), out);
       return;
     }
     it->second.done = true;
@@ -140,10 +142,19 @@ void PeerService::Impl::on_message(std::span<const uint8_t> frame) {
   auto now = PClock::now();
   switch (m.type) {
     case PeerMsg::kLookup: {
-      auto h = chunk_of(b.value("chunk", json()));
-      if (!h || !b.contains("req") || !b["req"].is_number_unsigned()) break;
-      auto a = directory.lookup(*h, m.from, b["req"].get<uint64_t>(), now);
-      if (a.verdict != ChunkDirectory::Verdict::kWait) deliver(a, out);
+      // One lookup, or a batch sent ahead of a read ({"lookups": [{req, chunk, length}, ...]}).
+      auto one = [&](const json& l) {
+        auto h = chunk_of(l.value("chunk", json()));
+        if (!h || !l.contains("req") || !l["req"].is_number_unsigned()) return;
+        auto a = directory.lookup(*h, m.from, l["req"].get<uint64_t>(), now);
+        if (a.verdict != ChunkDirectory::Verdict::kWait) deliver(a, out);
+      };
+      if (auto ls = b.find("lookups"); ls != b.end() && ls->is_array()) {
+        for (const json& l : *ls)
+          if (l.is_object()) one(l);
+      } else {
+        one(b);
+      }
       break;
     }
     case PeerMsg::kLookupReply: {
@@ -154,6 +165,9 @@ void PeerService::Impl::on_message(std::span<const uint8_t> frame) {
         if (b.value("verdict", "") == "fetch" && b.contains("chunk"))
           out.push_back(make(m.from, mem.handle, PeerMsg::kFetched,
                              json{{"chunk", b["chunk"]}, {"holder", b.value("holder", "")}}));
+        // A load it was told to do (a lookup sent ahead and expired): the home hands it on.
+        if (b.value("verdict", "") == "load" && b.contains("chunk"))
+          out.push_back(make(m.from, mem.handle, PeerMsg::kLoaded, json{{"chunk", b["chunk"]}, {"ok", false}}));
         break;
       }
       std::string v = b.value("verdict", "");
@@ -214,6 +228,8 @@ void PeerService::Impl::on_message(std::span<const uint8_t> frame) {
       announce_cv.notify_all();
       break;
     }
+    case PeerMsg::kStage: serve_stage(mem, b); break;
+    case PeerMsg::kStageReply: stage_replied(b); break;
     case PeerMsg::kBye: {
       CAIRN_LOG_INFO("peers: member {} ({}) left", m.from, mem.info.host);
       forget(m.from, out);

@@ -140,6 +140,7 @@ void PeerService::Impl::service_loop() {
       {
         std::lock_guard lock(mu);
         deliver_all(directory.expire(PClock::now()), out);
+        expire_ahead(PClock::now(), out);
       }
       send(out);
       next_scan = PClock::now() + period;
@@ -161,6 +162,7 @@ class PeerSource final : public ChunkSource {
     return st;
   }
   double cost(uint64_t bytes) const override { return bw_.seconds_for(bytes); }
+  void will_read(std::span<const ChunkRef* const> refs) override { service_.look_ahead(refs); }
 
  private:
   PeerService& service_;
@@ -212,6 +214,7 @@ Result<std::unique_ptr<PeerService>> PeerService::start(const Options& options, 
 PeerService::PeerService(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 PeerService::~PeerService() {
+  stop_staging();
   Impl& s = *impl_;
   s.dram.set_residency_hook({});
   {
@@ -237,6 +240,8 @@ PeerService::~PeerService() {
 std::unique_ptr<ChunkSource> PeerService::source() { return std::make_unique<PeerSource>(*this); }
 
 Status PeerService::fetch(const ChunkRef& ref, void* dst) { return impl_->fetch(ref, dst); }
+
+void PeerService::look_ahead(std::span<const ChunkRef* const> refs) { impl_->look_ahead(refs); }
 
 void PeerService::announce_model(const ModelManifest& model) {
   Impl& s = *impl_;
@@ -297,6 +302,10 @@ json PeerService::status() const {
               {"fetched_bytes", s.fetched_bytes},
               {"served_chunks", s.served_chunks},
               {"served_bytes", s.served_bytes},
+              {"stages_served", s.stages_served},
+              {"lookups_ahead", s.ahead_sent},
+              {"lookups_ahead_used", s.ahead_used},
+              {"lookups_ahead_expired", s.ahead_expired},
               {"bad_bodies", s.bad_bodies},
               {"loads_assigned", s.loads_assigned},
               {"timeouts", s.peer_timeouts},

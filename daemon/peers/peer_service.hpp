@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -59,6 +60,9 @@ class PeerService {
     // order that member committed them), and a member that left (its unflushed models are gone).
     std::function<void(ModelManifest model, const std::string& member)> on_model = {};
     std::function<void(const std::string& member)> on_member_gone = {};
+    // `cairn prefetch --all` from another member: bring this model into DRAM (called on a thread
+    // of its own per request); the bytes of the model now resident.
+    std::function<Result<uint64_t>(const std::string& model)> on_stage = {};
   };
   // Opens the fabric, registers the arena, joins the group, greets the members there and (with
   // expect > 0) waits up to the timeout for that many verified members.
@@ -75,12 +79,24 @@ class PeerService {
   // its hash. kNotFound when the group says this member reads it from the repository itself (or
   // nobody else is there); kUnavailable / kTimeout / kCorruption when a holder failed.
   Status fetch(const ChunkRef& ref, void* dst);
+  // These chunks are about to be fetched (a read's readahead): their lookups go to the homes now,
+  // in batches, a window at a time, so that each fetch finds its verdict waiting. Advice only.
+  void look_ahead(std::span<const ChunkRef* const> refs);
   // Whether another verified member is there now (a fetch can only help then).
   bool has_members() const;
   // Tells every verified member about a model committed here (the job's catalog). A manifest whose
   // message would exceed one control message (about 64 KiB: thousands of tensors) is not announced;
   // the others see that model when it reaches the repository.
   void announce_model(const ModelManifest& model);
+
+  // `cairn prefetch ID --all`: asks every verified member to bring the model into its DRAM (each
+  // through the group, so the chunks spread as a pipelined tree) and waits for their answers, at
+  // most until deadline; a member that leaves meanwhile fails. One entry per member:
+  // {member, ok, bytes, seconds, error}.
+  nlohmann::json stage_all(const std::string& model, std::chrono::steady_clock::time_point deadline);
+  // Refuses further stage requests and waits for those running (their on_stage calls return);
+  // the engine calls it before it takes down what on_stage uses.
+  void stop_staging();
 
   // `cairn peers`: the group, each member with its state and bytes exchanged, the directory.
   nlohmann::json status() const;

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -19,6 +20,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -58,6 +60,7 @@ struct PeerService::Impl {
     std::string holder;
     std::string target;  // the member it waits on (gone -> fails at once)
     size_t bytes = 0;
+    double seconds = 0;  // a stage_reply's
   };
 
   Options opts;
@@ -151,6 +154,18 @@ struct PeerService::Impl {
   // REQUIRES: mu held. A member is gone: out of the directory, its readers' waits end.
   void forget(const std::string& id, std::vector<Outgoing>& out);
 
+  // ---- staging for another member (peer_stage.cpp) ----
+  std::mutex stage_mu;
+  std::condition_variable stage_cv;
+  size_t stages_running = 0;       // GUARDED_BY(stage_mu)
+  bool stages_stopped = false;     // GUARDED_BY(stage_mu)
+  uint64_t stages_served = 0;      // GUARDED_BY(mu)
+  // REQUIRES: mu held. A member asks this one to stage a model: runs Options::on_stage on a thread
+  // of its own, then answers with a stage_reply.
+  void serve_stage(Member& mem, const json& b);
+  // REQUIRES: mu held. A stage_reply ends the requester's pending wait.
+  void stage_replied(const json& b);
+
   // ---- the service thread: announcements, membership ----
 
   // The DRAM tier's residency hook: queues a have/drop for the service thread (never blocks).
@@ -175,6 +190,30 @@ struct PeerService::Impl {
 
   // PeerService::fetch: ask the home, then fetch from the holder it names (peer_service.hpp).
   Status fetch(const ChunkRef& ref, void* dst);
+
+  // ---- lookups ahead of the reads (peer_fetch.cpp) ----
+  // A read of many chunks (a model, a tensor) announces them first (PeerSource::will_read): their
+  // lookups go to the homes in batches, at most kAheadWindow outstanding, so that a fetch finds its
+  // verdict waiting instead of a round trip that, behind bodies on the same connection, costs
+  // milliseconds. Each fetch tops the window up. A verdict nobody fetched is given back after
+  // 2 x timeout (a fetch slot: `fetched`; a load: `loaded` with ok false).
+  static constexpr size_t kAheadWindow = 32;
+  struct Ahead {
+    uint64_t req = 0;
+    std::string home;
+    PClock::time_point sent{};
+  };
+  std::unordered_map<ChunkHash, Ahead, ChunkHashHasher> ahead;             // GUARDED_BY(mu)
+  std::deque<std::pair<ChunkRef, PClock::time_point>> ahead_queue;         // GUARDED_BY(mu)
+  std::unordered_set<ChunkHash, ChunkHashHasher> ahead_wanted;             // GUARDED_BY(mu): queued or in ahead
+  uint64_t ahead_sent = 0, ahead_used = 0, ahead_expired = 0;              // GUARDED_BY(mu)
+  void look_ahead(std::span<const ChunkRef* const> refs);
+  // REQUIRES: mu held. Sends the queued lookups until the window is full.
+  void send_ahead(std::vector<Outgoing>& out);
+  // REQUIRES: mu held. Gives back the verdicts and queue entries nobody used in time.
+  void expire_ahead(PClock::time_point now, std::vector<Outgoing>& out);
+  // REQUIRES: mu held. A verdict this member does not use goes back to its home.
+  void give_back(const ChunkHash& h, const std::string& home_id, const Pending& p, std::vector<Outgoing>& out);
 
   // REQUIRES: lock held (released while waiting). One body from holder into dst, verified.
   Status fetch_from(std::unique_lock<std::mutex>& lock, const std::string& holder, const ChunkRef& ref, void* dst);

@@ -91,6 +91,8 @@ const char* peer_msg_name(PeerMsg type) {
     case PeerMsg::kLoaded: return "loaded";
     case PeerMsg::kCommit: return "commit";
     case PeerMsg::kBye: return "bye";
+    case PeerMsg::kStage: return "stage";
+    case PeerMsg::kStageReply: return "stage_reply";
   }
   return "unknown";
 }

@@ -32,8 +32,10 @@ enum class PeerMsg : uint8_t {
   kLoaded,        // {chunk, ok}: the loader's repository read finished (ok: it holds it now)
   kCommit,        // {model: manifest JSON}: a model committed on the sender (the job's catalog)
   kBye,           // {}: the sender is leaving
+  kStage,         // {req, model}: bring this model into your DRAM now (`cairn prefetch --all`)
+  kStageReply,    // {req, ok, bytes, seconds, error}: the stage finished (ok) or failed (error)
 };
-constexpr uint8_t kMaxPeerMsg = static_cast<uint8_t>(PeerMsg::kBye);
+constexpr uint8_t kMaxPeerMsg = static_cast<uint8_t>(PeerMsg::kStageReply);
 const char* peer_msg_name(PeerMsg type);
 
 struct PeerMessage {

@@ -182,6 +182,11 @@ CAIRN_EXPORT void cairn_model_close(cairn_model_reader *r);
 
 /* Asks the daemon to bring model id into DRAM ahead of need. Returns at once. */
 CAIRN_EXPORT cairn_status cairn_prefetch(cairn_client *c, const char *id);
+/* The same into the DRAM of every member of the job's peer group at once (docs/peers.md), waiting
+ * until all have it. *result_json (free with cairn_free; may be NULL) receives
+ * {"bytes", "seconds", "all_seconds", "all_ok", "peers", "members": [{"member", "ok", "bytes",
+ * "seconds", "error"}]}; a member that failed is listed there, not an error of the call. */
+CAIRN_EXPORT cairn_status cairn_prefetch_all(cairn_client *c, const char *id, char **result_json);
 /* Tells the daemon what the workflow will read (docs/policy.md); advice, never an error on a later
  * read. hint_json is one hint object, e.g. {"kind":"will_load","models":["m7"],"when":"next"},
  * {"kind":"population","models":[...]}, {"kind":"sequence","models":[...],"ahead":2},

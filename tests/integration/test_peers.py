@@ -13,7 +13,9 @@
   see them;
 - the same id committed on two members at once: exactly one succeeds;
 - a model committed `memory` on one member is listed, matched (`cairn match`) and read exactly on
-  another through the job's catalog, not the repository (that member never refreshes its view).
+  another through the job's catalog, not the repository (that member never refreshes its view);
+- `cairn prefetch ID --all` puts a model in every member's DRAM at once: each member's later read
+  moves no byte, and the repository is read at most once for the job.
 """
 import json
 import os
@@ -114,6 +116,11 @@ def test_four_members_read_through_each_other(make_daemon, tmp):
     from_peers = sum(movement(d)["bytes_from_peer"] for d in ds)
     assert read_from_repo <= 256 << 20, f"the repository was read {read_from_repo} bytes for a 256 MiB model"
     assert from_peers >= 2 * (256 << 20), f"only {from_peers} bytes came from peers"
+    # The lookups went to the homes ahead of the fetches (a batch per home), and the fetches used them.
+    for d in ds[1:]:
+        p = peers_of(d)
+        assert p["lookups_ahead"] > 0 and p["lookups_ahead_used"] > 0, p
+        assert p["lookups_ahead_used"] <= p["lookups_ahead"], p
     # `cairn peers` (text) names the members and the bytes.
     out = ds[1].cairn("peers").stdout
     assert "4 members" in out and "verified" in out
@@ -316,3 +323,42 @@ def test_a_model_committed_on_one_member_is_seen_by_the_others_at_once(make_daem
         assert cb.show("child")["parent"] == "parent"
     assert peers_of(b)["models_received"] >= 2
     assert peers_of(a)["models_announced"] >= 2
+
+
+def test_prefetch_all_spreads_a_model_to_every_member(make_daemon, tmp):
+    repo = tmp / "repo"
+    ds = [member(make_daemon, f"p{i}", repo, i + 1).start() for i in range(4)]
+    wait_verified(ds, 4)
+    rng = np.random.default_rng(11)
+    want = model(rng, 96)
+    nbytes = sum(v.nbytes for v in want.values())
+    with cairn.connect(ds[0].socket) as c0:
+        c0.save_model("spread", want, durability="memory")
+    # Every member knows the model (the job's catalog) before it is asked to stage it.
+    for d in ds[1:]:
+        deadline = time.time() + 20
+        while d.cairn("show", "spread", check=False).returncode != 0:
+            assert time.time() < deadline, "the model did not reach the job's catalog"
+            time.sleep(0.1)
+    before = [movement(d) for d in ds]
+    out = json.loads(ds[0].cairn("prefetch", "spread", "--all", "--json").stdout)
+    assert out["all_ok"] and out["peers"], out
+    assert sorted(m["member"] for m in out["members"]) == sorted(
+        m["id"] for m in peers_of(ds[0])["members"] if not m.get("self")), out
+    for m in out["members"]:
+        assert m["ok"] and m["bytes"] == nbytes, m
+    staged = [movement(d) for d in ds]
+    repo_read = sum(a["bytes_from_repository"] - b["bytes_from_repository"] for a, b in zip(staged, before))
+    assert repo_read == 0, f"the repository was read {repo_read} bytes (the model was in member 0's DRAM)"
+    assert sum(a["bytes_from_peer"] - b["bytes_from_peer"] for a, b in zip(staged, before)) == 3 * nbytes
+    # Each member now reads it from its own DRAM: no byte moves.
+    for d, b in zip(ds, staged):
+        with cairn.connect(d.socket) as c:
+            assert_model(c, "spread", want)
+        a = movement(d)
+        assert a["bytes_from_peer"] == b["bytes_from_peer"] and a["bytes_from_repository"] == b["bytes_from_repository"]
+    # The human form, and an unknown model (nobody is asked).
+    text = ds[1].cairn("prefetch", "spread", "--all").stdout
+    assert "on 3 other members" in text and text.count(" ok ") == 3, text
+    r = ds[1].cairn("prefetch", "nosuch", "--all", check=False)
+    assert r.returncode != 0 and "nosuch" in r.stderr

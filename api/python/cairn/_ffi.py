@@ -95,6 +95,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         # result_json is malloc'ed by the library: received as a void* so that it can be freed.
         "cairn_query": (st, [c_void_p, c_char_p, _c_void_p_p]),
         "cairn_hint": (st, [c_void_p, c_char_p, _c_void_p_p]),
+        "cairn_prefetch_all": (st, [c_void_p, c_char_p, _c_void_p_p]),
         "cairn_request": (st, [c_void_p, c_char_p, _c_void_p_p]),
         "cairn_free": (None, [c_void_p]),
     }

@@ -590,11 +590,17 @@ class Client:
             result[name] = arr
         return result
 
-    def prefetch(self, id: str) -> None:
-        """Asks the daemon to bring model ``id`` into DRAM ahead of need (returns at once)."""
+    def prefetch(self, id: str, all: bool = False) -> Optional[Dict[str, Any]]:
+        """Asks the daemon to bring model ``id`` into DRAM ahead of need. With ``all=True``, into the
+        DRAM of every member of the job's peer group at once (docs/peers.md); waits until all have
+        it and returns the report: ``{"bytes", "seconds", "all_seconds", "all_ok", "members": [{"member",
+        "ok", "bytes", "seconds", "error"}]}`` (a member that failed is listed, not raised)."""
         mid = _name(id, "model id")
+        if all:
+            return self._json_call("cairn_prefetch_all", mid)
         with self._conn.op() as h:
             _check(self._lib.cairn_prefetch(h, mid))
+        return None
 
     # ---- catalog and queries ----
 

@@ -1,0 +1,105 @@
+// `cairn prefetch ID --all` (peer_service.hpp, stage_all): the requester asks every verified member
+// to stage the model; each stages it through its own read path, which asks the chunks' homes like
+// any read. Since the directory gives each holder one upload of a chunk at a time and every member
+// that finishes a chunk becomes a holder of it, a chunk that all members want spreads as a tree,
+// and the members' chunks are in flight at once: a pipelined tree (docs/peers.md).
+#include <thread>
+
+#include "daemon/peers/peer_service_impl.hpp"
+
+namespace cairn {
+
+using json = nlohmann::json;
+using PClock = std::chrono::steady_clock;
+using Member = PeerService::Impl::Member;
+using Outgoing = PeerService::Impl::Outgoing;
+
+void PeerService::Impl::serve_stage(Member& mem, const json& b) {
+  if (!b.contains("req") || !b["req"].is_number_unsigned() || !b.contains("model") || !b["model"].is_string()) return;
+  const uint64_t req = b["req"].get<uint64_t>();
+  const std::string model = b["model"].get<std::string>();
+  const std::string from = mem.info.id;
+  {
+    std::lock_guard sl(stage_mu);
+    if (stages_stopped || !opts.on_stage) return;  // closing: the requester sees this member leave
+    ++stages_running;
+  }
+  ++stages_served;
+  // Its own thread: a stage reads for seconds, and the progress thread must keep delivering.
+  std::thread([this, req, model, from] {
+    const auto t0 = PClock::now();
+    Result<uint64_t> r = opts.on_stage(model);
+    const double seconds = std::chrono::duration<double>(PClock::now() - t0).count();
+    json reply{{"req", req}, {"ok", r.is_ok()}, {"seconds", seconds}};
+    if (r.is_ok()) reply["bytes"] = *r;
+    else reply["error"] = r.status().to_string();
+    std::vector<Outgoing> out;
+    {
+      std::lock_guard lock(mu);
+      if (auto o = to_member(from, PeerMsg::kStageReply, std::move(reply))) out.push_back(std::move(*o));
+    }
+    send(out);
+    // Notified under the lock: once stop_staging sees zero, this thread touches nothing more.
+    std::lock_guard sl(stage_mu);
+    --stages_running;
+    stage_cv.notify_all();
+  }).detach();
+}
+
+void PeerService::Impl::stage_replied(const json& b) {
+  if (!b.contains("req") || !b["req"].is_number_unsigned()) return;
+  auto p = pendings.find(b["req"].get<uint64_t>());
+  if (p == pendings.end() || p->second.done) return;
+  p->second.done = true;
+  if (b.value("ok", false)) {
+    p->second.bytes = b.value("bytes", uint64_t{0});
+  } else {
+    p->second.status = unavailable(b.value("error", std::string("the member failed to stage the model")));
+  }
+  p->second.seconds = b.value("seconds", 0.0);
+  cv.notify_all();
+}
+
+json PeerService::stage_all(const std::string& model, PClock::time_point deadline) {
+  Impl& s = *impl_;
+  std::vector<std::pair<std::string, uint64_t>> asked;
+  std::vector<Outgoing> out;
+  {
+    std::lock_guard lock(s.mu);
+    for (auto& [id, m] : s.members) {
+      if (!m.verified || !m.reachable) continue;
+      const uint64_t req = s.add_pending(id);
+      asked.emplace_back(id, req);
+      out.push_back(s.make(id, m.handle, PeerMsg::kStage, json{{"req", req}, {"model", model}}));
+    }
+  }
+  s.send(out);
+  json answers = json::array();
+  std::unique_lock lock(s.mu);
+  for (const auto& [id, req] : asked) {
+    auto p = s.wait(lock, req, deadline);
+    json a{{"member", id}};
+    if (!p) {
+      a["ok"] = false;
+      a["error"] = "no answer before the deadline";
+    } else if (!p->status.is_ok()) {
+      a["ok"] = false;
+      a["error"] = p->status.to_string();
+    } else {
+      a["ok"] = true;
+      a["bytes"] = p->bytes;
+    }
+    if (p) a["seconds"] = p->seconds;
+    answers.push_back(std::move(a));
+  }
+  return answers;
+}
+
+void PeerService::stop_staging() {
+  Impl& s = *impl_;
+  std::unique_lock sl(s.stage_mu);
+  s.stages_stopped = true;
+  s.stage_cv.wait(sl, [&] { return s.stages_running == 0; });
+}
+
+}  // namespace cairn
