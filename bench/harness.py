@@ -334,10 +334,41 @@ def run_peers(quick: bool, work: Path) -> List[Dict[str, Any]]:
                       f"{b['tool']}, {b['message_bytes'] >> 20} MiB messages", b["GBps"], "GB/s", "higher", ">= 0.8",
                       note="loopback on one machine; " + ("fi_pingpong has one message in flight"
                                                           if b["tool"] == "fi_pingpong" else b["tool"])))
+    if "load_model_GBps" in s:
+        rows.append(ratio("peers", f"the first load_model() of a {s['bytes'] >> 20} MiB model a peer daemon holds "
+                          f"({d['provider']}, zero-copy map, new connection)", s["load_model_GBps"],
+                          f"{b['tool']}, {b['message_bytes'] >> 20} MiB messages", b["GBps"], "GB/s", "higher", ">= 0.8",
+                          note="a new user's first path; the row above is B's prefetch on the warm connection"))
     if "tcp_stream" in s and not b["tool"].startswith("Python TCP"):
         t = s["tcp_stream"]
         rows.append(ratio("peers", f"a {s['bytes'] >> 20} MiB model streamed from a peer daemon's DRAM",
                           s["GBps"], "a TCP stream between two processes (loopback)", t["GBps"], "GB/s", "higher"))
+    sh = d.get("stream_shm") or {}
+    if "GBps" in sh:
+        m = sh["baseline"]
+        rows.append(ratio("peers", f"a {sh['bytes'] >> 20} MiB model streamed from a peer daemon's DRAM (shm, "
+                          f"median of {sh['repeats']})", sh["GBps"], m["tool"], m["GBps"], "GB/s", "higher",
+                          note="two daemons on one host over libfabric's shm provider"))
+        rows.append(ratio("peers", f"the first load_model() of a {sh['bytes'] >> 20} MiB model a peer daemon holds "
+                          "(shm, zero-copy map, new connection)", sh["load_model_GBps"], m["tool"], m["GBps"], "GB/s",
+                          "higher"))
+    pa = d.get("prefetch_all")
+    if pa and pa["rows"]:
+        two = pa["rows"][0]
+        for r in pa["rows"][1:]:
+            rows.append(ratio("peers", f"prefetch --all of a {pa['bytes'] >> 20} MiB model to {r['members']} members "
+                              "(until all hold it)", r["seconds"], f"the same to {two['members']} members (one transfer)",
+                              two["seconds"], "s", "lower",
+                              note=f"{r['uploaders']} members uploaded; one machine: all members share its cores"))
+    na = d.get("nas")
+    if na:
+        for key, what in (("handoff_s", "parent handoff (commit + visible + load)"), ("load_s", "parent load")):
+            x = na[f"median_{key}"]
+            rows.append(ratio("peers", f"NAS over 4 members ({na['model_bytes'] >> 20} MiB models, "
+                              f"{na['generations']} generations): {what}, median", x["peers"],
+                              "4 daemons without peers (parents committed global, read from the repository)",
+                              x["no_peers"], "s", "lower",
+                              note="repository pages dropped before each load; the repository is a local disk"))
     e = d["ensemble"]
     mb = e["model_bytes"]
     size = f"{mb / 1e6:.0f} MB model"

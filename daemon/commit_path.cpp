@@ -226,6 +226,8 @@ Result<json> CommitPath::commit(Session& s, const json& req, std::vector<uint8_t
     auto pm = p_.models.find(parent);
     if (!pm.is_ok()) return not_found("parent model '" + parent + "' of '" + id + "' does not exist");
     parent_manifest = *pm;
+    // Published by another daemon since this one's last refresh: into the catalog first.
+    if (!p_.catalog.contains(parent) && refresh_catalog_) refresh_catalog_();
   }
 
   // Pass 1: validate everything, touching nothing.

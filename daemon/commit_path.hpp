@@ -58,6 +58,10 @@ class CommitPath {
     // Called with each model once it is registered (visible): the peer group announces it.
     std::function<void(const ModelManifest&)> committed = {};
   };
+  // Brings the catalog up to date with the repository now (the repository watch's refresh): a
+  // parent that another daemon published since the last refresh is found by id on the spot, and
+  // must be in the catalog before its child is registered. Set at assembly.
+  void set_catalog_refresh(std::function<void()> refresh) { refresh_catalog_ = std::move(refresh); }
   explicit CommitPath(Parts parts) : p_(parts) {}
 
   Result<nlohmann::json> allocate(Session& s, const nlohmann::json& req);
@@ -79,6 +83,7 @@ class CommitPath {
   Result<std::vector<Planned>> plan(Session& s, const std::string& id, const nlohmann::json& tensors,
                                     bool inherit_all, const ModelManifest* parent, const std::vector<uint8_t>& blob);
 
+  std::function<void()> refresh_catalog_;
   Parts p_;
   std::mutex mu_;
   std::map<std::string, std::string> committing_;  // GUARDED_BY(mu_) id -> parent, validation to registration

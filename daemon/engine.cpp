@@ -84,6 +84,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const Config& config, EngineOptio
       RepositoryWatch::Parts{*engine->repo_, engine->catalog_, engine->references_, *engine->commits_,
                              &engine->remote_},
       *parse_duration(config.repository_refresh));
+  engine->commits_->set_catalog_refresh([e = engine.get()] { (void)e->watch_->sync(json::object()); });
   return engine;
 }
 

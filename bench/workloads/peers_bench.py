@@ -30,7 +30,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import socket
 import statistics
 import subprocess
@@ -42,169 +41,12 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[2]
-BUILD = Path(os.environ.get("CAIRN_BUILD_DIR", ROOT / "build"))
-sys.path.insert(0, str(ROOT / "api" / "python"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-os.environ.setdefault("CAIRN_LIBRARY", str(BUILD / "lib" / "libcairn.so"))
-import cairn  # noqa: E402
+from peers_common import (BERT_BASE_BYTES, BUILD, MiB, PEER_TIMEOUT, PFS_AGGREGATE_BPS, PROVIDER,  # noqa: E402
+                          SIM_NODES, Member, arena_for, cairn, make_model, model_bytes, repo_files, same,
+                          stop_all, stop_started, wait_verified, wait_visible)
 from bench_daemon import drop_caches  # noqa: E402
-
-MiB = 1 << 20
-BERT_BASE_BYTES = 440_473_133  # bert-base-uncased pytorch_model.bin (fp32), as in peers_sim.py
-PROVIDER = "tcp;ofi_rxm"
-PEER_TIMEOUT = "5s"  # peers.timeout: generous, the machine is shared and small
-PFS_AGGREGATE_BPS = 100e9  # the simulation's assumption: a mid-size Lustre
-SIM_NODES = [16 << i for i in range(9)]  # 16 .. 4096
-
-_started = []  # every daemon this driver started, stopped in main's finally
-_lock = threading.Lock()
-
-
-def _daemon_env(sock):
-    """The environment without any CAIRN_* override of the config (a CAIRN_SOCKET or CAIRN_PEERS_JOB
-    of the caller must not reach the daemons), plus the socket for the `cairn` CLI."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CAIRN_") or k == "CAIRN_LIBRARY"}
-    for k in ("SLURM_JOB_ID", "PBS_JOBID"):  # the group is always named in the config here
-        env.pop(k, None)
-    env["CAIRN_SOCKET"] = sock
-    return env
-
-
-class Member:
-    """A cairnd under `root` on the shared repository `repo`; with `job` a member of that peer group
-    on 127.0.0.<index>, else outside any group (peers.job: none)."""
-
-    def __init__(self, root, repo, index, dram_bytes, chunk, job=None, rendezvous=None):
-        root.mkdir(parents=True, exist_ok=True)
-        self.root = root
-        self.name = root.name
-        self.socket = str(root / "cairnd.sock")
-        self.env = _daemon_env(self.socket)
-        peers = (f"peers:\n  job: \"{job}\"\n  rendezvous: {rendezvous}\n  provider: \"{PROVIDER}\"\n"
-                 f"  address: 127.0.0.{index}\n  timeout: {PEER_TIMEOUT}\n") if job else "peers:\n  job: none\n"
-        self.config = root / "cairn.yaml"
-        self.config.write_text(f"socket: {self.socket}\nrepository: {repo}\nchunk_size: {chunk // MiB}MiB\n"
-                               f"tiers:\n  dram:\n    capacity: {dram_bytes // MiB}MiB\n" + peers +
-                               f"log:\n  level: warn\n  file: {root / 'cairnd.log'}\n")
-        self.proc = None
-        self._err = None
-
-    def start(self, timeout=90):
-        self._err = open(self.root / "stderr.txt", "wb")
-        self.proc = subprocess.Popen([str(BUILD / "bin" / "cairnd"), "--config", str(self.config)], env=self.env,
-                                     stdout=subprocess.DEVNULL, stderr=self._err)
-        with _lock:
-            _started.append(self)
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"cairnd {self.name} exited with {self.proc.returncode}: {self.tail()}")
-            try:
-                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                s.connect(self.socket)
-                s.close()
-                return self
-            except OSError:
-                time.sleep(0.02)
-        raise RuntimeError(f"cairnd {self.name} did not start within {timeout} s: {self.tail()}")
-
-    def tail(self):
-        out = []
-        for f in ("stderr.txt", "cairnd.log"):
-            p = self.root / f
-            if p.exists():
-                out.append(p.read_text(errors="replace")[-1500:])
-        return " | ".join(out)
-
-    def signal_stop(self):
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-
-    def wait_stopped(self, timeout=60):
-        if self.proc is None:
-            return
-        try:
-            self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()  # this daemon's pid only
-            self.proc.wait()
-        if self._err:
-            self._err.close()
-            self._err = None
-
-    def cli(self, *args):
-        r = subprocess.run([str(BUILD / "bin" / "cairn"), *args], env=self.env, capture_output=True, text=True,
-                           timeout=120)
-        if r.returncode != 0:
-            raise RuntimeError(f"cairn {' '.join(args)} on {self.name} failed ({r.returncode}): {r.stderr.strip()}")
-        return json.loads(r.stdout)
-
-    def movement(self):
-        return self.cli("stats", "--json").get("movement", {})
-
-    def peers(self):
-        return self.cli("peers", "--json")
-
-
-def stop_all(members):
-    for m in members:
-        m.signal_stop()
-    for m in members:
-        m.wait_stopped()
-
-
-def wait_verified(members, timeout=90):
-    """Until every member has verified all the others (`cairn peers --json`)."""
-    n = len(members)
-    deadline = time.time() + timeout
-    views = []
-    while time.time() < deadline:
-        views = [m.peers() for m in members]
-        if all(sum(x.get("state") == "verified" for x in v.get("members", [])) == n - 1 for v in views):
-            return
-        time.sleep(0.1)
-    raise RuntimeError(f"the {n} members did not verify each other within {timeout} s: "
-                       + json.dumps([[(x.get("id"), x.get("state")) for x in v.get("members", [])] for v in views]))
-
-
-def make_model(nbytes, tensors, seed):
-    """`tensors` float32 tensors of random bits, nbytes in all (rounded down to whole floats)."""
-    per = nbytes // tensors // 4
-    rng = np.random.default_rng(seed)
-    return {f"layer{i}.weight": np.frombuffer(rng.bytes(per * 4), dtype=np.float32) for i in range(tensors)}
-
-
-def model_bytes(m):
-    return sum(v.nbytes for v in m.values())
-
-
-def same(got, want):
-    """Byte-exact (random bits include NaNs, so compare as integers)."""
-    return list(got) == list(want) and all(
-        got[k].nbytes == v.nbytes and np.array_equal(got[k].view(np.uint32), v.view(np.uint32)) for k, v in want.items())
-
-
-def wait_visible(client, mid, timeout=30):
-    """Until model `mid` (committed through another daemon) is known here; the load is timed after."""
-    deadline = time.time() + timeout
-    while True:
-        try:
-            client.show(mid)
-            return
-        except cairn.CairnError:
-            if time.time() > deadline:
-                raise
-            time.sleep(0.05)
-
-
-def repo_files(repo):
-    return [os.path.join(d, f) for d, _, fs in os.walk(repo) for f in fs if ".peers" not in d]
-
-
-def arena_for(nbytes):
-    """A DRAM arena that holds the model: 1.25 x, at least 128 MiB, whole MiB."""
-    return max(128 * MiB, -(-int(nbytes * 1.25) // MiB) * MiB)
+from peers_spread import part_nas, part_prefetch_all  # noqa: E402
 
 
 # ---- baselines: fi_pingpong, else a TCP stream ----------------------------------------------------
@@ -307,49 +149,80 @@ def tcp_stream(size, total):
 
 # ---- the parts ------------------------------------------------------------------------------------
 
-def part_stream(tmp, repo, size, chunk, repeats):
+def part_stream(tmp, repo, size, chunk, repeats, provider=PROVIDER):
+    """Daemon A (127.0.0.1) holds two models in DRAM (committed through it at durability global);
+    daemon B (127.0.0.2) takes them from A: the first with load_model() as a new user would (the
+    zero-copy map; the first transfer between the two daemons, the time includes B's fetch), the
+    second with `prefetch` (the daemon-to-daemon chunk stream on the warm connection: A's arena into
+    B's, checked against the hashes, no client copy). Both are then read back through B and compared
+    with what was stored. A fresh pair per repeat."""
     rdv = tmp / "rdv"
-    cap = arena_for(size)
-    times, from_peer, from_repo, bad, peer_views = [], [], [], [], []
+    cap = arena_for(2 * size)
+    tag = provider.replace(";", "-")
+    times, user_times, from_peer, from_repo, bad, peer_views = [], [], [], [], [], []
     for r in range(repeats):
-        job = f"stream-{r}"
-        a = Member(tmp / f"stream{r}-a", repo, 1, cap, chunk, job=job, rendezvous=rdv)
-        b = Member(tmp / f"stream{r}-b", repo, 2, cap, chunk, job=job, rendezvous=rdv)
+        job = f"stream-{tag}-{r}"
+        a = Member(tmp / f"stream-{tag}{r}-a", repo, 1, cap, chunk, job=job, rendezvous=rdv, provider=provider)
+        b = Member(tmp / f"stream-{tag}{r}-b", repo, 2, cap, chunk, job=job, rendezvous=rdv, provider=provider)
         try:
             a.start()
             b.start()
             wait_verified([a, b])
-            want = make_model(size, 4, seed=1000 + r)
-            mid = f"stream{r}"
+            want = {k: make_model(size, 4, seed=1000 + 2 * r + i) for i, k in enumerate(("staged", "loaded"))}
+            mids = {k: f"stream-{tag}-{k}{r}" for k in want}
             with cairn.connect(a.socket) as ca:
-                ca.save_model(mid, want, durability="global", wait=True)
+                for k in want:
+                    ca.save_model(mids[k], want[k], durability="global", wait=True)
             with cairn.connect(b.socket) as cb:
-                wait_visible(cb, mid)
+                for k in want:
+                    wait_visible(cb, mids[k])
                 before = b.movement()
+                # First what a new user does first (the first transfer between the two daemons),
+                # then the stream on the warm connection.
                 t0 = time.perf_counter()
-                got = cb.load_model(mid, copy=True)
+                view = cb.load_model(mids["loaded"])
+                user_times.append(time.perf_counter() - t0)
+                del view
+                t0 = time.perf_counter()
+                cb.prefetch(mids["staged"])
                 times.append(time.perf_counter() - t0)
-            after = b.movement()
+                after = b.movement()
+                for k in want:
+                    if not same(cb.load_model(mids[k], copy=True), want[k]):
+                        bad.append(f"stream ({provider}) repeat {r}: B has bytes of {mids[k]} that differ from what A stored")
             from_peer.append(after.get("bytes_from_peer", 0) - before.get("bytes_from_peer", 0))
             from_repo.append(after.get("bytes_from_repository", 0) - before.get("bytes_from_repository", 0))
             pv = b.peers()
             peer_views.append({k: pv.get(k) for k in ("fetched_chunks", "fetched_bytes", "loads_assigned", "timeouts",
                                                       "bad_bodies")})
-            if not same(got, want):
-                bad.append(f"stream repeat {r}: B loaded bytes that differ from what A stored")
-            del got
         finally:
             stop_all([a, b])
-    nbytes = size
     for r, (p, q) in enumerate(zip(from_peer, from_repo)):
-        if p != nbytes or q != 0:
-            bad.append(f"stream repeat {r}: B read {p} bytes from the peer (want {nbytes}) and {q} from the "
-                       f"repository (want 0)")
-    med = statistics.median(times)
-    return {"bytes": nbytes, "chunk_bytes": chunk, "repeats": repeats, "times_s": times, "median_s": med,
-            "GBps": nbytes / med / 1e9, "bytes_from_peer": from_peer, "bytes_from_repository": from_repo,
-            "reader_peers": peer_views, "how": "load_model(copy=True) on B of a model committed through A at "
-            "durability global; a fresh pair of daemons per repeat"}, bad
+        if p != 2 * size or q != 0:
+            bad.append(f"stream ({provider}) repeat {r}: B read {p} bytes from the peer (want {2 * size}) and {q} "
+                       f"from the repository (want 0)")
+    med, user_med = statistics.median(times), statistics.median(user_times)
+    return {"provider": provider, "bytes": size, "chunk_bytes": chunk, "repeats": repeats, "times_s": times,
+            "median_s": med, "GBps": size / med / 1e9, "load_model_times_s": user_times,
+            "load_model_median_s": user_med, "load_model_GBps": size / user_med / 1e9,
+            "bytes_from_peer": from_peer, "bytes_from_repository": from_repo, "reader_peers": peer_views,
+            "how": "B's prefetch of a model A holds in DRAM (the daemon-to-daemon stream), and B's load_model() "
+                   "(zero-copy map) of a second one; a fresh pair of daemons per repeat"}, bad
+
+
+def memcpy_GBps(size, chunk, repeats=3):
+    """The shm stream's baseline: numpy copies of `size` bytes, a chunk at a time, between two
+    buffers already faulted in; the median of `repeats`."""
+    src = np.ones(size, dtype=np.uint8)
+    dst = np.zeros(size, dtype=np.uint8)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for off in range(0, size, chunk):
+            np.copyto(dst[off:off + chunk], src[off:off + chunk])
+        times.append(time.perf_counter() - t0)
+    return {"tool": "memcpy (numpy.copyto, a chunk at a time)", "message_bytes": chunk, "bytes": size,
+            "GBps": size / statistics.median(times) / 1e9, "times_s": times}
 
 
 def load_trial(tmp, repo, tag, n, peers, want, mid, chunk, rdv):
@@ -574,6 +447,17 @@ def main() -> int:
         res["stream"]["baseline"] = base
         res["stream"]["tcp_stream"] = tcp
         res["stream"]["ratio"] = res["stream"]["GBps"] / base["GBps"]
+        res["stream"]["load_model_ratio"] = res["stream"]["load_model_GBps"] / base["GBps"]
+        # The same over shm (one host: the provider a job's co-located daemons would use) vs memcpy.
+        try:
+            shm, b = part_stream(tmp, repo, stream_bytes, chunk, 2 if q else 3, provider="shm")
+            bad += b
+            shm["baseline"] = memcpy_GBps(stream_bytes, chunk)
+            shm["ratio"] = shm["GBps"] / shm["baseline"]["GBps"]
+            shm["load_model_ratio"] = shm["load_model_GBps"] / shm["baseline"]["GBps"]
+            res["stream_shm"] = shm
+        except Exception as e:  # noqa: BLE001 - recorded; the tcp figures stand
+            res["stream_shm"] = {"error": str(e)[:500]}
         try:
             lat = fi_pingpong(64, 1000 if not q else 300)
             res["latency"] = {"one_way_s": lat["usec_per_xfer"] * 1e-6, "round_trip_s": 2 * lat["usec_per_xfer"] * 1e-6,
@@ -585,16 +469,18 @@ def main() -> int:
         # b. the ensemble.
         res["ensemble"], b = part_ensemble(tmp, repo, ens_bytes, chunk, ns, 1 if q else 3)
         bad += b
+        # b2. prefetch --all, and a NAS run over 4 members.
+        res["prefetch_all"], b = part_prefetch_all(tmp, repo, (64 if q else 256) * MiB, chunk, ns)
+        bad += b
+        res["nas"], b = part_nas(tmp, repo, chunk, 2 if q else 4, (2 if q else 8) * MiB)
+        bad += b
         # c. the simulation, fed with a and b.
         rtt = res["latency"].get("round_trip_s")
         res["simulation"] = part_simulation(out_dir, stem, res["stream"]["GBps"] * 1e9,
                                             res["ensemble"]["alone"]["repository_Bps"], rtt,
                                             "the 64-byte fi_pingpong round trip (2 x usec/xfer)", chunk)
     finally:
-        with _lock:
-            started = list(_started)
-        stop_all(started)
-        left = [m.name for m in started if m.proc is not None and m.proc.poll() is None]
+        left = stop_started()
         if left:
             print(f"peers_bench: daemons still running: {left}", file=sys.stderr)
         shutil.rmtree(tmp, ignore_errors=True)
@@ -602,9 +488,17 @@ def main() -> int:
     res["errors"] = bad
     res["ok"] = not bad
     s = res["stream"]
-    print(f"stream {s['bytes'] >> 20} MiB from a peer: {s['GBps']:.3f} GB/s (median of {s['repeats']}); "
+    print(f"stream {s['bytes'] >> 20} MiB from a peer (prefetch): {s['GBps']:.3f} GB/s (median of {s['repeats']}); "
           f"{s['baseline']['tool']} {s['baseline']['message_bytes'] >> 20} MiB messages: {s['baseline']['GBps']:.3f} "
           f"GB/s; ratio {s['ratio']:.2f} (goal >= 0.8); a TCP stream on loopback: {s['tcp_stream']['GBps']:.3f} GB/s")
+    print(f"  the first load_model() through B (zero-copy map, new connection): {s['load_model_GBps']:.3f} GB/s, "
+          f"ratio {s['load_model_ratio']:.2f}")
+    sh = res.get("stream_shm", {})
+    if "GBps" in sh:
+        print(f"over shm: prefetch {sh['GBps']:.3f} GB/s, first load_model {sh['load_model_GBps']:.3f} GB/s; memcpy "
+              f"{sh['baseline']['GBps']:.3f} GB/s; ratios {sh['ratio']:.2f} and {sh['load_model_ratio']:.2f}")
+    elif sh:
+        print(f"over shm: not measured ({sh.get('error')})")
     if "round_trip_s" in res["latency"]:
         print(f"small-message round trip (fi_pingpong, 64 B): {res['latency']['round_trip_s'] * 1e6:.0f} us")
     e = res["ensemble"]
@@ -613,6 +507,14 @@ def main() -> int:
         print(f"  N={t['n']}: slowest with peers {t['peers']['slowest_s']:.2f} s, without {t['no_peers']['slowest_s']:.2f} s;"
               f" repository copies {t['repository_copies']:.2f} with peers, {t['repository_copies_no_peers']:.2f} "
               f"without; slowest with peers / alone {t['slowest_vs_alone']:.2f} (goal <= 2)")
+    pa = res["prefetch_all"]
+    for r in pa["rows"]:
+        print(f"prefetch --all of {pa['bytes'] >> 20} MiB to {r['members']} members: {r['seconds']:.3f} s "
+              f"({r['vs_two_members']:.2f}x the time for 2; {r['uploaders']} members uploaded)")
+    na = res["nas"]
+    hp, hn = na["median_handoff_s"]["peers"], na["median_handoff_s"]["no_peers"]
+    print(f"NAS over 4 members ({na['model_bytes'] >> 20} MiB models): parent handoff {hp * 1e3:.1f} ms with peers "
+          f"(memory) vs {hn * 1e3:.1f} ms without (global + repository), {hn / hp:.1f}x")
     for rule, d in res["simulation"]["dispatch"].items():
         x = d["at_1024"]
         print(f"simulated 1,024 nodes, BERT-base, directory {rule}: cairn {x['cairn_s']:.2f} s vs every node "

@@ -84,18 +84,14 @@ void PeerService::Impl::on_message(std::span<const uint8_t> frame) {
       it->second.info.id = m.from;
     }
     Member& mem = it->second;
-    if (!mem.reachable) {
-      auto h = fabric->add_peer(address);
-      if (!h.is_ok()) return;
-      mem.handle = *h;
-      mem.reachable = true;
-      mem.info.address = address;
-    }
+    if (!mem.reachable && !reach(mem, address)) return;
     std::string nonce;
     if (!from_hex(b["nonce"].get<std::string>(), nonce)) return;
     std::string answer = hmac_sha256(secret, nonce + "|" + self + "|" + m.from);
-    out.push_back(make(m.from, mem.handle, PeerMsg::kHelloReply,
+    // The answer goes over the data endpoint: that connection is then up before the first chunk.
+    out.push_back(make(m.from, mem.data_handle, PeerMsg::kHelloReply,
                        json{{"nonce", to_hex(nonce)}, {"answer", to_hex(answer)}}));
+    out.back().via_data = true;
     if (mem.nonce.empty()) greet(mem, out);
     {
       std::lock_guard al(announce_mu);
@@ -142,19 +138,10 @@ void PeerService::Impl::on_message(std::span<const uint8_t> frame) {
   auto now = PClock::now();
   switch (m.type) {
     case PeerMsg::kLookup: {
-      // One lookup, or a batch sent ahead of a read ({"lookups": [{req, chunk, length}, ...]}).
-      auto one = [&](const json& l) {
-        auto h = chunk_of(l.value("chunk", json()));
-        if (!h || !l.contains("req") || !l["req"].is_number_unsigned()) return;
-        auto a = directory.lookup(*h, m.from, l["req"].get<uint64_t>(), now);
-        if (a.verdict != ChunkDirectory::Verdict::kWait) deliver(a, out);
-      };
-      if (auto ls = b.find("lookups"); ls != b.end() && ls->is_array()) {
-        for (const json& l : *ls)
-          if (l.is_object()) one(l);
-      } else {
-        one(b);
-      }
+      auto h = chunk_of(b.value("chunk", json()));
+      if (!h || !b.contains("req") || !b["req"].is_number_unsigned()) break;
+      auto a = directory.lookup(*h, m.from, b["req"].get<uint64_t>(), now);
+      if (a.verdict != ChunkDirectory::Verdict::kWait) deliver(a, out);
       break;
     }
     case PeerMsg::kLookupReply: {
@@ -165,7 +152,7 @@ void PeerService::Impl::on_message(std::span<const uint8_t> frame) {
         if (b.value("verdict", "") == "fetch" && b.contains("chunk"))
           out.push_back(make(m.from, mem.handle, PeerMsg::kFetched,
                              json{{"chunk", b["chunk"]}, {"holder", b.value("holder", "")}}));
-        // A load it was told to do (a lookup sent ahead and expired): the home hands it on.
+        // A load it was told to do: the home hands it on.
         if (b.value("verdict", "") == "load" && b.contains("chunk"))
           out.push_back(make(m.from, mem.handle, PeerMsg::kLoaded, json{{"chunk", b["chunk"]}, {"ok", false}}));
         break;
@@ -272,11 +259,11 @@ void PeerService::Impl::serve_get(Member& mem, const json& b, std::vector<Outgoi
   mem.bytes_sent += length;
   ++served_chunks;
   served_bytes += length;
-  const uint64_t handle = mem.handle;
+  const uint64_t handle = mem.handle, data_handle = mem.data_handle;
   const json req = b["req"];
   // Sent once the lock is released (a fabric call never runs under mu).
-  bodies.push_back([this, handle, tag, src, length, hash, copy, to, req] {
-    Status st = fabric->send_body(handle, tag, src, length, [this, hash, copy](const Status& s, size_t) {
+  bodies.push_back([this, handle, data_handle, tag, src, length, hash, copy, to, req] {
+    Status st = data->send_body(data_handle, tag, src, length, [this, hash, copy](const Status& s, size_t) {
       dram.unpin(hash);
       if (!s.is_ok()) CAIRN_LOG_DEBUG("peers: sending chunk {}: {}", hash.hex(), s.to_string());
     });
@@ -294,7 +281,7 @@ void PeerService::Impl::greet(Member& mem, std::vector<Outgoing>& out) {
   if (mem.nonce.empty()) mem.nonce = random_bytes(16);
   mem.hello_at = PClock::now();
   out.push_back(make(mem.info.id, mem.handle, PeerMsg::kHello,
-                     json{{"nonce", to_hex(mem.nonce)}, {"address", to_hex(fabric->address())}}));
+                     json{{"nonce", to_hex(mem.nonce)}, {"address", to_hex(published_address())}}));
 }
 
 // REQUIRES: mu held. A member is gone: out of the directory, its readers' waits end.

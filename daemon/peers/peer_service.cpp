@@ -60,6 +60,36 @@ void PeerService::Impl::flush_announcements(std::vector<std::pair<ChunkHash, boo
   send(out);
 }
 
+std::string PeerService::Impl::published_address() const {
+  const std::string& c = fabric->address();
+  std::string out(2, '\0');
+  out[0] = static_cast<char>(c.size() & 0xff);
+  out[1] = static_cast<char>((c.size() >> 8) & 0xff);
+  return out + c + data->address();
+}
+
+bool PeerService::Impl::reach(Member& mem, const std::string& published) {
+  const size_t n = published.size() < 2 ? 0
+                                        : static_cast<uint8_t>(published[0]) | (static_cast<size_t>(static_cast<uint8_t>(published[1])) << 8);
+  if (published.size() < 2 || n == 0 || n + 2 >= published.size()) {
+    CAIRN_LOG_WARN("peers: member {} published an address this daemon cannot read ({} bytes): a cairnd of another version?",
+                   mem.info.id, published.size());
+    return false;
+  }
+  auto c = fabric->add_peer(published.substr(2, n));
+  auto d = c.is_ok() ? data->add_peer(published.substr(2 + n)) : Result<uint64_t>(c.status());
+  if (!c.is_ok() || !d.is_ok()) {
+    CAIRN_LOG_WARN("peers: member {} at {}: {}", mem.info.id, mem.info.host,
+                   (c.is_ok() ? d.status() : c.status()).to_string());
+    return false;  // (an address added to one vector stays: removing one may crash rxm)
+  }
+  mem.handle = *c;
+  mem.data_handle = *d;
+  mem.reachable = true;
+  mem.info.address = published;
+  return true;
+}
+
 void PeerService::Impl::scan() {
   std::vector<MemberInfo> live = membership->scan();
   (void)membership->heartbeat();
@@ -83,15 +113,7 @@ void PeerService::Impl::scan() {
       if (m.id == self) continue;
       Member& mem = members[m.id];
       mem.info = m;
-      if (!mem.reachable) {
-        auto h = fabric->add_peer(m.address);
-        if (!h.is_ok()) {
-          CAIRN_LOG_WARN("peers: member {} at {}: {}", m.id, m.host, h.status().to_string());
-          continue;
-        }
-        mem.handle = *h;
-        mem.reachable = true;
-      }
+      if (!mem.reachable && !reach(mem, m.address)) continue;
       if (!mem.verified && PClock::now() - mem.hello_at > std::chrono::milliseconds(500)) greet(mem, out);
     }
     if (now_ids != ids) {
@@ -140,7 +162,6 @@ void PeerService::Impl::service_loop() {
       {
         std::lock_guard lock(mu);
         deliver_all(directory.expire(PClock::now()), out);
-        expire_ahead(PClock::now(), out);
       }
       send(out);
       next_scan = PClock::now() + period;
@@ -162,7 +183,6 @@ class PeerSource final : public ChunkSource {
     return st;
   }
   double cost(uint64_t bytes) const override { return bw_.seconds_for(bytes); }
-  void will_read(std::span<const ChunkRef* const> refs) override { service_.look_ahead(refs); }
 
  private:
   PeerService& service_;
@@ -184,8 +204,11 @@ Result<std::unique_ptr<PeerService>> PeerService::start(const Options& options, 
   auto fabric = Fabric::open(fo);
   if (!fabric.is_ok()) return fabric.status().with_context("peers: opening the fabric");
   impl->fabric = std::move(fabric).value();
-  CAIRN_RETURN_IF_ERROR(impl->fabric->register_region(dram.base(), dram.arena_size()));
-  auto joined = Membership::join(options.rendezvous, options.job, impl->fabric->address(), options.timeout);
+  auto data = Fabric::open(fo);
+  if (!data.is_ok()) return data.status().with_context("peers: opening the fabric's data endpoint");
+  impl->data = std::move(data).value();
+  CAIRN_RETURN_IF_ERROR(impl->data->register_region(dram.base(), dram.arena_size()));
+  auto joined = Membership::join(options.rendezvous, options.job, impl->published_address(), options.timeout);
   if (!joined.is_ok()) return joined.status().with_context("peers: joining job " + options.job);
   impl->membership = std::move(joined).value();
   impl->self = impl->membership->self().id;
@@ -193,6 +216,8 @@ Result<std::unique_ptr<PeerService>> PeerService::start(const Options& options, 
   impl->ids = {impl->self};
   Impl* raw = impl.get();
   raw->fabric->set_control_handler([raw](std::span<const uint8_t> frame) { raw->on_message(frame); });
+  // (The data endpoint carries the hello replies too, which set its connections up early.)
+  raw->data->set_control_handler([raw](std::span<const uint8_t> frame) { raw->on_message(frame); });
   std::unique_ptr<PeerService> service(new PeerService(std::move(impl)));
   dram.set_residency_hook([raw](const ChunkHash& h, bool resident) { raw->announce(h, resident); });
   raw->scan();
@@ -234,14 +259,13 @@ PeerService::~PeerService() {
   if (s.membership) s.membership->leave();
   // A moment for the goodbyes to leave before the endpoint closes.
   if (said_goodbye) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  s.data.reset();  // bodies first: their completions unpin arena chunks
   s.fabric.reset();
 }
 
 std::unique_ptr<ChunkSource> PeerService::source() { return std::make_unique<PeerSource>(*this); }
 
 Status PeerService::fetch(const ChunkRef& ref, void* dst) { return impl_->fetch(ref, dst); }
-
-void PeerService::look_ahead(std::span<const ChunkRef* const> refs) { impl_->look_ahead(refs); }
 
 void PeerService::announce_model(const ModelManifest& model) {
   Impl& s = *impl_;
@@ -279,6 +303,7 @@ json PeerService::status() const {
                      {"host", s.membership->self().host},
                      {"pid", s.membership->self().pid},
                      {"address", s.fabric->address_text()},
+                     {"data_address", s.data->address_text()},
                      {"state", "self"}});
   for (const auto& [id, m] : s.members)
     members.push_back({{"id", id},
@@ -303,9 +328,6 @@ json PeerService::status() const {
               {"served_chunks", s.served_chunks},
               {"served_bytes", s.served_bytes},
               {"stages_served", s.stages_served},
-              {"lookups_ahead", s.ahead_sent},
-              {"lookups_ahead_used", s.ahead_used},
-              {"lookups_ahead_expired", s.ahead_expired},
               {"bad_bodies", s.bad_bodies},
               {"loads_assigned", s.loads_assigned},
               {"timeouts", s.peer_timeouts},
@@ -313,7 +335,8 @@ json PeerService::status() const {
               {"models_announced", s.models_announced},
               {"models_received", s.models_received},
               {"models_too_large", s.models_too_large},
-              {"fabric", s.fabric->stats()}};
+              {"fabric", s.fabric->stats()},
+              {"data_fabric", s.data->stats()}};
 }
 
 }  // namespace cairn

@@ -79,9 +79,6 @@ class PeerService {
   // its hash. kNotFound when the group says this member reads it from the repository itself (or
   // nobody else is there); kUnavailable / kTimeout / kCorruption when a holder failed.
   Status fetch(const ChunkRef& ref, void* dst);
-  // These chunks are about to be fetched (a read's readahead): their lookups go to the homes now,
-  // in batches, a window at a time, so that each fetch finds its verdict waiting. Advice only.
-  void look_ahead(std::span<const ChunkRef* const> refs);
   // Whether another verified member is there now (a fetch can only help then).
   bool has_members() const;
   // Tells every verified member about a model committed here (the job's catalog). A manifest whose

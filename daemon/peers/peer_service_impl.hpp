@@ -10,7 +10,6 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -20,7 +19,6 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
-#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -44,8 +42,9 @@ struct PeerService::Impl {
   // One member other than this one.
   struct Member {
     MemberInfo info;
-    uint64_t handle = 0;
-    bool reachable = false;     // in the address vector
+    uint64_t handle = 0;        // on the control endpoint
+    uint64_t data_handle = 0;   // on the data endpoint (chunk bodies)
+    bool reachable = false;     // in both address vectors
     bool verified = false;      // answered this member's challenge
     std::string nonce;          // the challenge this member sent it
     PClock::time_point hello_at{};
@@ -65,7 +64,11 @@ struct PeerService::Impl {
 
   Options opts;
   DramTier& dram;
-  std::unique_ptr<Fabric> fabric;
+  // Two endpoints: control messages and chunk bodies travel on separate connections, so that a
+  // lookup's answer never waits behind megabytes of bodies on one TCP stream (over tcp;ofi_rxm that
+  // cost a reader milliseconds per chunk). The arena is registered with the data endpoint.
+  std::unique_ptr<Fabric> fabric;  // control
+  std::unique_ptr<Fabric> data;    // bodies
   std::unique_ptr<Membership> membership;
   std::string self;
   std::string secret;
@@ -106,6 +109,7 @@ struct PeerService::Impl {
     uint64_t handle;
     std::string to;
     std::vector<uint8_t> frame;
+    bool via_data = false;  // on the data endpoint (handle is the member's data handle)
   };
 
   Outgoing make(const std::string& to, uint64_t handle, PeerMsg type, json body) {
@@ -124,7 +128,7 @@ struct PeerService::Impl {
   }
   void send(std::vector<Outgoing>& out) {
     for (Outgoing& o : out) {
-      Status st = fabric->send_control(o.handle, o.frame);
+      Status st = (o.via_data ? data : fabric)->send_control(o.handle, o.frame);
       if (!st.is_ok()) CAIRN_LOG_DEBUG("peers: sending to {}: {}", o.to, st.to_string());
     }
     out.clear();
@@ -138,6 +142,13 @@ struct PeerService::Impl {
   }
 
   std::string home(const ChunkHash& h) const { return home_of(h, ids); }
+
+  // The address a member publishes (membership file, hello): both endpoints' addresses,
+  // u16 LE length of the control address | control | data.
+  std::string published_address() const;
+  // REQUIRES: mu held. Makes a member reachable on both endpoints from its published address;
+  // false (and a log line) when the address is not one or the fabric refuses it.
+  bool reach(Member& mem, const std::string& published);
 
   // ---- receiving (on the fabric's progress thread; never blocks) ----
 
@@ -191,29 +202,6 @@ struct PeerService::Impl {
   // PeerService::fetch: ask the home, then fetch from the holder it names (peer_service.hpp).
   Status fetch(const ChunkRef& ref, void* dst);
 
-  // ---- lookups ahead of the reads (peer_fetch.cpp) ----
-  // A read of many chunks (a model, a tensor) announces them first (PeerSource::will_read): their
-  // lookups go to the homes in batches, at most kAheadWindow outstanding, so that a fetch finds its
-  // verdict waiting instead of a round trip that, behind bodies on the same connection, costs
-  // milliseconds. Each fetch tops the window up. A verdict nobody fetched is given back after
-  // 2 x timeout (a fetch slot: `fetched`; a load: `loaded` with ok false).
-  static constexpr size_t kAheadWindow = 32;
-  struct Ahead {
-    uint64_t req = 0;
-    std::string home;
-    PClock::time_point sent{};
-  };
-  std::unordered_map<ChunkHash, Ahead, ChunkHashHasher> ahead;             // GUARDED_BY(mu)
-  std::deque<std::pair<ChunkRef, PClock::time_point>> ahead_queue;         // GUARDED_BY(mu)
-  std::unordered_set<ChunkHash, ChunkHashHasher> ahead_wanted;             // GUARDED_BY(mu): queued or in ahead
-  uint64_t ahead_sent = 0, ahead_used = 0, ahead_expired = 0;              // GUARDED_BY(mu)
-  void look_ahead(std::span<const ChunkRef* const> refs);
-  // REQUIRES: mu held. Sends the queued lookups until the window is full.
-  void send_ahead(std::vector<Outgoing>& out);
-  // REQUIRES: mu held. Gives back the verdicts and queue entries nobody used in time.
-  void expire_ahead(PClock::time_point now, std::vector<Outgoing>& out);
-  // REQUIRES: mu held. A verdict this member does not use goes back to its home.
-  void give_back(const ChunkHash& h, const std::string& home_id, const Pending& p, std::vector<Outgoing>& out);
 
   // REQUIRES: lock held (released while waiting). One body from holder into dst, verified.
   Status fetch_from(std::unique_lock<std::mutex>& lock, const std::string& holder, const ChunkRef& ref, void* dst);

@@ -167,6 +167,25 @@ def test_derive_from_a_model_first_seen_by_a_lookup(make_daemon, tmp):
     assert b.stop() == 0, log_of(b)
 
 
+def test_child_of_a_model_another_daemon_just_published(make_daemon, tmp):
+    """A NAS task on node b derives from a parent that node a published a moment ago, before b's
+    periodic refresh and without a `sync`: the commit brings the parent into b's catalog itself."""
+    repo = tmp / "repo"
+    a = shared(make_daemon, "a", repo, refresh="0").start()
+    b = shared(make_daemon, "b", repo, refresh="0").start()
+    rng = np.random.default_rng(9)
+    with cairn.connect(a.socket) as ca, cairn.connect(b.socket) as cb:
+        p = tensors(rng)
+        ca.save_model("p", p, durability="global", wait=True)
+        c = {"w": rand(rng, (100 * 256,), np.float32)}
+        cb.save_model("p/c", c, parent="p", inherit=["b"], durability="global", wait=True)
+        assert_model(cb, "p/c", {"w": c["w"], "b": p["b"]})
+        assert cb.lineage("p")["descendants"] == ["p/c"]
+        assert cb.show("p/c")["parent"] == "p"
+    assert a.stop() == 0, log_of(a)
+    assert b.stop() == 0, log_of(b)
+
+
 def test_same_id_through_both_daemons_at_once(make_daemon, tmp):
     repo = tmp / "repo"
     a = shared(make_daemon, "a", repo, nvme=tmp / "a" / "nvme").start()

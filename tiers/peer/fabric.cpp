@@ -13,7 +13,6 @@
 #include <rdma/fi_errno.h>
 #include <sys/socket.h>
 
-#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -134,12 +133,6 @@ fi_info* make_hints(const FabricOptions& options, bool ordered) {
 }  // namespace
 
 Result<std::unique_ptr<Fabric>> Fabric::open(const FabricOptions& options) {
-  // rxm's rendezvous for large messages (every chunk body) by RMA writes from the sender rather
-  // than RMA reads by the receiver: over tcp the reads ran at less than half the ping-pong's
-  // bandwidth (1.7 vs 4.1 GB/s on loopback), the writes at 3.3 (docs/peers.md). Read when libfabric
-  // initialises its providers, so before the process's first fi_getinfo; the environment's own
-  // setting wins.
-  ::setenv("FI_OFI_RXM_USE_RNDV_WRITE", "1", /*overwrite=*/0);
   auto im = std::make_unique<Impl>();
   im->options = options;
   im->prov_name = options.provider;
