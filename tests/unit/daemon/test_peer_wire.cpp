@@ -83,6 +83,8 @@ std::vector<PeerMessage> every_message() {
       make(PeerMsg::kLoaded, {{"chunk", chunk}, {"ok", true}}),
       make(PeerMsg::kCommit, {{"model", manifest}}),
       make(PeerMsg::kBye, json::object(), ~0ull),
+      make(PeerMsg::kStage, {{"req", 19}, {"model", "nas/gen3/c7"}}),
+      make(PeerMsg::kStageReply, {{"req", 19}, {"ok", false}, {"seconds", 0.25}, {"error", "not found: nas/gen3/c7"}}),
   };
 }
 
@@ -106,7 +108,8 @@ TEST_CASE("every peer message round-trips", "[peers]") {
 
 TEST_CASE("peer_msg_name names every type", "[peers]") {
   const char* names[] = {"hello", "hello_reply", "lookup", "lookup_reply", "have",   "drop",
-                         "get",   "get_reply",   "fetched", "loaded",      "commit", "bye"};
+                         "get",   "get_reply",   "fetched", "loaded",      "commit", "bye",
+                         "stage", "stage_reply"};
   for (uint8_t t = 1; t <= cairn::kMaxPeerMsg; ++t) REQUIRE(std::string(cairn::peer_msg_name(PeerMsg(t))) == names[t - 1]);
   REQUIRE(std::string(cairn::peer_msg_name(PeerMsg(0))) == "unknown");
   REQUIRE(std::string(cairn::peer_msg_name(PeerMsg(200))) == "unknown");
