@@ -1,0 +1,700 @@
+// `cairn job start|stop|env` (see job.hpp and docs/slurm.md).
+//
+// As root (the prolog, the epilog, the PBS hook) the per-job directory <job_dir>/<job id> is made
+// for the job's user (mode 0700), the daemon runs as that user (never as root), and the pidfile is
+// <job_dir>/<job id>.pid, which only root can write: the epilog signals the pid it names only
+// after checking that it is a cairnd of that user. As a user, everything is the user's own: the
+// job directory is under the site's job_dir when the user may write there, else under
+// /tmp/cairn-<uid>/jobs, and the pidfile is inside it.
+#include "tools/job.hpp"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <grp.h>
+#include <pwd.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <syslog.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+#include <yaml-cpp/yaml.h>
+
+#include "api/cpp/client.hpp"
+#include "core/config.hpp"
+#include "tools/job_site.hpp"
+
+namespace cairn::tool {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using nlohmann::json;
+
+struct JobArgs {
+  std::string job, user, comment, site, job_dir, batch;
+  bool keep = false;
+};
+
+struct User {
+  uid_t uid = 0;
+  gid_t gid = 0;
+  std::string name, home, shell;
+};
+
+std::string self_dir() {
+  char buf[4096];
+  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) return ".";
+  std::string p(buf, static_cast<size_t>(n));
+  auto slash = p.rfind('/');
+  return slash == std::string::npos ? "." : p.substr(0, slash);
+}
+
+std::string parent_of(const std::string& dir) {
+  auto slash = dir.rfind('/');
+  return slash == std::string::npos || slash == 0 ? "/" : dir.substr(0, slash);
+}
+
+std::string env_or(const char* name, const std::string& fallback = "") {
+  const char* v = std::getenv(name);
+  return v && *v ? std::string(v) : fallback;
+}
+
+bool is_root() { return ::geteuid() == 0; }
+
+Result<User> lookup_user(const std::string& name) {
+  struct passwd pw{}, *out = nullptr;
+  std::vector<char> buf(16384);
+  int rc = name.empty() ? ::getpwuid_r(::getuid(), &pw, buf.data(), buf.size(), &out)
+                        : ::getpwnam_r(name.c_str(), &pw, buf.data(), buf.size(), &out);
+  if (rc != 0 || !out) return not_found("user '" + (name.empty() ? std::to_string(::getuid()) : name) + "' is unknown on this node");
+  return User{pw.pw_uid, pw.pw_gid, pw.pw_name, pw.pw_dir ? pw.pw_dir : "/", pw.pw_shell ? pw.pw_shell : "/bin/sh"};
+}
+
+Status check_job_id(const std::string& id) {
+  if (id.empty())
+    return invalid_argument("no job id: give --job, or run inside a Slurm or PBS job (SLURM_JOB_ID, PBS_JOBID)");
+  if (id == "." || id == ".." || id.size() > 200) return invalid_argument("job id '" + id + "' is not usable as a directory name");
+  for (char ch : id)
+    if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '.' && ch != '_' && ch != '-' && ch != '[' && ch != ']')
+      return invalid_argument("job id '" + id + "' has a character other than letters, digits, '.', '_', '-', '[', ']'");
+  return Status::ok();
+}
+
+// One line per event: to <job_dir>/cairn-job.log, to syslog (LOG_DAEMON) and to stderr. The
+// prolog's and epilog's own output goes nowhere under slurmd, so the file and syslog are what an
+// administrator reads.
+class JobLog {
+ public:
+  JobLog(std::string action, std::string job) : action_(std::move(action)), job_(std::move(job)) {
+    ::openlog("cairn-job", LOG_PID, LOG_DAEMON);
+  }
+  void set_file(const std::string& path) { file_ = path; }
+  void line(int priority, const std::string& msg) const {
+    std::string text = "cairn job " + action_ + ": job " + (job_.empty() ? "?" : job_) + ": " + msg;
+    ::syslog(priority, "%s", text.c_str());
+    std::fprintf(stderr, "%s\n", text.c_str());
+    if (file_.empty()) return;
+    int fd = ::open(file_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (fd < 0) return;
+    char stamp[64];
+    std::time_t t = std::time(nullptr);
+    struct tm tmv{};
+    ::gmtime_r(&t, &tmv);
+    std::strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%SZ", &tmv);
+    std::string out = std::string(stamp) + " " + text + "\n";
+    if (::write(fd, out.data(), out.size()) < 0) { /* nothing more to do: syslog has it */ }
+    ::close(fd);
+  }
+  void info(const std::string& m) const { line(LOG_INFO, m); }
+  void error(const std::string& m) const { line(LOG_ERR, m); }
+
+ private:
+  std::string action_, job_, file_;
+};
+
+// Where a job's files are. Root: <site job_dir>/<id>, pidfile beside it. A user: the site's
+// job_dir when writable, else /tmp/cairn-<uid>/jobs.
+struct JobPaths {
+  std::string base, dir, socket, config, log, pidfile, job_log;
+};
+
+JobPaths paths_for(const std::string& base, const std::string& id, bool root_mode) {
+  JobPaths p;
+  p.base = base;
+  p.dir = base + "/" + id;
+  p.socket = p.dir + "/cairnd.sock";
+  p.config = p.dir + "/cairnd.yaml";
+  p.log = p.dir + "/cairnd.log";
+  p.pidfile = root_mode ? base + "/" + id + ".pid" : p.dir + "/cairnd.pid";
+  p.job_log = base + "/cairn-job.log";
+  return p;
+}
+
+std::string user_fallback_base() { return "/tmp/cairn-" + std::to_string(::getuid()) + "/jobs"; }
+
+Status make_dir(const std::string& path, mode_t mode) {
+  if (::mkdir(path.c_str(), mode) == 0 || errno == EEXIST) return Status::ok();
+  return errno_status("cannot create '" + path + "'", errno);
+}
+
+Status make_dirs(const std::string& path, mode_t mode) {
+  if (path.empty() || path == "/") return Status::ok();
+  struct stat st{};
+  if (::stat(path.c_str(), &st) == 0) {
+    if (!S_ISDIR(st.st_mode)) return invalid_argument("'" + path + "' exists and is not a directory");
+    return Status::ok();
+  }
+  if (auto s = make_dirs(parent_of(path), mode); !s.is_ok()) return s;
+  return make_dir(path, mode);
+}
+
+// The base directory for this caller: root uses the site's job_dir (made 0755 if missing); a user
+// uses it only when it exists and is writable.
+Result<std::string> job_base(const SiteConfig& site, const JobArgs& a, bool create) {
+  if (!a.job_dir.empty()) {
+    if (create)
+      if (auto s = make_dirs(a.job_dir, is_root() ? 0755 : 0700); !s.is_ok()) return s;
+    return a.job_dir;
+  }
+  if (is_root()) {
+    if (create)
+      if (auto s = make_dirs(site.job_dir, 0755); !s.is_ok()) return s;
+    return site.job_dir;
+  }
+  if (::access(site.job_dir.c_str(), W_OK | X_OK) == 0) return site.job_dir;
+  std::string fb = user_fallback_base();
+  if (create) {
+    if (auto s = make_dirs(fb, 0700); !s.is_ok()) return s;
+    struct stat st{};
+    if (::stat(parent_of(fb).c_str(), &st) == 0 && st.st_uid != ::getuid())
+      return permission_denied("'" + parent_of(fb) + "' belongs to uid " + std::to_string(st.st_uid) + ", not to you");
+  }
+  return fb;
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string last_lines(const std::string& path, size_t n) {
+  std::string text = read_text(path);
+  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
+  size_t pos = text.size();
+  for (size_t i = 0; i < n && pos != std::string::npos && pos > 0; ++i) pos = text.rfind('\n', pos - 1);
+  std::string tail = pos == std::string::npos ? text : text.substr(pos + 1);
+  for (auto& ch : tail)
+    if (ch == '\n') ch = ' ';
+  return tail.empty() ? "(the log is empty)" : tail;
+}
+
+bool socket_answers(const std::string& path) {
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  sockaddr_un sa{};
+  sa.sun_family = AF_UNIX;
+  if (path.size() >= sizeof sa.sun_path) {
+    ::close(fd);
+    return false;
+  }
+  std::memcpy(sa.sun_path, path.c_str(), path.size() + 1);
+  bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0;
+  ::close(fd);
+  return ok;
+}
+
+pid_t read_pidfile(const std::string& path) {
+  std::string t = read_text(path);
+  long v = std::strtol(t.c_str(), nullptr, 10);
+  return v > 1 ? static_cast<pid_t>(v) : 0;
+}
+
+Status write_pidfile(const std::string& path, pid_t pid) {
+  std::string tmp = path + ".tmp";
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (fd < 0) return errno_status("cannot write pidfile '" + tmp + "'", errno);
+  std::string text = std::to_string(pid) + "\n";
+  bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+  ::close(fd);
+  if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) return errno_status("cannot write pidfile '" + path + "'", errno);
+  return Status::ok();
+}
+
+// Whether pid is a live cairnd owned by uid (a pidfile may be stale and its pid reused).
+bool is_our_daemon(pid_t pid, uid_t uid) {
+  std::string proc = "/proc/" + std::to_string(pid);
+  struct stat st{};
+  if (::stat(proc.c_str(), &st) != 0 || st.st_uid != uid) return false;
+  std::string stat_text = read_text(proc + "/stat");
+  auto close_paren = stat_text.rfind(')');
+  if (close_paren != std::string::npos && close_paren + 2 < stat_text.size() && stat_text[close_paren + 2] == 'Z')
+    return false;
+  char buf[4096];
+  ssize_t n = ::readlink((proc + "/exe").c_str(), buf, sizeof buf - 1);
+  if (n <= 0) return false;
+  std::string exe(buf, static_cast<size_t>(n));
+  auto slash = exe.rfind('/');
+  std::string base = slash == std::string::npos ? exe : exe.substr(slash + 1);
+  return base.rfind("cairnd", 0) == 0;
+}
+
+bool alive(pid_t pid) {
+  if (::kill(pid, 0) != 0 && errno == ESRCH) return false;
+  std::string stat_text = read_text("/proc/" + std::to_string(pid) + "/stat");
+  auto close_paren = stat_text.rfind(')');
+  return !(close_paren != std::string::npos && close_paren + 2 < stat_text.size() && stat_text[close_paren + 2] == 'Z');
+}
+
+int remove_entry(const char* path, const struct stat*, int, struct FTW*) { return ::remove(path); }
+
+void remove_tree(const std::string& dir) { ::nftw(dir.c_str(), remove_entry, 16, FTW_DEPTH | FTW_PHYS); }
+
+Status drop_privileges(const User& u) {
+  if (!is_root()) return Status::ok();
+  if (u.uid == 0) return permission_denied("refusing to run as root");
+  if (::initgroups(u.name.c_str(), u.gid) != 0) return errno_status("initgroups", errno);
+  if (::setgid(u.gid) != 0) return errno_status("setgid", errno);
+  if (::setuid(u.uid) != 0) return errno_status("setuid", errno);
+  if (::getuid() != u.uid || ::geteuid() != u.uid) return permission_denied("could not drop root privileges");
+  return Status::ok();
+}
+
+// The cairnd config for the job: the site's `daemon` mapping with the socket, repository, peer
+// group and burst-buffer directory set for this job.
+Result<std::string> daemon_config(const SiteConfig& site, const std::string& id, const JobPaths& p, const User& u) {
+  YAML::Node d;
+  try {
+    d = site.daemon_yaml.empty() ? YAML::Node(YAML::NodeType::Map) : YAML::Load(site.daemon_yaml);
+    d["socket"] = p.socket;
+    if (!site.repository.empty()) d["repository"] = site.repository;
+    else if (!d["repository"]) d["repository"] = "${HOME}/cairn-repo";
+    if (!d["peers"] || !d["peers"]["job"]) d["peers"]["job"] = id;
+    // The burst buffer: the site's tiers.nvme.path is the node-local parent; each job gets its own.
+    if (d["tiers"] && d["tiers"]["nvme"] && d["tiers"]["nvme"]["path"])
+      d["tiers"]["nvme"]["path"] = d["tiers"]["nvme"]["path"].as<std::string>() + "/cairn-" + u.name + "-" + id;
+    else
+      d["tiers"]["nvme"]["path"] = p.dir + "/nvme";
+  } catch (const YAML::Exception& e) {
+    return invalid_argument(std::string("site config: daemon: ") + e.what());
+  }
+  YAML::Emitter out;
+  out << d;
+  return std::string("# cairnd config for job ") + id + ", written by `cairn job start` from " + site.source + "\n" +
+         out.c_str() + "\n";
+}
+
+std::map<std::string, std::string> daemon_env(const User& u, const std::string& id, const std::string& batch) {
+  std::map<std::string, std::string> env{{"PATH", "/usr/local/bin:/usr/bin:/bin"},
+                                         {"HOME", u.home},
+                                         {"USER", u.name},
+                                         {"LOGNAME", u.name},
+                                         {"SHELL", u.shell},
+                                         {"CAIRN_JOB_ID", id}};
+  if (batch == "slurm") env["SLURM_JOB_ID"] = id;
+  if (batch == "pbs") env["PBS_JOBID"] = id;
+  if (!is_root()) {  // a user keeps their own environment (TMPDIR, XDG_RUNTIME_DIR, site paths)
+    for (const char* k : {"TMPDIR", "XDG_RUNTIME_DIR", "LD_LIBRARY_PATH"})
+      if (const char* v = std::getenv(k)) env[k] = v;
+  }
+  return env;
+}
+
+struct StartResult {
+  bool started = false;
+  std::string socket;
+};
+
+Result<StartResult> start_daemon(const SiteConfig& site, const JobArgs& a, const User& u, const std::string& id,
+                                 JobLog& log) {
+  auto base = job_base(site, a, true);
+  if (!base.is_ok()) return base.status();
+  JobPaths p = paths_for(*base, id, is_root());
+  log.set_file(p.job_log);
+
+  // Already running (a second `cairn job start` on the node): nothing to do.
+  if (pid_t old = read_pidfile(p.pidfile); old && is_our_daemon(old, u.uid) && socket_answers(p.socket)) {
+    log.info("cairnd pid " + std::to_string(old) + " already serves " + p.socket);
+    return StartResult{true, p.socket};
+  }
+
+  if (auto s = make_dir(p.dir, 0700); !s.is_ok()) return s;
+  struct stat st{};
+  if (::lstat(p.dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+    return invalid_argument("'" + p.dir + "' is not a directory");
+  if (is_root()) {
+    if (::chown(p.dir.c_str(), u.uid, u.gid) != 0 || ::chmod(p.dir.c_str(), 0700) != 0)
+      return errno_status("cannot give '" + p.dir + "' to " + u.name, errno);
+  } else if (st.st_uid != u.uid) {
+    return permission_denied("'" + p.dir + "' belongs to uid " + std::to_string(st.st_uid));
+  }
+  ::unlink(p.socket.c_str());  // a socket left by a crashed daemon of this job
+
+  auto text = daemon_config(site, id, p, u);
+  if (!text.is_ok()) return text.status();
+  auto env = daemon_env(u, id, a.batch);
+  // The same checks cairnd makes, here, so that a bad site config is named in the job log at once.
+  if (auto c = load_config_text(*text, "the site config's daemon section (" + site.source + ")", env); !c.is_ok())
+    return c.status();
+  {
+    int fd = ::open(p.config.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0) return errno_status("cannot write '" + p.config + "'", errno);
+    bool ok = ::write(fd, text->data(), text->size()) == static_cast<ssize_t>(text->size());
+    if (is_root() && ::fchown(fd, u.uid, u.gid) != 0) ok = false;
+    ::close(fd);
+    if (!ok) return errno_status("cannot write '" + p.config + "'", errno);
+  }
+  int logfd = ::open(p.log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (logfd < 0) return errno_status("cannot open '" + p.log + "'", errno);
+  if (is_root() && ::fchown(logfd, u.uid, u.gid) != 0) {
+    ::close(logfd);
+    return errno_status("cannot give '" + p.log + "' to " + u.name, errno);
+  }
+
+  std::string cairnd = self_dir() + "/cairnd";
+  std::vector<std::string> env_strings;
+  for (const auto& [k, v] : env) env_strings.push_back(k + "=" + v);
+  std::vector<char*> envp;
+  for (auto& s : env_strings) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  std::string arg_config = "--config";
+  std::vector<char*> argv{cairnd.data(), arg_config.data(), p.config.data(), nullptr};
+
+  const auto t0 = Clock::now();
+  pid_t pid = ::fork();
+  if (pid < 0) {
+    ::close(logfd);
+    return errno_status("fork", errno);
+  }
+  if (pid == 0) {
+    // The daemon: its own session (no terminal, not in the prolog's process group), stdio to the
+    // log in the job directory, the job user's identity.
+    ::setsid();
+    int nullfd = ::open("/dev/null", O_RDONLY);
+    if (nullfd >= 0) ::dup2(nullfd, 0);
+    ::dup2(logfd, 1);
+    ::dup2(logfd, 2);
+    ::close_range(3, ~0U, 0);
+    ::umask(077);
+    if (auto s = drop_privileges(u); !s.is_ok()) {
+      ::dprintf(2, "cairn job start: %s\n", s.to_string().c_str());
+      ::_exit(126);
+    }
+    if (::chdir(p.dir.c_str()) != 0) ::_exit(126);
+    ::execve(cairnd.c_str(), argv.data(), envp.data());
+    ::dprintf(2, "cairn job start: cannot run %s: %s\n", cairnd.c_str(), std::strerror(errno));
+    ::_exit(127);
+  }
+  ::close(logfd);
+  if (auto s = write_pidfile(p.pidfile, pid); !s.is_ok()) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+    return s;
+  }
+  const auto deadline = t0 + std::chrono::duration<double>(site.start_timeout_s);
+  while (true) {
+    int status = 0;
+    if (::waitpid(pid, &status, WNOHANG) == pid) {
+      ::unlink(p.pidfile.c_str());
+      std::string how = WIFEXITED(status) ? "exited with status " + std::to_string(WEXITSTATUS(status))
+                                          : "was killed by signal " + std::to_string(WTERMSIG(status));
+      return unavailable("cairnd " + how + " before it answered: " + last_lines(p.log, 2));
+    }
+    if (socket_answers(p.socket)) break;
+    if (Clock::now() > deadline) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+      ::unlink(p.pidfile.c_str());
+      return timed_out("cairnd did not answer on " + p.socket + " within " + std::to_string(site.start_timeout_s) +
+                       " s (start_timeout); stopped it. Its log: " + last_lines(p.log, 2));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  char msg[128];
+  std::snprintf(msg, sizeof msg, " in %.2f s", secs);
+  log.info("started cairnd pid " + std::to_string(pid) + " as " + u.name + " on " + p.socket + msg);
+  return StartResult{true, p.socket};
+}
+
+bool wants_cairn(const SiteConfig& site, const JobArgs& a) {
+  if (a.batch.empty()) return true;  // a user's own `cairn job start`
+  if (site.enable == SiteConfig::Enable::kNever) return false;
+  if (site.enable == SiteConfig::Enable::kAlways) return true;
+  std::string c = a.comment;
+  for (auto& ch : c) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  return c.find("cairn") != std::string::npos;
+}
+
+std::string site_path(const JobArgs& a) {
+  return a.site.empty() ? default_site_path(parent_of(self_dir())) : a.site;
+}
+
+void fill_defaults(JobArgs& a) {
+  if (a.job.empty()) a.job = env_or("SLURM_JOB_ID", env_or("PBS_JOBID"));
+  if (a.user.empty() && is_root()) a.user = env_or("SLURM_JOB_USER", env_or("PBS_JOBUSER"));
+  if (a.comment.empty()) a.comment = env_or("SLURM_JOB_COMMENT");
+}
+
+int cmd_start(JobArgs a) {
+  fill_defaults(a);
+  JobLog log("start", a.job);
+  auto site = load_site_config(site_path(a));
+  auto failed = [&](const std::string& why, bool drain) {
+    log.error(why + (drain ? "; on_failure: drain (the node will be drained)" : "; the job runs without cairn"));
+    return drain ? 1 : 0;
+  };
+  if (!site.is_ok()) {
+    // Without a readable site config there is no job_dir either: log to the default one.
+    SiteConfig defaults;
+    if (make_dirs(defaults.job_dir, 0755).is_ok() && is_root()) log.set_file(defaults.job_dir + "/cairn-job.log");
+    return failed(site.status().message(), false);
+  }
+  if (is_root()) {
+    if (make_dirs(site->job_dir, 0755).is_ok()) log.set_file(site->job_dir + "/cairn-job.log");
+  }
+  const bool drain = site->on_failure == SiteConfig::OnFailure::kDrain;
+  if (auto s = check_job_id(a.job); !s.is_ok()) return failed(s.message(), drain);
+  if (!wants_cairn(*site, a)) return 0;
+  if (is_root() && a.user.empty()) return failed("no job user: give --user (or SLURM_JOB_USER)", drain);
+  if (!is_root() && !a.user.empty()) {
+    auto me = lookup_user("");
+    if (me.is_ok() && me->name != a.user) return failed("only root can start a daemon for another user", drain);
+  }
+  auto u = lookup_user(is_root() ? a.user : "");
+  if (!u.is_ok()) return failed(u.status().message(), drain);
+  if (u->uid == 0) return failed("refusing to run cairnd as root for a root job", drain);
+  auto r = start_daemon(*site, a, *u, a.job, log);
+  if (!r.is_ok()) return failed(r.status().message(), drain);
+  std::printf("export CAIRN_SOCKET=%s\n", r->socket.c_str());
+  return 0;
+}
+
+// Flushes the daemon as its user (cairnd serves only its own uid). Returns a line for the log.
+std::string flush_as(const User& u, const std::string& socket, double timeout_s, bool& ok) {
+  int fds[2];
+  ok = false;
+  if (::pipe2(fds, O_CLOEXEC) != 0) return "cannot flush: pipe: " + std::string(std::strerror(errno));
+  pid_t pid = ::fork();
+  if (pid < 0) return "cannot flush: fork: " + std::string(std::strerror(errno));
+  if (pid == 0) {
+    ::close(fds[0]);
+    std::string out;
+    int rc = 1;
+    if (auto s = drop_privileges(u); !s.is_ok()) {
+      out = s.to_string();
+    } else if (auto c = Client::connect(socket); !c.is_ok()) {
+      out = c.status().to_string();
+    } else {
+      json req{{"op", "flush"}, {"timeout_ms", static_cast<int64_t>(timeout_s * 1000)}};
+      auto r = (*c)->call(req);
+      if (!r.is_ok()) {
+        out = r.status().to_string();
+      } else {
+        char buf[160];
+        std::snprintf(buf, sizeof buf, "flushed %llu models to the repository in %.2f s",
+                      static_cast<unsigned long long>(r->value("flushed_models", uint64_t{0})), r->value("seconds", 0.0));
+        out = buf;
+        rc = 0;
+      }
+    }
+    if (::write(fds[1], out.data(), out.size()) < 0) rc = 1;
+    ::_exit(rc);
+  }
+  ::close(fds[1]);
+  // The flush is bounded by the daemon (timeout_ms); the extra margin covers a daemon that hangs.
+  const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s + 15);
+  int status = 0;
+  bool done = false;
+  while (Clock::now() < deadline) {
+    if (::waitpid(pid, &status, WNOHANG) == pid) {
+      done = true;
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (!done) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, &status, 0);
+  }
+  std::string out;
+  char buf[512];
+  ssize_t n;
+  while ((n = ::read(fds[0], buf, sizeof buf)) > 0) out.append(buf, static_cast<size_t>(n));
+  ::close(fds[0]);
+  if (!done) return "the flush did not finish within drain_timeout; stopping anyway (cairnd drains on SIGTERM)";
+  ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  return ok ? out : "flush failed: " + out;
+}
+
+// Removes a directory tree as the daemon's user (the burst buffer lies on a node-local disk the
+// user can write to; root does not follow anything the user may have placed there).
+void remove_tree_as(const User& u, const std::string& dir) {
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    if (!drop_privileges(u).is_ok()) ::_exit(1);
+    remove_tree(dir);
+    ::_exit(0);
+  }
+  if (pid > 0) ::waitpid(pid, nullptr, 0);
+}
+
+// The job's burst-buffer directory, from the config `cairn job start` wrote ("" when it is to be
+// kept: tiers.nvme.persistent, or no config).
+std::string nvme_dir_to_remove(const JobPaths& p, const User& u, const std::string& id, const std::string& batch) {
+  struct stat st{};
+  if (::stat(p.config.c_str(), &st) != 0) return "";
+  auto c = load_config(p.config, daemon_env(u, id, batch));
+  if (!c.is_ok() || c->tiers.nvme.persistent) return "";
+  return c->tiers.nvme.path;
+}
+
+int cmd_stop(JobArgs a) {
+  fill_defaults(a);
+  JobLog log("stop", a.job);
+  auto site_r = load_site_config(site_path(a));
+  SiteConfig site;
+  if (site_r.is_ok()) site = *site_r;
+  else log.error(site_r.status().message() + "; stopping with the default settings");
+  if (auto s = check_job_id(a.job); !s.is_ok()) {
+    log.error(s.message());
+    return 0;
+  }
+  auto base = job_base(site, a, false);
+  if (!base.is_ok()) {
+    log.error(base.status().message());
+    return 0;
+  }
+  JobPaths p = paths_for(*base, a.job, is_root());
+  struct stat dst{};
+  const bool have_dir = ::lstat(p.dir.c_str(), &dst) == 0 && S_ISDIR(dst.st_mode);
+  struct stat bst{};
+  if (is_root() && ::stat(p.base.c_str(), &bst) == 0) log.set_file(p.job_log);
+  pid_t pid = read_pidfile(p.pidfile);
+  if (!have_dir && !pid) return 0;  // this job had no daemon here
+  // The daemon's user: the owner of the job directory (root mode), else the caller.
+  User u;
+  if (is_root()) {
+    if (!have_dir) {
+      log.error("pidfile " + p.pidfile + " without the job directory " + p.dir + "; not signalling anything");
+      ::unlink(p.pidfile.c_str());
+      return 0;
+    }
+    struct passwd pw{}, *out = nullptr;
+    std::vector<char> buf(16384);
+    if (::getpwuid_r(dst.st_uid, &pw, buf.data(), buf.size(), &out) == 0 && out)
+      u = User{pw.pw_uid, pw.pw_gid, pw.pw_name, pw.pw_dir ? pw.pw_dir : "/", "/bin/sh"};
+    else
+      u = User{dst.st_uid, dst.st_gid, std::to_string(dst.st_uid), "/", "/bin/sh"};
+  } else {
+    auto me = lookup_user("");
+    if (!me.is_ok()) {
+      log.error(me.status().message());
+      return 0;
+    }
+    u = *me;
+  }
+  const auto t0 = Clock::now();
+  if (pid && !is_our_daemon(pid, u.uid)) {
+    if (alive(pid))
+      log.error("pidfile " + p.pidfile + " names pid " + std::to_string(pid) + ", which is not this job's cairnd; not signalled");
+    pid = 0;
+  }
+  if (pid) {
+    bool ok = false;
+    std::string flushed = socket_answers(p.socket) ? flush_as(u, p.socket, site.drain_timeout_s, ok)
+                                                   : "the socket does not answer; no flush";
+    log.line(ok ? LOG_INFO : LOG_ERR, flushed);
+    ::kill(pid, SIGTERM);
+    auto deadline = Clock::now() + std::chrono::duration<double>(site.stop_timeout_s);
+    while (alive(pid) && Clock::now() < deadline) {
+      ::waitpid(pid, nullptr, WNOHANG);  // when this process started it (tests), reap it
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    if (alive(pid)) {
+      log.error("cairnd pid " + std::to_string(pid) + " did not exit within stop_timeout after SIGTERM; SIGKILL");
+      ::kill(pid, SIGKILL);
+      auto kill_deadline = Clock::now() + std::chrono::seconds(5);
+      while (alive(pid) && Clock::now() < kill_deadline) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    } else {
+      char msg[96];
+      std::snprintf(msg, sizeof msg, "cairnd pid %d stopped in %.2f s",
+                    static_cast<int>(pid), std::chrono::duration<double>(Clock::now() - t0).count());
+      log.info(msg);
+    }
+  }
+  ::unlink(p.pidfile.c_str());
+  if (have_dir && !(a.keep || site.keep_job_dir)) {
+    if (std::string nvme = nvme_dir_to_remove(p, u, a.job, a.batch); !nvme.empty()) remove_tree_as(u, nvme);
+    remove_tree(p.dir);
+  }
+  return 0;
+}
+
+int cmd_env(JobArgs a) {
+  fill_defaults(a);
+  if (!check_job_id(a.job).is_ok()) return 0;
+  auto site_r = load_site_config(site_path(a));
+  SiteConfig site = site_r.is_ok() ? *site_r : SiteConfig{};
+  std::vector<std::string> bases;
+  if (!a.job_dir.empty()) bases.push_back(a.job_dir);
+  bases.push_back(site.job_dir);
+  bases.push_back(user_fallback_base());
+  for (const auto& b : bases) {
+    JobPaths p = paths_for(b, a.job, false);
+    struct stat st{};
+    if (::stat(p.socket.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) {
+      std::printf("export CAIRN_SOCKET=%s\n", p.socket.c_str());
+      return 0;
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+void add_job_commands(CLI::App& app, int& rc) {
+  auto* job = app.add_subcommand("job", "start or stop this node's daemon for a batch job (the Slurm prolog and epilog run these; docs/slurm.md)");
+  job->require_subcommand(1);
+  auto args = std::make_shared<JobArgs>();
+  auto common = [&](CLI::App* c) {
+    c->add_option("--job", args->job, "job id (default: $SLURM_JOB_ID, else $PBS_JOBID)");
+    c->add_option("--site", args->site, "site config (default: <prefix>/etc/cairn/site.yaml if present, else /etc/cairn/site.yaml)");
+    c->add_option("--job-dir", args->job_dir, "parent of the per-job directories (default: the site's job_dir)");
+  };
+  auto* start = job->add_subcommand("start", "start cairnd for the job (as root: --user; prints `export CAIRN_SOCKET=...`)");
+  common(start);
+  start->add_option("--user", args->user, "the job's user (root only; default: $SLURM_JOB_USER)");
+  start->add_option("--comment", args->comment, "the job's comment, for enable: opt-in (default: $SLURM_JOB_COMMENT)");
+  start->add_option("--batch", args->batch, "called by the batch system's prolog (slurm, pbs): apply the site's `enable`")
+      ->check(CLI::IsMember({"slurm", "pbs"}));
+  start->callback([&rc, args] { rc = cmd_start(*args); });
+  auto* stop = job->add_subcommand("stop", "flush the job's cairnd to the repository, stop it, remove the job directory");
+  common(stop);
+  stop->add_flag("--keep", args->keep, "keep the job directory (config, logs)");
+  stop->add_option("--batch", args->batch, "called by the batch system's epilog (slurm, pbs)")->check(CLI::IsMember({"slurm", "pbs"}));
+  stop->callback([&rc, args] { rc = cmd_stop(*args); });
+  auto* env = job->add_subcommand("env", "print `export CAIRN_SOCKET=...` when the job has a daemon on this node (the task prolog)");
+  common(env);
+  env->callback([&rc, args] { rc = cmd_env(*args); });
+}
+
+}  // namespace cairn::tool

@@ -1,0 +1,144 @@
+// The site config of the job lifecycle (see job_site.hpp and docs/slurm.md).
+#include "tools/job_site.hpp"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cstdlib>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include <yaml-cpp/yaml.h>
+
+namespace cairn::tool {
+namespace {
+
+Status bad(const std::string& source, const std::string& key, const std::string& what) {
+  return invalid_argument("site config " + source + ": " + key + ": " + what);
+}
+
+Result<std::string> scalar(const YAML::Node& n, const std::string& source, const std::string& key) {
+  if (!n.IsScalar()) return bad(source, key, "must be a single value");
+  return n.Scalar();
+}
+
+Result<double> duration(const YAML::Node& n, const std::string& source, const std::string& key) {
+  auto s = scalar(n, source, key);
+  if (!s.is_ok()) return s.status();
+  double v = parse_duration_seconds(*s);
+  if (v < 0) return bad(source, key, "'" + *s + "' is not a duration (e.g. 30s, 500ms, 2m, 1h)");
+  return v;
+}
+
+}  // namespace
+
+double parse_duration_seconds(const std::string& text) {
+  if (text.empty() || text.size() > 32) return -1;
+  size_t i = 0;
+  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) ++i;
+  if (i == 0) return -1;
+  std::string number = text.substr(0, i), unit = text.substr(i);
+  if (std::count(number.begin(), number.end(), '.') > 1 || number == ".") return -1;
+  double v = std::strtod(number.c_str(), nullptr);
+  if (!std::isfinite(v)) return -1;
+  if (unit.empty() || unit == "s") return v;
+  if (unit == "ms") return v / 1000;
+  if (unit == "m") return v * 60;
+  if (unit == "h") return v * 3600;
+  return -1;
+}
+
+std::string default_site_path(const std::string& prefix) {
+  if (!prefix.empty()) {
+    std::string p = prefix + "/etc/cairn/site.yaml";
+    struct stat st{};
+    if (::stat(p.c_str(), &st) == 0) return p;
+  }
+  return "/etc/cairn/site.yaml";
+}
+
+Result<SiteConfig> parse_site_config(const std::string& text, const std::string& source) {
+  SiteConfig c;
+  c.source = source;
+  YAML::Node root;
+  try {
+    root = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    return invalid_argument("site config " + source + ": not valid YAML: " + e.what());
+  }
+  if (!root || root.IsNull()) return c;  // an empty file: the defaults
+  if (!root.IsMap()) return invalid_argument("site config " + source + ": must be a mapping of keys");
+  try {
+    for (const auto& kv : root) {
+      if (!kv.first.IsScalar()) return invalid_argument("site config " + source + ": a key is not a string");
+      const std::string key = kv.first.Scalar();
+      const YAML::Node& v = kv.second;
+      if (key == "enable") {
+        auto s = scalar(v, source, key);
+        if (!s.is_ok()) return s.status();
+        if (*s == "opt-in") c.enable = SiteConfig::Enable::kOptIn;
+        else if (*s == "always") c.enable = SiteConfig::Enable::kAlways;
+        else if (*s == "never") c.enable = SiteConfig::Enable::kNever;
+        else return bad(source, key, "'" + *s + "' is not one of opt-in, always, never");
+      } else if (key == "repository" || key == "job_dir") {
+        auto s = scalar(v, source, key);
+        if (!s.is_ok()) return s.status();
+        if (key == "job_dir") {
+          if (s->empty() || (*s)[0] != '/') return bad(source, key, "must be an absolute path");
+          c.job_dir = *s;
+        } else {
+          c.repository = *s;
+        }
+      } else if (key == "daemon") {
+        if (v.IsNull()) continue;
+        if (!v.IsMap()) return bad(source, key, "must be a mapping of cairnd config keys (docs/config.md)");
+        YAML::Emitter out;
+        out << v;
+        c.daemon_yaml = out.c_str();
+      } else if (key == "drain_timeout" || key == "start_timeout" || key == "stop_timeout") {
+        auto d = duration(v, source, key);
+        if (!d.is_ok()) return d.status();
+        (key == "drain_timeout" ? c.drain_timeout_s : key == "start_timeout" ? c.start_timeout_s : c.stop_timeout_s) = *d;
+      } else if (key == "on_failure") {
+        auto s = scalar(v, source, key);
+        if (!s.is_ok()) return s.status();
+        if (*s == "continue") c.on_failure = SiteConfig::OnFailure::kContinue;
+        else if (*s == "drain") c.on_failure = SiteConfig::OnFailure::kDrain;
+        else return bad(source, key, "'" + *s + "' is not one of continue, drain");
+      } else if (key == "keep_job_dir") {
+        auto s = scalar(v, source, key);
+        if (!s.is_ok()) return s.status();
+        if (*s == "true" || *s == "yes") c.keep_job_dir = true;
+        else if (*s == "false" || *s == "no") c.keep_job_dir = false;
+        else return bad(source, key, "'" + *s + "' is not true or false");
+      } else {
+        return invalid_argument("site config " + source + ": unknown key '" + key +
+                                "' (known: enable, repository, job_dir, daemon, drain_timeout, start_timeout, "
+                                "stop_timeout, on_failure, keep_job_dir)");
+      }
+    }
+  } catch (const YAML::Exception& e) {
+    return invalid_argument("site config " + source + ": " + e.what());
+  }
+  return c;
+}
+
+Result<SiteConfig> load_site_config(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) {
+    if (errno == ENOENT) {
+      SiteConfig c;
+      c.source = path + " (absent: defaults)";
+      return c;
+    }
+    return errno_status("site config '" + path + "'", errno);
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parse_site_config(ss.str(), path);
+}
+
+}  // namespace cairn::tool
