@@ -15,9 +15,11 @@
 #include <nlohmann/json.hpp>
 
 #include "api/cpp/client.hpp"
+#include "api/cpp/model_file.hpp"
 #include "tiers/pfs/repository.hpp"
 #include "core/safetensors.hpp"
 #include "core/wire.hpp"
+#include "tools/job.hpp"
 #include "tools/model_files.hpp"
 
 namespace {
@@ -64,19 +66,6 @@ bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-Status pread_full(int fd, uint8_t* dst, uint64_t n, uint64_t off, const std::string& path) {
-  while (n > 0) {
-    ssize_t r = ::pread(fd, dst, n, static_cast<off_t>(off));
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      return cairn::errno_status("reading '" + path + "'", errno);
-    }
-    if (r == 0) return cairn::invalid_argument("'" + path + "' is shorter than its header says (truncated file?)");
-    dst += r, n -= static_cast<uint64_t>(r), off += static_cast<uint64_t>(r);
-  }
-  return Status::ok();
-}
-
 // ---- put ----
 
 int cmd_put(const std::string& id, const std::string& file, const std::string& parent, const std::string& arch_path,
@@ -86,9 +75,7 @@ int cmd_put(const std::string& id, const std::string& file, const std::string& p
   if (ends_with(file, ".h5") || ends_with(file, ".hdf5") || ends_with(file, ".pt") || ends_with(file, ".bin"))
     return fail(cairn::invalid_argument("'" + file + "': `cairn put` stores safetensors files; use `cairn import " + id +
                                         " " + file + "` for Keras HDF5 and torch files"));
-  auto header = cairn::safetensors::read_header(file);
-  if (!header.is_ok()) return fail(header.status());
-  json meta = json::object();
+  json meta = nullptr;
   if (!meta_text.empty()) {
     meta = json::parse(meta_text, nullptr, false);
     if (meta.is_discarded() || !meta.is_object()) return fail(cairn::invalid_argument("--meta must be a JSON object"));
@@ -99,42 +86,13 @@ int cmd_put(const std::string& id, const std::string& file, const std::string& p
     if (!a.is_ok()) return fail(a.status());
     arch = *a;
   }
-  int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return fail(cairn::errno_status("opening '" + file + "'", errno));
-  std::string header_json(header->header_bytes, '\0');
-  Status st = pread_full(fd, reinterpret_cast<uint8_t*>(header_json.data()), header->header_bytes, 8, file);
-  if (!st.is_ok()) {
-    ::close(fd);
-    return fail(st);
-  }
+  // The file is checked before connecting, so that a bad file is named even without a daemon.
+  auto header = cairn::safetensors::read_header(file);
+  if (!header.is_ok()) return fail(header.status());
   auto client = connect();
-  if (!client.is_ok()) {
-    ::close(fd);
-    return fail(client.status());
-  }
-  cairn::ModelWriter w(**client, id, parent);
-  if (!meta.empty()) st = w.set_metadata(meta);
-  if (st.is_ok() && !arch.is_null()) st = w.set_architecture(arch);
-  w.set_source_header(header_json);
-  std::vector<uint8_t> small;
-  for (const auto& t : header->tensors) {
-    if (!st.is_ok()) break;
-    uint64_t off = header->data_offset() + t.begin;
-    if (t.nbytes() <= cairn::kInlineLimit) {
-      small.resize(t.nbytes());
-      st = pread_full(fd, small.data(), t.nbytes(), off, file);
-      if (st.is_ok()) st = w.add_tensor(t.name, small.data(), t.dtype, t.shape);
-    } else {
-      // Straight from the file into the daemon's arena: no intermediate buffer.
-      auto space = w.add_tensor_space(t.name, t.dtype, t.shape);
-      st = space.is_ok() ? pread_full(fd, *space, t.nbytes(), off, file) : space.status();
-    }
-  }
-  ::close(fd);
-  if (!st.is_ok()) return fail(st);
-  auto r = w.commit(*durability, true);
-  if (!r.is_ok()) return fail(r.status());
-  return 0;
+  if (!client.is_ok()) return fail(client.status());
+  Status st = cairn::put_safetensors_file(**client, id, file, parent, *durability, meta, arch);
+  return st.is_ok() ? 0 : fail(st);
 }
 
 // ---- get ----
@@ -142,77 +100,8 @@ int cmd_put(const std::string& id, const std::string& file, const std::string& p
 int cmd_get(const std::string& id, const std::string& out, const std::vector<std::string>& only) {
   auto client = connect();
   if (!client.is_ok()) return fail(client.status());
-  auto opened = (*client)->call(json{{"op", "open"}, {"id", id}, {"with_source_header", true}});
-  if (!opened.is_ok()) return fail(opened.status());
-  auto reader = cairn::ModelReader::open(**client, id);
-  if (!reader.is_ok()) return fail(reader.status());
-  std::vector<std::string> names;
-  if (only.empty()) {
-    for (const auto& t : (*reader)->tensors()) names.push_back(t.name);
-  } else {
-    for (const auto& n : only) {
-      if (!(*reader)->find(n)) return fail(cairn::not_found("model '" + id + "' has no tensor '" + n + "'"));
-      names.push_back(n);
-    }
-  }
-  // The original header when the whole model is asked for and it came from a file: byte-exact.
-  std::string prefix;
-  std::map<std::string, std::string> file_metadata;
-  bool have_file_metadata = false;
-  if (opened->contains("source_header") && (*opened)["source_header"].is_string()) {
-    std::string js = (*opened)["source_header"].get<std::string>();
-    std::string p(8, '\0');
-    for (int i = 0; i < 8; ++i) p[static_cast<size_t>(i)] = static_cast<char>((js.size() >> (8 * i)) & 0xff);
-    p += js;
-    uint64_t data_bytes = 0;
-    for (const auto& t : (*reader)->tensors()) data_bytes += t.nbytes;
-    auto h = cairn::safetensors::parse_header({reinterpret_cast<const uint8_t*>(p.data()), p.size()}, p.size() + data_bytes);
-    if (h.is_ok()) {
-      file_metadata = h->metadata;
-      have_file_metadata = h->has_metadata;
-      bool same_order = only.empty() && h->tensors.size() == names.size();
-      for (size_t i = 0; same_order && i < names.size(); ++i) same_order = h->tensors[i].name == names[i];
-      if (same_order) prefix = p;
-    }
-  }
-  if (prefix.empty()) {
-    std::vector<cairn::safetensors::TensorEntry> entries;
-    for (const auto& n : names) {
-      const auto* t = (*reader)->find(n);
-      entries.push_back({t->name, t->dtype, t->shape, 0, 0});
-    }
-    auto built = cairn::safetensors::build_header(entries, have_file_metadata ? &file_metadata : nullptr);
-    if (!built.is_ok()) return fail(built.status());
-    prefix = std::move(built).value();
-  }
-  std::string tmp = out + ".cairn-tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return fail(cairn::errno_status("creating '" + tmp + "'", errno));
-  Status st = cairn::wire::write_full(fd, prefix.data(), prefix.size());
-  for (const auto& n : names) {
-    if (!st.is_ok()) break;
-    auto view = (*reader)->map(n);
-    if (!view.is_ok()) {
-      st = view.status();
-      break;
-    }
-    const uint8_t* p = view->data();
-    size_t left = view->size();
-    while (st.is_ok() && left > 0) {
-      ssize_t w = ::write(fd, p, left);
-      if (w < 0 && errno == EINTR) continue;
-      if (w < 0) st = cairn::errno_status("writing '" + tmp + "'", errno);
-      else p += w, left -= static_cast<size_t>(w);
-    }
-    (*reader)->close();
-  }
-  if (::close(fd) != 0 && st.is_ok()) st = cairn::errno_status("closing '" + tmp + "'", errno);
-  if (st.is_ok() && std::rename(tmp.c_str(), out.c_str()) != 0) st = cairn::errno_status("renaming to '" + out + "'", errno);
-  if (!st.is_ok()) {
-    ::unlink(tmp.c_str());
-    return fail(st);
-  }
-  return 0;
+  Status st = cairn::get_safetensors_file(**client, id, out, only);
+  return st.is_ok() ? 0 : fail(st);
 }
 
 // ---- import / export: the format from the file's extension (docs/import-export.md) ----
@@ -701,6 +590,8 @@ int main(int argc, char** argv) {
     if (q.is_discarded() || !q.is_object()) rc = fail(cairn::invalid_argument("the query is not a JSON object"));
     else rc = cmd_simple(json{{"op", "query"}, {"query", q}}, true);
   });
+
+  cairn::tool::add_job_commands(app, rc);
 
   CLI11_PARSE(app, argc, argv);
   return rc;

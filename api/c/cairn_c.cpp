@@ -8,6 +8,7 @@
 #include <string>
 
 #include "api/cpp/client.hpp"
+#include "api/cpp/model_file.hpp"
 
 struct cairn_client {
   std::unique_ptr<cairn::Client> impl;
@@ -407,6 +408,31 @@ cairn_status cairn_hint(cairn_client* c, const char* hint_json, char** result_js
       *result_json = out;
     }
     return done(cairn::Status::ok());
+  });
+}
+
+cairn_status cairn_model_put_file(cairn_client* c, const char* id, const char* path, const char* parent,
+                                  cairn_durability d, const char* meta_json) {
+  return guarded([&] {
+    CAIRN_REQUIRE_ARG(c && id && path, "client, id and path must not be NULL");
+    const int level = raw_enum(d);
+    CAIRN_REQUIRE_ARG(level >= CAIRN_DURABILITY_MEMORY && level <= CAIRN_DURABILITY_GLOBAL,
+                      "unknown durability " + std::to_string(level));
+    nlohmann::json meta = nullptr;
+    if (meta_json && *meta_json) {
+      meta = nlohmann::json::parse(meta_json, nullptr, false);
+      if (meta.is_discarded() || !meta.is_object())
+        return fail(CAIRN_ERR_INVALID_ARGUMENT, "metadata is not a JSON object");
+    }
+    return done(cairn::put_safetensors_file(*c->impl, id, path, parent ? parent : "",
+                                            static_cast<cairn::Durability>(level), meta));
+  });
+}
+
+cairn_status cairn_model_get_file(cairn_client* c, const char* id, const char* path) {
+  return guarded([&] {
+    CAIRN_REQUIRE_ARG(c && id && path, "client, id and path must not be NULL");
+    return done(cairn::get_safetensors_file(*c->impl, id, path));
   });
 }
 

@@ -136,6 +136,13 @@ CAIRN_EXPORT cairn_status cairn_model_set_metadata(cairn_model_writer *w, const 
 CAIRN_EXPORT cairn_status cairn_model_commit(cairn_model_writer *w, cairn_durability d, cairn_ticket **ticket);
 /* Drops an uncommitted model and frees w. */
 CAIRN_EXPORT void cairn_model_abort(cairn_model_writer *w);
+/* Stores the safetensors file at `path` as model `id`, derived from `parent` (NULL or "": none;
+ * tensors equal to the parent's are stored once), with `meta_json` (NULL or a JSON object) as its
+ * metadata, and returns once durability d is reached. Large tensors are read from the file straight
+ * into the daemon's arena. The file's header is kept: cairn_model_get_file gives the same bytes back.
+ * A file that is not valid safetensors is CAIRN_ERR_INVALID_ARGUMENT naming what is wrong. */
+CAIRN_EXPORT cairn_status cairn_model_put_file(cairn_client *c, const char *id, const char *path, const char *parent,
+                                               cairn_durability d, const char *meta_json);
 /* Waits up to timeout_ms (-1: forever) for the ticket: for a pipelined commit, first its reply (the
  * commit's own error is returned here), then the durability asked for. CAIRN_ERR_TIMEOUT if not
  * yet (wait again later); CAIRN_ERR_UNAVAILABLE if the connection was lost before the reply came
@@ -177,6 +184,9 @@ CAIRN_EXPORT cairn_status cairn_model_map_tensors(cairn_model_reader *r, size_t 
 CAIRN_EXPORT cairn_status cairn_model_read_tensors(cairn_model_reader *r, size_t count, const char *const *names,
                                                    void *const *dsts, const size_t *dst_bytes);
 CAIRN_EXPORT void cairn_model_close(cairn_model_reader *r);
+/* Writes model `id` as the safetensors file `path` (written to a temporary file, then renamed into
+ * place). A model stored from a file comes back byte for byte. */
+CAIRN_EXPORT cairn_status cairn_model_get_file(cairn_client *c, const char *id, const char *path);
 
 /* ---- hints and queries ---- */
 

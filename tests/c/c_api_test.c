@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cairn/cairn.h"
 
@@ -350,6 +351,53 @@ int main(int argc, char **argv) {
     free(h1);
     free(h2);
     free(back);
+  }
+
+  /* ---- safetensors files in and out (cairn_model_put_file / cairn_model_get_file) ---- */
+  {
+    const char *tmp = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+    char in_path[512], out_path[512], bad_path[512], file_id[128], child_file_id[128];
+    /* header: {"w":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]}} padded to 8 bytes */
+    const char *header = "{\"w\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[0,16]}}";
+    size_t hlen = strlen(header), padded = (hlen + 7) / 8 * 8, k;
+    float data[4] = {1.0f, 2.0f, 3.0f, 4.0f};
+    unsigned char len_le[8];
+    unsigned char in_bytes[256], out_bytes[256];
+    size_t in_n = 0, out_n = 0;
+    FILE *f;
+    snprintf(in_path, sizeof in_path, "%s/c_api_test_in%s-%d.safetensors", tmp, suffix, (int)getpid());
+    snprintf(out_path, sizeof out_path, "%s/c_api_test_out%s-%d.safetensors", tmp, suffix, (int)getpid());
+    snprintf(bad_path, sizeof bad_path, "%s/c_api_test_bad%s-%d.safetensors", tmp, suffix, (int)getpid());
+    snprintf(file_id, sizeof file_id, "c-file%s", suffix);
+    snprintf(child_file_id, sizeof child_file_id, "c-file-child%s", suffix);
+    for (k = 0; k < 8; ++k) len_le[k] = (unsigned char)((padded >> (8 * k)) & 0xff);
+    f = fopen(in_path, "wb");
+    CHECK(f != NULL);
+    if (f) {
+      fwrite(len_le, 1, 8, f);
+      fwrite(header, 1, hlen, f);
+      for (k = hlen; k < padded; ++k) fputc(' ', f);
+      fwrite(data, 1, sizeof data, f);
+      fclose(f);
+    }
+    CHECK_OK(cairn_model_put_file(c, file_id, in_path, NULL, CAIRN_DURABILITY_GLOBAL, "{\"score\": 0.5}"));
+    CHECK_OK(cairn_model_put_file(c, child_file_id, in_path, file_id, CAIRN_DURABILITY_MEMORY, NULL));
+    CHECK(cairn_model_put_file(c, file_id, in_path, NULL, CAIRN_DURABILITY_GLOBAL, NULL) == CAIRN_ERR_EXISTS);
+    CHECK_OK(cairn_model_get_file(c, child_file_id, out_path));
+    f = fopen(in_path, "rb");
+    if (f) { in_n = fread(in_bytes, 1, sizeof in_bytes, f); fclose(f); }
+    f = fopen(out_path, "rb");
+    if (f) { out_n = fread(out_bytes, 1, sizeof out_bytes, f); fclose(f); }
+    CHECK(in_n > 0 && in_n == out_n && memcmp(in_bytes, out_bytes, in_n) == 0);
+    f = fopen(bad_path, "wb");
+    if (f) { fputs("not a safetensors file", f); fclose(f); }
+    CHECK(cairn_model_put_file(c, "c-bad-file", bad_path, NULL, CAIRN_DURABILITY_GLOBAL, NULL) == CAIRN_ERR_INVALID_ARGUMENT);
+    CHECK(strstr(cairn_last_error(), bad_path) != NULL);
+    CHECK(cairn_model_put_file(c, "c-bad-meta", in_path, NULL, CAIRN_DURABILITY_GLOBAL, "[1]") == CAIRN_ERR_INVALID_ARGUMENT);
+    CHECK(cairn_model_get_file(c, "c-no-such-model", out_path) == CAIRN_ERR_NOT_FOUND);
+    remove(in_path);
+    remove(out_path);
+    remove(bad_path);
   }
 
   cairn_disconnect(c);

@@ -1,0 +1,141 @@
+"""Swift/T with cairn's leaf functions (workflow/swift/cairn.swift over the Tcl package built from
+workflow/swift/tclcairn.cpp) against a real cairnd: the NAS example (workflow/examples/nas.swift) on
+3 ranks, blobs between leaves, and a run without a daemon. Swift/T is built once from the vendored
+kit (../shared/vendor/swift-t) into a cache outside the checkout ($CAIRN_SWIFT_T, default
+/var/cache/cairn/swift-t) and reused."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+from safetensors.numpy import load_file
+
+SOURCE = os.environ.get("CAIRN_SOURCE_DIR", os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
+BUILD = os.environ.get("CAIRN_BUILD_DIR", os.path.join(SOURCE, "build"))
+KIT = os.environ.get("CAIRN_SWIFT_T_KIT_SRC", os.path.join(SOURCE, "..", "shared", "vendor", "swift-t"))
+PREFIX = os.environ.get("CAIRN_SWIFT_T", "/var/cache/cairn/swift-t")
+PKG = os.path.join(BUILD, "lib", "tcl", "cairn")
+PYTHON = sys.executable
+
+
+def swift_t():
+    exe = os.path.join(PREFIX, "stc", "bin", "swift-t")
+    if not os.path.exists(os.path.join(KIT, "build.sh")) and not os.access(exe, os.X_OK):
+        pytest.skip("the Swift/T kit is not here (%s) and no Swift/T is built in %s" % (KIT, PREFIX))
+    # Idempotent: returns at once when PREFIX already holds this kit's build.
+    p = subprocess.run(["bash", os.path.join(KIT, "build.sh"), PREFIX], stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, universal_newlines=True)
+    assert p.returncode == 0, "building Swift/T failed:\n" + p.stderr[-3000:]
+    assert os.access(exe, os.X_OK), p.stdout
+    return exe
+
+
+@pytest.fixture(scope="module")
+def swift():
+    exe = swift_t()
+    assert os.path.exists(os.path.join(PKG, "libtclcairn.so")), \
+        "the Tcl package was not built (%s): is tcl-dev installed? (scripts/deps installs it)" % PKG
+    return exe
+
+
+@pytest.fixture(scope="module")
+def daemon():
+    d = tempfile.mkdtemp(prefix="cairn-swift-")
+    sock = os.path.join(d, "cairnd.sock")
+    cfg = os.path.join(d, "cairnd.yaml")
+    with open(cfg, "w") as f:
+        f.write("socket: %s\nrepository: %s/repo\ntiers:\n  dram:\n    capacity: 256MiB\n" % (sock, d))
+    log = open(os.path.join(d, "cairnd.log"), "w")
+    p = subprocess.Popen([os.path.join(BUILD, "bin", "cairnd"), "--config", cfg], stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.time() + 30
+    while not os.path.exists(sock) and time.time() < deadline:
+        assert p.poll() is None, open(os.path.join(d, "cairnd.log")).read()
+        time.sleep(0.02)
+    yield {"dir": d, "socket": sock, "pid": p.pid}
+    p.send_signal(signal.SIGTERM)
+    p.wait(timeout=60)
+    log.close()
+
+
+def run_swift(swift, script, args, socket, cwd, timeout=300):
+    env = dict(os.environ, CAIRN_SOCKET=socket, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               TURBINE_LAUNCH_OPTIONS="--oversubscribe")
+    t0 = time.time()
+    p = subprocess.run([swift, "-I", PKG, "-r", PKG, "-n", "3", script] + args, env=env, cwd=cwd,
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True, timeout=timeout)
+    return p, time.time() - t0
+
+
+def cairn(daemon, *args):
+    p = subprocess.run([os.path.join(BUILD, "bin", "cairn")] + list(args), env=dict(os.environ, CAIRN_SOCKET=daemon["socket"]),
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True)
+    assert p.returncode == 0, p.stdout
+    return p.stdout
+
+
+def test_nas_swift_on_three_ranks_commits_candidates_with_their_parents(swift, daemon, tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    base = tmp_path / "base.safetensors"
+    cand = os.path.join(SOURCE, "workflow", "examples", "nas_swift_candidate.py")
+    subprocess.run([PYTHON, cand, "--init", str(base)], check=True)
+    script = tmp_path / "nas.swift"  # swift-t writes its .tic beside the script: a copy in tmp
+    script.write_text(open(os.path.join(SOURCE, "workflow", "examples", "nas.swift")).read())
+    G, C = 2, 3
+    p, secs = run_swift(swift, str(script), ["--work=%s" % work, "--base=%s" % base, "--python=%s" % PYTHON,
+                                             "--script=%s" % cand, "--generations=%d" % G, "--candidates=%d" % C,
+                                             "--prefix=sw"], daemon["socket"], str(tmp_path))
+    assert p.returncode == 0, p.stdout
+    best = {}
+    for line in p.stdout.splitlines():
+        if line.startswith("generation "):
+            g = int(line.split()[1].rstrip(":"))
+            best[g] = line.split("best ")[1].split()[0]
+    assert sorted(best) == [1, 2], p.stdout
+    final = [ln for ln in p.stdout.splitlines() if ln.startswith("best: ")]
+    assert final and final[0].split()[1] == best[2], p.stdout
+    assert final[0].split("lineage: ")[1].split() == [best[1], "sw-g0"], final
+    parents = {1: "sw-g0", 2: best[1]}
+    for g in (1, 2):
+        scores = {}
+        for c in range(C):
+            mid = "sw-g%d-c%d" % (g, c)
+            show = json.loads(cairn(daemon, "show", mid))
+            assert show["parent"] == parents[g], show
+            scores[mid] = show["metadata"]["score"]
+            # The model reads back exactly what the candidate wrote.
+            out = tmp_path / (mid + ".back.safetensors")
+            cairn(daemon, "get", mid, "-o", str(out))
+            assert out.read_bytes() == (work / (mid + ".safetensors")).read_bytes()
+        assert best[g] == max(scores, key=scores.get)
+    # Each candidate trained one of the two layers: the other is its parent's, stored once.
+    for c in range(C):
+        mine = load_file(str(work / ("sw-g1-c%d.safetensors" % c)))
+        base_t = load_file(str(base))
+        layer = "l%d" % ((1000 + c) % 2)
+        other = "l%d" % (1 - (1000 + c) % 2)
+        assert (mine[other + ".weight"] == base_t[other + ".weight"]).all()
+        assert not (mine[layer + ".weight"] == base_t[layer + ".weight"]).all()
+    print("nas.swift: %d generations x %d candidates on 3 ranks in %.1f s" % (G, C, secs))
+
+
+def test_a_blob_put_in_one_leaf_is_read_in_another(swift, daemon, tmp_path):
+    script = tmp_path / "blobs.swift"
+    script.write_text(open(os.path.join(SOURCE, "tests", "system", "swift", "blobs.swift")).read())
+    p, _ = run_swift(swift, str(script), [], daemon["socket"], str(tmp_path))
+    assert p.returncode == 0, p.stdout
+    assert "put 24 bytes" in p.stdout and "got 1.5 2.5 3.0" in p.stdout and "poll=1" in p.stdout, p.stdout
+
+
+def test_without_a_daemon_the_workflow_fails_at_once_naming_the_socket(swift, tmp_path):
+    script = tmp_path / "blobs.swift"
+    script.write_text(open(os.path.join(SOURCE, "tests", "system", "swift", "blobs.swift")).read())
+    missing = str(tmp_path / "no-daemon" / "cairnd.sock")
+    p, secs = run_swift(swift, str(script), [], missing, str(tmp_path), timeout=120)
+    assert p.returncode != 0, p.stdout
+    assert missing in p.stdout, p.stdout
+    assert secs < 60, "took %.1f s to fail" % secs
