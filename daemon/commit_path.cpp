@@ -65,15 +65,6 @@ int64_t CommitPath::next_stamp() {
 
 // ---- commit ----
 
-struct CommitPath::Planned {
-  std::string name;
-  TensorDesc desc;
-  enum { kSpace, kInline, kInherit } source;
-  uint64_t space = 0;
-  uint64_t blob_offset = 0;
-  const TensorManifest* inherited = nullptr;
-};
-
 Result<std::vector<CommitPath::Planned>> CommitPath::plan(Session& s, const std::string& id, const json& tensors,
                                                          bool inherit_all, const ModelManifest* parent,
                                                          const std::vector<uint8_t>& blob) {
@@ -160,6 +151,104 @@ std::vector<ChunkHash> hash_ranges(const uint8_t* base, const std::vector<std::p
 
 }  // namespace
 
+// Pass 3 and registration, for a commit and for an assembled multi-part model: hashes the new
+// tensors' bytes in place, adopts the chunks into the DRAM tier (deduplicating), builds the manifest
+// and hands it to the flusher (visible from now on). The caller holds the gc lock (shared) and the
+// id's reservation. On error nothing is registered and `ticket` is forgotten (or, for a multi-part
+// model whose parts wait on it, finished with the error).
+Result<std::shared_ptr<ModelManifest>> CommitPath::build_and_register(
+    const std::string& id, const std::string& parent, const ModelManifest* parent_manifest, const json& metadata,
+    const json& architecture, const Graph* parsed_graph,
+    const std::vector<std::pair<const std::vector<Planned>*, const std::vector<Extent>*>>& parts,
+    const std::string& source_header, uint64_t ticket, DurabilityLevel target, bool forget_ticket_on_error) {
+  // Pass 3: hash in place and adopt the chunks into the DRAM tier (deduplicating).
+  auto m = std::make_shared<ModelManifest>();
+  m->id = id;
+  m->parent = parent;
+  m->metadata = metadata;
+  m->architecture = architecture;
+  if (!source_header.empty()) {
+    const std::string& js = source_header;
+    std::string prefix(8, '\0');
+    uint64_t n = js.size();
+    for (int i = 0; i < 8; ++i) prefix[static_cast<size_t>(i)] = static_cast<char>((n >> (8 * i)) & 0xff);
+    m->source_header = prefix + js;
+  }
+  const uint64_t chunk_size = p_.repo.chunk_size();
+  // The parts' plans, in order, as one list (a plain commit is one part).
+  std::vector<const Planned*> plan;
+  std::vector<Extent> tensor_ext;
+  for (const auto& [pp, ext] : parts)
+    for (size_t i = 0; i < pp->size(); ++i) plan.push_back(&(*pp)[i]), tensor_ext.push_back((*ext)[i]);
+  // Every new chunk hashed.
+  std::vector<std::pair<uint64_t, uint64_t>> to_hash;  // (arena offset, length)
+  for (size_t i = 0; i < plan.size(); ++i) {
+    const Planned& p = *plan[i];
+    if (p.source == Planned::kInherit) continue;
+    for (uint64_t off = 0; off < p.desc.nbytes; off += chunk_size)
+      to_hash.emplace_back(tensor_ext[i].offset + off, std::min(chunk_size, p.desc.nbytes - off));
+  }
+  const std::vector<ChunkHash> hashes = hash_ranges(p_.dram.base(), to_hash);
+  size_t hash_index = 0;
+  std::vector<ChunkHash> pinned;
+  // A metadata-only child (every tensor its parent's, in order) shares the parent's tensor list.
+  bool all_parent = parent_manifest && !plan.empty() && plan.size() == parent_manifest->tensors.size();
+  for (size_t pi = 0; all_parent && pi < plan.size(); ++pi)
+    all_parent = plan[pi]->source == Planned::kInherit && plan[pi]->inherited == &parent_manifest->tensors[pi];
+  if (all_parent) m->tensors = parent_manifest->tensors;
+  else m->tensors.reserve(plan.size());
+  for (size_t pi = 0; pi < plan.size() && !all_parent; ++pi) {
+    const Planned& p = *plan[pi];
+    if (p.source == Planned::kInherit) {
+      m->tensors.push_back(*p.inherited);
+      continue;
+    }
+    const Extent ext = tensor_ext[pi];
+    TensorManifest t;
+    t.name = p.name;
+    t.dtype = p.desc.dtype;
+    t.shape = p.desc.shape;
+    t.nbytes = p.desc.nbytes;
+    if (t.nbytes == 0) p_.dram.release(ext.offset, 0);
+    for (uint64_t off = 0; off < t.nbytes; off += chunk_size) {
+      uint64_t len = std::min(chunk_size, t.nbytes - off);
+      ChunkHash h = hashes[hash_index++];
+      bool dirty = p_.tiers.only_in_dram(h);
+      p_.dram.adopt(h, ext.offset + off, len, dirty);
+      pinned.push_back(h);
+      if (p_.trace) p_.trace->commit(id, h, len);
+      ChunkRef ref;
+      ref.hash = h;
+      ref.length = len;
+      if (auto stored = p_.repo.locate(h)) ref = *stored;
+      t.chunks.push_back(ref);
+    }
+    m->tensors.push_back(std::move(t));
+  }
+
+  // Register as pending (visible now) and hand it to the flusher, which writes models in commit
+  // order so that a parent always reaches the repository before its children. memory and local
+  // commits go through the burst buffer (DeepFreeze's levels); a global commit's caller waits for
+  // the repository anyway, so its bytes go there directly.
+  GraphHandle graph = graph_for(p_.catalog, *m, parsed_graph, parent_manifest);
+  Flusher::Entry entry{m, ticket, p_.burst_buffer && target < DurabilityLevel::kGlobal, false};
+  Status registered = p_.flusher.enqueue(std::move(entry), [&]() -> Status {
+    Status added = p_.catalog.add(id, parent, std::move(graph), m->metadata);
+    if (!added.is_ok()) return added.with_context("registering model '" + id + "' in the catalog");
+    m->created_ns = next_stamp();
+    p_.references.count(*m, +1);
+    return Status::ok();
+  });
+  for (const auto& h : pinned) p_.dram.unpin(h);
+  if (!registered.is_ok()) {
+    if (ticket && forget_ticket_on_error) p_.tickets.forget({ticket});
+    else if (ticket) p_.tickets.finish(ticket, DurabilityLevel::kMemory, registered);
+    return registered;
+  }
+  if (p_.committed) p_.committed(*m);
+  return m;
+}
+
 Result<json> CommitPath::commit(Session& s, const json& req, std::vector<uint8_t>& blob) {
   CAIRN_ASSIGN_OR_RETURN(std::string id, get_name(req, "id", "a model id"));
   std::string parent;
@@ -190,6 +279,9 @@ Result<json> CommitPath::commit(Session& s, const json& req, std::vector<uint8_t
   if (tensors_it == req.end() || !tensors_it->is_array())
     return invalid_argument("model '" + id + "': missing array field 'tensors'");
   const bool inherit_all = req.value("inherit_all", false);
+  // One part of a model written by several clients (daemon/commit_parts.cpp).
+  if (req.contains("part"))
+    return commit_part(s, req, blob, id, parent, *target, wait, metadata, architecture, *tensors_it, inherit_all);
   // Until the model is registered: gc must not free a chunk this commit references.
   std::shared_lock gc_lock(p_.gc_mu);
 
@@ -247,92 +339,24 @@ Result<json> CommitPath::commit(Session& s, const json& req, std::vector<uint8_t
     inline_extents.push_back(Extent{*off, p.desc.nbytes});
   }
 
-  // Pass 3: hash in place and adopt the chunks into the DRAM tier (deduplicating).
-  auto m = std::make_shared<ModelManifest>();
-  m->id = id;
-  m->parent = parent;
-  m->metadata = metadata;
-  m->architecture = architecture;
-  if (req.contains("source_header") && req["source_header"].is_string()) {
-    std::string js = req["source_header"].get<std::string>();
-    std::string prefix(8, '\0');
-    uint64_t n = js.size();
-    for (int i = 0; i < 8; ++i) prefix[static_cast<size_t>(i)] = static_cast<char>((n >> (8 * i)) & 0xff);
-    m->source_header = prefix + js;
-  }
-  const uint64_t chunk_size = p_.repo.chunk_size();
-  // Where each new tensor's bytes are, then every chunk hashed.
+  // Where each new tensor's bytes are; the spaces named are consumed from here on.
   std::vector<Extent> tensor_ext(plan.size());
-  std::vector<std::pair<uint64_t, uint64_t>> to_hash;  // (arena offset, length)
   {
     size_t inline_index = 0;
     for (size_t i = 0; i < plan.size(); ++i) {
       const Planned& p = plan[i];
       if (p.source == Planned::kInherit) continue;
       tensor_ext[i] = p.source == Planned::kSpace ? s.staging[p.space] : inline_extents[inline_index++];
-      for (uint64_t off = 0; off < p.desc.nbytes; off += chunk_size)
-        to_hash.emplace_back(tensor_ext[i].offset + off, std::min(chunk_size, p.desc.nbytes - off));
+      if (p.source == Planned::kSpace) s.staging.erase(p.space);
     }
   }
-  const std::vector<ChunkHash> hashes = hash_ranges(p_.dram.base(), to_hash);
-  size_t hash_index = 0;
-  std::vector<ChunkHash> pinned;
-  // A metadata-only child (every tensor its parent's, in order) shares the parent's tensor list.
-  bool all_parent = parent_manifest && !plan.empty() && plan.size() == parent_manifest->tensors.size();
-  for (size_t pi = 0; all_parent && pi < plan.size(); ++pi)
-    all_parent = plan[pi].source == Planned::kInherit && plan[pi].inherited == &parent_manifest->tensors[pi];
-  if (all_parent) m->tensors = parent_manifest->tensors;
-  else m->tensors.reserve(plan.size());
-  for (size_t pi = 0; pi < plan.size() && !all_parent; ++pi) {
-    auto& p = plan[pi];
-    if (p.source == Planned::kInherit) {
-      m->tensors.push_back(*p.inherited);
-      continue;
-    }
-    const Extent ext = tensor_ext[pi];
-    if (p.source == Planned::kSpace) s.staging.erase(p.space);
-    TensorManifest t;
-    t.name = p.name;
-    t.dtype = p.desc.dtype;
-    t.shape = p.desc.shape;
-    t.nbytes = p.desc.nbytes;
-    if (t.nbytes == 0) p_.dram.release(ext.offset, 0);
-    for (uint64_t off = 0; off < t.nbytes; off += chunk_size) {
-      uint64_t len = std::min(chunk_size, t.nbytes - off);
-      ChunkHash h = hashes[hash_index++];
-      bool dirty = p_.tiers.only_in_dram(h);
-      p_.dram.adopt(h, ext.offset + off, len, dirty);
-      pinned.push_back(h);
-      if (p_.trace) p_.trace->commit(id, h, len);
-      ChunkRef ref;
-      ref.hash = h;
-      ref.length = len;
-      if (auto stored = p_.repo.locate(h)) ref = *stored;
-      t.chunks.push_back(ref);
-    }
-    m->tensors.push_back(std::move(t));
-  }
-
-  // Register as pending (visible now) and hand it to the flusher, which writes models in commit
-  // order so that a parent always reaches the repository before its children. memory and local
-  // commits go through the burst buffer (DeepFreeze's levels); a global commit's caller waits for
-  // the repository anyway, so its bytes go there directly.
-  GraphHandle graph = graph_for(p_.catalog, *m, parsed_graph ? &*parsed_graph : nullptr, parent_manifest.get());
+  std::string source_header;
+  if (req.contains("source_header") && req["source_header"].is_string()) source_header = req["source_header"].get<std::string>();
   const uint64_t ticket = want_ticket ? p_.tickets.create(*target) : 0;
-  Flusher::Entry entry{m, ticket, p_.burst_buffer && *target < DurabilityLevel::kGlobal, false};
-  Status registered = p_.flusher.enqueue(std::move(entry), [&]() -> Status {
-    Status added = p_.catalog.add(id, parent, std::move(graph), metadata);
-    if (!added.is_ok()) return added.with_context("registering model '" + id + "' in the catalog");
-    m->created_ns = next_stamp();
-    p_.references.count(*m, +1);
-    return Status::ok();
-  });
-  for (const auto& h : pinned) p_.dram.unpin(h);
-  if (!registered.is_ok()) {
-    if (ticket) p_.tickets.forget({ticket});
-    return registered;
-  }
-  if (p_.committed) p_.committed(*m);
+  auto registered = build_and_register(id, parent, parent_manifest.get(), metadata, architecture,
+                                       parsed_graph ? &*parsed_graph : nullptr, {{&plan, &tensor_ext}}, source_header,
+                                       ticket, *target);
+  if (!registered.is_ok()) return registered.status();
   gc_lock.unlock();
 
   json out{{"id", id}};

@@ -17,20 +17,24 @@
 #pragma once
 
 #include <cstdint>
+#include <condition_variable>
 #include <functional>
 #include <map>
 #include <mutex>
 #include <shared_mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "core/graph.hpp"
 #include "core/status.hpp"
 #include "daemon/catalog.hpp"
 #include "daemon/flusher.hpp"
 #include "daemon/models.hpp"
 #include "daemon/references.hpp"
+#include "daemon/request.hpp"
 #include "daemon/session.hpp"
 #include "daemon/tickets.hpp"
 #include "tiers/dram/dram_tier.hpp"
@@ -63,11 +67,16 @@ class CommitPath {
   // must be in the catalog before its child is registered. Set at assembly.
   void set_catalog_refresh(std::function<void()> refresh) { refresh_catalog_ = std::move(refresh); }
   explicit CommitPath(Parts parts) : p_(parts) {}
+  ~CommitPath();
+  CommitPath(const CommitPath&) = delete;
+  CommitPath& operator=(const CommitPath&) = delete;
 
   Result<nlohmann::json> allocate(Session& s, const nlohmann::json& req);
   Result<nlohmann::json> free(Session& s, const nlohmann::json& req);
   Result<nlohmann::json> commit(Session& s, const nlohmann::json& req, std::vector<uint8_t>& blob);
   Result<nlohmann::json> wait(const nlohmann::json& req);
+  // Multi-part models being assembled (commit requests with `part`), for stats.
+  size_t assembling() const;
   // Gives back the session's staging space and forgets its tickets.
   void end_session(Session& s);
 
@@ -78,15 +87,47 @@ class CommitPath {
   int64_t next_stamp();
 
  private:
-  struct Planned;
+  // One tensor of a commit request, validated (plan), before anything is touched.
+  struct Planned {
+    std::string name;
+    request::TensorDesc desc;
+    enum { kSpace, kInline, kInherit } source;
+    uint64_t space = 0;
+    uint64_t blob_offset = 0;
+    const TensorManifest* inherited = nullptr;
+  };
   // Pass 1 of a commit: every field and tensor checked, nothing touched.
   Result<std::vector<Planned>> plan(Session& s, const std::string& id, const nlohmann::json& tensors,
                                     bool inherit_all, const ModelManifest* parent, const std::vector<uint8_t>& blob);
 
+  Result<std::shared_ptr<ModelManifest>> build_and_register(
+      const std::string& id, const std::string& parent, const ModelManifest* parent_manifest,
+      const nlohmann::json& metadata, const nlohmann::json& architecture, const Graph* parsed_graph,
+      const std::vector<std::pair<const std::vector<Planned>*, const std::vector<Extent>*>>& parts,
+      const std::string& source_header, uint64_t ticket, DurabilityLevel target, bool forget_ticket_on_error = true);
+
+  // Multi-part models (daemon/commit_parts.cpp): each part is planned and its bytes placed in the
+  // arena when it arrives; the model is built and registered, as one commit, when the last arrives;
+  // the reaper fails an assembly whose parts did not all arrive within its timeout.
+  struct Assembly;
+  Result<nlohmann::json> commit_part(Session& s, const nlohmann::json& req, std::vector<uint8_t>& blob,
+                                     const std::string& id, const std::string& parent, DurabilityLevel target,
+                                     bool wait, const nlohmann::json& metadata, const nlohmann::json& architecture,
+                                     const nlohmann::json& tensors, bool inherit_all);
+  Status complete_assembly(Assembly& a);
+  void fail_assembly(Assembly& a, const Status& error);
+  void release_part_bytes(const std::vector<Planned>& plan, const std::vector<Extent>& ext);
+  void unreserve(const std::string& id);
+  void reap_loop();
+
   std::function<void()> refresh_catalog_;
   Parts p_;
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::map<std::string, std::string> committing_;  // GUARDED_BY(mu_) id -> parent, validation to registration
+  std::map<std::string, std::shared_ptr<Assembly>> assemblies_;  // GUARDED_BY(mu_)
+  std::condition_variable reap_cv_;
+  std::thread reaper_;                             // started with the first assembly
+  bool stopping_ = false;                          // GUARDED_BY(mu_)
   std::mutex stamp_mu_;
   int64_t last_created_ns_ = 0;                    // GUARDED_BY(stamp_mu_)
 };

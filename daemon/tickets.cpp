@@ -18,19 +18,25 @@ const char* durability_name(DurabilityLevel d) {
   return "none";
 }
 
-uint64_t TicketBook::create(DurabilityLevel target) {
+uint64_t TicketBook::create(DurabilityLevel target, bool assembling) {
   std::lock_guard lock(mu_);
   uint64_t id = next_++;
-  tickets_[id] = Ticket{target, DurabilityLevel::kMemory, Status::ok()};
+  tickets_[id] = Ticket{target, DurabilityLevel::kMemory, Status::ok(), assembling};
   return id;
 }
 
 void TicketBook::reach(uint64_t id, DurabilityLevel level) {
   {
     std::lock_guard lock(mu_);
-    auto it = tickets_.find(id);
-    if (it == tickets_.end()) return;
-    it->second.reached = std::max(it->second.reached, level);
+    auto apply = [&](uint64_t t) {
+      auto it = tickets_.find(t);
+      if (it == tickets_.end()) return;
+      it->second.reached = std::max(it->second.reached, level);
+      it->second.assembling = false;
+    };
+    apply(id);
+    if (auto f = followers_.find(id); f != followers_.end())
+      for (uint64_t t : f->second) apply(t);
   }
   cv_.notify_all();
 }
@@ -38,12 +44,26 @@ void TicketBook::reach(uint64_t id, DurabilityLevel level) {
 void TicketBook::finish(uint64_t id, DurabilityLevel level, const Status& error) {
   {
     std::lock_guard lock(mu_);
-    auto it = tickets_.find(id);
-    if (it == tickets_.end()) return;
-    it->second.reached = level;
-    it->second.error = error;
+    auto apply = [&](uint64_t t) {
+      auto it = tickets_.find(t);
+      if (it == tickets_.end()) return;
+      it->second.reached = level;
+      it->second.error = error;
+      it->second.assembling = false;
+    };
+    apply(id);
+    if (auto f = followers_.find(id); f != followers_.end()) {
+      for (uint64_t t : f->second) apply(t);
+      followers_.erase(f);
+    }
   }
   cv_.notify_all();
+}
+
+void TicketBook::follow(uint64_t leader, std::vector<uint64_t> followers) {
+  std::lock_guard lock(mu_);
+  auto& f = followers_[leader];
+  f.insert(f.end(), followers.begin(), followers.end());
 }
 
 Result<TicketBook::Outcome> TicketBook::wait(uint64_t id, std::chrono::milliseconds timeout) {
@@ -51,12 +71,12 @@ Result<TicketBook::Outcome> TicketBook::wait(uint64_t id, std::chrono::milliseco
   if (!tickets_.count(id)) return not_found("no ticket " + std::to_string(id) + " (already waited for?)");
   auto done = [&] {
     const Ticket& t = tickets_[id];
-    return stopping_ || t.reached >= t.target || !t.error.is_ok();
+    return stopping_ || (!t.assembling && t.reached >= t.target) || !t.error.is_ok();
   };
   if (timeout.count() < 0) cv_.wait(lock, done);
   else cv_.wait_for(lock, timeout, done);
   const Ticket t = tickets_[id];
-  Outcome out{t.reached, t.target, t.error, t.reached >= t.target || !t.error.is_ok()};
+  Outcome out{t.reached, t.target, t.error, (!t.assembling && t.reached >= t.target) || !t.error.is_ok()};
   if (out.done) tickets_.erase(id);
   return out;
 }

@@ -17,6 +17,7 @@
 #include <set>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "core/status.hpp"
 
@@ -30,8 +31,9 @@ const char* durability_name(DurabilityLevel d);
 
 class TicketBook {
  public:
-  // A new ticket for a commit that asked for `target`; it has reached `memory`.
-  uint64_t create(DurabilityLevel target);
+  // A new ticket for a commit that asked for `target`; it has reached `memory`. A part of a
+  // multi-part model has reached nothing yet (`assembling`): its first reach or finish says so.
+  uint64_t create(DurabilityLevel target, bool assembling = false);
   // The model reached at least `level` (levels only rise).
   void reach(uint64_t id, DurabilityLevel level);
   // The flusher is done with the model: it reached `level` (global, or memory when error is set).
@@ -46,6 +48,10 @@ class TicketBook {
   // Waits until the ticket is done, or timeout passes (negative: forever), or stop() was called.
   // A done ticket is consumed. kNotFound for an unknown (or consumed) ticket.
   Result<Outcome> wait(uint64_t id, std::chrono::milliseconds timeout);
+  // The tickets of a multi-part model's parts follow the ticket the model was registered with:
+  // every level `leader` reaches and its finish apply to them too (also after the leader itself was
+  // waited for or forgotten).
+  void follow(uint64_t leader, std::vector<uint64_t> followers);
   // Forgets tickets (their connection ended before waiting for them).
   void forget(const std::set<uint64_t>& ids);
   // Wakes every waiter for good (the daemon is stopping).
@@ -56,10 +62,12 @@ class TicketBook {
     DurabilityLevel target = DurabilityLevel::kGlobal;
     DurabilityLevel reached = DurabilityLevel::kMemory;
     Status error;
+    bool assembling = false;  // a part: not even memory until the model is registered
   };
   std::mutex mu_;
   std::condition_variable cv_;
   std::unordered_map<uint64_t, Ticket> tickets_;  // GUARDED_BY(mu_)
+  std::unordered_map<uint64_t, std::vector<uint64_t>> followers_;  // GUARDED_BY(mu_) leader -> part tickets
   uint64_t next_ = 1;                             // GUARDED_BY(mu_)
   bool stopping_ = false;                         // GUARDED_BY(mu_)
 };

@@ -168,6 +168,24 @@ cairn_status cairn_model_create(cairn_client* c, const char* id, const char* par
   });
 }
 
+cairn_status cairn_model_create_part(cairn_client* c, const char* id, const char* parent, int index, int count,
+                                     int timeout_ms, cairn_model_writer** out) {
+  return guarded([&] {
+    CAIRN_REQUIRE_ARG(c && id && out, "client, id and out must not be NULL");
+    *out = nullptr;
+    CAIRN_REQUIRE_ARG(cairn::valid_name(id), "model ids must be 1..1024 bytes of UTF-8 without NUL");
+    CAIRN_REQUIRE_ARG(!parent || !*parent || cairn::valid_name(parent), "parent ids must be 1..1024 bytes of UTF-8 without NUL");
+    CAIRN_REQUIRE_ARG(count >= 2 && index >= 0 && index < count,
+                      "part " + std::to_string(index) + " of " + std::to_string(count) +
+                          ": a multi-part model has at least 2 parts, numbered from 0");
+    auto w = std::make_unique<cairn::ModelWriter>(*c->impl, id, parent ? parent : "");
+    cairn::Status st = w->set_part(static_cast<uint32_t>(index), static_cast<uint32_t>(count), timeout_ms);
+    if (!st.is_ok()) return fail(st);
+    *out = new cairn_model_writer{std::move(w), c};
+    return done(cairn::Status::ok());
+  });
+}
+
 cairn_status cairn_model_add_tensor(cairn_model_writer* w, const char* name, const void* data, cairn_dtype dtype,
                                     int ndim, const int64_t* shape) {
   return guarded([&] {

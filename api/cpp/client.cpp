@@ -473,7 +473,19 @@ json ModelWriter::request(Durability d, bool wait) const {
   if (inherit_all_) req["inherit_all"] = true;
   if (!architecture_.is_null()) req["architecture"] = architecture_;
   if (!source_header_.empty()) req["source_header"] = source_header_;
+  if (!part_.is_null()) req["part"] = part_;
   return req;
+}
+
+Status ModelWriter::set_part(uint32_t index, uint32_t count, int64_t timeout_ms) {
+  if (done_) return invalid_argument("model '" + id_ + "' was already committed or aborted");
+  if (count < 2) return invalid_argument("model '" + id_ + "': a multi-part model has at least 2 parts");
+  if (index >= count)
+    return invalid_argument("model '" + id_ + "': part " + std::to_string(index) + " is not below the count " +
+                            std::to_string(count));
+  part_ = json{{"index", index}, {"of", count}};
+  if (timeout_ms > 0) part_["timeout_ms"] = timeout_ms;
+  return Status::ok();
 }
 
 Result<uint64_t> ModelWriter::commit(Durability d, bool wait) {
@@ -493,7 +505,9 @@ Result<Ticket> ModelWriter::commit_async(Durability d) {
   auto t = std::make_shared<CommitTicket>();
   t->id = id_;
   t->target = d;
-  if (d != Durability::kMemory) {
+  // A part is never pipelined: its ticket is the daemon's, which follows the whole model (it fails
+  // when another part never arrives).
+  if (d != Durability::kMemory || !part_.is_null()) {
     CAIRN_ASSIGN_OR_RETURN(t->daemon_ticket, commit(d, false));
     t->resolved = true;
     return t;

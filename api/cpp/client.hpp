@@ -189,6 +189,11 @@ class ModelWriter {
   Status set_metadata(const nlohmann::json& meta);
   // The safetensors header JSON of the file the model came from (for byte-exact export).
   void set_source_header(std::string json_text) { source_header_ = std::move(json_text); }
+  // Makes this writer part `index` of a model written by `count` writers at once (each adds its own
+  // tensors and commits its part; the model becomes visible when all parts are committed, at the
+  // weakest durability any part asked for). A part missing `timeout_ms` after the first arrived
+  // (default 60 s) fails every part's commit. docs/protocol.md, "Multi-part models".
+  Status set_part(uint32_t index, uint32_t count, int64_t timeout_ms = -1);
   // Commits. wait=true: returns once durability d is reached (ticket 0); otherwise returns a ticket
   // for Client::wait once the model is visible.
   Result<uint64_t> commit(Durability d, bool wait);
@@ -214,6 +219,7 @@ class ModelWriter {
   std::map<std::string, bool> names_;
   bool inherit_all_ = false;
   bool done_ = false;
+  nlohmann::json part_;  // {index, of, timeout_ms} for a part of a multi-part model
 };
 
 // Reads a committed model. Views returned by map() stay valid until close() or destruction.

@@ -101,6 +101,15 @@ CAIRN_EXPORT cairn_status cairn_delete_tensor(cairn_client *c, const char *key);
 /* Starts a new model id, derived from parent (NULL: none). Nothing is visible until commit. */
 CAIRN_EXPORT cairn_status cairn_model_create(cairn_client *c, const char *id, const char *parent,
                                              cairn_model_writer **out);
+/* Starts part `index` (0-based) of model `id`, which `count` writers (ranks) write at once: each adds
+ * its own tensors (no name twice across parts) and commits its part. Nothing is visible until every
+ * part is committed; then the model appears at once, its tensors in part order, at the weakest
+ * durability any part asked for. All parts name the same parent. A part committed with a ticket
+ * returns at once; the ticket resolves when the whole model reaches the durability, or fails (every
+ * part's does) when a part is missing timeout_ms after the first part arrived (timeout_ms <= 0: 60 s)
+ * -- the error names the missing parts, and nothing of the model is ever visible. */
+CAIRN_EXPORT cairn_status cairn_model_create_part(cairn_client *c, const char *id, const char *parent, int index,
+                                                  int count, int timeout_ms, cairn_model_writer **out);
 /* Adds a tensor; its bytes are copied into the daemon's arena before the call returns. */
 CAIRN_EXPORT cairn_status cairn_model_add_tensor(cairn_model_writer *w, const char *name, const void *data,
                                                  cairn_dtype dtype, int ndim, const int64_t *shape);

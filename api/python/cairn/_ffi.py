@@ -3,9 +3,11 @@
 The library is looked up, first match wins:
 
 1. ``$CAIRN_LIBRARY`` -- an explicit path to ``libcairn.so`` (an error if it cannot be loaded);
-2. the build tree this package sits in: ``<repo>/build/lib/libcairn.so`` when the package is
+2. an installed package (``cmake --install``, docs/install.md): the installed ``libcairn.so`` of the
+   same tree, found relative to the package through ``_installed.py``, which the install writes;
+3. the build tree this package sits in: ``<repo>/build/lib/libcairn.so`` when the package is
    imported from ``<repo>/api/python`` (``$CAIRN_BUILD_DIR/lib`` first, when set);
-3. the dynamic loader: ``libcairn.so.0``, then ``libcairn.so`` (``LD_LIBRARY_PATH`` -- which
+4. the dynamic loader: ``libcairn.so.0``, then ``libcairn.so`` (``LD_LIBRARY_PATH`` -- which
    ``eval "$(scripts/env)"`` sets -- ``ldconfig``'s cache, the default directories).
 
 The enums below mirror cairn.h; their values are part of the C ABI (append-only).
@@ -68,6 +70,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "cairn_poll_tensor": (st, [c_void_p, c_char_p, c_int, ctypes.POINTER(c_int)]),
         "cairn_delete_tensor": (st, [c_void_p, c_char_p]),
         "cairn_model_create": (st, [c_void_p, c_char_p, c_char_p, _c_void_p_p]),
+        "cairn_model_create_part": (st, [c_void_p, c_char_p, c_char_p, c_int, c_int, c_int, _c_void_p_p]),
         "cairn_model_add_tensor": (st, [c_void_p, c_char_p, c_void_p, c_int, c_int, _i64_p]),
         "cairn_model_add_tensor_space": (st, [c_void_p, c_char_p, c_int, c_int, _i64_p, _c_void_p_p]),
         "cairn_model_inherit_tensor": (st, [c_void_p, c_char_p]),
@@ -108,6 +111,13 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
 
 def _candidates() -> List[str]:
     out: List[str] = []
+    try:
+        from ._installed import LIBDIR  # only in an installed copy of the package
+    except ImportError:
+        LIBDIR = None
+    if LIBDIR is not None:
+        libdir = os.path.normpath(Path(__file__).resolve().parent / LIBDIR)
+        out += [os.path.join(libdir, "libcairn.so.0"), os.path.join(libdir, "libcairn.so")]
     build = os.environ.get("CAIRN_BUILD_DIR")
     if build:
         out.append(str(Path(build) / "lib" / "libcairn.so"))

@@ -394,6 +394,8 @@ class Client:
         wait: bool = False,
         inherit_all: bool = False,
         order: Optional[Sequence[str]] = None,
+        part: Optional[Tuple[int, int]] = None,
+        part_timeout: Optional[float] = None,
     ) -> Ticket:
         """Commits model ``id`` and returns a :class:`Ticket` for its durability.
 
@@ -416,6 +418,11 @@ class Client:
             order: the model's tensor order, naming every tensor of ``tensors`` and ``inherit``
                 once (new and inherited interleaved, e.g. a state dict's order). Default: ``tensors``
                 in their order, then ``inherit``.
+            part: ``(index, count)``: this call commits part ``index`` of a model that ``count``
+                writers (ranks) commit at once, each with its own tensors; the model becomes visible
+                when every part is in, at the weakest durability any part asked for. Without ``wait``
+                the call returns at once and the ticket follows the whole model: its ``wait()``
+                raises when a part is missing ``part_timeout`` seconds (default 60) after the first.
 
         Without ``wait`` the call returns once the model is visible (its bytes are in the daemon's
         memory); the daemon writes it to the repository behind the caller. At ``"memory"`` without
@@ -451,7 +458,12 @@ class Client:
         lib = self._lib
         with self._conn.op() as h:
             w = ctypes.c_void_p()
-            _check(lib.cairn_model_create(h, mid, par, ctypes.byref(w)))
+            if part is None:
+                _check(lib.cairn_model_create(h, mid, par, ctypes.byref(w)))
+            else:
+                index, count = (int(x) for x in part)
+                timeout_ms = int(part_timeout * 1000) if part_timeout is not None else 0
+                _check(lib.cairn_model_create_part(h, mid, par, index, count, timeout_ms, ctypes.byref(w)))
             try:
                 for name_b, step in steps:
                     if step is None:
@@ -482,7 +494,8 @@ class Client:
             # At "memory" the commit is pipelined: its outcome is the ticket's.
             t = ctypes.c_void_p()
             _check(lib.cairn_model_commit(w, level, ctypes.byref(t)))  # frees w
-            return Ticket(self._conn, t, id, durability, "sent" if durability == "memory" else "memory")
+            pipelined = durability == "memory" and part is None
+            return Ticket(self._conn, t, id, durability, "sent" if pipelined else "memory")
 
     def flush_pipeline(self) -> None:
         """Collects the replies of every pipelined commit (``save_model`` at ``"memory"`` without
