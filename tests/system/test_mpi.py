@@ -80,3 +80,22 @@ def test_four_rank_checkpoint_reads_back_with_cairn_get_and_derives_from_its_par
     assert sorted(ta) == sorted(tb) and len(ta) == 12
     for k in ta:
         assert (ta[k] == tb[k]).all()
+
+
+def test_torch_save_sharded_and_load_sharded_over_mpi4py(daemon):
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        pytest.skip("mpi4py is not installed (Debian: python3-mpi4py)")
+    import sys
+    script = os.path.join(SOURCE, "workflow", "examples", "torch_sharded.py")
+    env = dict(daemon["env"], PYTHONPATH=os.path.join(SOURCE, "api", "python"))
+    env.setdefault("CAIRN_LIBRARY", os.path.join(BUILD, "lib", "libcairn.so"))
+    p = subprocess.run(["mpirun", "-np", "3", sys.executable, script, "--id", "ts", "--width", "256"], env=env,
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True, timeout=300)
+    assert p.returncode == 0, p.stdout
+    assert "3 ranks" in p.stdout and "exact on every rank" in p.stdout, p.stdout
+    show = json.loads(cairn(daemon, "show", "ts"))
+    assert show["metadata"] == {"step": 1}
+    assert {t["dtype"] for t in show["tensors"]} == {"F32", "BF16"}
+    print(p.stdout.strip())

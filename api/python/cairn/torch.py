@@ -21,13 +21,13 @@ import math
 import operator
 import threading
 import warnings
-from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
 from torch import nn
 
-from . import _errors, _ffi
+from . import _dtypes, _errors, _ffi
 from .client import Client, Ticket, connect
 
 __all__ = ["save", "load", "architecture", "transfer", "default_client"]
@@ -268,6 +268,76 @@ def load(
     state = _state(c, id, dev)
     module.load_state_dict(state, strict=strict)
     return module
+
+
+# ---- sharded over MPI ranks (docs/mpi.md) ----
+
+def _assign(sizes: Sequence[int], nranks: int) -> List[int]:
+    """Which rank owns each tensor: largest first, each to the rank with the fewest bytes so far
+    (ties: the lower rank) -- the same rule as the C helper cairn_mpi_assign."""
+    load = [0] * nranks
+    owner = [0] * len(sizes)
+    for i in sorted(range(len(sizes)), key=lambda k: (-sizes[k], k)):
+        best = min(range(nranks), key=lambda r: (load[r], r))
+        owner[i] = best
+        load[best] += sizes[i]
+    return owner
+
+
+def save_sharded(
+    module_or_state_dict: Union[nn.Module, StateDict],
+    id: str,
+    comm: Any,
+    parent: Optional[str] = None,
+    meta: Optional[Mapping[str, Any]] = None,
+    *,
+    client: Optional[Client] = None,
+    durability: str = "local",
+    timeout: float = 60.0,
+) -> Ticket:
+    """Collective over the mpi4py communicator ``comm``: every rank passes the same state (as the
+    replicas of data-parallel training hold), and each rank commits only its share of the tensors
+    (dealt out by size) as one part of model ``id``. Returns at once with a ticket that resolves when
+    the whole model reaches ``durability`` -- or raises, on every rank, when some rank's part did not
+    arrive within ``timeout`` seconds. With one rank it is :func:`save` without waiting."""
+    c = _client(client)
+    state = module_or_state_dict.state_dict() if isinstance(module_or_state_dict, nn.Module) else module_or_state_dict
+    names = list(state)
+    arrays: Dict[str, np.ndarray] = {}
+    cdtypes: Dict[str, str] = {}
+    for name in names:
+        arrays[name], cdtypes[name] = _to_numpy(name, state[name])
+    rank, size = comm.Get_rank(), comm.Get_size()
+    if size == 1:
+        return save(state, id, parent, meta, client=c, durability=durability, wait=False)
+    owner = _assign([arrays[n].nbytes for n in names], size)
+    mine = {n: arrays[n] for i, n in enumerate(names) if owner[i] == rank}
+    raw = {n: cdtypes[n] for n in mine if cdtypes[n] in ("BF16", "F8_E4M3", "F8_E5M2")}
+    return c.save_model(id, mine, parent=parent, meta=meta if rank == 0 else None, durability=durability,
+                        dtypes=raw, part=(rank, size), part_timeout=timeout)
+
+
+def load_sharded(id: str, comm: Any, *, client: Optional[Client] = None) -> Dict[str, torch.Tensor]:
+    """Collective over ``comm``: model ``id`` as a state dict on every rank, each rank reading only
+    the tensors it owns (the same assignment as :func:`save_sharded`) from its daemon and
+    broadcasting them, so the model is read once in all."""
+    c = _client(client)
+    rank, size = comm.Get_rank(), comm.Get_size()
+    infos = c.show(id).get("tensors", [])
+    names = [t["name"] for t in infos]
+    owner = _assign([int(t["nbytes"]) for t in infos], size)
+    mine = [n for i, n in enumerate(names) if owner[i] == rank]
+    got = c.load_model(id, names=mine, copy=True) if mine else {}
+    out: Dict[str, torch.Tensor] = {}
+    for i, t in enumerate(infos):
+        name = t["name"]
+        if owner[i] == rank:
+            buf = np.ascontiguousarray(got[name])
+        else:
+            buf = np.empty(tuple(t["shape"]), dtype=_dtypes.numpy_dtype(t["dtype"]))
+        comm.Bcast(buf.reshape(-1).view(np.uint8), root=owner[i])
+        out[name] = _from_numpy(name, buf, t["dtype"])
+    return out
 
 
 # ---- architecture graphs ----
