@@ -404,6 +404,37 @@ def run_peers(quick: bool, work: Path) -> List[Dict[str, Any]]:
     return rows
 
 
+def run_mpi(quick: bool, work: Path) -> List[Dict[str, Any]]:
+    """Data-parallel checkpoints of a GPT-2-small-sized state dict over 1, 2 and 4 MPI ranks
+    (bench/workloads/mpi_bench.py): cairn.torch.save_sharded vs torch.save from rank 0, and
+    load_sharded vs torch.load on every rank."""
+    if not shutil.which("mpirun"):
+        raise Skipped("Open MPI is not installed (mpirun not found; Debian: openmpi-bin, scripts/deps installs it)")
+    try:
+        subprocess.run([PY, "-c", "import mpi4py"], check=True, capture_output=True)
+    except subprocess.CalledProcessError:
+        raise Skipped("mpi4py is not installed (Debian: python3-mpi4py, scripts/deps installs it)")
+    out = work / "mpi.json"
+    _run([PY, str(ROOT / "bench/workloads/mpi_bench.py"), *(["--quick"] if quick else []), "--json", str(out)],
+         work / "mpi.log", env=_cairn_env(), timeout=3600)
+    d = json.loads(out.read_text())
+    rows = []
+    for r in d["runs"]:
+        n = r["ranks"]
+        size = f"{r['params'] / 1e6:.0f} M parameters, {r['bytes'] / 1e6:.0f} MB"
+        rows.append(ratio("mpi", f"checkpoint of a GPT-2-small-sized state ({size}) from {n} rank{'s' if n > 1 else ''}: "
+                          "time the ranks are blocked", r["cairn_block_s_median"], "torch.save from rank 0, others at a "
+                          "barrier", r["torch_save_block_s_median"], "s", "lower", "<= 0.1",
+                          note=f"cairn.torch.save_sharded; durability local reached after "
+                               f"{r['cairn_local_s_median'] * 1e3:.0f} ms (behind the training); {d['cores']} cores, "
+                               "ranks oversubscribed"))
+        rows.append(ratio("mpi", f"restart of the same state on {n} rank{'s' if n > 1 else ''}",
+                          r["cairn_restore_s_median"], "torch.load of the file on every rank", r["torch_load_s_median"],
+                          "s", "lower", "<= 1", note="cairn.torch.load_sharded: each share read once, broadcast; "
+                          "the file is in the page cache"))
+    return rows
+
+
 COMPONENTS: List[tuple] = [
     ("micro", run_micro, "Google Benchmark micro benchmarks (bench/micro)"),
     ("tiers", run_tiers, "blocking commits, NVMe reads, DRAM hits (bench/workloads/tiering_bench.cpp)"),
@@ -419,6 +450,7 @@ COMPONENTS: List[tuple] = [
     ("policy", run_policy, "eviction policies vs Belady on traces (cairn-sim), prefetch from hints (bench/workloads/prefetch_bench.py)"),
     ("peers", run_peers, "the daemons of a job as one cache over libfabric: peer stream, ensemble loads, "
      "simulated 16 to 4,096 nodes (bench/workloads/peers_bench.py)"),
+    ("mpi", run_mpi, "data-parallel checkpoints and restarts over 1, 2, 4 MPI ranks (bench/workloads/mpi_bench.py)"),
 ]
 
 
