@@ -9,6 +9,7 @@
 
 #include "core/config.hpp"
 #include "core/log.hpp"
+#include "core/version.hpp"
 #include "daemon/engine.hpp"
 #include "daemon/server.hpp"
 
@@ -25,6 +26,7 @@ int main(int argc, char** argv) {
   bool print_config = false;
   app.add_option("-c,--config", config_path, "YAML config file (default: the embedded configs/default.yaml)");
   app.add_flag("--print-config", print_config, "print the effective config and exit");
+  app.set_version_flag("--version", std::string("cairnd ") + cairn::version_string(), "print the version and exit");
   CLI11_PARSE(app, argc, argv);
 
   auto config = cairn::load_config(config_path, cairn::process_env());

@@ -18,6 +18,7 @@
 #include "api/cpp/model_file.hpp"
 #include "tiers/pfs/repository.hpp"
 #include "core/safetensors.hpp"
+#include "core/version.hpp"
 #include "core/wire.hpp"
 #include "tools/job.hpp"
 #include "tools/model_files.hpp"
@@ -456,6 +457,7 @@ int cmd_migrate(const std::string& dir) {
 int main(int argc, char** argv) {
   CLI::App app{"cairn — the model cache's command-line tool (talks to the node's cairnd; CAIRN_SOCKET selects it)"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("cairn ") + cairn::version_string(), "print the version and exit");
   int rc = 0;
 
   std::string id, file, parent, arch, meta, durability = "global", out;

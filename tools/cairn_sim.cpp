@@ -18,6 +18,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "core/version.hpp"
 #include "policy/simulator.hpp"
 #include "policy/trace.hpp"
 #include "policy/trace_gen.hpp"
@@ -208,6 +209,7 @@ int simulate(const std::string& path, const std::string& sizes_text, const std::
 
 int main(int argc, char** argv) {
   CLI::App app{"cairn-sim — replays a chunk-level trace against eviction policies and Belady's optimum"};
+  app.set_version_flag("--version", std::string("cairn-sim ") + cairn::version_string(), "print the version and exit");
   std::string trace, sizes = "0.125,0.25,0.5", policies = "lru,lineage,hints,belady", json_out;
   std::string workload, out;
   uint64_t seed = 1;

@@ -42,15 +42,53 @@ bool is_file(const std::string& p) {
   return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 
+// The interpreter: $CAIRN_PYTHON, else the one this tool was built with while it is still there
+// (a Python first on PATH, pyenv's or conda's, may lack torch and numpy), else `python3` on PATH.
+std::string python_interpreter() {
+  const char* env_python = std::getenv("CAIRN_PYTHON");
+  if (env_python && *env_python) return env_python;
+#ifdef CAIRN_BUILD_PYTHON
+  if (::access(CAIRN_BUILD_PYTHON, X_OK) == 0) return CAIRN_BUILD_PYTHON;
+#endif
+  return "python3";
+}
+
+// Run by the interpreter as `-c`, with sys.argv = ["-c", INTERPRETER, VERB, ID, FILE, ...]. It checks
+// what the file needs before importing cairn.io, so that a Python without it fails with one line.
+// `-c` rather than `-m cairn.io`: the package imports cairn.io, and runpy warns about that.
+constexpr const char* kPythonMain = R"(import sys
+python = sys.argv.pop(1)
+if "/" not in python:
+    python = sys.executable or python
+what = "%s of %s" % (sys.argv[1], sys.argv[3]) if len(sys.argv) > 3 else "cairn.io"
+for mod, name, deb in (("torch", "PyTorch", "python3-torch"), ("numpy", "NumPy", "python3-numpy")):
+    try:
+        __import__(mod)
+    except ModuleNotFoundError as e:
+        if e.name != mod:
+            raise
+        sys.stderr.write("cairn: %s needs %s, but %s has no module '%s' (install %s, or set CAIRN_PYTHON "
+                         "to a Python that has it)\n" % (what, name, python, mod, deb))
+        sys.exit(1)
+try:
+    from cairn.io import _main
+except ModuleNotFoundError as e:
+    if e.name != "cairn" and e.name != "cairn.io":
+        raise
+    sys.stderr.write("cairn: %s: %s cannot find the Python package cairn (set PYTHONPATH to its parent "
+                     "directory)\n" % (what, python))
+    sys.exit(1)
+sys.exit(_main(sys.argv[1:]))
+)";
+
 }  // namespace
 
 Result<int> run_python_io(const std::vector<std::string>& args) {
-  const char* env_python = std::getenv("CAIRN_PYTHON");
-  std::string python = env_python && *env_python ? env_python : "python3";
+  std::string python = python_interpreter();
+  std::string dir = self_dir();
   // The library next to this tool (build tree: bin/cairn, lib/libcairn.so) unless one is chosen.
   const char* lib = std::getenv("CAIRN_LIBRARY");
   if (!lib || !*lib) {
-    std::string dir = self_dir();
     for (const char* rel : {"/../lib/libcairn.so", "/../lib/libcairn.so.0"}) {
       if (!dir.empty() && is_file(dir + rel)) {
         ::setenv("CAIRN_LIBRARY", (dir + rel).c_str(), 1);
@@ -58,16 +96,24 @@ Result<int> run_python_io(const std::vector<std::string>& args) {
       }
     }
   }
+  // The Python package, after whatever PYTHONPATH already provides: installed beside this tool
+  // (<prefix>/bin/../lib/python3/dist-packages; it finds the installed libcairn.so itself), else the
+  // package of this source tree.
+  std::string package_dir;
+#ifdef CAIRN_INSTALLED_PYTHON_RELDIR
+  if (!dir.empty() && is_file(dir + "/" CAIRN_INSTALLED_PYTHON_RELDIR "/cairn/_installed.py"))
+    package_dir = dir + "/" CAIRN_INSTALLED_PYTHON_RELDIR;
+#endif
 #ifdef CAIRN_PYTHON_PACKAGE_DIR
-  // The package of this source tree, after whatever PYTHONPATH already provides.
-  if (is_file(std::string(CAIRN_PYTHON_PACKAGE_DIR) + "/cairn/io.py")) {
+  if (package_dir.empty() && is_file(std::string(CAIRN_PYTHON_PACKAGE_DIR) + "/cairn/io.py"))
+    package_dir = CAIRN_PYTHON_PACKAGE_DIR;
+#endif
+  if (!package_dir.empty()) {
     const char* pp = std::getenv("PYTHONPATH");
-    std::string v = pp && *pp ? std::string(pp) + ":" + CAIRN_PYTHON_PACKAGE_DIR : CAIRN_PYTHON_PACKAGE_DIR;
+    std::string v = pp && *pp ? std::string(pp) + ":" + package_dir : package_dir;
     ::setenv("PYTHONPATH", v.c_str(), 1);
   }
-#endif
-  // `-c` rather than `-m cairn.io`: the package imports cairn.io, and runpy warns about that.
-  std::vector<std::string> argv_s{python, "-c", "import sys; from cairn.io import _main; sys.exit(_main(sys.argv[1:]))"};
+  std::vector<std::string> argv_s{python, "-c", kPythonMain, python};
   argv_s.insert(argv_s.end(), args.begin(), args.end());
   std::vector<char*> argv;
   for (auto& a : argv_s) argv.push_back(a.data());

@@ -28,9 +28,12 @@ Status import_keras_h5(Client& client, const std::string& id, const std::string&
 // Keras 2 weights-only layout made from the tensor names (layer = name up to the last dot).
 Status export_keras_h5(Client& client, const std::string& id, const std::string& file);
 
-// Runs cairn.io's command line (`python3 -m cairn.io ARGS...`; $CAIRN_PYTHON picks the interpreter)
-// with this tool's libcairn.so and the in-tree Python package as fallbacks, and returns its exit
-// status (its own errors go to stderr). A missing interpreter is an error status instead.
+// Runs cairn.io's command line (`python3 -m cairn.io ARGS...`, ARGS = import ID FILE ... or export
+// ID FILE) with this tool's libcairn.so and its Python package (installed beside the tool, else the
+// source tree's) as fallbacks, and returns its exit status (its own errors go to stderr). The
+// interpreter is $CAIRN_PYTHON, else the one recorded at build time (CMake's CAIRN_PYTHON), else
+// `python3` on PATH. One without PyTorch or NumPy fails with one line naming it and what to install;
+// a missing interpreter is an error status instead.
 Result<int> run_python_io(const std::vector<std::string>& args);
 
 }  // namespace cairn::tool

@@ -359,3 +359,50 @@ def test_bad_torch_files_and_extensions_get_one_line_errors(daemon, tmp):
     assert not (tmp / "ghost.pt").exists()
     assert daemon.alive()
     assert daemon.cairn("show", "x", check=False).returncode != 0
+
+
+def build_python():
+    """The interpreter the build recorded for `cairn import/export` (CMake's CAIRN_PYTHON)."""
+    cache = os.path.join(os.environ.get("CAIRN_BUILD_DIR") or "", "CMakeCache.txt")
+    if os.path.exists(cache):
+        for line in open(cache):
+            if line.startswith("CAIRN_PYTHON:"):
+                return line.split("=", 1)[1].strip()
+    return None
+
+
+def test_pt_import_uses_the_build_python_not_the_first_python3_on_path(daemon, tmp):
+    """A newcomer's pyenv/conda python3 first on PATH lacks torch and numpy: `cairn import m ref.pt`
+    still works (the Python recorded at build time), and CAIRN_PYTHON pointing at such a Python gives
+    one line naming it and what to install, not a traceback."""
+    torch = pytest.importorskip("torch")
+    python = build_python()
+    if not python or subprocess.run([python, "-c", "import torch, numpy"], capture_output=True).returncode != 0:
+        pytest.skip(f"the build's CAIRN_PYTHON ({python}) has no torch")
+    bare = tmp / "bare-venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True, timeout=120)
+    bare_python = bare / "bin" / "python3"
+    assert subprocess.run([str(bare_python), "-c", "import torch"], capture_output=True).returncode != 0
+    from conftest import CAIRN
+    env = dict(ctypes_env(daemon.env), PATH=f"{bare / 'bin'}:{os.environ.get('PATH', '/usr/bin:/bin')}")
+    env.pop("CAIRN_PYTHON", None)
+    sd = {"w": torch.arange(6, dtype=torch.float32).reshape(2, 3), "n": torch.tensor(3)}
+    torch.save(sd, tmp / "ref.pt")
+
+    r = subprocess.run([str(CAIRN), "import", "m", str(tmp / "ref.pt")], env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run([str(CAIRN), "export", "m", str(tmp / "back.pt")], env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr
+    back = torch.load(tmp / "back.pt", weights_only=True)
+    assert list(back) == list(sd) and all(torch.equal(back[k], v) for k, v in sd.items())
+
+    env["CAIRN_PYTHON"] = str(bare_python)
+    for args in (["import", "m2", str(tmp / "ref.pt")], ["export", "m", str(tmp / "again.pt")]):
+        r = subprocess.run([str(CAIRN), *args], env=env, capture_output=True, text=True, timeout=600)
+        line = one_line_error(r, str(bare_python), "no module 'torch'", "python3-torch", "CAIRN_PYTHON",
+                              f"{args[0]} of {args[2]}")
+        assert "Traceback" not in r.stderr and line.startswith("cairn: "), r.stderr
+    assert not (tmp / "again.pt").exists()
+    assert daemon.cairn("show", "m2", check=False).returncode != 0
