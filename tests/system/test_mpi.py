@@ -5,13 +5,12 @@ As root, Open MPI needs OMPI_ALLOW_RUN_AS_ROOT=1 and OMPI_ALLOW_RUN_AS_ROOT_CONF
 import json
 import os
 import shutil
-import signal
 import subprocess
-import tempfile
-import time
 
 import pytest
 from safetensors.numpy import load_file
+
+from daemons import cairnd
 
 SOURCE = os.environ.get("CAIRN_SOURCE_DIR", os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 BUILD = os.environ.get("CAIRN_BUILD_DIR", os.path.join(SOURCE, "build"))
@@ -24,25 +23,10 @@ def daemon():
         pytest.skip("built without MPI (CAIRN_WITH_MPI=OFF): %s is missing" % EXAMPLE)
     if shutil.which("mpirun") is None:
         pytest.skip("mpirun is not installed (Debian: openmpi-bin)")
-    d = tempfile.mkdtemp(prefix="cairn-mpi-")
-    sock = os.path.join(d, "cairnd.sock")
-    cfg = os.path.join(d, "cairnd.yaml")
-    with open(cfg, "w") as f:
-        f.write("socket: %s\nrepository: %s/repo\ntiers:\n  dram:\n    capacity: 512MiB\n" % (sock, d))
-    log = open(os.path.join(d, "cairnd.log"), "w")
-    p = subprocess.Popen([os.path.join(BUILD, "bin", "cairnd"), "--config", cfg], stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.time() + 30
-    while not os.path.exists(sock) and time.time() < deadline:
-        assert p.poll() is None, open(os.path.join(d, "cairnd.log")).read()
-        time.sleep(0.02)
-    env = dict(os.environ, CAIRN_SOCKET=sock, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               OMPI_MCA_rmaps_base_oversubscribe="1")
-    yield {"dir": d, "socket": sock, "env": env}
-    p.send_signal(signal.SIGTERM)
-    p.wait(timeout=60)
-    log.close()
-    shutil.rmtree(d, ignore_errors=True)
-
+    with cairnd(BUILD, "cairn-mpi-", dram="512MiB") as d:
+        d["env"] = dict(os.environ, CAIRN_SOCKET=d["socket"], OMPI_ALLOW_RUN_AS_ROOT="1",
+                        OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1")
+        yield d
 
 def mpirun(daemon, n, *args):
     p = subprocess.run(["mpirun", "-np", str(n), EXAMPLE] + list(args), env=daemon["env"], stdout=subprocess.PIPE,

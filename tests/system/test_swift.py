@@ -5,14 +5,14 @@ kit (../shared/vendor/swift-t) into a cache outside the checkout ($CAIRN_SWIFT_T
 /var/cache/cairn/swift-t) and reused."""
 import json
 import os
-import signal
 import subprocess
 import sys
-import tempfile
 import time
 
 import pytest
 from safetensors.numpy import load_file
+
+from daemons import cairnd
 
 SOURCE = os.environ.get("CAIRN_SOURCE_DIR", os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 BUILD = os.environ.get("CAIRN_BUILD_DIR", os.path.join(SOURCE, "build"))
@@ -49,21 +49,8 @@ def swift():
 
 @pytest.fixture(scope="module")
 def daemon():
-    d = tempfile.mkdtemp(prefix="cairn-swift-")
-    sock = os.path.join(d, "cairnd.sock")
-    cfg = os.path.join(d, "cairnd.yaml")
-    with open(cfg, "w") as f:
-        f.write("socket: %s\nrepository: %s/repo\ntiers:\n  dram:\n    capacity: 256MiB\n" % (sock, d))
-    log = open(os.path.join(d, "cairnd.log"), "w")
-    p = subprocess.Popen([os.path.join(BUILD, "bin", "cairnd"), "--config", cfg], stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.time() + 30
-    while not os.path.exists(sock) and time.time() < deadline:
-        assert p.poll() is None, open(os.path.join(d, "cairnd.log")).read()
-        time.sleep(0.02)
-    yield {"dir": d, "socket": sock, "pid": p.pid}
-    p.send_signal(signal.SIGTERM)
-    p.wait(timeout=60)
-    log.close()
+    with cairnd(BUILD, "cairn-swift-") as d:
+        yield d
 
 
 def run_swift(swift, script, args, socket, cwd, timeout=300):
