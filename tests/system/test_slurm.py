@@ -232,9 +232,12 @@ while [ ! -e release ]; do sleep 0.1; done
     finally:
         for u in USERS:
             open(os.path.join(env["work"][u], "release"), "w").close()
+    # Both jobs are released together: wait for both to end before looking for leftover daemons,
+    # or the other user's job may still be in its epilog.
     for u, job in jobs.items():
         assert c.wait_ended(job) == "COMPLETED", job_output(env, u, job)
         os.unlink(os.path.join(env["work"][u], "release"))
+    for job in jobs.values():
         assert_job_cleaned(env, job)
 
 
