@@ -262,6 +262,23 @@ cairn_status cairn_model_commit(cairn_model_writer* w, cairn_durability d, cairn
   return st;
 }
 
+cairn_status cairn_model_commit_pipelined(cairn_model_writer* w, cairn_durability d, cairn_ticket** ticket) {
+  if (!w) return fail(CAIRN_ERR_INVALID_ARGUMENT, "writer is NULL");
+  cairn_status st = guarded([&] {
+    if (ticket) *ticket = nullptr;
+    const int level = raw_enum(d);
+    CAIRN_REQUIRE_ARG(ticket, "ticket is NULL (a pipelined commit's outcome is its ticket's)");
+    CAIRN_REQUIRE_ARG(level >= CAIRN_DURABILITY_MEMORY && level <= CAIRN_DURABILITY_GLOBAL,
+                      "unknown durability " + std::to_string(level));
+    auto r = w->impl->commit_pipelined(static_cast<cairn::Durability>(level));
+    if (!r.is_ok()) return fail(r.status());
+    *ticket = new cairn_ticket{w->client, std::move(r).value()};
+    return done(cairn::Status::ok());
+  });
+  delete w;
+  return st;
+}
+
 void cairn_model_abort(cairn_model_writer* w) { delete w; }
 
 cairn_status cairn_wait(cairn_ticket* t, int timeout_ms) {

@@ -501,28 +501,41 @@ Result<uint64_t> ModelWriter::commit(Durability d, bool wait) {
 }
 
 Result<Ticket> ModelWriter::commit_async(Durability d) {
-  if (done_) return invalid_argument("model '" + id_ + "' was already committed or aborted");
-  auto t = std::make_shared<CommitTicket>();
-  t->id = id_;
-  t->target = d;
-  // A part is never pipelined: its ticket is the daemon's, which follows the whole model (it fails
-  // when another part never arrives).
+  // A part's ticket is the daemon's, which follows the whole model (it fails when another part
+  // never arrives); above memory the call returns once the model is visible.
   if (d != Durability::kMemory || !part_.is_null()) {
+    if (done_) return invalid_argument("model '" + id_ + "' was already committed or aborted");
+    auto t = std::make_shared<CommitTicket>();
+    t->id = id_;
+    t->target = d;
     CAIRN_ASSIGN_OR_RETURN(t->daemon_ticket, commit(d, false));
     t->resolved = true;
     return t;
   }
-  // Pipelined: memory is reached when the daemon has registered the model, so there is nothing to
-  // wait for beyond the reply; "ticket": false asks the daemon to keep no ticket for it.
+  return commit_pipelined(d);
+}
+
+Result<Ticket> ModelWriter::commit_pipelined(Durability d) {
+  if (done_) return invalid_argument("model '" + id_ + "' was already committed or aborted");
+  auto t = std::make_shared<CommitTicket>();
+  t->id = id_;
+  t->target = d;
+  // At memory (and not a part) the reply is the durability: "ticket": false asks the daemon to keep
+  // no ticket for it. Above memory, or for a part (whose ticket follows the whole model), the
+  // reply carries the daemon's ticket, which Client::wait waits for after the reply.
   json req = request(d, false);
-  req["ticket"] = false;
+  const bool daemon_ticket = d != Durability::kMemory || !part_.is_null();
+  if (!daemon_ticket) req["ticket"] = false;
   t->pipelined = true;
   Client* c = &client_;
   std::vector<uint64_t> spaces = spaces_;
-  Status sent = client_.send_pipelined(req, inline_, [t, c, spaces](Result<json> r) {
+  Status sent = client_.send_pipelined(req, inline_, [t, c, spaces, daemon_ticket](Result<json> r) {
     t->resolved = true;
     t->status = r.status();
-    if (r.is_ok()) return;
+    if (r.is_ok()) {
+      if (daemon_ticket) t->daemon_ticket = r->value("ticket", uint64_t{0});
+      return;
+    }
     // A failed commit consumed none of its spaces (they die with a lost connection anyway).
     if (r.status().code() != StatusCode::kUnavailable)
       c->spaces_to_free_.insert(c->spaces_to_free_.end(), spaces.begin(), spaces.end());

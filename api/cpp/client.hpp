@@ -202,6 +202,10 @@ class ModelWriter {
   // (Client::wait). Above memory it returns once the model is visible, as commit(d, false) does.
   // An error returned here means nothing was sent (or, above memory, the commit failed).
   Result<Ticket> commit_async(Durability d);
+  // Commits without waiting for anything, at any durability and for a part: returns once the
+  // request is written (the tensors are already in the arena); the commit's own outcome and then
+  // durability d come from Client::wait on the ticket. commit_async at memory is this.
+  Result<Ticket> commit_pipelined(Durability d);
   void abort();
   const std::string& id() const { return id_; }
 

@@ -99,8 +99,9 @@ cairn_status cairn_mpi_checkpoint(MPI_Comm comm, cairn_client *c, const char *id
     if (w) cairn_model_abort(w);
     return st;
   }
-  /* Returns once this rank's part is sent; the ticket follows the whole model. */
-  return cairn_model_commit(w, d, ticket);
+  /* Returns once this rank's share is in the arena and the request is written (pipelined): the
+   * daemon hashes and registers it behind the caller; the ticket follows the whole model. */
+  return cairn_model_commit_pipelined(w, d, ticket);
 }
 
 cairn_status cairn_mpi_restore(MPI_Comm comm, cairn_client *c, const char *id, const cairn_tensor_ref *tensors,

@@ -143,6 +143,14 @@ CAIRN_EXPORT cairn_status cairn_model_set_metadata(cairn_model_writer *w, const 
  *    it failed; *ticket tracks d.
  * See docs/protocol.md, "Pipelined commits". */
 CAIRN_EXPORT cairn_status cairn_model_commit(cairn_model_writer *w, cairn_durability d, cairn_ticket **ticket);
+/* Commits and frees w, pipelined at every durability (and for a part, cairn_model_create_part):
+ * returns as soon as the request is written -- the tensors are already in the daemon's arena, so
+ * the caller's buffers may be reused -- without waiting for the daemon to hash, deduplicate and
+ * register the model. cairn_wait on *ticket (required) returns the commit's own outcome
+ * (CAIRN_ERR_EXISTS, a missing part, ...) and then waits for durability d. Visibility to other
+ * clients as for a pipelined MEMORY commit above. What checkpoints that must not block use. */
+CAIRN_EXPORT cairn_status cairn_model_commit_pipelined(cairn_model_writer *w, cairn_durability d,
+                                                       cairn_ticket **ticket);
 /* Drops an uncommitted model and frees w. */
 CAIRN_EXPORT void cairn_model_abort(cairn_model_writer *w);
 /* Stores the safetensors file at `path` as model `id`, derived from `parent` (NULL or "": none;

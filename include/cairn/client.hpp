@@ -123,6 +123,14 @@ class Writer {
     if (!s) return s;
     return Ticket(t);
   }
+  // Commits pipelined at any durability: returns once the request is written; the commit's own
+  // error and then durability d come from ticket.wait() (cairn.h, cairn_model_commit_pipelined).
+  Result<Ticket> commit_pipelined(cairn_durability d) {
+    cairn_ticket* t = nullptr;
+    Status s = Status::from(cairn_model_commit_pipelined(std::exchange(w_, nullptr), d, &t));
+    if (!s) return s;
+    return Ticket(t);
+  }
 
  private:
   cairn_model_writer* w_;

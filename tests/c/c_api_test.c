@@ -163,6 +163,22 @@ int main(int argc, char **argv) {
       cairn_ticket_free(tk[0]);
       CHECK(cairn_pipeline_flush(c) == CAIRN_ERR_EXISTS);
       CHECK_OK(cairn_pipeline_flush(c));
+
+      /* Pipelined above memory: the call returns before the reply; the ticket gives the commit's
+       * own outcome, then the durability. */
+      snprintf(pid, sizeof pid, "%s-plg", base_id);
+      for (i = 0; i < 2; ++i) {
+        CHECK_OK(cairn_model_create(c, pid, base_id, &w));
+        CHECK_OK(cairn_model_add_tensor(w, "extra", h1, CAIRN_DTYPE_F32, 2, s_h));
+        CHECK_OK(cairn_model_commit_pipelined(w, CAIRN_DURABILITY_GLOBAL, &tk[i]));
+      }
+      CHECK(cairn_pipeline_in_flight(c) > 0);
+      CHECK_OK(cairn_wait(tk[0], -1));
+      CHECK(cairn_wait(tk[1], -1) == CAIRN_ERR_EXISTS);
+      cairn_ticket_free(tk[0]);
+      cairn_ticket_free(tk[1]);
+      CHECK_OK(cairn_model_create(c, pid, NULL, &w));
+      CHECK(cairn_model_commit_pipelined(w, CAIRN_DURABILITY_LOCAL, NULL) == CAIRN_ERR_INVALID_ARGUMENT);
     }
 
     /* Hints: advice, so unknown models are listed, not an error; a malformed hint names its field. */

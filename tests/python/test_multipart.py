@@ -137,3 +137,31 @@ def test_parts_that_disagree_are_refused(daemon):
     finally:
         a.close()
         b.close()
+
+
+def test_pipelined_parts_return_at_once_and_their_errors_come_from_the_ticket(daemon):
+    clients = [cairn.connect(daemon.socket) for _ in range(3)]
+    try:
+        data = {r: np.full((512, 1024), r + 1, np.float32) for r in range(3)}
+        tickets = [clients[r].save_model("mp-pipe", {f"w{r}": data[r]}, durability="local", part=(r, 3),
+                                         pipelined=True) for r in range(3)]
+        assert all(t.reached == "sent" for t in tickets)
+        for t in tickets:
+            assert t.wait(timeout=60) == "local"
+        got = clients[0].load_model("mp-pipe", copy=True)
+        assert list(got) == ["w0", "w1", "w2"]
+        assert all(np.array_equal(got[f"w{r}"], data[r]) for r in range(3))
+        # The id is taken: the pipelined part's own error is raised by its ticket, not by the call.
+        t = clients[1].save_model("mp-pipe", shard(1), durability="local", part=(0, 2), pipelined=True)
+        with pytest.raises(cairn.AlreadyExists):
+            t.wait(timeout=60)
+        # A plain pipelined commit above memory.
+        t = clients[2].save_model("pipe-global", shard(2), durability="global", pipelined=True)
+        assert t.wait(timeout=60) == "global"
+        t = clients[2].save_model("pipe-global", shard(2), durability="global", pipelined=True)
+        with pytest.raises(cairn.AlreadyExists):
+            t.wait(timeout=60)
+        assert np.array_equal(clients[1].load_model("pipe-global", copy=True)["layer2.weight"], shard(2)["layer2.weight"])
+    finally:
+        for c in clients:
+            c.close()

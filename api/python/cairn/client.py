@@ -396,6 +396,7 @@ class Client:
         order: Optional[Sequence[str]] = None,
         part: Optional[Tuple[int, int]] = None,
         part_timeout: Optional[float] = None,
+        pipelined: bool = False,
     ) -> Ticket:
         """Commits model ``id`` and returns a :class:`Ticket` for its durability.
 
@@ -424,10 +425,17 @@ class Client:
                 the call returns at once and the ticket follows the whole model: its ``wait()``
                 raises when a part is missing ``part_timeout`` seconds (default 60) after the first.
 
+            pipelined: return as soon as the request is written, at any durability and for a part:
+                the daemon hashes and registers the model behind the caller (the arrays may be
+                changed once the call returns: their bytes are in the arena). The commit's own
+                errors are raised by the ticket's ``wait()``. What a checkpoint that must not block
+                uses.
+
         Without ``wait`` the call returns once the model is visible (its bytes are in the daemon's
         memory); the daemon writes it to the repository behind the caller. At ``"memory"`` without
-        ``wait`` the commit is pipelined: the call returns once the request is written and errors of
-        the commit itself are raised by the ticket's ``wait()`` (see :class:`Ticket`).
+        ``wait`` (and with ``pipelined``) the commit is pipelined: the call returns once the request
+        is written and errors of the commit itself are raised by the ticket's ``wait()`` (see
+        :class:`Ticket`).
         """
         mid = _name(id, "model id")
         par = _name(parent, "parent id") if parent is not None else None
@@ -491,10 +499,13 @@ class Client:
             if wait:
                 _check(lib.cairn_model_commit(w, level, None))  # frees w
                 return Ticket(self._conn, None, id, durability, durability)
-            # At "memory" the commit is pipelined: its outcome is the ticket's.
+            # At "memory" (or asked for) the commit is pipelined: its outcome is the ticket's.
             t = ctypes.c_void_p()
-            _check(lib.cairn_model_commit(w, level, ctypes.byref(t)))  # frees w
-            pipelined = durability == "memory" and part is None
+            if pipelined:
+                _check(lib.cairn_model_commit_pipelined(w, level, ctypes.byref(t)))  # frees w
+            else:
+                _check(lib.cairn_model_commit(w, level, ctypes.byref(t)))  # frees w
+            pipelined = pipelined or (durability == "memory" and part is None)
             return Ticket(self._conn, t, id, durability, "sent" if pipelined else "memory")
 
     def flush_pipeline(self) -> None:

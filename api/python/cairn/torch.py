@@ -144,6 +144,7 @@ def save(
     arch: Optional[Mapping[str, Any]] = None,
     durability: str = "global",
     wait: bool = True,
+    pipelined: bool = False,
 ) -> Ticket:
     """Stores a module's state dict (parameters and buffers) or a state dict as model ``id``.
 
@@ -153,8 +154,9 @@ def save(
     the same layout, the parent's stored architecture is reused.
 
     Returns the :class:`cairn.Ticket` of the commit; by default (``wait=True``) it has reached
-    ``durability`` already. bf16 (and, with a torch that has them, fp8) tensors are stored as
-    BF16/FP8.
+    ``durability`` already. With ``wait=False, pipelined=True`` it returns as soon as the bytes are
+    in the daemon's arena (see :meth:`cairn.Client.save_model`). bf16 (and, with a torch that has
+    them, fp8) tensors are stored as BF16/FP8.
     """
     c = _client(client)
     module = module_or_state_dict if isinstance(module_or_state_dict, nn.Module) else None
@@ -190,7 +192,7 @@ def save(
     changed = {n: a for n, a in arrays.items() if n not in keep}
     raw = {n: cdtypes[n] for n in changed if cdtypes[n] in ("BF16", "F8_E4M3", "F8_E5M2")}
     return c.save_model(id, changed, parent=parent, arch=arch, meta=meta, durability=durability,
-                        inherit=inherited, dtypes=raw, wait=wait, order=list(arrays))
+                        inherit=inherited, dtypes=raw, wait=wait, order=list(arrays), pipelined=pipelined and not wait)
 
 
 def _cuda_state(c: Client, id: str, device: torch.device) -> Optional[Dict[str, torch.Tensor]]:
@@ -297,9 +299,11 @@ def save_sharded(
 ) -> Ticket:
     """Collective over the mpi4py communicator ``comm``: every rank passes the same state (as the
     replicas of data-parallel training hold), and each rank commits only its share of the tensors
-    (dealt out by size) as one part of model ``id``. Returns at once with a ticket that resolves when
-    the whole model reaches ``durability`` -- or raises, on every rank, when some rank's part did not
-    arrive within ``timeout`` seconds. With one rank it is :func:`save` without waiting."""
+    (dealt out by size) as one part of model ``id``. Returns as soon as this rank's share is in the
+    daemon's arena (the commit is pipelined: hashing and registering happen behind the caller) with a
+    ticket that resolves when the whole model reaches ``durability`` -- or raises, on every rank, when
+    some rank's part did not arrive within ``timeout`` seconds or the commit failed (e.g. the id
+    exists). With one rank it is :func:`save` without waiting, pipelined."""
     c = _client(client)
     state = module_or_state_dict.state_dict() if isinstance(module_or_state_dict, nn.Module) else module_or_state_dict
     names = list(state)
@@ -309,12 +313,12 @@ def save_sharded(
         arrays[name], cdtypes[name] = _to_numpy(name, state[name])
     rank, size = comm.Get_rank(), comm.Get_size()
     if size == 1:
-        return save(state, id, parent, meta, client=c, durability=durability, wait=False)
+        return save(state, id, parent, meta, client=c, durability=durability, wait=False, pipelined=True)
     owner = _assign([arrays[n].nbytes for n in names], size)
     mine = {n: arrays[n] for i, n in enumerate(names) if owner[i] == rank}
     raw = {n: cdtypes[n] for n in mine if cdtypes[n] in ("BF16", "F8_E4M3", "F8_E5M2")}
     return c.save_model(id, mine, parent=parent, meta=meta if rank == 0 else None, durability=durability,
-                        dtypes=raw, part=(rank, size), part_timeout=timeout)
+                        dtypes=raw, part=(rank, size), part_timeout=timeout, pipelined=True)
 
 
 def load_sharded(id: str, comm: Any, *, client: Optional[Client] = None) -> Dict[str, torch.Tensor]:
