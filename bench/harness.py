@@ -404,16 +404,20 @@ def run_peers(quick: bool, work: Path) -> List[Dict[str, Any]]:
     return rows
 
 
+def _need(program: str = "", module: str = "", debian: str = "") -> None:
+    """Raises Skipped unless `program` is on PATH and Python `module` imports in PY."""
+    if program and not shutil.which(program):
+        raise Skipped(f"{program} is not installed (Debian: {debian}, scripts/deps installs it)")
+    if module and subprocess.run([PY, "-c", f"import {module}"], capture_output=True).returncode != 0:
+        raise Skipped(f"Python's {module} is not installed (Debian: {debian}, scripts/deps installs it)")
+
+
 def run_mpi(quick: bool, work: Path) -> List[Dict[str, Any]]:
     """Data-parallel checkpoints of a GPT-2-small-sized state dict over 1, 2 and 4 MPI ranks
     (bench/workloads/mpi_bench.py): cairn.torch.save_sharded vs torch.save from rank 0, and
     load_sharded vs torch.load on every rank."""
-    if not shutil.which("mpirun"):
-        raise Skipped("Open MPI is not installed (mpirun not found; Debian: openmpi-bin, scripts/deps installs it)")
-    try:
-        subprocess.run([PY, "-c", "import mpi4py"], check=True, capture_output=True)
-    except subprocess.CalledProcessError:
-        raise Skipped("mpi4py is not installed (Debian: python3-mpi4py, scripts/deps installs it)")
+    _need("mpirun", debian="openmpi-bin")
+    _need(module="mpi4py", debian="python3-mpi4py")
     out = work / "mpi.json"
     _run([PY, str(ROOT / "bench/workloads/mpi_bench.py"), *(["--quick"] if quick else []), "--json", str(out)],
          work / "mpi.log", env=_cairn_env(), timeout=3600)
@@ -435,6 +439,46 @@ def run_mpi(quick: bool, work: Path) -> List[Dict[str, Any]]:
     return rows
 
 
+def run_coupled(quick: bool, work: Path) -> List[Dict[str, Any]]:
+    """The coupled example (docs/coupled.md) over cairn and over Redis on 2 MPI ranks, same
+    arguments (bench/workloads/coupled_bench.py): publish time per rank and publication, field
+    bandwidth, surrogate load time and the run's wall time."""
+    _need("mpirun", debian="openmpi-bin")
+    if not (BIN / "coupled_heat").exists():
+        raise Skipped(f"{BIN / 'coupled_heat'} is missing (built when MPI is found)")
+    _need("redis-server", debian="redis-server")
+    _need(module="redis", debian="python3-redis")
+    out = work / "coupled.json"
+    _run([PY, str(ROOT / "bench/workloads/coupled_bench.py"), *(["--quick"] if quick else ["--repeats", "5"]),
+          "--json", str(out)], work / "coupled.log", env=_cairn_env(), timeout=3600)
+    d = json.loads(out.read_text())
+    rows = []
+    for c in d["configs"]:
+        cb, rb = c["backends"]["cairn"], c["backends"]["redis"]
+        slab = fmt(c["slab_bytes"], "bytes")
+        what = f"coupled example, {c['nx']} x {c['ny']} field ({slab} per rank)"
+        base = "Redis (hiredis HSET, SmartRedis-style)"
+        runs = f"{c['repeats']} run{'s' if c['repeats'] > 1 else ''}"
+        note = (f"2 ranks, {c['steps']} steps, a publication every {c['every']}, {runs} per backend; "
+                f"{d['cores']} cores shared with the trainer and the server")
+        rows.append(ratio("coupled", f"{what}: time a rank spends publishing, median", cb["publish_s_median"] * 1e6,
+                          base, rb["publish_s_median"] * 1e6, "us", "lower",
+                          note=f"{cb['publications']} publications; {note}"))
+        rows.append(ratio("coupled", f"{what}: time a rank spends publishing, p90", cb["publish_s_p90"] * 1e6, base,
+                          rb["publish_s_p90"] * 1e6, "us", "lower"))
+        rows.append(ratio("coupled", f"{what}: field bandwidth, put and read", cb["bandwidth_MBps_median"],
+                          "Redis (HSET / HMGET)", rb["bandwidth_MBps_median"], "MB/s", "higher",
+                          note="bytes the simulation put and the trainer read / time in those calls; median of runs"))
+        rows.append(ratio("coupled", f"{what}: loading the newest surrogate, median",
+                          cb["surrogate_load_s_median"] * 1e6, "Redis (its tensors as keys)",
+                          rb["surrogate_load_s_median"] * 1e6, "us", "lower",
+                          note=f"{cb['loads']} loads; cairn: poll, unpack the version, model open and read; Redis: "
+                               "poll, the version key and the two tensors' keys"))
+        rows.append(ratio("coupled", f"{what}: wall time of the run, median", cb["wall_s_median"], "Redis",
+                          rb["wall_s_median"], "s", "lower", note="trainer start (imports torch) to both ends"))
+    return rows
+
+
 COMPONENTS: List[tuple] = [
     ("micro", run_micro, "Google Benchmark micro benchmarks (bench/micro)"),
     ("tiers", run_tiers, "blocking commits, NVMe reads, DRAM hits (bench/workloads/tiering_bench.cpp)"),
@@ -451,6 +495,8 @@ COMPONENTS: List[tuple] = [
     ("peers", run_peers, "the daemons of a job as one cache over libfabric: peer stream, ensemble loads, "
      "simulated 16 to 4,096 nodes (bench/workloads/peers_bench.py)"),
     ("mpi", run_mpi, "data-parallel checkpoints and restarts over 1, 2, 4 MPI ranks (bench/workloads/mpi_bench.py)"),
+    ("coupled", run_coupled, "the coupled example (MPI heat simulation + online PyTorch trainer) over cairn and over "
+     "Redis on 2 ranks (bench/workloads/coupled_bench.py)"),
 ]
 
 
@@ -491,6 +537,8 @@ def fmt(v: float, unit: str) -> str:
         return f"{v:.0f} B"
     if unit == "GB/s":
         return f"{v:.2f} GB/s"
+    if unit == "MB/s":
+        return f"{v:,.0f} MB/s" if v >= 10 else f"{v:.2f} MB/s"
     if unit == "1/s":
         return f"{v:,.0f}/s"
     if unit == "ns":
