@@ -104,43 +104,97 @@ cairn_status cairn_mpi_checkpoint(MPI_Comm comm, cairn_client *c, const char *id
   return cairn_model_commit_pipelined(w, d, ticket);
 }
 
+/* Reads the tensors with want[i] set from the daemon into their buffers. */
+static cairn_status read_owned(cairn_client *c, const char *id, const cairn_tensor_ref *tensors, size_t n,
+                               const char *want) {
+  cairn_model_reader *r = NULL;
+  cairn_status st = CAIRN_OK;
+  size_t i, k = 0;
+  for (i = 0; i < n; ++i) k += want[i] != 0;
+  if (k == 0) return CAIRN_OK;
+  st = cairn_model_open(c, id, &r);
+  for (i = 0; st == CAIRN_OK && i < n; ++i)
+    if (want[i]) st = cairn_model_read_tensor(r, tensors[i].name, tensors[i].data, nbytes_of(&tensors[i]), CAIRN_MEM_HOST);
+  if (r) cairn_model_close(r);
+  return st;
+}
+
+static int bcast_bytes(void *data, size_t bytes, int root, MPI_Comm comm) {
+  /* MPI counts are ints: big tensors go in pieces. */
+  char *p = (char *)data;
+  while (bytes > 0) {
+    int piece = bytes > (size_t)INT_MAX ? INT_MAX : (int)bytes;
+    if (MPI_Bcast(p, piece, MPI_BYTE, root, comm) != MPI_SUCCESS) return 0;
+    p += piece;
+    bytes -= (size_t)piece;
+  }
+  return 1;
+}
+
+/* The ranks that share a daemon: those of one node (MPI_COMM_TYPE_SHARED), or, when
+ * CAIRN_MPI_NODE is set (a number >= 0), those with the same value (a daemon per socket, tests). */
+static int split_by_daemon(MPI_Comm comm, int rank, MPI_Comm *local) {
+  const char *env = getenv("CAIRN_MPI_NODE");
+  if (env && *env) {
+    char *end = NULL;
+    long v = strtol(env, &end, 10);
+    if (*end == '\0' && v >= 0 && v <= INT_MAX) return MPI_Comm_split(comm, (int)v, rank, local);
+    fprintf(stderr, "cairn_mpi: CAIRN_MPI_NODE='%s' is not a number >= 0; grouping ranks by node\n", env);
+  }
+  return MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, local);
+}
+
+/* The restore is node-aware. The ranks of one node share its daemon, so each of them reads straight
+ * from the daemon's arena -- one copy, no MPI traffic. The tensors are dealt out over the nodes
+ * (cairn_mpi_assign over nodes): each node reads only its share, so the model is read once in all
+ * from below the node (NVMe, peers, the repository), and the other nodes' shares arrive by MPI_Bcast
+ * over `cross` (the ranks with the same node-local rank on every node). On one node nothing is
+ * broadcast. When the nodes hold different numbers of ranks, each rank reads its own share and
+ * broadcasts it over comm. */
 cairn_status cairn_mpi_restore(MPI_Comm comm, cairn_client *c, const char *id, const cairn_tensor_ref *tensors,
                                size_t n) {
-  int rank = 0, size = 1;
+  int rank = 0, size = 1, local_rank = 0, local_size = 1, sizes[2], node = 0, nodes = 1, regular;
   int *owner = NULL;
-  cairn_model_reader *r = NULL;
+  char *want = NULL;
+  MPI_Comm local = MPI_COMM_NULL, cross = MPI_COMM_NULL;
   cairn_status st, all;
   size_t i;
   if (!c || !id || (n && !tensors)) return CAIRN_ERR_INVALID_ARGUMENT;
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &size);
-  owner = (int *)malloc((n ? n : 1) * sizeof *owner);
-  if (!owner) return CAIRN_ERR_NO_SPACE;
-  st = cairn_mpi_assign(tensors, n, size, owner);
-  if (st == CAIRN_OK) st = cairn_model_open(c, id, &r);
-  for (i = 0; st == CAIRN_OK && i < n; ++i)
-    if (owner[i] == rank)
-      st = cairn_model_read_tensor(r, tensors[i].name, tensors[i].data, nbytes_of(&tensors[i]), CAIRN_MEM_HOST);
-  if (r) cairn_model_close(r);
-  all = agree(comm, st);
-  if (all != CAIRN_OK) {
-    free(owner);
-    return all;
-  }
-  for (i = 0; i < n; ++i) {
-    /* MPI counts are ints: big tensors go in pieces. */
-    size_t left = nbytes_of(&tensors[i]);
-    char *p = (char *)tensors[i].data;
-    while (left > 0) {
-      int piece = left > (size_t)INT_MAX ? INT_MAX : (int)left;
-      if (MPI_Bcast(p, piece, MPI_BYTE, owner[i], comm) != MPI_SUCCESS) {
-        free(owner);
-        return CAIRN_ERR_INTERNAL;
-      }
-      p += piece;
-      left -= (size_t)piece;
+  if (split_by_daemon(comm, rank, &local) != MPI_SUCCESS) return CAIRN_ERR_INTERNAL;
+  MPI_Comm_rank(local, &local_rank);
+  MPI_Comm_size(local, &local_size);
+  /* Regular when every node has as many ranks: then `cross` k spans every node. */
+  sizes[0] = local_size;
+  sizes[1] = -local_size;
+  MPI_Allreduce(MPI_IN_PLACE, sizes, 2, MPI_INT, MPI_MAX, comm);
+  regular = sizes[0] == -sizes[1];
+  if (regular) {
+    if (MPI_Comm_split(comm, local_rank, rank, &cross) != MPI_SUCCESS) {
+      MPI_Comm_free(&local);
+      return CAIRN_ERR_INTERNAL;
     }
+    MPI_Comm_rank(cross, &node);
+    MPI_Comm_size(cross, &nodes);
+  }
+  owner = (int *)malloc((n ? n : 1) * sizeof *owner);
+  want = (char *)calloc(n ? n : 1, 1);
+  st = owner && want ? CAIRN_OK : CAIRN_ERR_NO_SPACE;
+  if (st == CAIRN_OK) st = cairn_mpi_assign(tensors, n, regular ? nodes : size, owner);
+  if (st == CAIRN_OK) {
+    for (i = 0; i < n; ++i) want[i] = owner[i] == (regular ? node : rank);
+    st = read_owned(c, id, tensors, n, want);
+  }
+  all = agree(comm, st);
+  for (i = 0; all == CAIRN_OK && i < n; ++i) {
+    if (regular && nodes == 1) break;
+    if (!bcast_bytes(tensors[i].data, nbytes_of(&tensors[i]), owner[i], regular ? cross : comm))
+      all = CAIRN_ERR_INTERNAL;
   }
   free(owner);
-  return CAIRN_OK;
+  free(want);
+  if (cross != MPI_COMM_NULL) MPI_Comm_free(&cross);
+  MPI_Comm_free(&local);
+  return all;
 }

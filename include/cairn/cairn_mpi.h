@@ -43,9 +43,12 @@ CAIRN_EXPORT cairn_status cairn_mpi_checkpoint(MPI_Comm comm, cairn_client *c, c
                                                const cairn_tensor_ref *tensors, size_t n, cairn_durability d,
                                                int timeout_ms, cairn_ticket **ticket);
 
-/* Collective over comm: fills every tensor's buffer with model `id`'s tensor of that name. Each rank
- * reads the tensors it owns (cairn_mpi_assign) from its daemon and broadcasts them (MPI_Bcast), so
- * the model is read once in all. A tensor missing from the model, or of another dtype or size, is
+/* Collective over comm: fills every tensor's buffer with model `id`'s tensor of that name. Node-aware:
+ * the tensors are dealt out over the nodes (cairn_mpi_assign); every rank of a node reads its node's
+ * share straight from the node's daemon (one copy from the shared arena), and the other nodes'
+ * shares arrive by MPI_Bcast, so the model is read once in all from below the nodes' memory. On one
+ * node nothing goes through MPI. (Nodes with different rank counts: each rank reads its own share
+ * and broadcasts it.) A tensor missing from the model, or of another dtype or size, is
  * CAIRN_ERR_INVALID_ARGUMENT (on every rank). */
 CAIRN_EXPORT cairn_status cairn_mpi_restore(MPI_Comm comm, cairn_client *c, const char *id,
                                             const cairn_tensor_ref *tensors, size_t n);

@@ -51,6 +51,19 @@ def test_checkpoint_from_ranks_restores_exactly(daemon, ranks):
     print(out.strip())
 
 
+@pytest.mark.parametrize("ranks,per_node", [(4, 2), (3, 2)])
+def test_restore_across_nodes_reads_each_share_once_and_broadcasts_it(daemon, ranks, per_node):
+    # CAIRN_MPI_NODE groups ranks as if they were on different nodes (each group reads its share
+    # from "its" daemon and receives the others' by broadcast); 3 ranks in groups of 2 and 1 take the
+    # path for nodes with different rank counts.
+    wrapper = "CAIRN_MPI_NODE=$((OMPI_COMM_WORLD_RANK / %d)) exec \"$0\" \"$@\"" % per_node
+    p = subprocess.run(["mpirun", "-np", str(ranks), "sh", "-c", wrapper, EXAMPLE, "--id", "cross%d" % ranks,
+                        "--mib", "16"], env=daemon["env"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       universal_newlines=True, timeout=300)
+    assert p.returncode == 0, p.stdout
+    assert "%d ranks" % ranks in p.stdout and "restore exact on every rank" in p.stdout, p.stdout
+
+
 def test_four_rank_checkpoint_reads_back_with_cairn_get_and_derives_from_its_parent(daemon, tmp_path):
     mpirun(daemon, 4, "--id", "ck-a", "--mib", "16")
     mpirun(daemon, 4, "--id", "ck-b", "--mib", "16", "--parent", "ck-a", "--durability", "global")
@@ -79,6 +92,11 @@ def test_torch_save_sharded_and_load_sharded_over_mpi4py(daemon):
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True, timeout=300)
     assert p.returncode == 0, p.stdout
     assert "3 ranks" in p.stdout and "exact on every rank" in p.stdout, p.stdout
+    # As if on two nodes (ranks 0,1 and 2,3): each node reads its share, the other's is broadcast.
+    wrapper = "CAIRN_MPI_NODE=$((OMPI_COMM_WORLD_RANK / 2)) exec \"$0\" \"$@\""
+    q = subprocess.run(["mpirun", "-np", "4", "sh", "-c", wrapper, sys.executable, script, "--id", "ts4", "--width", "256"],
+                       env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True, timeout=300)
+    assert q.returncode == 0 and "4 ranks" in q.stdout and "exact on every rank" in q.stdout, q.stdout
     show = json.loads(cairn(daemon, "show", "ts"))
     assert show["metadata"] == {"step": 1}
     assert {t["dtype"] for t in show["tensors"]} == {"F32", "BF16"}

@@ -19,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import math
 import operator
+import os
 import threading
 import warnings
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
@@ -321,27 +322,53 @@ def save_sharded(
                         dtypes=raw, part=(rank, size), part_timeout=timeout, pipelined=True)
 
 
+def _daemon_groups(comm: Any) -> Tuple[Any, Any, int, int]:
+    """(local, cross, node, nodes): the ranks sharing a daemon (one node, MPI_COMM_TYPE_SHARED, or
+    equal $CAIRN_MPI_NODE values) and the ranks with the same node-local rank on every node; cross is
+    None when the nodes hold different numbers of ranks."""
+    from mpi4py import MPI
+    rank = comm.Get_rank()
+    env = os.environ.get("CAIRN_MPI_NODE", "")
+    local = comm.Split(int(env), rank) if env.isdigit() else comm.Split_type(MPI.COMM_TYPE_SHARED, rank)
+    sizes = comm.allgather(local.Get_size())
+    if min(sizes) != max(sizes):
+        return local, None, 0, 0
+    cross = comm.Split(local.Get_rank(), rank)
+    return local, cross, cross.Get_rank(), cross.Get_size()
+
+
 def load_sharded(id: str, comm: Any, *, client: Optional[Client] = None) -> Dict[str, torch.Tensor]:
-    """Collective over ``comm``: model ``id`` as a state dict on every rank, each rank reading only
-    the tensors it owns (the same assignment as :func:`save_sharded`) from its daemon and
-    broadcasting them, so the model is read once in all."""
+    """Collective over ``comm``: model ``id`` as a state dict on every rank. Node-aware, as
+    ``cairn_mpi_restore``: the tensors are dealt out over the nodes; every rank of a node reads its
+    node's share straight from the node's daemon (one copy from the shared arena) and the other
+    nodes' shares arrive by broadcast, so the model is read once in all from below the nodes' memory.
+    On one node nothing goes through MPI. (Nodes with different rank counts: each rank reads its own
+    share and broadcasts it.)"""
     c = _client(client)
     rank, size = comm.Get_rank(), comm.Get_size()
     infos = c.show(id).get("tensors", [])
     names = [t["name"] for t in infos]
-    owner = _assign([int(t["nbytes"]) for t in infos], size)
-    mine = [n for i, n in enumerate(names) if owner[i] == rank]
-    got = c.load_model(id, names=mine, copy=True) if mine else {}
-    out: Dict[str, torch.Tensor] = {}
-    for i, t in enumerate(infos):
-        name = t["name"]
-        if owner[i] == rank:
-            buf = np.ascontiguousarray(got[name])
-        else:
-            buf = np.empty(tuple(t["shape"]), dtype=_dtypes.numpy_dtype(t["dtype"]))
-        comm.Bcast(buf.reshape(-1).view(np.uint8), root=owner[i])
-        out[name] = _from_numpy(name, buf, t["dtype"])
-    return out
+    local, cross, node, nodes = _daemon_groups(comm)
+    try:
+        group, me, over = (cross, node, nodes) if cross is not None else (comm, rank, size)
+        owner = _assign([int(t["nbytes"]) for t in infos], over)
+        mine = [n for i, n in enumerate(names) if owner[i] == me]
+        got = c.load_model(id, names=mine, copy=True) if mine else {}
+        out: Dict[str, torch.Tensor] = {}
+        for i, t in enumerate(infos):
+            name = t["name"]
+            if owner[i] == me:
+                buf = np.ascontiguousarray(got.pop(name))
+            else:
+                buf = np.empty(tuple(t["shape"]), dtype=_dtypes.numpy_dtype(t["dtype"]))
+            if over > 1:
+                group.Bcast(buf.reshape(-1).view(np.uint8), root=owner[i])
+            out[name] = _from_numpy(name, buf, t["dtype"])
+        return out
+    finally:
+        if cross is not None:
+            cross.Free()
+        local.Free()
 
 
 # ---- architecture graphs ----
