@@ -140,6 +140,16 @@ cairn_status cairn_unpack_tensor(cairn_client* c, const char* key, void* dst, si
   });
 }
 
+cairn_status cairn_unpack_tensor_alloc(cairn_client* c, const char* key, cairn_alloc_fn alloc, void* ctx) {
+  return guarded([&] {
+    CAIRN_REQUIRE_ARG(c && key && alloc, "client, key and alloc must not be NULL");
+    return done(c->impl->unpack_tensor_to(key, [&](const cairn::TensorInfo& t) -> cairn::Result<void*> {
+      return alloc(ctx, static_cast<cairn_dtype>(t.dtype), static_cast<int>(t.shape.size()), t.shape.data(),
+                   static_cast<size_t>(t.nbytes));
+    }));
+  });
+}
+
 cairn_status cairn_poll_tensor(cairn_client* c, const char* key, int timeout_ms, int* found) {
   return guarded([&] {
     CAIRN_REQUIRE_ARG(c && key && found, "client, key and found must not be NULL");

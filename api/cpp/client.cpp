@@ -338,22 +338,42 @@ Result<TensorInfo> Client::tensor_info(const std::string& key) {
 }
 
 Status Client::unpack_tensor(const std::string& key, void* dst, uint64_t dst_bytes) {
+  return unpack_tensor_to(key, [&](const TensorInfo& t) -> Result<void*> {
+    if (t.nbytes != dst_bytes)
+      return invalid_argument("tensor '" + key + "' has " + std::to_string(t.nbytes) + " bytes, the buffer " +
+                              std::to_string(dst_bytes));
+    return dst;
+  });
+}
+
+Status Client::unpack_tensor_to(const std::string& key, const std::function<Result<void*>(const TensorInfo&)>& buffer) {
   CAIRN_ASSIGN_OR_RETURN(json r, call(json{{"op", "lease_tensor"}, {"key", key}}));
   uint64_t n = r.value("nbytes", uint64_t{0});
   uint64_t off = r.value("offset", uint64_t{0});
   uint64_t lease = r.value("lease", uint64_t{0});
   Status st;
-  if (n != dst_bytes)
-    st = invalid_argument("tensor '" + key + "' has " + std::to_string(n) + " bytes, the buffer " + std::to_string(dst_bytes));
-  else if (off + n > view_->size())
+  void* dst = nullptr;
+  auto info = info_from_json(r);
+  if (!info.is_ok()) {
+    st = info.status();
+  } else if (auto expect = tensor_nbytes(info->dtype, info->shape); !expect || *expect != n) {
+    st = protocol_error("daemon described tensor '" + key + "' with a size that does not match its shape");
+  } else if (off + n > view_->size()) {
     st = protocol_error("daemon leased an extent outside the arena");
-  else if (n) {
+  } else {
+    info->name = key;
+    auto b = buffer(*info);
+    if (!b.is_ok()) st = b.status();
+    else if (!*b && n) st = no_space("no buffer for the " + std::to_string(n) + " bytes of tensor '" + key + "'");
+    else dst = *b;
+  }
+  if (st.is_ok() && n) {
     populate(view_->read_base() + off, n, false);
     populate(dst, n, true);
     std::memcpy(dst, view_->read_base() + off, n);
   }
-  Status rel = release({lease});
-  return st.is_ok() ? rel : st;
+  if (lease) release_later(lease);  // with the next request: one round trip per unpack
+  return st;
 }
 
 Result<bool> Client::poll_tensor(const std::string& key, int timeout_ms) {

@@ -90,6 +90,9 @@ class Client {
   Status put_tensor(const std::string& key, const void* data, DType dtype, const std::vector<int64_t>& shape);
   Result<TensorInfo> tensor_info(const std::string& key);
   Status unpack_tensor(const std::string& key, void* dst, uint64_t dst_bytes);
+  // One round trip whatever the tensor: `buffer` is called with its description and returns where
+  // to copy its bytes (nbytes of them), or an error that the call then returns.
+  Status unpack_tensor_to(const std::string& key, const std::function<Result<void*>(const TensorInfo&)>& buffer);
   Result<bool> poll_tensor(const std::string& key, int timeout_ms);
   Status delete_tensor(const std::string& key);
 

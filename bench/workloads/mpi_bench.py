@@ -50,7 +50,7 @@ def worker(a):
     # Touch as much memory as the run will use once before measuring: on a VM the first touch of
     # a guest page also costs the hypervisor's backing it, which would be charged to whichever of
     # cairn and torch runs first. Both then pay the kernel's page clearing as on bare metal.
-    warm = np.ones(3 * nbytes // 8, np.float64)
+    warm = np.ones(2 * nbytes // 8, np.float64)
     del warm
     c = cairn.connect()
     path = os.path.join(a.dir, "ckpt-%d.pt" % size)

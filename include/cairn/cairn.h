@@ -92,6 +92,11 @@ CAIRN_EXPORT cairn_status cairn_get_tensor_info(cairn_client *c, const char *key
                                                 int *ndim, int64_t shape[CAIRN_MAX_DIMS], size_t *nbytes);
 /* Copies the tensor's bytes into dst; CAIRN_ERR_INVALID_ARGUMENT if dst_bytes is not its size. */
 CAIRN_EXPORT cairn_status cairn_unpack_tensor(cairn_client *c, const char *key, void *dst, size_t dst_bytes);
+/* Copies the tensor under key in one round trip without knowing its size first: alloc(ctx, dtype,
+ * ndim, shape, nbytes) is called with its description and returns a buffer of nbytes (NULL:
+ * CAIRN_ERR_NO_SPACE). What bindings that allocate their own arrays use (Python's get_tensor). */
+typedef void *(*cairn_alloc_fn)(void *ctx, cairn_dtype dtype, int ndim, const int64_t *shape, size_t nbytes);
+CAIRN_EXPORT cairn_status cairn_unpack_tensor_alloc(cairn_client *c, const char *key, cairn_alloc_fn alloc, void *ctx);
 /* Waits up to timeout_ms (0: do not wait, -1: forever) for key to exist; *found says whether it does. */
 CAIRN_EXPORT cairn_status cairn_poll_tensor(cairn_client *c, const char *key, int timeout_ms, int *found);
 CAIRN_EXPORT cairn_status cairn_delete_tensor(cairn_client *c, const char *key);

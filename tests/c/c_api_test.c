@@ -23,6 +23,18 @@ static int failures = 0;
 
 #define CHECK_OK(call) CHECK((call) == CAIRN_OK)
 
+/* cairn_unpack_tensor_alloc's allocator: records the description; ctx is a buffer of 1 MiB floats
+ * (NULL from it when the tensor would not fit). */
+static cairn_dtype alloc_dtype;
+static int alloc_ndim = -1;
+static int64_t alloc_shape0;
+static void *alloc_into(void *ctx, cairn_dtype dtype, int ndim, const int64_t *shape, size_t nbytes) {
+  alloc_dtype = dtype;
+  alloc_ndim = ndim;
+  alloc_shape0 = ndim > 0 ? shape[0] : -1;
+  return nbytes <= (1u << 20) * sizeof(float) ? ctx : NULL;
+}
+
 static float *make_floats(size_t n, float seed) {
   float *p = malloc(n * sizeof *p);
   size_t i;
@@ -75,6 +87,18 @@ int main(int argc, char **argv) {
     CHECK_OK(cairn_put_tensor(c, "sim/big", big, CAIRN_DTYPE_F32, 1, big_shape));
     CHECK_OK(cairn_unpack_tensor(c, "sim/big", big_back, big_n * sizeof(float)));
     CHECK(memcmp(big, big_back, big_n * sizeof(float)) == 0);
+    memset(big_back, 0, big_n * sizeof(float));
+    CHECK_OK(cairn_unpack_tensor_alloc(c, "sim/big", alloc_into, big_back));
+    CHECK(alloc_dtype == CAIRN_DTYPE_F32 && alloc_ndim == 1 && alloc_shape0 == (int64_t)big_n);
+    CHECK(memcmp(big, big_back, big_n * sizeof(float)) == 0);
+    CHECK(cairn_unpack_tensor_alloc(c, "sim/none", alloc_into, big_back) == CAIRN_ERR_NOT_FOUND);
+    big_shape[0] = (int64_t)big_n * 4 + 1;
+    {
+      unsigned char *huge = calloc(big_n * 4 + 1, 1);
+      CHECK_OK(cairn_put_tensor(c, "sim/too-big", huge, CAIRN_DTYPE_U8, 1, big_shape));
+      CHECK(cairn_unpack_tensor_alloc(c, "sim/too-big", alloc_into, big_back) == CAIRN_ERR_NO_SPACE);
+      free(huge);
+    }
     CHECK_OK(cairn_put_tensor(c, "sim/scalar", small, CAIRN_DTYPE_F64, 0, NULL));
     CHECK_OK(cairn_get_tensor_info(c, "sim/scalar", &dt, &ndim, got_shape, &nbytes));
     CHECK(ndim == 0 && nbytes == 8 && dt == CAIRN_DTYPE_F64);

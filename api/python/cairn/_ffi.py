@@ -50,6 +50,9 @@ MEM_HOST = 0
 MAX_DIMS = 8
 
 _c_void_p_p = ctypes.POINTER(ctypes.c_void_p)
+#: cairn_alloc_fn: (ctx, dtype, ndim, shape, nbytes) -> buffer
+ALLOC_FN = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
+                            ctypes.POINTER(ctypes.c_int64), ctypes.c_size_t)
 _i64_p = ctypes.POINTER(ctypes.c_int64)
 
 
@@ -67,6 +70,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "cairn_get_tensor_info": (st, [c_void_p, c_char_p, ctypes.POINTER(c_int), ctypes.POINTER(c_int),
                                        _i64_p, ctypes.POINTER(c_size_t)]),
         "cairn_unpack_tensor": (st, [c_void_p, c_char_p, c_void_p, c_size_t]),
+        "cairn_unpack_tensor_alloc": (st, [c_void_p, c_char_p, ALLOC_FN, c_void_p]),
         "cairn_poll_tensor": (st, [c_void_p, c_char_p, c_int, ctypes.POINTER(c_int)]),
         "cairn_delete_tensor": (st, [c_void_p, c_char_p]),
         "cairn_model_create": (st, [c_void_p, c_char_p, c_char_p, _c_void_p_p]),
