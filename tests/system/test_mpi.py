@@ -64,6 +64,21 @@ def test_restore_across_nodes_reads_each_share_once_and_broadcasts_it(daemon, ra
     assert "%d ranks" % ranks in p.stdout and "restore exact on every rank" in p.stdout, p.stdout
 
 
+def test_a_rank_that_never_commits_fails_every_other_ranks_ticket_and_leaves_nothing(daemon):
+    p = subprocess.run(["mpirun", "-np", "4", EXAMPLE, "--id", "ck-stall", "--mib", "8", "--stall-rank", "2",
+                        "--timeout-ms", "1500"], env=daemon["env"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       universal_newlines=True, timeout=300)
+    assert p.returncode != 0, p.stdout
+    failed = [line for line in p.stdout.splitlines() if "the checkpoint failed" in line]
+    assert sorted(line.split(":")[0] for line in failed) == ["rank 0", "rank 1", "rank 3"], p.stdout
+    assert all("part 2 of 4" in line for line in failed), p.stdout
+    q = subprocess.run([os.path.join(BUILD, "bin", "cairn"), "show", "ck-stall"], env=daemon["env"],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True)
+    assert q.returncode != 0 and "ck-stall" in q.stdout, q.stdout
+    # The id was not taken: the same checkpoint by every rank succeeds.
+    assert "restore exact on every rank" in mpirun(daemon, 4, "--id", "ck-stall", "--mib", "8")
+
+
 def test_four_rank_checkpoint_reads_back_with_cairn_get_and_derives_from_its_parent(daemon, tmp_path):
     mpirun(daemon, 4, "--id", "ck-a", "--mib", "16")
     mpirun(daemon, 4, "--id", "ck-b", "--mib", "16", "--parent", "ck-a", "--durability", "global")

@@ -3,6 +3,7 @@
  * of one model and return at once; cairn_mpi_restore reads each share once and broadcasts it.
  *
  *   mpirun -np 4 mpi_checkpoint [--id ID] [--tensors N] [--mib M] [--parent ID] [--durability memory]
+ *                               [--stall-rank R --timeout-ms T]   (rank R never commits its part)
  *
  * Prints, from rank 0, how long the ranks were blocked by the checkpoint and how long the restore
  * took, and checks on every rank that the restored state is exact (exit status 1 if not). */
@@ -22,7 +23,7 @@ static double now(void) {
 
 int main(int argc, char **argv) {
   const char *id = "mpi-ckpt", *parent = NULL, *dur = "memory";
-  int ntensors = 12, mib = 32, rank = 0, size = 1, i, bad = 0, all_bad = 0;
+  int ntensors = 12, mib = 32, rank = 0, size = 1, i, bad = 0, all_bad = 0, stall = -1, timeout_ms = 30000;
   cairn_client *c = NULL;
   cairn_ticket *ticket = NULL;
   cairn_tensor_ref *refs;
@@ -42,6 +43,8 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--mib")) mib = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--parent")) parent = argv[i + 1];
     else if (!strcmp(argv[i], "--durability")) dur = argv[i + 1];
+    else if (!strcmp(argv[i], "--stall-rank")) stall = atoi(argv[i + 1]);
+    else if (!strcmp(argv[i], "--timeout-ms")) timeout_ms = atoi(argv[i + 1]);
   }
   d = !strcmp(dur, "global") ? CAIRN_DURABILITY_GLOBAL : !strcmp(dur, "local") ? CAIRN_DURABILITY_LOCAL
                                                                                  : CAIRN_DURABILITY_MEMORY;
@@ -76,8 +79,31 @@ int main(int argc, char **argv) {
   }
   MPI_Barrier(MPI_COMM_WORLD);
   t0 = now();
-  st = cairn_mpi_checkpoint(MPI_COMM_WORLD, c, id, parent, refs, (size_t)ntensors, d, 30000, &ticket);
+  if (rank == stall) {
+    /* --stall-rank R: rank R never commits its part (a writer that hung or died before its part),
+     * so every other rank's ticket fails after --timeout-ms naming the missing part, and nothing
+     * of the model becomes visible. */
+    int failed = 0, any_failed = 0;
+    MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    cairn_disconnect(c);
+    MPI_Finalize();
+    return any_failed ? 6 : 0;
+  }
+  st = cairn_mpi_checkpoint(MPI_COMM_WORLD, c, id, parent, refs, (size_t)ntensors, d, timeout_ms, &ticket);
   blocked = now() - t0;
+  if (stall >= 0 && stall < size) {
+    int failed = 0, any_failed = 0;
+    if (st == CAIRN_OK) st = cairn_wait(ticket, -1);
+    if (st != CAIRN_OK) {
+      printf("rank %d: the checkpoint failed: %s\n", rank, cairn_last_error());
+      failed = 1;
+    }
+    cairn_ticket_free(ticket);
+    MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    cairn_disconnect(c);
+    MPI_Finalize();
+    return any_failed ? 6 : 0;
+  }
   if (st != CAIRN_OK) {
     fprintf(stderr, "rank %d: checkpoint: %s\n", rank, cairn_last_error());
     MPI_Abort(MPI_COMM_WORLD, 3);
