@@ -169,18 +169,23 @@ static int load_surrogate(store* st, int64_t* version, float** w, float* bias) {
     cairn_dtype dt;
     int ndim;
     int64_t shp[CAIRN_MAX_DIMS];
-    size_t nb, k_idx, count = 0;
+    size_t nb, k_idx, count = 0, w_bytes = 0;
     if (cairn_model_open(st->cairn, id, &r) != CAIRN_OK) return 0;
     CHECK(cairn_model_tensor_count(r, &count));
     for (k_idx = 0; k_idx < count; ++k_idx) {
       CHECK(cairn_model_tensor_info(r, k_idx, &name, &dt, &ndim, shp, &nb));
       if (!strcmp(name, "conv.weight") && ndim == 4) {
         k = (int)shp[3];
+        w_bytes = nb;
         *w = realloc(*w, nb);
-        CHECK(cairn_model_read_tensor(r, name, *w, nb, CAIRN_MEM_HOST));
-      } else if (!strcmp(name, "conv.bias")) {
-        CHECK(cairn_model_read_tensor(r, name, bias, sizeof *bias, CAIRN_MEM_HOST));
       }
+    }
+    if (k) {
+      /* Both tensors in one request. */
+      const char* names[2] = {"conv.weight", "conv.bias"};
+      void* dsts[2] = {*w, bias};
+      size_t sizes[2] = {w_bytes, sizeof *bias};
+      CHECK(cairn_model_read_tensors(r, 2, names, dsts, sizes));
     }
     cairn_model_close(r);
   }
