@@ -212,7 +212,76 @@ def test_nas_parsl_end_to_end(env):
         assert out[mode]["read_back_exact"] == 12
     assert out["cairn"]["lineage_ok"]
     assert 0 < out["cairn"]["stored_bytes"] < out["files"]["stored_bytes"]
+    # The driver's hints reached the daemon: a population and a will_load per child of a tournament
+    # (12 candidates, population 8: 4 children), every id known.
+    h = out["cairn"]["hints"]
+    assert h["hints"] == 2 * 4 and h["unknown_models"] == 0, h
     print(f"\nnas_parsl (12 candidates) in {time.time() - t0:.1f} s:\n" + "\n".join(r.stdout.splitlines()[-4:-1]))
+
+
+@parsl.python_app
+def _hint_app(kind, models, address):
+    import cairn.parsl
+
+    return cairn.parsl.hint(kind, models, address=address)
+
+
+def _prefetch_stats(c, want_staged, timeout=30):
+    """The daemon's prefetch stats once its queue is empty and it staged at least want_staged chunks."""
+    deadline = time.time() + timeout
+    while True:
+        p = c.stats()["prefetch"]
+        if (p["queued"] == 0 and p["chunks_staged"] >= want_staged) or time.time() > deadline:
+            return p
+        time.sleep(0.05)
+
+
+def test_hint_from_an_app_stages_the_model_before_the_read(env):
+    """A will_load sent by a Parsl app reaches its node's daemon, which stages the model into DRAM
+    before the read: the read uses the prefetched chunks. The daemon here starts cold on the
+    repository the model was committed to (as a node of a later job would)."""
+    import cairn
+    import cairn.parsl
+
+    rng = np.random.default_rng(16)
+    tensors = {f"layer{i}.weight": rng.random((1024, 1024), dtype=np.float32) for i in range(3)}  # 3 x 4 MiB
+    with cairn.connect() as c:
+        c.save_model("hinted/base", tensors, durability="global", wait=True)
+    root = env["root"]
+    sock = str(root / "run-cold" / "cairnd.sock")
+    cfg = root / "cold.yaml"
+    cfg.write_text(f"socket: {sock}\nrepository: {root / 'repo'}\ntiers:\n  dram:\n    capacity: 256MiB\n"
+                   f"log:\n  level: warn\n  file: {root / 'cold.log'}\n")
+    proc = subprocess.Popen([str(CAIRND), "--config", str(cfg)], env=dict(os.environ, CAIRN_SOCKET=sock),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait_listening(sock, proc)
+        with cairn.connect(sock) as c:
+            before = c.stats()["prefetch"]
+            assert before["chunks_staged"] == 0 and before["hints"] == 0, before
+            answer = _hint_app("will_load", ["hinted/base", "hinted/not-there"], sock).result(timeout=120)
+            assert answer["unknown"] == ["hinted/not-there"] and answer["queued"] == 1, answer
+            p = _prefetch_stats(c, 3)
+            assert p["hints"] == 1 and p["unknown_models"] == 1 and p["chunks_staged"] >= 3, p
+            got = c.load_model("hinted/base", copy=True)
+            for k, v in tensors.items():
+                assert np.array_equal(got[k], v), k
+            p = c.stats()["prefetch"]
+            assert p["chunks_used"] >= 3 and p["chunks_wasted"] == 0, p
+            # From the driver: a population hint on the same daemon, and a malformed one names its field.
+            assert cairn.parsl.hint("population", ["hinted/base"], address=sock)["models"] == 1
+            with pytest.raises(cairn.CairnError, match="ahead"):
+                cairn.parsl.hint("sequence", ["hinted/base"], address=sock, ahead=0)
+            assert c.stats()["prefetch"]["hints"] == 2
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    # No daemon: a warning naming the socket, not an error (strict=True raises).
+    missing = str(root / "none" / "cairnd.sock")
+    with pytest.warns(RuntimeWarning, match=re.escape(missing)):
+        assert cairn.parsl.hint("done", ["hinted/base"], address=missing) is None
+    with pytest.raises(cairn.parsl.CairnStagingError, match=re.escape(missing)):
+        cairn.parsl.hint("done", ["hinted/base"], address=missing, strict=True)
 
 
 _NO_DAEMON = r'''

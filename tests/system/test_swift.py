@@ -78,6 +78,7 @@ def test_nas_swift_on_three_ranks_commits_candidates_with_their_parents(swift, d
     script = tmp_path / "nas.swift"  # swift-t writes its .tic beside the script: a copy in tmp
     script.write_text(open(os.path.join(SOURCE, "workflow", "examples", "nas.swift")).read())
     G, C = 2, 3
+    hints_before = json.loads(cairn(daemon, "stats", "--json"))["prefetch"]
     p, secs = run_swift(swift, str(script), ["--work=%s" % work, "--base=%s" % base, "--python=%s" % PYTHON,
                                              "--script=%s" % cand, "--generations=%d" % G, "--candidates=%d" % C,
                                              "--prefix=sw"], daemon["socket"], str(tmp_path))
@@ -91,6 +92,20 @@ def test_nas_swift_on_three_ranks_commits_candidates_with_their_parents(swift, d
     final = [ln for ln in p.stdout.splitlines() if ln.startswith("best: ")]
     assert final and final[0].split()[1] == best[2], p.stdout
     assert final[0].split("lineage: ")[1].split() == [best[1], "sw-g0"], final
+    # The hints reached the daemon: a population per generation, a will_load for generation 2's
+    # parent; every id known.
+    answers = {}
+    for line in p.stdout.splitlines():
+        if line.startswith("hint "):
+            kind, g, answer = line.split(" ", 3)[1:]
+            answers[(kind, int(g.rstrip(":")))] = json.loads(answer)
+    assert sorted(answers) == [("population", 1), ("population", 2), ("will_load", 1)], p.stdout
+    for (kind, g), a in answers.items():
+        assert a["kind"] == kind and a["unknown"] == [] and a["models"] == (C if kind == "population" else 1), a
+    assert answers[("will_load", 1)]["queued"] == 1
+    hints_after = json.loads(cairn(daemon, "stats", "--json"))["prefetch"]
+    assert hints_after["hints"] - hints_before["hints"] == 3, (hints_before, hints_after)
+    assert hints_after["unknown_models"] == hints_before["unknown_models"]
     parents = {1: "sw-g0", 2: best[1]}
     for g in (1, 2):
         scores = {}

@@ -3,7 +3,9 @@
 // `foreach` on worker ranks. A candidate's leaf gets its parent from the node's cairnd as a file, an
 // app trains one layer of it (nas_swift_candidate.py), and a leaf commits the child with its parent
 // and score, so the layer it did not train is stored once. The best child (by score, asked of
-// cairn) seeds the next generation.
+// cairn) seeds the next generation. Hints (docs/policy.md) tell the daemon what comes next: each
+// generation is the population the next parent is drawn from, and the chosen parent is staged
+// (will_load) before the next generation's candidates ask for it.
 //
 //   swift-t -I <lib>/tcl/cairn -r <lib>/tcl/cairn -n 3 nas.swift --work=DIR --base=BASE.safetensors \
 //       --python=python3 --script=nas_swift_candidate.py [--generations=3] [--candidates=4] [--prefix=nas]
@@ -27,6 +29,8 @@ app (file o) candidate(string python, string script, string parent_path, string 
     string score = trim(read(s));
     ids[c] = cairn_put_meta(id, path, parent, "global", sprintf("{\"score\": %s, \"generation\": %i}", score, g));
   }
+  string pop = cairn_hint("population", string_join(ids, ","));
+  printf("hint population %i: %s", g, pop);
   best = cairn_best_of(string_join(ids, ","));
 }
 
@@ -36,7 +40,15 @@ app (file o) candidate(string python, string script, string parent_path, string 
   } else {
     string b = generation(prefix, parent, g, C, work, python, script);
     printf("generation %i: best %s (score %f)", g, b, cairn_score(b));
-    best = evolve(prefix, b, g + 1, G, C, work, python, script);
+    if (g < G) {
+      string h = cairn_hint("will_load", b);
+      printf("hint will_load %i: %s", g, h);
+      wait (h) {
+        best = evolve(prefix, b, g + 1, G, C, work, python, script);
+      }
+    } else {
+      best = b;
+    }
   }
 }
 

@@ -17,7 +17,9 @@ list, its file is loaded with ``torch.load``, and every candidate is written who
 Search space: an MLP of ``--layers`` hidden layers, each of a width from WIDTHS; a mutation changes one
 layer's width, so the layers before it keep their signatures (and weights) from the parent. Evolution
 (Real et al., 2019): a population of the latest P finished candidates, tournaments of S, the oldest
-dies; candidates run asynchronously, ``--workers`` at a time.
+dies; candidates run asynchronously, ``--workers`` at a time. In cairn mode the driver sends hints
+(``cairn.parsl.hint``): the population whenever it changes, and ``will_load`` for a child's parent
+before the child is submitted (``--no-hints``: none).
 
 The run ends with both modes' bytes stored and times, every candidate's stored model read back
 and compared (per-tensor SHA-256 against what the app saved), and one line ``RESULT {json}``.
@@ -181,7 +183,12 @@ def best_ancestor_scan(genome: Genome, archive: List[Tuple[str, Genome, float]])
     return best
 
 
-def evolve(mode: str, args: argparse.Namespace, run: str, apps: Dict[str, Any], directory: str) -> Dict[str, Any]:
+def evolve(mode: str, args: argparse.Namespace, run: str, apps: Dict[str, Any], directory: str,
+           hint: Optional[Any] = None) -> Dict[str, Any]:
+    """Runs the search. ``hint(kind, models)`` (cairn mode, unless --no-hints) tells cairn the live
+    population whenever it changes and, before a child is submitted, that its parent will be read
+    next, so the daemon stages the parent while the task is shipped and keeps the population's
+    chunks ahead of the rest when it evicts."""
     rng = random.Random(args.seed)  # same genomes and seeds in both modes
     widths = tuple(args.widths)
     population: List[Tuple[str, Genome, float]] = []  # the latest P finished
@@ -218,6 +225,9 @@ def evolve(mode: str, args: argparse.Namespace, run: str, apps: Dict[str, Any], 
             if submitted < args.candidates:
                 contenders = rng.sample(population, min(args.sample, len(population)))
                 parent = max(contenders, key=lambda c: c[2])
+                if hint is not None:
+                    hint("population", [c[0] for c in population])
+                    hint("will_load", [parent[0]])
                 submit(mutate(parent[1], widths, rng))
     return {"results": results, "seconds": time.perf_counter() - t0}
 
@@ -260,6 +270,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--dir", help="where the torch.save files go (default: a temporary directory, removed)")
     ap.add_argument("--modes", default="cairn,files", help="comma-separated: cairn, files")
     ap.add_argument("--run-dir", help="Parsl's run directory (default: a temporary directory)")
+    ap.add_argument("--no-hints", action="store_true", help="cairn mode without population/will_load hints")
     args = ap.parse_args(argv)
     if args.large:
         args.candidates, args.widths, args.steps, args.layers = 96, [128, 256, 384, 512], 60, 6
@@ -313,15 +324,21 @@ def main(argv: Optional[List[str]] = None) -> int:
         parsl.python_app(lambda: __import__("torch").zeros(1).sum().item(), executors=["htex"])().result()
         out["startup_s"] = time.perf_counter() - t_start
         for mode in args.modes.split(","):
-            before = client.stats()["repository"]
-            r = evolve(mode, args, run, apps, directory)
+            before_stats = client.stats()
+            before = before_stats["repository"]
+            hint = None if mode != "cairn" or args.no_hints else cairn.parsl.hint
+            r = evolve(mode, args, run, apps, directory, hint)
             res = r["results"]
             m: Dict[str, Any] = {"seconds": r["seconds"], "save_s": sum(x["save_s"] for x in res),
                                  "load_s": sum(x["load_s"] for x in res),
                                  "transfers": sum(1 for x in res if x["parent"]),
                                  "best_score": max(x["score"] for x in res)}
             if mode == "cairn":
-                after = client.stats()["repository"]
+                after_stats = client.stats()
+                after = after_stats["repository"]
+                # What the hints did on this node's daemon (docs/policy.md, "The prefetcher").
+                m["hints"] = {k: after_stats.get("prefetch", {}).get(k, 0) - before_stats.get("prefetch", {}).get(k, 0)
+                              for k in ("hints", "unknown_models", "chunks_staged", "chunks_used", "chunks_wasted")}
                 m["stored_bytes"] = after["physical_bytes"] - before["physical_bytes"]
                 m["logical_bytes"] = after["logical_bytes"] - before["logical_bytes"]
                 lineage_ok = all((client.lineage(x["id"], depth=1)["ancestors"] or [None])[0] == x["parent"] for x in res)
@@ -344,6 +361,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         if mode in out:
             m = out[mode]
             extra = f" (logical {mb(m['logical_bytes'])}, lineage {'ok' if m['lineage_ok'] else 'WRONG'})" if mode == "cairn" else ""
+            if mode == "cairn":
+                h = m["hints"]
+                extra += (f"; {h['hints']} hints ({h['unknown_models']} unknown ids), prefetched chunks "
+                          f"{h['chunks_staged']} staged, {h['chunks_used']} used, {h['chunks_wasted']} wasted")
             print(f"{mode:5s}: {args.candidates} candidates in {m['seconds']:.1f} s, stored {mb(m['stored_bytes'])}{extra}; "
                   f"saves {m['save_s']:.2f} s, ancestor loads {m['load_s']:.2f} s in all; {m['transfers']} started from an "
                   f"ancestor; best score {m['best_score']:.3f}; read back exact: {m['read_back_exact']}/{args.candidates}")

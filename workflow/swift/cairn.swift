@@ -69,3 +69,18 @@
 (int o) cairn_poll(string key, int timeout_ms) "cairn" "0.1" [
   "set <<o>> [ cairn::poll <<key>> <<timeout_ms>> ]"
 ];
+
+// Tells the node's daemon what the workflow will read next (docs/policy.md): `kind` is will_load,
+// population, sequence or done; `models_json` a JSON array of ids (["a","b"]) or ids separated by
+// commas or spaces. Returns the daemon's answer (JSON; "unknown" lists ids that do not exist).
+// Advice: it changes what is staged and evicted, never what is read.
+@dispatch=WORKER
+(string o) cairn_hint(string kind, string models_json) "cairn" "0.1" [
+  "set <<o>> [ cairn::hint <<kind>> <<models_json>> ]"
+];
+
+// The same with the kind's other fields as a JSON object, e.g. {"when": 2.5} or {"ahead": 1}.
+@dispatch=WORKER
+(string o) cairn_hint_fields(string kind, string models_json, string fields_json) "cairn" "0.1" [
+  "set <<o>> [ cairn::hint <<kind>> <<models_json>> <<fields_json>> ]"
+];

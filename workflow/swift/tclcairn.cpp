@@ -15,6 +15,7 @@
 //   cairn::get_blob KEY                                          -> {PTR LENGTH} (malloc'd: Turbine frees it)
 //   cairn::poll KEY TIMEOUT_MS                                   -> 1 if KEY exists, else 0
 //   cairn::delete KEY                                            -> ""
+//   cairn::hint KIND MODELS ?FIELDS_JSON?                        -> the daemon's answer (JSON)
 #include <tcl.h>
 
 #include <cstdint>
@@ -289,6 +290,46 @@ int Delete(ClientData, Tcl_Interp* interp, int objc, Tcl_Obj* const objv[]) {
   return TCL_OK;
 }
 
+// A hint (docs/policy.md): KIND is will_load, population, sequence or done; MODELS a JSON array of
+// ids, or a Tcl list / comma-separated ids; FIELDS_JSON an object of the kind's other fields
+// ({"when": 2.5}, {"ahead": 1}). A malformed hint is a Tcl error naming the field; unknown ids are
+// listed in the answer, not an error.
+int Hint(ClientData, Tcl_Interp* interp, int objc, Tcl_Obj* const objv[]) {
+  if (objc != 3 && objc != 4) {
+    Tcl_WrongNumArgs(interp, 1, objv, "kind models ?fields_json?");
+    return TCL_ERROR;
+  }
+  json h = json::object();
+  if (objc == 4 && *Tcl_GetString(objv[3])) {
+    h = json::parse(arg(objv, 3), nullptr, false);
+    if (!h.is_object()) return error(interp, "hint: fields_json is not a JSON object: " + arg(objv, 3));
+  }
+  h["kind"] = arg(objv, 1);
+  std::string text = arg(objv, 2);
+  json models = json::parse(text, nullptr, false);
+  if (!models.is_array()) {
+    models = json::array();
+    for (auto& ch : text)
+      if (ch == ',') ch = ' ';
+    Tcl_Obj* list = Tcl_NewStringObj(text.c_str(), -1);
+    Tcl_IncrRefCount(list);
+    int n = 0;
+    Tcl_Obj** items = nullptr;
+    const int rc = Tcl_ListObjGetElements(interp, list, &n, &items);
+    for (int i = 0; rc == TCL_OK && i < n; ++i) models.push_back(std::string(Tcl_GetString(items[i])));
+    Tcl_DecrRefCount(list);
+    if (rc != TCL_OK) return error(interp, "hint: models is neither a JSON array nor a list of ids: " + arg(objv, 2));
+  }
+  h["models"] = models;
+  cairn_client* c = client(interp);
+  if (!c) return TCL_ERROR;
+  char* answer = nullptr;
+  if (cairn_hint(c, h.dump().c_str(), &answer) != CAIRN_OK) return cairn_error(interp, "hint " + arg(objv, 1));
+  Tcl_SetObjResult(interp, Tcl_NewStringObj(answer ? answer : "{}", -1));
+  cairn_free(answer);
+  return TCL_OK;
+}
+
 }  // namespace
 
 extern "C" int Tclcairn_Init(Tcl_Interp* interp) {
@@ -299,7 +340,7 @@ extern "C" int Tclcairn_Init(Tcl_Interp* interp) {
   } cmds[] = {{"cairn::put_file", PutFile}, {"cairn::get_file", GetFile},         {"cairn::best_ancestor", BestAncestor},
               {"cairn::lineage", Lineage},  {"cairn::metadata", Metadata},        {"cairn::score", Score},
               {"cairn::best_of", BestOf},   {"cairn::put_blob", PutBlob},         {"cairn::get_blob", GetBlob},
-              {"cairn::poll", Poll},        {"cairn::delete", Delete}};
+              {"cairn::poll", Poll},        {"cairn::delete", Delete},          {"cairn::hint", Hint}};
   Tcl_Eval(interp, "namespace eval ::cairn {}");
   for (const auto& c : cmds) Tcl_CreateObjCommand(interp, c.name, c.proc, nullptr, nullptr);
   return Tcl_PkgProvide(interp, "cairn", "0.1");

@@ -42,6 +42,10 @@ back byte for byte). Stage-out stores the file the app wrote with ``cairn_model_
 tensors are read straight into the arena; with a parent, tensors equal to the parent's are stored
 once). A file the app wrote with ``torch.save`` (a state dict) is accepted too.
 
+Hints: ``cairn.parsl.hint(kind, models, **fields)`` tells a node's daemon what the workflow will read
+next (``will_load``, ``population``, ``sequence``, ``done``; docs/policy.md), from the driver or from
+an app; a lost hint is a warning, never a failed task.
+
 A task that finds no daemon fails at once with :class:`CairnStagingError` naming the socket it
 tried; ``worker_init()`` gives a ``worker_init`` line that starts one per node and user first.
 """
@@ -70,7 +74,7 @@ try:  # Parsl is only needed for the staging provider itself, not for worker_ini
 except ImportError:  # pragma: no cover - without Parsl, CairnStaging raises at construction
     _StagingBase = object  # type: ignore[assignment,misc]
 
-__all__ = ["CairnStaging", "CairnStagingError", "CairnURL", "parse_url", "worker_init", "ensure_daemon"]
+__all__ = ["CairnStaging", "CairnStagingError", "CairnURL", "parse_url", "worker_init", "ensure_daemon", "hint"]
 
 SCHEME = "cairn"
 
@@ -395,6 +399,38 @@ class CairnStaging(_StagingBase):  # type: ignore[misc,valid-type]
     def replace_task_stage_out(self, dm: Any, executor: str, file: Any, func: Callable) -> Callable:
         token = getattr(file, "cairn_token", None) or self._plan(file)
         return _stage_out_wrapper(func, file, token, self.directory, self.address)
+
+
+# ---- hints: what the workflow will read next ----
+
+def hint(kind: str, models: Any, address: Optional[str] = None, strict: bool = False, **fields: Any) -> Optional[Dict[str, Any]]:
+    """Tells the daemon of the node this runs on what the workflow will read next (docs/policy.md):
+    ``kind`` is ``"will_load"`` (``tensors=[...]``, ``when=seconds`` or ``"next"``), ``"population"``,
+    ``"sequence"`` (``ahead=k``) or ``"done"``; ``models`` one id or a list. Usable in the driver (the
+    submit side: it reaches the driver node's daemon) and inside an app (the worker node's daemon,
+    which is the one that will serve the task's reads). The daemon is ``address``, else
+    ``$CAIRN_SOCKET``, else the default socket, as for :class:`CairnStaging`.
+
+    Returns the daemon's answer (``unknown`` lists ids that do not exist, which is not an error).
+    A hint is advice: when no daemon is reachable it returns None with a warning naming the socket
+    (``strict=True`` raises CairnStagingError instead), so a lost hint never fails a task. A
+    malformed hint (an unknown kind or field) always raises CairnError naming the field.
+    """
+    from ._errors import Unavailable  # noqa: PLC0415
+
+    try:
+        client = _connect(address)
+    except Unavailable as e:
+        if strict:
+            raise CairnStagingError(f"hint '{kind}' on {socket.gethostname()}: {e}", e.status) from e
+        import warnings  # noqa: PLC0415
+
+        warnings.warn(f"cairn.parsl.hint('{kind}'): not sent: {e}", RuntimeWarning, stacklevel=2)
+        return None
+    try:
+        return client.hint(kind, models, **fields)
+    finally:
+        client.close()
 
 
 # ---- making sure a node has a daemon ----
