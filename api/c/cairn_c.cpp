@@ -222,6 +222,13 @@ cairn_status cairn_model_add_tensor_space(cairn_model_writer* w, const char* nam
   });
 }
 
+cairn_status cairn_model_reserve(cairn_model_writer* w, size_t n, const size_t* nbytes) {
+  return guarded([&] {
+    CAIRN_REQUIRE_ARG(w && (n == 0 || nbytes), "writer and nbytes must not be NULL");
+    return done(w->impl->reserve(std::vector<uint64_t>(nbytes, nbytes + n)));
+  });
+}
+
 cairn_status cairn_model_inherit_all(cairn_model_writer* w) {
   return guarded([&] {
     CAIRN_REQUIRE_ARG(w, "writer is NULL");

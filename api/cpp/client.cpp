@@ -391,6 +391,42 @@ Result<Client::Space> Client::allocate(uint64_t nbytes) {
   return Space{r.value("space", uint64_t{0}), view_->write_base() + off, nbytes};
 }
 
+Result<std::vector<Client::Space>> Client::allocate_many(const std::vector<uint64_t>& sizes) {
+  if (sizes.empty()) return std::vector<Space>{};
+  // The replies land in `got` as they are collected; the last request is a plain call, which
+  // collects every earlier reply first, so all handlers have run when it returns.
+  auto got = std::make_shared<std::vector<std::optional<Result<json>>>>(sizes.size());
+  Status sent;
+  for (size_t i = 0; i + 1 < sizes.size() && sent.is_ok(); ++i)
+    sent = send_pipelined(json{{"op", "allocate"}, {"nbytes", sizes[i]}}, {},
+                          [got, i](Result<json> r) { (*got)[i].emplace(std::move(r)); });
+  if (sent.is_ok()) (*got).back().emplace(call(json{{"op", "allocate"}, {"nbytes", sizes.back()}}));
+  else (void)flush_pipeline();
+  std::vector<Space> out;
+  Status first = sent;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    auto& r = (*got)[i];
+    if (!r) continue;
+    if (!r->is_ok()) {
+      if (first.is_ok()) first = r->status();
+      continue;
+    }
+    uint64_t off = (*r)->value("offset", uint64_t{0}), id = (*r)->value("space", uint64_t{0});
+    if (off + sizes[i] > view_->size()) {
+      if (first.is_ok()) first = protocol_error("daemon allocated space outside the arena");
+      spaces_to_free_.push_back(id);
+      continue;
+    }
+    out.push_back(Space{id, view_->write_base() + off, sizes[i]});
+  }
+  if (!first.is_ok()) {
+    for (const auto& sp : out) spaces_to_free_.push_back(sp.id);  // freed with the next request
+    return first;
+  }
+  for (const auto& sp : out) populate(sp.data, sp.nbytes, true);
+  return out;
+}
+
 Status Client::free_space(uint64_t id) { return call(json{{"op", "free"}, {"space", id}}).status(); }
 
 Status Client::release(const std::vector<uint64_t>& leases) {
@@ -448,7 +484,7 @@ Status ModelWriter::add_tensor(const std::string& name, const void* data, DType 
     const auto* p = static_cast<const uint8_t*>(data);
     inline_.insert(inline_.end(), p, p + n);
   } else {
-    CAIRN_ASSIGN_OR_RETURN(Client::Space sp, client_.allocate(n));
+    CAIRN_ASSIGN_OR_RETURN(Client::Space sp, space_for(n));
     std::memcpy(sp.data, data, n);
     spaces_.push_back(sp.id);
     t["space"] = sp.id;
@@ -458,11 +494,32 @@ Status ModelWriter::add_tensor(const std::string& name, const void* data, DType 
   return Status::ok();
 }
 
+Status ModelWriter::reserve(const std::vector<uint64_t>& sizes) {
+  if (done_) return invalid_argument("model '" + id_ + "' was already committed or aborted");
+  CAIRN_ASSIGN_OR_RETURN(auto spaces, client_.allocate_many(sizes));
+  for (const auto& sp : spaces) reserved_.emplace(sp.nbytes, sp);
+  return Status::ok();
+}
+
+Result<Client::Space> ModelWriter::space_for(uint64_t n) {
+  if (auto it = reserved_.find(n); it != reserved_.end()) {
+    Client::Space sp = it->second;
+    reserved_.erase(it);
+    return sp;
+  }
+  return client_.allocate(n);
+}
+
+void ModelWriter::drop_reserved() {
+  for (const auto& [n, sp] : reserved_) client_.spaces_to_free_.push_back(sp.id);
+  reserved_.clear();
+}
+
 Result<uint8_t*> ModelWriter::add_tensor_space(const std::string& name, DType dtype, const std::vector<int64_t>& shape) {
   CAIRN_RETURN_IF_ERROR(check_name(name));
   uint64_t n;
   CAIRN_RETURN_IF_ERROR(check_shape(dtype, shape, &n).with_context("tensor '" + name + "'"));
-  CAIRN_ASSIGN_OR_RETURN(Client::Space sp, client_.allocate(n));
+  CAIRN_ASSIGN_OR_RETURN(Client::Space sp, space_for(n));
   spaces_.push_back(sp.id);
   tensors_.push_back(json{{"name", name}, {"dtype", dtype_name(dtype)}, {"shape", shape_json(shape)}, {"space", sp.id}});
   names_[name] = true;
@@ -519,6 +576,7 @@ Status ModelWriter::set_part(uint32_t index, uint32_t count, int64_t timeout_ms)
 
 Result<uint64_t> ModelWriter::commit(Durability d, bool wait) {
   if (done_) return invalid_argument("model '" + id_ + "' was already committed or aborted");
+  drop_reserved();
   auto r = client_.call(request(d, wait), inline_);
   if (!r.is_ok()) {
     abort();  // frees the spaces the daemon did not take
@@ -546,6 +604,7 @@ Result<Ticket> ModelWriter::commit_async(Durability d) {
 
 Result<Ticket> ModelWriter::commit_pipelined(Durability d) {
   if (done_) return invalid_argument("model '" + id_ + "' was already committed or aborted");
+  drop_reserved();
   auto t = std::make_shared<CommitTicket>();
   t->id = id_;
   t->target = d;
@@ -583,6 +642,7 @@ Result<Ticket> ModelWriter::commit_pipelined(Durability d) {
 void ModelWriter::abort() {
   if (done_) return;
   done_ = true;
+  drop_reserved();
   // Spaces a failed commit already consumed are unknown to the daemon now: freeing them is a no-op.
   for (uint64_t id : spaces_) (void)client_.free_space(id);
   spaces_.clear();

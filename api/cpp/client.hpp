@@ -103,6 +103,9 @@ class Client {
     uint64_t nbytes = 0;
   };
   Result<Space> allocate(uint64_t nbytes);
+  // Spaces for every size at once: the requests are pipelined, so a many-tensor model pays one
+  // round trip instead of one per tensor. All or nothing (the spaces of a failed call are freed).
+  Result<std::vector<Space>> allocate_many(const std::vector<uint64_t>& sizes);
   Status free_space(uint64_t id);
   Status release(const std::vector<uint64_t>& leases);
   // Releases a lease with the next request instead of a round trip of its own (the chunks stay
@@ -197,6 +200,11 @@ class ModelWriter {
   // weakest durability any part asked for). A part missing `timeout_ms` after the first arrived
   // (default 60 s) fails every part's commit. docs/protocol.md, "Multi-part models".
   Status set_part(uint32_t index, uint32_t count, int64_t timeout_ms = -1);
+  // Announces the sizes of the tensors about to be added through arena space (those over
+  // kInlineLimit): their spaces are allocated now in one round trip, and add_tensor /
+  // add_tensor_space of a tensor of such a size takes one of them. Spaces left unused are freed at
+  // commit or abort. Only an optimisation: adding other tensors works as without it.
+  Status reserve(const std::vector<uint64_t>& sizes);
   // Commits. wait=true: returns once durability d is reached (ticket 0); otherwise returns a ticket
   // for Client::wait once the model is visible.
   Result<uint64_t> commit(Durability d, bool wait);
@@ -215,6 +223,11 @@ class ModelWriter {
  private:
   Status check_name(const std::string& name);
   nlohmann::json request(Durability d, bool wait) const;
+  // A reserved space of exactly n bytes, else a new one.
+  Result<Client::Space> space_for(uint64_t n);
+  // Hands unused reserved spaces to the client, which frees them with its next request.
+  void drop_reserved();
+  std::multimap<uint64_t, Client::Space> reserved_;
   Client& client_;
   std::string id_, parent_;
   nlohmann::json tensors_ = nlohmann::json::array();

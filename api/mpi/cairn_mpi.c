@@ -90,6 +90,16 @@ cairn_status cairn_mpi_checkpoint(MPI_Comm comm, cairn_client *c, const char *id
     st = size == 1 ? cairn_model_create(c, id, parent, &w)
                    : cairn_model_create_part(c, id, parent, rank, size, timeout_ms, &w);
   }
+  if (st == CAIRN_OK) {
+    /* The arena space of this rank's big tensors in one round trip. */
+    size_t *sizes = (size_t *)malloc((n ? n : 1) * sizeof *sizes), k = 0;
+    if (sizes) {
+      for (i = 0; i < n; ++i)
+        if (owner[i] == rank && nbytes_of(&tensors[i]) > 64 * 1024) sizes[k++] = nbytes_of(&tensors[i]);
+      if (k > 1) st = cairn_model_reserve(w, k, sizes);
+      free(sizes);
+    }
+  }
   for (i = 0; st == CAIRN_OK && i < n; ++i)
     if (owner[i] == rank)
       st = cairn_model_add_tensor(w, tensors[i].name, tensors[i].data, tensors[i].dtype, tensors[i].ndim,

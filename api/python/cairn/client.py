@@ -476,6 +476,10 @@ class Client:
                 timeout_ms = int(part_timeout * 1000) if part_timeout is not None else 0
                 _check(lib.cairn_model_create_part(h, mid, par, index, count, timeout_ms, ctypes.byref(w)))
             try:
+                # The arena space of every big tensor in one round trip.
+                big = [p[1].nbytes for _, p in steps if p is not None and p[1].nbytes > _INLINE_LIMIT]
+                if len(big) > 1:
+                    _check(lib.cairn_model_reserve(w, len(big), (ctypes.c_size_t * len(big))(*big)))
                 for name_b, step in steps:
                     if step is None:
                         _check(lib.cairn_model_inherit_tensor(w, name_b))
