@@ -102,7 +102,8 @@ class LruPolicy final : public EvictionPolicy {
 // the chunk with the lowest H; evicting it raises L to its H, so chunks not touched for a while fall
 // behind newly used ones. Unknown refetch cost defaults to size / default_bandwidth (so the size
 // term cancels until the tier manager gives a cost with a latency in it). Ties go to the chunk
-// accessed longest ago. O(log n) per call, plus the chunks pick_victim skips.
+// accessed longest ago. O(log n) per call, plus the chunks pick_victim skips. It is HintAwarePolicy
+// (policy/hint_policy.hpp) without the hint hooks: one implementation of the scorer for both.
 class LineagePolicy final : public EvictionPolicy {
  public:
   // REQUIRES: both > 0 (half_life_s may be infinity: no decay); the constructor throws

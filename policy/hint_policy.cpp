@@ -13,16 +13,8 @@
 namespace cairn {
 
 struct HintAwarePolicy::Impl {
-  struct Entry {
-    // The lineage terms, as LineagePolicy keeps them.
-    uint64_t bytes = 0;
-    uint32_t references = 0;
-    std::optional<double> refetch_cost;  // seconds; unset until the tier manager tells
-    double frequency = 0;                // as of last_access_ns, before decay since then
-    int64_t last_access_ns = 0;
-    double priority = 0;                 // H
-    uint64_t sequence = 0;               // order of the last access: ties go to the older
-    // The hint terms.
+  // The lineage terms, exactly LineagePolicy's (gdsf::Terms), plus the hint terms.
+  struct Entry : gdsf::Terms {
     bool population = false;
     bool done = false;
     std::optional<int64_t> expected_at_ns;  // when a read is expected (steady ns)
@@ -59,14 +51,9 @@ struct HintAwarePolicy::Impl {
     return Standing::kOrdinary;
   }
 
-  double decayed_frequency(const Entry& e, int64_t now) const {
-    return gdsf::decayed_frequency(e.frequency, e.last_access_ns, now, options.half_life_s);
-  }
-
-  // H with the current L; the same formula as LineagePolicy.
-  double lineage_priority(const Entry& e, int64_t now) const {
-    return gdsf::priority(aging, decayed_frequency(e, now), e.references, e.refetch_cost, e.bytes,
-                          options.default_bandwidth);
+  // H with the current L, as LineagePolicy computes it.
+  void rerank_lineage(Entry& e, int64_t now) const {
+    e.rerank(aging, now, options.half_life_s, options.default_bandwidth);
   }
 
   // REQUIRES: e is not in `order`. Recomputes the standing and inserts e.
@@ -88,13 +75,20 @@ struct HintAwarePolicy::Impl {
   void access(const ChunkHash& key, Entry& e, bool fresh) {
     const int64_t now = clock.now_ns();
     if (!fresh) unplace(key, e);
-    e.frequency = decayed_frequency(e, now) + 1.0;
-    e.last_access_ns = now;
-    e.sequence = next_sequence++;
+    e.access(now, next_sequence++, options.half_life_s);
     clear_expectation(key, e);
     e.done = false;
-    e.priority = lineage_priority(e, now);
+    rerank_lineage(e, now);
     place(key, e);
+  }
+
+  // Sets a hint flag (population, done) of a tracked chunk and re-ranks it.
+  void set_flag(const ChunkHash& key, bool Entry::*flag, bool value) {
+    auto it = entries.find(key);
+    if (it == entries.end() || it->second.*flag == value) return;
+    unplace(key, it->second);
+    it->second.*flag = value;
+    place(key, it->second);
   }
 
   // Drops the expectations overdue by more than the grace.
@@ -114,11 +108,8 @@ struct HintAwarePolicy::Impl {
 HintAwarePolicy::HintAwarePolicy(const Clock& clock) : HintAwarePolicy(clock, Options{}) {}
 
 HintAwarePolicy::HintAwarePolicy(const Clock& clock, Options options) {
+  gdsf::check_options("HintAwarePolicy", options.half_life_s, options.default_bandwidth);
   // Written so NaN fails too.
-  if (!(options.half_life_s > 0))
-    throw std::invalid_argument("HintAwarePolicy: half_life_s must be > 0 (use infinity for no decay)");
-  if (!(options.default_bandwidth > 0) || std::isinf(options.default_bandwidth))
-    throw std::invalid_argument("HintAwarePolicy: default_bandwidth must be a positive number of bytes/s");
   if (!(options.expected_use_horizon_s > 0))
     throw std::invalid_argument("HintAwarePolicy: expected_use_horizon_s must be > 0 (infinity: no horizon)");
   if (!(options.expected_use_grace_s > 0) || std::isinf(options.expected_use_grace_s))
@@ -157,7 +148,7 @@ void HintAwarePolicy::set_references(const ChunkHash& key, uint32_t live_models)
   Impl::Entry& e = it->second;
   impl_->unplace(key, e);
   e.references = live_models;
-  e.priority = impl_->lineage_priority(e, impl_->clock.now_ns());
+  impl_->rerank_lineage(e, impl_->clock.now_ns());
   impl_->place(key, e);
 }
 
@@ -166,9 +157,8 @@ void HintAwarePolicy::set_refetch_cost(const ChunkHash& key, double seconds) {
   if (it == impl_->entries.end()) return;
   Impl::Entry& e = it->second;
   impl_->unplace(key, e);
-  // As LineagePolicy: neither NaN nor infinity may reach the ordering.
-  e.refetch_cost = (seconds >= 0) ? std::min(seconds, std::numeric_limits<double>::max()) : 0.0;
-  e.priority = impl_->lineage_priority(e, impl_->clock.now_ns());
+  e.set_refetch_cost(seconds);
+  impl_->rerank_lineage(e, impl_->clock.now_ns());
   impl_->place(key, e);
 }
 
@@ -190,20 +180,10 @@ void HintAwarePolicy::set_expected_use(const ChunkHash& key, double seconds_from
 }
 
 void HintAwarePolicy::set_population(const ChunkHash& key, bool member) {
-  auto it = impl_->entries.find(key);
-  if (it == impl_->entries.end() || it->second.population == member) return;
-  impl_->unplace(key, it->second);
-  it->second.population = member;
-  impl_->place(key, it->second);
+  impl_->set_flag(key, &Impl::Entry::population, member);
 }
 
-void HintAwarePolicy::set_done(const ChunkHash& key, bool done) {
-  auto it = impl_->entries.find(key);
-  if (it == impl_->entries.end() || it->second.done == done) return;
-  impl_->unplace(key, it->second);
-  it->second.done = done;
-  impl_->place(key, it->second);
-}
+void HintAwarePolicy::set_done(const ChunkHash& key, bool done) { impl_->set_flag(key, &Impl::Entry::done, done); }
 
 std::optional<ChunkHash> HintAwarePolicy::pick_victim(const std::function<bool(const ChunkHash&)>& evictable) {
   impl_->drop_stale(impl_->clock.now_ns());
