@@ -1,6 +1,7 @@
 #include "daemon/admin.hpp"
 
 #include <chrono>
+#include <set>
 
 #include "core/log.hpp"
 #include "daemon/request.hpp"
@@ -24,14 +25,20 @@ Result<json> Admin::list(const json& req) {
     if (m.collected) r["collected"] = true;
     return r;
   };
+  // A model moves from pending (or another member's) to the repository: listed once, as the
+  // repository has it, while it is in both for a moment.
+  std::set<std::string> listed;
   for (const auto& id : p_.repo.list()) {
     auto m = p_.repo.get_shared(id);
     if (m.is_ok() && (all || (*m)->retired_ns == 0)) models.push_back(row(**m, "global"));
+    listed.insert(id);
   }
-  for (const auto& m : p_.flusher.pending()) models.push_back(row(*m, "memory"));
+  for (const auto& m : p_.flusher.pending())
+    if (listed.insert(m->id).second) models.push_back(row(*m, "memory"));
   // Committed on another member of the job, not in the repository yet (as far as this daemon knows).
   if (p_.remote)
     for (const auto& m : p_.remote->all()) {
+      if (!listed.insert(m->id).second) continue;
       json r = row(*m, "memory");
       r["peer"] = true;
       models.push_back(std::move(r));

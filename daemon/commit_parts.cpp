@@ -12,13 +12,20 @@
 //  - A part missing when the timeout passes (its writer died, or never committed) fails the
 //    assembly: every part's ticket gets an error naming the missing parts, their bytes go back to
 //    the arena, the id is free again, and nothing of the model was ever visible.
+//
+// In a peer group with another verified member, the parts may be committed on several members:
+// each part is then placed and hashed where it arrives (commit_group_part) and handed to
+// GroupParts (daemon/peers/group_parts.hpp), which assembles the model across the group; this
+// file also gives GroupParts the id's reservation and the registration of the assembled model.
 #include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <set>
 
 #include "daemon/commit_path.hpp"
+#include "daemon/peers/group_parts.hpp"
 #include "daemon/request.hpp"
+#include "daemon/trace_recorder.hpp"
 
 namespace cairn {
 
@@ -47,9 +54,8 @@ struct CommitPath::Assembly {
 };
 
 namespace {
-constexpr uint64_t kMaxParts = 65536;
+constexpr uint64_t kMaxParts = kMaxModelParts;
 constexpr uint64_t kDefaultPartTimeoutMs = 60000;
-constexpr uint64_t kMaxPartTimeoutMs = 24ull * 3600 * 1000;
 }  // namespace
 
 CommitPath::~CommitPath() {
@@ -128,6 +134,72 @@ void CommitPath::reap_loop() {
   }
 }
 
+Status CommitPath::reserve_assembly(const std::string& id, const std::string& parent) {
+  std::lock_guard lock(mu_);
+  return reserve_locked(id, parent);
+}
+
+Status CommitPath::reserve_locked(const std::string& id, const std::string& parent) {
+  const std::string what = "model '" + id + "'";
+  if (committing_.count(id) || p_.flusher.contains(id))
+    return already_exists(what + " already exists (model ids are immutable; choose a new id)");
+  Status claimed = p_.repo.claim(id);
+  if (claimed.code() == StatusCode::kExists)
+    return already_exists(what + " already exists (model ids are immutable; choose a new id): " + claimed.message());
+  CAIRN_RETURN_IF_ERROR(claimed);
+  committing_[id] = parent;
+  return Status::ok();
+}
+
+Result<CommitPath::PlacedPart> CommitPath::place_part(Session& s, const std::vector<uint8_t>& blob,
+                                                      const std::string& id, const std::string& parent,
+                                                      const json& tensors, uint64_t index, uint64_t of) {
+  // Validated against the parent, touching nothing; then its inline bytes placed.
+  PlacedPart placed;
+  if (!parent.empty()) {
+    auto pm = p_.models.find(parent);
+    if (!pm.is_ok()) return not_found("parent model '" + parent + "' of '" + id + "' does not exist");
+    placed.parent = *pm;
+    if (!p_.catalog.contains(parent) && refresh_catalog_) refresh_catalog_();
+  }
+  auto planned = plan(s, id, tensors, false, placed.parent.get(), blob);
+  if (!planned.is_ok())
+    return planned.status().with_context("part " + std::to_string(index) + " of " + std::to_string(of));
+  placed.plan = std::move(planned).value();
+  placed.ext.resize(placed.plan.size());
+  for (size_t i = 0; i < placed.plan.size(); ++i) {
+    Planned& p = placed.plan[i];
+    if (p.source != Planned::kInline) continue;
+    auto off = p_.dram.allocate(p.desc.nbytes);
+    if (!off.is_ok()) {
+      for (size_t j = 0; j < i; ++j)
+        if (placed.plan[j].source == Planned::kInline) p_.dram.release(placed.ext[j].offset, placed.ext[j].length);
+      return off.status();
+    }
+    if (p.desc.nbytes) std::memcpy(p_.dram.base() + *off, blob.data() + p.blob_offset, p.desc.nbytes);
+    placed.ext[i] = Extent{*off, p.desc.nbytes};
+  }
+  // The spaces leave the writer's connection: the part's bytes are the assembly's now.
+  for (size_t i = 0; i < placed.plan.size(); ++i) {
+    if (placed.plan[i].source != Planned::kSpace) continue;
+    placed.ext[i] = s.staging[placed.plan[i].space];
+    s.staging.erase(placed.plan[i].space);
+  }
+  return placed;
+}
+
+Result<json> CommitPath::part_reply(Session& s, json out, uint64_t ticket, bool wait) {
+  if (!wait) {
+    s.tickets.insert(ticket);
+    out["ticket"] = ticket;
+    return out;
+  }
+  CAIRN_ASSIGN_OR_RETURN(TicketBook::Outcome t, p_.tickets.wait(ticket, std::chrono::milliseconds(-1)));
+  if (!t.error.is_ok()) return t.error;
+  out["reached"] = durability_name(t.reached);
+  return out;
+}
+
 Result<json> CommitPath::commit_part(Session& s, const json& req, std::vector<uint8_t>& blob, const std::string& id,
                                      const std::string& parent, DurabilityLevel target, bool wait, const json& metadata,
                                      const json& architecture, const json& tensors, bool inherit_all) {
@@ -148,6 +220,9 @@ Result<json> CommitPath::commit_part(Session& s, const json& req, std::vector<ui
   if (timeout_ms == 0 || timeout_ms > kMaxPartTimeoutMs)
     return invalid_argument(what + ": part.timeout_ms must be 1 to " + std::to_string(kMaxPartTimeoutMs));
   if (inherit_all) return invalid_argument(what + ": inherit_all cannot be used in a part (name each inherited tensor)");
+  // Another member of the peer group is there: the parts may be on several members.
+  if (group_parts_ && group_parts_->active())
+    return commit_group_part(s, blob, id, parent, target, wait, metadata, architecture, tensors, index, of, timeout_ms);
   const std::string part_name = what + ", part " + std::to_string(index) + " of " + std::to_string(of);
 
   std::shared_ptr<Assembly> a;
@@ -164,13 +239,8 @@ Result<json> CommitPath::commit_part(Session& s, const json& req, std::vector<ui
       if (a->parts[index].arrived || a->parts[index].arriving)
         return invalid_argument(part_name + " was committed twice");
     } else {
-      if (committing_.count(id) || p_.flusher.contains(id))
-        return already_exists(what + " already exists (model ids are immutable; choose a new id)");
-      Status claimed = p_.repo.claim(id);
-      if (claimed.code() == StatusCode::kExists)
-        return already_exists(what + " already exists (model ids are immutable; choose a new id): " + claimed.message());
-      CAIRN_RETURN_IF_ERROR(claimed);
-      committing_[id] = parent;
+      // The first part: the id is reserved (also across the daemons of the repository).
+      CAIRN_RETURN_IF_ERROR(reserve_locked(id, parent));
       a = std::make_shared<Assembly>();
       a->id = id;
       a->parent = parent;
@@ -184,49 +254,14 @@ Result<json> CommitPath::commit_part(Session& s, const json& req, std::vector<ui
     }
     a->parts[index].arriving = true;
   }
-  auto not_arriving = [&] {
+  auto placed = place_part(s, blob, id, parent, tensors, index, of);
+  if (!placed.is_ok()) {
     std::lock_guard lock(mu_);
     a->parts[index].arriving = false;
-  };
-
-  // Validate this part against the parent, touching nothing; then place its inline bytes.
-  std::shared_ptr<const ModelManifest> parent_manifest;
-  if (!parent.empty()) {
-    auto pm = p_.models.find(parent);
-    if (!pm.is_ok()) {
-      not_arriving();
-      return not_found("parent model '" + parent + "' of '" + id + "' does not exist");
-    }
-    parent_manifest = *pm;
-    if (!p_.catalog.contains(parent) && refresh_catalog_) refresh_catalog_();
+    return placed.status();
   }
-  auto planned = plan(s, id, tensors, false, parent_manifest.get(), blob);
-  if (!planned.is_ok()) {
-    not_arriving();
-    return planned.status().with_context("part " + std::to_string(index) + " of " + std::to_string(of));
-  }
-  std::vector<Planned> part_plan = std::move(planned).value();
-  std::vector<Extent> ext(part_plan.size());
-  for (size_t i = 0; i < part_plan.size(); ++i) {
-    Planned& p = part_plan[i];
-    if (p.source == Planned::kInline) {
-      auto off = p_.dram.allocate(p.desc.nbytes);
-      if (!off.is_ok()) {
-        for (size_t j = 0; j < i; ++j)
-          if (part_plan[j].source == Planned::kInline) p_.dram.release(ext[j].offset, ext[j].length);
-        not_arriving();
-        return off.status();
-      }
-      if (p.desc.nbytes) std::memcpy(p_.dram.base() + *off, blob.data() + p.blob_offset, p.desc.nbytes);
-      ext[i] = Extent{*off, p.desc.nbytes};
-    }
-  }
-  // The spaces leave the writer's connection: the part's bytes are the assembly's now.
-  for (size_t i = 0; i < part_plan.size(); ++i) {
-    if (part_plan[i].source != Planned::kSpace) continue;
-    ext[i] = s.staging[part_plan[i].space];
-    s.staging.erase(part_plan[i].space);
-  }
+  std::vector<Planned> part_plan = std::move(placed->plan);
+  std::vector<Extent> ext = std::move(placed->ext);
 
   uint64_t ticket = 0;
   bool complete = false;
@@ -252,16 +287,98 @@ Result<json> CommitPath::commit_part(Session& s, const json& req, std::vector<ui
   }
   if (complete) (void)complete_assembly(*a);  // its outcome reaches every part's ticket
 
-  json out{{"id", id}, {"part", index}, {"of", of}, {"assembled", complete}};
-  if (!wait) {
-    s.tickets.insert(ticket);
-    out["ticket"] = ticket;
-    return out;
+  return part_reply(s, json{{"id", id}, {"part", index}, {"of", of}, {"assembled", complete}}, ticket, wait);
+}
+
+Result<json> CommitPath::commit_group_part(Session& s, std::vector<uint8_t>& blob, const std::string& id,
+                                           const std::string& parent, DurabilityLevel target, bool wait,
+                                           const json& metadata, const json& architecture, const json& tensors,
+                                           uint64_t index, uint64_t of, uint64_t timeout_ms) {
+  const std::string what = "model '" + id + "'";
+  // A model of that id here (pending, announced by a member, or in the repository): refused at
+  // once. A commit of it going on elsewhere is found by the home's claim, and fails the ticket.
+  if (p_.models.find(id).is_ok())
+    return already_exists(what + " already exists (model ids are immutable; choose a new id)");
+  const auto i32 = static_cast<uint32_t>(index);
+  CAIRN_RETURN_IF_ERROR(group_parts_->reserve_part(id, i32, static_cast<uint32_t>(of)));
+  auto placed = place_part(s, blob, id, parent, tensors, index, of);
+  if (!placed.is_ok()) {
+    group_parts_->unreserve_part(id, i32);
+    return placed.status();
   }
-  CAIRN_ASSIGN_OR_RETURN(TicketBook::Outcome t, p_.tickets.wait(ticket, std::chrono::milliseconds(-1)));
-  if (!t.error.is_ok()) return t.error;
-  out["reached"] = durability_name(t.reached);
-  return out;
+  // Hashed in place and adopted into the DRAM tier: the part's chunks are this member's, pinned
+  // until the model reaches the repository or fails, and announced to the chunk directory so the
+  // group reads them here.
+  const std::vector<Planned>& plan = placed->plan;
+  const std::vector<Extent>& ext = placed->ext;
+  const uint64_t chunk_size = p_.repo.chunk_size();
+  std::vector<std::pair<uint64_t, uint64_t>> to_hash;
+  for (size_t i = 0; i < plan.size(); ++i)
+    if (plan[i].source != Planned::kInherit)
+      for (uint64_t off = 0; off < plan[i].desc.nbytes; off += chunk_size)
+        to_hash.emplace_back(ext[i].offset + off, std::min(chunk_size, plan[i].desc.nbytes - off));
+  const std::vector<ChunkHash> hashes = hash_ranges(p_.dram.base(), to_hash);
+  PartMessage part;
+  part.part.id = id;
+  part.part.parent = parent;
+  part.part.metadata = metadata.is_object() ? metadata : json::object();
+  part.part.architecture = architecture;
+  part.index = i32;
+  part.of = static_cast<uint32_t>(of);
+  part.timeout_ms = timeout_ms;
+  part.durability = target;
+  std::vector<ChunkRef> pinned;
+  size_t k = 0;
+  for (size_t i = 0; i < plan.size(); ++i) {
+    const Planned& p = plan[i];
+    if (p.source == Planned::kInherit) {
+      part.part.tensors.push_back(*p.inherited);
+      continue;
+    }
+    TensorManifest t{p.name, p.desc.dtype, p.desc.shape, p.desc.nbytes, {}};
+    if (t.nbytes == 0) p_.dram.release(ext[i].offset, 0);
+    for (uint64_t off = 0; off < t.nbytes; off += chunk_size) {
+      const uint64_t len = std::min(chunk_size, t.nbytes - off);
+      const ChunkHash h = hashes[k++];
+      p_.dram.adopt(h, ext[i].offset + off, len, p_.tiers.only_in_dram(h));
+      if (p_.trace) p_.trace->commit(id, h, len);
+      ChunkRef ref;
+      ref.hash = h;
+      ref.length = len;
+      pinned.push_back(ref);
+      t.chunks.push_back(ref);
+    }
+    part.part.tensors.push_back(std::move(t));
+  }
+  const uint64_t ticket = p_.tickets.create(target, true);
+  group_parts_->hold(std::move(part), ticket, std::move(pinned));
+  return part_reply(s, json{{"id", id}, {"part", index}, {"of", of}, {"assembled", false}}, ticket, wait);
+}
+
+Status CommitPath::register_assembled(const ModelManifest& model, uint64_t ticket) {
+  std::shared_lock gc_lock(p_.gc_mu);
+  std::optional<Graph> graph;
+  if (!model.architecture.is_null()) {
+    auto g = parse_graph(model.architecture);
+    if (!g.is_ok()) return g.status();
+    graph = std::move(g).value();
+  }
+  std::shared_ptr<const ModelManifest> parent_manifest;
+  if (!model.parent.empty()) {
+    auto pm = p_.models.find(model.parent);
+    if (!pm.is_ok()) return not_found("its parent '" + model.parent + "' does not exist here");
+    parent_manifest = *pm;
+    if (!p_.catalog.contains(model.parent) && refresh_catalog_) refresh_catalog_();
+  }
+  // Every tensor as it is (chunks hashed by their holders): nothing to hash or adopt here.
+  std::vector<Planned> plan(model.tensors.size(), Planned{std::string(), {}, Planned::kInherit});
+  for (size_t i = 0; i < plan.size(); ++i) plan[i].inherited = &model.tensors[i];
+  const std::vector<Extent> ext(plan.size());
+  // Registered as global: no local stage here, which would gather every holder's chunks.
+  auto registered = build_and_register(model.id, model.parent, parent_manifest.get(), model.metadata,
+                                       model.architecture, graph ? &*graph : nullptr, {{&plan, &ext}}, "", ticket,
+                                       DurabilityLevel::kGlobal, true);
+  return registered.status();
 }
 
 Status CommitPath::complete_assembly(Assembly& a) {

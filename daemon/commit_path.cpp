@@ -127,11 +127,10 @@ Result<std::vector<CommitPath::Planned>> CommitPath::plan(Session& s, const std:
   return plan;
 }
 
-namespace {
-
 // Hashes each (arena offset, length) range of base, on several threads when there is much to hash:
 // the hash is the part of a big commit's blocking time that is not the copy.
-std::vector<ChunkHash> hash_ranges(const uint8_t* base, const std::vector<std::pair<uint64_t, uint64_t>>& ranges) {
+std::vector<ChunkHash> CommitPath::hash_ranges(const uint8_t* base,
+                                               const std::vector<std::pair<uint64_t, uint64_t>>& ranges) {
   std::vector<ChunkHash> hashes(ranges.size());
   uint64_t total = 0;
   for (const auto& [o, l] : ranges) total += l;
@@ -148,8 +147,6 @@ std::vector<ChunkHash> hash_ranges(const uint8_t* base, const std::vector<std::p
   for (auto& th : helpers) th.join();
   return hashes;
 }
-
-}  // namespace
 
 // Pass 3 and registration, for a commit and for an assembled multi-part model: hashes the new
 // tensors' bytes in place, adopts the chunks into the DRAM tier (deduplicating), builds the manifest

@@ -43,6 +43,7 @@
 
 namespace cairn {
 
+class GroupParts;
 class TraceRecorder;
 
 class CommitPath {
@@ -77,6 +78,20 @@ class CommitPath {
   Result<nlohmann::json> wait(const nlohmann::json& req);
   // Multi-part models being assembled (commit requests with `part`), for stats.
   size_t assembling() const;
+
+  // Multi-part models whose parts are committed on several members of a peer group
+  // (daemon/peers/group_parts.hpp): set at assembly when the daemon is in a group. While another
+  // verified member is there, every part goes through it (commit_parts.cpp).
+  void set_group_parts(GroupParts* group) { group_parts_ = group; }
+  // For GroupParts: reserves the id of a model assembled here (kExists when it is a model, or is
+  // being committed, also by another daemon of the repository), and gives it back (the
+  // repository's claim stays once the model is pending).
+  Status reserve_assembly(const std::string& id, const std::string& parent);
+  void release_assembly(const std::string& id) { unreserve(id); }
+  // For GroupParts: registers a model assembled from parts that members of the group hold (their
+  // chunks stay where they were written) as one commit with `ticket`, without a local stage here
+  // (each holder writes its own parts to its burst buffer). REQUIRES: reserve_assembly(model.id).
+  Status register_assembled(const ModelManifest& model, uint64_t ticket);
   // Gives back the session's staging space and forgets its tickets.
   void end_session(Session& s);
 
@@ -114,6 +129,27 @@ class CommitPath {
                                      const std::string& id, const std::string& parent, DurabilityLevel target,
                                      bool wait, const nlohmann::json& metadata, const nlohmann::json& architecture,
                                      const nlohmann::json& tensors, bool inherit_all);
+  // REQUIRES: mu_ held. reserve_assembly's work.
+  Status reserve_locked(const std::string& id, const std::string& parent);
+  // A part's parent found, its tensors planned, its inline bytes copied into the arena and its
+  // staging spaces taken from the writer's connection (nothing of it is hashed or visible).
+  struct PlacedPart {
+    std::vector<Planned> plan;
+    std::vector<Extent> ext;
+    std::shared_ptr<const ModelManifest> parent;
+  };
+  Result<PlacedPart> place_part(Session& s, const std::vector<uint8_t>& blob, const std::string& id,
+                                const std::string& parent, const nlohmann::json& tensors, uint64_t index, uint64_t of);
+  // A part through the peer group: placed, hashed and adopted here, handed to group_parts_.
+  Result<nlohmann::json> commit_group_part(Session& s, std::vector<uint8_t>& blob, const std::string& id,
+                                           const std::string& parent, DurabilityLevel target, bool wait,
+                                           const nlohmann::json& metadata, const nlohmann::json& architecture,
+                                           const nlohmann::json& tensors, uint64_t index, uint64_t of,
+                                           uint64_t timeout_ms);
+  // A part's reply: at once with its ticket, or once the model reached the part's durability.
+  Result<nlohmann::json> part_reply(Session& s, nlohmann::json out, uint64_t ticket, bool wait);
+  // Hashes each (arena offset, length) range of base, on several threads when there is much to hash.
+  static std::vector<ChunkHash> hash_ranges(const uint8_t* base, const std::vector<std::pair<uint64_t, uint64_t>>& ranges);
   Status complete_assembly(Assembly& a);
   void fail_assembly(Assembly& a, const Status& error);
   void release_part_bytes(const std::vector<Planned>& plan, const std::vector<Extent>& ext);
@@ -121,6 +157,7 @@ class CommitPath {
   void reap_loop();
 
   std::function<void()> refresh_catalog_;
+  GroupParts* group_parts_ = nullptr;
   Parts p_;
   mutable std::mutex mu_;
   std::map<std::string, std::string> committing_;  // GUARDED_BY(mu_) id -> parent, validation to registration

@@ -63,7 +63,31 @@ Result<std::unique_ptr<Engine>> Engine::create(const Config& config, EngineOptio
     po.timeout = *timeout;
     Engine* e = engine.get();
     po.on_model = [e](ModelManifest m, const std::string& member) { e->add_peer_model(std::move(m), member); };
-    po.on_member_gone = [e](const std::string& member) { e->drop_peer_models(member); };
+    po.on_member_gone = [e](const std::string& member) {
+      e->drop_peer_models(member);
+      if (e->group_parts_) e->group_parts_->member_gone(member);
+    };
+    // Multi-part models whose parts are on several members (group_parts.hpp).
+    GroupParts::Transport transport;
+    transport.active = [e] { return e->peers_ && e->peers_->has_members(); };
+    transport.self = [e] { return e->peers_ ? e->peers_->self() : std::string(); };
+    transport.home = [e](const std::string& id) { return e->peers_ ? e->peers_->model_home(id) : std::string(); };
+    transport.send = [e](const std::string& member, PeerMsg type, json body) {
+      return e->peers_ ? e->peers_->send_part_message(member, type, std::move(body))
+                       : unavailable("the peer group is not running");
+    };
+    transport.members = [e] { return e->peers_ ? e->peers_->verified_members() : std::vector<std::string>(); };
+    engine->group_parts_ = std::make_unique<GroupParts>(
+        GroupParts::Parts{*engine->commits_, engine->tickets_, *engine->dram_, *engine->tiers_, *engine->flusher_,
+                          engine->nvme_ != nullptr, *timeout,
+                          [e](const std::string& id, const std::string& member) {
+                            e->drop_peer_model(id, member, "which assembled it from parts, could not write it to "
+                                                           "the repository: it is gone");
+                          }},
+        std::move(transport));
+    po.on_parts = [e](PeerMsg type, json body, const std::string& member) {
+      if (e->group_parts_) e->group_parts_->on_message(type, std::move(body), member);
+    };
     po.on_stage = [e](const std::string& model) -> Result<uint64_t> {
       CAIRN_ASSIGN_OR_RETURN(auto r, e->reads_->prefetch(json{{"id", model}}));
       return r.value("bytes", uint64_t{0});
@@ -72,6 +96,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const Config& config, EngineOptio
     if (!started.is_ok()) return started.status();
     engine->peers_ = std::move(started).value();
     engine->tiers_->add_source(engine->peers_->source(), engine->tiers_->source_names().size() - 1);
+    engine->commits_->set_group_parts(engine->group_parts_.get());
 #else
     return unavailable("peers.job is '" + group.job + "' but this cairnd was built without libfabric (CAIRN_WITH_LIBFABRIC=OFF); set peers.job: none");
 #endif
@@ -115,7 +140,7 @@ Engine::Engine(Config config, std::unique_ptr<Repository> repo, std::unique_ptr<
   const uint64_t budget =
       config_.policy.prefetch_budget ? config_.policy.prefetch_budget : dram_->arena_size() / 4;
   prefetcher_ = std::make_unique<Prefetcher>(
-      Prefetcher::Parts{*dram_, *reads_, *models_, config_.policy.prefetch, budget, trace_.get()});
+      Prefetcher::Parts{*dram_, *reads_, *models_, config_.policy.prefetch, budget, trace_.get(), nvme_.get()});
   reads_->set_observer(prefetcher_.get());
   reads_->set_trace(trace_.get());
   admin_ = std::make_unique<Admin>(Admin::Parts{*repo_, catalog_, *flusher_, references_, *dram_, nvme_.get(), *tiers_,
@@ -128,10 +153,15 @@ Engine::~Engine() {
   if (peers_) peers_->stop_staging();  // other members' `prefetch --all` read through reads_
   if (watch_) watch_->stop();
   prefetcher_->stop();
+  // Parts held here for a model another member registered: until it is in the repository (or
+  // fails, or that member leaves), so a clean exit does not take them with it.
+  if (group_parts_ && !group_parts_->drain_for(std::chrono::minutes(10)))
+    CAIRN_LOG_WARN("exiting with parts of multi-part models held here that did not reach the repository");
   drain();
   flusher_->stop();
   named_.stop();
   tickets_.stop();
+  if (group_parts_) group_parts_->stop();
   tiers_.reset();
   if (nvme_) {
     Status st = nvme_->close();
@@ -182,7 +212,10 @@ const std::vector<Engine::Op>& Engine::table() {
       {"flush", [](Engine& e, Session&, const json& r, B&) { return e.admin_->flush(r); }},
       {"sync", [](Engine& e, Session&, const json& r, B&) { return e.watch_->sync(r); }},
       {"peers", [](Engine& e, Session&, const json&, B&) -> Result<json> {
-         return e.peers_ ? e.peers_->status() : json{{"enabled", false}, {"members", json::array()}};
+         if (!e.peers_) return json{{"enabled", false}, {"members", json::array()}};
+         json out = e.peers_->status();
+         if (e.group_parts_) out["parts"] = e.group_parts_->status();
+         return out;
        }},
       {"query", [](Engine& e, Session&, const json& r, B&) { return e.queries_->query(r); }},
       // hints (prefetcher.cpp)
@@ -304,18 +337,21 @@ Result<json> Engine::prefetch(const json& req) {
 }
 
 void Engine::drop_peer_models(const std::string& member) {
-  for (const std::string& id : remote_.of_member(member)) {
-    auto m = remote_.find(id);
-    if (!m || !remote_.erase(id)) continue;
-    // Published before the member left: the repository serves it (get looks the id up on a miss).
-    if (repo_->get_shared(id).is_ok()) continue;
-    (void)catalog_.retire(id);
-    (void)catalog_.erase(id);
-    references_.count(*m, -1);
-    CAIRN_LOG_WARN("model '{}' was committed on peer {}, which left the group before writing it to the repository: "
-                   "it is gone (commit at durability local or global to survive a member)",
-                   id, member);
-  }
+  for (const std::string& id : remote_.of_member(member))
+    drop_peer_model(id, member,
+                    "which left the group before writing it to the repository: it is gone (commit at durability local "
+                    "or global to survive a member)");
+}
+
+void Engine::drop_peer_model(const std::string& id, const std::string& member, const std::string& why) {
+  auto m = remote_.find(id);
+  if (!m || remote_.member_of(id) != member || !remote_.erase(id)) return;
+  // Published before the member left: the repository serves it (get looks the id up on a miss).
+  if (repo_->get_shared(id).is_ok()) return;
+  (void)catalog_.retire(id);
+  (void)catalog_.erase(id);
+  references_.count(*m, -1);
+  CAIRN_LOG_WARN("model '{}' was committed on peer {}, {}", id, member, why);
 }
 
 }  // namespace cairn

@@ -39,6 +39,7 @@
 #include "daemon/flusher.hpp"
 #include "daemon/models.hpp"
 #include "daemon/named_tensors.hpp"
+#include "daemon/peers/group_parts.hpp"
 #include "daemon/peers/peer_service.hpp"
 #include "daemon/peers/remote_models.hpp"
 #include "daemon/prefetcher.hpp"
@@ -112,6 +113,9 @@ class Engine {
   // the remote models; the unflushed models of a member that left are gone.
   void add_peer_model(ModelManifest model, const std::string& member);
   void drop_peer_models(const std::string& member);
+  // One model `member` committed and announced, gone before it reached the repository (a member
+  // that left; a multi-part model whose flush failed there).
+  void drop_peer_model(const std::string& id, const std::string& member, const std::string& why);
   // `prefetch`: into this daemon's DRAM; with "all": true, into every member's of the peer group at
   // once (docs/peers.md, "cairn prefetch --all").
   Result<nlohmann::json> prefetch(const nlohmann::json& req);
@@ -122,6 +126,9 @@ class Engine {
   std::unique_ptr<Repository> repo_;
   std::unique_ptr<DramTier> dram_;
   std::unique_ptr<NvmeTier> nvme_;
+  // Multi-part models whose parts are on several members (null without a peer group). Before
+  // peers_, whose service thread calls it: stopped in ~Engine, destroyed after peers_.
+  std::unique_ptr<GroupParts> group_parts_;
   // The job's peer group (null when the daemon is alone). Before tiers_, which holds its chunk
   // source: that source goes first.
   std::unique_ptr<PeerService> peers_;

@@ -143,13 +143,44 @@ Result<const void*> TierManager::Source::get(const ChunkHash& hash, uint64_t len
     pinned_.push_back(hash);
     return static_cast<const void*>(tm_.dram_.base() + *off);
   }
-  if (tm_.nvme_) {
+  // Sources besides the burst buffer and the repository: a peer group's.
+  const bool others = tm_.sources_.size() > (tm_.nvme_ ? 2u : 1u);
+  if (tm_.nvme_ && (!others || tm_.nvme_->contains(hash))) {
     std::unique_ptr<uint8_t[]> buf(new (std::nothrow) uint8_t[length ? length : 1]);
     if (!buf) return no_space("no memory to stage chunk " + hash.hex() + " for the repository");
     CAIRN_RETURN_IF_ERROR(tm_.nvme_->read(hash, buf.get(), length));
     const void* p = buf.get();
     buffers_.push_back(std::move(buf));
     return p;
+  }
+  // Only another source has it: a peer (a part of a model assembled across the peer group, held
+  // where it was written). Read into DRAM as a read would, and pinned like the others.
+  if (others) {
+    const ChunkRef ref{hash, length, {}, 0};
+    for (;;) {
+      auto c = tm_.dram_.claim(hash);
+      if (c.kind == DramTier::ClaimKind::kResident) {
+        pinned_.push_back(hash);
+        return static_cast<const void*>(tm_.dram_.base() + c.offset);
+      }
+      if (c.kind == DramTier::ClaimKind::kLoading) {
+        if (auto off = tm_.dram_.wait_pin(hash)) {
+          pinned_.push_back(hash);
+          return static_cast<const void*>(tm_.dram_.base() + *off);
+        }
+        continue;  // that load failed: try ourselves
+      }
+      auto off = tm_.dram_.allocate(length);
+      Status st = off.is_ok() ? tm_.fetch(ref, tm_.dram_.base() + *off) : off.status();
+      if (!st.is_ok()) {
+        if (off.is_ok()) tm_.dram_.release(*off, length);
+        tm_.dram_.abort_load(hash);
+        return st.with_context("chunk " + hash.hex() + " is neither in DRAM nor in the burst buffer, nor could it be fetched");
+      }
+      tm_.dram_.finish_load(hash, *off, length);
+      pinned_.push_back(hash);
+      return static_cast<const void*>(tm_.dram_.base() + *off);
+    }
   }
   return internal_error("chunk " + hash.hex() + " is neither in DRAM nor in the burst buffer");
 }

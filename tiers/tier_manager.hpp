@@ -79,7 +79,8 @@ class TierManager {
   Status write_local(const std::vector<ChunkRef>& chunks);
 
   // The bytes of chunks for a repository commit: DRAM copies are pinned, NVMe copies read into
-  // memory, until the Source is destroyed.
+  // memory, until the Source is destroyed. A chunk in neither is fetched into DRAM through the
+  // other sources (a peer holding a part of a model assembled across the peer group).
   class Source {
    public:
     explicit Source(TierManager& tm) : tm_(tm) {}

@@ -217,6 +217,18 @@ void PeerService::Impl::on_message(std::span<const uint8_t> frame) {
     }
     case PeerMsg::kStage: serve_stage(mem, b); break;
     case PeerMsg::kStageReply: stage_replied(b); break;
+    case PeerMsg::kPart:
+    case PeerMsg::kPartState:
+    case PeerMsg::kAssemble:
+    case PeerMsg::kPartAck: {
+      // A multi-part model across the group: decoded and handled on the service thread, in order.
+      {
+        std::lock_guard al(announce_mu);
+        incoming_parts.push_back({m.type, std::move(m.body), m.from});
+      }
+      announce_cv.notify_all();
+      break;
+    }
     case PeerMsg::kBye: {
       CAIRN_LOG_INFO("peers: member {} ({}) left", m.from, mem.info.host);
       forget(m.from, out);

@@ -134,17 +134,20 @@ void PeerService::Impl::service_loop() {
   std::vector<std::pair<ChunkHash, bool>> batch;
   std::vector<std::pair<ModelManifest, std::string>> models;
   std::vector<std::string> gone;
+  std::vector<IncomingPart> parts;
   while (true) {
     bool do_scan = false;
     {
       std::unique_lock lock(announce_mu);
       announce_cv.wait_until(lock, next_scan, [&] {
-        return stopping || rescan || !announcements.empty() || !incoming_models.empty() || !gone_members.empty();
+        return stopping || rescan || !announcements.empty() || !incoming_models.empty() || !gone_members.empty() ||
+               !incoming_parts.empty();
       });
       if (stopping) return;
       batch.swap(announcements);
       models.swap(incoming_models);
       gone.swap(gone_members);
+      parts.swap(incoming_parts);
       do_scan = rescan || PClock::now() >= next_scan;
       rescan = false;
     }
@@ -153,6 +156,11 @@ void PeerService::Impl::service_loop() {
     for (auto& [model, member] : models)
       if (opts.on_model) opts.on_model(std::move(model), member);
     models.clear();
+    // Multi-part models across the group: after the models announced before them (a holder told
+    // that a model is registered finds it in its catalog), before a goodbye that followed them.
+    for (IncomingPart& p : parts)
+      if (opts.on_parts) opts.on_parts(p.type, std::move(p.body), p.member);
+    parts.clear();
     for (const std::string& member : gone)
       if (opts.on_member_gone) opts.on_member_gone(member);
     gone.clear();
@@ -287,6 +295,43 @@ void PeerService::announce_model(const ModelManifest& model) {
     if (!out.empty()) ++s.models_announced;
   }
   s.send(out);
+}
+
+const std::string& PeerService::self() const { return impl_->self; }
+
+std::vector<std::string> PeerService::verified_members() const {
+  const Impl& s = *impl_;
+  std::vector<std::string> out;
+  std::lock_guard lock(s.mu);
+  for (const auto& [mid, m] : s.members)
+    if (m.verified && m.reachable) out.push_back(mid);
+  return out;
+}
+
+std::string PeerService::model_home(const std::string& id) const {
+  std::vector<std::string> candidates = verified_members();
+  candidates.push_back(impl_->self);
+  return home_of(hash_bytes(id.data(), id.size()), candidates);
+}
+
+Status PeerService::send_part_message(const std::string& member, PeerMsg type, json body) {
+  Impl& s = *impl_;
+  std::vector<Outgoing> out;
+  {
+    std::lock_guard lock(s.mu);
+    auto it = s.members.find(member);
+    if (it == s.members.end() || !it->second.verified || !it->second.reachable)
+      return unavailable("peer " + member + " is not a verified member of the group (any more)");
+    Outgoing o = s.make(member, it->second.handle, type, std::move(body));
+    if (o.frame.size() > Fabric::kMaxControlBytes)
+      return invalid_argument(std::string("a ") + peer_msg_name(type) + " message of " + std::to_string(o.frame.size()) +
+                              " bytes exceeds one peer control message (" + std::to_string(Fabric::kMaxControlBytes) +
+                              " bytes): too many tensors or chunks in one part");
+    out.push_back(std::move(o));
+  }
+  Status st = s.fabric->send_control(out[0].handle, out[0].frame);
+  if (!st.is_ok()) return st.with_context(std::string("sending a ") + peer_msg_name(type) + " message to peer " + member);
+  return Status::ok();
 }
 
 bool PeerService::has_members() const {

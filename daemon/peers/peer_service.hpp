@@ -31,6 +31,7 @@
 
 #include "core/config.hpp"
 #include "core/status.hpp"
+#include "daemon/peers/peer_wire.hpp"
 #include "tiers/dram/dram_tier.hpp"
 #include "tiers/pfs/manifest.hpp"
 #include "tiers/tier.hpp"
@@ -63,6 +64,10 @@ class PeerService {
     // `cairn prefetch --all` from another member: bring this model into DRAM (called on a thread
     // of its own per request); the bytes of the model now resident.
     std::function<Result<uint64_t>(const std::string& model)> on_stage = {};
+    // A message about a multi-part model assembled across the group (part, part_state, assemble,
+    // part_local: group_parts.hpp), its body as it came: called on the service thread, after the
+    // models announced before it and before a member_gone that follows it.
+    std::function<void(PeerMsg type, nlohmann::json body, const std::string& member)> on_parts = {};
   };
   // Opens the fabric, registers the arena, joins the group, greets the members there and (with
   // expect > 0) waits up to the timeout for that many verified members.
@@ -85,6 +90,18 @@ class PeerService {
   // message would exceed one control message (about 64 KiB: thousands of tensors) is not announced;
   // the others see that model when it reaches the repository.
   void announce_model(const ModelManifest& model);
+
+  // This member's id in the group.
+  const std::string& self() const;
+  // The verified members now, this one not included.
+  std::vector<std::string> verified_members() const;
+  // The member that assembles the multi-part model `id`: the highest rendezvous weight of the id's
+  // hash among the verified members and this one (every member computes the same while they see
+  // the same members).
+  std::string model_home(const std::string& id) const;
+  // Sends a multi-part model message (is_part_message) to a verified member. kUnavailable when it
+  // is not one (any more); kInvalidArgument when the frame would exceed one control message.
+  Status send_part_message(const std::string& member, PeerMsg type, nlohmann::json body);
 
   // `cairn prefetch ID --all`: asks every verified member to bring the model into its DRAM (each
   // through the group, so the chunks spread as a pipelined tree) and waits for their answers, at

@@ -94,6 +94,13 @@ struct PeerService::Impl {
   // The job's catalog, handed to Options::on_model / on_member_gone on the service thread.
   std::vector<std::pair<ModelManifest, std::string>> incoming_models;  // GUARDED_BY(announce_mu)
   std::vector<std::string> gone_members;                                // GUARDED_BY(announce_mu)
+  // Multi-part messages, handed to Options::on_parts on the service thread.
+  struct IncomingPart {
+    PeerMsg type;
+    json body;
+    std::string member;
+  };
+  std::vector<IncomingPart> incoming_parts;  // GUARDED_BY(announce_mu)
   uint64_t models_announced = 0, models_received = 0, models_too_large = 0;  // GUARDED_BY(mu)
   std::thread service;
   std::atomic<uint64_t> seq{1};

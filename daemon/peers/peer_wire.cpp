@@ -93,6 +93,10 @@ const char* peer_msg_name(PeerMsg type) {
     case PeerMsg::kBye: return "bye";
     case PeerMsg::kStage: return "stage";
     case PeerMsg::kStageReply: return "stage_reply";
+    case PeerMsg::kPart: return "part";
+    case PeerMsg::kPartState: return "part_state";
+    case PeerMsg::kAssemble: return "assemble";
+    case PeerMsg::kPartAck: return "part_ack";
   }
   return "unknown";
 }

@@ -34,8 +34,15 @@ enum class PeerMsg : uint8_t {
   kBye,           // {}: the sender is leaving
   kStage,         // {req, model}: bring this model into your DRAM now (`cairn prefetch --all`)
   kStageReply,    // {req, ok, bytes, seconds, error}: the stage finished (ok) or failed (error)
+  // A multi-part model whose parts were committed on several members (group_parts.hpp; the bodies'
+  // codecs are in part_messages.hpp):
+  kPart,          // {part: manifest JSON of the part's tensors, index, of, timeout_ms, durability}: holder -> the model's home
+  kPartState,     // {model, phase, ...}: the home or the registrar -> a holder: how the model is doing
+  kAssemble,      // {model: manifest JSON, durability, holders}: the home -> the member that registers it
+  kPartAck,       // {model, what: held|local, ok}: a holder -> the registrar: it still holds its parts /
+                  // they are on its burst buffer
 };
-constexpr uint8_t kMaxPeerMsg = static_cast<uint8_t>(PeerMsg::kStageReply);
+constexpr uint8_t kMaxPeerMsg = static_cast<uint8_t>(PeerMsg::kPartAck);
 const char* peer_msg_name(PeerMsg type);
 
 struct PeerMessage {

@@ -36,6 +36,12 @@ std::vector<std::string> RemoteModels::of_member(const std::string& member) cons
   return out;
 }
 
+std::string RemoteModels::member_of(const std::string& id) const {
+  std::lock_guard lock(mu_);
+  auto it = models_.find(id);
+  return it == models_.end() ? std::string() : it->second.second;
+}
+
 size_t RemoteModels::size() const {
   std::lock_guard lock(mu_);
   return models_.size();

@@ -28,6 +28,8 @@ class RemoteModels {
   std::vector<std::shared_ptr<const ModelManifest>> all() const;
   // The ids committed on `member`.
   std::vector<std::string> of_member(const std::string& member) const;
+  // The member that committed id ("" when it is not here).
+  std::string member_of(const std::string& id) const;
   size_t size() const;
 
  private:

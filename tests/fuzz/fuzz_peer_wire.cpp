@@ -4,7 +4,9 @@
 // past the MAC (which it cannot forge) into the body parser:
 //   bit 0: re-sign the frame with the fixed secret before decoding;
 //   bit 1: first set body_len so the lengths fill the frame (when from_len is plausible).
-// A frame that decodes must encode to one that decodes to the same message.
+// A frame that decodes must encode to one that decodes to the same message. The body of a
+// multi-part message (part, part_state, assemble, part_ack) also goes through its typed decoder
+// (daemon/peers/part_messages.hpp): a kProtocol error naming it, or a value that round-trips.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -16,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "daemon/peers/crypto.hpp"
+#include "daemon/peers/part_messages.hpp"
 #include "daemon/peers/peer_wire.hpp"
 
 namespace {
@@ -55,6 +58,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const cairn::PeerMessage& m = *r;
   if (!m.body.is_object() || m.from.empty() || m.from.size() > 64) std::abort();
   if (std::strcmp(cairn::peer_msg_name(m.type), "unknown") == 0) std::abort();
+  // A multi-part message's body: refused with a message naming it, or decoded to a value that
+  // round-trips (check_part_body says kInternal when it does not).
+  const cairn::Status part = cairn::check_part_body(m.type, m.body);
+  if (!part.is_ok() && (part.code() != cairn::StatusCode::kProtocol || part.message().rfind("peer message ", 0) != 0))
+    std::abort();
   // Another secret never accepts it.
   if (cairn::decode_peer_message(std::span<const uint8_t>(frame), kSecret + "x").is_ok()) std::abort();
 

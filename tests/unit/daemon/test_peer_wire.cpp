@@ -85,6 +85,10 @@ std::vector<PeerMessage> every_message() {
       make(PeerMsg::kBye, json::object(), ~0ull),
       make(PeerMsg::kStage, {{"req", 19}, {"model", "nas/gen3/c7"}}),
       make(PeerMsg::kStageReply, {{"req", 19}, {"ok", false}, {"seconds", 0.25}, {"error", "not found: nas/gen3/c7"}}),
+      make(PeerMsg::kPart, {{"part", manifest}, {"index", 1}, {"of", 4}, {"timeout_ms", 60000}, {"durability", "local"}}),
+      make(PeerMsg::kPartState, {{"model", "llama-7b@3"}, {"phase", "delegated"}, {"registrar", kFrom}}),
+      make(PeerMsg::kAssemble, {{"model", manifest}, {"durability", "memory"}, {"part_holders", {kFrom, kFrom}}}),
+      make(PeerMsg::kPartAck, {{"model", "llama-7b@3"}, {"what", "held"}, {"ok", true}}),
   };
 }
 
@@ -107,9 +111,9 @@ TEST_CASE("every peer message round-trips", "[peers]") {
 }
 
 TEST_CASE("peer_msg_name names every type", "[peers]") {
-  const char* names[] = {"hello", "hello_reply", "lookup", "lookup_reply", "have",   "drop",
-                         "get",   "get_reply",   "fetched", "loaded",      "commit", "bye",
-                         "stage", "stage_reply"};
+  const char* names[] = {"hello", "hello_reply", "lookup",     "lookup_reply", "have",     "drop",
+                         "get",   "get_reply",   "fetched",    "loaded",       "commit",   "bye",
+                         "stage", "stage_reply", "part",       "part_state",   "assemble", "part_ack"};
   for (uint8_t t = 1; t <= cairn::kMaxPeerMsg; ++t) REQUIRE(std::string(cairn::peer_msg_name(PeerMsg(t))) == names[t - 1]);
   REQUIRE(std::string(cairn::peer_msg_name(PeerMsg(0))) == "unknown");
   REQUIRE(std::string(cairn::peer_msg_name(PeerMsg(200))) == "unknown");
