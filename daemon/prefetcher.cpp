@@ -64,6 +64,22 @@ void Prefetcher::enqueue(Job job) {
   cv_.notify_one();
 }
 
+// One scoring function for DRAM and NVMe: each tier's policy instance gets the same hint terms.
+void Prefetcher::hint_expected_use(const ChunkHash& hash, double seconds) {
+  p_.dram.hint_expected_use(hash, seconds);
+  if (p_.nvme) p_.nvme->hint_expected_use(hash, seconds);
+}
+
+void Prefetcher::hint_population(const ChunkHash& hash, bool member) {
+  p_.dram.hint_population(hash, member);
+  if (p_.nvme) p_.nvme->hint_population(hash, member);
+}
+
+void Prefetcher::hint_done(const ChunkHash& hash) {
+  p_.dram.hint_done(hash);
+  if (p_.nvme) p_.nvme->hint_done(hash);
+}
+
 Result<json> Prefetcher::hint(const json& req) {
   auto hit = req.find("hint");
   if (hit == req.end()) return invalid_argument("request 'hint': missing object field 'hint' (docs/policy.md)");
@@ -73,7 +89,7 @@ Result<json> Prefetcher::hint(const json& req) {
   size_t queued = 0;
   switch (h.kind) {
     case Hint::Kind::kWillLoad: {
-      unknown = for_chunks(h.models, [&](const ChunkRef& c) { p_.dram.hint_expected_use(c.hash, h.when_s); });
+      unknown = for_chunks(h.models, [&](const ChunkRef& c) { hint_expected_use(c.hash, h.when_s); });
       for (const std::string& id : h.models) {
         if (std::find(unknown.begin(), unknown.end(), id) != unknown.end()) continue;
         enqueue(Job{id, h.tensors, "will_load"});
@@ -91,8 +107,8 @@ Result<json> Prefetcher::hint(const json& req) {
       std::vector<std::string> left;
       for (const auto& id : before)
         if (!now.count(id)) left.push_back(id);
-      (void)for_chunks(left, [&](const ChunkRef& c) { p_.dram.hint_population(c.hash, false); });
-      unknown = for_chunks(h.models, [&](const ChunkRef& c) { p_.dram.hint_population(c.hash, true); });
+      (void)for_chunks(left, [&](const ChunkRef& c) { hint_population(c.hash, false); });
+      unknown = for_chunks(h.models, [&](const ChunkRef& c) { hint_population(c.hash, true); });
       break;
     }
     case Hint::Kind::kSequence: {
@@ -100,7 +116,7 @@ Result<json> Prefetcher::hint(const json& req) {
       size_t k = 0;
       for (const std::string& id : h.models) {
         const double when = static_cast<double>(k++);
-        for (auto& u : for_chunks({id}, [&](const ChunkRef& c) { p_.dram.hint_expected_use(c.hash, when); }))
+        for (auto& u : for_chunks({id}, [&](const ChunkRef& c) { hint_expected_use(c.hash, when); }))
           unknown.push_back(std::move(u));
       }
       std::vector<Job> first;
@@ -128,7 +144,7 @@ Result<json> Prefetcher::hint(const json& req) {
       (void)for_chunks(std::vector<std::string>(population.begin(), population.end()),
                        [&](const ChunkRef& c) { keep.insert(c.hash); });
       unknown = for_chunks(h.models, [&](const ChunkRef& c) {
-        if (!keep.count(c.hash)) p_.dram.hint_done(c.hash);
+        if (!keep.count(c.hash)) hint_done(c.hash);
       });
       break;
     }

@@ -36,6 +36,7 @@
 #include "daemon/models.hpp"
 #include "daemon/reads.hpp"
 #include "tiers/dram/dram_tier.hpp"
+#include "tiers/nvme/nvme_tier.hpp"
 
 namespace cairn {
 
@@ -50,6 +51,7 @@ class Prefetcher final : public ReadObserver {
     std::string mode;       // none | hints | lineage
     uint64_t budget = 0;    // bytes staged and not yet read, at most
     TraceRecorder* trace;   // may be null
+    NvmeTier* nvme = nullptr;  // the burst buffer, if any: its policy gets the eviction hints too
   };
   explicit Prefetcher(Parts parts);
   ~Prefetcher() override;
@@ -71,6 +73,10 @@ class Prefetcher final : public ReadObserver {
   void stop();
 
  private:
+  // A hint's per-chunk terms, to every tier's policy (DRAM, and NVMe when there is one).
+  void hint_expected_use(const ChunkHash& hash, double seconds);
+  void hint_population(const ChunkHash& hash, bool member);
+  void hint_done(const ChunkHash& hash);
   struct Job {
     std::string model;
     std::vector<std::string> tensors;  // empty: all

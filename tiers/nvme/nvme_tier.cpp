@@ -31,6 +31,21 @@ bool NvmeTier::contains(const ChunkHash& hash) const {
   return impl_->entries.count(hash) && !impl_->doomed.count(hash);
 }
 
+void NvmeTier::hint_expected_use(const ChunkHash& hash, double seconds) {
+  std::lock_guard l(impl_->mu);
+  impl_->policy->set_expected_use(hash, seconds);
+}
+
+void NvmeTier::hint_population(const ChunkHash& hash, bool member) {
+  std::lock_guard l(impl_->mu);
+  impl_->policy->set_population(hash, member);
+}
+
+void NvmeTier::hint_done(const ChunkHash& hash) {
+  std::lock_guard l(impl_->mu);
+  impl_->policy->set_done(hash, true);
+}
+
 bool NvmeTier::is_dirty(const ChunkHash& hash) const {
   std::lock_guard l(impl_->mu);
   auto it = impl_->entries.find(hash);

@@ -97,6 +97,13 @@ class NvmeTier {
 
   bool contains(const ChunkHash& hash) const;
   bool is_dirty(const ChunkHash& hash) const;
+  // A workflow's hints, passed to this tier's policy (policy/eviction.hpp: set_expected_use,
+  // set_population, set_done), which is the same scorer as DRAM's (policy.eviction). Advice: only
+  // chunks the tier holds now are affected (the policy ignores others; a chunk written here later
+  // starts without them), and dirty chunks or chunks being read stay whatever the policy thinks.
+  void hint_expected_use(const ChunkHash& hash, double seconds);
+  void hint_population(const ChunkHash& hash, bool member);
+  void hint_done(const ChunkHash& hash);
   // Reads a chunk into dst (length bytes, as stored). kNotFound when not held; kCorruption (naming
   // the extent) when the bytes do not match the hash: the copy is then dropped, so the next read
   // goes to the repository.

@@ -24,6 +24,7 @@
 #include "core/fs.hpp"
 #include "core/hash.hpp"
 #include "policy/eviction.hpp"
+#include "policy/hint_policy.hpp"
 #include "tiers/nvme/nvme_tier.hpp"
 #include "unit/temp_dir.hpp"
 #include "unit/test_bytes.hpp"
@@ -717,6 +718,47 @@ TEST_CASE("NvmeTier evicts clean chunks in LRU order, only as many as it needs",
   REQUIRE(s.used_bytes == 8 * kMiB);
   REQUIRE(s.bytes_out == 4 * kMiB);
   for (int i : held()) require_reads_back(*tier, c[i]);
+}
+
+TEST_CASE("NvmeTier passes a workflow's hints to its policy: done goes first, population and expected stay",
+          "[nvme][hints]") {
+  // The same scorer as DRAM's (policy.eviction: hints), with the hint terms the prefetcher sends.
+  for (const bool hinted : {false, true}) {
+    DYNAMIC_SECTION((hinted ? "with hints" : "without hints")) {
+      Place pl = Place::memory();
+      NvmeTier::Options o;
+      o.path = pl.path;
+      o.capacity = 8 * kMiB;
+      o.fs = pl.fs;
+      o.policy = std::make_unique<HintAwarePolicy>();
+      auto opened = NvmeTier::open(std::move(o));
+      REQUIRE(opened.is_ok());
+      auto tier = std::move(opened).value();
+      std::vector<Chunk> c;
+      for (int i = 0; i < 14; ++i) c.push_back(make_chunk(kMiB, 400 + i));
+      for (int i = 0; i < 8; ++i) REQUIRE(put_one(*tier, c[i], false).is_ok());
+      Chunk absent = make_chunk(kMiB, 499);
+      if (hinted) {
+        tier->hint_expected_use(c[0].hash, 0);    // the oldest: read next
+        tier->hint_population(c[1].hash, true);   // the next oldest: a live model uses it
+        tier->hint_done(c[5].hash);               // no more reads
+        tier->hint_done(absent.hash);             // not held: ignored
+        tier->hint_population(absent.hash, true);
+      }
+      REQUIRE(put_one(*tier, c[8], false).is_ok());
+      // Without hints the least recently written goes; with them the done chunk does.
+      REQUIRE_FALSE(tier->contains(c[hinted ? 5 : 0].hash));
+      REQUIRE(tier->contains(c[hinted ? 0 : 5].hash));
+      for (int i = 9; i < 14; ++i) REQUIRE(put_one(*tier, c[i], false).is_ok());
+      // Six chunks went; the hinted two outlast every ordinary chunk written after them.
+      REQUIRE(tier->contains(c[0].hash) == hinted);
+      REQUIRE(tier->contains(c[1].hash) == hinted);
+      REQUIRE_FALSE(tier->contains(absent.hash));
+      REQUIRE(tier->stats().chunks == 8);
+      for (int i = 0; i < 14; ++i)
+        if (tier->contains(c[i].hash)) require_reads_back(*tier, c[i]);
+    }
+  }
 }
 
 TEST_CASE("NvmeTier refuses a put when every chunk is dirty, and takes it after mark_clean", "[nvme]") {
