@@ -207,7 +207,9 @@ def wait_for_socket(path: str, proc: subprocess.Popen, what: str, timeout: float
 class Cairnd:
     """One cairnd with its own socket, repository and config under `root`; stopped by pid."""
 
-    def __init__(self, root: Path, dram: str, nvme: Optional[str] = None) -> None:
+    def __init__(self, root: Path, dram: str, nvme: Optional[str] = None, trace: Optional[Path] = None) -> None:
+        """trace: record the daemon's chunk-level trace there (policy.trace, with the hint-aware
+        eviction order); each start truncates it."""
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
         self.socket = str(root / "cairnd.sock")
@@ -216,6 +218,8 @@ class Cairnd:
         text = (f"socket: {self.socket}\nrepository: {self.repo}\ntiers:\n  dram:\n    capacity: {dram}\n")
         if nvme:
             text += f"  nvme:\n    path: {root / 'nvme'}\n    capacity: {nvme}\n"
+        if trace:
+            text += f"policy:\n  eviction: hints\n  trace: {trace}\n"
         text += f"log:\n  level: warn\n  file: {root / 'cairnd.log'}\n"
         self.config.write_text(text)
         self.proc: Optional[subprocess.Popen] = None
@@ -421,6 +425,13 @@ def redis_load(r: Resp, model: str) -> Dict[str, np.ndarray]:
     return out
 
 
+def baselines(spec: Dict[str, Any]) -> Dict[str, Tuple[str, Callable, Callable]]:
+    """The file baselines a workload runs: the spec's "baselines" (a list of names) or all of them.
+    The trace parameter sets run none: they record cairn's own accesses (--trace)."""
+    names = spec.get("baselines")
+    return dict(FILE_BASELINES) if names is None else {n: FILE_BASELINES[n] for n in names}
+
+
 def touch(state: Dict[str, Any]) -> None:
     """Reads one byte of every page (fault in what a lazy loader mapped)."""
     for v in state.values():
@@ -513,6 +524,7 @@ def print_table(ratios: List[Dict[str, Any]], rows: List[Dict[str, Any]]) -> Non
 # workload: nas
 
 def run_nas(spec: Dict[str, Any], ctx: "Context") -> None:
+    B = baselines(spec)
     import cairn.torch as ct
     import models as M
 
@@ -521,7 +533,8 @@ def run_nas(spec: Dict[str, Any], ctx: "Context") -> None:
         fam = search["family"]
         tag = f"({fam})"
         root = ctx.tmp / f"nas-{fam}"
-        d = Cairnd(root / "cairn", spec.get("dram", "4GiB")).start()
+        d = Cairnd(root / "cairn", spec.get("dram", "4GiB"),
+                   trace=ctx.trace("nas" if len(spec["searches"]) == 1 else f"nas-{fam}")).start()
         files_dir = root / "files"
         files_dir.mkdir(parents=True, exist_ok=True)
         try:
@@ -531,10 +544,10 @@ def run_nas(spec: Dict[str, Any], ctx: "Context") -> None:
             ngenes = M.family_genes(fam)
             alive: List[Tuple[str, Tuple, float]] = []
             records: Dict[str, Dict[str, str]] = {}  # model -> tensor -> digest
-            t_store = {s: [] for s in ["cairn", *FILE_BASELINES]}
-            t_load = {s: [] for s in ["cairn", *FILE_BASELINES]}
+            t_store = {s: [] for s in ["cairn", *B]}
+            t_load = {s: [] for s in ["cairn", *B]}
             t_query: List[float] = []
-            file_bytes = {s: 0 for s in FILE_BASELINES}
+            file_bytes = {s: 0 for s in B}
             logical = transferred_bytes = 0
             ancestors_found = 0
             total = search["population"] + search["cycles"]
@@ -545,6 +558,8 @@ def run_nas(spec: Dict[str, Any], ctx: "Context") -> None:
                 else:
                     sample = rng.sample(alive, min(search["sample"], len(alive)))
                     parent = max(sample, key=lambda a: a[2])
+                    # The driver knows the parent: its layers are what the child will load.
+                    c.hint("will_load", [parent[0]])
                     genes = list(parent[1])
                     for _ in range(rng.randint(1, search.get("max_genes_per_mutation", 1))):
                         i = rng.randrange(ngenes)
@@ -574,7 +589,7 @@ def run_nas(spec: Dict[str, Any], ctx: "Context") -> None:
                     ancestors_found += 1
                     check_same(f"nas: cairn load of {anc}", loaded, records[anc], list(mapping.values()))
                     # Baselines load the ancestor's whole file, then take the same tensors.
-                    for s, (ext, _, load) in FILE_BASELINES.items():
+                    for s, (ext, _, load) in B.items():
                         t1 = now()
                         got = load(files_dir / f"{anc.replace('/', '_')}{ext}")
                         t_load[s].append(now() - t1)
@@ -593,7 +608,7 @@ def run_nas(spec: Dict[str, Any], ctx: "Context") -> None:
                 c.save_model(mid, sent, parent=anc, arch=arch, meta={"score": score}, inherit=inherit,
                              order=list(lay), wait=True)
                 t_store["cairn"].append(now() - t0)
-                for s, (ext, save, _) in FILE_BASELINES.items():
+                for s, (ext, save, _) in B.items():
                     p = files_dir / f"{mid.replace('/', '_')}{ext}"
                     t0 = now()
                     save(state, p)
@@ -606,12 +621,23 @@ def run_nas(spec: Dict[str, Any], ctx: "Context") -> None:
                 transferred_bytes += sum(int(np.prod(lay[n][0], dtype=np.int64)) * lay[n][1].itemsize for n in mapping)
                 alive.append((mid, genome, score))
                 if len(alive) > search["population"]:
-                    alive.pop(0)
+                    dead = alive.pop(0)
+                    c.hint("done", [dead[0]])  # the oldest dies: never a parent again
+                if len(alive) == search["population"]:
+                    c.hint("population", [a[0] for a in alive])  # the live set parents come from
                 if ctx.verbose:
                     print(f"  nas {mid}: ancestor {anc} transferred {len(mapping)}/{len(lay)} tensors", flush=True)
             c.flush()
-            # Read back a few models whole and compare with what was stored.
-            for mid in list(records)[:: max(1, len(records) // 3)] + [list(records)[-1]]:
+            # Read back a few models whole and compare with what was stored (the driver says so first:
+            # some of them were hinted done when they died). Every ancestor load above was compared
+            # already; a trace parameter set leaves this out ("readback": false) so that the recorded
+            # trace is the search's own reads, not the benchmark's check.
+            readback = list(records)[:: max(1, len(records) // 3)] + [list(records)[-1]]
+            if not spec.get("readback", True):
+                readback = []
+            elif readback:
+                c.hint("sequence", readback, ahead=1)
+            for mid in readback:
                 check_same(f"nas: cairn load of {mid}", c.load_model(mid, copy=True), records[mid])
             st = c.stats()
             physical = st["repository"]["physical_bytes"]
@@ -620,7 +646,7 @@ def run_nas(spec: Dict[str, Any], ctx: "Context") -> None:
                       f"repository physical_bytes after flush; {ancestors_found} loaded from an ancestor; "
                       f"{transferred_bytes / max(1, logical):.0%} of the candidates' bytes were transferred layers")
             ctx.res.add(W, f"storage bytes {tag}", "cairn", [physical], "bytes", "lower", note_c)
-            for s in FILE_BASELINES:
+            for s in B:
                 ctx.res.add(W, f"storage bytes {tag}", s, [file_bytes[s]], "bytes", "lower",
                             f"one file per model, {n} files")
                 ctx.res.goal(W, f"storage bytes {tag}", s, "<= 0.2")
@@ -628,13 +654,13 @@ def run_nas(spec: Dict[str, Any], ctx: "Context") -> None:
                         "sum of the candidates' tensor bytes (information)")
             ctx.res.add(W, f"store s per candidate {tag}", "cairn", t_store["cairn"], "s", "lower",
                         "save_model(parent=best ancestor, inherit=transferred), durability global (waited)")
-            for s in FILE_BASELINES:
+            for s in B:
                 ctx.res.add(W, f"store s per candidate {tag}", s, t_store[s], "s", "lower",
                             "whole model to one file + fsync")
             if t_load["cairn"]:
                 ctx.res.add(W, f"load s per candidate {tag}", "cairn", t_load["cairn"], "s", "lower",
                             "best_ancestor query + load_model(names=matching tensors), zero-copy; warm")
-                for s in FILE_BASELINES:
+                for s in B:
                     ctx.res.add(W, f"load s per candidate {tag}", s, t_load[s], "s", "lower",
                                 "the ancestor's whole file (page cache warm)")
             ctx.res.add(W, f"best_ancestor query s {tag}", "info", t_query, "s", "lower", "catalog query alone")
@@ -842,11 +868,12 @@ def _ensemble_member(task: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def run_ensemble(spec: Dict[str, Any], ctx: "Context") -> None:
+    B = baselines(spec)
     import models as M
 
     W = "ensemble"
     root = ctx.tmp / "ensemble"
-    d = Cairnd(root / "cairn", spec.get("dram", "4GiB")).start()
+    d = Cairnd(root / "cairn", spec.get("dram", "4GiB"), trace=ctx.trace("ensemble")).start()
     files = root / "files"
     files.mkdir(parents=True, exist_ok=True)
     n, model, reps = spec["members"], spec["model"], spec["repeats"]
@@ -862,12 +889,12 @@ def run_ensemble(spec: Dict[str, Any], ctx: "Context") -> None:
         c = d.connect()
         c.save_model("base", state, wait=True)
         c.close()
-        paths = {s: files / f"base{ext}" for s, (ext, _, _) in FILE_BASELINES.items()}
-        for s, (_, save, _) in FILE_BASELINES.items():
+        paths = {s: files / f"base{ext}" for s, (ext, _, _) in B.items()}
+        for s, (_, save, _) in B.items():
             save(state, paths[s])
         del state
         pool.map(_noop, range(n), chunksize=1)  # start the workers (imports) before timing
-        walls = {s: [] for s in ["cairn", *FILE_BASELINES]}
+        walls = {s: [] for s in ["cairn", *B]}
         stores = {s: [] for s in walls}
         repo_bytes: List[float] = []
         how = ""
@@ -881,10 +908,11 @@ def run_ensemble(spec: Dict[str, Any], ctx: "Context") -> None:
                     d.start()
                     c = d.connect()
                     before = c.stats()
+                    c.hint("will_load", ["base"])  # every member reads the base next
                 start_at = now() + 1.0
                 tasks = [{"system": s, "start_at": start_at, "model": model, "head": head, "member": i,
                           "socket": d.socket, "base": "base", "id": f"member/{rep}/{i}",
-                          "path": str(paths.get(s, "")), "out": str(files / f"member{i}{FILE_BASELINES.get(s, ('',))[0]}"),
+                          "path": str(paths.get(s, "")), "out": str(files / f"member{i}{B.get(s, ('',))[0]}"),
                           "want": want} for i in range(n)]
                 outs = pool.map(_ensemble_member, tasks, chunksize=1)
                 bad = [o["bad"] for o in outs if o["bad"]]
@@ -901,19 +929,19 @@ def run_ensemble(spec: Dict[str, Any], ctx: "Context") -> None:
         ctx.res.add(W, "concurrent load wall s", "cairn", walls["cairn"], "s", "lower",
                     f"{n} processes load {model} ({nb / 2**20:.1f} MiB) at once, zero-copy, from a freshly "
                     f"started cairnd, page cache dropped ({how}); median of {reps}")
-        for s in FILE_BASELINES:
+        for s in B:
             ctx.res.add(W, "concurrent load wall s", s, walls[s], "s", "lower",
                         f"{n} processes read the same file at once, page cache dropped ({how})")
         ctx.res.add(W, "member store s", "cairn", stores["cairn"], "s", "lower",
                     f"save_model(head only: {len(head)} tensors, parent=base, inherit_all), durability global")
-        for s in FILE_BASELINES:
+        for s in B:
             ctx.res.add(W, "member store s", s, stores[s], "s", "lower", "whole fine-tuned model to a file + fsync")
         ctx.res.add(W, "bytes read from repository per node", "cairn", repo_bytes, "bytes", "lower",
                     "stats movement.bytes_from_repository during the concurrent loads")
         ctx.res.add(W, "bytes read from repository per node", "base once", [nb], "bytes", "lower",
                     "the base model's bytes, once (the goal)")
         ctx.res.goal(W, "bytes read from repository per node", "base once", "<= 1.0")
-        for s in FILE_BASELINES:
+        for s in B:
             ctx.res.add(W, "bytes read from repository per node", s, [n * os.path.getsize(paths[s])], "bytes",
                         "lower", f"each of the {n} processes reads the whole file through the filesystem (on a "
                         "PFS client without a shared cache, N x size; on this single VM the page cache serves "
@@ -938,12 +966,13 @@ def _noop(_: int) -> int:
 # workload: checkpoint
 
 def run_checkpoint(spec: Dict[str, Any], ctx: "Context") -> None:
+    B = baselines(spec)
     import cairn
     import models as M
 
     W = "checkpoint"
     root = ctx.tmp / "checkpoint"
-    d = Cairnd(root / "cairn", spec.get("dram", "4GiB"), spec.get("nvme")).start()
+    d = Cairnd(root / "cairn", spec.get("dram", "4GiB"), spec.get("nvme"), trace=ctx.trace("checkpoint")).start()
     files = root / "files"
     files.mkdir(parents=True, exist_ok=True)
     model, steps, every, step_s = spec["model"], spec["steps"], spec["every"], spec["step_seconds"]
@@ -959,7 +988,7 @@ def run_checkpoint(spec: Dict[str, Any], ctx: "Context") -> None:
 
     try:
         c = d.connect()
-        blocking = {s: [] for s in ["cairn", *FILE_BASELINES]}
+        blocking = {s: [] for s in ["cairn", *B]}
         to_global: List[float] = []
         last_want: Dict[str, str] = {}
         for s in blocking:
@@ -982,8 +1011,10 @@ def run_checkpoint(spec: Dict[str, Any], ctx: "Context") -> None:
                     tk = c.save_model(f"ckpt/{ck}", state, durability="global", wait=False)
                     blocking[s].append(now() - t0)
                     pending.append((tk, t0))
+                    if ck > 1:  # a restart would read the newest: the one before is done
+                        c.hint("done", [f"ckpt/{ck - 1}"])
                 else:
-                    ext, save, _ = FILE_BASELINES[s]
+                    ext, save, _ = B[s]
                     t0 = now()
                     save(state, files / f"ckpt{ck}{ext}")
                     blocking[s].append(now() - t0)
@@ -993,9 +1024,10 @@ def run_checkpoint(spec: Dict[str, Any], ctx: "Context") -> None:
             last_want = digests(state)
             last = steps // every
             if s == "cairn":
+                c.hint("will_load", [f"ckpt/{last}"])
                 check_same("checkpoint: cairn load of the last checkpoint", c.load_model(f"ckpt/{last}"), last_want)
             else:
-                ext, _, load = FILE_BASELINES[s]
+                ext, _, load = B[s]
                 check_same(f"checkpoint: {s} load of the last checkpoint", load(files / f"ckpt{last}{ext}"), last_want)
                 for p in files.glob(f"ckpt*{ext}"):
                     p.unlink()
@@ -1005,7 +1037,7 @@ def run_checkpoint(spec: Dict[str, Any], ctx: "Context") -> None:
                     f"{model} ({nb / 2**20:.1f} MiB), {ncp} checkpoints every {every} steps of {step_s} s; "
                     "save_model returns once the bytes are in the daemon's memory (durability global, not waited: "
                     "the daemon flushes behind the training loop); median over checkpoints")
-        for s in FILE_BASELINES:
+        for s in B:
             ctx.res.add(W, "blocking s per checkpoint", s, blocking[s], "s", "lower", "write + fsync, median over checkpoints")
             ctx.res.goal(W, "blocking s per checkpoint", s, "<= 0.1")
         ctx.res.add(W, "time to global s (cairn, information)", "cairn", to_global, "s", "lower",
@@ -1142,12 +1174,20 @@ RUNNERS = {"nas": run_nas, "load": run_load, "ensemble": run_ensemble, "checkpoi
 
 
 class Context:
-    def __init__(self, tmp: Path, res: Results, verbose: bool) -> None:
-        self.tmp, self.res, self.verbose = tmp, res, verbose
+    def __init__(self, tmp: Path, res: Results, verbose: bool, trace_dir: Optional[Path] = None) -> None:
+        self.tmp, self.res, self.verbose, self.trace_dir = tmp, res, verbose, trace_dir
+
+    def trace(self, workload: str) -> Optional[Path]:
+        """Where the workload's cairnd records its trace (--trace DIR), else None."""
+        return self.trace_dir / f"{workload}.csv" if self.trace_dir else None
 
 
-def load_spec(name: str, quick: bool) -> Dict[str, Any]:
+def load_spec(name: str, quick: bool, trace: bool = False) -> Dict[str, Any]:
+    """The spec's parameter set: "trace" when recording traces and the spec has one, else "quick"
+    or "full"."""
     doc = json.loads((SPECS / f"{name}.json").read_text())
+    if trace and "trace" in doc:
+        return doc["trace"]
     return doc["quick" if quick else "full"]
 
 
@@ -1159,6 +1199,9 @@ def main() -> int:
     ap.add_argument("--tmpdir", default=os.environ.get("CAIRN_BENCH_TMPDIR", "/var/tmp"),
                     help="where the temporary repositories and files go (a disk, not tmpfs; default /var/tmp)")
     ap.add_argument("--verbose", action="store_true")
+    ap.add_argument("--trace", metavar="DIR",
+                    help="record each workload's cairnd trace as DIR/<workload>.csv (policy.trace; docs/policy.md), "
+                         "with the spec's small \"trace\" parameter set where it has one (no file baselines)")
     args = ap.parse_args()
     names = [n.strip() for n in args.only.split(",")] if args.only else list(ORDER)
     unknown = [n for n in names if n not in RUNNERS]
@@ -1171,15 +1214,18 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="cairn-workloads-", dir=args.tmpdir))
     res = Results()
-    ctx = Context(tmp, res, args.verbose)
+    trace_dir = Path(args.trace).resolve() if args.trace else None
+    if trace_dir:
+        trace_dir.mkdir(parents=True, exist_ok=True)
+    ctx = Context(tmp, res, args.verbose, trace_dir)
     timings = {}
     t_all = now()
     try:
         for n in names:
             t0 = now()
-            print(f"== {n} ({'quick' if args.quick else 'full'})", flush=True)
+            print(f"== {n} ({'trace' if trace_dir else 'quick' if args.quick else 'full'})", flush=True)
             try:
-                RUNNERS[n](load_spec(n, args.quick), ctx)
+                RUNNERS[n](load_spec(n, args.quick, trace_dir is not None), ctx)
             except CorrectnessError as e:
                 res.error(n, e, True)
                 print(f"   CORRECTNESS FAILURE: {e}", flush=True)
