@@ -162,6 +162,12 @@ class GroupParts {
     DurabilityLevel target = DurabilityLevel::kGlobal;
   };
 
+  // The error texts the roles share: "model 'X'"; "model 'X' was not created: parts 1, 2 of 4 were
+  // lost: <why> ..." ("$them" in why says "it" or "them"); "model 'X' was not created: <why>".
+  static std::string quoted(const std::string& id);
+  static Status parts_lost(const std::string& id, const std::vector<uint32_t>& parts, size_t of, std::string why);
+  static Status failed_because(const std::string& id, const Status& why);
+
   // Queues work for the worker (in order).
   void post(std::function<void()> task);
   void worker_loop();
