@@ -1,4 +1,5 @@
 #include "api/cpp/client.hpp"
+#include "api/cpp/client_internal.hpp"
 
 #include <poll.h>
 #include <sys/mman.h>
@@ -31,7 +32,7 @@ const char* durability_name(Durability d) {
   return "global";
 }
 
-namespace {
+namespace client_detail {
 // Maps n bytes at p in one call instead of one fault per 4 KiB page, for copies of 1 MiB and more
 // (measured: a 1 GiB commit on a fresh connection took 5x a memcpy, 2x once mapped; a first read
 // of a model on a new connection pays the same for the arena's pages). Best effort: kernels before
@@ -54,6 +55,19 @@ json shape_json(const std::vector<int64_t>& shape) {
   return a;
 }
 
+Status check_shape(DType dtype, const std::vector<int64_t>& shape, uint64_t* nbytes) {
+  if (shape.size() > static_cast<size_t>(kMaxDims))
+    return invalid_argument(std::to_string(shape.size()) + " dimensions; at most " + std::to_string(kMaxDims));
+  auto n = tensor_nbytes(dtype, shape);
+  if (!n) return invalid_argument("shape has a negative dimension or is too large");
+  *nbytes = *n;
+  return Status::ok();
+}
+}  // namespace client_detail
+using namespace client_detail;
+
+namespace {
+
 Result<TensorInfo> info_from_json(const json& j) {
   TensorInfo t;
   t.name = j.value("name", std::string());
@@ -65,14 +79,6 @@ Result<TensorInfo> info_from_json(const json& j) {
   return t;
 }
 
-Status check_shape(DType dtype, const std::vector<int64_t>& shape, uint64_t* nbytes) {
-  if (shape.size() > static_cast<size_t>(kMaxDims))
-    return invalid_argument(std::to_string(shape.size()) + " dimensions; at most " + std::to_string(kMaxDims));
-  auto n = tensor_nbytes(dtype, shape);
-  if (!n) return invalid_argument("shape has a negative dimension or is too large");
-  *nbytes = *n;
-  return Status::ok();
-}
 }  // namespace
 
 // ---- Client ----
@@ -457,195 +463,6 @@ Result<json> Client::query(const json& q) {
   CAIRN_ASSIGN_OR_RETURN(json r, call(json{{"op", "query"}, {"query", q}}));
   r.erase("status");
   return r;
-}
-
-// ---- ModelWriter ----
-
-ModelWriter::ModelWriter(Client& client, std::string id, std::string parent)
-    : client_(client), id_(std::move(id)), parent_(std::move(parent)) {}
-
-ModelWriter::~ModelWriter() { abort(); }
-
-Status ModelWriter::check_name(const std::string& name) {
-  if (done_) return invalid_argument("model '" + id_ + "' was already committed or aborted");
-  if (!valid_name(name)) return invalid_argument("tensor names must be 1..1024 bytes of UTF-8 without NUL");
-  if (names_.count(name)) return already_exists("model '" + id_ + "': tensor '" + name + "' was already added");
-  return Status::ok();
-}
-
-Status ModelWriter::add_tensor(const std::string& name, const void* data, DType dtype, const std::vector<int64_t>& shape) {
-  CAIRN_RETURN_IF_ERROR(check_name(name));
-  uint64_t n;
-  CAIRN_RETURN_IF_ERROR(check_shape(dtype, shape, &n).with_context("tensor '" + name + "'"));
-  if (n > 0 && data == nullptr) return invalid_argument("tensor '" + name + "': data is NULL");
-  json t{{"name", name}, {"dtype", dtype_name(dtype)}, {"shape", shape_json(shape)}};
-  if (n <= kInlineLimit && inline_.size() + n <= wire::kMaxBlobBytes / 2) {
-    t["inline"] = json::array({inline_.size(), n});
-    const auto* p = static_cast<const uint8_t*>(data);
-    inline_.insert(inline_.end(), p, p + n);
-  } else {
-    CAIRN_ASSIGN_OR_RETURN(Client::Space sp, space_for(n));
-    std::memcpy(sp.data, data, n);
-    spaces_.push_back(sp.id);
-    t["space"] = sp.id;
-  }
-  tensors_.push_back(std::move(t));
-  names_[name] = true;
-  return Status::ok();
-}
-
-Status ModelWriter::reserve(const std::vector<uint64_t>& sizes) {
-  if (done_) return invalid_argument("model '" + id_ + "' was already committed or aborted");
-  CAIRN_ASSIGN_OR_RETURN(auto spaces, client_.allocate_many(sizes));
-  for (const auto& sp : spaces) reserved_.emplace(sp.nbytes, sp);
-  return Status::ok();
-}
-
-Result<Client::Space> ModelWriter::space_for(uint64_t n) {
-  if (auto it = reserved_.find(n); it != reserved_.end()) {
-    Client::Space sp = it->second;
-    reserved_.erase(it);
-    return sp;
-  }
-  return client_.allocate(n);
-}
-
-void ModelWriter::drop_reserved() {
-  for (const auto& [n, sp] : reserved_) client_.spaces_to_free_.push_back(sp.id);
-  reserved_.clear();
-}
-
-Result<uint8_t*> ModelWriter::add_tensor_space(const std::string& name, DType dtype, const std::vector<int64_t>& shape) {
-  CAIRN_RETURN_IF_ERROR(check_name(name));
-  uint64_t n;
-  CAIRN_RETURN_IF_ERROR(check_shape(dtype, shape, &n).with_context("tensor '" + name + "'"));
-  CAIRN_ASSIGN_OR_RETURN(Client::Space sp, space_for(n));
-  spaces_.push_back(sp.id);
-  tensors_.push_back(json{{"name", name}, {"dtype", dtype_name(dtype)}, {"shape", shape_json(shape)}, {"space", sp.id}});
-  names_[name] = true;
-  return sp.data;
-}
-
-Status ModelWriter::inherit_tensor(const std::string& name) {
-  CAIRN_RETURN_IF_ERROR(check_name(name));
-  if (parent_.empty()) return invalid_argument("model '" + id_ + "' has no parent to inherit '" + name + "' from");
-  tensors_.push_back(json{{"name", name}, {"inherit", true}});
-  names_[name] = true;
-  return Status::ok();
-}
-
-Status ModelWriter::inherit_all() {
-  if (parent_.empty()) return invalid_argument("model '" + id_ + "' has no parent to inherit from");
-  inherit_all_ = true;
-  return Status::ok();
-}
-
-Status ModelWriter::set_architecture(const json& graph) {
-  if (!graph.is_object()) return invalid_argument("the architecture graph must be a JSON object");
-  architecture_ = graph;
-  return Status::ok();
-}
-
-Status ModelWriter::set_metadata(const json& meta) {
-  if (!meta.is_object()) return invalid_argument("metadata must be a JSON object");
-  metadata_ = meta;
-  return Status::ok();
-}
-
-json ModelWriter::request(Durability d, bool wait) const {
-  json req{{"op", "commit"},        {"id", id_},          {"durability", durability_name(d)},
-           {"wait", wait},          {"tensors", tensors_}, {"metadata", metadata_}};
-  if (!parent_.empty()) req["parent"] = parent_;
-  if (inherit_all_) req["inherit_all"] = true;
-  if (!architecture_.is_null()) req["architecture"] = architecture_;
-  if (!source_header_.empty()) req["source_header"] = source_header_;
-  if (!part_.is_null()) req["part"] = part_;
-  return req;
-}
-
-Status ModelWriter::set_part(uint32_t index, uint32_t count, int64_t timeout_ms) {
-  if (done_) return invalid_argument("model '" + id_ + "' was already committed or aborted");
-  if (count < 2) return invalid_argument("model '" + id_ + "': a multi-part model has at least 2 parts");
-  if (index >= count)
-    return invalid_argument("model '" + id_ + "': part " + std::to_string(index) + " is not below the count " +
-                            std::to_string(count));
-  part_ = json{{"index", index}, {"of", count}};
-  if (timeout_ms > 0) part_["timeout_ms"] = timeout_ms;
-  return Status::ok();
-}
-
-Result<uint64_t> ModelWriter::commit(Durability d, bool wait) {
-  if (done_) return invalid_argument("model '" + id_ + "' was already committed or aborted");
-  drop_reserved();
-  auto r = client_.call(request(d, wait), inline_);
-  if (!r.is_ok()) {
-    abort();  // frees the spaces the daemon did not take
-    return r.status();
-  }
-  done_ = true;
-  spaces_.clear();
-  return r->value("ticket", uint64_t{0});
-}
-
-Result<Ticket> ModelWriter::commit_async(Durability d) {
-  // A part's ticket is the daemon's, which follows the whole model (it fails when another part
-  // never arrives); above memory the call returns once the model is visible.
-  if (d != Durability::kMemory || !part_.is_null()) {
-    if (done_) return invalid_argument("model '" + id_ + "' was already committed or aborted");
-    auto t = std::make_shared<CommitTicket>();
-    t->id = id_;
-    t->target = d;
-    CAIRN_ASSIGN_OR_RETURN(t->daemon_ticket, commit(d, false));
-    t->resolved = true;
-    return t;
-  }
-  return commit_pipelined(d);
-}
-
-Result<Ticket> ModelWriter::commit_pipelined(Durability d) {
-  if (done_) return invalid_argument("model '" + id_ + "' was already committed or aborted");
-  drop_reserved();
-  auto t = std::make_shared<CommitTicket>();
-  t->id = id_;
-  t->target = d;
-  // At memory (and not a part) the reply is the durability: "ticket": false asks the daemon to keep
-  // no ticket for it. Above memory, or for a part (whose ticket follows the whole model), the
-  // reply carries the daemon's ticket, which Client::wait waits for after the reply.
-  json req = request(d, false);
-  const bool daemon_ticket = d != Durability::kMemory || !part_.is_null();
-  if (!daemon_ticket) req["ticket"] = false;
-  t->pipelined = true;
-  Client* c = &client_;
-  std::vector<uint64_t> spaces = spaces_;
-  Status sent = client_.send_pipelined(req, inline_, [t, c, spaces, daemon_ticket](Result<json> r) {
-    t->resolved = true;
-    t->status = r.status();
-    if (r.is_ok()) {
-      if (daemon_ticket) t->daemon_ticket = r->value("ticket", uint64_t{0});
-      return;
-    }
-    // A failed commit consumed none of its spaces (they die with a lost connection anyway).
-    if (r.status().code() != StatusCode::kUnavailable)
-      c->spaces_to_free_.insert(c->spaces_to_free_.end(), spaces.begin(), spaces.end());
-    // Nobody holds the ticket any more: keep the error for flush_pipeline.
-    if (t.use_count() == 1 && c->orphan_error_.is_ok()) c->orphan_error_ = r.status();
-  });
-  if (!sent.is_ok()) {
-    abort();
-    return sent;
-  }
-  done_ = true;
-  spaces_.clear();
-  return t;
-}
-
-void ModelWriter::abort() {
-  if (done_) return;
-  done_ = true;
-  drop_reserved();
-  // Spaces a failed commit already consumed are unknown to the daemon now: freeing them is a no-op.
-  for (uint64_t id : spaces_) (void)client_.free_space(id);
-  spaces_.clear();
 }
 
 // ---- ModelReader ----
