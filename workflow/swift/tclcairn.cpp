@@ -24,6 +24,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -53,6 +54,20 @@ cairn_client* client(Tcl_Interp* interp) {
 }
 
 std::string arg(Tcl_Obj* const objv[], int i) { return Tcl_GetString(objv[i]); }
+
+// Model ids given as a Tcl list, or separated by commas (Swift strings). False if not a list.
+bool split_ids(Tcl_Interp* interp, std::string text, std::vector<std::string>* ids) {
+  for (auto& ch : text)
+    if (ch == ',') ch = ' ';
+  Tcl_Obj* list = Tcl_NewStringObj(text.c_str(), -1);
+  Tcl_IncrRefCount(list);
+  int n = 0;
+  Tcl_Obj** items = nullptr;
+  const bool ok = Tcl_ListObjGetElements(interp, list, &n, &items) == TCL_OK;
+  for (int i = 0; ok && i < n; ++i) ids->push_back(Tcl_GetString(items[i]));
+  Tcl_DecrRefCount(list);
+  return ok;
+}
 
 bool parse_durability(const std::string& s, cairn_durability* d) {
   if (s == "memory") *d = CAIRN_DURABILITY_MEMORY;
@@ -190,29 +205,16 @@ int BestOf(ClientData, Tcl_Interp* interp, int objc, Tcl_Obj* const objv[]) {
     Tcl_WrongNumArgs(interp, 1, objv, "ids");
     return TCL_ERROR;
   }
-  std::string text = arg(objv, 1);
-  for (auto& ch : text)
-    if (ch == ',') ch = ' ';
-  Tcl_Obj* list = Tcl_NewStringObj(text.c_str(), -1);
-  Tcl_IncrRefCount(list);
-  int n = 0;
-  Tcl_Obj** items = nullptr;
-  if (Tcl_ListObjGetElements(interp, list, &n, &items) != TCL_OK || n == 0) {
-    Tcl_DecrRefCount(list);
+  std::vector<std::string> ids;
+  if (!split_ids(interp, arg(objv, 1), &ids) || ids.empty())
     return error(interp, "best_of needs at least one model id");
-  }
   std::string best;
   double best_score = 0;
-  for (int i = 0; i < n; ++i) {
+  for (const auto& id : ids) {
     double s = 0;
-    std::string id = Tcl_GetString(items[i]);
-    if (score_of(interp, id, &s) != TCL_OK) {
-      Tcl_DecrRefCount(list);
-      return TCL_ERROR;
-    }
+    if (score_of(interp, id, &s) != TCL_OK) return TCL_ERROR;
     if (best.empty() || s > best_score) best = id, best_score = s;
   }
-  Tcl_DecrRefCount(list);
   Tcl_SetObjResult(interp, Tcl_NewStringObj(best.c_str(), -1));
   return TCL_OK;
 }
@@ -308,17 +310,10 @@ int Hint(ClientData, Tcl_Interp* interp, int objc, Tcl_Obj* const objv[]) {
   std::string text = arg(objv, 2);
   json models = json::parse(text, nullptr, false);
   if (!models.is_array()) {
-    models = json::array();
-    for (auto& ch : text)
-      if (ch == ',') ch = ' ';
-    Tcl_Obj* list = Tcl_NewStringObj(text.c_str(), -1);
-    Tcl_IncrRefCount(list);
-    int n = 0;
-    Tcl_Obj** items = nullptr;
-    const int rc = Tcl_ListObjGetElements(interp, list, &n, &items);
-    for (int i = 0; rc == TCL_OK && i < n; ++i) models.push_back(std::string(Tcl_GetString(items[i])));
-    Tcl_DecrRefCount(list);
-    if (rc != TCL_OK) return error(interp, "hint: models is neither a JSON array nor a list of ids: " + arg(objv, 2));
+    std::vector<std::string> ids;
+    const bool ok = split_ids(interp, text, &ids);
+    models = ids;
+    if (!ok) return error(interp, "hint: models is neither a JSON array nor a list of ids: " + arg(objv, 2));
   }
   h["models"] = models;
   cairn_client* c = client(interp);
