@@ -51,6 +51,15 @@ const std::vector<Key>& schema() {
       {.path = "log.level",
        .field = [](Config& c) -> Field { return &c.log.level; },
        .choices = {"trace", "debug", "info", "warn", "error", "off"}},
+      {.path = "compute.enabled", .field = [](Config& c) -> Field { return &c.compute.enabled; }},
+      {.path = "compute.python", .field = [](Config& c) -> Field { return &c.compute.python; }},
+      {.path = "compute.listen", .field = [](Config& c) -> Field { return &c.compute.listen; }},
+      {.path = "compute.memory",
+       .field = [](Config& c) -> Field { return &c.compute.memory; },
+       .min_size = 16 * kMiB},
+      {.path = "compute.cache", .field = [](Config& c) -> Field { return &c.compute.cache; }},
+      {.path = "compute.start_timeout",
+       .field = [](Config& c) -> Field { return &c.compute.start_timeout; }},
       {.path = "log.file", .field = [](Config& c) -> Field { return &c.log.file; }},
   };
   return kKeys;

@@ -6,6 +6,7 @@
 #include <future>
 
 #include "core/log.hpp"
+#include "core/wire.hpp"
 #include "daemon/model_graph.hpp"
 #include "daemon/recovery.hpp"
 #include "daemon/request.hpp"
@@ -44,6 +45,12 @@ Result<std::unique_ptr<Engine>> Engine::create(const Config& config, EngineOptio
     auto opened = TraceRecorder::open(config.policy.trace);
     if (!opened.is_ok()) return opened.status().with_context("policy.trace");
     trace = std::move(opened).value();
+  }
+  if (config.compute.enabled) {
+    auto t = parse_duration(config.compute.start_timeout);
+    if (!t || t->count() <= 0)
+      return invalid_argument("compute.start_timeout: '" + config.compute.start_timeout +
+                              "' is not a positive duration (such as 30s or 2m)");
   }
   std::unique_ptr<Engine> engine(new Engine(config, std::move(repo), std::move(dram), std::move(nvme),
                                             std::move(admission), std::move(trace)));
@@ -159,9 +166,12 @@ Engine::~Engine() {
     CAIRN_LOG_WARN("exiting with parts of multi-part models held here that did not reach the repository");
   drain();
   flusher_->stop();
+  compute_ = std::make_unique<ComputeWorker>(config_, config_.socket.empty() ? wire::default_socket_path()
+                                                                             : config_.socket);
   named_.stop();
   tickets_.stop();
   if (group_parts_) group_parts_->stop();
+  compute_->stop();  // first: the worker is a client of this daemon
   tiers_.reset();
   if (nvme_) {
     Status st = nvme_->close();
@@ -205,7 +215,11 @@ const std::vector<Engine::Op>& Engine::table() {
       // administration (admin.cpp) and queries (queries.cpp)
       {"list", [](Engine& e, Session&, const json& r, B&) { return e.admin_->list(r); }},
       {"show", [](Engine& e, Session&, const json& r, B&) { return e.admin_->show(r); }},
-      {"stats", [](Engine& e, Session&, const json& r, B&) { return e.admin_->stats(r); }},
+      {"stats", [](Engine& e, Session&, const json& r, B&) -> Result<json> {
+         CAIRN_ASSIGN_OR_RETURN(json out, e.admin_->stats(r));
+         out["compute"] = e.compute_->status();
+         return out;
+       }},
       {"remove", [](Engine& e, Session&, const json& r, B&) { return e.admin_->remove(r); }},
       {"gc", [](Engine& e, Session&, const json& r, B&) { return e.admin_->gc(r); }},
       {"fsck", [](Engine& e, Session&, const json& r, B&) { return e.admin_->fsck(r); }},
@@ -231,6 +245,8 @@ std::vector<std::string> Engine::ops() {
   return out;
 }
 
+      // the near-data compute worker (compute.cpp)
+      {"compute", [](Engine& e, Session&, const json& r, B&) { return e.compute_->attach(r); }},
 Result<json> Engine::dispatch(Session& s, const std::string& op, const json& req, std::vector<uint8_t>& blob) {
   for (const Op& o : table())
     if (op == o.name) return o.handler(*this, s, req, blob);

@@ -36,6 +36,7 @@
 #include "daemon/admin.hpp"
 #include "daemon/catalog.hpp"
 #include "daemon/commit_path.hpp"
+#include "daemon/compute.hpp"
 #include "daemon/flusher.hpp"
 #include "daemon/models.hpp"
 #include "daemon/named_tensors.hpp"
@@ -154,4 +155,5 @@ class Engine {
   std::atomic<uint64_t> next_session_{1};
 };
 
+  std::unique_ptr<ComputeWorker> compute_;  // the near-data worker's supervisor (compute.enabled)
 }  // namespace cairn
