@@ -22,6 +22,7 @@ struct TierConfig {
   uint64_t capacity = 0;            // bytes; 0 = tier disabled (hbm, nvme)
   std::string path;                 // nvme: directory of the burst buffer
   std::vector<int> devices;         // hbm: CUDA device ordinals
+  std::string backend = "cuda";     // hbm: device backend, cuda | emulated (tiers/hbm/device.hpp)
   bool persistent = false;          // nvme: keep contents across a clean exit
 };
 

@@ -98,7 +98,14 @@ Result<json> Admin::stats(const json& /*req*/) {
   hbm.name = "hbm";
   nvme.name = "nvme";
   if (p_.nvme) nvme = p_.nvme->stats();
+  if (hbm_) hbm = hbm_->stats();
   json tiers{{"hbm", hbm.to_json()}, {"dram", dram.to_json()}, {"nvme", nvme.to_json()}, {"pfs", pfs.to_json()}};
+  if (hbm_) {
+    tiers["hbm"]["backend"] = hbm_->backend();
+    tiers["hbm"]["devices"] = hbm_->device_stats();
+  } else {
+    tiers["hbm"]["why"] = "no HBM tier: tiers.hbm.capacity is 0 (docs/gpu.md)";
+  }
   tiers["nvme"]["path"] = p_.nvme_path;
   if (p_.nvme) tiers["nvme"]["direct_io"] = p_.nvme->direct_io();
   tiers["pfs"]["path"] = p_.repo.dir();

@@ -22,6 +22,7 @@
 #include "daemon/prefetcher.hpp"
 #include "daemon/references.hpp"
 #include "tiers/dram/dram_tier.hpp"
+#include "tiers/hbm/hbm_tier.hpp"
 #include "tiers/nvme/nvme_tier.hpp"
 #include "tiers/pfs/repository.hpp"
 #include "tiers/tier_manager.hpp"
@@ -51,6 +52,8 @@ class Admin {
     const RemoteModels* remote = nullptr;  // models committed on other members of the job
   };
   explicit Admin(Parts parts) : p_(parts) {}
+  // The GPU tier, reported by stats (null: none). Set at assembly.
+  void set_hbm(const HbmTier* hbm) { hbm_ = hbm; }
 
   Result<nlohmann::json> list(const nlohmann::json& req);
   Result<nlohmann::json> show(const nlohmann::json& req);
@@ -62,6 +65,7 @@ class Admin {
 
  private:
   Parts p_;
+  const HbmTier* hbm_ = nullptr;
 };
 
 }  // namespace cairn

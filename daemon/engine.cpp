@@ -54,6 +54,18 @@ Result<std::unique_ptr<Engine>> Engine::create(const Config& config, EngineOptio
   }
   std::unique_ptr<Engine> engine(new Engine(config, std::move(repo), std::move(dram), std::move(nvme),
                                             std::move(admission), std::move(trace)));
+  // The GPU tier (docs/gpu.md): after the arena, which it registers with each device for DMA.
+  if (config.tiers.hbm.capacity > 0) {
+    if (config.tiers.hbm.backend == "emulated") hbm::remove_stale_emulated_segments();
+    HbmTier::Options ho;
+    ho.backend = config.tiers.hbm.backend;
+    ho.devices = resolve_hbm_devices(config.tiers.hbm.devices);
+    ho.capacity = config.tiers.hbm.capacity;
+    ho.eviction = config.policy.eviction;
+    CAIRN_ASSIGN_OR_RETURN(engine->hbm_, HbmTier::open(ho, engine->dram_->base(), engine->dram_->arena_size()));
+    engine->reads_->set_hbm(engine->hbm_.get());
+    engine->admin_->set_hbm(engine->hbm_.get());
+  }
   // The job's peer group: one more chunk source, after the NVMe tier and before the repository.
   PeerGroup group = resolve_peer_group(config);
   if (!group.job.empty()) {
@@ -211,6 +223,7 @@ const std::vector<Engine::Op>& Engine::table() {
       {"open", [](Engine& e, Session&, const json& r, B&) { return e.reads_->open(r); }},
       {"lease", [](Engine& e, Session& s, const json& r, B&) { return e.reads_->lease(s, r); }},
       {"release", [](Engine& e, Session& s, const json& r, B&) { return e.reads_->release(s, r); }},
+      {"lease_device", [](Engine& e, Session& s, const json& r, B&) { return e.reads_->lease_device(s, r); }},
       {"prefetch", [](Engine& e, Session&, const json& r, B&) { return e.prefetch(r); }},
       // administration (admin.cpp) and queries (queries.cpp)
       {"list", [](Engine& e, Session&, const json& r, B&) { return e.admin_->list(r); }},
@@ -290,11 +303,13 @@ void Engine::end_session(Session& s) {
 
 Result<json> Engine::hello(Session& s) {
   if (s.id == 0) s.id = next_session_++;
-  return json{{"arena_size", dram_->arena_size()},
+  json out{{"arena_size", dram_->arena_size()},
               {"chunk_size", repo_->chunk_size()},
               {"pid", static_cast<int64_t>(::getpid())},
               {"session", s.id},
               {"version", "0.1.0"}};
+  if (hbm_) out["hbm"] = json{{"backend", hbm_->backend()}, {"devices", hbm_->devices()}};
+  return out;
 }
 
 void Engine::add_peer_model(ModelManifest model, const std::string& member) {

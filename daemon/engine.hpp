@@ -94,6 +94,7 @@ class Engine {
   Repository& repository() { return *repo_; }
   Catalog& catalog() { return catalog_; }
   DramTier& dram() { return *dram_; }
+  HbmTier* hbm() { return hbm_.get(); }
   NvmeTier* nvme() { return nvme_.get(); }
   TierManager& tiers() { return *tiers_; }
   Prefetcher& prefetcher() { return *prefetcher_; }
@@ -126,6 +127,8 @@ class Engine {
   const Config config_;
   std::unique_ptr<Repository> repo_;
   std::unique_ptr<DramTier> dram_;
+  // The GPU tier (null when tiers.hbm.capacity is 0). After dram_, whose arena it registers.
+  std::unique_ptr<HbmTier> hbm_;
   std::unique_ptr<NvmeTier> nvme_;
   // Multi-part models whose parts are on several members (null without a peer group). Before
   // peers_, whose service thread calls it: stopped in ~Engine, destroyed after peers_.

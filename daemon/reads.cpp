@@ -112,6 +112,8 @@ void Reads::release_lease(Session::Lease& lease) {
     p_.named.unpin(lease.named_key, lease.named_generation);
     lease.named_key.clear();
   }
+  if (lease.hbm_device >= 0 && hbm_) hbm_->unpin(lease.hbm_device, lease.hbm_key);
+  lease.hbm_device = -1;
 }
 
 Result<json> Reads::release(Session& s, const json& req) {
@@ -142,6 +144,14 @@ Status Reads::stage(const std::string& model, const TensorManifest& t) {
 }
 
 Result<json> Reads::prefetch(const json& req) {
+  if (auto tier = req.find("tier"); tier != req.end()) {
+    if (!tier->is_string()) return invalid_argument("request 'prefetch': field 'tier' must be a string");
+    if (*tier == "hbm") return prefetch_device(req);
+    if (*tier != "dram")
+      return invalid_argument("prefetch --tier " + tier->get<std::string>() +
+                              ": cairn prefetches into dram or hbm (the burst buffer is filled by commits at durability "
+                              "local and by DRAM evictions)");
+  }
   CAIRN_ASSIGN_OR_RETURN(std::string id, get_name(req, "id", "a model id"));
   std::shared_lock gc_lock(p_.gc_mu);
   CAIRN_ASSIGN_OR_RETURN(auto m, p_.models.find(id));

@@ -27,6 +27,7 @@
 #include "daemon/named_tensors.hpp"
 #include "daemon/session.hpp"
 #include "tiers/dram/dram_tier.hpp"
+#include "tiers/hbm/hbm_tier.hpp"
 #include "tiers/tier_manager.hpp"
 
 namespace cairn {
@@ -59,7 +60,17 @@ class Reads {
   Result<nlohmann::json> open(const nlohmann::json& req);
   Result<nlohmann::json> lease(Session& s, const nlohmann::json& req);
   Result<nlohmann::json> release(Session& s, const nlohmann::json& req);
+  // With "tier": "hbm", into the HBM tier (prefetch_device).
   Result<nlohmann::json> prefetch(const nlohmann::json& req);
+  // Device leases (daemon/reads_device.cpp, docs/gpu.md): tensors resident in the HBM tier, pinned
+  // there until released; the reply names each tensor's slab handle and offset, which the client
+  // maps (zero-copy, through CUDA IPC or the emulated device's segments). kUnavailable without an
+  // HBM tier.
+  Result<nlohmann::json> lease_device(Session& s, const nlohmann::json& req);
+  // Every tensor of a model into the HBM tier of one device, nothing left pinned.
+  Result<nlohmann::json> prefetch_device(const nlohmann::json& req);
+  // Set at assembly when the daemon has an HBM tier (null: none).
+  void set_hbm(HbmTier* hbm) { hbm_ = hbm; }
   // Ends every lease of the session.
   void end_session(Session& s);
 
@@ -85,8 +96,15 @@ class Reads {
   // Tells the sources below DRAM which chunks of these tensors are about to be read.
   void readahead(const std::vector<const TensorManifest*>& tensors);
   void release_lease(Session::Lease& lease);
+  // The device lease_device/prefetch_device name ("device", default the first of tiers.hbm.devices).
+  Result<int> device_of(const nlohmann::json& req, const char* op) const;
+  // Makes `tensors` resident on `device`; for each, its placement (pinned there when pin, else left
+  // unpinned). All or nothing when pin.
+  Status place_on_device(const ModelManifest& m, std::span<const TensorManifest* const> tensors, int device, bool pin,
+                         std::vector<HbmTier::Placement>& out);
 
   Parts p_;
+  HbmTier* hbm_ = nullptr;
   ReadObserver* observer_ = nullptr;
   TraceRecorder* trace_ = nullptr;
 };

@@ -30,6 +30,8 @@ struct Session {
     std::vector<Extent> owned_extents;     // assembled views, released at release
     std::string named_key;                 // a named tensor's pin ("" = none)
     uint64_t named_generation = 0;
+    int hbm_device = -1;                   // a device lease: the HBM tier's entry pinned on this device
+    ChunkHash hbm_key;
   };
   std::map<uint64_t, Lease> leases;        // reads (daemon/reads.hpp) and named tensors
   std::map<uint64_t, Extent> staging;      // arena space handed out for writes, not yet committed

@@ -332,6 +332,16 @@ int cmd_stats(bool as_json) {
                 static_cast<unsigned long long>(t["misses"].get<uint64_t>()),
                 human_bytes(t["bytes_in"].get<uint64_t>()).c_str(), human_bytes(t["bytes_out"].get<uint64_t>()).c_str());
   }
+  if (const json& hbm = (*r)["tiers"]["hbm"]; !hbm.value("enabled", false)) {
+    std::printf("hbm: %s\n", hbm.value("why", std::string("no HBM tier")).c_str());
+  } else {
+    for (const json& d : hbm.value("devices", json::array()))
+      std::printf("hbm device %d (%s): %s of %s used, %s held by device leases, %llu evictions\n", d.value("device", 0),
+                  hbm.value("backend", std::string()).c_str(), human_bytes(d.value("used_bytes", uint64_t{0})).c_str(),
+                  human_bytes(d.value("capacity_bytes", uint64_t{0})).c_str(),
+                  human_bytes(d.value("pinned_bytes", uint64_t{0})).c_str(),
+                  static_cast<unsigned long long>(d.value("evictions", uint64_t{0})));
+  }
   const json& repo = (*r)["repository"];
   uint64_t logical = repo["logical_bytes"].get<uint64_t>(), physical = repo["physical_bytes"].get<uint64_t>();
   std::printf("repository %s: %llu models, logical %s, physical %s", repo["path"].get<std::string>().c_str(),
@@ -406,15 +416,20 @@ int cmd_peers(bool as_json) {
 
 // `cairn prefetch ID [--all] [--json]`: into this daemon's DRAM; with --all, into every member's of
 // the job's peer group at once. Exit 1 when a member failed.
-int cmd_prefetch(const std::string& id, bool all, bool as_json) {
+int cmd_prefetch(const std::string& id, bool all, bool as_json, const std::string& tier, int device) {
   auto client = connect();
   if (!client.is_ok()) return fail(client.status());
   json req{{"op", "prefetch"}, {"id", id}};
   if (all) req["all"] = true;
+  if (!tier.empty()) req["tier"] = tier;  // hbm: into the GPU tier (docs/gpu.md)
+  if (device >= 0) req["device"] = device;
   auto r = (*client)->call(req);
   if (!r.is_ok()) return fail(r.status());
   r->erase("status");
   if (as_json) std::printf("%s\n", r->dump(2).c_str());
+  if (!as_json && tier == "hbm")
+    std::printf("%s: %s in HBM on device %d\n", id.c_str(), human_bytes(r->value("bytes", uint64_t{0})).c_str(),
+                r->value("device", 0));
   if (!all) return 0;
   bool ok = true;
   if (!as_json) {
@@ -552,7 +567,12 @@ int main(int argc, char** argv) {
   prefetch->add_option("ID", id, "model id")->required();
   prefetch->add_flag("--all", prefetch_all, "into the DRAM of every member of the job's peer group at once");
   prefetch->add_flag("--json", as_json, "print JSON");
-  prefetch->callback([&] { rc = cmd_prefetch(id, prefetch_all, as_json); });
+  std::string prefetch_tier;
+  int prefetch_device = -1;
+  prefetch->add_option("--tier", prefetch_tier, "dram (default) or hbm: the daemon's GPU tier (docs/gpu.md)")
+      ->check(CLI::IsMember({"dram", "hbm", "nvme"}));
+  prefetch->add_option("--device", prefetch_device, "with --tier hbm: the device (default: the daemon's first)");
+  prefetch->callback([&] { rc = cmd_prefetch(id, prefetch_all, as_json, prefetch_tier, prefetch_device); });
 
   // cairn hint KIND MODEL... [--tensor NAME]... [--when SECONDS|next] [--ahead K]
   std::string hint_kind, hint_when;

@@ -207,6 +207,17 @@ cairn_status cairn_model_add_tensor(cairn_model_writer* w, const char* name, con
   });
 }
 
+cairn_status cairn_model_add_tensor_device(cairn_model_writer* w, const char* name, const void* data,
+                                           cairn_dtype dtype, int ndim, const int64_t* shape) {
+  return guarded([&] {
+    CAIRN_REQUIRE_ARG(w && name, "writer and name must not be NULL");
+    CAIRN_REQUIRE_ARG(check_dtype(dtype), "unknown dtype " + std::to_string(raw_enum(dtype)));
+    std::vector<int64_t> s;
+    if (cairn_status st = make_shape(ndim, shape, s); st != CAIRN_OK) return st;
+    return done(w->impl->add_tensor_device(name, data, static_cast<cairn::DType>(dtype), s));
+  });
+}
+
 cairn_status cairn_model_add_tensor_space(cairn_model_writer* w, const char* name, cairn_dtype dtype, int ndim,
                                           const int64_t* shape, void** data) {
   return guarded([&] {
@@ -374,6 +385,18 @@ cairn_status cairn_model_map_tensor(cairn_model_reader* r, const char* name, con
   });
 }
 
+cairn_status cairn_model_map_tensor_device(cairn_model_reader* r, const char* name, int device, const void** ptr,
+                                           size_t* nbytes) {
+  return guarded([&] {
+    CAIRN_REQUIRE_ARG(r && name && ptr, "reader, name and ptr must not be NULL");
+    auto v = r->impl->map_device(name, device);
+    if (!v.is_ok()) return fail(v.status());
+    *ptr = v->data();
+    if (nbytes) *nbytes = v->size();
+    return done(cairn::Status::ok());
+  });
+}
+
 cairn_status cairn_model_map_tensors(cairn_model_reader* r, size_t count, const char* const* names,
                                      const void** data, size_t* nbytes) {
   return guarded([&] {
@@ -509,6 +532,7 @@ static const char* dedicated_call(const std::string& op) {
       {"hello", "cairn_connect"},
       {"allocate", "cairn_model_add_tensor_space"},
       {"lease", "cairn_model_open and cairn_model_map_tensor or cairn_model_read_tensor"},
+      {"lease_device", "cairn_model_map_tensor_device or cairn_model_read_tensor with CAIRN_MEM_CUDA"},
       {"lease_tensor", "cairn_unpack_tensor"},
       {"put_tensor", "cairn_put_tensor"},
       {"commit", "cairn_model_create and cairn_model_commit"},

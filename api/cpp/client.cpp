@@ -15,10 +15,6 @@
 
 #include "core/wire.hpp"
 
-#ifdef CAIRN_HAVE_CUDA
-#include <cuda_runtime_api.h>
-#endif
-
 namespace cairn {
 
 using nlohmann::json;
@@ -109,6 +105,11 @@ Result<std::unique_ptr<Client>> Client::connect(const std::string& address_in) {
   if (f->passed_fd < 0) return protocol_error("cairnd on " + address + " did not send its arena");
   uint64_t size = f->body.value("arena_size", uint64_t{0});
   c->chunk_size_ = f->body.value("chunk_size", uint64_t{0});
+  if (auto h = f->body.find("hbm"); h != f->body.end() && h->is_object()) {
+    c->hbm_backend_ = h->value("backend", std::string());
+    for (const auto& d : h->value("devices", json::array()))
+      if (d.is_number_integer()) c->hbm_devices_.push_back(d.get<int>());
+  }
   CAIRN_ASSIGN_OR_RETURN(c->view_, ArenaView::map(f->passed_fd, size));
   return c;
 }
@@ -117,6 +118,7 @@ Client::~Client() {
   // Every request sent is answered before the connection ends: a pipelined commit the daemon had
   // not read yet would otherwise be dropped with the connection.
   (void)flush_pipeline();
+  for (const auto& [handle, slab] : slabs_) mapper_->close(slab.first, slab.second);
   ::close(fd_);
 }
 
@@ -576,30 +578,6 @@ Status ModelReader::read_many(const std::vector<std::string>& names, const std::
     client_.release_later(leased[i].lease);
   }
   return Status::ok();
-}
-
-Status ModelReader::read_to_device(const std::string& name, void* dst, uint64_t dst_bytes) {
-#ifdef CAIRN_HAVE_CUDA
-  CAIRN_RETURN_IF_ERROR(check_buffer(name, dst_bytes));
-  CAIRN_ASSIGN_OR_RETURN(auto leased, lease({name}, false));
-  auto* out = static_cast<uint8_t*>(dst);
-  Status st;
-  for (const auto& [off, len] : leased[0].extents) {
-    cudaError_t e = cudaMemcpy(out, client_.arena() + off, len, cudaMemcpyHostToDevice);
-    if (e != cudaSuccess) {
-      st = unavailable(std::string("copying tensor '") + name + "' to the GPU: " + cudaGetErrorString(e));
-      break;
-    }
-    out += len;
-  }
-  Status rel = client_.release({leased[0].lease});
-  return st.is_ok() ? rel : st;
-#else
-  (void)name;
-  (void)dst;
-  (void)dst_bytes;
-  return unavailable("this cairn library was built without CUDA; read into host memory instead");
-#endif
 }
 
 Result<std::span<const uint8_t>> ModelReader::map(const std::string& name) {

@@ -26,6 +26,7 @@
 #include "core/dtype.hpp"
 #include "core/status.hpp"
 #include "tiers/dram/arena.hpp"
+#include "tiers/hbm/device.hpp"
 
 namespace cairn {
 
@@ -120,6 +121,18 @@ class Client {
   // Sends a hint (docs/policy.md); the daemon's answer.
   Result<nlohmann::json> hint(const nlohmann::json& h);
 
+  // Device memory (docs/gpu.md). The daemon's HBM tier as it said in hello: its backend ("" when it
+  // has none) and devices.
+  const std::string& hbm_backend() const { return hbm_backend_; }
+  const std::vector<int>& hbm_devices() const { return hbm_devices_; }
+  // How this process copies to and from device memory for `what` (named in errors): the daemon's
+  // device backend when it has an HBM tier, else CUDA when this library has it and a GPU is
+  // visible. kUnavailable naming both reasons otherwise.
+  Result<hbm::DeviceMapper*> device_path(const std::string& what);
+  // A slab the daemon exported (lease_device's handle), mapped once per connection and closed when
+  // the client is destroyed.
+  Result<uint8_t*> map_slab(const std::string& handle, uint64_t size);
+
   const uint8_t* arena() const { return view_->read_base(); }
   uint64_t arena_size() const { return view_->size(); }
   uint64_t chunk_size() const { return chunk_size_; }
@@ -172,6 +185,10 @@ class Client {
   uint64_t requests_ = 0;
   std::unordered_map<std::string, std::shared_ptr<const ModelInfo>> model_cache_;
   std::deque<std::string> model_cache_order_;  // insertion order, for eviction
+  std::string hbm_backend_;
+  std::vector<int> hbm_devices_;
+  std::unique_ptr<hbm::DeviceMapper> mapper_;         // device_path's, made on first use
+  std::map<std::string, std::pair<uint8_t*, uint64_t>> slabs_;  // handle -> (pointer, size)
 };
 
 // Builds a model: add or inherit tensors, then commit. Destroying an uncommitted writer aborts it.
@@ -187,6 +204,10 @@ class ModelWriter {
   // Arena space for the tensor that the caller fills before commit (zero-copy writes, e.g. reading a
   // file straight into it). The pointer is valid until commit or abort.
   Result<uint8_t*> add_tensor_space(const std::string& name, DType dtype, const std::vector<int64_t>& shape);
+  // Adds a tensor whose bytes are in device memory (CAIRN_MEM_CUDA; with the emulated backend,
+  // this process's host memory): copied device-to-host into arena space before returning, so the
+  // caller may overwrite its buffer at once and a commit at memory is acknowledged after the copy.
+  Status add_tensor_device(const std::string& name, const void* data, DType dtype, const std::vector<int64_t>& shape);
   Status inherit_tensor(const std::string& name);
   // Inherits every parent tensor not added or inherited by name. With nothing else added, the
   // commit stores no bytes at all (a metadata-only commit).
@@ -258,8 +279,13 @@ class ModelReader {
   Status read(const std::string& name, void* dst, uint64_t dst_bytes);
   // Copies several tensors with one request: dsts[i] receives names[i] (sizes must match).
   Status read_many(const std::vector<std::string>& names, const std::vector<std::span<uint8_t>>& dsts);
-  // Copies into CUDA device memory (kUnavailable when built without CUDA).
+  // Copies into device memory (CAIRN_MEM_CUDA): from the daemon's HBM tier when it has one (the
+  // tensor is promoted there first), else from the arena with CUDA. kUnavailable, naming why, when
+  // neither is possible.
   Status read_to_device(const std::string& name, void* dst, uint64_t dst_bytes);
+  // A device pointer to the tensor in the daemon's HBM tier on `device` (-1: its first device),
+  // zero-copy through the slab's IPC handle; valid until close(). kUnavailable without an HBM tier.
+  Result<std::span<const uint8_t>> map_device(const std::string& name, int device);
   // A zero-copy view into the daemon's arena.
   Result<std::span<const uint8_t>> map(const std::string& name);
   // Maps several tensors with one request (the order of names).
@@ -274,6 +300,8 @@ class ModelReader {
     std::vector<std::pair<uint64_t, uint64_t>> extents;  // (offset, length)
   };
   Result<std::vector<Leased>> lease(const std::vector<std::string>& names, bool contiguous);
+  // A device lease of one tensor: (lease id, device pointer in this process).
+  Result<std::pair<uint64_t, const uint8_t*>> lease_device(const std::string& name, int device);
   // kNotFound for an unknown tensor, kInvalidArgument when dst_bytes is not its size.
   Status check_buffer(const std::string& name, uint64_t dst_bytes) const;
   Client& client_;

@@ -118,6 +118,14 @@ CAIRN_EXPORT cairn_status cairn_model_create_part(cairn_client *c, const char *i
 /* Adds a tensor; its bytes are copied into the daemon's arena before the call returns. */
 CAIRN_EXPORT cairn_status cairn_model_add_tensor(cairn_model_writer *w, const char *name, const void *data,
                                                  cairn_dtype dtype, int ndim, const int64_t *shape);
+/* Adds a tensor whose bytes are in device memory (docs/gpu.md): with a CUDA daemon or library, a
+ * CUDA device pointer; with the emulated device backend (tiers.hbm.backend: emulated), memory of this
+ * process. The bytes are copied device-to-host into the daemon's arena before the call returns, so
+ * the caller may overwrite its buffer at once, and a commit at CAIRN_DURABILITY_MEMORY is
+ * acknowledged only after the copy. CAIRN_ERR_UNAVAILABLE, naming why, when neither the daemon has
+ * an HBM tier nor this process a GPU. */
+CAIRN_EXPORT cairn_status cairn_model_add_tensor_device(cairn_model_writer *w, const char *name, const void *data,
+                                                        cairn_dtype dtype, int ndim, const int64_t *shape);
 /* Adds a tensor whose bytes the caller writes in place: *data receives prod(shape) * itemsize
  * writable bytes of the daemon's shared arena (no copy; e.g. read a file straight into them). They
  * must be filled before cairn_model_commit and are valid until it (or cairn_model_abort) returns.
@@ -195,13 +203,25 @@ CAIRN_EXPORT cairn_status cairn_model_tensor_info(cairn_model_reader *r, size_t 
                                                   cairn_dtype *dtype, int *ndim, int64_t shape[CAIRN_MAX_DIMS],
                                                   size_t *nbytes);
 /* Copies tensor `name` into dst (dst_bytes must equal its size). kind CAIRN_MEM_CUDA: dst is device
- * memory (CAIRN_ERR_UNAVAILABLE when built without CUDA). */
+ * memory (docs/gpu.md): when the daemon has an HBM tier the tensor is promoted there and copied
+ * device-to-device (with the emulated backend, dst is memory of this process); otherwise, when this
+ * library has CUDA and the process sees a GPU, copied from the arena; otherwise
+ * CAIRN_ERR_UNAVAILABLE, naming both reasons. */
 CAIRN_EXPORT cairn_status cairn_model_read_tensor(cairn_model_reader *r, const char *name, void *dst,
                                                   size_t dst_bytes, cairn_memkind kind);
 /* A zero-copy, read-only view of tensor `name` in the daemon's shared arena, valid until
  * cairn_model_close(r); the tensor cannot move or be evicted meanwhile. */
 CAIRN_EXPORT cairn_status cairn_model_map_tensor(cairn_model_reader *r, const char *name, const void **data,
                                                  size_t *nbytes);
+/* A zero-copy, read-only view of tensor `name` in the daemon's HBM tier on `device` (-1: the daemon's
+ * first HBM device): *ptr is a device pointer in this process (the slab holding the tensor is
+ * mapped through its CUDA IPC handle, or the emulated device's segment), valid until
+ * cairn_model_close(r); the tensor cannot move or be evicted meanwhile, and a process that dies
+ * holding it leaks nothing. The tensor is promoted into HBM first when it is not there.
+ * CAIRN_ERR_UNAVAILABLE when the daemon has no HBM tier; CAIRN_ERR_NO_SPACE when the device's pool
+ * is held by other device leases. */
+CAIRN_EXPORT cairn_status cairn_model_map_tensor_device(cairn_model_reader *r, const char *name, int device,
+                                                        const void **ptr, size_t *nbytes);
 /* Maps `count` tensors with one request to the daemon (data[i], nbytes[i] for names[i]); all or
  * nothing. Loading a whole model this way costs one round trip instead of one per tensor. */
 CAIRN_EXPORT cairn_status cairn_model_map_tensors(cairn_model_reader *r, size_t count, const char *const *names,

@@ -103,6 +103,11 @@ class Writer {
     return Status::from(cairn_model_add_tensor(w_, name.c_str(), data, dtype, static_cast<int>(shape.size()),
                                                shape.data()));
   }
+  // From device memory (cairn_model_add_tensor_device): copied before it returns.
+  Status add_device(const std::string& name, const void* data, cairn_dtype dtype, const std::vector<int64_t>& shape) {
+    return Status::from(cairn_model_add_tensor_device(w_, name.c_str(), data, dtype, static_cast<int>(shape.size()),
+                                                      shape.data()));
+  }
   Status inherit(const std::string& name) { return Status::from(cairn_model_inherit_tensor(w_, name.c_str())); }
   Status set_architecture(const std::string& graph_json) {
     return Status::from(cairn_model_set_architecture(w_, graph_json.c_str()));
@@ -178,6 +183,14 @@ class Reader {
   Result<View> map(const std::string& name) {
     View v;
     Status s = Status::from(cairn_model_map_tensor(r_, name.c_str(), &v.data, &v.nbytes));
+    if (!s) return s;
+    return v;
+  }
+  // A read-only device pointer into the daemon's HBM tier (cairn_model_map_tensor_device), valid
+  // while this Reader lives; device -1: the daemon's first.
+  Result<View> map_device(const std::string& name, int device = -1) {
+    View v;
+    Status s = Status::from(cairn_model_map_tensor_device(r_, name.c_str(), device, &v.data, &v.nbytes));
     if (!s) return s;
     return v;
   }

@@ -1,0 +1,138 @@
+// Device memory in the client (docs/gpu.md): reads into device buffers, zero-copy device views of
+// tensors in the daemon's HBM tier, and tensors added from device memory.
+//
+// Which way bytes go depends on the daemon and on this process:
+//   - the daemon has an HBM tier (it said so in hello): tensors are leased on a device
+//     (lease_device), the slab holding them is mapped once per connection through its IPC handle,
+//     and a read copies device-to-device from there;
+//   - it has none, but this library has CUDA and the process sees a GPU: a read copies
+//     host-to-device from the arena (a pinned, registered mapping in the daemon; pageable here);
+//   - neither: kUnavailable, naming both reasons.
+#include <cstring>
+
+#include "api/cpp/client.hpp"
+#include "api/cpp/client_internal.hpp"
+
+namespace cairn {
+
+using nlohmann::json;
+
+Result<hbm::DeviceMapper*> Client::device_path(const std::string& what) {
+  if (mapper_) return mapper_.get();
+  if (!hbm_backend_.empty()) {
+    auto m = hbm::open_mapper(hbm_backend_);
+    if (!m.is_ok())
+      return m.status().with_context(what + ": the daemon on " + address_ + " keeps its HBM tier on backend '" +
+                                     hbm_backend_ + "', which this process cannot use");
+    mapper_ = std::move(m).value();
+    return mapper_.get();
+  }
+  auto m = hbm::open_mapper("cuda");
+  if (!m.is_ok())
+    return unavailable(what + " (CAIRN_MEM_CUDA) needs device memory, and there is none: the daemon on " + address_ +
+                       " has no HBM tier (tiers.hbm.capacity is 0; tiers.hbm.backend: emulated works without a GPU), "
+                       "and this process cannot copy to a GPU itself (" + m.status().message() +
+                       "); read into host memory (CAIRN_MEM_HOST) instead");
+  mapper_ = std::move(m).value();
+  return mapper_.get();
+}
+
+Result<uint8_t*> Client::map_slab(const std::string& handle, uint64_t size) {
+  if (auto it = slabs_.find(handle); it != slabs_.end()) return it->second.first;
+  CAIRN_ASSIGN_OR_RETURN(hbm::DeviceMapper * m, device_path("mapping a device slab"));
+  CAIRN_ASSIGN_OR_RETURN(void* p, m->open(handle, size));
+  slabs_[handle] = {static_cast<uint8_t*>(p), size};
+  return static_cast<uint8_t*>(p);
+}
+
+Result<std::pair<uint64_t, const uint8_t*>> ModelReader::lease_device(const std::string& name, int device) {
+  if (!find(name)) return not_found("model '" + id_ + "' has no tensor '" + name + "'");
+  if (client_.hbm_backend().empty())
+    return unavailable("tensor '" + name + "' of model '" + id_ + "' cannot be mapped on a device: the daemon on " +
+                       client_.address() + " has no HBM tier (tiers.hbm.capacity is 0; docs/gpu.md); read it into "
+                       "host memory, or configure tiers.hbm");
+  json req{{"op", "lease_device"}, {"id", id_}, {"tensors", json::array({name})}};
+  if (device >= 0) req["device"] = device;
+  CAIRN_ASSIGN_OR_RETURN(json r, client_.call(req));
+  const json& ls = r.value("leases", json::array());
+  if (ls.size() != 1) return protocol_error("daemon answered a device lease with the wrong number of tensors");
+  const json& l = ls[0];
+  const uint64_t lid = l.value("lease", uint64_t{0});
+  if (r.value("created_ns", int64_t{0}) != created_ns_) {
+    (void)client_.release({lid});
+    client_.forget_model(id_);
+    return not_found("model '" + id_ + "' is no longer the model this reader opened (it was deleted and its id " +
+                     "committed again); open it again");
+  }
+  const uint64_t slab = l.value("slab_bytes", uint64_t{0}), off = l.value("offset", uint64_t{0}),
+                 n = l.value("nbytes", uint64_t{0});
+  if (off > slab || n > slab - off) {
+    (void)client_.release({lid});
+    return protocol_error("daemon leased a device range outside its slab");
+  }
+  auto base = client_.map_slab(l.value("handle", std::string()), slab);
+  if (!base.is_ok()) {
+    (void)client_.release({lid});
+    return base.status().with_context("tensor '" + name + "'");
+  }
+  return std::make_pair(lid, static_cast<const uint8_t*>(*base + off));
+}
+
+Result<std::span<const uint8_t>> ModelReader::map_device(const std::string& name, int device) {
+  CAIRN_ASSIGN_OR_RETURN(auto leased, lease_device(name, device));
+  held_.push_back(leased.first);
+  return std::span<const uint8_t>(leased.second, find(name)->nbytes);
+}
+
+Status ModelReader::read_to_device(const std::string& name, void* dst, uint64_t dst_bytes) {
+  CAIRN_RETURN_IF_ERROR(check_buffer(name, dst_bytes));
+  CAIRN_ASSIGN_OR_RETURN(hbm::DeviceMapper * dev, client_.device_path("reading tensor '" + name + "'"));
+  const int device = dev->device_of(dst);
+  if (!client_.hbm_backend().empty()) {
+    // From the HBM tier: promoted there if it is not yet, then one device-to-device copy. The
+    // destination's device when the daemon keeps it, else the daemon's first.
+    int on = -1;
+    for (int d : client_.hbm_devices())
+      if (d == device) on = d;
+    CAIRN_ASSIGN_OR_RETURN(auto leased, lease_device(name, on));
+    Status st = dev->copy(device, dst, leased.second, dst_bytes, hbm::CopyKind::kDeviceToDevice);
+    client_.release_later(leased.first);
+    if (!st.is_ok()) return st.with_context("copying tensor '" + name + "' on the device");
+    return Status::ok();
+  }
+  CAIRN_ASSIGN_OR_RETURN(auto leased, lease({name}, false));
+  auto* out = static_cast<uint8_t*>(dst);
+  Status st;
+  for (const auto& [off, len] : leased[0].extents) {
+    st = dev->copy(device, out, client_.arena() + off, len, hbm::CopyKind::kHostToDevice);
+    if (!st.is_ok()) {
+      st = st.with_context("copying tensor '" + name + "' to the GPU");
+      break;
+    }
+    out += len;
+  }
+  client_.release_later(leased[0].lease);
+  return st;
+}
+
+Status ModelWriter::add_tensor_device(const std::string& name, const void* data, DType dtype,
+                                      const std::vector<int64_t>& shape) {
+  CAIRN_RETURN_IF_ERROR(check_name(name));
+  uint64_t n;
+  CAIRN_RETURN_IF_ERROR(client_detail::check_shape(dtype, shape, &n).with_context("tensor '" + name + "'"));
+  if (n > 0 && data == nullptr) return invalid_argument("tensor '" + name + "': data is NULL");
+  CAIRN_ASSIGN_OR_RETURN(hbm::DeviceMapper * dev, client_.device_path("adding tensor '" + name + "' from device memory"));
+  CAIRN_ASSIGN_OR_RETURN(Client::Space sp, space_for(n));
+  // Device-to-host straight into the arena space: once this returns the caller may reuse its buffer.
+  Status st = n ? dev->copy(dev->device_of(data), sp.data, data, n, hbm::CopyKind::kDeviceToHost) : Status::ok();
+  if (!st.is_ok()) {
+    client_.spaces_to_free_.push_back(sp.id);
+    return st.with_context("copying tensor '" + name + "' from the device");
+  }
+  spaces_.push_back(sp.id);
+  tensors_.push_back(json{{"name", name}, {"dtype", dtype_name(dtype)}, {"shape", client_detail::shape_json(shape)}, {"space", sp.id}});
+  names_[name] = true;
+  return Status::ok();
+}
+
+}  // namespace cairn
