@@ -50,7 +50,6 @@ struct Config {
     std::string timeout = "10s";    // a peer silent this long is gone: "500ms", "10s"
   } peers;
   struct {
-  struct {
     bool enabled = false;           // the near-data compute worker (docs/near.md)
     std::string python;             // "" = $CAIRN_PYTHON, else the build's Python, else python3
     std::string listen;             // "" = only <socket>.compute; "HOST:PORT" also TCP (other nodes)
@@ -58,6 +57,7 @@ struct Config {
     uint64_t cache = 0;             // activation cache budget; 0 = a quarter of the DRAM arena
     std::string start_timeout = "60s";
   } compute;
+  struct {
     std::string level = "info";     // trace | debug | info | warn | error | off
     std::string file;               // "" = stderr
   } log;

@@ -51,9 +51,6 @@ const std::vector<Key>& schema() {
        .field = [](Config& c) -> Field { return &c.peers.expect; },
        .max_size = 1u << 20},
       {.path = "peers.timeout", .field = [](Config& c) -> Field { return &c.peers.timeout; }},
-      {.path = "log.level",
-       .field = [](Config& c) -> Field { return &c.log.level; },
-       .choices = {"trace", "debug", "info", "warn", "error", "off"}},
       {.path = "compute.enabled", .field = [](Config& c) -> Field { return &c.compute.enabled; }},
       {.path = "compute.python", .field = [](Config& c) -> Field { return &c.compute.python; }},
       {.path = "compute.listen", .field = [](Config& c) -> Field { return &c.compute.listen; }},
@@ -63,6 +60,9 @@ const std::vector<Key>& schema() {
       {.path = "compute.cache", .field = [](Config& c) -> Field { return &c.compute.cache; }},
       {.path = "compute.start_timeout",
        .field = [](Config& c) -> Field { return &c.compute.start_timeout; }},
+      {.path = "log.level",
+       .field = [](Config& c) -> Field { return &c.log.level; },
+       .choices = {"trace", "debug", "info", "warn", "error", "off"}},
       {.path = "log.file", .field = [](Config& c) -> Field { return &c.log.file; }},
   };
   return kKeys;

@@ -166,9 +166,12 @@ Engine::Engine(Config config, std::unique_ptr<Repository> repo, std::unique_ptr<
                                                 config_.tiers.nvme.path, recovery_, gc_mu_, prefetcher_.get(),
                                                 &remote_});
   queries_ = std::make_unique<CatalogQueries>(catalog_, *models_, prefetcher_.get());
+  compute_ = std::make_unique<ComputeWorker>(config_, config_.socket.empty() ? wire::default_socket_path()
+                                                                             : config_.socket);
 }
 
 Engine::~Engine() {
+  compute_->stop();  // first: the worker is a client of this daemon
   if (peers_) peers_->stop_staging();  // other members' `prefetch --all` read through reads_
   if (watch_) watch_->stop();
   prefetcher_->stop();
@@ -178,12 +181,9 @@ Engine::~Engine() {
     CAIRN_LOG_WARN("exiting with parts of multi-part models held here that did not reach the repository");
   drain();
   flusher_->stop();
-  compute_ = std::make_unique<ComputeWorker>(config_, config_.socket.empty() ? wire::default_socket_path()
-                                                                             : config_.socket);
   named_.stop();
   tickets_.stop();
   if (group_parts_) group_parts_->stop();
-  compute_->stop();  // first: the worker is a client of this daemon
   tiers_.reset();
   if (nvme_) {
     Status st = nvme_->close();
@@ -245,6 +245,8 @@ const std::vector<Engine::Op>& Engine::table() {
          return out;
        }},
       {"query", [](Engine& e, Session&, const json& r, B&) { return e.queries_->query(r); }},
+      // the near-data compute worker (compute.cpp)
+      {"compute", [](Engine& e, Session&, const json& r, B&) { return e.compute_->attach(r); }},
       // hints (prefetcher.cpp)
       {"hint", [](Engine& e, Session&, const json& r, B&) { return e.prefetcher_->hint(r); }},
   };
@@ -258,8 +260,6 @@ std::vector<std::string> Engine::ops() {
   return out;
 }
 
-      // the near-data compute worker (compute.cpp)
-      {"compute", [](Engine& e, Session&, const json& r, B&) { return e.compute_->attach(r); }},
 Result<json> Engine::dispatch(Session& s, const std::string& op, const json& req, std::vector<uint8_t>& blob) {
   for (const Op& o : table())
     if (op == o.name) return o.handler(*this, s, req, blob);

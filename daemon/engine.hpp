@@ -155,8 +155,8 @@ class Engine {
   std::unique_ptr<Admin> admin_;
   std::unique_ptr<CatalogQueries> queries_;
   std::unique_ptr<RepositoryWatch> watch_;
+  std::unique_ptr<ComputeWorker> compute_;  // the near-data worker's supervisor (compute.enabled)
   std::atomic<uint64_t> next_session_{1};
 };
 
-  std::unique_ptr<ComputeWorker> compute_;  // the near-data worker's supervisor (compute.enabled)
 }  // namespace cairn
