@@ -87,6 +87,8 @@ class DeviceMapper {
   virtual int device_of(const void* p) = 0;
 };
 
+// Whether this build has the CUDA backend (CAIRN_WITH_CUDA).
+bool cuda_compiled();
 // The backends compiled into this build: {"emulated"} or {"emulated", "cuda"}.
 std::vector<std::string> backends();
 

@@ -12,6 +12,5 @@ Result<std::unique_ptr<Device>> open_emulated_device(int ordinal);
 std::unique_ptr<DeviceMapper> open_emulated_mapper();
 Result<std::unique_ptr<Device>> open_cuda_device(int ordinal);
 Result<std::unique_ptr<DeviceMapper>> open_cuda_mapper();
-bool cuda_compiled();
 
 }  // namespace cairn::hbm
