@@ -8,6 +8,8 @@
 //   - it has none, but this library has CUDA and the process sees a GPU: a read copies
 //     host-to-device from the arena (a pinned, registered mapping in the daemon; pageable here);
 //   - neither: kUnavailable, naming both reasons.
+// A read into a device buffer whose lease_device finds the pool held by other leases (kNoSpace) copies
+// from the arena instead, so it still succeeds.
 #include <cstring>
 
 #include "api/cpp/client.hpp"
@@ -94,11 +96,15 @@ Status ModelReader::read_to_device(const std::string& name, void* dst, uint64_t 
     int on = -1;
     for (int d : client_.hbm_devices())
       if (d == device) on = d;
-    CAIRN_ASSIGN_OR_RETURN(auto leased, lease_device(name, on));
-    Status st = dev->copy(device, dst, leased.second, dst_bytes, hbm::CopyKind::kDeviceToDevice);
-    client_.release_later(leased.first);
-    if (!st.is_ok()) return st.with_context("copying tensor '" + name + "' on the device");
-    return Status::ok();
+    auto leased = lease_device(name, on);
+    if (leased.is_ok()) {
+      Status st = dev->copy(device, dst, leased->second, dst_bytes, hbm::CopyKind::kDeviceToDevice);
+      client_.release_later(leased->first);
+      if (!st.is_ok()) return st.with_context("copying tensor '" + name + "' on the device");
+      return Status::ok();
+    }
+    // The device's pool is held by leases: the copy still works, from the arena.
+    if (leased.status().code() != StatusCode::kNoSpace) return leased.status();
   }
   CAIRN_ASSIGN_OR_RETURN(auto leased, lease({name}, false));
   auto* out = static_cast<uint8_t*>(dst);
