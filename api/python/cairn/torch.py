@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from . import _dtypes, _errors, _ffi
+from . import client as _client_module
 from .client import Client, Ticket, connect
 
 __all__ = ["save", "load", "architecture", "transfer", "default_client"]
@@ -227,6 +228,52 @@ def _cuda_state(c: Client, id: str, device: torch.device) -> Optional[Dict[str, 
     return out
 
 
+class _DeviceView:
+    """``nbytes`` of device memory at ``ptr`` as a CUDA array (``__cuda_array_interface__``, read-only),
+    holding the reader's device leases (client._Lease: the reader is closed, and the leases released,
+    when the last tensor is gone); torch.as_tensor keeps it alive as long as the tensor."""
+
+    def __init__(self, ptr: int, nbytes: int, leases: Any):
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, True),
+                                         "strides": None, "version": 3, "stream": None}
+        self._leases = leases
+
+
+def _hbm_backend(c: Client) -> Optional[str]:
+    """The daemon's HBM tier backend ("cuda", "emulated"), or None when it has none."""
+    tier = c.stats().get("tiers", {}).get("hbm", {})
+    return tier.get("backend") if tier.get("enabled") else None
+
+
+def _hbm_state(c: Client, id: str, device: torch.device) -> Dict[str, torch.Tensor]:
+    """Model ``id`` as tensors that alias the daemon's copies in its HBM tier on ``device``
+    (cairn_model_map_tensor_device: zero-copy through CUDA IPC), read-only; the device leases last
+    as long as the tensors (docs/gpu.md)."""
+    conn, lib = c._conn, c._lib
+    out: Dict[str, torch.Tensor] = {}
+    with conn.op() as h:
+        r = ctypes.c_void_p()
+        st = lib.cairn_model_open(h, id.encode("utf-8"), ctypes.byref(r))
+        if st != 0:
+            raise _errors.last_error(st)
+        conn.open_readers.add(r.value)  # type: ignore[arg-type]
+        leases = _client_module._Lease(conn, r.value)  # type: ignore[arg-type]
+        infos = list(c._reader_infos(r))
+        for name, dt, shape, nbytes in infos:
+            tdtype = _torch_dtype(dt, f"tensor {name!r}")
+            if not nbytes:
+                out[name] = torch.empty(shape, dtype=tdtype, device=device)
+                continue
+            ptr, n = ctypes.c_void_p(), ctypes.c_size_t()
+            st = lib.cairn_model_map_tensor_device(r, name.encode("utf-8"), device.index, ctypes.byref(ptr),
+                                                   ctypes.byref(n))
+            if st != 0:
+                raise _errors.last_error(st)
+            raw = torch.as_tensor(_DeviceView(ptr.value, n.value, leases), device=device)
+            out[name] = raw.view(tdtype).reshape(shape)
+    return out
+
+
 _cuda_in_library: Optional[bool] = None  # learnt on the first CUDA load
 
 
@@ -235,6 +282,8 @@ def _state(c: Client, id: str, device: Optional[torch.device]) -> Dict[str, torc
     if device is not None and device.type == "cuda" and torch.cuda.is_available() and _cuda_in_library is not False:
         if device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
+        if _hbm_backend(c) == "cuda":
+            return _hbm_state(c, id, device)
         got = _cuda_state(c, id, device)
         _cuda_in_library = got is not None
         if got is not None:
@@ -258,9 +307,12 @@ def load(
     """Model ``id`` as a state dict of tensors that own their memory (the model's tensor order), or,
     with ``module``, loaded into it (``load_state_dict``, strict by default) and the module returned.
 
-    ``device``: where the tensors (and the module, moved first) go. A CUDA device is filled straight
-    from the daemon's shared memory through the C API's CUDA memkind when libcairn has CUDA, else
-    through host memory. bf16 tensors come back as torch.bfloat16.
+    ``device``: where the tensors (and the module, moved first) go. When the daemon has a CUDA HBM
+    tier (docs/gpu.md), a state dict loaded onto a CUDA device aliases the daemon's copies in GPU
+    memory (no copy at all; read-only; the device leases last as long as the tensors; a module
+    copies from them). Otherwise a CUDA device is filled straight from the daemon's shared memory
+    through the C API's CUDA memkind when libcairn has CUDA, else through host memory. bf16 tensors
+    come back as torch.bfloat16.
     """
     c = _client(client)
     dev = torch.device(device) if device is not None else None
