@@ -482,6 +482,36 @@ def run_coupled(quick: bool, work: Path) -> List[Dict[str, Any]]:
     return rows
 
 
+def run_gpu(quick: bool, work: Path) -> List[Dict[str, Any]]:
+    """The GPU tier (bench/workloads/gpu_bench.py, docs/gpu.md): loads into device memory, HBM hits
+    and checkpoints from the device against plain CUDA / torch.save. Skipped without a GPU."""
+    out = work / "gpu.json"
+    log = work / "gpu.log"
+    with open(log, "w") as lf:
+        r = subprocess.run([PY, str(ROOT / "bench/workloads/gpu_bench.py"), *(["--quick"] if quick else []),
+                            "--json", str(out)], stdout=subprocess.PIPE, stderr=lf, text=True, env=_cairn_env(),
+                           cwd=str(ROOT), timeout=1800)
+    if r.returncode == 3:
+        raise Skipped(r.stdout.strip().splitlines()[-1] if r.stdout.strip() else "no GPU here")
+    if r.returncode != 0:
+        raise RuntimeError(f"gpu_bench.py exited with {r.returncode}:\n" + "\n".join(log.read_text().splitlines()[-15:]))
+    d = json.loads(out.read_text())
+    mib = d["bytes"] >> 20
+    rows = [
+        ratio("gpu", f"load a {mib} MiB tensor into device memory (HBM miss: arena -> HBM -> caller), bandwidth",
+              d["bytes"] / d["miss_s"] / 1e9, "cudaMemcpy from pinned memory", d["bytes"] / d["pinned_copy_s"] / 1e9,
+              "GB/s", "higher", goal=">= 0.9"),
+        ratio("gpu", f"HBM hit: a new reader maps a {mib} MiB tensor on the device (open, map, close)", d["hit_map_s"],
+              "device-to-device copy", d["d2d_copy_s"], "s", "lower", goal="< 1"),
+    ]
+    if "checkpoint" in d:
+        k = d["checkpoint"]
+        rows.append(ratio("gpu", f"checkpoint of {k['params'] / 1e6:.0f}M float32 parameters on the device: time the "
+                          "caller blocks", k["cairn_blocking_s"], "torch.save", k["torch_save_s"], "s", "lower",
+                          goal="<= 0.1"))
+    return rows
+
+
 COMPONENTS: List[tuple] = [
     ("micro", run_micro, "Google Benchmark micro benchmarks (bench/micro)"),
     ("tiers", run_tiers, "blocking commits, NVMe reads, DRAM hits (bench/workloads/tiering_bench.cpp)"),
@@ -498,6 +528,8 @@ COMPONENTS: List[tuple] = [
     ("peers", run_peers, "the daemons of a job as one cache over libfabric: peer stream, ensemble loads, "
      "simulated 16 to 4,096 nodes (bench/workloads/peers_bench.py)"),
     ("mpi", run_mpi, "data-parallel checkpoints and restarts over 1, 2, 4 MPI ranks (bench/workloads/mpi_bench.py)"),
+    ("gpu", run_gpu, "the GPU tier: loads into device memory, HBM hits, checkpoints from the device "
+     "(bench/workloads/gpu_bench.py; skipped without a GPU)"),
     ("coupled", run_coupled, "the coupled example (MPI heat simulation + online PyTorch trainer) over cairn and over "
      "Redis on 2 ranks (bench/workloads/coupled_bench.py)"),
 ]
