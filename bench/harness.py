@@ -482,6 +482,21 @@ def run_coupled(quick: bool, work: Path) -> List[Dict[str, Any]]:
     return rows
 
 
+def run_near(quick: bool, work: Path) -> List[Dict[str, Any]]:
+    """Near-data feature extraction over a shaped veth link between two network namespaces
+    (bench/workloads/near_bench.py): bytes and epoch time against vanilla, the chosen split against
+    every split, and a NAS run sharing cached activations."""
+    if os.geteuid() != 0:
+        raise Skipped("needs root (network namespaces and tc)")
+    _need("tc", debian="iproute2")
+    out = work / "near.json"
+    _run([PY, str(ROOT / "bench/workloads/near_bench.py"), *(["--quick"] if quick else []), "--json", str(out)],
+         work / "near.log", env=_cairn_env(), timeout=3600)
+    sys.path.insert(0, str(ROOT / "bench" / "workloads"))
+    from near_bench import harness_rows  # noqa: PLC0415 - the rows live beside the workload
+    return harness_rows(json.loads(out.read_text()), ratio, quick)
+
+
 def run_gpu(quick: bool, work: Path) -> List[Dict[str, Any]]:
     """The GPU tier (bench/workloads/gpu_bench.py, docs/gpu.md): loads into device memory, HBM hits
     and checkpoints from the device against plain CUDA / torch.save. Skipped without a GPU."""
@@ -532,6 +547,8 @@ COMPONENTS: List[tuple] = [
      "(bench/workloads/gpu_bench.py; skipped without a GPU)"),
     ("coupled", run_coupled, "the coupled example (MPI heat simulation + online PyTorch trainer) over cairn and over "
      "Redis on 2 ranks (bench/workloads/coupled_bench.py)"),
+    ("near", run_near, "near-data feature extraction: the frozen prefix run by the storage side's worker over a "
+     "shaped link, against shipping raw images (bench/workloads/near_bench.py)"),
 ]
 
 

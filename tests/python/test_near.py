@@ -206,7 +206,21 @@ def test_cost_model():
     # A slow worker and a fast link: vanilla.
     b4 = dict(base, worker=[1.0] * 4)
     assert near.choose_split(out_bytes=[1000] * 5, bandwidth=1e12, **b4).split == 0
+    # Told 5 epochs, the cost model weighs in the cache: computing split 4 once and reading it four
+    # times beats split 3's balance (per epoch: (4 + 4 x 0.1) / 5 ms against (3 + 4 x 1.1) / 5 ms).
+    many = near.choose_split(out_bytes=[150_000, 800_000, 400_000, 50_000, 8_000], bandwidth=125e6, epochs=5, **base)
+    assert many.split == 4 and abs(many.estimate - (4e-3 + 4 * 1e-4) / 5) < 1e-12
+    # ... unless the activations would not fit the cache: then every epoch pays the worker again.
+    assert near.choose_split(out_bytes=[150_000, 800_000, 400_000, 50_000, 8_000], bandwidth=125e6, epochs=5,
+                             samples=1000, cache_bytes=1_000_000, **base).split == 3
     assert near.worker_batch(memory=1000, free=10_000, fixed=100, per_sample=30, cap=64) == 30
+    # Told 5 epochs, the cost model weighs in the cache: computing split 4 once and reading it four
+    # times beats split 3's balance (per epoch: (4 + 4 x 0.1) / 5 ms against (3 + 4 x 1.1) / 5 ms).
+    many = near.choose_split(out_bytes=[150_000, 800_000, 400_000, 50_000, 8_000], bandwidth=125e6, epochs=5, **base)
+    assert many.split == 4 and abs(many.estimate - (4e-3 + 4 * 1e-4) / 5) < 1e-12
+    # ... unless the activations would not fit the cache: then every epoch pays the worker again.
+    assert near.choose_split(out_bytes=[150_000, 800_000, 400_000, 50_000, 8_000], bandwidth=125e6, epochs=5,
+                             samples=1000, cache_bytes=1_000_000, **base).split == 3
     assert near.worker_batch(memory=1000, free=10_000, fixed=2000, per_sample=30, cap=64) == 1
 
 
@@ -249,3 +263,19 @@ def test_the_worker_answers_garbage_with_an_error_and_lives_on(stack):
     with pytest.raises(near.NearError, match="missing field"):
         near.request(path, {"op": "profile"})
     assert near.request(path, {"op": "hello"})["pid"] > 0
+
+
+def test_dropped_activations_are_computed_again(stack):
+    d, c, m = stack
+    list(near.features("r18", "imgs", split=8, client=c, module=m))
+    again = near.features("r18", "imgs", split=8, client=c, module=m)
+    first = [a for a, _ in again]
+    assert again.stats["cached"] == 4
+    assert near.drop_cache(client=c) >= 4
+    s = near.features("r18", "imgs", split=8, client=c, module=m)
+    second = [a for a, _ in s]
+    assert s.stats["computed"] == 4 and s.stats["cached"] == 0
+    assert all(torch.equal(x, y) for x, y in zip(first, second))
+    sig = near.spec_of(c, "r18")["signatures"][8][:20]
+    live = [x["id"] for x in c.list() if x["id"].startswith("cairn-act-" + sig)]
+    assert len(live) == 4  # the new generation only: the dropped models are removed

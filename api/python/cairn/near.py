@@ -200,7 +200,8 @@ class Plan:
 
 def choose_split(*, worker: Sequence[float], trainer: Sequence[float], head: float, out_bytes: Sequence[int],
                  bandwidth: float, frozen: int, mem_fixed: Sequence[int], mem_per_sample: Sequence[int],
-                 memory: int, cached: Sequence[bool] = ()) -> Plan:
+                 memory: int, cached: Sequence[bool] = (), epochs: int = 1, samples: int = 0,
+                 cache_bytes: int = 0) -> Plan:
     """The split k in [0, frozen] that minimises the estimated time per sample.
 
     ``worker[i]`` / ``trainer[i]``: seconds per sample of layer i's forward pass on each side;
@@ -209,7 +210,12 @@ def choose_split(*, worker: Sequence[float], trainer: Sequence[float], head: flo
     ``bandwidth``: bytes/s of the link; ``mem_fixed[k] + b * mem_per_sample[k]``: the worker's memory
     for a batch of b at split k, which must fit ``memory`` for b >= 1; ``cached[k]``: activations at
     k are already stored (no worker compute). Requests are pipelined, so a sample costs the slowest
-    of the three stages: max(worker, link, trainer)."""
+    of the three stages: max(worker, link, trainer).
+
+    ``epochs``: passes the trainer will make over the dataset. After the first, the activations at
+    k are cached (when ``samples * out_bytes[k]`` fits ``cache_bytes``; 0 = assume they fit), so
+    later epochs cost max(link, trainer) -- cairn's cache, which HAPI does not have, can make a
+    split past the balanced one pay off. The estimate is the mean time per sample and epoch."""
     if not 0 <= frozen < len(out_bytes):
         raise ValueError(f"frozen={frozen} with {len(out_bytes)} split points")
     best: Optional[Tuple[float, int]] = None
@@ -220,7 +226,9 @@ def choose_split(*, worker: Sequence[float], trainer: Sequence[float], head: flo
         n = out_bytes[k] / bandwidth if bandwidth > 0 else 0.0
         t = float(sum(trainer[k:frozen])) + head
         fits = k == 0 or is_cached or mem_fixed[k] + mem_per_sample[k] <= memory
-        est = max(w, n, t)
+        keeps = k > 0 and (cache_bytes <= 0 or samples * out_bytes[k] <= cache_bytes)
+        later = max(n, t) if keeps else max(w, n, t)
+        est = (max(w, n, t) + (max(1, epochs) - 1) * later) / max(1, epochs)
         table.append({"split": k, "worker_s": w, "link_s": n, "trainer_s": t, "estimate_s": est,
                       "bytes": int(out_bytes[k]), "fits": fits, "cached": is_cached})
         if fits and (best is None or est < best[0] * (1 - 1e-9) or (abs(est - best[0]) <= 1e-12 and out_bytes[k] <
@@ -237,12 +245,14 @@ def worker_batch(memory: int, free: int, fixed: int, per_sample: int, cap: int) 
     return max(1, min(cap, room // max(1, per_sample)))
 
 
-def profile_layers(ls: Sequence[nn.Module], x: torch.Tensor, repeats: int = 2) -> Tuple[List[float], List[int]]:
-    """Seconds per sample of each layer's forward pass (the best of ``repeats`` after a warm-up) and
-    the bytes per sample of each layer's output, on input batch ``x``."""
+def profile_layers(ls: Sequence[nn.Module], x: torch.Tensor,
+                   repeats: int = 1) -> Tuple[List[float], List[int], torch.Tensor]:
+    """Seconds per sample of each layer's forward pass (the best of ``repeats`` after a warm-up),
+    the bytes per sample of each layer's output, and the last layer's output, on input batch ``x``."""
     n = x.shape[0]
     times = [float("inf")] * len(ls)
     sizes = [0] * len(ls)
+    y = x
     with torch.inference_mode():
         for r in range(repeats + 1):
             y = x
@@ -253,7 +263,7 @@ def profile_layers(ls: Sequence[nn.Module], x: torch.Tensor, repeats: int = 2) -
                 if r > 0:
                     times[i] = min(times[i], dt / n)
                 sizes[i] = y.element_size() * y[0].numel()
-    return times, sizes
+    return times, sizes, y
 
 
 def memory_model(ls: Sequence[nn.Module], in_bytes: int, sizes: Sequence[int]) -> Tuple[List[int], List[int]]:
@@ -307,6 +317,12 @@ def worker_stats(client: Optional[Client] = None, address: Optional[str] = None)
     return request(addr, {"op": "stats"})
 
 
+def drop_cache(signature: str = "", client: Optional[Client] = None, address: Optional[str] = None) -> int:
+    """Removes the worker's cached activations of the prefix ``signature`` ("" = all); returns how many."""
+    addr, _ = worker_address(client or connect(), address)
+    return int(request(addr, {"op": "drop", "signature": signature})["dropped"])
+
+
 def _array(view: memoryview, spec: Mapping[str, Any]) -> np.ndarray:
     return np.frombuffer(view, dtype=np.dtype(spec["dtype"])).reshape(spec["shape"])
 
@@ -315,6 +331,9 @@ def _as_tensor(a: np.ndarray) -> torch.Tensor:
     with warnings.catch_warnings():  # arena views are read-only; the tensors must not be written
         warnings.simplefilter("ignore", UserWarning)
         return torch.from_numpy(a)
+
+
+_profiles: Dict[Tuple[str, str, str, str], Dict[str, Any]] = {}
 
 
 class Features:
@@ -327,10 +346,11 @@ class Features:
     def __init__(self, model: str, dataset: str, split: Union[int, str] = "auto", batch: Optional[int] = None, *,
                  shards: Optional[Sequence[int]] = None, prep: Optional[Mapping[str, Any]] = None,
                  client: Optional[Client] = None, address: Optional[str] = None, module: Optional[nn.Module] = None,
-                 depth: int = 2, profile_samples: int = 8, timeout: float = 60.0) -> None:
+                 depth: int = 2, profile_samples: int = 2, timeout: float = 60.0, epochs: int = 1) -> None:
         self.client = client or connect()
         c = self.client
         self.model, self.dataset, self.batch, self.depth = model, dataset, batch, max(1, depth)
+        self.epochs = max(1, int(epochs))
         self.spec = spec_of(c, model)
         self.frozen = int(self.spec["frozen"])
         self.info = _data.info(dataset, c)
@@ -380,11 +400,10 @@ class Features:
         x = torch.zeros((samples, *self.info["x"]["shape"]), dtype=torch.from_numpy(
             np.zeros(0, np.dtype(self.info["x"]["dtype"]))).dtype)
         xin = preprocess(x, self.prep)
-        times, _ = profile_layers(self.layers[:self.frozen], xin)
-        feats = run_layers(self.layers[:self.frozen], xin)
+        times, _, feats = profile_layers(self.layers[:self.frozen], xin)
         head = nn.Sequential(*self.layers[self.frozen:])
         best = float("inf")
-        for r in range(3):
+        for r in range(2):
             t0 = time.perf_counter()
             out = head(feats.clone())
             out.float().sum().backward()
@@ -394,11 +413,12 @@ class Features:
         return times, best
 
     def bandwidth(self) -> float:
-        """The link's bytes/s to the worker, from two timed echoes (0 = shares the arena: no link)."""
+        """The link's bytes/s to the worker, the better of two timed echoes of 1 and 4 MiB (0 = it shares
+        this node's arena: no link)."""
         if self.local or self._sock is None:
             return 0.0
         best = 0.0
-        for size in (4 << 20, 16 << 20):
+        for size in (1 << 20, 4 << 20):
             t0 = time.perf_counter()
             wire.send(self._sock, {"op": "echo", "size": size})
             h, p = wire.recv(self._sock)
@@ -406,23 +426,32 @@ class Features:
         return best
 
     def _choose(self, samples: int) -> int:
+        # The profiles of both sides and the link are measured once per process for a model, dataset
+        # and worker; a later stream only asks which splits are cached now (samples = 0).
+        key = (self.model, self.dataset, self.address, json.dumps(self.prep, sort_keys=True))
+        known = _profiles.get(key)
         try:
             self._sock.settimeout(self.timeout)
-            wire.send(self._sock, {"op": "profile", "model": self.model, "dataset": self.dataset, "samples": samples,
-                                   "prep": self.prep, "shards": self.shards})
+            wire.send(self._sock, {"op": "profile", "model": self.model, "dataset": self.dataset,
+                                   "samples": 0 if known else samples, "prep": self.prep, "shards": self.shards})
             w, _ = wire.recv(self._sock)
             if "error" in w:
                 raise NearError(str(w["error"]))
-            bw = self.bandwidth()
+            if known is None:
+                bw = self.bandwidth()
             self._sock.settimeout(None)
         except (OSError, ConnectionError, wire.ProtocolError) as e:
             self._fail(e)
             return self.frozen
-        trainer, head = self.trainer_profile(samples)
-        self.plan = choose_split(worker=w["seconds"], trainer=trainer, head=head, out_bytes=w["out_bytes"],
-                                 bandwidth=bw, frozen=self.frozen, mem_fixed=w["mem_fixed"],
-                                 mem_per_sample=w["mem_per_sample"], memory=min(w["memory"], w["free"]),
-                                 cached=w["cached"])
+        if known is None:
+            trainer, head = self.trainer_profile(samples)
+            known = _profiles[key] = {**w, "trainer": trainer, "head": head, "bandwidth": bw}
+        n = sum(self.info["sizes"][s] for s in self.shards)
+        self.plan = choose_split(worker=known["seconds"], trainer=known["trainer"], head=known["head"],
+                                 out_bytes=known["out_bytes"], bandwidth=known["bandwidth"], frozen=self.frozen,
+                                 mem_fixed=known["mem_fixed"], mem_per_sample=known["mem_per_sample"],
+                                 memory=min(known["memory"], w["free"]), cached=w["cached"], epochs=self.epochs,
+                                 samples=n, cache_bytes=int(w.get("cache", 0)))
         return self.plan.split
 
     # -- iteration --

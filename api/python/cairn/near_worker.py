@@ -12,6 +12,7 @@ Requests (frames of cairn._near_wire; every reply is one frame unless said):
   features {model, dataset, shards, split, prep, local}
                                  -> one frame per shard, in order, then {done}
   stats                          -> counters (forward passes per prefix and shard, cache hits, bytes)
+  drop {signature}               -> removes the cached activations of a prefix ("" = all)
 """
 from __future__ import annotations
 
@@ -33,14 +34,21 @@ import torch
 from . import _near_wire as wire
 from . import data as _data
 from . import near
-from ._errors import AlreadyExists, NotFound
+from ._errors import NotFound
 from .client import Client, connect
 
 ACT_PREFIX = "cairn-act-"
 
 
 def act_id(sig: str, shard_hash: str, prep: str) -> str:
+    """The cache key of the activations of prefix ``sig`` on a shard with a preprocessing. The model
+    that holds them is ``<key>-<generation>``: a removed model's id stays taken until gc, so
+    activations computed again after a removal are stored under a new generation."""
     return f"{ACT_PREFIX}{sig[:20]}-{shard_hash[:20]}-{prep}"
+
+
+def _key_of(model_id: str) -> str:
+    return model_id.rsplit("-", 1)[0]
 
 
 def free_memory() -> int:
@@ -63,7 +71,8 @@ class Worker:
         self.lock = threading.Lock()  # one computation at a time: the memory budget is the worker's
         self.models: "collections.OrderedDict[str, Tuple[Dict[str, Any], List[torch.nn.Module]]]" = collections.OrderedDict()
         self.mu = threading.Lock()  # the cache index and counters
-        self.acts: "collections.OrderedDict[str, Tuple[str, int]]" = collections.OrderedDict()  # id -> (sig, bytes)
+        # cache key -> (prefix signature, bytes, the model holding them), least recently used first
+        self.acts: "collections.OrderedDict[str, Tuple[str, int, str]]" = collections.OrderedDict()
         self.act_bytes = 0
         c = self.client()
         if cache <= 0:
@@ -73,9 +82,10 @@ class Worker:
         self.counters = collections.Counter()
         self.known: Dict[str, List[str]] = {}  # model id -> its prefix signatures ([] = not near)
         self.last_sweep = 0.0
-        for m in c.list():  # activations a previous worker left
-            if m["id"].startswith(ACT_PREFIX):
-                self.acts[m["id"]] = (m["id"][len(ACT_PREFIX):len(ACT_PREFIX) + 20], int(m.get("bytes", 0)))
+        for m in c.list():  # activations a previous worker left (live ones: removed ones are not listed)
+            mid = m["id"]
+            if mid.startswith(ACT_PREFIX) and _key_of(mid) not in self.acts:
+                self.acts[_key_of(mid)] = (mid[len(ACT_PREFIX):len(ACT_PREFIX) + 20], int(m.get("bytes", 0)), mid)
                 self.act_bytes += int(m.get("bytes", 0))
 
     def client(self) -> Client:
@@ -87,6 +97,9 @@ class Worker:
     # ---- models and the activation cache ----
 
     def prefix(self, model: str, split: int) -> Tuple[Dict[str, Any], List[torch.nn.Module]]:
+        if split == 0:  # the raw inputs: no layer runs here, so the model is not loaded
+            spec = near.spec_of(self.client(), model)
+            return spec, []
         with self.mu:
             got = self.models.get(model)
             if got is not None:
@@ -105,28 +118,44 @@ class Worker:
             raise ValueError(f"split {split} of model {model!r}: it must be in 0..{spec['frozen']} (its frozen layers)")
         return spec, ls[:split]
 
-    def cached(self, c: Client, aid: str) -> bool:
-        with self.mu:
-            if aid in self.acts:
-                self.acts.move_to_end(aid)
-                return True
+    def _load(self, c: Client, key: str) -> Optional[np.ndarray]:
+        """The cached activations of ``key`` (a view of the arena), or None when there are none or
+        they were removed behind the index's back (then they are computed again)."""
+        mid = self.cached(key)
+        if mid is None:
+            return None
         try:
-            c.show(aid)
+            return c.load_model(mid, names=["a"])["a"]
         except NotFound:
-            return False
-        return True
+            with self.mu:
+                if key in self.acts and self.acts[key][2] == mid:
+                    self.act_bytes -= self.acts.pop(key)[1]
+            return None
 
-    def remember(self, c: Client, aid: str, sig: str, nbytes: int) -> None:
+    def cached(self, key: str) -> Optional[str]:
+        """The model holding the activations of ``key``, or None."""
+        with self.mu:
+            got = self.acts.get(key)
+            if got is None:
+                return None
+            self.acts.move_to_end(key)
+            return got[2]
+
+    def remember(self, c: Client, key: str, sig: str, nbytes: int, mid: str) -> None:
         drop = []
         with self.mu:
-            self.acts[aid] = (sig, nbytes)
+            old = self.acts.pop(key, None)
+            if old is not None:
+                self.act_bytes -= old[1]
+                drop.append(old[2])
+            self.acts[key] = (sig, nbytes, mid)
             self.act_bytes += nbytes
             while self.act_bytes > self.cache and len(self.acts) > 1:
-                old, (_, b) = self.acts.popitem(last=False)
+                _, (_, b, victim) = self.acts.popitem(last=False)
                 self.act_bytes -= b
-                drop.append(old)
-        for old in drop:
-            self._remove(c, old, "over compute.cache")
+                drop.append(victim)
+        for victim in drop:
+            self._remove(c, victim, "over compute.cache")
 
     def _remove(self, c: Client, aid: str, why: str) -> None:
         try:
@@ -154,11 +183,11 @@ class Worker:
                 self.known[mid] = [s[:20] for s in spec.get("signatures", [])]
             live.update(self.known[mid])
         with self.mu:
-            dead = [a for a, (sig, _) in self.acts.items() if sig not in live]
-            for a in dead:
-                self.act_bytes -= self.acts.pop(a)[1]
-        for a in dead:
-            self._remove(c, a, "no live model has its prefix")
+            dead = [k for k, (sig, _, _) in self.acts.items() if sig not in live]
+            gone = [self.acts.pop(k) for k in dead]
+            self.act_bytes -= sum(b for _, b, _ in gone)
+        for _, _, mid in gone:
+            self._remove(c, mid, "no live model has its prefix")
 
     # ---- requests ----
 
@@ -172,21 +201,24 @@ class Worker:
         prep = req.get("prep") or near.DEFAULT_PREP
         spec, _ = self.prefix(model, 0)
         frozen = spec["frozen"]
-        _, ls = self.prefix(model, frozen)
-        x, _ = _data.read_shard(c, dataset, 0, labels=False)
-        n = max(1, min(int(req.get("samples", 8)), x.shape[0]))
-        xin = near.preprocess(torch.from_numpy(np.array(x[:n])), prep)
-        with self.lock:
-            times, sizes = near.profile_layers(ls, xin)
-        in_bytes = int(x[0].nbytes)
-        fixed, per = near.memory_model(ls, in_bytes, sizes)
         dinfo = _data.info(dataset, c)
         shards = req.get("shards") or list(range(dinfo["shards"]))
         pk = near.prep_key(prep)
-        cached = [False] + [all(self.cached(c, act_id(spec["signatures"][k], dinfo["hashes"][s], pk)) for s in shards)
-                            for k in range(1, frozen + 1)]
-        return {"frozen": frozen, "seconds": times, "out_bytes": [in_bytes] + sizes, "mem_fixed": fixed,
-                "mem_per_sample": per, "memory": self.memory, "free": free_memory(), "cached": cached}
+        cached = [False] + [all(self.cached(act_id(spec["signatures"][k], dinfo["hashes"][s], pk)) is not None
+                                for s in shards) for k in range(1, frozen + 1)]
+        out = {"frozen": frozen, "memory": self.memory, "free": free_memory(), "cached": cached, "cache": self.cache}
+        samples = int(req.get("samples", 4))
+        if samples <= 0:  # the client has the profile: only what is cached now
+            return out
+        _, ls = self.prefix(model, frozen)
+        x, _ = _data.read_shard(c, dataset, 0, labels=False)
+        xin = near.preprocess(torch.from_numpy(np.array(x[:min(samples, x.shape[0])])), prep)
+        with self.lock:
+            times, sizes, _ = near.profile_layers(ls, xin)
+        in_bytes = int(x[0].nbytes)
+        fixed, per = near.memory_model(ls, in_bytes, sizes)
+        out.update({"seconds": times, "out_bytes": [in_bytes] + sizes, "mem_fixed": fixed, "mem_per_sample": per})
+        return out
 
     def features(self, conn: socket.socket, req: Dict[str, Any]) -> None:
         c = self.client()
@@ -218,42 +250,58 @@ class Worker:
                 payload = [x, y] if y is not None else [x]
                 self._send_arrays(conn, head, payload)
                 continue
-            aid = act_id(sig, dinfo["hashes"][s], pk)
+            sh = dinfo["hashes"][s]
+            key = act_id(sig, sh, pk)
             acts = None
-            if self.cached(c, aid):
+            mid = self.cached(key)
+            if mid is not None and not local:
+                acts = self._load(c, key)
+                if acts is None:
+                    mid = None
+            stored = hit = mid is not None
+            if hit:
                 self.counters["cache_hits"] += 1
                 head["cached"] = True
-                if not local:
-                    acts = c.load_model(aid, names=["a"])["a"]
             else:
                 self.counters["cache_misses"] += 1
-                x, _ = _data.read_shard(c, dataset, s, labels=False)
+                # The longest shorter prefix with cached activations (a NAS candidate that froze
+                # more layers than another): only the layers after it run.
+                start, xin = 0, None
+                for j in range(split - 1, 0, -1):
+                    base = self._load(c, act_id(spec["signatures"][j], sh, pk))
+                    if base is not None:
+                        start, xin = j, torch.from_numpy(np.array(base))
+                        self.counters["partial_hits"] += 1
+                        break
                 with self.lock:
-                    xin = near.preprocess(torch.from_numpy(np.array(x)), prep)
+                    if xin is None:
+                        x, _ = _data.read_shard(c, dataset, s, labels=False)
+                        xin = near.preprocess(torch.from_numpy(np.array(x)), prep)
                     if batch is None:
-                        _, sizes = near.profile_layers(ls, xin[:1], repeats=0)
-                        fixed, per = near.memory_model(ls, int(x[0].nbytes), sizes)
-                        batch = near.worker_batch(self.memory, free_memory(), fixed[-1], per[-1], x.shape[0])
+                        _, sizes, _ = near.profile_layers(ls[start:], xin[:1], repeats=0)
+                        fixed, per = near.memory_model(ls[start:], xin[0].numel(), sizes)
+                        batch = near.worker_batch(self.memory, free_memory(), fixed[-1], per[-1], xin.shape[0])
                     t0 = time.perf_counter()
-                    out = near.run_layers(ls, xin, batch).contiguous()
+                    out = near.run_layers(ls[start:], xin, batch).contiguous()
                     head["compute_s"] = time.perf_counter() - t0
                 with self.mu:
-                    self.forward[f"{sig[:20]}/{dinfo['hashes'][s][:20]}"] += 1
+                    self.forward[f"{sig[:20]}/{sh[:20]}"] += 1
+                    self.counters["layer_passes"] += split - start
                 acts = out.numpy()
+                mid = f"{key}-{os.getpid():x}{time.time_ns():x}"
                 try:
-                    c.save_model(aid, {"a": acts}, durability="memory", wait=True,
+                    c.save_model(mid, {"a": acts}, durability="memory", wait=True,
                                  meta={"cairn.activations": {"signature": sig, "dataset": dataset, "shard": s,
-                                                             "shard_hash": dinfo["hashes"][s], "prep": prep,
+                                                             "shard_hash": sh, "prep": prep,
                                                              "model": model, "split": split}})
-                    self.remember(c, aid, sig[:20], int(acts.nbytes))
-                except AlreadyExists:  # another request computed it at the same time
-                    pass
-                except Exception as e:  # noqa: BLE001 - a full arena: serve it uncached
-                    print(f"cairn near worker: not caching {aid}: {e}", file=sys.stderr)
+                    self.remember(c, key, sig[:20], int(acts.nbytes), mid)
+                    stored = True
+                except Exception as e:  # noqa: BLE001 - a full arena: sent inline, not cached
+                    print(f"cairn near worker: not caching {key}: {e}", file=sys.stderr)
                 head["cached"] = False
             head["batch"] = batch
-            if local:
-                head["model"] = aid
+            if local and stored:
+                head["model"] = mid
                 wire.send(conn, head)
             else:
                 y = _data.read_shard(c, dataset, s, labels=True)[1] if has_y else None
@@ -266,6 +314,17 @@ class Worker:
         sent = wire.send(conn, head, *arrays)
         with self.mu:
             self.counters["bytes_sent"] += sent
+
+    def drop(self, sig: str) -> Dict[str, Any]:
+        """Removes the cached activations of prefix ``sig`` (a prefix of its hex is enough; "" = all)."""
+        c = self.client()
+        with self.mu:
+            keys = [k for k, (s, _, _) in self.acts.items() if s.startswith(sig[:20])]
+            gone = [self.acts.pop(k) for k in keys]
+            self.act_bytes -= sum(b for _, b, _ in gone)
+        for _, _, mid in gone:
+            self._remove(c, mid, "asked to")
+        return {"dropped": len(gone)}
 
     def stats(self) -> Dict[str, Any]:
         with self.mu:
@@ -298,6 +357,8 @@ class Worker:
                         wire.send(conn, self.profile(req))
                     elif op == "stats":
                         wire.send(conn, self.stats())
+                    elif op == "drop":
+                        wire.send(conn, self.drop(str(req.get("signature", ""))))
                     else:
                         raise ValueError(f"unknown near-data request op {op!r}")
                 except (ConnectionError, BrokenPipeError):
