@@ -36,7 +36,8 @@ Result<int> Reads::device_of(const json& req, const char* op) const {
                        "or read into host memory");
   auto d = req.find("device");
   if (d == req.end() || d->is_null()) return hbm_->devices().front();
-  if (!d->is_number_integer()) return invalid_argument(std::string("request '") + op + "': field 'device' must be an integer");
+  if (!d->is_number_integer())
+    return invalid_argument(std::string("request '") + op + "': field 'device' must be an integer");
   const int device = d->get<int>();
   if (!hbm_->has_device(device))
     return invalid_argument("device " + std::to_string(device) + " is not one of this daemon's HBM devices (" +
@@ -70,8 +71,10 @@ Status Reads::place_on_device(const ModelManifest& m, std::span<const TensorMani
       HbmTier::HostExtents src;
       for (const auto& e : pins[k].extents) src.emplace_back(p_.dram.base() + e.offset, e.length);
       auto placed = hbm_->acquire(device, HbmTier::key_of(hashes_of(*missing[k])), src);
-      if (!placed.is_ok()) st = placed.status().with_context("tensor '" + missing[k]->name + "'");
-      else out[missing_at[k]] = *placed, have[missing_at[k]] = 1;
+      if (!placed.is_ok())
+        st = placed.status().with_context("tensor '" + missing[k]->name + "'");
+      else
+        out[missing_at[k]] = *placed, have[missing_at[k]] = 1;
     }
     for (const auto& pt : pins)
       for (const auto& h : pt.pinned) p_.dram.unpin(h);

@@ -33,8 +33,8 @@ Result<hbm::DeviceMapper*> Client::device_path(const std::string& what) {
   if (!m.is_ok())
     return unavailable(what + " (CAIRN_MEM_CUDA) needs device memory, and there is none: the daemon on " + address_ +
                        " has no HBM tier (tiers.hbm.capacity is 0; tiers.hbm.backend: emulated works without a GPU), "
-                       "and this process cannot copy to a GPU itself (" + m.status().message() +
-                       "); read into host memory (CAIRN_MEM_HOST) instead");
+                       "and this process cannot copy to a GPU itself (" +
+                       m.status().message() + "); read into host memory (CAIRN_MEM_HOST) instead");
   mapper_ = std::move(m).value();
   return mapper_.get();
 }
@@ -51,7 +51,8 @@ Result<std::pair<uint64_t, const uint8_t*>> ModelReader::lease_device(const std:
   if (!find(name)) return not_found("model '" + id_ + "' has no tensor '" + name + "'");
   if (client_.hbm_backend().empty())
     return unavailable("tensor '" + name + "' of model '" + id_ + "' cannot be mapped on a device: the daemon on " +
-                       client_.address() + " has no HBM tier (tiers.hbm.capacity is 0; docs/gpu.md); read it into "
+                       client_.address() +
+                       " has no HBM tier (tiers.hbm.capacity is 0; docs/gpu.md); read it into "
                        "host memory, or configure tiers.hbm");
   json req{{"op", "lease_device"}, {"id", id_}, {"tensors", json::array({name})}};
   if (device >= 0) req["device"] = device;
@@ -127,7 +128,8 @@ Status ModelWriter::add_tensor_device(const std::string& name, const void* data,
   uint64_t n;
   CAIRN_RETURN_IF_ERROR(client_detail::check_shape(dtype, shape, &n).with_context("tensor '" + name + "'"));
   if (n > 0 && data == nullptr) return invalid_argument("tensor '" + name + "': data is NULL");
-  CAIRN_ASSIGN_OR_RETURN(hbm::DeviceMapper * dev, client_.device_path("adding tensor '" + name + "' from device memory"));
+  CAIRN_ASSIGN_OR_RETURN(hbm::DeviceMapper * dev,
+                         client_.device_path("adding tensor '" + name + "' from device memory"));
   CAIRN_ASSIGN_OR_RETURN(Client::Space sp, space_for(n));
   // Device-to-host straight into the arena space: once this returns the caller may reuse its buffer.
   Status st = n ? dev->copy(dev->device_of(data), sp.data, data, n, hbm::CopyKind::kDeviceToHost) : Status::ok();
@@ -136,7 +138,8 @@ Status ModelWriter::add_tensor_device(const std::string& name, const void* data,
     return st.with_context("copying tensor '" + name + "' from the device");
   }
   spaces_.push_back(sp.id);
-  tensors_.push_back(json{{"name", name}, {"dtype", dtype_name(dtype)}, {"shape", client_detail::shape_json(shape)}, {"space", sp.id}});
+  tensors_.push_back(json{
+      {"name", name}, {"dtype", dtype_name(dtype)}, {"shape", client_detail::shape_json(shape)}, {"space", sp.id}});
   names_[name] = true;
   return Status::ok();
 }

@@ -42,10 +42,10 @@ class Completion {
 // A slab of device memory: the unit of allocation and of export (CUDA IPC handles are per
 // allocation, so the tier carves its pool out of slabs instead of allocating per chunk).
 struct Slab {
-  uint64_t id = 0;         // unique per Device
-  uint8_t* base = nullptr; // device pointer, in this process
+  uint64_t id = 0;          // unique per Device
+  uint8_t* base = nullptr;  // device pointer, in this process
   uint64_t size = 0;
-  std::string handle;      // exported: what another process passes to DeviceMapper::open
+  std::string handle;  // exported: what another process passes to DeviceMapper::open
 };
 
 // The daemon's side of one device.

@@ -31,9 +31,12 @@ Status cuda_status(const std::string& what, cudaError_t e) {
 
 cudaMemcpyKind memcpy_kind(CopyKind k) {
   switch (k) {
-    case CopyKind::kHostToDevice: return cudaMemcpyHostToDevice;
-    case CopyKind::kDeviceToHost: return cudaMemcpyDeviceToHost;
-    case CopyKind::kDeviceToDevice: return cudaMemcpyDeviceToDevice;
+    case CopyKind::kHostToDevice:
+      return cudaMemcpyHostToDevice;
+    case CopyKind::kDeviceToHost:
+      return cudaMemcpyDeviceToHost;
+    case CopyKind::kDeviceToDevice:
+      return cudaMemcpyDeviceToDevice;
   }
   return cudaMemcpyDefault;
 }
@@ -90,8 +93,9 @@ class CudaDevice final : public Device {
     CAIRN_RETURN_IF_ERROR(cuda_status("selecting GPU " + std::to_string(ordinal_), cudaSetDevice(ordinal_)));
     void* p = nullptr;
     // Plain device memory: never managed (cudaMallocManaged) memory, which can migrate under a lease.
-    CAIRN_RETURN_IF_ERROR(cuda_status("cudaMalloc of a " + std::to_string(size) + "-byte slab on GPU " +
-                                          std::to_string(ordinal_), cudaMalloc(&p, size)));
+    CAIRN_RETURN_IF_ERROR(
+        cuda_status("cudaMalloc of a " + std::to_string(size) + "-byte slab on GPU " + std::to_string(ordinal_),
+                    cudaMalloc(&p, size)));
     cudaIpcMemHandle_t h;
     if (cudaError_t e = cudaIpcGetMemHandle(&h, p); e != cudaSuccess) {
       cudaFree(p);
@@ -159,7 +163,8 @@ class CudaMapper final : public DeviceMapper {
   }
   void close(void* p, uint64_t) override { cudaIpcCloseMemHandle(p); }
   Status copy(int device, void* dst, const void* src, uint64_t n, CopyKind kind) override {
-    if (device >= 0) CAIRN_RETURN_IF_ERROR(cuda_status("selecting GPU " + std::to_string(device), cudaSetDevice(device)));
+    if (device >= 0)
+      CAIRN_RETURN_IF_ERROR(cuda_status("selecting GPU " + std::to_string(device), cudaSetDevice(device)));
     return cuda_status("cudaMemcpy of " + std::to_string(n) + " bytes", cudaMemcpy(dst, src, n, memcpy_kind(kind)));
   }
   int device_of(const void* p) override {

@@ -70,8 +70,8 @@ class EmulatedDevice final : public Device {
     Slab s;
     s.id = next_slab_++;
     s.size = size;
-    std::string name = "/" + std::string(kPrefix) + std::to_string(::getpid()) + "-" + std::to_string(ordinal_) +
-                       "-" + std::to_string(s.id) + "-" + std::to_string(reinterpret_cast<uintptr_t>(this) & 0xffffff);
+    std::string name = "/" + std::string(kPrefix) + std::to_string(::getpid()) + "-" + std::to_string(ordinal_) + "-" +
+                       std::to_string(s.id) + "-" + std::to_string(reinterpret_cast<uintptr_t>(this) & 0xffffff);
     int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
     if (fd < 0) return errno_status("emulated device: creating segment " + name, errno);
     if (::ftruncate(fd, static_cast<off_t>(size)) != 0) {
@@ -86,8 +86,8 @@ class EmulatedDevice final : public Device {
     if (p == MAP_FAILED) {
       int err = errno;
       ::shm_unlink(name.c_str());
-      return no_space("emulated device " + std::to_string(ordinal_) + ": cannot map a slab of " +
-                      std::to_string(size) + " bytes (" + std::strerror(err) + ")");
+      return no_space("emulated device " + std::to_string(ordinal_) + ": cannot map a slab of " + std::to_string(size) +
+                      " bytes (" + std::strerror(err) + ")");
     }
     s.base = static_cast<uint8_t*>(p);
     s.handle = "emulated:" + name;
@@ -203,7 +203,8 @@ Result<std::unique_ptr<Device>> open_device(const std::string& backend, int ordi
 Result<std::unique_ptr<DeviceMapper>> open_mapper(const std::string& backend) {
   if (backend == "emulated") return open_emulated_mapper();
   if (backend == "cuda") return open_cuda_mapper();
-  return invalid_argument("the daemon's device backend '" + backend + "' is unknown to this library (cuda or emulated)");
+  return invalid_argument("the daemon's device backend '" + backend +
+                          "' is unknown to this library (cuda or emulated)");
 }
 
 std::vector<std::string> backends() {

@@ -55,10 +55,13 @@ Result<std::unique_ptr<HbmTier>> HbmTier::open(Options o, void* arena, uint64_t 
   t->arena_ = arena;
   for (int d : t->options_.devices) {
     for (const auto& p : t->pools_)
-      if (p->device->ordinal() == d) return invalid_argument("tiers.hbm.devices: device " + std::to_string(d) + " is listed twice");
+      if (p->device->ordinal() == d)
+        return invalid_argument("tiers.hbm.devices: device " + std::to_string(d) + " is listed twice");
     auto pool = std::make_unique<Pool>();
     auto dev = hbm::open_device(t->options_.backend, d);
-    if (!dev.is_ok()) return dev.status().with_context("tiers.hbm (backend " + t->options_.backend + ", device " + std::to_string(d) + ")");
+    if (!dev.is_ok())
+      return dev.status().with_context("tiers.hbm (backend " + t->options_.backend + ", device " + std::to_string(d) +
+                                       ")");
     pool->device = std::move(dev).value();
     CAIRN_ASSIGN_OR_RETURN(pool->policy, make_eviction_policy(t->options_.eviction));
     if (arena && arena_size) {

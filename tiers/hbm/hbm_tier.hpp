@@ -22,13 +22,12 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "core/hash.hpp"
 #include "core/status.hpp"
@@ -106,10 +105,10 @@ class HbmTier {
   };
   struct Pool {
     std::unique_ptr<hbm::Device> device;
-    std::unique_ptr<EvictionPolicy> policy;                             // GUARDED_BY(mu_)
-    std::vector<hbm::Slab> slabs;                                       // GUARDED_BY(mu_)
-    std::vector<ArenaAllocator> allocators;                             // one per slab, GUARDED_BY(mu_)
-    std::unordered_map<ChunkHash, Entry, ChunkHashHasher> entries;      // GUARDED_BY(mu_)
+    std::unique_ptr<EvictionPolicy> policy;                         // GUARDED_BY(mu_)
+    std::vector<hbm::Slab> slabs;                                   // GUARDED_BY(mu_)
+    std::vector<ArenaAllocator> allocators;                         // one per slab, GUARDED_BY(mu_)
+    std::unordered_map<ChunkHash, Entry, ChunkHashHasher> entries;  // GUARDED_BY(mu_)
     uint64_t pinned_bytes = 0, hits = 0, misses = 0, bytes_in = 0, bytes_out = 0, evictions = 0;
   };
   explicit HbmTier(Options options) : options_(std::move(options)) {}

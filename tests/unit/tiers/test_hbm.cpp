@@ -13,9 +13,9 @@
 #include <thread>
 #include <vector>
 
-#include "unit/test_bytes.hpp"
 #include "tiers/hbm/device.hpp"
 #include "tiers/hbm/hbm_tier.hpp"
+#include "unit/test_bytes.hpp"
 
 namespace cairn {
 namespace {
@@ -26,8 +26,10 @@ constexpr uint64_t kKiB = 1024;
 std::vector<std::string> backends_here() {
   std::vector<std::string> out{"emulated"};
   std::string why;
-  if (hbm::cuda_device_count(&why) > 0) out.push_back("cuda");
-  else WARN("cuda backend: skipped: no GPU (" << why << ")");
+  if (hbm::cuda_device_count(&why) > 0)
+    out.push_back("cuda");
+  else
+    WARN("cuda backend: skipped: no GPU (" << why << ")");
   return out;
 }
 
@@ -202,8 +204,7 @@ TEST_CASE("hbm tier: a miss promotes, the next acquire hits the same bytes, stat
   }
 }
 
-TEST_CASE("hbm tier: when full, unpinned entries are evicted in the policy's order; pinned ones never move",
-          "[hbm]") {
+TEST_CASE("hbm tier: when full, unpinned entries are evicted in the policy's order; pinned ones never move", "[hbm]") {
   for (const std::string& backend : backends_here()) {
     INFO("backend " << backend);
     const std::string bytes = testing::make_bytes(100 * kKiB, 5);
@@ -242,8 +243,7 @@ TEST_CASE("hbm tier: when full, unpinned entries are evicted in the policy's ord
   }
 }
 
-TEST_CASE("hbm tier: slabs are taken as needed up to the capacity; a tensor larger than a slab is kNoSpace",
-          "[hbm]") {
+TEST_CASE("hbm tier: slabs are taken as needed up to the capacity; a tensor larger than a slab is kNoSpace", "[hbm]") {
   for (const std::string& backend : backends_here()) {
     INFO("backend " << backend);
     const std::string bytes = testing::make_bytes(200 * kKiB, 9);
@@ -308,8 +308,10 @@ TEST_CASE("hbm tier: options are checked; devices default from the environment",
   std::string keep = saved ? saved : "";
   ::setenv("CUDA_VISIBLE_DEVICES", "2,5,7", 1);
   CHECK(resolve_hbm_devices({}) == std::vector<int>{0, 1, 2});  // renumbered from 0, as CUDA does
-  if (saved) ::setenv("CUDA_VISIBLE_DEVICES", keep.c_str(), 1);
-  else ::unsetenv("CUDA_VISIBLE_DEVICES");
+  if (saved)
+    ::setenv("CUDA_VISIBLE_DEVICES", keep.c_str(), 1);
+  else
+    ::unsetenv("CUDA_VISIBLE_DEVICES");
 }
 
 }  // namespace cairn
