@@ -284,8 +284,9 @@ def harness_rows(d, ratio, quick):
                       "lower"))
     rows.append(ratio("near", f"{what}: frozen-layer passes over shards by the worker", p["layer_passes"],
                       "one per candidate", p["naive_layer_passes"], "layer x shard", "lower",
-                      note=f"cache hit ratio {p['hit_ratio']:.2f} ({p['cache_hits']} hits, "
-                           f"{p['partial_hits']} from a shorter prefix, {p['cache_misses']} misses)"))
+                      note=f"cache hit ratio {p['hit_ratio']:.2f}: {p['cache_hits']} (candidate, shard) requests read "
+                           f"cached activations, {p['cache_misses']} did not, {p['partial_hits']} of those starting "
+                           "from a shorter cached prefix"))
     return rows
 
 

@@ -296,6 +296,10 @@ class Worker:
                                                              "model": model, "split": split}})
                     self.remember(c, key, sig[:20], int(acts.nbytes), mid)
                     stored = True
+                    try:  # a cache: its chunks leave DRAM first until read (with policy.eviction: hints)
+                        c.hint("done", [mid])
+                    except Exception:  # noqa: BLE001 - advice only
+                        pass
                 except Exception as e:  # noqa: BLE001 - a full arena: sent inline, not cached
                     print(f"cairn near worker: not caching {key}: {e}", file=sys.stderr)
                 head["cached"] = False
