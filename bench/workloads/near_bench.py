@@ -272,7 +272,7 @@ def harness_rows(d, ratio, quick):
                               n * v["seconds"], "s", "lower", goal=goal_t))
         at = {s["split"]: s for s in m["sweep_1gbit"]}
         rows.append(ratio("near", f"{m['model']}: epoch time at the cost model's split ({m['chosen_split']}) vs the "
-                          f"best of {'3' if quick else 'every'} split tried ({m['best_split']}), 1 Gbit/s",
+                          f"best of {'the 3 splits' if quick else 'every split'} tried ({m['best_split']}), 1 Gbit/s",
                           at[m["chosen_split"]]["seconds"], "best split", at[m["best_split"]]["seconds"], "s", "lower",
                           goal="<= 1.1", note="one cold epoch per split"))
     n = d["nas"]

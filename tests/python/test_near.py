@@ -69,6 +69,12 @@ def test_dataset_round_trip_and_zero_copy(stack):
     assert not arr.flags.writeable and not arr.flags.owndata  # a view of the arena, no copy
     got = list(cdata.ShardDataset("imgs", client=c, shards=[3, 0]))
     assert torch.equal(got[0][0], torch.from_numpy(shards[3][0])) and torch.equal(got[1][1], torch.from_numpy(shards[0][1]))
+    # Through torch's DataLoader: map-style batches of samples, and whole shards from the iterable.
+    loader = torch.utils.data.DataLoader(ds, batch_size=32, shuffle=False)
+    xb, yb = next(iter(loader))
+    assert xb.shape == (32, *SHAPE) and torch.equal(xb[30], torch.from_numpy(shards[1][0][6]))
+    whole = list(torch.utils.data.DataLoader(cdata.ShardDataset("imgs", client=c), batch_size=None))
+    assert len(whole) == 4 and torch.equal(whole[2][0], torch.from_numpy(shards[2][0]))
     with pytest.raises(ValueError, match="not a cairn dataset"):
         cdata.info("r18", c)
     with pytest.raises(ValueError, match="shard 1: inputs of"):

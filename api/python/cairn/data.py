@@ -23,6 +23,9 @@ import warnings
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
+import torch
+from torch.utils.data import Dataset as _TorchDataset
+from torch.utils.data import IterableDataset as _TorchIterableDataset
 
 from .client import Client, connect
 
@@ -114,7 +117,6 @@ def info(id: str, client: Optional[Client] = None) -> Dict[str, Any]:
 
 
 def _torch_view(a: np.ndarray) -> Any:
-    import torch
     with warnings.catch_warnings():  # the arena view is read-only; the tensor must not be written
         warnings.simplefilter("ignore", UserWarning)
         return torch.from_numpy(a)
@@ -127,8 +129,8 @@ def read_shard(c: Client, id: str, i: int, labels: bool = True) -> Tuple[np.ndar
     return got[x_name(i)], got.get(y_name(i)) if labels else None
 
 
-class ShardDataset:
-    """A torch ``IterableDataset``-compatible iterable over a stored dataset's shards: each item is
+class ShardDataset(_TorchIterableDataset):
+    """A torch ``IterableDataset`` over a stored dataset's shards: each item is
     ``(x, y)`` for one whole shard, as read-only torch tensors over the arena (zero-copy).
     ``shards`` picks and orders the shards (default: all, in order)."""
 
@@ -163,7 +165,7 @@ class ShardDataset:
         return d
 
 
-class Dataset:
+class Dataset(_TorchDataset):
     """A torch map-style ``Dataset`` over a stored dataset: ``ds[i]`` is sample ``i`` as ``(x, y)``
     read-only torch tensors (views of the shard in the arena; the shard stays leased while a view of
     it is alive). ``len(ds)`` is the number of samples."""
