@@ -48,7 +48,7 @@ Result<Hint> parse_hint(const json& j) {
   std::set<std::string> allowed{"kind", "models"};
   if (kind == "will_load") {
     h.kind = Hint::Kind::kWillLoad;
-    allowed.insert({"tensors", "when"});
+    allowed.insert({"tensors", "when", "tier"});
   } else if (kind == "population") {
     h.kind = Hint::Kind::kPopulation;
   } else if (kind == "sequence") {
@@ -74,6 +74,11 @@ Result<Hint> parse_hint(const json& j) {
     } else {
       return invalid_argument("hint.when: must be \"next\" or seconds from now (a number >= 0)");
     }
+  }
+  if (auto t = j.find("tier"); t != j.end()) {
+    if (!t->is_string() || (*t != "dram" && *t != "hbm"))
+      return invalid_argument("hint.tier: must be \"dram\" or \"hbm\"");
+    h.hbm = *t == "hbm";
   }
   if (auto a = j.find("ahead"); a != j.end()) {
     if (!a->is_number_integer() || a->get<int64_t>() < 1 || a->get<int64_t>() > kMaxSequenceAhead)

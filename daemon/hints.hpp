@@ -1,7 +1,8 @@
 // Hints: what a workflow tells cairn about its future reads (docs/policy.md, "Hints"). Advice only:
 // a wrong or stale hint may cost bandwidth, never correctness, never an error on a later read.
 //
-//   {"kind": "will_load",  "models": [...], "tensors": [...] (optional), "when": 2.5 | "next"}
+//   {"kind": "will_load",  "models": [...], "tensors": [...] (optional), "when": 2.5 | "next",
+//    "tier": "dram" | "hbm" (optional: also into the GPU tier, docs/gpu.md)}
 //   {"kind": "population", "models": [...]}          the live set a search draws parents from
 //   {"kind": "sequence",   "models": [...], "ahead": 2}   read in this order; stage `ahead` in advance
 //   {"kind": "done",       "models": [...]}          no more reads expected: first to go
@@ -26,6 +27,7 @@ struct Hint {
   std::vector<std::string> models;   // distinct, in the order given
   std::vector<std::string> tensors;  // will_load: only these (empty: all)
   double when_s = 0;                 // will_load: seconds from now ("next" = 0)
+  bool hbm = false;                  // will_load with "tier": "hbm": staged into the HBM tier too
   uint32_t ahead = 2;                // sequence: models staged ahead of the reader
 };
 

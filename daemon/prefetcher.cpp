@@ -92,7 +92,7 @@ Result<json> Prefetcher::hint(const json& req) {
       unknown = for_chunks(h.models, [&](const ChunkRef& c) { hint_expected_use(c.hash, h.when_s); });
       for (const std::string& id : h.models) {
         if (std::find(unknown.begin(), unknown.end(), id) != unknown.end()) continue;
-        enqueue(Job{id, h.tensors, "will_load"});
+        enqueue(Job{id, h.tensors, "will_load", h.hbm});
         ++queued;
       }
       break;
@@ -251,6 +251,19 @@ void Prefetcher::stage(const Job& job) {
         staged_bytes_ += c->length;
       }
   }
+  if (job.hbm) stage_device(**m, job);
+}
+
+void Prefetcher::stage_device(const ModelManifest& m, const Job& job) {
+  // Into the HBM tier of the daemon's first device, from DRAM (where the loop above put them).
+  // Advice: without an HBM tier, or with its pool held, nothing happens but a count.
+  for (const TensorManifest& t : m.tensors) {
+    if (!job.tensors.empty() && std::find(job.tensors.begin(), job.tensors.end(), t.name) == job.tensors.end()) continue;
+    Status st = p_.reads.stage_device(m.id, t);
+    std::lock_guard lock(mu_);
+    if (st.is_ok()) ++tensors_to_hbm_;
+    else ++hbm_skipped_;
+  }
 }
 
 void Prefetcher::prune_locked() {
@@ -283,7 +296,9 @@ json Prefetcher::stats() {
               {"bytes_unread", staged_bytes_},
               {"skipped_for_budget", skipped_budget_},
               {"dropped_jobs", dropped_},
-              {"failures", failures_}};
+              {"failures", failures_},
+              {"tensors_to_hbm", tensors_to_hbm_},
+              {"hbm_skipped", hbm_skipped_}};
 }
 
 }  // namespace cairn

@@ -81,9 +81,11 @@ class Prefetcher final : public ReadObserver {
     std::string model;
     std::vector<std::string> tensors;  // empty: all
     std::string reason;                // will_load, sequence, ancestor, match
+    bool hbm = false;                  // also into the HBM tier (a will_load hint with tier hbm)
   };
   void loop();
   void stage(const Job& job);
+  void stage_device(const ModelManifest& m, const Job& job);
   void enqueue(Job job);
   // Forgets staged chunks that left DRAM unread (counted wasted). REQUIRES: mu_ held.
   void prune_locked();
@@ -106,6 +108,7 @@ class Prefetcher final : public ReadObserver {
   uint64_t staged_bytes_ = 0;                                   // GUARDED_BY(mu_)
   uint64_t hints_ = 0, unknown_ = 0, jobs_ = 0, chunks_staged_ = 0, bytes_staged_ = 0, chunks_used_ = 0,
            chunks_wasted_ = 0, skipped_budget_ = 0, failures_ = 0, dropped_ = 0;  // GUARDED_BY(mu_)
+  uint64_t tensors_to_hbm_ = 0, hbm_skipped_ = 0;  // GUARDED_BY(mu_) will_load hints with tier hbm
   static constexpr size_t kMaxQueued = 4096;
   std::thread thread_;
 };

@@ -69,6 +69,9 @@ class Reads {
   Result<nlohmann::json> lease_device(Session& s, const nlohmann::json& req);
   // Every tensor of a model into the HBM tier of one device, nothing left pinned.
   Result<nlohmann::json> prefetch_device(const nlohmann::json& req);
+  // One tensor into the HBM tier of the first device, nothing left pinned (the prefetcher's path for
+  // will_load hints with tier hbm). kUnavailable without an HBM tier.
+  Status stage_device(const std::string& model, const TensorManifest& t);
   // Set at assembly when the daemon has an HBM tier (null: none).
   void set_hbm(HbmTier* hbm) { hbm_ = hbm; }
   // Ends every lease of the session.
@@ -100,8 +103,8 @@ class Reads {
   Result<int> device_of(const nlohmann::json& req, const char* op) const;
   // Makes `tensors` resident on `device`; for each, its placement (pinned there when pin, else left
   // unpinned). All or nothing when pin.
-  Status place_on_device(const ModelManifest& m, std::span<const TensorManifest* const> tensors, int device, bool pin,
-                         std::vector<HbmTier::Placement>& out);
+  Status place_on_device(const std::string& model, std::span<const TensorManifest* const> tensors, int device,
+                         bool pin, std::vector<HbmTier::Placement>& out);
 
   Parts p_;
   HbmTier* hbm_ = nullptr;

@@ -45,7 +45,7 @@ Result<int> Reads::device_of(const json& req, const char* op) const {
   return device;
 }
 
-Status Reads::place_on_device(const ModelManifest& m, std::span<const TensorManifest* const> tensors, int device,
+Status Reads::place_on_device(const std::string& model, std::span<const TensorManifest* const> tensors, int device,
                               bool pin, std::vector<HbmTier::Placement>& out) {
   out.assign(tensors.size(), HbmTier::Placement{});
   std::vector<char> have(tensors.size(), 0);
@@ -66,7 +66,7 @@ Status Reads::place_on_device(const ModelManifest& m, std::span<const TensorMani
   Status st;
   if (!missing.empty()) {
     std::vector<PinnedTensor> pins;
-    st = pin_tensors(missing, m.id, !pin, pins);
+    st = pin_tensors(missing, model, !pin, pins);
     for (size_t k = 0; st.is_ok() && k < missing.size(); ++k) {
       HbmTier::HostExtents src;
       for (const auto& e : pins[k].extents) src.emplace_back(p_.dram.base() + e.offset, e.length);
@@ -99,7 +99,7 @@ Result<json> Reads::lease_device(Session& s, const json& req) {
     order.push_back(t);
   }
   std::vector<HbmTier::Placement> placed;
-  CAIRN_RETURN_IF_ERROR(place_on_device(*m, order, device, true, placed));
+  CAIRN_RETURN_IF_ERROR(place_on_device(m->id, order, device, true, placed));
   json leases = json::array();
   for (size_t i = 0; i < order.size(); ++i) {
     Session::Lease lease;
@@ -129,10 +129,18 @@ Result<json> Reads::prefetch_device(const json& req) {
   for (const auto& t : m->tensors) {
     const TensorManifest* one[] = {&t};
     std::vector<HbmTier::Placement> placed;
-    CAIRN_RETURN_IF_ERROR(place_on_device(*m, one, device, false, placed));
+    CAIRN_RETURN_IF_ERROR(place_on_device(m->id, one, device, false, placed));
     bytes += t.nbytes;
   }
   return json{{"bytes", bytes}, {"tier", "hbm"}, {"device", device}};
+}
+
+Status Reads::stage_device(const std::string& model, const TensorManifest& t) {
+  CAIRN_ASSIGN_OR_RETURN(int device, device_of(json::object(), "hint"));
+  std::shared_lock gc_lock(p_.gc_mu);
+  const TensorManifest* one[] = {&t};
+  std::vector<HbmTier::Placement> placed;
+  return place_on_device(model, one, device, false, placed);
 }
 
 }  // namespace cairn

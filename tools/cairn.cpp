@@ -574,8 +574,8 @@ int main(int argc, char** argv) {
   prefetch->add_option("--device", prefetch_device, "with --tier hbm: the device (default: the daemon's first)");
   prefetch->callback([&] { rc = cmd_prefetch(id, prefetch_all, as_json, prefetch_tier, prefetch_device); });
 
-  // cairn hint KIND MODEL... [--tensor NAME]... [--when SECONDS|next] [--ahead K]
-  std::string hint_kind, hint_when;
+  // cairn hint KIND MODEL... [--tensor NAME]... [--when SECONDS|next] [--ahead K] [--tier dram|hbm]
+  std::string hint_kind, hint_when, hint_tier;
   std::vector<std::string> hint_models, hint_tensors;
   unsigned hint_ahead = 0;
   auto* hint = app.add_subcommand("hint", "tell the daemon what the workflow will read (docs/policy.md)");
@@ -584,10 +584,13 @@ int main(int argc, char** argv) {
   hint->add_option("--tensor", hint_tensors, "will_load: only these tensors");
   hint->add_option("--when", hint_when, "will_load: seconds from now, or next");
   hint->add_option("--ahead", hint_ahead, "sequence: models to stage ahead of the reader");
+  hint->add_option("--tier", hint_tier, "will_load: hbm stages into the GPU tier too (docs/gpu.md)")
+      ->check(CLI::IsMember({"dram", "hbm"}));
   hint->callback([&] {
     json h{{"kind", hint_kind}, {"models", hint_models}};
     if (!hint_tensors.empty()) h["tensors"] = hint_tensors;
     if (hint_ahead) h["ahead"] = hint_ahead;
+    if (!hint_tier.empty()) h["tier"] = hint_tier;
     if (!hint_when.empty()) {
       if (hint_when == "next") {
         h["when"] = "next";
