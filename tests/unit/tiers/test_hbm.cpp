@@ -94,19 +94,17 @@ TEST_CASE("hbm device: another process opens a slab's handle and sees the same b
     auto up = (*dev)->copy_async(slab->base, src.data(), src.size(), hbm::CopyKind::kHostToDevice);
     REQUIRE(up.is_ok());
     REQUIRE((*up)->wait().is_ok());
-    // A process of its own (CUDA IPC handles cannot be opened by the process that made them).
+    // A process of its own (CUDA IPC handles cannot be opened by the process that made them, and a
+    // forked child cannot use CUDA): this test binary again, running only the hidden case below.
+    const std::string size = std::to_string(slab->size);
     const pid_t pid = ::fork();
     REQUIRE(pid >= 0);
     if (pid == 0) {
-      int rc = 1;
-      if (auto m = hbm::open_mapper(backend); m.is_ok()) {
-        if (auto p = (*m)->open(slab->handle, slab->size); p.is_ok()) {
-          std::string seen(src.size(), '\0');
-          if ((*m)->copy(0, seen.data(), *p, seen.size(), hbm::CopyKind::kDeviceToHost).is_ok() && seen == src) rc = 0;
-          (*m)->close(*p, slab->size);
-        }
-      }
-      ::_exit(rc);
+      ::setenv("CAIRN_TEST_HBM_BACKEND", backend.c_str(), 1);
+      ::setenv("CAIRN_TEST_HBM_HANDLE", slab->handle.c_str(), 1);
+      ::setenv("CAIRN_TEST_HBM_SIZE", size.c_str(), 1);
+      ::execl("/proc/self/exe", "unit_tiers", "[hbm-child]", "--warn", "NoTests", static_cast<char*>(nullptr));
+      ::_exit(127);
     }
     int status = 0;
     REQUIRE(::waitpid(pid, &status, 0) == pid);
@@ -114,6 +112,25 @@ TEST_CASE("hbm device: another process opens a slab's handle and sees the same b
     CHECK(WEXITSTATUS(status) == 0);
     (*dev)->free_slab(*slab);
   }
+}
+
+// The other process of the test above: opens the slab named in the environment and checks its bytes.
+TEST_CASE("hbm device: (child) open a handle from another process", "[.hbm-child]") {
+  const char* backend = std::getenv("CAIRN_TEST_HBM_BACKEND");
+  const char* handle = std::getenv("CAIRN_TEST_HBM_HANDLE");
+  const char* size = std::getenv("CAIRN_TEST_HBM_SIZE");
+  REQUIRE(backend);
+  REQUIRE(handle);
+  REQUIRE(size);
+  const uint64_t n = std::strtoull(size, nullptr, 10);
+  auto m = hbm::open_mapper(backend);
+  REQUIRE(m.is_ok());
+  auto p = (*m)->open(handle, n);
+  REQUIRE(p.is_ok());
+  std::string seen(n, '\0');
+  REQUIRE((*m)->copy(0, seen.data(), *p, n, hbm::CopyKind::kDeviceToHost).is_ok());
+  CHECK(seen == testing::make_bytes(n, 11));
+  (*m)->close(*p, n);
 }
 
 TEST_CASE("hbm device: bad handles and backends are refused, naming why", "[hbm]") {
