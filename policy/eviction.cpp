@@ -87,6 +87,7 @@ LineagePolicy::LineagePolicy(const Clock& clock, Options options) {
 LineagePolicy::~LineagePolicy() = default;
 
 void LineagePolicy::track(const ChunkHash& key, uint64_t bytes) { impl_->scorer.track(key, bytes); }
+void LineagePolicy::track_written(const ChunkHash& key, uint64_t bytes) { impl_->scorer.track_written(key, bytes); }
 void LineagePolicy::touch(const ChunkHash& key) { impl_->scorer.touch(key); }
 void LineagePolicy::remove(const ChunkHash& key) { impl_->scorer.remove(key); }
 void LineagePolicy::set_references(const ChunkHash& key, uint32_t live_models) {

@@ -40,8 +40,12 @@ class FakeClock final : public Clock {
 class EvictionPolicy {
  public:
   virtual ~EvictionPolicy() = default;
-  // A chunk of `bytes` entered the tier.
+  // A chunk of `bytes` entered the tier (read into it: a use).
   virtual void track(const ChunkHash& key, uint64_t bytes) = 0;
+  // A chunk of `bytes` entered the tier because a commit wrote it: not evidence that it will be
+  // read. Policies that weigh frequency let it enter cold (the first read counts it); the default
+  // treats it as track(). A chunk already tracked keeps its standing.
+  virtual void track_written(const ChunkHash& key, uint64_t bytes) { track(key, bytes); }
   // The chunk was read.
   virtual void touch(const ChunkHash& key) = 0;
   // The chunk left the tier (evicted or deleted). Unknown keys are ignored.
@@ -117,6 +121,7 @@ class LineagePolicy final : public EvictionPolicy {
   LineagePolicy(const Clock& clock, Options options);
   ~LineagePolicy() override;
   void track(const ChunkHash& key, uint64_t bytes) override;
+  void track_written(const ChunkHash& key, uint64_t bytes) override;
   void touch(const ChunkHash& key) override;
   void remove(const ChunkHash& key) override;
   void set_references(const ChunkHash& key, uint32_t live_models) override;

@@ -129,6 +129,24 @@ void HintAwarePolicy::track(const ChunkHash& key, uint64_t bytes) {
   impl_->access(key, e, inserted);
 }
 
+void HintAwarePolicy::track_written(const ChunkHash& key, uint64_t bytes) {
+  auto [it, inserted] = impl_->entries.try_emplace(key);
+  Impl::Entry& e = it->second;
+  if (!inserted) {  // a write of bytes the tier holds: no read, no change of rank but the size
+    impl_->unplace(key, e);
+    e.bytes = bytes;
+    impl_->rerank_lineage(e, impl_->clock.now_ns());
+    impl_->place(key, e);
+    return;
+  }
+  const int64_t now = impl_->clock.now_ns();
+  e.bytes = bytes;
+  e.last_access_ns = now;
+  e.sequence = impl_->next_sequence++;
+  impl_->rerank_lineage(e, now);
+  impl_->place(key, e);
+}
+
 void HintAwarePolicy::touch(const ChunkHash& key) {
   auto it = impl_->entries.find(key);
   if (it != impl_->entries.end()) impl_->access(key, it->second, false);

@@ -47,6 +47,9 @@ class HintAwarePolicy final : public EvictionPolicy {
   ~HintAwarePolicy() override;
 
   void track(const ChunkHash& key, uint64_t bytes) override;
+  // Enters with no access counted (H = L: the first ordinary victim until read), its standing from
+  // the hints it already has; a chunk already tracked only learns its size.
+  void track_written(const ChunkHash& key, uint64_t bytes) override;
   void touch(const ChunkHash& key) override;
   void remove(const ChunkHash& key) override;
   void set_references(const ChunkHash& key, uint32_t live_models) override;

@@ -275,11 +275,12 @@ SimResult Simulator::Impl::run_online(SimPolicy which, uint64_t capacity) const 
   std::vector<char> resident(chunk_bytes.size(), 0);
   uint64_t used = 0;
   const bool tracks_models = which != SimPolicy::kLru;
+  const bool cold_writes = options.cold_writes;
   HintTracker tracker(*policy, clock, resident, model_count, chunk_bytes.size(), which == SimPolicy::kHints, options);
   const std::function<bool(const ChunkHash&)> any = [](const ChunkHash&) { return true; };
 
   // Brings c in, evicting until it fits; false when it cannot be cached at all.
-  auto admit = [&](uint32_t c) {
+  auto admit = [&](uint32_t c, bool written = false) {
     const uint64_t bytes = chunk_bytes[c];
     if (bytes > capacity) {
       ++r.bypassed;
@@ -294,7 +295,10 @@ SimResult Simulator::Impl::run_online(SimPolicy which, uint64_t capacity) const 
       used -= chunk_bytes[v];
       ++r.evictions;
     }
-    policy->track(key_of(c), bytes);
+    if (written && cold_writes)
+      policy->track_written(key_of(c), bytes);
+    else
+      policy->track(key_of(c), bytes);
     resident[c] = 1;
     used += bytes;
     return true;
@@ -325,7 +329,7 @@ SimResult Simulator::Impl::run_online(SimPolicy which, uint64_t capacity) const 
       case TraceEventKind::kInsert: {
         const uint32_t c = e.chunk, m = e.models.front();
         if (tracks_models) tracker.end_load();
-        if (!resident[c] && admit(c) && tracks_models) {
+        if (!resident[c] && admit(c, true) && tracks_models) {
           tracker.use(m, c);
           tracker.tracked(c, kNone);
         } else if (tracks_models) {

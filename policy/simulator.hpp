@@ -54,6 +54,9 @@ struct SimOptions {
   // two loads were seen). Either way shortened so that the whole sequence lies within
   // hints.expected_use_horizon_s (the order is what a sequence says for sure). REQUIRES: >= 0.
   double sequence_step_s = 0;
+  // Chunks a commit writes enter the lineage and hints policies cold (EvictionPolicy::track_written),
+  // as in the daemon; false replays them as reads (as before), for comparison.
+  bool cold_writes = true;
 };
 
 // What the trace holds, independent of any cache.

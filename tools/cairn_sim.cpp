@@ -185,14 +185,16 @@ int generate(const std::string& workload, const std::string& out, uint64_t seed,
 }
 
 int simulate(const std::string& path, const std::string& sizes_text, const std::string& policies_text,
-             const std::string& json_out) {
+             const std::string& json_out, bool warm_writes) {
   Result<std::vector<double>> sizes = parse_sizes(sizes_text);
   if (!sizes.is_ok()) return fail(sizes.status());
   Result<std::vector<SimPolicy>> policies = parse_policies(policies_text);
   if (!policies.is_ok()) return fail(policies.status());
   Result<cairn::Trace> trace = cairn::read_trace_file(path);
   if (!trace.is_ok()) return fail(trace.status());
-  Result<cairn::Simulator> sim = cairn::Simulator::create(*trace);
+  cairn::SimOptions options;
+  options.cold_writes = !warm_writes;
+  Result<cairn::Simulator> sim = cairn::Simulator::create(*trace, options);
   if (!sim.is_ok()) return fail(sim.status().with_context(path));
   if (sim->summary().working_set_bytes == 0)
     return fail(cairn::invalid_argument(path + ": the trace reads nothing (no access events): nothing to simulate"));
@@ -218,6 +220,8 @@ int main(int argc, char** argv) {
   app.add_option("--sizes", sizes, "cache sizes as fractions of the working set, comma-separated (default: 0.125,0.25,0.5)");
   app.add_option("--policies", policies, "comma-separated: lru, lineage, hints, belady (default: all)");
   app.add_option("--json", json_out, "also write the results as JSON to this file");
+  bool warm_writes = false;
+  app.add_flag("--warm-writes", warm_writes, "replay a commit's written chunks as reads (the policies before cold writes)");
   auto* gen = app.add_option("--generate", workload, "write a synthetic trace instead: nas, ensemble, sweep or checkpoint");
   app.add_option("--out", out, "with --generate: the trace file to write");
   app.add_option("--seed", seed, "with --generate: PRNG seed (default: 1)");
@@ -231,5 +235,5 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "cairn-sim: a TRACE file (or --generate) is required\n%s", app.help().c_str());
     return 2;
   }
-  return simulate(trace, sizes, policies, json_out);
+  return simulate(trace, sizes, policies, json_out, warm_writes);
 }

@@ -277,7 +277,7 @@ uint64_t DramTier::adopt(const ChunkHash& hash, uint64_t offset, uint64_t length
   chunk_bytes_ += length;
   bytes_in_ += length;
   if (dirty) dirty_bytes_ += length;
-  policy_->track(hash, length);
+  policy_->track_written(hash, length);  // a commit's write: enters cold until read (docs/policy.md)
   reapply_hints_locked(hash);
   if (residency_hook_) residency_hook_(hash, true);
   return offset;

@@ -249,3 +249,43 @@ TEST_CASE("add_seconds_ns saturates instead of overflowing", "[policy][hints]") 
   REQUIRE(cairn::add_seconds_ns(0, -1e300) == std::numeric_limits<int64_t>::min());
   REQUIRE(cairn::add_seconds_ns(100, -1e-7) == 0);
 }
+
+TEST_CASE("A chunk a commit wrote enters cold: it goes before chunks that were read, until it is read",
+          "[policy][hints]") {
+  FakeClock clock;
+  HintAwarePolicy p(clock);
+  p.track(key(1), kMiB);  // read into the tier
+  clock.advance_ns(1'000'000);
+  p.track_written(key(2), kMiB);  // written by a commit, newer but never read
+  CHECK(*p.priority(key(2)) == Approx(p.aging()));  // H = L: no access counted
+  CHECK(*p.priority(key(1)) > *p.priority(key(2)));
+  p.track_written(key(3), kMiB);
+  p.touch(key(3));  // a read counts: now it ranks as a chunk read once, newest
+  CHECK(eviction_order(p) == std::vector<uint64_t>{2, 1, 3});
+
+  // Hints still decide the standing: a written chunk of the population outranks an ordinary read one.
+  HintAwarePolicy q(clock);
+  q.track(key(4), kMiB);
+  q.set_population(key(5), true);  // unknown key: ignored
+  q.track_written(key(5), kMiB);
+  q.set_population(key(5), true);
+  CHECK(q.standing(key(5)) == Standing::kPopulation);
+  CHECK(eviction_order(q) == std::vector<uint64_t>{4, 5});
+
+  // Writing bytes the tier already holds is no read: the rank stays.
+  HintAwarePolicy r(clock);
+  r.track_written(key(6), kMiB);
+  r.track(key(7), kMiB);
+  r.track_written(key(6), kMiB);
+  CHECK(eviction_order(r) == std::vector<uint64_t>{6, 7});
+
+  // LineagePolicy, the same scorer without hooks, does the same; LRU treats a write as a use.
+  cairn::LineagePolicy l(clock);
+  l.track(key(8), kMiB);
+  l.track_written(key(9), kMiB);
+  CHECK(l.pick_victim(kAny)->lo == 9);
+  cairn::LruPolicy lru;
+  lru.track(key(8), kMiB);
+  lru.track_written(key(9), kMiB);
+  CHECK(lru.pick_victim(kAny)->lo == 8);
+}
