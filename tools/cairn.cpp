@@ -354,6 +354,19 @@ int cmd_stats(bool as_json) {
               static_cast<unsigned long long>(f["local_not_global"].get<uint64_t>()),
               human_bytes(f["dirty_dram_bytes"].get<uint64_t>()).c_str(),
               human_bytes(f["dirty_nvme_bytes"].get<uint64_t>()).c_str());
+  if (const json& c = (*r)["compute"]; c.is_object()) {  // the near-data worker (docs/near.md)
+    if (!c.value("enabled", false)) {
+      std::printf("compute: off (compute.enabled: false)\n");
+    } else if (c.value("running", false)) {
+      std::printf("compute: worker pid %lld on %s%s%s, %llu started\n", static_cast<long long>(c.value("pid", 0)),
+                  c.value("socket", std::string()).c_str(), c.value("listen", std::string()).empty() ? "" : " and ",
+                  c.value("listen", std::string()).c_str(), static_cast<unsigned long long>(c.value("starts", 0)));
+    } else {
+      const std::string why = c.value("last_error", std::string());
+      std::printf("compute: enabled, no worker running (the next request starts one)%s%s\n",
+                  why.empty() ? "" : "; last: ", why.c_str());
+    }
+  }
   return 0;
 }
 

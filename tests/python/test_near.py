@@ -87,6 +87,7 @@ def test_compute_off_is_a_clear_error(make_daemon):
         with pytest.raises(cairn.Unavailable, match="compute.enabled"):
             c._request({"op": "compute"})
         assert c.stats()["compute"]["enabled"] is False
+    assert "compute: off (compute.enabled: false)" in d.cairn("stats").stdout
 
 
 def test_features_equal_a_local_forward_pass_over_the_arena_and_over_tcp(stack):
@@ -190,6 +191,8 @@ def test_auto_split_profiles_both_sides(stack):
     assert stream.plan is not None and 0 <= stream.split <= 10
     assert stream.plan.bandwidth > 0 and len(stream.plan.table) == 11
     assert len(list(stream)) == 4
+    pid = c.stats()["compute"]["pid"]
+    assert f"compute: worker pid {pid} on {d.socket}.compute and {listen}" in d.cairn("stats").stdout
 
 
 def test_cost_model():
