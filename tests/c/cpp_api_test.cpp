@@ -86,6 +86,9 @@ int main(int argc, char** argv) {
   CHECK(got == a);
   auto v = r->map("b");
   CHECK(v && v->nbytes == 256 && std::memcmp(v->data, a.data(), 256) == 0);
+  // Device memory (docs/gpu.md): this test's daemon has no HBM tier, and the error says so.
+  auto dv = r->map_device("b");
+  CHECK(!dv && dv.status().code() == CAIRN_ERR_UNAVAILABLE && dv.status().message().find("no HBM tier") != std::string::npos);
   auto q = client->query("{\"op\":\"ancestors\",\"model\":\"cpp-child" + suffix + "\"}");
   CHECK(q && q->find("cpp-base") != std::string::npos);
   CHECK(client->open_model("missing").status().code() == CAIRN_ERR_NOT_FOUND);
