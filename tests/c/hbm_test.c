@@ -37,6 +37,7 @@ static int use_cuda = 0;
 static int (*cuda_malloc)(void **, size_t);
 static int (*cuda_free)(void *);
 static int (*cuda_memcpy)(void *, const void *, size_t, int); /* 1: host to device, 2: device to host */
+static int (*cuda_device_count)(int *);
 
 static int device_init(const char *backend) {
   if (strcmp(backend, "cuda") != 0) return 1;
@@ -47,7 +48,8 @@ static int device_init(const char *backend) {
   *(void **)(&cuda_malloc) = dlsym(h, "cudaMalloc");
   *(void **)(&cuda_free) = dlsym(h, "cudaFree");
   *(void **)(&cuda_memcpy) = dlsym(h, "cudaMemcpy");
-  use_cuda = cuda_malloc && cuda_free && cuda_memcpy;
+  *(void **)(&cuda_device_count) = dlsym(h, "cudaGetDeviceCount");
+  use_cuda = cuda_malloc && cuda_free && cuda_memcpy && cuda_device_count;
   return use_cuda;
 }
 static void *dev_alloc(size_t n) {
@@ -277,21 +279,36 @@ static int no_hbm(void) {
   size_t n = 0;
   CHECK(cairn_model_map_tensor_device(r, "x", -1, &p, &n) == CAIRN_ERR_UNAVAILABLE);
   CHECK(strstr(cairn_last_error(), "no HBM tier") != NULL);
-  uint8_t buf[4096];
-  /* No HBM tier, and (where this runs) no GPU: a clear error naming both. */
-  cairn_status st = cairn_model_read_tensor(r, "x", buf, sizeof buf, CAIRN_MEM_CUDA);
-  if (st != CAIRN_OK) {
+  /* No HBM tier. Without a GPU in this process either: a clear error naming both. With one: copies
+   * between the arena and device memory. */
+  int n_gpus = 0;
+  const int gpu = device_init("cuda") && cuda_device_count(&n_gpus) == 0 && n_gpus > 0;
+  use_cuda = gpu;
+  void *dev = dev_alloc(4096);
+  cairn_status st = cairn_model_read_tensor(r, "x", dev, 4096, CAIRN_MEM_CUDA);
+  if (!gpu) {
     CHECK(st == CAIRN_ERR_UNAVAILABLE);
     CHECK(strstr(cairn_last_error(), "no HBM tier") != NULL);
-  } else {
-    printf("CAIRN_MEM_CUDA read went through this process's GPU\n");
   }
   cairn_model_writer *w = NULL;
   CHECK_OK(cairn_model_create(c, "plain2", NULL, &w));
-  int64_t shape[1] = {16};
-  st = cairn_model_add_tensor_device(w, "x", buf, CAIRN_DTYPE_U8, 1, shape);
-  if (st != CAIRN_OK) CHECK(strstr(cairn_last_error(), "no HBM tier") != NULL);
-  cairn_model_abort(w);
+  int64_t shape[1] = {4096};
+  cairn_status add = cairn_model_add_tensor_device(w, "x", dev, CAIRN_DTYPE_U8, 1, shape);
+  if (!gpu) {
+    CHECK(add == CAIRN_ERR_UNAVAILABLE);
+    CHECK(strstr(cairn_last_error(), "no HBM tier") != NULL);
+    cairn_model_abort(w);
+  } else {
+    uint8_t want[4096], *seen = download(dev, 4096);
+    fill(want, 4096, 3);
+    CHECK_OK(st);
+    CHECK(memcmp(seen, want, 4096) == 0);
+    free(seen);
+    CHECK_OK(add);
+    CHECK_OK(cairn_model_commit(w, CAIRN_DURABILITY_MEMORY, NULL));
+    printf("no hbm: went through this process's GPU\n");
+  }
+  dev_free(dev);
   cairn_model_close(r);
   cairn_disconnect(c);
   printf("no hbm: %d checks, %d failed\n", checks, failures);
