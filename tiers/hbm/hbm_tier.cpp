@@ -4,6 +4,8 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "core/log.hpp"
+
 namespace cairn {
 
 namespace {
@@ -65,8 +67,14 @@ Result<std::unique_ptr<HbmTier>> HbmTier::open(Options o, void* arena, uint64_t 
     pool->device = std::move(dev).value();
     CAIRN_ASSIGN_OR_RETURN(pool->policy, make_eviction_policy(t->options_.eviction));
     if (arena && arena_size) {
+      // Pinned for DMA; without it copies still work, staged through pageable memory by the driver.
       Status reg = pool->device->register_host(arena, arena_size);
-      if (!reg.is_ok()) return reg.with_context("registering the DRAM arena with device " + std::to_string(d));
+      pool->host_registered = reg.is_ok();
+      if (!reg.is_ok())
+        CAIRN_LOG_WARN(
+            "tiers.hbm: the DRAM arena could not be pinned for device {} ({}); copies into HBM will be "
+            "slower",
+            d, reg.to_string());
     }
     t->pools_.push_back(std::move(pool));
   }
@@ -76,7 +84,7 @@ Result<std::unique_ptr<HbmTier>> HbmTier::open(Options o, void* arena, uint64_t 
 HbmTier::~HbmTier() {
   for (auto& p : pools_) {
     for (const auto& s : p->slabs) p->device->free_slab(s);
-    if (arena_) p->device->unregister_host(arena_);
+    if (arena_ && p->host_registered) p->device->unregister_host(arena_);
   }
 }
 
@@ -277,7 +285,8 @@ nlohmann::json HbmTier::device_stats() const {
                    {"slabs", p->slabs.size()},
                    {"slab_bytes", options_.slab_size},
                    {"entries", p->entries.size()},
-                   {"evictions", p->evictions}});
+                   {"evictions", p->evictions},
+                   {"arena_pinned", p->host_registered}});
   }
   return out;
 }

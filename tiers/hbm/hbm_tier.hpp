@@ -48,8 +48,8 @@ class HbmTier {
     std::string eviction = "lru";  // policy.eviction
   };
   // Opens every device and registers the DRAM arena [arena, arena+arena_size) with each for DMA
-  // (cudaHostRegister). No slab is allocated until needed. kUnavailable (naming why: "no GPU") when
-  // a device cannot be opened; kInvalidArgument for a bad option.
+  // (cudaHostRegister; a failure is logged and copies go unpinned). No slab is allocated until needed. kUnavailable
+  // (naming why: "no GPU") when a device cannot be opened; kInvalidArgument for a bad option.
   static Result<std::unique_ptr<HbmTier>> open(Options options, void* arena, uint64_t arena_size);
   ~HbmTier();
   HbmTier(const HbmTier&) = delete;
@@ -91,7 +91,8 @@ class HbmTier {
   // Copies a resident entry device-to-host (tests, checks). kNotFound when not resident.
   Status copy_out(int device, const ChunkHash& key, void* dst, uint64_t length);
 
-  // Summed over devices, for `cairn stats`; device_stats() per device (capacity, used, pinned, slabs).
+  // Summed over devices, for `cairn stats`; device_stats() per device (capacity, used, pinned, slabs,
+  // whether the arena is pinned for DMA).
   TierStats stats() const;
   nlohmann::json device_stats() const;
 
@@ -110,6 +111,7 @@ class HbmTier {
     std::vector<ArenaAllocator> allocators;                         // one per slab, GUARDED_BY(mu_)
     std::unordered_map<ChunkHash, Entry, ChunkHashHasher> entries;  // GUARDED_BY(mu_)
     uint64_t pinned_bytes = 0, hits = 0, misses = 0, bytes_in = 0, bytes_out = 0, evictions = 0;
+    bool host_registered = false;  // the DRAM arena is pinned for DMA with this device
   };
   explicit HbmTier(Options options) : options_(std::move(options)) {}
   Pool* pool_of(int device) const;
