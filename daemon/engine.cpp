@@ -304,10 +304,10 @@ void Engine::end_session(Session& s) {
 Result<json> Engine::hello(Session& s) {
   if (s.id == 0) s.id = next_session_++;
   json out{{"arena_size", dram_->arena_size()},
-              {"chunk_size", repo_->chunk_size()},
-              {"pid", static_cast<int64_t>(::getpid())},
-              {"session", s.id},
-              {"version", "0.1.0"}};
+           {"chunk_size", repo_->chunk_size()},
+           {"pid", static_cast<int64_t>(::getpid())},
+           {"session", s.id},
+           {"version", "0.1.0"}};
   if (hbm_) out["hbm"] = json{{"backend", hbm_->backend()}, {"devices", hbm_->devices()}};
   return out;
 }
