@@ -489,9 +489,15 @@ def run_near(quick: bool, work: Path) -> List[Dict[str, Any]]:
     if os.geteuid() != 0:
         raise Skipped("needs root (network namespaces and tc)")
     _need("tc", debian="iproute2")
-    out = work / "near.json"
-    _run([PY, str(ROOT / "bench/workloads/near_bench.py"), *(["--quick"] if quick else []), "--json", str(out)],
-         work / "near.log", env=_cairn_env(), timeout=3600)
+    out, log = work / "near.json", work / "near.log"
+    with open(log, "w") as lf:
+        r = subprocess.run([PY, str(ROOT / "bench/workloads/near_bench.py"), *(["--quick"] if quick else []),
+                            "--json", str(out)], stdout=lf, stderr=subprocess.STDOUT, env=_cairn_env(),
+                           cwd=str(ROOT), timeout=3600)
+    if r.returncode == 3:
+        raise Skipped(log.read_text().strip().splitlines()[-1])
+    if r.returncode != 0:
+        raise RuntimeError(f"near_bench.py exited with {r.returncode}:\n" + "\n".join(log.read_text().splitlines()[-15:]))
     sys.path.insert(0, str(ROOT / "bench" / "workloads"))
     from near_bench import harness_rows  # noqa: PLC0415 - the rows live beside the workload
     return harness_rows(json.loads(out.read_text()), ratio, quick)

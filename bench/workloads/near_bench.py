@@ -17,7 +17,7 @@ through layer2, layer3, layer4) frozen and train the rest from new weights, each
 with pushdown at k (activations cached by prefix signature) against vanilla: bytes, seconds, the
 worker's forward passes through frozen layers against candidates x shards, the cache hit ratio.
 
-Must run as root (namespaces, tc); otherwise it prints why and exits 3.
+Must run as root (namespaces, tc) where namespaces can be made; otherwise it prints why and exits 3.
 Usage: near_bench.py [--quick] [--json FILE]
 """
 import argparse
@@ -299,7 +299,7 @@ def main():
     if args.trainer:
         return trainer_main(json.loads(args.trainer))
     if os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("tc"):
-        print("near_bench needs root, ip and tc (network namespaces and a shaped veth link)", file=sys.stderr)
+        print("near_bench needs root, ip and tc (network namespaces and a shaped veth link)")
         return 3
     sys.path.insert(0, str(ROOT / "api" / "python"))
     import cairn
@@ -309,8 +309,13 @@ def main():
     env = dict(os.environ, CAIRN_COMPUTE_THREADS="1", PYTHONPATH=str(ROOT / "api" / "python"),
                CAIRN_LIBRARY=str(BUILD / "lib" / "libcairn.so"))
     samples, shard, size = (16, 8, 64) if args.quick else (32, 8, 112)
+    try:
+        netns_up()
+    except subprocess.CalledProcessError as e:  # e.g. a container without CAP_SYS_ADMIN / CAP_NET_ADMIN
+        netns_down()
+        print(f"near_bench cannot make its network namespaces here ({' '.join(e.cmd)}: {e.stderr.strip()})")
+        return 3
     root = Path(tempfile.mkdtemp(prefix="cairn-near-", dir="/tmp"))
-    netns_up()
     daemon = None
     try:
         daemon, sock = start_daemon(root, env)
