@@ -191,6 +191,13 @@ def test_auto_split_profiles_both_sides(stack):
     assert stream.plan is not None and 0 <= stream.split <= 10
     assert stream.plan.bandwidth > 0 and len(stream.plan.table) == 11
     assert len(list(stream)) == 4
+    # A second trainer process (here: the client's own profile cache emptied) gets the worker's
+    # measurements without another pass; only which splits are cached is asked again.
+    profiles = near.worker_stats(client=c)["counters"]["profiles"]
+    near._profiles.clear()
+    again = near.features("r18", "imgs", split="auto", client=c, module=m, address=listen)
+    assert again.plan is not None and near.worker_stats(client=c)["counters"]["profiles"] == profiles
+    again.close()
     pid = c.stats()["compute"]["pid"]
     assert f"compute: worker pid {pid} on {d.socket}.compute and {listen}" in d.cairn("stats").stdout
 
