@@ -38,7 +38,7 @@ def stack(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("near")
     (root / "d").mkdir()
-    d = Daemon(root / "d", dram="512MiB", extra_config=COMPUTE, env={"CAIRN_COMPUTE_THREADS": "1"}).start()
+    d = Daemon(root / "d", dram="512MiB", extra_config=COMPUTE, env={"CAIRN_COMPUTE_THREADS": "1", "CAIRN_NEAR_SWEEP_S": "0"}).start()
     c = cairn.connect(d.socket)
     cdata.save("imgs", cdata.synthetic_images(96, 24, SHAPE, seed=1), client=c)
     m = _resnet()
@@ -295,3 +295,22 @@ def test_dropped_activations_are_computed_again(stack):
     sig = near.spec_of(c, "r18")["signatures"][8][:20]
     live = [x["id"] for x in c.list() if x["id"].startswith("cairn-act-" + sig)]
     assert len(live) == 4  # the new generation only: the dropped models are removed
+
+
+def test_activations_go_when_no_live_model_has_their_prefix(stack):
+    d, c, _ = stack
+    other = _resnet(seed=9)  # other weights: other signatures
+    near.save(other, "r18-other", frozen=10, builder="torchvision.models:resnet18", kwargs={"num_classes": 10},
+              client=c)
+    sig = near.spec_of(c, "r18-other")["signatures"][5][:20]
+    list(near.features("r18-other", "imgs", split=5, client=c, module=other))
+
+    def acts():
+        return [x["id"] for x in c.list() if x["id"].startswith("cairn-act-" + sig)]
+
+    assert len(acts()) == 4
+    c.remove("r18-other")
+    list(near.features("r18", "imgs", split=0, client=c))  # any request sweeps
+    assert acts() == []
+    # Those of a prefix a live model still has stay.
+    assert [x for x in c.list() if x["id"].startswith("cairn-act-")]

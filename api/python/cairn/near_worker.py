@@ -166,9 +166,10 @@ class Worker:
             print(f"cairn near worker: dropping {aid} ({why}): {e}", file=sys.stderr)
 
     def sweep(self, c: Client) -> None:
-        """Drops the activations of prefixes that no live model has (at most every 10 s)."""
+        """Drops the activations of prefixes that no live model has (at most every
+        $CAIRN_NEAR_SWEEP_S seconds, default 10)."""
         now = time.monotonic()
-        if now - self.last_sweep < 10.0:
+        if now - self.last_sweep < float(os.environ.get("CAIRN_NEAR_SWEEP_S", "10")):
             return
         self.last_sweep = now
         live = set()
