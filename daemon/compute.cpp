@@ -4,18 +4,17 @@
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
-#include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
 #include <vector>
 
 #include "core/log.hpp"
+#include "core/self_path.hpp"
 #include "daemon/repository_watch.hpp"  // parse_duration
 
 extern char** environ;
@@ -25,20 +24,6 @@ namespace cairn {
 using json = nlohmann::json;
 
 namespace {
-
-bool is_file(const std::string& p) {
-  struct stat st{};
-  return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-}
-
-std::string exe_dir() {
-  char buf[PATH_MAX];
-  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n <= 0) return "";
-  std::string p(buf, static_cast<size_t>(n));
-  auto slash = p.rfind('/');
-  return slash == std::string::npos ? "" : p.substr(0, slash);
-}
 
 std::string describe_exit(int status) {
   if (WIFSIGNALED(status)) return "killed by signal " + std::to_string(WTERMSIG(status));
@@ -74,13 +59,13 @@ std::string ComputeWorker::python() const {
 // The cairn Python package: installed beside cairnd (<prefix>/bin/../lib/python3/dist-packages), else
 // the package of the source tree cairnd was built from; "" = rely on the interpreter's own path.
 std::string ComputeWorker::package_dir() const {
-  const std::string dir = exe_dir();
+  const std::string dir = executable_dir();
 #ifdef CAIRN_INSTALLED_PYTHON_RELDIR
-  if (!dir.empty() && is_file(dir + "/" CAIRN_INSTALLED_PYTHON_RELDIR "/cairn/_installed.py"))
+  if (!dir.empty() && is_regular_file(dir + "/" CAIRN_INSTALLED_PYTHON_RELDIR "/cairn/_installed.py"))
     return dir + "/" CAIRN_INSTALLED_PYTHON_RELDIR;
 #endif
 #ifdef CAIRN_PYTHON_PACKAGE_DIR
-  if (is_file(std::string(CAIRN_PYTHON_PACKAGE_DIR) + "/cairn/near_worker.py")) return CAIRN_PYTHON_PACKAGE_DIR;
+  if (is_regular_file(std::string(CAIRN_PYTHON_PACKAGE_DIR) + "/cairn/near_worker.py")) return CAIRN_PYTHON_PACKAGE_DIR;
 #endif
   return "";
 }
@@ -139,7 +124,7 @@ Status ComputeWorker::start() {
   if (!path.empty()) env_s.push_back("PYTHONPATH=" + path);
   env_s.push_back("CAIRN_SOCKET=" + daemon_socket_);
 #if defined(CAIRN_PYTHON_PACKAGE_DIR) && defined(CAIRN_BUILD_LIBRARY)
-  if (pkg == CAIRN_PYTHON_PACKAGE_DIR && !std::getenv("CAIRN_LIBRARY") && is_file(CAIRN_BUILD_LIBRARY))
+  if (pkg == CAIRN_PYTHON_PACKAGE_DIR && !std::getenv("CAIRN_LIBRARY") && is_regular_file(CAIRN_BUILD_LIBRARY))
     env_s.push_back(std::string("CAIRN_LIBRARY=") + CAIRN_BUILD_LIBRARY);
 #endif
   std::vector<char*> envp;

@@ -16,6 +16,7 @@
 #include <optional>
 
 #include "core/dtype.hpp"
+#include "core/self_path.hpp"
 #include "tools/model_files_internal.hpp"
 
 extern char** environ;
@@ -27,20 +28,6 @@ using nlohmann::json;
 // ---- Python ----
 
 namespace {
-
-std::string self_dir() {
-  char buf[PATH_MAX];
-  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n <= 0) return "";
-  std::string p(buf, static_cast<size_t>(n));
-  auto slash = p.rfind('/');
-  return slash == std::string::npos ? "" : p.substr(0, slash);
-}
-
-bool is_file(const std::string& p) {
-  struct stat st;
-  return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-}
 
 // The interpreter: $CAIRN_PYTHON, else the one this tool was built with while it is still there
 // (a Python first on PATH, pyenv's or conda's, may lack torch and numpy), else `python3` on PATH.
@@ -85,12 +72,12 @@ sys.exit(_main(sys.argv[1:]))
 
 Result<int> run_python_io(const std::vector<std::string>& args) {
   std::string python = python_interpreter();
-  std::string dir = self_dir();
+  std::string dir = executable_dir();
   // The library next to this tool (build tree: bin/cairn, lib/libcairn.so) unless one is chosen.
   const char* lib = std::getenv("CAIRN_LIBRARY");
   if (!lib || !*lib) {
     for (const char* rel : {"/../lib/libcairn.so", "/../lib/libcairn.so.0"}) {
-      if (!dir.empty() && is_file(dir + rel)) {
+      if (!dir.empty() && is_regular_file(dir + rel)) {
         ::setenv("CAIRN_LIBRARY", (dir + rel).c_str(), 1);
         break;
       }
@@ -101,11 +88,11 @@ Result<int> run_python_io(const std::vector<std::string>& args) {
   // package of this source tree.
   std::string package_dir;
 #ifdef CAIRN_INSTALLED_PYTHON_RELDIR
-  if (!dir.empty() && is_file(dir + "/" CAIRN_INSTALLED_PYTHON_RELDIR "/cairn/_installed.py"))
+  if (!dir.empty() && is_regular_file(dir + "/" CAIRN_INSTALLED_PYTHON_RELDIR "/cairn/_installed.py"))
     package_dir = dir + "/" CAIRN_INSTALLED_PYTHON_RELDIR;
 #endif
 #ifdef CAIRN_PYTHON_PACKAGE_DIR
-  if (package_dir.empty() && is_file(std::string(CAIRN_PYTHON_PACKAGE_DIR) + "/cairn/io.py"))
+  if (package_dir.empty() && is_regular_file(std::string(CAIRN_PYTHON_PACKAGE_DIR) + "/cairn/io.py"))
     package_dir = CAIRN_PYTHON_PACKAGE_DIR;
 #endif
   if (!package_dir.empty()) {
