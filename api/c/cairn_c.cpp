@@ -83,6 +83,30 @@ cairn_status make_shape(int ndim, const int64_t* shape, std::vector<int64_t>& ou
 #define CAIRN_REQUIRE_ARG(cond, what) \
   if (!(cond)) return fail(CAIRN_ERR_INVALID_ARGUMENT, what)
 
+// cairn_model_map_tensors and cairn_model_map_tensors_private: the names checked and listed, one
+// request through `map` (a ModelReader member), the views written out.
+template <typename View, typename MapMany>
+cairn_status map_tensors(cairn_model_reader* r, size_t count, const char* const* names, View* data,
+                                size_t* nbytes, MapMany map) {
+  return guarded([&] {
+    CAIRN_REQUIRE_ARG(r && (count == 0 || (names && data)), "reader, names and data must not be NULL");
+    std::vector<std::string> list;
+    list.reserve(count);
+    for (size_t i = 0; i < count; ++i) {
+      CAIRN_REQUIRE_ARG(names[i], "names[" + std::to_string(i) + "] must not be NULL");
+      list.emplace_back(names[i]);
+    }
+    if (count == 0) return done(cairn::Status::ok());
+    auto v = ((*r->impl).*map)(list);
+    if (!v.is_ok()) return fail(v.status());
+    for (size_t i = 0; i < count; ++i) {
+      data[i] = (*v)[i].data();
+      if (nbytes) nbytes[i] = (*v)[i].size();
+    }
+    return done(cairn::Status::ok());
+  });
+}
+
 }  // namespace
 
 extern "C" {
@@ -399,23 +423,12 @@ cairn_status cairn_model_map_tensor_device(cairn_model_reader* r, const char* na
 
 cairn_status cairn_model_map_tensors(cairn_model_reader* r, size_t count, const char* const* names,
                                      const void** data, size_t* nbytes) {
-  return guarded([&] {
-    CAIRN_REQUIRE_ARG(r && (count == 0 || (names && data)), "reader, names and data must not be NULL");
-    std::vector<std::string> list;
-    list.reserve(count);
-    for (size_t i = 0; i < count; ++i) {
-      CAIRN_REQUIRE_ARG(names[i], "names[" + std::to_string(i) + "] must not be NULL");
-      list.emplace_back(names[i]);
-    }
-    if (count == 0) return done(cairn::Status::ok());
-    auto v = r->impl->map_many(list);
-    if (!v.is_ok()) return fail(v.status());
-    for (size_t i = 0; i < count; ++i) {
-      data[i] = (*v)[i].data();
-      if (nbytes) nbytes[i] = (*v)[i].size();
-    }
-    return done(cairn::Status::ok());
-  });
+  return map_tensors(r, count, names, data, nbytes, &cairn::ModelReader::map_many);
+}
+
+cairn_status cairn_model_map_tensors_private(cairn_model_reader* r, size_t count, const char* const* names,
+                                             void** data, size_t* nbytes) {
+  return map_tensors(r, count, names, data, nbytes, &cairn::ModelReader::map_many_private);
 }
 
 cairn_status cairn_model_read_tensors(cairn_model_reader* r, size_t count, const char* const* names, void* const* dsts,

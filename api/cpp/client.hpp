@@ -134,6 +134,7 @@ class Client {
   Result<uint8_t*> map_slab(const std::string& handle, uint64_t size);
 
   const uint8_t* arena() const { return view_->read_base(); }
+  const ArenaView& arena_view() const { return *view_; }
   uint64_t arena_size() const { return view_->size(); }
   uint64_t chunk_size() const { return chunk_size_; }
   const std::string& address() const { return address_; }
@@ -290,7 +291,12 @@ class ModelReader {
   Result<std::span<const uint8_t>> map(const std::string& name);
   // Maps several tensors with one request (the order of names).
   Result<std::vector<std::span<const uint8_t>>> map_many(const std::vector<std::string>& names);
-  // Ends every lease this reader holds.
+  // Writable copy-on-write views of several tensors with one request (ArenaView::map_private):
+  // reading costs no copy, a write copies only the page it touches into this process and never
+  // changes the stored model. Valid until close(), which unmaps them; the tensors stay leased
+  // meanwhile. What a framework that trains the weights it loads wants instead of a copy.
+  Result<std::vector<std::span<uint8_t>>> map_many_private(const std::vector<std::string>& names);
+  // Unmaps every copy-on-write view and ends every lease this reader holds.
   void close();
 
  private:
@@ -310,6 +316,7 @@ class ModelReader {
   nlohmann::json metadata_;
   std::vector<TensorInfo> tensors_;
   std::vector<uint64_t> held_;
+  std::vector<std::span<uint8_t>> private_;  // copy-on-write views, unmapped by close()
 };
 
 }  // namespace cairn

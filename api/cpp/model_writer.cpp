@@ -3,6 +3,7 @@
 
 #include "api/cpp/client.hpp"
 #include "api/cpp/client_internal.hpp"
+#include "core/copy.hpp"
 #include "core/wire.hpp"
 
 namespace cairn {
@@ -36,7 +37,7 @@ Status ModelWriter::add_tensor(const std::string& name, const void* data, DType 
     inline_.insert(inline_.end(), p, p + n);
   } else {
     CAIRN_ASSIGN_OR_RETURN(Client::Space sp, space_for(n));
-    std::memcpy(sp.data, data, n);
+    stream_copy(sp.data, data, n, should_stream(n, n));
     spaces_.push_back(sp.id);
     t["space"] = sp.id;
   }

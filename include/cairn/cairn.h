@@ -226,6 +226,13 @@ CAIRN_EXPORT cairn_status cairn_model_map_tensor_device(cairn_model_reader *r, c
  * nothing. Loading a whole model this way costs one round trip instead of one per tensor. */
 CAIRN_EXPORT cairn_status cairn_model_map_tensors(cairn_model_reader *r, size_t count, const char *const *names,
                                                   const void **data, size_t *nbytes);
+/* Like cairn_model_map_tensors, but each view is writable and copy-on-write: the tensor's pages in
+ * the arena are mapped privately into this process, so reading costs no copy and a write copies
+ * only the page it touches into this process's memory; the stored model never changes. Valid
+ * until cairn_model_close(r), which unmaps them; the tensors stay leased meanwhile. For frameworks
+ * that train the weights they load (docs/python.md, cairn.torch.load into a module). */
+CAIRN_EXPORT cairn_status cairn_model_map_tensors_private(cairn_model_reader *r, size_t count,
+                                                          const char *const *names, void **data, size_t *nbytes);
 /* Copies `count` tensors into host buffers with one request: dsts[i] receives names[i] and
  * dst_bytes[i] must equal its size. */
 CAIRN_EXPORT cairn_status cairn_model_read_tensors(cairn_model_reader *r, size_t count, const char *const *names,

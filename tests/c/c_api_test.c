@@ -293,6 +293,20 @@ int main(int argc, char **argv) {
       CHECK(cairn_model_map_tensors(r, 2, missing, views, sizes) == CAIRN_ERR_NOT_FOUND);
       CHECK(strstr(cairn_last_error(), "nope") != NULL);
       CHECK(cairn_model_map_tensors(r, 2, NULL, views, sizes) == CAIRN_ERR_INVALID_ARGUMENT);
+      /* Copy-on-write views: writable, and a write changes neither the stored tensor nor the
+       * read-only view of it. */
+      void *cow[2] = {NULL, NULL};
+      CHECK_OK(cairn_model_map_tensors_private(r, 2, both, cow, sizes));
+      CHECK(sizes[0] == 64 && memcmp(cow[0], b1, 64) == 0);
+      CHECK(sizes[1] == n_w * sizeof(float) && memcmp(cow[1], w1, sizes[1]) == 0);
+      memset(cow[1], 0x5a, sizes[1]);
+      ((float *)cow[0])[3] = -1.0f;
+      CHECK(((const unsigned char *)cow[1])[sizes[1] - 1] == 0x5a && ((float *)cow[0])[3] == -1.0f);
+      CHECK(memcmp(views[1], w1, sizes[1]) == 0 && memcmp(views[0], b1, 64) == 0);
+      CHECK_OK(cairn_model_read_tensors(r, 2, both, dsts, (size_t[2]){64, n_w * sizeof(float)}));
+      CHECK(memcmp(bias_copy, b1, 64) == 0 && memcmp(weight_copy, w1, n_w * sizeof(float)) == 0);
+      CHECK(cairn_model_map_tensors_private(r, 2, missing, cow, sizes) == CAIRN_ERR_NOT_FOUND);
+      CHECK(cairn_model_map_tensors_private(r, 2, NULL, cow, sizes) == CAIRN_ERR_INVALID_ARGUMENT);
       free(weight_copy);
     }
     cairn_model_close(r);

@@ -3,6 +3,7 @@ modules, architecture graphs and signatures, transfer from the best stored ances
 import copy
 import os
 
+import numpy as np
 import pytest
 
 if os.environ.get("CAIRN_SANITIZED") == "1" and "libasan" not in os.environ.get("LD_PRELOAD", ""):
@@ -285,11 +286,81 @@ def test_load_into_a_module_is_strict(client):
     with pytest.raises(cairn.NotFound):
         ct.load("strict/nothing", module=small(), client=client)
 
-    # The state dict owns its memory: writable, independent of the daemon and of other loads.
-    sd = ct.load("strict/m", device="cpu", client=client)
-    assert all(v.device.type == "cpu" for v in sd.values())
-    sd["0.weight"].zero_()
-    assert torch.equal(ct.load("strict/m", client=client)["0.weight"], m[0].weight)
+    # The state dict is writable and independent of the daemon and of other loads, with and
+    # without a copy.
+    for copy_ in (False, True):
+        sd = ct.load("strict/m", device="cpu", client=client, copy=copy_)
+        assert all(v.device.type == "cpu" for v in sd.values())
+        sd["0.weight"].zero_()
+        assert torch.equal(ct.load("strict/m", client=client)["0.weight"], m[0].weight)
+    ct.load("strict/m", module=small(), client=client, copy=True)
+    with pytest.raises(RuntimeError, match="size mismatch"):
+        ct.load("strict/m", module=small(width=32), client=client, copy=True)
+
+
+def test_a_module_loaded_without_a_copy_trains_and_the_stored_model_stays(client):
+    """ct.load into a module gives it copy-on-write views of the daemon's arena (no copy); an
+    optimizer step changes the module's weights only, never the stored model or another load."""
+    torch.manual_seed(8)
+    net = nn.Sequential(nn.Linear(512, 1024), nn.ReLU(), nn.Linear(1024, 10))  # 2 MiB and more: populated views
+    ct.save(net, "cow/net", client=client)
+    stored = client.load_model("cow/net", copy=True)
+
+    fresh = nn.Sequential(nn.Linear(512, 1024), nn.ReLU(), nn.Linear(1024, 10))
+    params = list(fresh.parameters())  # an optimizer built before the load keeps working
+    opt = torch.optim.SGD(params, lr=0.5)
+    assert ct.load("cow/net", module=fresh, client=client) is fresh
+    assert_same_state(fresh, net)
+    assert all(a is b for a, b in zip(params, fresh.parameters()))
+    other = ct.load("cow/net", client=client)  # a second load shares the daemon's pages
+
+    x, y = torch.randn(64, 512), torch.randint(0, 10, (64,))
+    losses = []
+    for _ in range(5):
+        opt.zero_grad()
+        loss = F.cross_entropy(fresh(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0]
+    assert not torch.equal(fresh[0].weight, net[0].weight)  # the module trained
+    now = client.load_model("cow/net", copy=True)
+    assert all(np.array_equal(now[k], stored[k]) for k in stored)  # the stored model did not
+    assert_same_state(other, net)  # nor did another load of it
+    assert_same_state(ct.load("cow/net", client=client), net)
+
+    # Identical tensors of one model are stored once; their views stay independent.
+    twins = nn.Sequential(nn.LayerNorm(300), nn.LayerNorm(300), nn.Linear(300, 300, bias=False))
+    with torch.no_grad():
+        twins[2].weight.fill_(1.0)  # the same bytes as the LayerNorms' weights, repeated
+    ct.save(twins, "cow/twins", client=client)
+    sd = ct.load("cow/twins", client=client)
+    sd["0.weight"].mul_(3)
+    sd["1.bias"].add_(1)
+    assert torch.equal(sd["1.weight"], torch.ones(300)) and torch.equal(sd["0.bias"], torch.zeros(300))
+    assert torch.equal(sd["2.weight"], torch.ones(300, 300))
+    loaded = ct.load("cow/twins", module=copy.deepcopy(twins), client=client)
+    with torch.no_grad():
+        loaded[1].weight.zero_()
+    assert torch.equal(loaded[0].weight, torch.ones(300)) and torch.equal(loaded[2].weight, torch.ones(300, 300))
+    assert_same_state(ct.load("cow/twins", client=client), twins)
+
+    # Buffers are views too; a module on another dtype is copied into, with the same strictness.
+    bn = nn.BatchNorm1d(4)
+    randomize = {"weight": torch.rand(4), "bias": torch.rand(4), "running_mean": torch.randn(4),
+                 "running_var": torch.rand(4) + 0.5, "num_batches_tracked": torch.tensor(3)}
+    bn.load_state_dict(randomize)
+    ct.save(bn, "cow/bn", client=client)
+    got = ct.load("cow/bn", module=nn.BatchNorm1d(4), client=client)
+    assert_same_state(got, bn)
+    got.train()
+    got(torch.randn(8, 4))
+    assert int(got.num_batches_tracked) == 4
+    assert int(client.load_model("cow/bn", copy=True)["num_batches_tracked"]) == 3
+    half = ct.load("cow/net", module=copy.deepcopy(net).double(), client=client)
+    assert half[0].weight.dtype == torch.float64 and torch.equal(half[0].weight, net[0].weight.double())
+    with pytest.raises(RuntimeError, match="Unexpected key"):
+        ct.load("cow/net", module=nn.Sequential(nn.Linear(512, 1024)), client=client)
 
 
 def test_default_client_comes_from_CAIRN_SOCKET(daemon, monkeypatch):

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cinttypes>
 #include <cstdio>
@@ -242,12 +243,67 @@ Result<std::unique_ptr<ArenaView>> ArenaView::map(int fd, uint64_t size) {
     return arena_errno_status(
         "read-write mmap of the DRAM arena (" + std::to_string(size) + " bytes)", err);
   }
-  ::close(fd);  // the mappings keep the memory alive
+  // The descriptor stays open: copy-on-write views of tensors are mapped from it (map_private).
   return std::unique_ptr<ArenaView>(
-      new ArenaView(static_cast<const uint8_t*>(ro), static_cast<uint8_t*>(rw), size));
+      new ArenaView(fd, static_cast<const uint8_t*>(ro), static_cast<uint8_t*>(rw), size));
+}
+
+ArenaView::ArenaView(int fd, const uint8_t* ro, uint8_t* rw, uint64_t size) : fd_(fd), ro_(ro), rw_(rw), size_(size) {
+  const uint64_t granules = (size + kGranule - 1) / kGranule;
+  for (auto& flags : populated_) {
+    flags.reset(new std::atomic<uint8_t>[granules]);
+    for (uint64_t g = 0; g < granules; ++g) flags[g].store(0, std::memory_order_relaxed);
+  }
+}
+
+void ArenaView::prefault(uint64_t offset, uint64_t nbytes, bool write) const {
+  if (nbytes < (1u << 20) || offset >= size_) return;
+  const uint64_t end = std::min(size_, offset + nbytes);
+  std::atomic<uint8_t>* flags = populated_[write ? 1 : 0].get();
+  uint8_t* base = write ? rw_ : const_cast<uint8_t*>(ro_);
+  // Runs of granules not populated yet, each with one madvise.
+  uint64_t g = offset / kGranule;
+  const uint64_t g_end = (end + kGranule - 1) / kGranule;
+  while (g < g_end) {
+    if (flags[g].load(std::memory_order_relaxed)) {
+      ++g;
+      continue;
+    }
+    uint64_t run = g;
+    while (run < g_end && !flags[run].load(std::memory_order_relaxed)) ++run;
+    const uint64_t from = g * kGranule, to = std::min(size_, run * kGranule);
+    if (::madvise(base + from, to - from, write ? kMadvPopulateWrite : kMadvPopulateRead) == 0)
+      for (uint64_t k = g; k < run; ++k) flags[k].store(1, std::memory_order_relaxed);
+    g = run;
+  }
+}
+
+Result<uint8_t*> ArenaView::map_private(uint64_t offset, uint64_t nbytes) const {
+  if (nbytes == 0 || offset > size_ || nbytes > size_ - offset)
+    return invalid_argument("copy-on-write view [" + std::to_string(offset) + ", +" + std::to_string(nbytes) +
+                            ") is empty or outside the arena of " + std::to_string(size_) + " bytes");
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t start = offset / page * page, len = offset + nbytes - start;
+  // Populated with read faults (MADV_POPULATE_READ maps the arena's pages; MAP_POPULATE on a
+  // writable private mapping would copy every page): a write later copies only the page it touches.
+  void* p = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd_, static_cast<off_t>(start));
+  if (p == MAP_FAILED) {
+    const int err = errno;
+    return arena_errno_status("copy-on-write mmap of " + std::to_string(len) + " arena bytes", err);
+  }
+  if (len >= (1u << 20)) (void)::madvise(p, len, kMadvPopulateRead);  // best effort (kernels before 5.14 fault lazily)
+  return static_cast<uint8_t*>(p) + (offset - start);
+}
+
+void ArenaView::unmap_private(uint8_t* data, uint64_t nbytes) {
+  if (!data || nbytes == 0) return;
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t at = reinterpret_cast<uintptr_t>(data), start = at / page * page;
+  ::munmap(reinterpret_cast<void*>(start), nbytes + (at - start));
 }
 
 ArenaView::~ArenaView() {
+  if (fd_ >= 0) ::close(fd_);
   if (ro_ != nullptr) ::munmap(const_cast<uint8_t*>(ro_), size_);
   if (rw_ != nullptr) ::munmap(rw_, size_);
 }

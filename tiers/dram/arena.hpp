@@ -10,6 +10,7 @@
 // O(log n) in the number of free extents and neighbouring free extents always merge.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -22,6 +23,10 @@
 #include "core/status.hpp"
 
 namespace cairn {
+
+// madvise advice that maps a range's pages in one call (Linux 5.14); spelled out for older headers.
+inline constexpr int kMadvPopulateRead = 22;   // MADV_POPULATE_READ
+inline constexpr int kMadvPopulateWrite = 23;  // MADV_POPULATE_WRITE
 
 class ArenaAllocator {
  public:
@@ -85,7 +90,8 @@ class SharedArena {
 // A client's mappings of the daemon's arena, from the descriptor it received.
 class ArenaView {
  public:
-  // Maps fd (size bytes) twice: read-only and read-write. Takes ownership of fd (closes it).
+  // Maps fd (size bytes) twice: read-only and read-write. Takes ownership of fd (closes it when
+  // the view goes).
   static Result<std::unique_ptr<ArenaView>> map(int fd, uint64_t size);
   ~ArenaView();
   ArenaView(const ArenaView&) = delete;
@@ -95,8 +101,27 @@ class ArenaView {
   uint8_t* write_base() const { return rw_; }
   uint64_t size() const { return size_; }
 
+  // Maps the pages of [offset, offset + nbytes) into the read-only (write = false) or read-write
+  // view in one call (MADV_POPULATE_READ/WRITE) instead of one fault per page, for ranges of 1 MiB
+  // and more. Each view remembers which 2 MiB granules it has populated and skips them: the arena
+  // never gives pages back, so a page mapped once stays mapped, and walking the page tables of a
+  // populated range again costs a quarter of copying it (measured). Best effort; thread-safe.
+  void prefault(uint64_t offset, uint64_t nbytes, bool write) const;
+
+  // A writable copy-on-write view of [offset, offset + nbytes): the arena's pages mapped privately
+  // (populated for 1 MiB and more), so reading costs no copy and a write copies only the page it
+  // touches into this process, never changing the daemon's bytes. The caller must hold a lease on
+  // the range for as long as the view lives (pages nobody wrote still show the arena's bytes) and
+  // unmaps it with unmap_private(data, nbytes). It outlives this ArenaView.
+  Result<uint8_t*> map_private(uint64_t offset, uint64_t nbytes) const;
+  static void unmap_private(uint8_t* data, uint64_t nbytes);
+
  private:
-  ArenaView(const uint8_t* ro, uint8_t* rw, uint64_t size) : ro_(ro), rw_(rw), size_(size) {}
+  ArenaView(int fd, const uint8_t* ro, uint8_t* rw, uint64_t size);
+  static constexpr uint64_t kGranule = 2ull << 20;
+  int fd_;
+  // One flag per granule and view (read-only, read-write): populated already.
+  std::unique_ptr<std::atomic<uint8_t>[]> populated_[2];
   const uint8_t* ro_;
   uint8_t* rw_;
   uint64_t size_;

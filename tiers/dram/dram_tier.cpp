@@ -17,13 +17,10 @@ Result<std::unique_ptr<DramTier>> DramTier::create(uint64_t capacity, std::uniqu
 DramTier::DramTier(std::unique_ptr<SharedArena> arena, std::unique_ptr<EvictionPolicy> policy)
     : arena_(std::move(arena)), alloc_(arena_->capacity(), 4096), policy_(std::move(policy)) {
   prefault_ = std::thread([this] {
-#ifndef MADV_POPULATE_WRITE
-    constexpr int MADV_POPULATE_WRITE = 23;  // Linux 5.14; older kernels say EINVAL and pages fault lazily
-#endif
     constexpr uint64_t kStep = 64ull << 20;
     for (uint64_t off = 0; off < arena_->capacity() && !stop_prefault_; off += kStep) {
       uint64_t n = std::min(kStep, arena_->capacity() - off);
-      if (::madvise(arena_->base() + off, n, MADV_POPULATE_WRITE) != 0) break;
+      if (::madvise(arena_->base() + off, n, kMadvPopulateWrite) != 0) break;  // EINVAL before Linux 5.14: lazily
       prefaulted_ += n;
     }
     prefault_done_ = true;

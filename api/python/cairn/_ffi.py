@@ -98,6 +98,8 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "cairn_model_map_tensor_device": (st, [c_void_p, c_char_p, c_int, _c_void_p_p, ctypes.POINTER(c_size_t)]),
         "cairn_model_map_tensors": (st, [c_void_p, c_size_t, ctypes.POINTER(c_char_p), _c_void_p_p,
                                          ctypes.POINTER(c_size_t)]),
+        "cairn_model_map_tensors_private": (st, [c_void_p, c_size_t, ctypes.POINTER(c_char_p), _c_void_p_p,
+                                                 ctypes.POINTER(c_size_t)]),
         "cairn_model_read_tensors": (st, [c_void_p, c_size_t, ctypes.POINTER(c_char_p), ctypes.POINTER(c_void_p),
                                           ctypes.POINTER(c_size_t)]),
         "cairn_model_close": (None, [c_void_p]),

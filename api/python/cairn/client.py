@@ -188,12 +188,14 @@ class _Lease:
 
 class _View:
     """The base object of one zero-copy array: describes the leased bytes to numpy (read-only, so
-    the array can never be made writable) and holds the lease."""
+    the array can never be made writable, unless they are a copy-on-write view) and holds the lease."""
 
     __slots__ = ("__array_interface__", "lease")
 
-    def __init__(self, addr: int, shape: Tuple[int, ...], dtype: np.dtype, lease: _Lease) -> None:
-        self.__array_interface__ = {"version": 3, "data": (addr, True), "shape": shape, "typestr": dtype.str}
+    def __init__(self, addr: int, shape: Tuple[int, ...], dtype: np.dtype, lease: _Lease,
+                 writable: bool = False) -> None:
+        self.__array_interface__ = {"version": 3, "data": (addr, not writable), "shape": shape,
+                                    "typestr": dtype.str}
         self.lease = lease
 
 
@@ -544,14 +546,18 @@ class Client:
                         n.value))
         return out
 
-    def load_model(self, id: str, names: Optional[Iterable[str]] = None, copy: bool = False) -> Dict[str, np.ndarray]:
+    def load_model(self, id: str, names: Optional[Iterable[str]] = None, copy: bool = False,
+                   writable: bool = False) -> Dict[str, np.ndarray]:
         """The tensors of model ``id`` (all, or ``names``), as name -> array in the model's order
         (or the order of ``names``).
 
         ``copy=False`` (default): read-only arrays that are views of the daemon's shared arena -- no
         copy. The tensors stay pinned in memory (leased) while any of these arrays, or a view of
         one, is alive; the lease ends when the last is garbage collected. ``copy=True``: new,
-        writable arrays (one copy each) and nothing stays pinned.
+        writable arrays (one copy each) and nothing stays pinned. ``writable=True`` (without
+        ``copy``): writable copy-on-write views -- no copy either; a write copies only the page it
+        touches into this process and never changes the stored model (the arrays pin the tensors
+        like the read-only views).
 
         BF16 and FP8 tensors come back as raw uint16/uint8 bits (see :data:`cairn.RAW_DTYPES`).
         """
@@ -591,11 +597,12 @@ class Client:
                     if count:
                         _check(lib.cairn_model_read_tensors(r, count, c_names, dsts, sizes))
                     return out
-                # One lease request for every tensor (cairn_model_map_tensors).
+                # One lease request for every tensor (cairn_model_map_tensors[_private]).
                 ptrs = (ctypes.c_void_p * count)()
                 lens = (ctypes.c_size_t * count)()
                 if count:
-                    _check(lib.cairn_model_map_tensors(r, count, c_names, ptrs, lens))
+                    mapper = lib.cairn_model_map_tensors_private if writable else lib.cairn_model_map_tensors
+                    _check(mapper(r, count, c_names, ptrs, lens))
                 mapped: List[Tuple[TensorInfo, int]] = []
                 for i, info in enumerate(infos):
                     name, dt, shape, nbytes = info
@@ -616,10 +623,36 @@ class Client:
             if nbytes == 0:
                 arr = np.empty(shape, npdt)
             else:
-                arr = np.asarray(_View(addr, shape, npdt, lease))
-            arr.flags.writeable = False
+                arr = np.asarray(_View(addr, shape, npdt, lease, writable))
+            if not writable:
+                arr.flags.writeable = False
             result[name] = arr
         return result
+
+    def read_into(self, id: str, arrays: Mapping[str, np.ndarray]) -> None:
+        """Copies tensors of model ``id`` into the caller's arrays with one request
+        (``cairn_model_read_tensors``): ``arrays`` maps tensor names to writable, C-contiguous
+        arrays of exactly the tensor's size in bytes (any dtype). One copy, straight into that memory."""
+        mid = _name(id, "model id")
+        items = list(arrays.items())
+        for name, a in items:
+            _name(name, "tensor name")
+            if not isinstance(a, np.ndarray) or not a.flags.c_contiguous or not a.flags.writeable:
+                raise _errors.error("CAIRN_ERR_INVALID_ARGUMENT",
+                                    f"invalid argument: the array for tensor {name!r} is not a writable C-contiguous ndarray")
+        count = len(items)
+        lib = self._lib
+        with self._conn.op() as h:
+            r = ctypes.c_void_p()
+            _check(lib.cairn_model_open(h, mid, ctypes.byref(r)))
+            try:
+                if count:
+                    c_names = (ctypes.c_char_p * count)(*[n.encode("utf-8") for n, _ in items])
+                    dsts = (ctypes.c_void_p * count)(*[a.ctypes.data for _, a in items])
+                    sizes = (ctypes.c_size_t * count)(*[a.nbytes for _, a in items])
+                    _check(lib.cairn_model_read_tensors(r, count, c_names, dsts, sizes))
+            finally:
+                lib.cairn_model_close(r)
 
     def prefetch(self, id: str, all: bool = False) -> Optional[Dict[str, Any]]:
         """Asks the daemon to bring model ``id`` into DRAM ahead of need. With ``all=True``, into the

@@ -6,7 +6,7 @@
 
     ct.save(model, "cand-9", meta={"score": 0.91})          # every tensor, plus the module's graph
     ct.save(model, "cand-17", parent="cand-9")              # only the tensors that changed; the rest inherited
-    sd = ct.load("cand-17")                                 # a state dict of owned CPU tensors
+    sd = ct.load("cand-17")                                 # CPU tensors: copy-on-write views, no copy
     ct.load("cand-17", module=fresh, device="cuda")         # strict load_state_dict, then on the GPU
     g = ct.architecture(model)                              # docs/graph-format.md, from torch.fx
     t = ct.transfer(new_model)                              # best stored ancestor -> matching layers
@@ -277,7 +277,7 @@ def _hbm_state(c: Client, id: str, device: torch.device) -> Dict[str, torch.Tens
 _cuda_in_library: Optional[bool] = None  # learnt on the first CUDA load
 
 
-def _state(c: Client, id: str, device: Optional[torch.device]) -> Dict[str, torch.Tensor]:
+def _state(c: Client, id: str, device: Optional[torch.device], copy: bool = True) -> Dict[str, torch.Tensor]:
     global _cuda_in_library
     if device is not None and device.type == "cuda" and torch.cuda.is_available() and _cuda_in_library is not False:
         if device.index is None:
@@ -289,11 +289,80 @@ def _state(c: Client, id: str, device: Optional[torch.device]) -> Dict[str, torc
         if got is not None:
             return got
     dtypes = {t["name"]: t["dtype"] for t in c.show(id).get("tensors", [])}
-    arrays = c.load_model(id, copy=True)  # owned arrays: the tensors share their memory, nothing stays leased
+    on_host = device is None or device.type == "cpu"
+    if copy or not on_host:
+        arrays = c.load_model(id, copy=True)  # owned arrays: the tensors share their memory, nothing stays leased
+    else:
+        arrays = c.load_model(id, writable=True)  # copy-on-write views of the arena: no copy
     out = {name: _from_numpy(name, a, dtypes[name]) for name, a in arrays.items()}
-    if device is not None and device.type != "cpu":
+    if not on_host:
         out = {name: t.to(device) for name, t in out.items()}
     return out
+
+
+def _check_state(module: nn.Module, own: Mapping[str, torch.Tensor], shapes: Mapping[str, Tuple[int, ...]],
+                 strict: bool) -> None:
+    """load_state_dict's checks and messages: missing and unexpected keys (strict), shapes."""
+    missing = [k for k in own if k not in shapes]
+    unexpected = [k for k in shapes if k not in own]
+    errors = []
+    if strict and unexpected:
+        errors.append("Unexpected key(s) in state_dict: " + ", ".join(f'"{k}"' for k in unexpected) + ". ")
+    if strict and missing:
+        errors.append("Missing key(s) in state_dict: " + ", ".join(f'"{k}"' for k in missing) + ". ")
+    for k, shape in shapes.items():
+        cur = own.get(k)
+        if cur is not None and tuple(cur.shape) != tuple(shape):
+            errors.append(f"size mismatch for {k}: copying a param with shape {tuple(shape)} from checkpoint, "
+                          f"the shape in current model is {tuple(cur.shape)}.")
+    if errors:
+        raise RuntimeError(f"Error(s) in loading state_dict for {type(module).__name__}:\n\t" + "\n\t".join(errors))
+
+
+def _assign_state(module: nn.Module, state: Dict[str, torch.Tensor], strict: bool) -> None:
+    """load_state_dict without the copy: each parameter and buffer takes the loaded tensor's memory
+    (``.data =``), so the module's weights are the copy-on-write views themselves. A tensor whose
+    dtype or device differs from the module's is copied into it instead."""
+    own = module.state_dict(keep_vars=True)
+    _check_state(module, own, {k: tuple(t.shape) for k, t in state.items()}, strict)
+    with torch.no_grad():
+        for k, t in state.items():
+            cur = own.get(k)
+            if cur is None:
+                continue
+            if cur.dtype == t.dtype and cur.device == t.device and not cur.is_sparse:
+                cur.data = t
+            else:
+                cur.copy_(t)
+
+
+def _read_into_module(c: Client, id: str, module: nn.Module, strict: bool) -> None:
+    """load(copy=True) into a module on the host: one copy, straight into the parameters' and
+    buffers' own memory (cairn_model_read_tensors) where the dtype matches and the memory is
+    contiguous; the rest through load_model(copy=True) and copy_."""
+    stored = {t["name"]: t for t in c.show(id).get("tensors", [])}
+    own = module.state_dict(keep_vars=True)
+    _check_state(module, own, {k: tuple(t.get("shape", ())) for k, t in stored.items()}, strict)
+    direct: Dict[str, np.ndarray] = {}
+    rest: List[str] = []
+    for k, t in stored.items():
+        cur = own.get(k)
+        if cur is None:
+            continue
+        ok = cur.device.type == "cpu" and cur.is_contiguous() and cur.layout == torch.strided and not cur.is_quantized
+        if ok and (cur.dtype in _RAW_VIEW or cur.dtype in _CAIRN_OF):
+            arr, cname = _to_numpy(k, cur.detach())
+            if cname == t["dtype"] and arr.flags.writeable:
+                direct[k] = arr
+                continue
+        rest.append(k)
+    if direct:
+        c.read_into(id, direct)
+    if rest:
+        got = c.load_model(id, names=rest, copy=True)
+        with torch.no_grad():
+            for k in rest:
+                own[k].copy_(_from_numpy(k, got[k], stored[k]["dtype"]))
 
 
 def load(
@@ -303,9 +372,18 @@ def load(
     *,
     client: Optional[Client] = None,
     strict: bool = True,
+    copy: bool = False,
 ) -> Union[Dict[str, torch.Tensor], nn.Module]:
-    """Model ``id`` as a state dict of tensors that own their memory (the model's tensor order), or,
-    with ``module``, loaded into it (``load_state_dict``, strict by default) and the module returned.
+    """Model ``id`` as a state dict of writable CPU tensors (the model's tensor order), or, with
+    ``module``, loaded into it (strict by default, with load_state_dict's checks) and the module
+    returned.
+
+    On the host the tensors are copy-on-write views of the daemon's shared arena: loading copies
+    nothing, reading the weights costs no copy, and a write (an optimizer step) copies only the
+    pages it touches into this process; the stored model never changes. The model stays pinned in
+    the daemon's memory while any of the tensors lives (a module keeps it as long as it keeps those
+    weights). ``copy=True``: tensors that own their memory (one copy; nothing stays pinned), and a
+    module is filled with ``load_state_dict``.
 
     ``device``: where the tensors (and the module, moved first) go. When the daemon has a CUDA HBM
     tier (docs/gpu.md), a state dict loaded onto a CUDA device aliases the daemon's copies in GPU
@@ -317,11 +395,18 @@ def load(
     c = _client(client)
     dev = torch.device(device) if device is not None else None
     if module is None:
-        return _state(c, id, dev)
+        return _state(c, id, dev, copy)
     if dev is not None:
         module.to(dev)
-    state = _state(c, id, dev)
-    module.load_state_dict(state, strict=strict)
+    on_host = dev is None or dev.type == "cpu"
+    if copy and on_host:
+        _read_into_module(c, id, module, strict)
+        return module
+    state = _state(c, id, dev, copy)
+    if copy or not on_host:
+        module.load_state_dict(state, strict=strict)
+    else:
+        _assign_state(module, state, strict)
     return module
 
 

@@ -2,6 +2,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -511,8 +512,8 @@ TEST_CASE("arena view: the daemon and a client see the same bytes", "[arena]") {
   ArenaView& client = **view;
   CHECK(client.size() == daemon.capacity());
   CHECK(client.read_base() != client.write_base());
-  // The view closed the descriptor it was given; the daemon's own is untouched.
-  CHECK(::fcntl(client_fd, F_GETFD) == -1);
+  // The view keeps the descriptor it was given (copy-on-write views are mapped from it).
+  CHECK(::fcntl(client_fd, F_GETFD) != -1);
   CHECK(::fcntl(daemon.fd(), F_GETFD) != -1);
 
   const char kFromDaemon[] = "weights written by the daemon";
@@ -527,6 +528,78 @@ TEST_CASE("arena view: the daemon and a client see the same bytes", "[arena]") {
   // The last byte is mapped in all three.
   daemon.base()[daemon.capacity() - 1] = 0x5a;
   CHECK(client.read_base()[client.size() - 1] == 0x5a);
+
+  // Destroying the view closes the descriptor; the daemon's own is untouched.
+  view->reset();
+  CHECK(::fcntl(client_fd, F_GETFD) == -1);
+  CHECK(::fcntl(daemon.fd(), F_GETFD) != -1);
+}
+
+TEST_CASE("arena view: copy-on-write views never change the arena and outlive the view", "[arena]") {
+  const uint64_t cap = 8ull << 20;
+  auto arena = SharedArena::create(cap, "cairn-test-cow");
+  REQUIRE(arena.is_ok());
+  uint8_t* base = (*arena)->base();
+  for (uint64_t i = 0; i < cap; ++i) base[i] = static_cast<uint8_t>(i * 7 + 1);
+  auto view = ArenaView::map(::dup((*arena)->fd()), (*arena)->capacity());
+  REQUIRE(view.is_ok());
+
+  // Not page-aligned, over 1 MiB (populated), and a small one: both see the arena's bytes.
+  auto big = (*view)->map_private(4096 + 100, 3ull << 20);
+  auto small = (*view)->map_private(5000, 64);
+  REQUIRE(big.is_ok());
+  REQUIRE(small.is_ok());
+  CHECK(std::memcmp(*big, base + 4196, 3ull << 20) == 0);
+  CHECK(std::memcmp(*small, base + 5000, 64) == 0);
+  // A write changes that view only: not the arena, not the shared views, not another private view
+  // of the same bytes.
+  std::memset(*big, 0xee, 2ull << 20);
+  CHECK((*big)[0] == 0xee);
+  CHECK(base[4196] == static_cast<uint8_t>(4196 * 7 + 1));
+  CHECK((*view)->read_base()[4196] == base[4196]);
+  CHECK(std::memcmp(*small, base + 5000, 64) == 0);
+  // Bytes nobody wrote still show the arena (the caller holds a lease, so they do not change).
+  CHECK(std::memcmp(*big + (2ull << 20), base + 4196 + (2ull << 20), 1ull << 20) == 0);
+
+  // Out of range and empty views are refused with a message.
+  auto bad = (*view)->map_private(cap - 10, 20);
+  REQUIRE_FALSE(bad.is_ok());
+  CHECK(bad.status().message().find("outside the arena") != std::string::npos);
+  CHECK_FALSE((*view)->map_private(0, 0).is_ok());
+
+  // The views outlive the ArenaView they came from, until unmapped.
+  view->reset();
+  CHECK((*big)[1] == 0xee);
+  CHECK((*small)[1] == base[5001]);
+  ArenaView::unmap_private(*big, 3ull << 20);
+  ArenaView::unmap_private(*small, 64);
+}
+
+TEST_CASE("arena view: prefault maps pages once and any range is safe to ask for", "[arena]") {
+  const uint64_t cap = 16ull << 20;
+  auto arena = SharedArena::create(cap, "cairn-test-prefault");
+  REQUIRE(arena.is_ok());
+  std::memset((*arena)->base(), 3, cap);
+  auto view = ArenaView::map(::dup((*arena)->fd()), (*arena)->capacity());
+  REQUIRE(view.is_ok());
+  ArenaView& v = **view;
+  // Ranges across granules, past the end, empty, tiny: none fails or maps outside the arena.
+  v.prefault(1000, 5ull << 20, false);
+  v.prefault(cap - 4096, 1ull << 30, false);
+  v.prefault(cap + 10, 1ull << 20, true);
+  v.prefault(0, 0, true);
+  v.prefault(0, cap, true);
+  v.prefault(0, cap, false);  // granules 3..6 of the read-only view were not asked for yet
+  // Populated pages are mapped: reading and writing them takes no fault.
+  struct rusage r0 {}, r1 {};
+  ::getrusage(RUSAGE_SELF, &r0);
+  uint64_t sum = 0;
+  for (uint64_t i = 0; i < cap; i += 4096) sum += v.read_base()[i];
+  for (uint64_t i = 0; i < cap; i += 4096) v.write_base()[i] = 4;
+  ::getrusage(RUSAGE_SELF, &r1);
+  CHECK(sum == 3 * (cap / 4096));
+  CHECK(r1.ru_minflt - r0.ru_minflt < 64);
+  CHECK((*arena)->base()[cap - 4096] == 4);
 }
 
 TEST_CASE("arena view: the read-only mapping faults on a write", "[arena]") {

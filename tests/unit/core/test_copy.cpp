@@ -1,0 +1,41 @@
+// stream_copy: the same bytes as memcpy for every size and alignment, streaming or not.
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "core/copy.hpp"
+
+using cairn::should_stream;
+using cairn::stream_copy;
+
+TEST_CASE("stream_copy copies exactly, whatever the size and the alignments", "[copy]") {
+  const size_t kMax = (3u << 20) + 12345;
+  std::vector<uint8_t> src(kMax + 256), dst(kMax + 256);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i * 131 + (i >> 13));
+  const size_t sizes[] = {0, 1, 63, 64, 4095, 4096, 4097, 16383, 16384, 32768, 32769, 65536 + 17, 1u << 20, kMax};
+  for (size_t n : sizes) {
+    for (size_t s_off : {size_t{0}, size_t{1}, size_t{64}, size_t{200}}) {
+      for (size_t d_off : {size_t{0}, size_t{3}, size_t{128}, size_t{255}}) {
+        for (bool streaming : {true, false}) {
+          std::fill(dst.begin(), dst.end(), uint8_t{0xcd});
+          stream_copy(dst.data() + d_off, src.data() + s_off, n, streaming);
+          INFO("n " << n << " src offset " << s_off << " dst offset " << d_off << " streaming " << streaming);
+          REQUIRE(std::memcmp(dst.data() + d_off, src.data() + s_off, n) == 0);
+          // Nothing outside the destination range was touched.
+          const auto untouched = [](uint8_t b) { return b == 0xcd; };
+          REQUIRE(std::all_of(dst.begin(), dst.begin() + static_cast<long>(d_off), untouched));
+          REQUIRE(std::all_of(dst.begin() + static_cast<long>(d_off + n), dst.end(), untouched));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("stream_copy streams only what cannot stay in the caches", "[copy]") {
+  CHECK_FALSE(should_stream(1u << 20, 1u << 20));
+  CHECK_FALSE(should_stream(64u << 20, 4096));
+  CHECK(should_stream(16u << 20, 64u << 10));
+  CHECK(should_stream(1ull << 30, 1ull << 30));
+}
