@@ -2,9 +2,25 @@
 
 #include <xxhash.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdio>
+#include <cstring>
+#include <memory>
+#include <system_error>
+#include <thread>
 
 namespace cairn {
+
+#if defined(CAIRN_HASH_AVX2)
+namespace hash_avx2 {  // core/hash_avx2.cpp
+ChunkHash hash(const void* data, size_t size);
+bool copy_and_hash(unsigned char* dst, const unsigned char* src, uint64_t len, ChunkHash* out);
+}  // namespace hash_avx2
+namespace {
+const bool kAvx2 = __builtin_cpu_supports("avx2");
+}  // namespace
+#endif
 
 std::string ChunkHash::hex() const {
   char buf[33];
@@ -29,6 +45,9 @@ std::optional<ChunkHash> ChunkHash::from_hex(std::string_view hex) {
 }
 
 ChunkHash hash_bytes(const void* data, size_t size) {
+#if defined(CAIRN_HASH_AVX2)
+  if (kAvx2) return hash_avx2::hash(data, size);
+#endif
   XXH128_hash_t h = XXH3_128bits(data, size);
   return ChunkHash{h.high64, h.low64};
 }
@@ -43,6 +62,50 @@ std::vector<ChunkHash> hash_chunks(const void* data, uint64_t size, uint64_t chu
     uint64_t n = size - off < chunk_size ? size - off : chunk_size;
     out.push_back(hash_bytes(p + off, n));
   }
+  return out;
+}
+
+std::vector<ChunkHash> copy_and_hash_chunks(void* dst, const void* src, uint64_t size, uint64_t chunk_size,
+                                            unsigned threads) {
+  const uint64_t chunks = chunk_count(size, chunk_size);
+  std::vector<ChunkHash> out(chunks);
+  auto* d = static_cast<unsigned char*>(dst);
+  const auto* s = static_cast<const unsigned char*>(src);
+  std::atomic<uint64_t> next{0};
+  auto work = [&] {
+    std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> st(XXH3_createState(), &XXH3_freeState);
+    for (uint64_t c; (c = next++) < chunks;) {
+      const uint64_t from = c * chunk_size, len = std::min(chunk_size, size - from);
+#if defined(CAIRN_HASH_AVX2)
+      if (kAvx2 && hash_avx2::copy_and_hash(d + from, s + from, len, &out[c])) continue;
+#endif
+      if (!st) {  // out of memory for 576 bytes: copy, then hash in one call
+        std::memcpy(d + from, s + from, len);
+        out[c] = hash_bytes(d + from, len);
+        continue;
+      }
+      (void)XXH3_128bits_reset(st.get());
+      constexpr uint64_t kBlock = 64u << 10;
+      for (uint64_t b = 0; b < len; b += kBlock) {
+        const uint64_t n = std::min(kBlock, len - b);
+        std::memcpy(d + from + b, s + from + b, n);
+        (void)XXH3_128bits_update(st.get(), d + from + b, n);
+      }
+      const XXH128_hash_t h = XXH3_128bits_digest(st.get());
+      out[c] = ChunkHash{h.high64, h.low64};
+    }
+  };
+  const uint64_t helpers = std::min<uint64_t>(threads > 0 ? threads - 1 : 0, chunks > 0 ? chunks - 1 : 0);
+  std::vector<std::thread> pool;
+  for (uint64_t h = 0; h < helpers; ++h) {
+    try {
+      pool.emplace_back(work);
+    } catch (const std::system_error&) {
+      break;  // no more threads to be had: the ones running (and this one) do the rest
+    }
+  }
+  work();
+  for (auto& t : pool) t.join();
   return out;
 }
 

@@ -65,6 +65,26 @@ int64_t CommitPath::next_stamp() {
 
 // ---- commit ----
 
+// The chunk hashes a client computed while it copied a tensor into its staging space (the C++
+// writer does for tensors of several chunks): exactly one per chunk, each 32 lowercase hex digits.
+// The daemon trusts them as it trusts the client's bytes (docs/decisions/0001-chunk-hash.md: the
+// users of one daemon and repository are one job's); reads from storage verify them as always.
+Result<std::vector<ChunkHash>> CommitPath::client_hashes(const json& j, uint64_t nbytes, const std::string& what) const {
+  const uint64_t chunk_size = p_.repo.chunk_size();
+  const uint64_t want = chunk_count(nbytes, chunk_size);
+  if (!j.is_array() || j.size() != want)
+    return invalid_argument(what + ": 'hashes' must be an array of " + std::to_string(want) + " chunk hashes (" +
+                            std::to_string(nbytes) + " bytes in chunks of " + std::to_string(chunk_size) + ")");
+  std::vector<ChunkHash> out;
+  out.reserve(want);
+  for (size_t i = 0; i < j.size(); ++i) {
+    auto h = j[i].is_string() ? ChunkHash::from_hex(j[i].get_ref<const std::string&>()) : std::nullopt;
+    if (!h) return invalid_argument(what + ": hashes[" + std::to_string(i) + "] is not 32 lowercase hex digits");
+    out.push_back(*h);
+  }
+  return out;
+}
+
 Result<std::vector<CommitPath::Planned>> CommitPath::plan(Session& s, const std::string& id, const json& tensors,
                                                          bool inherit_all, const ModelManifest* parent,
                                                          const std::vector<uint8_t>& blob) {
@@ -93,6 +113,9 @@ Result<std::vector<CommitPath::Planned>> CommitPath::plan(Session& s, const std:
         if (it->second.length != p.desc.nbytes)
           return invalid_argument(what + ": staging space holds " + std::to_string(it->second.length) +
                                   " bytes but dtype and shape need " + std::to_string(p.desc.nbytes));
+        if (tj.contains("hashes")) {
+          CAIRN_ASSIGN_OR_RETURN(p.hashes, client_hashes(tj["hashes"], p.desc.nbytes, what));
+        }
       } else if (tj.contains("inline")) {
         const json& in = tj["inline"];
         if (!in.is_array() || in.size() != 2 || !in[0].is_number_unsigned() || !in[1].is_number_unsigned())
@@ -177,11 +200,11 @@ Result<std::shared_ptr<ModelManifest>> CommitPath::build_and_register(
   std::vector<Extent> tensor_ext;
   for (const auto& [pp, ext] : parts)
     for (size_t i = 0; i < pp->size(); ++i) plan.push_back(&(*pp)[i]), tensor_ext.push_back((*ext)[i]);
-  // Every new chunk hashed.
+  // Every new chunk hashed (but those the client hashed while it copied them).
   std::vector<std::pair<uint64_t, uint64_t>> to_hash;  // (arena offset, length)
   for (size_t i = 0; i < plan.size(); ++i) {
     const Planned& p = *plan[i];
-    if (p.source == Planned::kInherit) continue;
+    if (p.source == Planned::kInherit || !p.hashes.empty()) continue;
     for (uint64_t off = 0; off < p.desc.nbytes; off += chunk_size)
       to_hash.emplace_back(tensor_ext[i].offset + off, std::min(chunk_size, p.desc.nbytes - off));
   }
@@ -207,9 +230,9 @@ Result<std::shared_ptr<ModelManifest>> CommitPath::build_and_register(
     t.shape = p.desc.shape;
     t.nbytes = p.desc.nbytes;
     if (t.nbytes == 0) p_.dram.release(ext.offset, 0);
-    for (uint64_t off = 0; off < t.nbytes; off += chunk_size) {
+    for (uint64_t off = 0, k = 0; off < t.nbytes; off += chunk_size, ++k) {
       uint64_t len = std::min(chunk_size, t.nbytes - off);
-      ChunkHash h = hashes[hash_index++];
+      ChunkHash h = p.hashes.empty() ? hashes[hash_index++] : p.hashes[k];
       bool dirty = p_.tiers.only_in_dram(h);
       p_.dram.adopt(h, ext.offset + off, len, dirty);
       pinned.push_back(h);

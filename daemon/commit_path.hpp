@@ -110,7 +110,9 @@ class CommitPath {
     uint64_t space = 0;
     uint64_t blob_offset = 0;
     const TensorManifest* inherited = nullptr;
+    std::vector<ChunkHash> hashes;  // a staging space's chunk hashes, when the client sent them
   };
+  Result<std::vector<ChunkHash>> client_hashes(const nlohmann::json& j, uint64_t nbytes, const std::string& what) const;
   // Pass 1 of a commit: every field and tensor checked, nothing touched.
   Result<std::vector<Planned>> plan(Session& s, const std::string& id, const nlohmann::json& tensors,
                                     bool inherit_all, const ModelManifest* parent, const std::vector<uint8_t>& blob);

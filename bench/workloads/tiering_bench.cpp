@@ -261,13 +261,20 @@ json bench_commit(const fs::path& dir, uint64_t bytes, uint64_t tensors, int rep
     long faults;
     uint64_t ticket;
   };
-  auto cairn_commit = [&](const std::string& id) {
-    cairn::ModelWriter w(*d.client, id, "");
+  // own_buffer: the caller hands add_tensor its own buffer (a new user's first path: the library
+  // copies and hashes); else it writes into arena space from add_tensor_space (the daemon hashes
+  // at commit).
+  auto cairn_commit = [&](cairn::Client& client, const std::string& id, bool own_buffer) {
+    cairn::ModelWriter w(client, id, "");
     long f0 = minor_faults_this_thread();
     auto t0 = Clock::now();
     for (uint64_t t = 0; t < tensors; ++t) {
-      uint8_t* p = value_or_die(w.add_tensor_space(names[t], cairn::DType::kU8, {static_cast<int64_t>(tensor_bytes)}),
-                                "add_tensor_space");
+      const std::vector<int64_t> shape{static_cast<int64_t>(tensor_bytes)};
+      if (own_buffer) {
+        check(w.add_tensor(names[t], src.data() + t * tensor_bytes, cairn::DType::kU8, shape), "add_tensor");
+        continue;
+      }
+      uint8_t* p = value_or_die(w.add_tensor_space(names[t], cairn::DType::kU8, shape), "add_tensor_space");
       std::memcpy(p, src.data() + t * tensor_bytes, tensor_bytes);
     }
     auto t1 = Clock::now();
@@ -280,7 +287,15 @@ json bench_commit(const fs::path& dir, uint64_t bytes, uint64_t tensors, int rep
   // The first commit on a fresh connection (not in the median): the client's mapping of the arena
   // has no page table entries yet, so writing into arena space faults on every page.
   stamp(src.data(), bytes, 0xfeed);
-  CommitTimes cold = cairn_commit("first-on-connection");
+  CommitTimes cold_space = cairn_commit(*d.client, "first-on-connection", false);
+  d.flush();
+  CommitTimes cold_own;
+  {
+    auto fresh = value_or_die(cairn::Client::connect(config.socket), "connecting a second client");
+    stamp(src.data(), bytes, 0xbeef);
+    cold_own = cairn_commit(*fresh, "first-on-connection-own-buffer", true);
+    check(fresh->wait(cold_own.ticket, -1), "wait");
+  }
   d.flush();
   // Steady state, as in a long-running job: the client's mapping of the whole arena is populated
   // (one allocate of all free space, MADV_POPULATE_WRITE over it, free).
@@ -303,7 +318,7 @@ json bench_commit(const fs::path& dir, uint64_t bytes, uint64_t tensors, int rep
   }
   const uint64_t demoted0 = d.stats()["movement"].value("demoted_bytes", uint64_t{0});
 
-  std::vector<double> t_memcpy, t_write, t_total, t_fill, t_request, t_global;
+  std::vector<double> t_memcpy, t_write, t_total, t_fill, t_request, t_global, t_own, t_own_request;
   std::vector<long> faults;
   for (int r = 0; r < repeats; ++r) {
     stamp(src.data(), bytes, 0x1000 + static_cast<uint64_t>(r));  // new bytes: no deduplication
@@ -325,9 +340,15 @@ json bench_commit(const fs::path& dir, uint64_t bytes, uint64_t tensors, int rep
     t_write.push_back(seconds(Clock::now() - t0));
     ::unlink(file.c_str());
 
-    CommitTimes c = cairn_commit("checkpoint-" + std::to_string(r));
+    CommitTimes c = cairn_commit(*d.client, "checkpoint-" + std::to_string(r), false);
     double to_global = d.flush();  // every pending model in the repository: repeats do not overlap
     check(d.client->wait(c.ticket, -1), "wait");
+    stamp(src.data(), bytes, 0x2000 + static_cast<uint64_t>(r));
+    CommitTimes o = cairn_commit(*d.client, "own-buffer-" + std::to_string(r), true);
+    d.flush();
+    check(d.client->wait(o.ticket, -1), "wait");
+    t_own.push_back(o.total);
+    t_own_request.push_back(o.request);
     t_total.push_back(c.total);
     t_fill.push_back(c.fill);
     t_request.push_back(c.request);
@@ -339,9 +360,13 @@ json bench_commit(const fs::path& dir, uint64_t bytes, uint64_t tensors, int rep
   json out;
   out["bytes"] = bytes;
   out["tensors"] = tensors;
-  out["first_commit_on_connection_s"] = cold.total;
-  out["first_commit_on_connection_fill_s"] = cold.fill;
-  out["first_commit_on_connection_minor_faults"] = cold.faults;
+  out["first_commit_on_connection_s"] = cold_space.total;
+  out["first_commit_on_connection_fill_s"] = cold_space.fill;
+  out["first_commit_on_connection_minor_faults"] = cold_space.faults;
+  out["first_commit_own_buffer_s"] = cold_own.total;
+  out["commit_own_buffer_s"] = median(t_own);
+  out["commit_own_buffer_request_s"] = median(t_own_request);
+  out["commit_own_buffer_vs_memcpy"] = median(t_own) / median(t_memcpy);
   out["demoted_bytes_during_repeats"] = st["movement"].value("demoted_bytes", uint64_t{0}) - demoted0;
   out["dram_capacity"] = config.tiers.dram.capacity;
   out["nvme_capacity"] = config.tiers.nvme.capacity;
@@ -357,12 +382,15 @@ json bench_commit(const fs::path& dir, uint64_t bytes, uint64_t tensors, int rep
   out["commit_request_s"] = median(t_request);
   out["commit_vs_memcpy"] = median(t_total) / median(t_memcpy);
   out["goal_commit_vs_memcpy_max"] = 1.2;
-  out["goal_met"] = median(t_total) / median(t_memcpy) <= 1.2;
+  // Met only on every path: the caller's own buffer (first commit on a connection included) and
+  // arena space.
+  out["goal_met"] = std::max({median(t_total), median(t_own), cold_own.total}) / median(t_memcpy) <= 1.2;
   out["speedup_vs_write_fsync"] = median(t_write) / median(t_total);
   out["until_global_s"] = median(t_global);
   out["fill_minor_faults"] = faults;
   out["samples"] = {{"memcpy_s", t_memcpy}, {"write_fsync_s", t_write}, {"commit_memory_s", t_total},
-                    {"commit_fill_s", t_fill}, {"commit_request_s", t_request}, {"until_global_s", t_global}};
+                    {"commit_fill_s", t_fill}, {"commit_request_s", t_request}, {"until_global_s", t_global},
+                    {"commit_own_buffer_s", t_own}};
   out["movement"] = st["movement"];
   return out;
 }
@@ -680,10 +708,16 @@ int main(int argc, char** argv) {
   std::printf("   %-46s %7.1f ms %7.2f   %.2fx memcpy\n", ("write()+fsync of a file (" + machine["bench_dir_fs"].get<std::string>() + ")").c_str(),
               c["write_fsync_s"].get<double>() * 1e3, c["write_fsync_GBps"].get<double>(),
               c["write_fsync_s"].get<double>() / c["memcpy_s"].get<double>());
-  std::printf("   %-46s %7.1f ms %7.2f   %.2fx memcpy (goal <= 1.2: %s), %.1fx faster than write+fsync\n",
-              "cairn commit, memory ack", c["commit_memory_s"].get<double>() * 1e3, c["commit_memory_GBps"].get<double>(),
-              c["commit_vs_memcpy"].get<double>(), verdict(c["goal_met"].get<bool>()),
-              c["speedup_vs_write_fsync"].get<double>());
+  std::printf("   %-46s %7.1f ms %7.2f   %.2fx memcpy\n", "cairn commit from the caller's buffers (add_tensor)",
+              c["commit_own_buffer_s"].get<double>() * 1e3, c["bytes"].get<double>() / 1e9 / c["commit_own_buffer_s"].get<double>(),
+              c["commit_own_buffer_vs_memcpy"].get<double>());
+  std::printf("   %-46s %7.1f ms\n", "  of which: the commit request (adopt)", c["commit_own_buffer_request_s"].get<double>() * 1e3);
+  std::printf("   %-46s %7.1f ms   %.2fx memcpy\n", "  the same, first commit on a fresh connection",
+              c["first_commit_own_buffer_s"].get<double>() * 1e3,
+              c["first_commit_own_buffer_s"].get<double>() / c["memcpy_s"].get<double>());
+  std::printf("   %-46s %7.1f ms %7.2f   %.2fx memcpy, %.1fx faster than write+fsync\n",
+              "cairn commit written into arena space", c["commit_memory_s"].get<double>() * 1e3, c["commit_memory_GBps"].get<double>(),
+              c["commit_vs_memcpy"].get<double>(), c["speedup_vs_write_fsync"].get<double>());
   std::printf("   %-46s %7.1f ms\n", "  of which: allocate + write into arena space", c["commit_fill_s"].get<double>() * 1e3);
   std::printf("   %-46s %7.1f ms\n", "  of which: the commit request (hash, adopt)", c["commit_request_s"].get<double>() * 1e3);
   std::printf("   %-46s %7.1f ms   (for information: through NVMe to the repository)\n",
@@ -691,9 +725,10 @@ int main(int argc, char** argv) {
   std::printf("   minor page faults while writing into arena space, per repeat: %s (client mapping pre-populated)\n",
               c["fill_minor_faults"].dump().c_str());
   std::printf("   %-46s %7.1f ms   %.2fx memcpy (%ld page faults: client mapping of the arena cold)\n",
-              "first commit on a fresh connection", c["first_commit_on_connection_s"].get<double>() * 1e3,
+              "  the same, first commit on a fresh connection", c["first_commit_on_connection_s"].get<double>() * 1e3,
               c["first_commit_on_connection_s"].get<double>() / c["memcpy_s"].get<double>(),
               c["first_commit_on_connection_minor_faults"].get<long>());
+  std::printf("   goal: every path <= 1.2x memcpy: %s\n", verdict(c["goal_met"].get<bool>()));
   std::printf("   the demoter wrote %.0f MiB of older checkpoints' chunks to NVMe during the repeats\n",
               c["demoted_bytes_during_repeats"].get<double>() / kMiB);
   std::fflush(stdout);

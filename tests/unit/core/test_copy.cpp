@@ -3,9 +3,13 @@
 #include <catch2/catch.hpp>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "core/copy.hpp"
+#include "core/hash.hpp"
+
+#include <xxhash.h>
 
 using cairn::should_stream;
 using cairn::stream_copy;
@@ -38,4 +42,28 @@ TEST_CASE("stream_copy streams only what cannot stay in the caches", "[copy]") {
   CHECK_FALSE(should_stream(64u << 20, 4096));
   CHECK(should_stream(16u << 20, 64u << 10));
   CHECK(should_stream(1ull << 30, 1ull << 30));
+}
+
+TEST_CASE("copy_and_hash_chunks copies and gives hash_chunks' hashes, on any number of threads", "[copy][hash]") {
+  const uint64_t chunk = 1u << 20;
+  for (uint64_t n : {uint64_t{0}, uint64_t{1}, uint64_t{65536}, chunk, chunk + 1, 5 * chunk + 777}) {
+    std::vector<uint8_t> src(n + 1), dst(n + 1, 0xcd);
+    for (uint64_t i = 0; i < n; ++i) src[i] = static_cast<uint8_t>((i * 2654435761u) >> 13);
+    for (unsigned threads : {1u, 2u, 4u, 64u}) {
+      std::fill(dst.begin(), dst.end(), uint8_t{0xcd});
+      auto got = cairn::copy_and_hash_chunks(dst.data(), src.data(), n, chunk, threads);
+      INFO("n " << n << " threads " << threads);
+      REQUIRE(std::memcmp(dst.data(), src.data(), n) == 0);
+      REQUIRE(dst[n] == 0xcd);
+      REQUIRE(got == cairn::hash_chunks(src.data(), n, chunk));
+      if (n > 0) CHECK(got.front() == cairn::hash_bytes(src.data(), std::min(n, chunk)));
+    }
+  }
+  // hash_bytes (the AVX2 build of xxh3 where the CPU has AVX2) and libxxhash agree.
+  std::vector<uint8_t> buf(3 * chunk + 5);
+  for (size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<uint8_t>(i ^ (i >> 9));
+  for (size_t n : {size_t{0}, size_t{3}, size_t{240}, size_t{4097}, buf.size()}) {
+    const XXH128_hash_t want = XXH3_128bits(buf.data(), n);
+    CHECK(cairn::hash_bytes(buf.data(), n) == cairn::ChunkHash{want.high64, want.low64});
+  }
 }

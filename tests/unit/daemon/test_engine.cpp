@@ -574,6 +574,17 @@ TEST_CASE("engine: commit rejects bad requests and leaves nothing behind", "[eng
          {"id", "n"},
          {"tensors", {{{"name", "s"}, {"dtype", "U8"}, {"shape", {11}}, {"space", sp["space"]}}}}},
         StatusCode::kInvalidArgument, "staging space holds 10 bytes");
+  // Chunk hashes a client sends with a space: one per chunk, each 32 lowercase hex digits.
+  const std::string good(32, 'a');
+  auto with_hashes = [&](const json& hashes) {
+    return json{{"op", "commit"},
+                {"id", "n"},
+                {"tensors", {{{"name", "s"}, {"dtype", "U8"}, {"shape", {10}}, {"space", sp["space"]}, {"hashes", hashes}}}}};
+  };
+  fails(e, s, with_hashes(json::array({good, good})), StatusCode::kInvalidArgument, "array of 1 chunk hashes");
+  fails(e, s, with_hashes(good), StatusCode::kInvalidArgument, "array of 1 chunk hashes");
+  fails(e, s, with_hashes(json::array({std::string(32, 'A')})), StatusCode::kInvalidArgument, "hashes[0]");
+  fails(e, s, with_hashes(json::array({7})), StatusCode::kInvalidArgument, "hashes[0]");
   ok(e, s, {{"op", "free"}, {"space", sp["space"]}});
 
   // Nothing of "n" exists, and the id is still free.
