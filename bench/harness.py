@@ -99,8 +99,15 @@ def run_tiers(quick: bool, work: Path) -> List[Dict[str, Any]]:
     rows = []
     c = d.get("commit")
     if c:
+        mib = c['bytes'] >> 20
+        if "commit_own_buffer_s" in c:
+            rows.append(ratio("tiers", f"commit {mib} MiB at memory from the caller's buffers (add_tensor): blocking time",
+                              c["commit_own_buffer_s"], "memcpy", c["memcpy_s"], "s", "lower", "<= 1.2"))
+            rows.append(ratio("tiers", "the same, first commit on a new connection: blocking time",
+                              c["first_commit_own_buffer_s"], "memcpy", c["memcpy_s"], "s", "lower", "<= 1.2"))
         rows.append(ratio("tiers", f"commit {c['bytes'] >> 20} MiB at memory: blocking time", c["commit_memory_s"],
-                          "memcpy", c["memcpy_s"], "s", "lower", "<= 1.2"))
+                          "memcpy", c["memcpy_s"], "s", "lower", "<= 1.2",
+                          "written into arena space (add_tensor_space) by the caller's memcpy, tensor by tensor"))
         rows.append(ratio("tiers", f"commit {c['bytes'] >> 20} MiB at memory: blocking time", c["commit_memory_s"],
                           "write+fsync", c["write_fsync_s"], "s", "lower"))
     n = d.get("nvme")
