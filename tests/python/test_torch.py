@@ -293,7 +293,13 @@ def test_load_into_a_module_is_strict(client):
         assert all(v.device.type == "cpu" for v in sd.values())
         sd["0.weight"].zero_()
         assert torch.equal(ct.load("strict/m", client=client)["0.weight"], m[0].weight)
-    ct.load("strict/m", module=small(), client=client, copy=True)
+    assert_same_state(ct.load("strict/m", module=small(), client=client, copy=True), m)
+    # read_into: one copy into the caller's arrays; a non-contiguous or read-only array is refused.
+    w = np.empty(tuple(m[0].weight.shape), np.float32)
+    client.read_into("strict/m", {"0.weight": w})
+    assert np.array_equal(w, m[0].weight.detach().numpy())
+    with pytest.raises(cairn.InvalidArgument, match="C-contiguous"):
+        client.read_into("strict/m", {"0.weight": np.empty((8, 3, 3, 6), np.float32)[..., ::2]})
     with pytest.raises(RuntimeError, match="size mismatch"):
         ct.load("strict/m", module=small(width=32), client=client, copy=True)
 
