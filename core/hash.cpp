@@ -1,12 +1,12 @@
 #include "core/hash.hpp"
 
+#define XXH_STATIC_LINKING_ONLY  // XXH3_state_t on the stack (core/hash_copy.inc)
 #include <xxhash.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstring>
-#include <memory>
 #include <system_error>
 #include <thread>
 
@@ -15,12 +15,16 @@ namespace cairn {
 #if defined(CAIRN_HASH_AVX2)
 namespace hash_avx2 {  // core/hash_avx2.cpp
 ChunkHash hash(const void* data, size_t size);
-bool copy_and_hash(unsigned char* dst, const unsigned char* src, uint64_t len, ChunkHash* out);
+ChunkHash copy_and_hash(unsigned char* dst, const unsigned char* src, uint64_t len);
 }  // namespace hash_avx2
 namespace {
 const bool kAvx2 = __builtin_cpu_supports("avx2");
 }  // namespace
 #endif
+
+namespace {
+#include "core/hash_copy.inc"
+}  // namespace
 
 std::string ChunkHash::hex() const {
   char buf[33];
@@ -73,26 +77,15 @@ std::vector<ChunkHash> copy_and_hash_chunks(void* dst, const void* src, uint64_t
   const auto* s = static_cast<const unsigned char*>(src);
   std::atomic<uint64_t> next{0};
   auto work = [&] {
-    std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> st(XXH3_createState(), &XXH3_freeState);
     for (uint64_t c; (c = next++) < chunks;) {
       const uint64_t from = c * chunk_size, len = std::min(chunk_size, size - from);
 #if defined(CAIRN_HASH_AVX2)
-      if (kAvx2 && hash_avx2::copy_and_hash(d + from, s + from, len, &out[c])) continue;
-#endif
-      if (!st) {  // out of memory for 576 bytes: copy, then hash in one call
-        std::memcpy(d + from, s + from, len);
-        out[c] = hash_bytes(d + from, len);
+      if (kAvx2) {
+        out[c] = hash_avx2::copy_and_hash(d + from, s + from, len);
         continue;
       }
-      (void)XXH3_128bits_reset(st.get());
-      constexpr uint64_t kBlock = 64u << 10;
-      for (uint64_t b = 0; b < len; b += kBlock) {
-        const uint64_t n = std::min(kBlock, len - b);
-        std::memcpy(d + from + b, s + from + b, n);
-        (void)XXH3_128bits_update(st.get(), d + from + b, n);
-      }
-      const XXH128_hash_t h = XXH3_128bits_digest(st.get());
-      out[c] = ChunkHash{h.high64, h.low64};
+#endif
+      out[c] = copy_and_hash_one(d + from, s + from, len);
     }
   };
   const uint64_t helpers = std::min<uint64_t>(threads > 0 ? threads - 1 : 0, chunks > 0 ? chunks - 1 : 0);

@@ -18,20 +18,10 @@ ChunkHash hash(const void* data, size_t size) {
   return ChunkHash{h.high64, h.low64};
 }
 
-bool copy_and_hash(unsigned char* dst, const unsigned char* src, uint64_t len, ChunkHash* out) {
-  XXH3_state_t* st = XXH3_createState();
-  if (!st) return false;
-  (void)XXH3_128bits_reset(st);
-  constexpr uint64_t kBlock = 64u << 10;
-  for (uint64_t b = 0; b < len; b += kBlock) {
-    const uint64_t n = std::min(kBlock, len - b);
-    std::memcpy(dst + b, src + b, n);
-    (void)XXH3_128bits_update(st, dst + b, n);
-  }
-  const XXH128_hash_t h = XXH3_128bits_digest(st);
-  XXH3_freeState(st);
-  *out = ChunkHash{h.high64, h.low64};
-  return true;
+#include "core/hash_copy.inc"
+
+ChunkHash copy_and_hash(unsigned char* dst, const unsigned char* src, uint64_t len) {
+  return copy_and_hash_one(dst, src, len);
 }
 
 }  // namespace cairn::hash_avx2

@@ -615,36 +615,40 @@ Result<std::vector<std::span<uint8_t>>> ModelReader::map_many_private(const std:
   // share one mapping (one mmap and one populate for a run instead of one per tensor: ResNet-50
   // has 320 tensors). Tensors whose bytes overlap (identical tensors of one model are stored once)
   // never share one: each gets its own, so a write to one cannot show in the other.
-  std::vector<std::pair<uint64_t, size_t>> order;  // (arena offset, index in names)
+  struct View {
+    uint64_t offset, nbytes;
+    size_t index;  // in names
+  };
+  std::vector<View> order;
   for (size_t i = 0; i < leased.size(); ++i) {
     if (leased[i].extents.size() > 1) return protocol_error("daemon answered a contiguous lease with several extents");
-    if (!leased[i].extents.empty() && find(names[i])->nbytes > 0) order.emplace_back(leased[i].extents[0].first, i);
+    const uint64_t n = find(names[i])->nbytes;
+    if (!leased[i].extents.empty() && n > 0) order.push_back(View{leased[i].extents[0].first, n, i});
   }
-  std::sort(order.begin(), order.end());
+  std::sort(order.begin(), order.end(), [](const View& a, const View& b) { return a.offset < b.offset; });
   std::vector<std::span<uint8_t>> out(leased.size());
-  auto map_run = [&](const std::vector<std::pair<uint64_t, size_t>>& run, uint64_t from, uint64_t to) -> Status {
+  auto map_run = [&](const std::vector<View>& run, uint64_t from, uint64_t to) -> Status {
     auto p = client_.arena_view().map_private(from, to - from);
     if (!p.is_ok()) return p.status();  // the runs mapped so far are unmapped by close()
     private_.emplace_back(*p, to - from);
-    for (const auto& [off, i] : run) out[i] = {*p + (off - from), find(names[i])->nbytes};
+    for (const View& v : run) out[v.index] = {*p + (v.offset - from), v.nbytes};
     return Status::ok();
   };
   constexpr uint64_t kGap = 1u << 20;
-  std::vector<std::pair<uint64_t, size_t>> run;
+  std::vector<View> run;
   uint64_t from = 0, to = 0;
-  for (const auto& t : order) {
-    const uint64_t n = find(names[t.second])->nbytes;
-    if (!run.empty() && t.first < to) {  // overlaps the run: a mapping of its own
-      CAIRN_RETURN_IF_ERROR(map_run({t}, t.first, t.first + n));
+  for (const View& v : order) {
+    if (!run.empty() && v.offset < to) {  // overlaps the run: a mapping of its own
+      CAIRN_RETURN_IF_ERROR(map_run({v}, v.offset, v.offset + v.nbytes));
       continue;
     }
-    if (!run.empty() && t.first > to + kGap) {
+    if (!run.empty() && v.offset > to + kGap) {
       CAIRN_RETURN_IF_ERROR(map_run(run, from, to));
       run.clear();
     }
-    if (run.empty()) from = to = t.first;
-    run.push_back(t);
-    to = std::max(to, t.first + n);
+    if (run.empty()) from = to = v.offset;
+    run.push_back(v);
+    to = std::max(to, v.offset + v.nbytes);
   }
   if (!run.empty()) CAIRN_RETURN_IF_ERROR(map_run(run, from, to));
   return out;

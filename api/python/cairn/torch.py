@@ -319,7 +319,7 @@ def load(
     pages it touches into this process; the stored model never changes. The model stays pinned in
     the daemon's memory while any of the tensors lives (a module keeps it as long as it keeps those
     weights). ``copy=True``: tensors that own their memory (one copy; nothing stays pinned), and a
-    module is filled with ``load_state_dict``.
+    module on the host is filled with one copy straight into its parameters' memory.
 
     ``device``: where the tensors (and the module, moved first) go. When the daemon has a CUDA HBM
     tier (docs/gpu.md), a state dict loaded onto a CUDA device aliases the daemon's copies in GPU
