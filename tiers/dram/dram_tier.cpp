@@ -135,11 +135,12 @@ void DramTier::finish_demotion(const ChunkHash& hash) {
   space_cv_.notify_all();
 }
 
-std::optional<uint64_t> DramTier::pin_if_resident(const ChunkHash& hash) {
+std::optional<uint64_t> DramTier::pin_if_resident(const ChunkHash& hash, uint64_t* length) {
   std::lock_guard lock(mu_);
   auto it = chunks_.find(hash);
   if (it == chunks_.end()) return std::nullopt;
   ++it->second.pins;
+  if (length) *length = it->second.length;
   return it->second.offset;
 }
 
@@ -321,6 +322,11 @@ TierStats DramTier::stats() const {
   s.chunks = chunks_.size();
   s.dirty_bytes = dirty_bytes_;
   s.backpressure_waits = backpressure_waits_;
+  for (const auto& [hash, r] : chunks_) {
+    const uint64_t held = alloc_.round_up(r.length);  // what the chunk holds of the arena
+    s.chunk_bytes += held;
+    if (r.pins > 0) s.pinned_bytes += held;
+  }
   return s;
 }
 
