@@ -61,6 +61,12 @@ struct Config {
     std::string level = "info";     // trace | debug | info | warn | error | off
     std::string file;               // "" = stderr
   } log;
+  // A client request running longer than this is reported with every thread's stack
+  // (daemon/watchdog.hpp): "60s", "10m"; "0" = no watchdog.
+  std::string watchdog = "10m";
+  struct {
+    bool fault_injection = false;   // the `fault` request may inject filesystem faults (tests only)
+  } debug;
 
   // The effective config as YAML (what `cairnd --print-config` shows).
   std::string to_yaml() const;

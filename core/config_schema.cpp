@@ -64,6 +64,9 @@ const std::vector<Key>& schema() {
        .field = [](Config& c) -> Field { return &c.log.level; },
        .choices = {"trace", "debug", "info", "warn", "error", "off"}},
       {.path = "log.file", .field = [](Config& c) -> Field { return &c.log.file; }},
+      {.path = "watchdog", .field = [](Config& c) -> Field { return &c.watchdog; }},
+      {.path = "debug.fault_injection",
+       .field = [](Config& c) -> Field { return &c.debug.fault_injection; }},
   };
   return kKeys;
 }

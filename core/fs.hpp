@@ -94,6 +94,9 @@ class FileSystem {
 
 // The real filesystem (a process-wide object).
 FileSystem& posix_fs();
+// True when fs is posix_fs(), directly or under a FaultyFileSystem: then the real file exists (and
+// can be flock'ed).
+bool is_posix(FileSystem& fs);
 
 // Files and directories in memory. Paths are plain strings; directories exist once created by
 // make_dirs (open with kCreate needs the parent directory). Capacity: total bytes of file contents
@@ -129,6 +132,7 @@ class FaultyFileSystem final : public FileSystem {
     kShortWrite,  // a write stores only its first half, then fails with EIO (a torn write)
     kFlipBit,     // a read returns its bytes with one bit flipped (silent corruption)
     kDropWrite,   // a write reports success but stores nothing (a lying device)
+    kDelay,       // the operation waits delay_ms, then runs unchanged (a slow or hung device)
   };
   struct Rule {
     Op op = Op::kWrite;
@@ -137,14 +141,34 @@ class FaultyFileSystem final : public FileSystem {
     int err = 5;                // EIO
     int skip = 0;
     int times = 1;
+    uint32_t delay_ms = 0;      // kDelay only
   };
+  // A rule as it stands now: skip and times count down as operations match.
+  struct RuleState {
+    Rule rule;
+    uint64_t injected = 0;      // operations this rule changed (or delayed)
+  };
+
+  // The names of ops, effects and injectable errno values ("write", "flip_bit", "ENOSPC"): what
+  // the daemon's `fault` request and `cairn fault` use, and what injected errors are called.
+  template <class T>
+  struct Named {
+    const char* name;
+    T value;
+  };
+  static std::span<const Named<Op>> op_names();
+  static std::span<const Named<Effect>> effect_names();
+  static std::span<const Named<int>> error_names();
 
   explicit FaultyFileSystem(FileSystem& base);
   ~FaultyFileSystem() override;
   void add(Rule rule);
   void clear();
-  // How many operations the rules changed so far.
+  // How many operations the rules changed so far (cleared rules included).
   uint64_t injected() const;
+  // The rules in the order added, with their counters.
+  std::vector<RuleState> rules() const;
+  FileSystem& base() const { return base_; }
 
   Result<std::unique_ptr<File>> open(const std::string& path, unsigned flags) override;
   Status rename(const std::string& from, const std::string& to) override;

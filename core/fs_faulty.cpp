@@ -1,8 +1,11 @@
 // FaultyFileSystem (core/fs.hpp): the fault injector that wraps another FileSystem.
 #include <algorithm>
+#include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <new>
 #include <optional>
+#include <thread>
 #include <utility>
 
 #include "core/fs.hpp"
@@ -14,32 +17,43 @@ using fs_internal::at;
 
 // Effects act where they mean something: kShortWrite and kDropWrite on writes, kFlipBit on reads
 // (and on writes, where it stores the bytes with one bit flipped); any other pairing (a kFlipBit
-// rule on kSync, say) fails the operation as kFail would. kSync rules match File::sync and
+// rule on kSync, say) fails the operation as kFail would; kDelay delays any operation it matches. kSync rules match File::sync and
 // sync_dir; kRename rules match either name. truncate, size, make_dirs, list, exists and
 // remove_all are never changed.
 
 struct FaultyFileSystem::State {
   mutable std::mutex mu;
-  std::vector<Rule> rules;  // skip and times count down in place
+  std::vector<RuleState> rules;  // skip and times count down in place
   uint64_t injected = 0;
 
   // The effect to apply to one operation on path (or on either of two paths), if a rule matches.
+  // A kDelay rule sleeps here (outside the lock) and lets the operation run: nullopt.
   std::optional<Rule> match(Op op, const std::string& path, const std::string& path2 = {}) {
-    std::lock_guard lock(mu);
-    for (Rule& r : rules) {
-      if (r.op != op || r.times == 0) continue;
-      if (!r.path_contains.empty() && path.find(r.path_contains) == std::string::npos &&
-          (path2.empty() || path2.find(r.path_contains) == std::string::npos))
-        continue;
-      if (r.skip > 0) {
-        --r.skip;  // let this one through; a later rule may still match it
-        continue;
+    std::optional<Rule> hit;
+    {
+      std::lock_guard lock(mu);
+      for (RuleState& s : rules) {
+        Rule& r = s.rule;
+        if (r.op != op || r.times == 0) continue;
+        if (!r.path_contains.empty() && path.find(r.path_contains) == std::string::npos &&
+            (path2.empty() || path2.find(r.path_contains) == std::string::npos))
+          continue;
+        if (r.skip > 0) {
+          --r.skip;  // let this one through; a later rule may still match it
+          continue;
+        }
+        if (r.times > 0) --r.times;
+        ++injected;
+        ++s.injected;
+        hit = r;
+        break;
       }
-      if (r.times > 0) --r.times;
-      ++injected;
-      return r;
     }
-    return std::nullopt;
+    if (hit && hit->effect == Effect::kDelay) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(hit->delay_ms));
+      return std::nullopt;
+    }
+    return hit;
   }
 };
 
@@ -47,8 +61,30 @@ namespace {
 
 using Faulty = FaultyFileSystem;
 
+constexpr Faulty::Named<Faulty::Op> kOps[] = {
+    {"open", Faulty::Op::kOpen},         {"write", Faulty::Op::kWrite},   {"read", Faulty::Op::kRead},
+    {"sync", Faulty::Op::kSync},         {"allocate", Faulty::Op::kAllocate},
+    {"rename", Faulty::Op::kRename},     {"unlink", Faulty::Op::kUnlink},
+};
+constexpr Faulty::Named<Faulty::Effect> kEffects[] = {
+    {"fail", Faulty::Effect::kFail},           {"short_write", Faulty::Effect::kShortWrite},
+    {"flip_bit", Faulty::Effect::kFlipBit},    {"drop_write", Faulty::Effect::kDropWrite},
+    {"delay", Faulty::Effect::kDelay},
+};
+constexpr Faulty::Named<int> kErrors[] = {
+    {"EIO", EIO},         {"ENOSPC", ENOSPC},   {"EDQUOT", EDQUOT},       {"EROFS", EROFS},
+    {"EACCES", EACCES},   {"EPERM", EPERM},     {"ENOENT", ENOENT},       {"EEXIST", EEXIST},
+    {"EBUSY", EBUSY},     {"EAGAIN", EAGAIN},   {"EINTR", EINTR},         {"ETIMEDOUT", ETIMEDOUT},
+    {"ENOMEM", ENOMEM},   {"EMFILE", EMFILE},   {"ENFILE", ENFILE},       {"EFBIG", EFBIG},
+    {"ENODEV", ENODEV},   {"ENXIO", ENXIO},     {"ESTALE", ESTALE},       {"EINVAL", EINVAL},
+    {"EBADF", EBADF},     {"EXDEV", EXDEV},     {"ENAMETOOLONG", ENAMETOOLONG},
+};
+
 Status injected_error(const std::string& what, const Faulty::Rule& r) {
-  return errno_status(what + " (injected fault)", r.err);
+  const char* name = "errno";
+  for (const auto& e : kErrors)
+    if (e.value == r.err) name = e.name;
+  return errno_status(what + " (injected " + name + ")", r.err);
 }
 
 struct AlignedDelete {
@@ -169,6 +205,7 @@ class FaultyFile final : public File {
         return base_->pwrite(copy.get(), len, offset);
       }
       case Faulty::Effect::kFail:
+      case Faulty::Effect::kDelay:  // handled in match()
         break;
     }
     return injected_error(what, r);
@@ -180,12 +217,27 @@ class FaultyFile final : public File {
 
 }  // namespace
 
+std::span<const Faulty::Named<Faulty::Op>> FaultyFileSystem::op_names() { return kOps; }
+std::span<const Faulty::Named<Faulty::Effect>> FaultyFileSystem::effect_names() { return kEffects; }
+std::span<const Faulty::Named<int>> FaultyFileSystem::error_names() { return kErrors; }
+
 FaultyFileSystem::FaultyFileSystem(FileSystem& base) : base_(base), state_(std::make_shared<State>()) {}
 FaultyFileSystem::~FaultyFileSystem() = default;
 
 void FaultyFileSystem::add(Rule rule) {
   std::lock_guard lock(state_->mu);
-  state_->rules.push_back(std::move(rule));
+  state_->rules.push_back(RuleState{std::move(rule), 0});
+}
+
+std::vector<FaultyFileSystem::RuleState> FaultyFileSystem::rules() const {
+  std::lock_guard lock(state_->mu);
+  return state_->rules;
+}
+
+bool is_posix(FileSystem& fs) {
+  if (&fs == &posix_fs()) return true;
+  auto* faulty = dynamic_cast<FaultyFileSystem*>(&fs);
+  return faulty != nullptr && is_posix(faulty->base());
 }
 
 void FaultyFileSystem::clear() {

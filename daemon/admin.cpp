@@ -5,6 +5,7 @@
 
 #include "core/log.hpp"
 #include "daemon/request.hpp"
+#include "daemon/watchdog.hpp"
 
 namespace cairn {
 
@@ -131,6 +132,7 @@ Result<json> Admin::stats(const json& /*req*/) {
                {{"pending_models", fl.pending_models},
                 {"awaiting_local", fl.awaiting_local},
                 {"local_not_global", fl.local_not_global},
+                {"repository_write_retries", fl.repository_write_retries},
                 {"dirty_dram_bytes", dram.dirty_bytes},
                 {"dirty_nvme_bytes", nvme.dirty_bytes}}},
               {"movement", std::move(moved)},
@@ -145,7 +147,10 @@ Result<json> Admin::stats(const json& /*req*/) {
 Result<json> Admin::remove(const json& req) {
   CAIRN_ASSIGN_OR_RETURN(std::string id, get_name(req, "id", "a model id"));
   // A model still on its way to the repository is retired once it is there.
-  p_.flusher.wait_until_flushed(id);
+  {
+    Watchdog::ClientWait waiting;  // for the flusher, as a commit waits for its durability
+    p_.flusher.wait_until_flushed(id);
+  }
   auto before = p_.repo.get_shared(id);
   Status st = p_.repo.retire(id);
   if (st.code() == StatusCode::kNotFound) return not_found("model '" + id + "' does not exist (see `cairn ls`)");
@@ -157,7 +162,10 @@ Result<json> Admin::remove(const json& req) {
 
 Result<json> Admin::gc(const json& /*req*/) {
   std::unique_lock gc_lock(p_.gc_mu);
-  p_.flusher.drain();  // every pending model is in the repository, so its references count
+  {
+    Watchdog::ClientWait waiting;  // for the flusher, as `flush` does
+    p_.flusher.drain();  // every pending model is in the repository, so its references count
+  }
   CAIRN_ASSIGN_OR_RETURN(GcReport r, p_.repo.gc());
   // And fold the logs of daemons that are gone into a checkpoint (another process compacting: later).
   auto compacted = p_.repo.compact();
@@ -208,8 +216,11 @@ Result<json> Admin::flush(const json& req) {
   auto t0 = std::chrono::steady_clock::now();
   const uint64_t before = p_.flusher.stats().pending_models;
   bool done = true;
-  if (timeout_ms < 0) p_.flusher.drain();
-  else done = p_.flusher.drain_for(std::chrono::milliseconds(timeout_ms));
+  {
+    Watchdog::ClientWait waiting;
+    if (timeout_ms < 0) p_.flusher.drain();
+    else done = p_.flusher.drain_for(std::chrono::milliseconds(timeout_ms));
+  }
   const uint64_t left = p_.flusher.stats().pending_models;
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!done)

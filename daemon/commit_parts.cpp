@@ -26,6 +26,7 @@
 #include "daemon/peers/group_parts.hpp"
 #include "daemon/request.hpp"
 #include "daemon/trace_recorder.hpp"
+#include "daemon/watchdog.hpp"
 
 namespace cairn {
 
@@ -194,6 +195,7 @@ Result<json> CommitPath::part_reply(Session& s, json out, uint64_t ticket, bool 
     out["ticket"] = ticket;
     return out;
   }
+  Watchdog::ClientWait waiting;  // for the durability asked for (only the reply follows)
   CAIRN_ASSIGN_OR_RETURN(TicketBook::Outcome t, p_.tickets.wait(ticket, std::chrono::milliseconds(-1)));
   if (!t.error.is_ok()) return t.error;
   out["reached"] = durability_name(t.reached);

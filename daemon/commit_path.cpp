@@ -10,6 +10,7 @@
 #include "core/graph.hpp"
 #include "daemon/model_graph.hpp"
 #include "daemon/request.hpp"
+#include "daemon/watchdog.hpp"
 #include "daemon/trace_recorder.hpp"
 
 namespace cairn {
@@ -251,7 +252,9 @@ Result<std::shared_ptr<ModelManifest>> CommitPath::build_and_register(
   // commits go through the burst buffer (DeepFreeze's levels); a global commit's caller waits for
   // the repository anyway, so its bytes go there directly.
   GraphHandle graph = graph_for(p_.catalog, *m, parsed_graph, parent_manifest);
-  Flusher::Entry entry{m, ticket, p_.burst_buffer && target < DurabilityLevel::kGlobal, false};
+  // A model acknowledged before the repository has it is retried there, never dropped (flusher.hpp).
+  Flusher::Entry entry{m, ticket, p_.burst_buffer && target < DurabilityLevel::kGlobal, false,
+                       target < DurabilityLevel::kGlobal};
   Status registered = p_.flusher.enqueue(std::move(entry), [&]() -> Status {
     Status added = p_.catalog.add(id, parent, std::move(graph), m->metadata);
     if (!added.is_ok()) return added.with_context("registering model '" + id + "' in the catalog");
@@ -389,6 +392,7 @@ Result<json> CommitPath::commit(Session& s, const json& req, std::vector<uint8_t
     out["reached"] = durability_name(DurabilityLevel::kMemory);
     return out;
   }
+  Watchdog::ClientWait waiting;  // for the durability asked for (only the reply follows)
   CAIRN_ASSIGN_OR_RETURN(TicketBook::Outcome t, p_.tickets.wait(ticket, std::chrono::milliseconds(-1)));
   if (!t.error.is_ok()) return t.error;
   out["reached"] = durability_name(t.reached);
@@ -398,6 +402,7 @@ Result<json> CommitPath::commit(Session& s, const json& req, std::vector<uint8_t
 Result<json> CommitPath::wait(const json& req) {
   CAIRN_ASSIGN_OR_RETURN(uint64_t id, get_u64(req, "ticket"));
   int64_t timeout_ms = get_i64_or(req, "timeout_ms", -1);
+  Watchdog::ClientWait waiting;  // the client asked to wait (only the reply follows)
   CAIRN_ASSIGN_OR_RETURN(TicketBook::Outcome t, p_.tickets.wait(id, std::chrono::milliseconds(timeout_ms)));
   if (!t.done)
     return timed_out("ticket " + std::to_string(id) + " has reached '" + durability_name(t.reached) + "', not '" +

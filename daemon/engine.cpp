@@ -22,6 +22,20 @@ Result<std::unique_ptr<Engine>> Engine::create(const Config& config, EngineOptio
   if (!parse_duration(config.repository_refresh))
     return invalid_argument("repository_refresh: '" + config.repository_refresh +
                             "' is not a duration (a number and ms, s or m, such as 250ms or 1s; 0 = off)");
+  auto watchdog_bound = parse_duration(config.watchdog);
+  if (!watchdog_bound)
+    return invalid_argument("watchdog: '" + config.watchdog +
+                            "' is not a duration (a number and ms, s or m, such as 30s or 10m; 0 = off)");
+  // Fault injection (fault_injection.hpp): one injector over the real filesystem, under the
+  // repository and the burst buffer alike (a test that gives its own file systems keeps them).
+  std::unique_ptr<FaultyFileSystem> faulty;
+  if (config.debug.fault_injection) {
+    faulty = std::make_unique<FaultyFileSystem>(posix_fs());
+    if (!options.repository_fs) options.repository_fs = faulty.get();
+    if (!options.nvme_fs) options.nvme_fs = faulty.get();
+    CAIRN_LOG_WARN("fault injection is enabled (debug.fault_injection): `cairn fault add` can make the repository "
+                   "and the burst buffer fail, lose or corrupt data; never use this daemon for data you need");
+  }
   CAIRN_ASSIGN_OR_RETURN(auto repo, Repository::open(config.repository, config.chunk_size, options.repository_fs));
   CAIRN_ASSIGN_OR_RETURN(auto policy, make_eviction_policy(config.policy.eviction));
   CAIRN_ASSIGN_OR_RETURN(auto admission, make_admission_policy(config.policy.admission));
@@ -52,8 +66,8 @@ Result<std::unique_ptr<Engine>> Engine::create(const Config& config, EngineOptio
       return invalid_argument("compute.start_timeout: '" + config.compute.start_timeout +
                               "' is not a positive duration (such as 30s or 2m)");
   }
-  std::unique_ptr<Engine> engine(new Engine(config, std::move(repo), std::move(dram), std::move(nvme),
-                                            std::move(admission), std::move(trace)));
+  std::unique_ptr<Engine> engine(new Engine(config, std::move(faulty), *watchdog_bound, std::move(repo), std::move(dram),
+                                            std::move(nvme), std::move(admission), std::move(trace)));
   // The GPU tier (docs/gpu.md): after the arena, which it registers with each device for DMA.
   if (config.tiers.hbm.capacity > 0) {
     if (config.tiers.hbm.backend == "emulated") hbm::remove_stale_emulated_segments();
@@ -132,10 +146,13 @@ Result<std::unique_ptr<Engine>> Engine::create(const Config& config, EngineOptio
   return engine;
 }
 
-Engine::Engine(Config config, std::unique_ptr<Repository> repo, std::unique_ptr<DramTier> dram,
-               std::unique_ptr<NvmeTier> nvme, std::unique_ptr<AdmissionPolicy> admission,
-               std::unique_ptr<TraceRecorder> trace)
+Engine::Engine(Config config, std::unique_ptr<FaultyFileSystem> faulty, std::chrono::milliseconds watchdog_bound,
+               std::unique_ptr<Repository> repo, std::unique_ptr<DramTier> dram, std::unique_ptr<NvmeTier> nvme,
+               std::unique_ptr<AdmissionPolicy> admission, std::unique_ptr<TraceRecorder> trace)
     : config_(std::move(config)),
+      watchdog_(watchdog_bound),
+      faulty_fs_(std::move(faulty)),
+      faults_(faulty_fs_.get()),
       repo_(std::move(repo)),
       dram_(std::move(dram)),
       nvme_(std::move(nvme)),
@@ -231,8 +248,13 @@ const std::vector<Engine::Op>& Engine::table() {
       {"stats", [](Engine& e, Session&, const json& r, B&) -> Result<json> {
          CAIRN_ASSIGN_OR_RETURN(json out, e.admin_->stats(r));
          out["compute"] = e.compute_->status();
+         out["watchdog"] = e.watchdog_.stats();
+         out["fault_injection"] = {{"enabled", e.faults_.enabled()},
+                                   {"rules", e.faulty_fs_ ? e.faulty_fs_->rules().size() : 0},
+                                   {"injected", e.faulty_fs_ ? e.faulty_fs_->injected() : 0}};
          return out;
        }},
+      {"fault", [](Engine& e, Session&, const json& r, B&) { return e.faults_.handle(r); }},
       {"remove", [](Engine& e, Session&, const json& r, B&) { return e.admin_->remove(r); }},
       {"gc", [](Engine& e, Session&, const json& r, B&) { return e.admin_->gc(r); }},
       {"fsck", [](Engine& e, Session&, const json& r, B&) { return e.admin_->fsck(r); }},
@@ -281,6 +303,7 @@ Response Engine::handle(Session& session, const json& request, std::vector<uint8
         auto released = reads_->release(session, json{{"op", "release"}, {"leases", *rel}});
         if (!released.is_ok()) return released.status();
       }
+      Watchdog::Request tracked(watchdog_, op, {session.id, session.client_pid});
       return dispatch(session, op, request, blob);
     } catch (const std::exception& e) {
       return internal_error(std::string("request '") + op + "' failed: " + e.what());
@@ -353,7 +376,10 @@ Result<json> Engine::prefetch(const json& req) {
   auto remote = std::async(std::launch::async, [this, &id, deadline] { return peers_->stage_all(id, deadline); });
   Result<json> local = reads_->prefetch(req);
   const double local_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  members = remote.get();
+  {
+    Watchdog::ClientWait waiting;  // for the other members, at most timeout_ms
+    members = remote.get();
+  }
   const double all_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!local.is_ok()) return local.status().with_context("prefetch --all: this member");
   json out = *local;

@@ -10,6 +10,8 @@
 //   Admin        (admin.hpp)          list, show, stats, remove, gc, fsck, flush
 //   CatalogQueries (queries.hpp)      the catalog's queries
 //   Prefetcher   (prefetcher.hpp)     hints, staging ahead of need (its own thread)
+//   Watchdog     (watchdog.hpp)       requests in flight; reports stuck ones with every thread's stack
+//   FaultInjection (fault_injection.hpp) the `fault` request (debug.fault_injection only)
 // with the tiers below them (tiers/: DRAM, NVMe, the repository, the tier manager). Requests are
 // dispatched through one table from op name to handler (Engine::ops(), engine.cpp); every op it
 // names is documented in docs/protocol.md, and a test checks the two against each other.
@@ -37,6 +39,7 @@
 #include "daemon/catalog.hpp"
 #include "daemon/commit_path.hpp"
 #include "daemon/compute.hpp"
+#include "daemon/fault_injection.hpp"
 #include "daemon/flusher.hpp"
 #include "daemon/models.hpp"
 #include "daemon/named_tensors.hpp"
@@ -50,6 +53,7 @@
 #include "daemon/references.hpp"
 #include "daemon/session.hpp"
 #include "daemon/tickets.hpp"
+#include "daemon/watchdog.hpp"
 #include "tiers/dram/dram_tier.hpp"
 #include "tiers/nvme/nvme_tier.hpp"
 #include "tiers/pfs/repository.hpp"
@@ -105,9 +109,9 @@ class Engine {
   struct Op;
   static const std::vector<Op>& table();
 
-  Engine(Config config, std::unique_ptr<Repository> repo, std::unique_ptr<DramTier> dram,
-         std::unique_ptr<NvmeTier> nvme, std::unique_ptr<AdmissionPolicy> admission,
-         std::unique_ptr<TraceRecorder> trace);
+  Engine(Config config, std::unique_ptr<FaultyFileSystem> faulty, std::chrono::milliseconds watchdog_bound,
+         std::unique_ptr<Repository> repo, std::unique_ptr<DramTier> dram, std::unique_ptr<NvmeTier> nvme,
+         std::unique_ptr<AdmissionPolicy> admission, std::unique_ptr<TraceRecorder> trace);
   Result<nlohmann::json> dispatch(Session& s, const std::string& op, const nlohmann::json& req,
                                   std::vector<uint8_t>& blob);
   Result<nlohmann::json> hello(Session& s);
@@ -125,6 +129,12 @@ class Engine {
   // Declaration order is construction order: each component after what it uses, so destruction
   // stops the users (the flusher's threads) before what they use.
   const Config config_;
+  // Every request in flight, and the thread that reports stuck ones (the `watchdog` key).
+  Watchdog watchdog_;
+  // The fault injector under the repository and the burst buffer (debug.fault_injection; else
+  // null). Before them: it outlives their files.
+  std::unique_ptr<FaultyFileSystem> faulty_fs_;
+  FaultInjection faults_;
   std::unique_ptr<Repository> repo_;
   std::unique_ptr<DramTier> dram_;
   // The GPU tier (null when tiers.hbm.capacity is 0). After dram_, whose arena it registers.

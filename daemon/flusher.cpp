@@ -1,5 +1,6 @@
 #include "daemon/flusher.hpp"
 
+#include <algorithm>
 #include <unordered_map>
 
 #include <sys/resource.h>
@@ -17,6 +18,19 @@ std::vector<ChunkRef> all_chunks(const ModelManifest& m) {
   for (const auto& t : m.tensors)
     for (const auto& c : t.chunks) out.push_back(c);
   return out;
+}
+// A repository write failure that may pass (space freed, a device back): worth retrying.
+bool may_pass(const Status& st) {
+  switch (st.code()) {
+    case StatusCode::kNoSpace:
+    case StatusCode::kIo:
+    case StatusCode::kBusy:
+    case StatusCode::kTimeout:
+    case StatusCode::kUnavailable:
+      return true;
+    default:
+      return false;
+  }
 }
 }  // namespace
 
@@ -51,6 +65,7 @@ Status Flusher::enqueue(Entry entry, const std::function<Status()>& admit) {
     p.needs_local = entry.needs_local;
     p.local_done = !entry.needs_local && entry.on_nvme;  // a recovered model has done its local stage
     p.on_nvme = entry.on_nvme;
+    p.retry = entry.retry;
     pending_[id] = p;
     flush_order_.push_back(id);
     if (p.needs_local) local_queue_.push_back(id);
@@ -98,6 +113,7 @@ Flusher::Stats Flusher::stats() const {
   Stats s;
   s.pending_models = pending_.size();
   s.repository_bytes_written = bytes_written_;
+  s.repository_write_retries = write_retries_;
   for (const auto& [id, p] : pending_) {
     if (p.needs_local && !p.local_done) ++s.awaiting_local;
     if (p.on_nvme) ++s.local_not_global;
@@ -154,11 +170,15 @@ void Flusher::global_loop() {
   (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 10);
   constexpr size_t kMaxBatch = 256;  // models per group commit: one log write and one fdatasync
   constexpr uint64_t kMaxBatchBytes = 4ull << 20;  // new chunk bytes per batch (beyond one model)
+  // Between attempts to write models whose last write failed (Entry::retry).
+  constexpr std::chrono::milliseconds kMinBackoff{50}, kMaxBackoff{5000};
+  std::chrono::milliseconds backoff = kMinBackoff;
   for (;;) {
     struct Item {
       std::shared_ptr<const ModelManifest> m;
       uint64_t ticket = 0;
       bool on_nvme = false;
+      bool retry = false;
     };
     std::vector<Item> batch;
     {
@@ -186,7 +206,7 @@ void Flusher::global_loop() {
         if (!batch.empty() && batch_bytes + new_bytes > kMaxBatchBytes) break;
         batch_bytes += new_bytes;
         flush_order_.pop_front();
-        batch.push_back({p.manifest, p.ticket, p.on_nvme});
+        batch.push_back({p.manifest, p.ticket, p.on_nvme, p.retry});
       }
     }
     std::vector<ModelManifest> copies;
@@ -202,6 +222,7 @@ void Flusher::global_loop() {
       }, &results);
     }
     // The bytes each model wrote: its chunks that were fetched (the first model to name one pays).
+    std::vector<std::string> retried;  // in commit order
     for (size_t i = 0; i < batch.size(); ++i) {
       const ModelManifest& copy = copies[i];
       const Status& st = results[i];
@@ -216,10 +237,19 @@ void Flusher::global_loop() {
             }
           }
         tiers_.stored_globally(all_chunks(copy));
-      } else {
-        CAIRN_LOG_ERROR("flushing model '{}' to the repository failed: {}", copy.id, st.to_string());
+      } else if (batch[i].retry && may_pass(st)) {
+        std::lock_guard lock(mu_);
+        if (!stopping_) {
+          CAIRN_LOG_ERROR("flushing model '{}' to the repository failed: {}; it stays pending and is written again",
+                          copy.id, st.to_string());
+          retried.push_back(copy.id);
+          ++write_retries_;
+          continue;
+        }
       }
-      if (batch[i].on_nvme) (void)nvme_->model_done(copy.id);
+      if (!st.is_ok()) CAIRN_LOG_ERROR("flushing model '{}' to the repository failed: {}", copy.id, st.to_string());
+      // A failed model's record stays on the burst buffer: the next start recovers it.
+      if (batch[i].on_nvme && st.is_ok()) (void)nvme_->model_done(copy.id);
       {
         std::lock_guard lock(mu_);
         bytes_written_ += new_bytes;
@@ -233,6 +263,15 @@ void Flusher::global_loop() {
         if (batch[i].ticket)
           tickets_.finish(batch[i].ticket, st.is_ok() ? DurabilityLevel::kGlobal : DurabilityLevel::kMemory, st);
       }
+    }
+    if (!retried.empty()) {
+      // Back to the front of the queue, in commit order, after a back-off.
+      std::unique_lock lock(mu_);
+      for (auto it = retried.rbegin(); it != retried.rend(); ++it) flush_order_.push_front(*it);
+      backoff = std::min(backoff * 2, kMaxBackoff);
+      work_cv_.wait_for(lock, backoff, [&] { return stopping_; });
+    } else {
+      backoff = kMinBackoff;
     }
     work_cv_.notify_all();
     progress_cv_.notify_all();

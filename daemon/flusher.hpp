@@ -6,9 +6,14 @@
 //            DRAM holds, then the model's record, go to NVMe (it then survives kill -9 of cairnd);
 //   global — every model: its new chunks and its manifest go to the repository; a model still in its
 //            local stage holds back the ones after it.
-// Each stage tells the ticket book the level a model reached. A model whose repository write fails
-// is gone: the flusher finishes its ticket with the error and tells the engine (forget_failed) to
-// drop it from the catalog and the reference counts.
+// Each stage tells the ticket book the level a model reached. A model acknowledged before it reached
+// the repository (memory, local) whose repository write fails with ENOSPC, EIO, busy or a timeout
+// stays pending and is written again after a back-off (100 ms doubling to 5 s) until it succeeds:
+// an acknowledged model is never dropped for a fault that may pass. Any other model whose
+// repository write fails (a `global` commit, whose client gets the error; a permanent error) is
+// gone: the flusher finishes its ticket with the error and tells the engine (forget_failed) to drop
+// it from the catalog and the reference counts. Its record on the burst buffer, if any, stays
+// there, so the next start recovers it.
 //
 // Owns: the pending models (committed, not yet in the repository), both queues, the two threads,
 // and the lock and condition variables for them. Never validates or hashes (the commit path does)
@@ -57,6 +62,10 @@ class Flusher {
     uint64_t ticket = 0;        // 0: none (a recovered model)
     bool needs_local = false;   // goes through the local stage first
     bool on_nvme = false;       // already recorded on the burst buffer (a recovered model)
+    // Acknowledged before the repository has it (durability memory or local, or recovered): a
+    // repository write that fails for a reason that may pass (no space, I/O, busy, timeout) is
+    // retried, the model staying pending, instead of dropping an acknowledged model.
+    bool retry = false;
   };
   // Makes a committed model pending and queues it. admit() runs first, under the flusher's lock, so
   // that whatever it registers (the catalog entry, the commit stamp) and the pending model appear to
@@ -80,6 +89,7 @@ class Flusher {
     uint64_t awaiting_local = 0;      // local stage not done
     uint64_t local_not_global = 0;    // recorded on the burst buffer, not yet in the repository
     uint64_t repository_bytes_written = 0;
+    uint64_t repository_write_retries = 0;  // failed repository writes of acknowledged models, retried
   };
   Stats stats() const;
 
@@ -94,6 +104,7 @@ class Flusher {
     bool needs_local = false;
     bool local_done = false;
     bool on_nvme = false;       // recorded in the burst buffer's journal
+    bool retry = false;         // Entry::retry
   };
   void local_loop();
   void global_loop();
@@ -115,6 +126,7 @@ class Flusher {
   std::deque<std::string> local_queue_;     // GUARDED_BY(mu_) those waiting for the local stage
   uint64_t next_seq_ = 1;                   // GUARDED_BY(mu_)
   uint64_t bytes_written_ = 0;              // GUARDED_BY(mu_)
+  uint64_t write_retries_ = 0;              // GUARDED_BY(mu_) repository writes retried
   bool stopping_ = false;                   // GUARDED_BY(mu_)
   std::thread local_thread_, global_thread_;
 };

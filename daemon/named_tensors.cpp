@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "daemon/request.hpp"
+#include "daemon/watchdog.hpp"
 
 namespace cairn {
 
@@ -76,6 +77,7 @@ Result<json> NamedTensors::lease(Session& s, const json& req) {
 Result<json> NamedTensors::poll(const json& req) {
   CAIRN_ASSIGN_OR_RETURN(std::string key, get_name(req, "key", "a tensor key"));
   int64_t timeout_ms = get_i64_or(req, "timeout_ms", 0);
+  Watchdog::ClientWait waiting;  // the client asked to wait
   std::unique_lock lock(mu_);
   auto present = [&] { return stopping_ || named_.count(key) > 0; };
   if (timeout_ms < 0) cv_.wait(lock, present);

@@ -63,7 +63,7 @@ RecoveryReport recover_from_nvme(const RecoveryParts& p) {
       (void)nvme->model_done(m->id);
       continue;
     }
-    Flusher::Entry entry{m, 0, false, true};
+    Flusher::Entry entry{m, 0, false, true, true};
     Status added = p.flusher.enqueue(std::move(entry), [&]() -> Status {
       CAIRN_RETURN_IF_ERROR(p.catalog.add(m->id, m->parent, graph_for(p.catalog, *m, nullptr, parent.get()), m->metadata));
       p.commits.observe_created(m->created_ns);

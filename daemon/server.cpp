@@ -165,7 +165,7 @@ void Server::accept_loop() {
     std::lock_guard lock(mu_);
     uint64_t id = next_conn_++;
     conns_[id] = fd;
-    threads_[id] = std::thread([this, fd, id] { serve(fd, id); });
+    threads_[id] = std::thread([this, fd, id, pid = cred.pid] { serve(fd, id, pid); });
   }
 }
 
@@ -279,8 +279,9 @@ bool may_block(const nlohmann::json& req) {
 
 }  // namespace
 
-void Server::serve(int fd, uint64_t conn_id) {
+void Server::serve(int fd, uint64_t conn_id, pid_t client_pid) {
   Session session;
+  session.client_pid = client_pid;
   FrameReader reader(fd);
   // Responses are held back while more requests are already buffered (a pipelining client), and
   // sent together: one write for many answers. Order is always the requests' order.

@@ -6,6 +6,8 @@
 // daemon's lifetime, so a second daemon fails at once with a message naming the first one's pid.
 #pragma once
 
+#include <sys/types.h>
+
 #include <atomic>
 #include <map>
 #include <memory>
@@ -38,7 +40,7 @@ class Server {
  private:
   Server(Engine& engine, std::string path, int listen_fd, int lock_fd);
   void accept_loop();
-  void serve(int fd, uint64_t conn_id);
+  void serve(int fd, uint64_t conn_id, pid_t client_pid);
 
   Engine& engine_;
   const std::string path_;

@@ -25,6 +25,7 @@ struct Extent {
 
 struct Session {
   uint64_t id = 0;
+  int64_t client_pid = 0;                  // the connected process (SO_PEERCRED); 0 in-process
   struct Lease {
     std::vector<ChunkHash> pinned_chunks;  // unpinned at release
     std::vector<Extent> owned_extents;     // assembled views, released at release

@@ -20,6 +20,7 @@
 #include "core/safetensors.hpp"
 #include "core/version.hpp"
 #include "core/wire.hpp"
+#include "tools/fault.hpp"
 #include "tools/job.hpp"
 #include "tools/model_files.hpp"
 
@@ -630,6 +631,7 @@ int main(int argc, char** argv) {
   });
 
   cairn::tool::add_job_commands(app, rc);
+  cairn::tool::add_fault_commands(app, rc);
 
   CLI11_PARSE(app, argc, argv);
   return rc;

@@ -48,7 +48,7 @@ Result<std::unique_ptr<NvmeTier>> NvmeTier::open(Options options) {
   impl->data_path = dir + "/data";
   impl->journal_path = dir + "/journal";
   impl->lock_path = dir + "/LOCK";
-  if (impl->fs == &posix_fs()) {
+  if (is_posix(*impl->fs)) {
     // One daemon per burst buffer: a second one would reuse extents the first one holds.
     impl->lock_fd = ::open(impl->lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
     if (impl->lock_fd < 0) return errno_status("opening " + impl->lock_path, errno);
