@@ -99,9 +99,12 @@ Result<std::unique_ptr<Client>> Client::connect(const std::string& address_in) {
                        "); start one with `cairnd` or point CAIRN_SOCKET at a running daemon");
   }
   auto c = std::unique_ptr<Client>(new Client(fd, address));
-  CAIRN_RETURN_IF_ERROR(wire::send_frame(fd, wire::Kind::kRequest, json{{"op", "hello"}}));
+  // A daemon that refuses the connection (another uid: SO_PEERCRED) says why and closes at once, maybe
+  // before the hello arrives: the send then fails, but its answer is there to read.
+  const Status sent = wire::send_frame(fd, wire::Kind::kRequest, json{{"op", "hello"}});
   auto f = wire::recv_frame(fd);
-  if (!f.is_ok()) return unavailable("cairnd on " + address + " closed the connection: " + f.status().to_string());
+  if (!f.is_ok())
+    return unavailable("cairnd on " + address + " closed the connection: " + (sent.is_ok() ? f.status() : sent).to_string());
   Status st = wire::response_status(f->body);
   if (!st.is_ok()) {
     if (f->passed_fd >= 0) ::close(f->passed_fd);

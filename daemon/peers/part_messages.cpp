@@ -9,78 +9,13 @@
 #include <set>
 
 #include "core/dtype.hpp"
+#include "daemon/peers/body_fields.hpp"
 
 namespace cairn {
 
 using json = nlohmann::json;
 
 namespace {
-
-constexpr size_t kMaxMemberIdBytes = 64;  // as the frame's sender (peer_wire.cpp)
-constexpr size_t kMaxErrorBytes = 4096;
-
-// Checks a body: an object whose fields are all among `known` and include `required`.
-class Body {
- public:
-  Body(const char* message, const json& j) : message_(message), j_(j) {}
-
-  Status fault(const std::string& what) const { return protocol_error(std::string("peer message ") + message_ + ": " + what); }
-
-  Status fields(std::initializer_list<const char*> required, std::initializer_list<const char*> optional = {}) const {
-    if (!j_.is_object()) return fault(std::string("body is not an object (a ") + j_.type_name() + ")");
-    std::set<std::string> known;
-    for (const char* f : required) {
-      if (!j_.contains(f)) return fault(std::string("missing field '") + f + "'");
-      known.insert(f);
-    }
-    for (const char* f : optional) known.insert(f);
-    for (const auto& [k, v] : j_.items())
-      if (!known.count(k)) return fault("unknown field '" + k + "' (a cairnd of another release?)");
-    return Status::ok();
-  }
-  const json& at(const char* f) const { return j_.at(f); }
-  bool has(const char* f) const { return j_.contains(f); }
-
-  Result<uint64_t> u64(const char* f, uint64_t lo, uint64_t hi) const {
-    const json& v = j_.at(f);
-    if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<int64_t>() >= 0))
-      return fault(std::string(f) + ": expected a non-negative integer, got a " + v.type_name());
-    const uint64_t x = v.get<uint64_t>();
-    if (x < lo || x > hi)
-      return fault(std::string(f) + ": " + std::to_string(x) + " is not in " + std::to_string(lo) + ".." + std::to_string(hi));
-    return x;
-  }
-  Result<std::string> name(const char* f) const {
-    const json& v = j_.at(f);
-    if (!v.is_string()) return fault(std::string(f) + ": expected a model id (a string), got a " + v.type_name());
-    std::string s = v.get<std::string>();
-    if (!valid_name(s)) return fault(std::string(f) + ": not a valid model id");
-    return s;
-  }
-  Result<std::string> member(const json& v, const std::string& what) const {
-    if (!v.is_string()) return fault(what + ": expected a member id (a string), got a " + v.type_name());
-    std::string s = v.get<std::string>();
-    if (s.empty() || s.size() > kMaxMemberIdBytes || s.find('\0') != std::string::npos)
-      return fault(what + ": a member id has 1 to " + std::to_string(kMaxMemberIdBytes) + " bytes");
-    return s;
-  }
-  Result<DurabilityLevel> durability(const char* f) const {
-    const json& v = j_.at(f);
-    std::optional<DurabilityLevel> d;
-    if (v.is_string()) d = durability_level_from_name(v.get<std::string>());
-    if (!d) return fault(std::string(f) + ": expected \"memory\", \"local\" or \"global\"");
-    return *d;
-  }
-  Result<ModelManifest> manifest(const char* f) const {
-    auto m = manifest_from_json(j_.at(f), /*with_locations=*/false);
-    if (!m.is_ok()) return fault(std::string(f) + ": " + m.status().message());
-    return std::move(m).value();
-  }
-
- private:
-  const char* message_;
-  const json& j_;
-};
 
 const char* kPhases[] = {"delegated", "check", "memory", "local", "global", "failed"};
 

@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "daemon/peers/crypto.hpp"
+#include "daemon/peers/peer_bodies.hpp"
 #include "daemon/peers/peer_service_impl.hpp"
 
 namespace cairn {
@@ -24,6 +25,15 @@ const char* verdict_name(ChunkDirectory::Verdict v) {
     case ChunkDirectory::Verdict::kWait: return "wait";
   }
   return "?";
+}
+
+// REQUIRES: s.mu held. A body's decoded value, or nullopt when its decoder refused it (counted
+// and logged as malformed).
+template <class T>
+std::optional<T> readable(PeerService::Impl& s, const PeerMessage& m, Result<T> r) {
+  if (r.is_ok()) return std::move(r).value();
+  s.malformed(m, r.status());
+  return std::nullopt;
 }
 
 }  // namespace
@@ -56,6 +66,44 @@ void PeerService::Impl::deliver(const ChunkDirectory::Answer& a, std::vector<Out
     out.push_back(std::move(*o));
 }
 
+// REQUIRES: mu held.
+bool PeerService::Impl::admit(const PeerMessage& m) {
+  const char* why = nullptr;
+  if (m.to != self) {
+    ++misaddressed_frames;
+    why = "it is addressed to another member";
+  } else {
+    const ReplayWindow::Verdict v = replay.accept(m.from, m.seq);
+    if (v == ReplayWindow::Verdict::kNew) return true;
+    ++replayed_frames;
+    why = replay_verdict_name(v);
+  }
+  if (auto it = members.find(m.from); it != members.end()) {
+    ++it->second.refused;
+    ++it->second.replayed;
+  }
+  const auto now = PClock::now();
+  if (now - last_replay_log > std::chrono::seconds(5)) {
+    last_replay_log = now;
+    CAIRN_LOG_WARN("peers: refused a {} message from member {} (seq {}, to {}): {}; a replayed or misdirected frame "
+                   "(replayed: {}, misaddressed: {} so far)",
+                   peer_msg_name(m.type), m.from, m.seq, m.to, why, replayed_frames, misaddressed_frames);
+  }
+  return false;
+}
+
+// REQUIRES: mu held.
+void PeerService::Impl::malformed(const PeerMessage& m, const Status& why) {
+  ++malformed_bodies;
+  if (auto it = members.find(m.from); it != members.end()) ++it->second.refused;
+  const auto now = PClock::now();
+  if (now - last_malformed_log > std::chrono::seconds(5)) {
+    last_malformed_log = now;
+    CAIRN_LOG_WARN("peers: member {} sent a message this daemon cannot read (seq {}): {}", m.from, m.seq,
+                   why.message());
+  }
+}
+
 void PeerService::Impl::on_message(std::span<const uint8_t> frame) {
   auto decoded = decode_peer_message(frame, secret);
   std::vector<Outgoing> out;
@@ -71,26 +119,25 @@ void PeerService::Impl::on_message(std::span<const uint8_t> frame) {
     return;
   }
   PeerMessage& m = decoded.value();
-  const json& b = m.body;
+  if (!admit(m)) return;
+  // Every body is decoded field by field (peer_bodies.hpp) before it is acted on; one that fails is
+  // dropped, counted and logged. (A multi-part message's body is decoded on the service thread.)
   auto it = members.find(m.from);
   if (m.type == PeerMsg::kHello) {
     // A member proving itself, maybe one that joined after this member's last scan.
-    std::string address;
-    if (!b.contains("address") || !b["address"].is_string() || !from_hex(b["address"].get<std::string>(), address) ||
-        !b.contains("nonce") || !b["nonce"].is_string())
-      return;
+    auto decoded_hello = readable(*this, m, decode_hello(m.body));
+    if (!decoded_hello) return;
+    const HelloBody& hello = *decoded_hello;
     if (it == members.end()) {
       it = members.emplace(m.from, Member{}).first;
       it->second.info.id = m.from;
     }
     Member& mem = it->second;
-    if (!mem.reachable && !reach(mem, address)) return;
-    std::string nonce;
-    if (!from_hex(b["nonce"].get<std::string>(), nonce)) return;
-    std::string answer = hmac_sha256(secret, nonce + "|" + self + "|" + m.from);
+    if (!mem.reachable && !reach(mem, hello.address)) return;
+    std::string answer = hmac_sha256(secret, hello.nonce + "|" + self + "|" + m.from);
     // The answer goes over the data endpoint: that connection is then up before the first chunk.
     out.push_back(make(m.from, mem.data_handle, PeerMsg::kHelloReply,
-                       json{{"nonce", to_hex(nonce)}, {"answer", to_hex(answer)}}));
+                       json{{"nonce", to_hex(hello.nonce)}, {"answer", to_hex(answer)}}));
     out.back().via_data = true;
     if (mem.nonce.empty()) greet(mem, out);
     {
@@ -105,9 +152,10 @@ void PeerService::Impl::on_message(std::span<const uint8_t> frame) {
   if (it == members.end()) return;  // not greeted yet: its hello comes first
   Member& mem = it->second;
   if (m.type == PeerMsg::kHelloReply) {
-    std::string answer;
-    if (b.contains("answer") && b["answer"].is_string() && from_hex(b["answer"].get<std::string>(), answer) &&
-        !mem.nonce.empty() && same_mac(answer, hmac_sha256(secret, mem.nonce + "|" + m.from + "|" + self))) {
+    auto reply = readable(*this, m, decode_hello_reply(m.body));
+    if (!reply) return;
+    if (!mem.nonce.empty() && reply->nonce == mem.nonce &&
+        same_mac(reply->answer, hmac_sha256(secret, mem.nonce + "|" + m.from + "|" + self))) {
       if (!mem.verified) CAIRN_LOG_INFO("peers: member {} ({}) verified", m.from, mem.info.host);
       mem.verified = true;
       cv.notify_all();
@@ -120,108 +168,114 @@ void PeerService::Impl::on_message(std::span<const uint8_t> frame) {
   if (!mem.verified) {
     // Serve nothing before the challenge is answered; greet again in case the hello was lost.
     ++mem.refused;
-    if (m.type == PeerMsg::kLookup && b.contains("req"))
-      out.push_back(make(m.from, mem.handle, PeerMsg::kLookupReply,
-                         json{{"req", b["req"]}, {"verdict", "load"}, {"holder", ""}}));
-    if (m.type == PeerMsg::kGet && b.contains("req"))
-      out.push_back(make(m.from, mem.handle, PeerMsg::kGetReply,
-                         json{{"req", b["req"]}, {"error", "not verified yet"}}));
+    if (m.type == PeerMsg::kLookup)
+      if (auto q = readable(*this, m, decode_lookup(m.body)))
+        out.push_back(make(m.from, mem.handle, PeerMsg::kLookupReply,
+                           json{{"req", q->req}, {"verdict", "load"}, {"holder", ""}}));
+    if (m.type == PeerMsg::kGet)
+      if (auto g = readable(*this, m, decode_get(m.body)))
+        out.push_back(make(m.from, mem.handle, PeerMsg::kGetReply,
+                           json{{"req", g->req}, {"error", "not verified yet"}}));
     if (PClock::now() - mem.hello_at > std::chrono::milliseconds(200)) greet(mem, out);
     lock.unlock();
     send(out);
     return;
   }
-  auto chunk_of = [&](const json& v) -> std::optional<ChunkHash> {
-    if (!v.is_string()) return std::nullopt;
-    return ChunkHash::from_hex(v.get<std::string>());
-  };
+  handle_verified(mem, m, out);
+  std::vector<std::function<void()>> to_send;
+  to_send.swap(bodies);
+  lock.unlock();
+  send(out);
+  for (auto& f : to_send) f();
+}
+
+// REQUIRES: mu held.
+void PeerService::Impl::handle_verified(Member& mem, PeerMessage& m, std::vector<Outgoing>& out) {
   auto now = PClock::now();
   switch (m.type) {
     case PeerMsg::kLookup: {
-      auto h = chunk_of(b.value("chunk", json()));
-      if (!h || !b.contains("req") || !b["req"].is_number_unsigned()) break;
-      auto a = directory.lookup(*h, m.from, b["req"].get<uint64_t>(), now);
+      auto q = readable(*this, m, decode_lookup(m.body));
+      if (!q) break;
+      auto a = directory.lookup(q->chunk, m.from, q->req, now);
       if (a.verdict != ChunkDirectory::Verdict::kWait) deliver(a, out);
       break;
     }
     case PeerMsg::kLookupReply: {
-      if (!b.contains("req") || !b["req"].is_number_unsigned()) break;
-      auto p = pendings.find(b["req"].get<uint64_t>());
+      auto decoded_reply = readable(*this, m, decode_lookup_reply(m.body));
+      if (!decoded_reply) break;
+      const LookupReplyBody& r = *decoded_reply;
+      auto p = pendings.find(r.req);
       if (p == pendings.end()) {
-        // Too late: the reader gave up. A fetch slot it was given goes back to the home.
-        if (b.value("verdict", "") == "fetch" && b.contains("chunk"))
-          out.push_back(make(m.from, mem.handle, PeerMsg::kFetched,
-                             json{{"chunk", b["chunk"]}, {"holder", b.value("holder", "")}}));
-        // A load it was told to do: the home hands it on.
-        if (b.value("verdict", "") == "load" && b.contains("chunk"))
-          out.push_back(make(m.from, mem.handle, PeerMsg::kLoaded, json{{"chunk", b["chunk"]}, {"ok", false}}));
+        // Too late: the reader gave up. A fetch slot it was given goes back to the home; a load it
+        // was told to do, the home hands on.
+        if (r.chunk && r.verdict == ChunkDirectory::Verdict::kFetch)
+          out.push_back(make(m.from, mem.handle, PeerMsg::kFetched, json{{"chunk", r.chunk->hex()}, {"holder", r.holder}}));
+        if (r.chunk && r.verdict == ChunkDirectory::Verdict::kLoad)
+          out.push_back(make(m.from, mem.handle, PeerMsg::kLoaded, json{{"chunk", r.chunk->hex()}, {"ok", false}}));
         break;
       }
-      std::string v = b.value("verdict", "");
       p->second.done = true;
-      p->second.verdict = v == "fetch" ? ChunkDirectory::Verdict::kFetch
-                          : v == "wait" ? ChunkDirectory::Verdict::kWait
-                                        : ChunkDirectory::Verdict::kLoad;
-      p->second.holder = b.value("holder", "");
+      p->second.verdict = r.verdict;
+      p->second.holder = r.holder;
       cv.notify_all();
       break;
     }
     case PeerMsg::kHave:
     case PeerMsg::kDrop: {
-      if (!b.contains("chunks") || !b["chunks"].is_array()) break;
-      for (const json& c : b["chunks"]) {
-        auto h = chunk_of(c);
-        if (!h) continue;
-        if (m.type == PeerMsg::kHave) deliver_all(directory.add_holder(*h, m.from, now), out);
-        else directory.remove_holder(*h, m.from);
+      auto list = readable(*this, m, decode_chunks(m.type, m.body));
+      if (!list) break;
+      for (const ChunkHash& h : list->chunks) {
+        if (m.type == PeerMsg::kHave) deliver_all(directory.add_holder(h, m.from, now), out);
+        else directory.remove_holder(h, m.from);
       }
       break;
     }
-    case PeerMsg::kGet: serve_get(mem, b, out); break;
+    case PeerMsg::kGet:
+      if (auto g = readable(*this, m, decode_get(m.body))) serve_get(mem, *g, out);
+      break;
     case PeerMsg::kGetReply: {
-      if (!b.contains("req") || !b["req"].is_number_unsigned()) break;
-      auto p = pendings.find(b["req"].get<uint64_t>());
+      auto r = readable(*this, m, decode_get_reply(m.body));
+      if (!r) break;
+      auto p = pendings.find(r->req);
       if (p == pendings.end() || p->second.done) break;
       p->second.done = true;
-      p->second.status = unavailable("peer " + m.from + " did not send the chunk: " + b.value("error", "?"));
+      p->second.status = unavailable("peer " + m.from + " did not send the chunk: " + r->error);
       cv.notify_all();
       break;
     }
     case PeerMsg::kFetched: {
-      auto h = chunk_of(b.value("chunk", json()));
-      if (h && b.contains("holder") && b["holder"].is_string())
-          deliver_all(directory.fetch_done(*h, b["holder"].get<std::string>(), m.from, now), out);
+      if (auto f = readable(*this, m, decode_fetched(m.body)))
+        deliver_all(directory.fetch_done(f->chunk, f->holder, m.from, now), out);
       break;
     }
     case PeerMsg::kLoaded: {
-      auto h = chunk_of(b.value("chunk", json()));
-      if (h && !b.value("ok", false)) deliver_all(directory.load_failed(*h, m.from, now), out);
+      auto l = readable(*this, m, decode_loaded(m.body));
+      if (l && !l->ok) deliver_all(directory.load_failed(l->chunk, m.from, now), out);
       break;
     }
     case PeerMsg::kCommit: {
       // A model committed on that member: into the job's catalog, on the service thread.
-      if (!b.contains("model")) break;
-      auto model = manifest_from_json(b["model"], /*with_locations=*/false);
-      if (!model.is_ok()) {
-        CAIRN_LOG_WARN("peers: member {} announced a model this daemon cannot read: {}", m.from,
-                       model.status().to_string());
-        break;
-      }
+      auto model = readable(*this, m, decode_commit(m.body));
+      if (!model) break;
       ++models_received;
       {
         std::lock_guard al(announce_mu);
-        incoming_models.emplace_back(std::move(model).value(), m.from);
+        incoming_models.emplace_back(std::move(*model), m.from);
       }
       announce_cv.notify_all();
       break;
     }
-    case PeerMsg::kStage: serve_stage(mem, b); break;
-    case PeerMsg::kStageReply: stage_replied(b); break;
+    case PeerMsg::kStage:
+      if (auto st = readable(*this, m, decode_stage(m.body))) serve_stage(mem, *st);
+      break;
+    case PeerMsg::kStageReply:
+      if (auto r = readable(*this, m, decode_stage_reply(m.body))) stage_replied(*r);
+      break;
     case PeerMsg::kPart:
     case PeerMsg::kPartState:
     case PeerMsg::kAssemble:
     case PeerMsg::kPartAck: {
-      // A multi-part model across the group: decoded and handled on the service thread, in order.
+      // A multi-part model across the group: handled on the service thread, in order.
       {
         std::lock_guard al(announce_mu);
         incoming_parts.push_back({m.type, std::move(m.body), m.from});
@@ -236,29 +290,27 @@ void PeerService::Impl::on_message(std::span<const uint8_t> frame) {
     }
     default: break;
   }
-  std::vector<std::function<void()>> to_send;
-  to_send.swap(bodies);
-  lock.unlock();
-  send(out);
-  for (auto& f : to_send) f();
 }
 
 // REQUIRES: mu held. A verified member asks for a chunk's body: send it from the arena, pinned
 // until the send completes.
-void PeerService::Impl::serve_get(Member& mem, const json& b, std::vector<Outgoing>& out) {
-  if (!b.contains("req") || !b.contains("tag") || !b.contains("length") || !b["tag"].is_number_unsigned() ||
-      !b["length"].is_number_unsigned() || !b.contains("chunk") || !b["chunk"].is_string())
-    return;
-  auto h = ChunkHash::from_hex(b["chunk"].get<std::string>());
-  const uint64_t tag = b["tag"].get<uint64_t>();
-  const uint64_t length = b["length"].get<uint64_t>();
+void PeerService::Impl::serve_get(Member& mem, const GetBody& g, std::vector<Outgoing>& out) {
+  const uint64_t tag = g.tag;
+  const uint64_t length = g.length;
+  const json req = g.req;
   auto refuse = [&](const std::string& why) {
-    out.push_back(make(mem.info.id, mem.handle, PeerMsg::kGetReply, json{{"req", b["req"]}, {"error", why}}));
+    out.push_back(make(mem.info.id, mem.handle, PeerMsg::kGetReply, json{{"req", req}, {"error", why}}));
   };
-  if (!h || !(tag & Fabric::kBodyTagBit)) return refuse("bad request");
-  auto off = dram.pin_if_resident(*h);
+  uint64_t held = 0;
+  auto off = dram.pin_if_resident(g.chunk, &held);
   if (!off) return refuse("not held any more");
-  const ChunkHash hash = *h;
+  if (held != length) {
+    // Never send past the chunk (another chunk's bytes, or past the arena).
+    dram.unpin(g.chunk);
+    return refuse("chunk " + g.chunk.hex() + " has " + std::to_string(held) + " bytes here, not " +
+                  std::to_string(length));
+  }
+  const ChunkHash hash = g.chunk;
   const uint8_t* src = dram.base() + *off;
   std::shared_ptr<std::vector<uint8_t>> copy;
   if (corrupt_bodies) {  // the faulty holder of a test: one flipped byte
@@ -272,7 +324,6 @@ void PeerService::Impl::serve_get(Member& mem, const json& b, std::vector<Outgoi
   ++served_chunks;
   served_bytes += length;
   const uint64_t handle = mem.handle, data_handle = mem.data_handle;
-  const json req = b["req"];
   // Sent once the lock is released (a fabric call never runs under mu).
   bodies.push_back([this, handle, data_handle, tag, src, length, hash, copy, to, req] {
     Status st = data->send_body(data_handle, tag, src, length, [this, hash, copy](const Status& s, size_t) {

@@ -202,10 +202,7 @@ class PeerSource final : public ChunkSource {
 
 Result<std::unique_ptr<PeerService>> PeerService::start(const Options& options, DramTier& dram) {
   auto impl = std::make_unique<Impl>(options, dram);
-  if (const char* f = std::getenv("CAIRN_PEERS_FAULT"); f && std::strcmp(f, "corrupt_bodies") == 0) {
-    impl->corrupt_bodies = true;
-    CAIRN_LOG_WARN("peers: CAIRN_PEERS_FAULT=corrupt_bodies: every chunk this member sends is corrupted (tests only)");
-  }
+  CAIRN_RETURN_IF_ERROR(impl->set_faults(std::getenv("CAIRN_PEERS_FAULT")));
   FabricOptions fo;
   fo.provider = options.provider;
   fo.address = options.address;
@@ -360,8 +357,9 @@ json PeerService::status() const {
                        {"bytes_received", m.bytes_received},
                        {"chunks_served", m.chunks_served},
                        {"chunks_fetched", m.chunks_fetched},
-                       {"refused", m.refused}});
-  return json{{"enabled", true},
+                       {"refused", m.refused},
+                       {"replayed", m.replayed}});
+  json out{{"enabled", true},
               {"job", s.opts.job},
               {"rendezvous", s.membership->directory()},
               {"provider", s.fabric->provider()},
@@ -377,11 +375,16 @@ json PeerService::status() const {
               {"loads_assigned", s.loads_assigned},
               {"timeouts", s.peer_timeouts},
               {"refused_frames", s.refused_frames},
+              {"replayed_frames", s.replayed_frames},
+              {"misaddressed_frames", s.misaddressed_frames},
+              {"malformed_bodies", s.malformed_bodies},
               {"models_announced", s.models_announced},
               {"models_received", s.models_received},
               {"models_too_large", s.models_too_large},
               {"fabric", s.fabric->stats()},
               {"data_fabric", s.data->stats()}};
+  if (s.fault_replay || s.fault_forge || s.fault_garbage) out["fault_frames_sent"] = s.fault_frames.load();
+  return out;
 }
 
 }  // namespace cairn

@@ -27,8 +27,10 @@
 #include "core/log.hpp"
 #include "daemon/peers/directory.hpp"
 #include "daemon/peers/membership.hpp"
+#include "daemon/peers/peer_bodies.hpp"
 #include "daemon/peers/peer_service.hpp"
 #include "daemon/peers/peer_wire.hpp"
+#include "daemon/peers/replay_window.hpp"
 #include "policy/placement.hpp"
 #include "tiers/peer/fabric.hpp"
 #include "tiers/pfs/manifest.hpp"
@@ -49,6 +51,7 @@ struct PeerService::Impl {
     std::string nonce;          // the challenge this member sent it
     PClock::time_point hello_at{};
     uint64_t bytes_sent = 0, bytes_received = 0, chunks_served = 0, chunks_fetched = 0, refused = 0;
+    uint64_t replayed = 0;  // its frames refused as replayed, too old or addressed to another member
   };
 
   // A reader waiting for an answer (a lookup's verdict, a body).
@@ -72,7 +75,14 @@ struct PeerService::Impl {
   std::unique_ptr<Membership> membership;
   std::string self;
   std::string secret;
-  bool corrupt_bodies = false;  // CAIRN_PEERS_FAULT=corrupt_bodies: a test's faulty holder
+  // Test hooks (CAIRN_PEERS_FAULT, a comma-separated list; docs/peers.md "Test hooks"), set at start:
+  bool corrupt_bodies = false;  // corrupt_bodies: a faulty holder flips a byte of every chunk it sends
+  bool fault_replay = false;    // replay: with each frame, resends an earlier one verbatim (to its own
+                                // receiver, and to this frame's receiver when that is another member)
+  bool fault_forge = false;     // forge: with each frame, sends a copy altered after signing and one
+                                // signed with another secret
+  bool fault_garbage = false;   // garbage_bodies: with each frame, a well-signed frame of the same type
+                                // whose body no decoder accepts
 
   mutable std::mutex mu;
   std::condition_variable cv;           // pendings, expect
@@ -81,10 +91,14 @@ struct PeerService::Impl {
   ChunkDirectory directory;               // GUARDED_BY(mu)
   std::unordered_map<uint64_t, Pending> pendings;  // GUARDED_BY(mu)
   uint64_t next_request = 1;              // GUARDED_BY(mu)
-  uint64_t refused_frames = 0;            // GUARDED_BY(mu)
+  uint64_t refused_frames = 0;            // GUARDED_BY(mu): failed decode (MAC, malformed)
+  // Frames with a good MAC refused: seen before or too old (replay_window.hpp), addressed to another
+  // member, or a body its decoder refuses (peer_bodies.hpp, part_messages.hpp).
+  uint64_t replayed_frames = 0, misaddressed_frames = 0, malformed_bodies = 0;  // GUARDED_BY(mu)
+  ReplayGuard replay;                     // GUARDED_BY(mu): per sender
   uint64_t fetched_chunks = 0, fetched_bytes = 0, served_chunks = 0, served_bytes = 0, bad_bodies = 0,
            loads_assigned = 0, peer_timeouts = 0;  // GUARDED_BY(mu)
-  PClock::time_point last_refusal_log{};
+  PClock::time_point last_refusal_log{}, last_replay_log{}, last_malformed_log{};  // GUARDED_BY(mu)
 
   // Holder announcements from the DRAM tier's hook, sent by the service thread.
   std::mutex announce_mu;
@@ -103,7 +117,10 @@ struct PeerService::Impl {
   std::vector<IncomingPart> incoming_parts;  // GUARDED_BY(announce_mu)
   uint64_t models_announced = 0, models_received = 0, models_too_large = 0;  // GUARDED_BY(mu)
   std::thread service;
-  std::atomic<uint64_t> seq{1};
+  // The next seq of the frames to each member (from 1; the receiver's anti-replay window is per
+  // sender, and per-receiver numbering keeps the reordering it must absorb to that pair's).
+  std::mutex seq_mu;
+  std::unordered_map<std::string, uint64_t> next_seq;  // GUARDED_BY(seq_mu)
 
   // One upload of a chunk per holder at a time: each finished fetch adds a holder, so a chunk that
   // every member wants spreads as a tree (directory.hpp).
@@ -122,8 +139,12 @@ struct PeerService::Impl {
   Outgoing make(const std::string& to, uint64_t handle, PeerMsg type, json body) {
     PeerMessage m;
     m.type = type;
-    m.seq = seq++;
+    {
+      std::lock_guard sl(seq_mu);
+      m.seq = ++next_seq[to];
+    }
     m.from = self;
+    m.to = to;
     m.body = std::move(body);
     return Outgoing{handle, to, encode_peer_message(m, secret)};
   }
@@ -135,11 +156,22 @@ struct PeerService::Impl {
   }
   void send(std::vector<Outgoing>& out) {
     for (Outgoing& o : out) {
-      Status st = (o.via_data ? data : fabric)->send_control(o.handle, o.frame);
-      if (!st.is_ok()) CAIRN_LOG_DEBUG("peers: sending to {}: {}", o.to, st.to_string());
+      send_one(o);
+      if (fault_replay || fault_forge || fault_garbage) send_faults(o);
     }
     out.clear();
   }
+  void send_one(const Outgoing& o) {
+    Status st = (o.via_data ? data : fabric)->send_control(o.handle, o.frame);
+    if (!st.is_ok()) CAIRN_LOG_DEBUG("peers: sending to {}: {}", o.to, st.to_string());
+  }
+  // The replay and forge test hooks after o was sent (peer_faults.cpp).
+  void send_faults(const Outgoing& o);
+  // Reads CAIRN_PEERS_FAULT; a warning for each hook set. kInvalidArgument for an unknown one.
+  Status set_faults(const char* spec);
+  std::mutex fault_mu;
+  std::vector<Outgoing> fault_sent;        // GUARDED_BY(fault_mu): the last frames sent, for replay
+  std::atomic<uint64_t> fault_frames = 0;  // frames sent by the replay, forge and garbage_bodies hooks
 
   // REQUIRES: mu held. An answer of the directory goes to its requester: this member's own
   // pending request, or a lookup_reply message.
@@ -160,10 +192,17 @@ struct PeerService::Impl {
   // ---- receiving (on the fabric's progress thread; never blocks) ----
 
   void on_message(std::span<const uint8_t> frame);
+  // REQUIRES: mu held. Whether a frame that passed its MAC is addressed to this member and new
+  // (counted and logged at a bounded rate when not).
+  bool admit(const PeerMessage& m);
+  // REQUIRES: mu held. Counts and logs (at a bounded rate) a body its decoder refused.
+  void malformed(const PeerMessage& m, const Status& why);
 
   // REQUIRES: mu held. A verified member asks for a chunk's body: send it from the arena, pinned
   // until the send completes.
-  void serve_get(Member& mem, const json& b, std::vector<Outgoing>& out);
+  void serve_get(Member& mem, const GetBody& get, std::vector<Outgoing>& out);
+  // REQUIRES: mu held; m's body passed check_peer_body. A message from a verified member.
+  void handle_verified(Member& mem, PeerMessage& m, std::vector<Outgoing>& out);
   std::vector<std::function<void()>> bodies;  // GUARDED_BY(mu): body sends queued by serve_get
 
   // REQUIRES: mu held. Greets a member: a challenge it must answer with the secret.
@@ -180,9 +219,9 @@ struct PeerService::Impl {
   uint64_t stages_served = 0;      // GUARDED_BY(mu)
   // REQUIRES: mu held. A member asks this one to stage a model: runs Options::on_stage on a thread
   // of its own, then answers with a stage_reply.
-  void serve_stage(Member& mem, const json& b);
+  void serve_stage(Member& mem, const StageBody& stage);
   // REQUIRES: mu held. A stage_reply ends the requester's pending wait.
-  void stage_replied(const json& b);
+  void stage_replied(const StageReplyBody& reply);
 
   // ---- the service thread: announcements, membership ----
 

@@ -14,10 +14,9 @@ using PClock = std::chrono::steady_clock;
 using Member = PeerService::Impl::Member;
 using Outgoing = PeerService::Impl::Outgoing;
 
-void PeerService::Impl::serve_stage(Member& mem, const json& b) {
-  if (!b.contains("req") || !b["req"].is_number_unsigned() || !b.contains("model") || !b["model"].is_string()) return;
-  const uint64_t req = b["req"].get<uint64_t>();
-  const std::string model = b["model"].get<std::string>();
+void PeerService::Impl::serve_stage(Member& mem, const StageBody& stage) {
+  const uint64_t req = stage.req;
+  const std::string model = stage.model;
   const std::string from = mem.info.id;
   {
     std::lock_guard sl(stage_mu);
@@ -32,7 +31,7 @@ void PeerService::Impl::serve_stage(Member& mem, const json& b) {
     const double seconds = std::chrono::duration<double>(PClock::now() - t0).count();
     json reply{{"req", req}, {"ok", r.is_ok()}, {"seconds", seconds}};
     if (r.is_ok()) reply["bytes"] = *r;
-    else reply["error"] = r.status().to_string();
+    else reply["error"] = r.status().to_string().substr(0, 4000);  // peer_bodies.hpp: at most kMaxErrorBytes
     std::vector<Outgoing> out;
     {
       std::lock_guard lock(mu);
@@ -46,17 +45,13 @@ void PeerService::Impl::serve_stage(Member& mem, const json& b) {
   }).detach();
 }
 
-void PeerService::Impl::stage_replied(const json& b) {
-  if (!b.contains("req") || !b["req"].is_number_unsigned()) return;
-  auto p = pendings.find(b["req"].get<uint64_t>());
+void PeerService::Impl::stage_replied(const StageReplyBody& r) {
+  auto p = pendings.find(r.req);
   if (p == pendings.end() || p->second.done) return;
   p->second.done = true;
-  if (b.value("ok", false)) {
-    p->second.bytes = b.value("bytes", uint64_t{0});
-  } else {
-    p->second.status = unavailable(b.value("error", std::string("the member failed to stage the model")));
-  }
-  p->second.seconds = b.value("seconds", 0.0);
+  if (r.ok) p->second.bytes = r.bytes;
+  else p->second.status = unavailable(r.error);
+  p->second.seconds = r.seconds;
   cv.notify_all();
 }
 

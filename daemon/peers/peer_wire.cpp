@@ -8,14 +8,13 @@
 namespace cairn {
 
 // The header, 24 bytes (kPeerHeaderBytes), all little-endian:
-//   0 "CPW1" | 4 type u8 | 5 flags u8 (0) | 6 reserved u16 (0) | 8 seq u64 | 16 from_len u16
-//   | 18 reserved u16 (0, keeps body_len 4-aligned) | 20 body_len u32
-// then from, body, and the 32-byte MAC over everything before it.
+//   0 "CPW2" | 4 type u8 | 5 flags u8 (0) | 6 reserved u16 (0) | 8 seq u64 | 16 from_len u16
+//   | 18 to_len u16 | 20 body_len u32
+// then from, to, body, and the 32-byte MAC over everything before it.
 
 namespace {
 
-constexpr char kMagic[4] = {'C', 'P', 'W', '1'};
-constexpr size_t kMaxFromBytes = 64;
+constexpr char kMagic[4] = {'C', 'P', 'W', '2'};
 // Bodies are small flat objects (a commit's manifest is the deepest); a frame nested deeper is not
 // one of ours, and the limit keeps the recursive CBOR reader's stack bounded.
 constexpr size_t kMaxBodyDepth = 128;
@@ -103,16 +102,20 @@ const char* peer_msg_name(PeerMsg type) {
 
 std::vector<uint8_t> encode_peer_message(const PeerMessage& message, const std::string& secret) {
   const std::vector<uint8_t> body = Json::to_cbor(message.body);
-  std::vector<uint8_t> out(kPeerHeaderBytes + message.from.size() + body.size() + kPeerMacBytes, 0);
+  std::vector<uint8_t> out(
+      kPeerHeaderBytes + message.from.size() + message.to.size() + body.size() + kPeerMacBytes, 0);
   uint8_t* p = out.data();
   std::memcpy(p, kMagic, 4);
   p[4] = static_cast<uint8_t>(message.type);
   put_le(p + 8, message.seq, 8);
   put_le(p + 16, message.from.size(), 2);
+  put_le(p + 18, message.to.size(), 2);
   put_le(p + 20, body.size(), 4);
   size_t at = kPeerHeaderBytes;
   if (!message.from.empty()) std::memcpy(p + at, message.from.data(), message.from.size());
   at += message.from.size();
+  if (!message.to.empty()) std::memcpy(p + at, message.to.data(), message.to.size());
+  at += message.to.size();
   if (!body.empty()) std::memcpy(p + at, body.data(), body.size());
   at += body.size();
   const std::string mac = hmac_sha256(secret, p, at);
@@ -127,27 +130,32 @@ Result<PeerMessage> decode_peer_message(std::span<const uint8_t> frame, const st
                  ") and MAC (" + std::to_string(kPeerMacBytes) + ")");
   }
   const uint8_t* p = frame.data();
-  if (std::memcmp(p, kMagic, 4) != 0) return fault("bad magic (not a cairn peer frame)");
+  if (std::memcmp(p, kMagic, 3) != 0) return fault("bad magic (not a cairn peer frame)");
+  if (p[3] != kMagic[3]) {
+    return fault(std::string("wire version ") + static_cast<char>(p[3]) + " (this daemon speaks " + kMagic[3] +
+                 "): a cairnd of another release");
+  }
   const uint8_t type = p[4];
   if (p[5] != 0) return fault("flags " + std::to_string(p[5]) + ", must be 0");
-  if (get_le(p + 6, 2) != 0 || get_le(p + 18, 2) != 0) return fault("reserved header bytes are not 0");
+  if (get_le(p + 6, 2) != 0) return fault("reserved header bytes are not 0");
   if (type == 0 || type > kMaxPeerMsg) return fault("unknown type " + std::to_string(type));
   const uint64_t seq = get_le(p + 8, 8);
   const size_t from_len = get_le(p + 16, 2);
+  const size_t to_len = get_le(p + 18, 2);
   const size_t body_len = get_le(p + 20, 4);
-  if (from_len == 0 || from_len > kMaxFromBytes) {
-    return fault("sender id of " + std::to_string(from_len) + " bytes (must be 1.." + std::to_string(kMaxFromBytes) +
-                 ")");
+  for (auto [len, what] : {std::pair{from_len, "sender"}, std::pair{to_len, "receiver"}}) {
+    if (len == 0 || len > kMaxPeerIdBytes) {
+      return fault(std::string(what) + " id of " + std::to_string(len) + " bytes (must be 1.." +
+                   std::to_string(kMaxPeerIdBytes) + ")");
+    }
   }
-  const size_t want = kPeerHeaderBytes + from_len + body_len + kPeerMacBytes;  // no overflow: both < 2^33
-  if (want > n) {
-    return fault("lengths exceed the frame (sender " + std::to_string(from_len) + " + body " +
-                 std::to_string(body_len) + " bytes in a frame of " + std::to_string(n) + ")");
-  }
-  if (want < n) {
-    return fault("lengths do not fill the frame (sender " + std::to_string(from_len) + " + body " +
-                 std::to_string(body_len) + " bytes in a frame of " + std::to_string(n) + ")");
-  }
+  const size_t want = kPeerHeaderBytes + from_len + to_len + body_len + kPeerMacBytes;  // no overflow: < 2^33
+  const auto lengths = [&] {
+    return "(sender " + std::to_string(from_len) + " + receiver " + std::to_string(to_len) + " + body " +
+           std::to_string(body_len) + " bytes in a frame of " + std::to_string(n) + ")";
+  };
+  if (want > n) return fault("lengths exceed the frame " + lengths());
+  if (want < n) return fault("lengths do not fill the frame " + lengths());
   const size_t signed_len = n - kPeerMacBytes;
   const std::string mac = hmac_sha256(secret, p, signed_len);
   if (!same_mac(mac, std::string_view(reinterpret_cast<const char*>(p + signed_len), kPeerMacBytes))) {
@@ -158,7 +166,8 @@ Result<PeerMessage> decode_peer_message(std::span<const uint8_t> frame, const st
   m.type = static_cast<PeerMsg>(type);
   m.seq = seq;
   m.from.assign(reinterpret_cast<const char*>(p + kPeerHeaderBytes), from_len);
-  const uint8_t* body = p + kPeerHeaderBytes + from_len;
+  m.to.assign(reinterpret_cast<const char*>(p + kPeerHeaderBytes + from_len), to_len);
+  const uint8_t* body = p + kPeerHeaderBytes + from_len + to_len;
   Json j;
   try {
     BoundedSax sax(j);

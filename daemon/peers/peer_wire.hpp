@@ -1,11 +1,15 @@
 // The messages between the daemons of a peer group (docs/peers.md has the table).
 //
-// A frame (at most Fabric::kMaxControlBytes):
-//   offset 0 "CPW1" | 4 type u8 | 5 flags u8 (0) | 6 reserved u16 (0) | 8 seq u64 LE | 16 from_len u16 LE
-//   | 18 reserved u16 (0) | 20 body_len u32 LE | 24 from (the sender's member id, 1-64 bytes)
-//   | body (CBOR of a JSON object) | MAC (32 bytes)
+// A frame (at most Fabric::kMaxControlBytes), wire version 2 (the magic names it):
+//   offset 0 "CPW2" | 4 type u8 | 5 flags u8 (0) | 6 reserved u16 (0) | 8 seq u64 LE | 16 from_len u16 LE
+//   | 18 to_len u16 LE | 20 body_len u32 LE | 24 from (the sender's member id, 1-64 bytes)
+//   | to (the receiver's member id, 1-64 bytes) | body (CBOR of a JSON object) | MAC (32 bytes)
 // MAC = HMAC-SHA256(group secret, every byte before it): a daemon that does not hold the group's
 // secret cannot make a frame any member accepts. decode checks everything and names what is wrong.
+// What the MAC binds beyond the bytes (the receiver checks, peer_messages.cpp): `to` must be the
+// receiver's own id (a frame for member B replayed to C is refused), and `seq` must be new in the
+// sender's anti-replay window (replay_window.hpp). Member ids are random at every start, so a
+// restarted daemon is a new sender and a new receiver. Version 1 ("CPW1": no `to`) is refused.
 #pragma once
 
 #include <cstdint>
@@ -47,17 +51,19 @@ const char* peer_msg_name(PeerMsg type);
 
 struct PeerMessage {
   PeerMsg type = PeerMsg::kHello;
-  uint64_t seq = 0;
-  std::string from;
+  uint64_t seq = 0;   // per sender, from 1, never reused while its id lives (anti-replay)
+  std::string from;   // the sender's member id
+  std::string to;     // the receiver's member id
   nlohmann::json body = nlohmann::json::object();
 };
 
 constexpr size_t kPeerHeaderBytes = 24;
 constexpr size_t kPeerMacBytes = 32;
+constexpr size_t kMaxPeerIdBytes = 64;
 
 std::vector<uint8_t> encode_peer_message(const PeerMessage& message, const std::string& secret);
 // kProtocol naming the fault: "peer message: 12 bytes, shorter than a header", "bad magic",
-// "unknown type 77", "lengths exceed the frame", "bad MAC (not signed with this group's secret)",
+// "wire version 1 (this daemon speaks 2)", "unknown type 77", "receiver id of 0 bytes", "lengths exceed the frame", "bad MAC (not signed with this group's secret)",
 // "body is not CBOR: ...", "body is not an object".
 Result<PeerMessage> decode_peer_message(std::span<const uint8_t> frame, const std::string& secret);
 

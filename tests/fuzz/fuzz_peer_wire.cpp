@@ -3,10 +3,10 @@
 // wrong, never a crash or an exception. The first input byte picks a mode, so the fuzzer also gets
 // past the MAC (which it cannot forge) into the body parser:
 //   bit 0: re-sign the frame with the fixed secret before decoding;
-//   bit 1: first set body_len so the lengths fill the frame (when from_len is plausible).
-// A frame that decodes must encode to one that decodes to the same message. The body of a
-// multi-part message (part, part_state, assemble, part_ack) also goes through its typed decoder
-// (daemon/peers/part_messages.hpp): a kProtocol error naming it, or a value that round-trips.
+//   bit 1: first set body_len so the lengths fill the frame (when from_len and to_len are plausible).
+// A frame that decodes must encode to one that decodes to the same message. Its body also goes
+// through its type's decoder (check_peer_body: peer_bodies.hpp, part_messages.hpp): a kProtocol
+// error naming it, or a value (tests/fuzz/fuzz_peer_bodies.cpp fuzzes the bodies alone).
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -18,7 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "daemon/peers/crypto.hpp"
-#include "daemon/peers/part_messages.hpp"
+#include "daemon/peers/peer_bodies.hpp"
 #include "daemon/peers/peer_wire.hpp"
 
 namespace {
@@ -39,9 +39,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<uint8_t> frame(data + 1, data + size);
   const size_t n = frame.size();
   if ((mode & 2) && n >= cairn::kPeerHeaderBytes + cairn::kPeerMacBytes) {
-    const size_t from_len = frame[16] | static_cast<size_t>(frame[17]) << 8;
-    if (cairn::kPeerHeaderBytes + from_len + cairn::kPeerMacBytes <= n) {
-      const size_t body_len = n - cairn::kPeerHeaderBytes - from_len - cairn::kPeerMacBytes;
+    const size_t ids = (frame[16] | static_cast<size_t>(frame[17]) << 8) + (frame[18] | static_cast<size_t>(frame[19]) << 8);
+    if (cairn::kPeerHeaderBytes + ids + cairn::kPeerMacBytes <= n) {
+      const size_t body_len = n - cairn::kPeerHeaderBytes - ids - cairn::kPeerMacBytes;
       for (int i = 0; i < 4; ++i) frame[20 + i] = static_cast<uint8_t>(body_len >> (8 * i));
     }
   }
@@ -56,12 +56,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;
   }
   const cairn::PeerMessage& m = *r;
-  if (!m.body.is_object() || m.from.empty() || m.from.size() > 64) std::abort();
+  if (!m.body.is_object() || m.from.empty() || m.from.size() > 64 || m.to.empty() || m.to.size() > 64) std::abort();
   if (std::strcmp(cairn::peer_msg_name(m.type), "unknown") == 0) std::abort();
-  // A multi-part message's body: refused with a message naming it, or decoded to a value that
-  // round-trips (check_part_body says kInternal when it does not).
-  const cairn::Status part = cairn::check_part_body(m.type, m.body);
-  if (!part.is_ok() && (part.code() != cairn::StatusCode::kProtocol || part.message().rfind("peer message ", 0) != 0))
+  // The body through its type's decoder (peer_bodies.hpp; a multi-part message's also round-trips,
+  // check_part_body saying kInternal when it does not): a value, or kProtocol naming the message.
+  const cairn::Status body = cairn::check_peer_body(m.type, m.body);
+  if (!body.is_ok() && (body.code() != cairn::StatusCode::kProtocol || body.message().rfind("peer message ", 0) != 0))
     std::abort();
   // Another secret never accepts it.
   if (cairn::decode_peer_message(std::span<const uint8_t>(frame), kSecret + "x").is_ok()) std::abort();
@@ -69,7 +69,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::vector<uint8_t> again = cairn::encode_peer_message(m, kSecret);
   auto back = cairn::decode_peer_message(std::span<const uint8_t>(again), kSecret);
   if (!back.is_ok()) std::abort();
-  if (back->type != m.type || back->seq != m.seq || back->from != m.from) std::abort();
+  if (back->type != m.type || back->seq != m.seq || back->from != m.from || back->to != m.to) std::abort();
   // Bodies compared by their encoding (a NaN is not == itself).
   if (nlohmann::json::to_cbor(back->body) != nlohmann::json::to_cbor(m.body)) std::abort();
   return 0;

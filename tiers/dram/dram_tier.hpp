@@ -80,8 +80,8 @@ class DramTier {
   };
   std::optional<Victim> take_victim();
   void finish_demotion(const ChunkHash& hash);
-  // Pins a resident chunk; nullopt when it is not resident.
-  std::optional<uint64_t> pin_if_resident(const ChunkHash& hash);
+  // Pins a resident chunk; nullopt when it is not resident. With length, also its length in bytes.
+  std::optional<uint64_t> pin_if_resident(const ChunkHash& hash, uint64_t* length = nullptr);
   // Passes lineage hints to the policy.
   void hint_references(const ChunkHash& hash, uint32_t live_models);
   void hint_refetch_cost(const ChunkHash& hash, double seconds);

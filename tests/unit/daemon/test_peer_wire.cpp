@@ -17,27 +17,32 @@ namespace {
 
 const std::string kSecret = "0123456789abcdef0123456789abcdef";
 const std::string kFrom = "9f8e7d6c5b4a39281706f5e4d3c2b1a0";
+const std::string kTo = "m0123456789abcdef";
 
 PeerMessage make(PeerMsg type, json body, uint64_t seq = 42) {
   PeerMessage m;
   m.type = type;
   m.seq = seq;
   m.from = kFrom;
+  m.to = kTo;
   m.body = std::move(body);
   return m;
 }
 
 // A frame with these fields and bytes, signed with secret (for the faults encode cannot make).
 std::vector<uint8_t> raw_frame(uint8_t type, const std::string& from, const std::vector<uint8_t>& body,
-                               const std::string& secret = kSecret) {
+                               const std::string& secret = kSecret, const std::string& to = kTo) {
   std::vector<uint8_t> f(cairn::kPeerHeaderBytes, 0);
-  std::memcpy(f.data(), "CPW1", 4);
+  std::memcpy(f.data(), "CPW2", 4);
   f[4] = type;
   f[8] = 7;
   f[16] = static_cast<uint8_t>(from.size());
   f[17] = static_cast<uint8_t>(from.size() >> 8);
+  f[18] = static_cast<uint8_t>(to.size());
+  f[19] = static_cast<uint8_t>(to.size() >> 8);
   for (int i = 0; i < 4; ++i) f[20 + i] = static_cast<uint8_t>(body.size() >> (8 * i));
   f.insert(f.end(), from.begin(), from.end());
+  f.insert(f.end(), to.begin(), to.end());
   f.insert(f.end(), body.begin(), body.end());
   std::string mac = cairn::hmac_sha256(secret, f.data(), f.size());
   f.insert(f.end(), mac.begin(), mac.end());
@@ -100,12 +105,14 @@ TEST_CASE("every peer message round-trips", "[peers]") {
   for (const auto& m : all) {
     INFO(cairn::peer_msg_name(m.type));
     auto f = cairn::encode_peer_message(m, kSecret);
-    REQUIRE(f.size() == cairn::kPeerHeaderBytes + m.from.size() + json::to_cbor(m.body).size() + cairn::kPeerMacBytes);
+    REQUIRE(f.size() ==
+            cairn::kPeerHeaderBytes + m.from.size() + m.to.size() + json::to_cbor(m.body).size() + cairn::kPeerMacBytes);
     auto r = cairn::decode_peer_message(f, kSecret);
     REQUIRE(r.is_ok());
     REQUIRE(r->type == m.type);
     REQUIRE(r->seq == m.seq);
     REQUIRE(r->from == m.from);
+    REQUIRE(r->to == m.to);
     REQUIRE(r->body == m.body);
   }
 }
@@ -122,15 +129,18 @@ TEST_CASE("peer_msg_name names every type", "[peers]") {
 TEST_CASE("the frame layout is the documented one", "[peers]") {
   auto f = cairn::encode_peer_message(make(PeerMsg::kLookup, {{"req", 1}}, 0x0102030405060708ull), kSecret);
   auto body = json::to_cbor(json{{"req", 1}});
-  REQUIRE(std::memcmp(f.data(), "CPW1", 4) == 0);
+  REQUIRE(std::memcmp(f.data(), "CPW2", 4) == 0);
   REQUIRE(f[4] == static_cast<uint8_t>(PeerMsg::kLookup));
   REQUIRE(f[5] == 0);
   REQUIRE(f[8] == 0x08);
   REQUIRE(f[15] == 0x01);
   REQUIRE(f[16] == kFrom.size());
+  REQUIRE(f[18] == kTo.size());
   REQUIRE(f[20] == body.size());
   REQUIRE(std::string(f.begin() + 24, f.begin() + 24 + kFrom.size()) == kFrom);
-  REQUIRE(std::vector<uint8_t>(f.begin() + 24 + kFrom.size(), f.end() - 32) == body);
+  const auto to_at = f.begin() + 24 + static_cast<std::ptrdiff_t>(kFrom.size());
+  REQUIRE(std::string(to_at, to_at + static_cast<std::ptrdiff_t>(kTo.size())) == kTo);
+  REQUIRE(std::vector<uint8_t>(to_at + static_cast<std::ptrdiff_t>(kTo.size()), f.end() - 32) == body);
 }
 
 TEST_CASE("decode names each fault", "[peers]") {
@@ -143,16 +153,22 @@ TEST_CASE("decode names each fault", "[peers]") {
   }
   SECTION("bad magic") {
     auto f = good;
-    f[3] = '2';
+    f[0] = 'X';
     resign(f);
     REQUIRE_THAT(decode_error(f), Catch::Contains("bad magic"));
+  }
+  SECTION("wire version 1 (no receiver id) is refused by name") {
+    auto f = good;
+    f[3] = '1';
+    resign(f);
+    REQUIRE_THAT(decode_error(f), Catch::Contains("wire version 1 (this daemon speaks 2)"));
   }
   SECTION("flags and reserved") {
     auto f = good;
     f[5] = 1;
     resign(f);
     REQUIRE_THAT(decode_error(f), Catch::Contains("flags 1, must be 0"));
-    for (size_t at : {size_t{6}, size_t{7}, size_t{18}, size_t{19}}) {
+    for (size_t at : {size_t{6}, size_t{7}}) {
       f = good;
       f[at] = 0x80;
       resign(f);
@@ -173,6 +189,20 @@ TEST_CASE("decode names each fault", "[peers]") {
     REQUIRE_THAT(decode_error(raw_frame(1, std::string(65, 'x'), body)), Catch::Contains("sender id of 65 bytes"));
     REQUIRE(cairn::decode_peer_message(raw_frame(1, std::string(64, 'x'), body), kSecret).is_ok());
     REQUIRE(cairn::decode_peer_message(raw_frame(1, "x", body), kSecret).is_ok());
+  }
+  SECTION("receiver id length") {
+    auto body = json::to_cbor(json{{"a", 1}});
+    REQUIRE_THAT(decode_error(raw_frame(1, kFrom, body, kSecret, "")), Catch::Contains("receiver id of 0 bytes"));
+    REQUIRE_THAT(decode_error(raw_frame(1, kFrom, body, kSecret, std::string(65, 'y'))),
+                 Catch::Contains("receiver id of 65 bytes"));
+    auto r = cairn::decode_peer_message(raw_frame(1, kFrom, body, kSecret, std::string(64, 'y')), kSecret);
+    REQUIRE(r.is_ok());
+    REQUIRE(r->to == std::string(64, 'y'));
+  }
+  SECTION("the receiver id is under the MAC") {
+    auto f = good;
+    f[cairn::kPeerHeaderBytes + kFrom.size()] ^= 0x01;  // the first byte of `to`, not re-signed
+    REQUIRE_THAT(decode_error(f), Catch::Contains("bad MAC"));
   }
   SECTION("lengths") {
     auto f = good;

@@ -1,0 +1,85 @@
+// The peer service's test hooks (CAIRN_PEERS_FAULT, docs/peers.md "Test hooks"): a member that
+// misbehaves on purpose, so that tests can check the others refuse what it sends. Never set in
+// production; each hook set is logged as a warning at start.
+#include <cstring>
+#include <string_view>
+
+#include "daemon/peers/crypto.hpp"
+#include "daemon/peers/peer_service_impl.hpp"
+
+namespace cairn {
+
+using Outgoing = PeerService::Impl::Outgoing;
+
+namespace {
+constexpr size_t kReplayRing = 32;  // the frames a replaying member keeps to send again
+}  // namespace
+
+Status PeerService::Impl::set_faults(const char* spec) {
+  if (!spec) return Status::ok();
+  std::string_view rest(spec);
+  while (!rest.empty()) {
+    const size_t comma = rest.find(',');
+    const std::string_view hook = rest.substr(0, comma);
+    rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+    if (hook.empty()) continue;
+    if (hook == "corrupt_bodies") corrupt_bodies = true;
+    else if (hook == "replay") fault_replay = true;
+    else if (hook == "forge") fault_forge = true;
+    else if (hook == "garbage_bodies") fault_garbage = true;
+    else
+      return invalid_argument("CAIRN_PEERS_FAULT: unknown hook '" + std::string(hook) +
+                              "' (corrupt_bodies, replay, forge, garbage_bodies; tests only)");
+    CAIRN_LOG_WARN("peers: CAIRN_PEERS_FAULT={}: {} (tests only)", hook,
+                   hook == "corrupt_bodies" ? "every chunk this member sends is corrupted"
+                   : hook == "replay"       ? "this member resends earlier frames verbatim, also to other members"
+                   : hook == "forge"        ? "this member sends forged copies of its frames"
+                                            : "this member sends signed frames with bodies no member can read");
+  }
+  return Status::ok();
+}
+
+void PeerService::Impl::send_faults(const Outgoing& o) {
+  std::vector<Outgoing> extra;
+  if (fault_forge && o.frame.size() > kPeerHeaderBytes + kPeerMacBytes) {
+    const size_t signed_len = o.frame.size() - kPeerMacBytes;
+    Outgoing altered = o;  // the last byte of the body changed after signing
+    altered.frame[signed_len - 1] ^= 0x01;
+    extra.push_back(std::move(altered));
+    Outgoing other = o;  // signed with a secret that is not the group's
+    const std::string mac = hmac_sha256(secret + "-not-the-group's", other.frame.data(), signed_len);
+    std::memcpy(other.frame.data() + signed_len, mac.data(), kPeerMacBytes);
+    extra.push_back(std::move(other));
+  }
+  if (fault_garbage && o.frame.size() > 4) {
+    // The same type, properly signed and numbered, every field of the wrong kind.
+    const auto type = static_cast<PeerMsg>(o.frame[4]);
+    Outgoing junk = make(o.to, o.handle, type,
+                         nlohmann::json{{"req", "not a number"}, {"chunk", 42}, {"nonce", nlohmann::json::array()},
+                                        {"model", nlohmann::json::object()}, {"garbage", true}});
+    junk.via_data = o.via_data;
+    extra.push_back(std::move(junk));
+  }
+  if (fault_replay) {
+    std::lock_guard fl(fault_mu);
+    if (!fault_sent.empty()) {
+      const Outgoing& old = fault_sent[fault_frames.load() % fault_sent.size()];
+      extra.push_back(old);  // to the member it was for: seen before
+      if (old.to != o.to) {  // to another member: addressed to someone else
+        Outgoing moved = old;
+        moved.to = o.to;
+        moved.handle = o.handle;
+        moved.via_data = o.via_data;
+        extra.push_back(std::move(moved));
+      }
+    }
+    if (fault_sent.size() < kReplayRing) fault_sent.push_back(o);
+    else fault_sent[fault_frames.load() % kReplayRing] = o;
+  }
+  for (const Outgoing& e : extra) {
+    ++fault_frames;
+    send_one(e);
+  }
+}
+
+}  // namespace cairn
