@@ -125,8 +125,8 @@ json fault_rule_json(const Faulty::RuleState& s) {
 Result<json> FaultInjection::handle(const json& req) {
   if (fs_ == nullptr)
     return unavailable(
-        "fault: fault injection is off in this cairnd; start it with `debug: {fault_injection: true}` in its config "
-        "or CAIRN_DEBUG_FAULT_INJECTION=1 in its environment (test daemons only)");
+        "fault: fault injection is off in this cairnd; restart it with debug.fault_injection: true in its config "
+        "(or CAIRN_DEBUG_FAULT_INJECTION=1 in its environment) to use it (test daemons only)");
   auto action = req.find("action");
   if (action == req.end() || !action->is_string())
     return invalid_argument("fault: field 'action' must be one of add, list, clear");

@@ -146,9 +146,14 @@ std::string dump_thread_stacks() {
   const pid_t pid = ::getpid();
   std::string out;
   for (pid_t tid : thread_ids()) {
-    const std::string head = "thread " + std::to_string(tid) + " (" + thread_name(tid) + "):\n";
+    const std::string name = thread_name(tid);
+    const std::string head = "thread " + std::to_string(tid) + " (" + name + "):\n";
     if (tid == self) {
       out += head + "    (this thread: the caller)\n";
+      continue;
+    }
+    if (name.rfind("iou-", 0) == 0) {  // io_uring's workers run in the kernel and take no signals
+      out += head + "    (an io_uring kernel worker: no user-space stack)\n";
       continue;
     }
     if (::ftruncate(fd, 0) != 0 || ::lseek(fd, 0, SEEK_SET) != 0) break;

@@ -21,8 +21,8 @@
 namespace cairn {
 
 // One block per thread: "thread TID (NAME):" and its frames, innermost first. The calling thread
-// is listed as "(this thread: the caller)" without a stack. If the signal is in use by someone
-// else, says so instead.
+// is listed as "(this thread: the caller)" and io_uring's kernel workers (iou-wrk-*, iou-sqp-*) as
+// such, without a stack. If the signal is in use by someone else, says so instead.
 std::string dump_thread_stacks();
 
 }  // namespace cairn

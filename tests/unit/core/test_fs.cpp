@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <new>
@@ -590,6 +591,57 @@ TEST_CASE("faulty fs: rules apply to each request of read_many and write_many", 
     fs.add({.op = Op::kRead, .skip = 9});
     CHECK(f->read_many(rreqs).code() == StatusCode::kIo);
     CHECK(fs.injected() == 1);
+  }
+}
+
+TEST_CASE("faulty fs: delay, per-rule counts, names, is_posix", "[fs][faulty]") {
+  MemoryFileSystem mem;
+  require_ok(mem.make_dirs("/x"));
+  FaultyFileSystem fs(mem);
+  using Op = FaultyFileSystem::Op;
+  auto a = open_ok(fs, "/x/a", kCreate);
+
+  SECTION("a delay rule slows the operation and lets it run unchanged") {
+    fs.add({.op = Op::kWrite, .effect = FaultyFileSystem::Effect::kDelay, .times = 1, .delay_ms = 150});
+    const auto t0 = std::chrono::steady_clock::now();
+    require_ok(a->pwrite("abc", 3, 0));
+    CHECK(std::chrono::steady_clock::now() - t0 >= std::chrono::milliseconds(150));
+    char got[3] = {};
+    size_t n = 0;
+    require_ok(a->pread(got, 3, 0, &n));
+    CHECK(std::string(got, n) == "abc");
+    const auto t1 = std::chrono::steady_clock::now();
+    require_ok(a->pwrite("d", 1, 0));  // spent
+    CHECK(std::chrono::steady_clock::now() - t1 < std::chrono::milliseconds(150));
+  }
+  SECTION("rules() lists each rule's countdowns and what it injected; errors name their errno") {
+    fs.add({.op = Op::kWrite, .err = ENOSPC, .times = 2});
+    fs.add({.op = Op::kRead, .times = -1});
+    Status st = a->pwrite("x", 1, 0);
+    CHECK(st.code() == StatusCode::kNoSpace);
+    CHECK(st.message().find("injected ENOSPC") != std::string::npos);
+    auto rules = fs.rules();
+    REQUIRE(rules.size() == 2);
+    CHECK(rules[0].injected == 1);
+    CHECK(rules[0].rule.times == 1);
+    CHECK(rules[1].injected == 0);
+    fs.clear();
+    CHECK(fs.rules().empty());
+    CHECK(fs.injected() == 1);
+  }
+  SECTION("names cover every op and effect once") {
+    CHECK(FaultyFileSystem::op_names().size() == 7);
+    CHECK(FaultyFileSystem::effect_names().size() == 5);
+    bool enospc = false;
+    for (const auto& e : FaultyFileSystem::error_names()) enospc = enospc || (e.value == ENOSPC && std::string(e.name) == "ENOSPC");
+    CHECK(enospc);
+  }
+  SECTION("is_posix sees through the injector") {
+    CHECK(is_posix(posix_fs()));
+    FaultyFileSystem over_posix(posix_fs());
+    CHECK(is_posix(over_posix));
+    CHECK_FALSE(is_posix(fs));
+    CHECK_FALSE(is_posix(mem));
   }
 }
 

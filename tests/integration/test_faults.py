@@ -1,0 +1,186 @@
+"""Filesystem faults injected into a real cairnd (debug.fault_injection, `cairn fault`): a client gets
+a clear error naming the fault and never wrong bytes, acknowledged models are never lost, and the
+request watchdog reports a stuck request with the daemon's thread stacks (docs/config.md, "Fault
+injection" and "The request watchdog")."""
+import json
+import time
+
+import numpy as np
+
+from stfiles import rand, save_file
+
+FAULTS_ON = "debug:\n  fault_injection: true\n"
+
+
+def model_file(tmp, name, seed, shape=(512, 512)):
+    path = tmp / f"{name}.safetensors"
+    rng = np.random.default_rng(seed)
+    save_file({"w": rand(rng, shape, np.float32), "b": rand(rng, (shape[0],), np.float32)}, str(path))
+    return path
+
+
+def assert_reads_back(d, tmp, model_id, path):
+    out = tmp / f"{model_id}-out.safetensors"
+    d.cairn("get", model_id, "-o", out)
+    assert out.read_bytes() == path.read_bytes()
+
+
+def fault_list(d):
+    return json.loads(d.cairn("fault", "list", "--json").stdout)
+
+
+def restart(d):
+    """A fresh arena: reads come from the repository again."""
+    assert d.stop() == 0
+    return d.start()
+
+
+def test_enospc_on_pack_writes_fails_a_global_commit_then_it_succeeds_after_clear(make_daemon, tmp):
+    d = make_daemon(extra_config=FAULTS_ON).start()
+    assert "fault injection is enabled" in (d.root / "cairnd.log").read_text()
+    f = model_file(tmp, "m", 1)
+    d.cairn("fault", "add", "--op", "write", "--path", "/packs/", "--error", "ENOSPC", "--times", "-1")
+    r = d.cairn("put", "m", f, check=False)
+    assert r.returncode != 0
+    assert "ENOSPC" in r.stderr and "no space" in r.stderr.lower(), r.stderr
+    rules = fault_list(d)["rules"]
+    assert len(rules) == 1 and rules[0]["injected"] >= 1 and rules[0]["error"] == "ENOSPC"
+    # Not acknowledged, so not there: no half-stored model.
+    assert d.cairn("get", "m", "-o", tmp / "x", check=False).returncode != 0
+    assert d.stats()["fault_injection"]["injected"] >= 1
+
+    d.cairn("fault", "clear")
+    assert fault_list(d)["rules"] == []
+    d.cairn("put", "m", f)
+    assert_reads_back(d, tmp, "m", f)
+    fsck = json.loads(d.cairn("fsck", "--json").stdout)
+    assert fsck["ok"] and fsck["models"] == 1, fsck
+    restart(d)
+    assert_reads_back(d, tmp, "m", f)
+
+
+def test_a_memory_commit_acknowledged_during_enospc_reaches_the_repository_after_clear(make_daemon, tmp):
+    # Regression: the flusher dropped an acknowledged model whose repository write failed.
+    d = make_daemon(extra_config=FAULTS_ON).start()
+    f = model_file(tmp, "a", 2)
+    d.cairn("fault", "add", "--op", "write", "--path", "/packs/", "--error", "ENOSPC", "--times", "-1")
+    d.cairn("put", "a", f, "--durability", "memory")  # acknowledged at memory
+    deadline = time.time() + 30
+    while d.stats()["flush"]["repository_write_retries"] < 2 and time.time() < deadline:
+        time.sleep(0.05)
+    s = d.stats()
+    assert s["flush"]["repository_write_retries"] >= 2 and s["pending_models"] == 1, s["flush"]
+    assert_reads_back(d, tmp, "a", f)  # still served, from DRAM
+    d.cairn("fault", "clear")
+    d.cairn("flush", "--timeout", "60")
+    assert d.stats()["pending_models"] == 0
+    restart(d)
+    assert_reads_back(d, tmp, "a", f)
+    assert json.loads(d.cairn("fsck", "--json").stdout)["ok"]
+
+
+def test_a_local_commit_acknowledged_during_enospc_survives_kill9(make_daemon, tmp):
+    # Through the environment this time (the config's tiers section is the fixture's).
+    env = {"CAIRN_DEBUG_FAULT_INJECTION": "1", "CAIRN_TIERS_NVME_PATH": str(tmp / "nvme"),
+           "CAIRN_TIERS_NVME_CAPACITY": "256MiB"}
+    d = make_daemon(env=env).start()
+    f = model_file(tmp, "l", 3)
+    d.cairn("fault", "add", "--op", "write", "--path", "/packs/", "--error", "EIO", "--times", "-1")
+    d.cairn("put", "l", f, "--durability", "local")  # acknowledged: on the burst buffer
+    deadline = time.time() + 30
+    while d.stats()["flush"]["repository_write_retries"] < 1 and time.time() < deadline:
+        time.sleep(0.05)
+    assert d.stats()["flush"]["repository_write_retries"] >= 1
+    d.kill9()
+    d.start()  # the rules died with the daemon: recovery writes it to the repository
+    d.cairn("flush", "--timeout", "60")
+    assert d.stats()["recovery"]["models_recovered"] == 1
+    assert_reads_back(d, tmp, "l", f)
+    assert json.loads(d.cairn("fsck", "--json").stdout)["ok"]
+
+
+def test_eio_on_repository_reads_is_an_error_never_wrong_bytes(make_daemon, tmp):
+    d = make_daemon(extra_config=FAULTS_ON).start()
+    f = model_file(tmp, "r", 4)
+    d.cairn("put", "r", f)
+    restart(d)
+    d.cairn("fault", "add", "--op", "read", "--path", "/packs/", "--error", "EIO", "--times", "-1")
+    out = tmp / "r-bad.safetensors"
+    r = d.cairn("get", "r", "-o", out, check=False)
+    assert r.returncode != 0
+    assert "EIO" in r.stderr and "input/output error" in r.stderr.lower(), r.stderr
+    assert not out.exists() or out.read_bytes() != f.read_bytes() and out.stat().st_size == 0
+    assert fault_list(d)["rules"][0]["injected"] >= 1
+    d.cairn("fault", "clear")
+    assert_reads_back(d, tmp, "r", f)
+
+
+def test_a_bit_flipped_repository_read_is_caught_by_the_chunk_hash(make_daemon, tmp):
+    d = make_daemon(extra_config=FAULTS_ON).start()
+    f = model_file(tmp, "b", 5)
+    d.cairn("put", "b", f)
+    restart(d)
+    d.cairn("fault", "add", "--op", "read", "--path", "/packs/", "--effect", "flip_bit", "--times", "1")
+    out = tmp / "b-bad.safetensors"
+    r = d.cairn("get", "b", "-o", out, check=False)
+    assert r.returncode != 0
+    assert "hash" in r.stderr, r.stderr
+    assert fault_list(d)["rules"][0]["injected"] == 1
+    # The rule is spent: the same read now succeeds, exactly; the pack itself was never damaged.
+    assert_reads_back(d, tmp, "b", f)
+    assert json.loads(d.cairn("fsck", "--json").stdout)["ok"]
+
+
+def test_fault_requests_are_refused_without_injection(daemon):
+    for args in (["add", "--op", "write", "--path", "/packs/", "--error", "ENOSPC"], ["list"], ["clear"]):
+        r = daemon.cairn("fault", *args, check=False)
+        assert r.returncode != 0
+        assert "debug.fault_injection" in r.stderr and "CAIRN_DEBUG_FAULT_INJECTION=1" in r.stderr, r.stderr
+    assert daemon.stats()["fault_injection"] == {"enabled": False, "rules": 0, "injected": 0}
+
+
+def test_bad_rules_are_refused_naming_the_field(make_daemon):
+    d = make_daemon(extra_config=FAULTS_ON).start()
+    cases = [
+        (["--op", "scribble"], "rule.op"),
+        (["--op", "write", "--error", "ENOPE"], "rule.error"),
+        (["--op", "write", "--effect", "melt"], "rule.effect"),
+        (["--op", "read", "--effect", "short_write"], "rule.effect"),
+        (["--op", "sync", "--effect", "delay"], "rule.delay_ms"),
+        (["--op", "write", "--times", "0"], "rule.times"),
+        (["--op", "write", "--skip", "-1"], "rule.skip"),
+    ]
+    for args, field in cases:
+        r = d.cairn("fault", "add", *args, check=False)
+        assert r.returncode != 0 and field in r.stderr, (args, r.stderr)
+    assert fault_list(d)["rules"] == []
+
+
+def test_the_watchdog_reports_a_stuck_request_with_thread_stacks_once(make_daemon, tmp):
+    d = make_daemon(extra_config=FAULTS_ON + "watchdog: 1s\n").start()
+    f = model_file(tmp, "w", 6)
+    # A global commit whose repository writes are slow waits for its durability: not reported.
+    d.cairn("fault", "add", "--op", "write", "--path", "/packs/", "--effect", "delay", "--delay-ms", "1500")
+    d.cairn("put", "w", f)
+    d.cairn("ls")
+    d.cairn("get", "w", "-o", tmp / "w1.safetensors")
+    w = d.stats()["watchdog"]
+    assert w["bound_s"] == 1.0 and w["stuck_reported"] == 0, w
+    assert "watchdog:" not in (d.root / "cairnd.log").read_text()
+
+    # fsck reading a pack that takes 2.5 s to read is stuck past the bound: reported, once.
+    d.cairn("fault", "add", "--op", "read", "--path", "/packs/", "--effect", "delay", "--delay-ms", "2500")
+    assert json.loads(d.cairn("fsck", "--json").stdout)["ok"]
+    w = d.stats()["watchdog"]
+    assert w["stuck_reported"] == 1 and w["stuck_now"] == 0 and w["oldest_s"] < 1.0, w
+    log = (d.root / "cairnd.log").read_text()
+    assert log.count("watchdog: request 'fsck'") == 1, log
+    assert "client pid" in log and "past the watchdog bound of 1.00 s" in log
+    stacks = log[log.index("the stacks of every thread of cairnd follow"):]
+    assert stacks.count("thread ") >= 4, stacks          # the flusher's, the acceptor, the request's...
+    assert "cairn::Repository::fsck" in stacks, stacks    # the stuck thread's frames, by name
+    assert "cairn::Flusher::global_loop" in stacks
+    assert "did not answer" not in stacks
+    assert d.alive()
+    assert_reads_back(d, tmp, "w", f)
+    assert d.stats()["watchdog"]["stuck_reported"] == 1
