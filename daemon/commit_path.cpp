@@ -181,7 +181,8 @@ Result<std::shared_ptr<ModelManifest>> CommitPath::build_and_register(
     const std::string& id, const std::string& parent, const ModelManifest* parent_manifest, const json& metadata,
     const json& architecture, const Graph* parsed_graph,
     const std::vector<std::pair<const std::vector<Planned>*, const std::vector<Extent>*>>& parts,
-    const std::string& source_header, uint64_t ticket, DurabilityLevel target, bool forget_ticket_on_error) {
+    const std::string& source_header, uint64_t ticket, DurabilityLevel target, bool forget_ticket_on_error,
+    bool acknowledged_early) {
   // Pass 3: hash in place and adopt the chunks into the DRAM tier (deduplicating).
   auto m = std::make_shared<ModelManifest>();
   m->id = id;
@@ -252,9 +253,10 @@ Result<std::shared_ptr<ModelManifest>> CommitPath::build_and_register(
   // commits go through the burst buffer (DeepFreeze's levels); a global commit's caller waits for
   // the repository anyway, so its bytes go there directly.
   GraphHandle graph = graph_for(p_.catalog, *m, parsed_graph, parent_manifest);
-  // A model acknowledged before the repository has it is retried there, never dropped (flusher.hpp).
+  // A model acknowledged before the repository has it (durability memory or local, or a commit that
+  // does not wait) is retried there, never dropped (flusher.hpp).
   Flusher::Entry entry{m, ticket, p_.burst_buffer && target < DurabilityLevel::kGlobal, false,
-                       target < DurabilityLevel::kGlobal};
+                       acknowledged_early || target < DurabilityLevel::kGlobal};
   Status registered = p_.flusher.enqueue(std::move(entry), [&]() -> Status {
     Status added = p_.catalog.add(id, parent, std::move(graph), m->metadata);
     if (!added.is_ok()) return added.with_context("registering model '" + id + "' in the catalog");
@@ -378,7 +380,7 @@ Result<json> CommitPath::commit(Session& s, const json& req, std::vector<uint8_t
   const uint64_t ticket = want_ticket ? p_.tickets.create(*target) : 0;
   auto registered = build_and_register(id, parent, parent_manifest.get(), metadata, architecture,
                                        parsed_graph ? &*parsed_graph : nullptr, {{&plan, &tensor_ext}}, source_header,
-                                       ticket, *target);
+                                       ticket, *target, true, /*acknowledged_early=*/!wait);
   if (!registered.is_ok()) return registered.status();
   gc_lock.unlock();
 

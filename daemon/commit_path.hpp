@@ -121,7 +121,8 @@ class CommitPath {
       const std::string& id, const std::string& parent, const ModelManifest* parent_manifest,
       const nlohmann::json& metadata, const nlohmann::json& architecture, const Graph* parsed_graph,
       const std::vector<std::pair<const std::vector<Planned>*, const std::vector<Extent>*>>& parts,
-      const std::string& source_header, uint64_t ticket, DurabilityLevel target, bool forget_ticket_on_error = true);
+      const std::string& source_header, uint64_t ticket, DurabilityLevel target, bool forget_ticket_on_error = true,
+      bool acknowledged_early = false);
 
   // Multi-part models (daemon/commit_parts.cpp): each part is planned and its bytes placed in the
   // arena when it arrives; the model is built and registered, as one commit, when the last arrives;

@@ -7,7 +7,7 @@
 //   global — every model: its new chunks and its manifest go to the repository; a model still in its
 //            local stage holds back the ones after it.
 // Each stage tells the ticket book the level a model reached. A model acknowledged before it reached
-// the repository (memory, local) whose repository write fails with ENOSPC, EIO, busy or a timeout
+// the repository (memory, local, or a commit that did not wait) whose repository write fails with ENOSPC, EIO, busy or a timeout
 // stays pending and is written again after a back-off (100 ms doubling to 5 s) until it succeeds:
 // an acknowledged model is never dropped for a fault that may pass. Any other model whose
 // repository write fails (a `global` commit, whose client gets the error; a permanent error) is
@@ -62,7 +62,8 @@ class Flusher {
     uint64_t ticket = 0;        // 0: none (a recovered model)
     bool needs_local = false;   // goes through the local stage first
     bool on_nvme = false;       // already recorded on the burst buffer (a recovered model)
-    // Acknowledged before the repository has it (durability memory or local, or recovered): a
+    // Acknowledged before the repository has it (durability memory or local, a commit that did not
+    // wait, or recovered): a
     // repository write that fails for a reason that may pass (no space, I/O, busy, timeout) is
     // retried, the model staying pending, instead of dropping an acknowledged model.
     bool retry = false;

@@ -180,6 +180,23 @@ TEST_CASE("engine: the fault request drives the injector under the repository; s
     CHECK(st["fault_injection"] == json{{"enabled", true}, {"rules", 1}, {"injected", 1}});
     CHECK(st["watchdog"]["bound_s"].get<double>() == 0.0);
     CHECK(call(*e, s, json{{"op", "fault"}, {"action", "clear"}})["cleared"] == 1);
+
+    // A global commit that does not wait was acknowledged: retried through ENOSPC, never dropped.
+    REQUIRE(call(*e, s, json{{"op", "fault"},
+                             {"action", "add"},
+                             {"rule", {{"op", "write"}, {"path", "/packs/"}, {"error", "ENOSPC"}, {"times", -1}}}})["status"] == 0);
+    std::vector<uint8_t> bytes(100000, 9);
+    json req{{"op", "commit"}, {"id", "nowait"}, {"tensors", {inline_tensor("w", 0, bytes.size())}}, {"wait", false}};
+    json nw = call(*e, s, req, bytes);
+    REQUIRE(nw["status"] == 0);
+    REQUIRE(eventually([&] { return call(*e, s, json{{"op", "stats"}})["flush"]["repository_write_retries"] >= 2; }));
+    CHECK(call(*e, s, json{{"op", "stats"}})["pending_models"] == 1);
+    CHECK(call(*e, s, json{{"op", "fault"}, {"action", "clear"}})["cleared"] == 1);
+    json waited = call(*e, s, json{{"op", "wait"}, {"ticket", nw["ticket"]}, {"timeout_ms", 30000}});
+    CHECK(waited["status"] == 0);
+    CHECK(waited["reached"] == "global");
+    CHECK(e->repository().contains("nowait"));
+    CHECK(read_tensor(*e, s, "nowait", "w") == bytes);
     CHECK(call(*e, s, json{{"op", "fault"}, {"action", "explode"}})["status"] == code(StatusCode::kInvalidArgument));
   }
 }
