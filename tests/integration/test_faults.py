@@ -99,31 +99,33 @@ def test_a_local_commit_acknowledged_during_enospc_survives_kill9(make_daemon, t
     assert json.loads(d.cairn("fsck", "--json").stdout)["ok"]
 
 
-def test_eio_on_repository_reads_is_an_error_never_wrong_bytes(make_daemon, tmp):
+def read_under_fault(make_daemon, tmp, name, seed, *rule):
+    """Stores a model, restarts the daemon (reads now come from the repository), adds the rule and
+    reads the model: returns the daemon, the model's file and the failed read's result."""
     d = make_daemon(extra_config=FAULTS_ON).start()
-    f = model_file(tmp, "r", 4)
-    d.cairn("put", "r", f)
+    f = model_file(tmp, name, seed)
+    d.cairn("put", name, f)
     restart(d)
-    d.cairn("fault", "add", "--op", "read", "--path", "/packs/", "--error", "EIO", "--times", "-1")
-    out = tmp / "r-bad.safetensors"
-    r = d.cairn("get", "r", "-o", out, check=False)
+    d.cairn("fault", "add", *rule)
+    out = tmp / f"{name}-bad.safetensors"
+    r = d.cairn("get", name, "-o", out, check=False)
     assert r.returncode != 0
+    assert not out.exists() or out.stat().st_size == 0  # nothing written, never wrong bytes
+    return d, f, r
+
+
+def test_eio_on_repository_reads_is_an_error_never_wrong_bytes(make_daemon, tmp):
+    d, f, r = read_under_fault(make_daemon, tmp, "r", 4, "--op", "read", "--path", "/packs/", "--error", "EIO",
+                               "--times", "-1")
     assert "EIO" in r.stderr and "input/output error" in r.stderr.lower(), r.stderr
-    assert not out.exists() or out.read_bytes() != f.read_bytes() and out.stat().st_size == 0
     assert fault_list(d)["rules"][0]["injected"] >= 1
     d.cairn("fault", "clear")
     assert_reads_back(d, tmp, "r", f)
 
 
 def test_a_bit_flipped_repository_read_is_caught_by_the_chunk_hash(make_daemon, tmp):
-    d = make_daemon(extra_config=FAULTS_ON).start()
-    f = model_file(tmp, "b", 5)
-    d.cairn("put", "b", f)
-    restart(d)
-    d.cairn("fault", "add", "--op", "read", "--path", "/packs/", "--effect", "flip_bit", "--times", "1")
-    out = tmp / "b-bad.safetensors"
-    r = d.cairn("get", "b", "-o", out, check=False)
-    assert r.returncode != 0
+    d, f, r = read_under_fault(make_daemon, tmp, "b", 5, "--op", "read", "--path", "/packs/", "--effect", "flip_bit",
+                               "--times", "1")
     assert "hash" in r.stderr, r.stderr
     assert fault_list(d)["rules"][0]["injected"] == 1
     # The rule is spent: the same read now succeeds, exactly; the pack itself was never damaged.
