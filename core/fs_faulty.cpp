@@ -91,10 +91,11 @@ struct AlignedDelete {
   void operator()(uint8_t* p) const { ::operator delete(p, std::align_val_t(kDirectAlignment)); }
 };
 
-// Flips one bit in the middle of buf.
+// Flips one bit of buf's first byte: always a byte the caller uses (a direct transfer's alignment
+// padding is at its end, where a flip would change nothing anyone reads).
 void flip_bit(void* buf, size_t len) {
   if (len == 0) return;
-  static_cast<uint8_t*>(buf)[len / 2] ^= 0x10;
+  static_cast<uint8_t*>(buf)[0] ^= 0x10;
 }
 
 class FaultyFile final : public File {

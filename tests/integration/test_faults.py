@@ -186,3 +186,19 @@ def test_the_watchdog_reports_a_stuck_request_with_thread_stacks_once(make_daemo
     assert d.alive()
     assert_reads_back(d, tmp, "w", f)
     assert d.stats()["watchdog"]["stuck_reported"] == 1
+
+
+def test_a_bit_flipped_burst_buffer_read_is_served_from_the_repository(make_daemon, tmp):
+    # The injector sits under the burst buffer too.
+    env = {"CAIRN_DEBUG_FAULT_INJECTION": "1", "CAIRN_TIERS_NVME_PATH": str(tmp / "nvme"),
+           "CAIRN_TIERS_NVME_CAPACITY": "256MiB", "CAIRN_TIERS_NVME_PERSISTENT": "true"}
+    d = make_daemon(env=env).start()
+    f = model_file(tmp, "n", 7)
+    d.cairn("put", "n", f, "--durability", "local")
+    d.cairn("flush", "--timeout", "60")
+    restart(d)  # DRAM is empty; the burst buffer still holds the chunks
+    d.cairn("fault", "add", "--op", "read", "--path", str(tmp / "nvme" / "data"), "--effect", "flip_bit")
+    assert_reads_back(d, tmp, "n", f)
+    assert fault_list(d)["rules"][0]["injected"] == 1
+    moved = d.stats()["movement"]
+    assert moved["nvme_copies_failed_check"] == 1 and moved["reads_from_repository"] >= 1, moved
