@@ -161,11 +161,18 @@ Result<json> Admin::remove(const json& req) {
 }
 
 Result<json> Admin::gc(const json& /*req*/) {
-  std::unique_lock gc_lock(p_.gc_mu);
+  // Every pending model must be in the repository, so that its references count. First without the
+  // lock: the flusher may take long (a slow repository, or writes failing and retried until the
+  // fault passes) and no commit or read should wait behind gc meanwhile.
   {
     Watchdog::ClientWait waiting;  // for the flusher, as `flush` does
-    p_.flusher.drain();  // every pending model is in the repository, so its references count
+    p_.flusher.drain();
   }
+  // Then what was committed since, with every commit and read held off: bounded.
+  std::unique_lock gc_lock(p_.gc_mu);
+  if (!p_.flusher.drain_for(std::chrono::seconds(10)))
+    return busy("gc: models committed while it waited are still on their way to the repository after 10 s (the log "
+                "says why if its writes fail); run gc again");
   CAIRN_ASSIGN_OR_RETURN(GcReport r, p_.repo.gc());
   // And fold the logs of daemons that are gone into a checkpoint (another process compacting: later).
   auto compacted = p_.repo.compact();

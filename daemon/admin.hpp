@@ -2,8 +2,9 @@
 // show, stats, remove, gc, fsck, flush (docs/protocol.md, "Catalog").
 //
 // Owns: nothing; it reads the other components' state and calls the repository's maintenance.
-// gc takes the gc lock exclusively (no commit or read of repository data runs meanwhile) after the
-// flusher drained, so every committed model's references count. Never reads or writes chunks
+// gc waits for the flusher to drain, then takes the gc lock exclusively (no commit or read of
+// repository data runs meanwhile) and drains what was committed since, at most 10 s (kBusy
+// otherwise), so every committed model's references count and gc never holds the lock for long. Never reads or writes chunks
 // itself.
 //
 // Thread-safety: every method may be called from any thread.

@@ -3,10 +3,12 @@ a clear error naming the fault and never wrong bytes, acknowledged models are ne
 request watchdog reports a stuck request with the daemon's thread stacks (docs/config.md, "Fault
 injection" and "The request watchdog")."""
 import json
+import subprocess
 import time
 
 import numpy as np
 
+from conftest import CAIRN
 from stfiles import rand, save_file
 
 FAULTS_ON = "debug:\n  fault_injection: true\n"
@@ -202,3 +204,29 @@ def test_a_bit_flipped_burst_buffer_read_is_served_from_the_repository(make_daem
     assert fault_list(d)["rules"][0]["injected"] == 1
     moved = d.stats()["movement"]
     assert moved["nvme_copies_failed_check"] == 1 and moved["reads_from_repository"] >= 1, moved
+
+
+def test_gc_waiting_for_a_failing_flush_does_not_hold_off_commits_and_reads(make_daemon, tmp):
+    d = make_daemon(extra_config=FAULTS_ON).start()
+    f, g = model_file(tmp, "p", 8), model_file(tmp, "q", 9)
+    d.cairn("fault", "add", "--op", "write", "--path", "/packs/", "--error", "ENOSPC", "--times", "-1")
+    d.cairn("put", "p", f, "--durability", "memory")
+    gc = subprocess.Popen([str(CAIRN), "gc"], env=d.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(0.5)
+        assert gc.poll() is None  # waiting for p to reach the repository
+        t0 = time.time()
+        d.cairn("put", "q", g, "--durability", "memory", timeout=30)
+        assert_reads_back(d, tmp, "p", f)
+        assert time.time() - t0 < 20
+        d.cairn("fault", "clear")
+        out, err = gc.communicate(timeout=60)
+        assert gc.returncode == 0, err
+    finally:
+        if gc.poll() is None:
+            gc.kill()
+            gc.wait()
+    d.cairn("flush", "--timeout", "60")
+    restart(d)
+    assert_reads_back(d, tmp, "p", f)
+    assert_reads_back(d, tmp, "q", g)
