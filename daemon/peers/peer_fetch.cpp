@@ -1,6 +1,9 @@
 // A reader's fetch from the peer group (peer_service_impl.hpp): ask the chunk's home, then receive
 // the body from the holder it names straight into arena space, and check it against its hash.
+#include <cstring>
+
 #include "core/hash.hpp"
+#include "daemon/peers/crypto.hpp"
 #include "daemon/peers/peer_service_impl.hpp"
 
 namespace cairn {
@@ -91,7 +94,12 @@ Status PeerService::Impl::fetch_from(std::unique_lock<std::mutex>& lock, const s
     return unavailable("peer group: holder " + holder + " of chunk " + ref.hash.hex() + " is gone");
   const uint64_t handle = it->second.handle;
   const uint64_t req = add_pending(holder);
-  const uint64_t tag = Fabric::kBodyTagBit | req;
+  // A random tag: the body's receive takes a message with this tag from any source, so a process
+  // that can reach the data endpoint must not be able to guess it (it would still have to match the
+  // chunk's hash). 62 random bits; two requests sharing one is as likely as guessing it.
+  uint64_t random_tag = 0;
+  std::memcpy(&random_tag, random_bytes(sizeof random_tag).data(), sizeof random_tag);
+  const uint64_t tag = Fabric::kBodyTagBit | (random_tag & (Fabric::kBodyTagBit - 1));
   Outgoing get = make(holder, handle, PeerMsg::kGet,
                       json{{"req", req}, {"chunk", ref.hash.hex()}, {"length", ref.length}, {"tag", tag}});
   lock.unlock();

@@ -126,16 +126,35 @@ def exchange_through(ds, bad, seed):
             assert d.stats()["movement"]["bytes_from_peer"] > 0, f"{d.root.name} read nothing through the group"
 
 
-def test_replayed_and_misdirected_frames_are_refused(make_daemon, tmp):
+def group_with_a_bad_member(make_daemon, tmp, hooks, seed):
+    """Members a and b, and one with the CAIRN_PEERS_FAULT hooks, verified and exchanging models while
+    the bad one misbehaves; (a, b, bad, bad's id)."""
     repo = tmp / "repo"
     a = member(make_daemon, "a", repo, 1).start()
     b = member(make_daemon, "b", repo, 2).start()
-    r = member(make_daemon, "r", repo, 3, env={"CAIRN_PEERS_FAULT": "replay"}).start()
-    ds = [a, b, r]
+    bad = member(make_daemon, "bad", repo, 3, env={"CAIRN_PEERS_FAULT": hooks}).start()
+    wait_verified([a, b, bad])
+    exchange_through([a, b, bad], bad, seed)
+    view = peers_of(bad)
+    assert view["fault_frames_sent"] > 0, f"the member with {hooks} sent nothing wrong: the test proves nothing"
+    return a, b, bad, view["self"]
+
+
+def still_works(ds, writer, seed):
+    """No daemon crashed; all still verify each other; a new model through `writer` reads exactly everywhere."""
+    crashed = [d.proc.stderr.read().decode(errors="replace")[-2000:] for d in ds if not d.alive()]
+    assert not crashed, crashed
     wait_verified(ds)
-    exchange_through(ds, r, seed=21)
-    r_id = peers_of(r)["self"]
-    assert peers_of(r)["fault_frames_sent"] > 0, "the replaying member sent no replay: the test proves nothing"
+    more = model(seed, 4)
+    with cairn.connect(writer.socket) as c:
+        c.save_model("after", more, durability="memory", wait=True)
+    for d in ds:
+        if d is not writer:
+            assert_model(d, "after", more)
+
+
+def test_replayed_and_misdirected_frames_are_refused(make_daemon, tmp):
+    a, b, r, r_id = group_with_a_bad_member(make_daemon, tmp, "replay", seed=21)
     views = {d.root.name: peers_of(d) for d in (a, b)}
     for name, v in views.items():
         assert v["replayed_frames"] > 0, f"{name} accepted every replayed frame: {v}"
@@ -148,26 +167,11 @@ def test_replayed_and_misdirected_frames_are_refused(make_daemon, tmp):
     logs = log_of(a) + log_of(b)
     assert f"from member {r_id} (seq " in logs, logs[-3000:]
     assert "a replay (seen before)" in logs or "addressed to another member" in logs, logs[-3000:]
-    # The group keeps working: every member up, verified, serving.
-    assert all(d.alive() for d in ds)
-    wait_verified(ds)
-    more = model(23, 4)
-    with cairn.connect(b.socket) as c:
-        c.save_model("after", more, durability="memory", wait=True)
-    assert_model(r, "after", more)
-    assert_model(a, "after", more)
+    still_works([a, b, r], b, seed=23)
 
 
 def test_forged_frames_and_garbage_bodies_are_refused(make_daemon, tmp):
-    repo = tmp / "repo"
-    a = member(make_daemon, "a", repo, 1).start()
-    b = member(make_daemon, "b", repo, 2).start()
-    f = member(make_daemon, "f", repo, 3, env={"CAIRN_PEERS_FAULT": "forge,garbage_bodies"}).start()
-    ds = [a, b, f]
-    wait_verified(ds)
-    exchange_through(ds, f, seed=31)
-    f_id = peers_of(f)["self"]
-    assert peers_of(f)["fault_frames_sent"] > 0
+    a, b, f, f_id = group_with_a_bad_member(make_daemon, tmp, "forge,garbage_bodies", seed=31)
     for d in (a, b):
         v = peers_of(d)
         assert v["refused_frames"] > 0, f"{d.root.name} accepted forged frames: {v}"
@@ -176,12 +180,7 @@ def test_forged_frames_and_garbage_bodies_are_refused(make_daemon, tmp):
     logs = log_of(a) + log_of(b)
     assert "bad MAC (not signed with this group's secret)" in logs, logs[-3000:]
     assert f"member {f_id} sent a message this daemon cannot read" in logs, logs[-3000:]
-    assert all(d.alive() for d in ds), [d.proc.stderr.read().decode(errors="replace")[-2000:] for d in ds if not d.alive()]
-    more = model(33, 4)
-    with cairn.connect(a.socket) as c:
-        c.save_model("after", more, durability="memory", wait=True)
-    assert_model(f, "after", more)
-    assert_model(b, "after", more)
+    still_works([a, b, f], a, seed=33)
 
 
 # ---- another uid ----
