@@ -34,7 +34,8 @@ Status PeerService::Impl::set_faults(const char* spec) {
                    hook == "corrupt_bodies" ? "every chunk this member sends is corrupted"
                    : hook == "replay"       ? "this member resends earlier frames verbatim, also to other members"
                    : hook == "forge"        ? "this member sends forged copies of its frames"
-                                            : "this member sends signed frames with bodies no member can read");
+                                            : "this member sends signed frames with bodies no member can read, "
+                                              "and random bytes");
   }
   return Status::ok();
 }
@@ -59,6 +60,11 @@ void PeerService::Impl::send_faults(const Outgoing& o) {
                                         {"model", nlohmann::json::object()}, {"garbage", true}});
     junk.via_data = o.via_data;
     extra.push_back(std::move(junk));
+    // And random bytes of a random length, up to the largest control message: not a frame at all.
+    const std::string noise = random_bytes(1 + static_cast<uint8_t>(random_bytes(1)[0]) * 256);
+    Outgoing raw = o;
+    raw.frame.assign(noise.begin(), noise.end());
+    extra.push_back(std::move(raw));
   }
   if (fault_replay) {
     std::lock_guard fl(fault_mu);

@@ -82,7 +82,7 @@ struct PeerService::Impl {
   bool fault_forge = false;     // forge: with each frame, sends a copy altered after signing and one
                                 // signed with another secret
   bool fault_garbage = false;   // garbage_bodies: with each frame, a well-signed frame of the same type
-                                // whose body no decoder accepts
+                                // whose body no decoder accepts, and random bytes (not a frame)
 
   mutable std::mutex mu;
   std::condition_variable cv;           // pendings, expect
