@@ -52,7 +52,7 @@ class Run:
         self.faults_enabled = not args.no_fault_injection
         self.peer_timeout = 2.0
         self.nodes = [Node(self.root / f"n{i}", i, self.repo, args.daemons, args.dram, args.nvme,
-                           f"{self.peer_timeout}s", args.watchdog, self.faults_enabled) for i in range(args.daemons)]
+                           f"{int(self.peer_timeout * 1000)}ms", args.watchdog, self.faults_enabled) for i in range(args.daemons)]
         self.workers = []
         self.worker_seq = 0
         self.kill_points = 0
@@ -131,7 +131,11 @@ class Run:
         if limit is not None and len(todo) > limit:
             todo = self.rng.sample(todo, limit)
         for mid, spec, must in todo:
+            t = time.monotonic()
             self.check_one(n, mid, spec, damaged)
+            if self.args.verbose and time.monotonic() - t > 1:
+                print(f"  slow check: {mid} through daemon {n.index}: {time.monotonic() - t:.1f} s "
+                      f"(owner {self.oracle.owner.get(mid)}, {self.oracle.acked.get(mid)})", flush=True)
 
     def check_one(self, n, mid, spec, damaged=False):
         o = self.oracle
@@ -214,9 +218,15 @@ class Run:
             weights.pop(name, None)
         deadline = self.t0 + self.args.duration
         n_faults = 0
-        while time.monotonic() < deadline or self.kill_points < self.args.kill_points:
+        while True:
+            if self.args.max_faults:  # a regression case: exactly the first faults of its seed
+                if n_faults >= self.args.max_faults:
+                    break
+            elif time.monotonic() >= deadline and self.kill_points >= self.args.kill_points:
+                break
             time.sleep(self.rng.random() * self.args.interval)
             name = self.rng.choices(list(weights), list(weights.values()))[0]
+            t_fault = time.monotonic()
             try:
                 what = faults.ALL[name](self)
             except Exception as e:  # a fault that cannot be carried out is the harness's failure
@@ -224,15 +234,16 @@ class Run:
                 raise
             n_faults += 1
             self.oracle.count(f"fault_{name}")
-            self.timeline.append((round(time.monotonic() - self.t0, 2), name, what))
-            if self.args.verbose:
-                print(f"[{self.timeline[-1][0]:8.2f}] {what}", flush=True)
+            t_check = time.monotonic()
             for n in self.live_nodes():
                 self.check_node(n, limit=None if n_faults % self.args.full_check_every == 0 else 12)
             self.check_stuck()
+            self.timeline.append((round(t_fault - self.t0, 2), name, what,
+                                  round(t_check - t_fault, 2), round(time.monotonic() - t_check, 2)))
+            if self.args.verbose:
+                print(f"[{self.timeline[-1][0]:8.2f}] {what} ({self.timeline[-1][3]:.2f} s; checked in "
+                      f"{self.timeline[-1][4]:.2f} s)", flush=True)
             if self.oracle.violations and self.args.stop_on_violation:
-                break
-            if self.args.max_faults and n_faults >= self.args.max_faults:
                 break
 
     def soak_loop(self):

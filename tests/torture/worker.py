@@ -134,10 +134,10 @@ class Loop:
         try:
             ticket = self.client.save_model(mid, arrays, parent=parent, durability=level, meta={"n": self.n},
                                             wait=not later, **kw)
-        except cairn.NotFound:
+        except cairn.NotFound as e:
             if parent not in self.models:
                 raise
-            self.gone(parent, self.models[parent], "commit of a child")  # a `memory` parent lost in a crash
+            self.gone(parent, self.models[parent], "commit of a child", str(e))  # a `memory` parent lost in a crash
             return
         if later:
             ticket.wait(timeout=120)
@@ -153,7 +153,7 @@ class Loop:
         mid = self.rng.choice(pool)
         return mid, self.models.get(mid) or self.bases[mid]
 
-    def gone(self, mid, spec, op):
+    def gone(self, mid, spec, op, msg=""):
         """A NotFound for an own or base model: allowed only for a `memory` one after a lost connection."""
         if mid in self.bases:
             emit("violation", who=self.me, what=f"{op}: base model {mid!r} is gone")
@@ -164,9 +164,9 @@ class Loop:
         if spec["level"] == "memory" and spec["epoch"] < self.epoch:
             emit("lost_memory", id=mid, who=self.me)
         else:
+            since = " (no lost connection since)" if spec["epoch"] == self.epoch else ""
             emit("violation", who=self.me,
-                 what=f"{op}: model {mid!r} acknowledged {spec['level']} is gone (no lost connection since)"
-                 if spec["epoch"] == self.epoch else f"{op}: model {mid!r} acknowledged {spec['level']} is gone")
+                 what=f"{op}: model {mid!r} acknowledged {spec['level']} is gone{since}: {msg[:300]}")
 
     def op_read(self, mapped):
         mid, spec = self.pick_model()
@@ -177,8 +177,8 @@ class Loop:
                 arrays = self.client.load_model(mid, writable=self.rng.random() < 0.2)
             else:
                 arrays = self.client.load_model(mid, copy=True)
-        except cairn.NotFound:
-            self.gone(mid, spec, "read")
+        except cairn.NotFound as e:
+            self.gone(mid, spec, "read", str(e))
             return
         wrong = check_model(arrays, spec)
         if wrong:
@@ -228,8 +228,8 @@ class Loop:
         emit("remove", id=mid, who=self.me)
         try:
             self.client.remove(mid)
-        except cairn.NotFound:
-            self.gone(mid, spec, "rm")
+        except cairn.NotFound as e:
+            self.gone(mid, spec, "rm", str(e))
         except cairn.Busy:
             # still flushing, or it has descendants in flight: keep it
             self.models[mid] = spec
@@ -265,8 +265,8 @@ class Loop:
                                                         f"expected {spec['parent']!r}")
             else:
                 self.client.lineage(mid, depth=3)
-        except cairn.NotFound:
-            self.gone(mid, spec, "show")
+        except cairn.NotFound as e:
+            self.gone(mid, spec, "show", str(e))
 
     def step(self):
         ops = self.cfg["ops"]

@@ -147,7 +147,8 @@ struct Repository::Impl {
   uint64_t logical_bytes_ = 0;
   uint64_t physical_bytes_ = 0;  // bytes of the distinct chunks some manifest references
   uint64_t retired_ = 0;
-  int64_t last_created_ns_ = 0;
+  int64_t last_created_ns_ = 0;      // the latest stamp of any model indexed (every writer's)
+  int64_t own_last_created_ns_ = 0;  // the latest stamp this handle committed
   std::vector<Deferred> deferred_;  // records waiting for their model (or its parent)
   // What records of other writers changed since the public refresh() last handed it out (every
   // internal refresh adds to it: a claim's, a lookup's, gc's).
@@ -256,7 +257,8 @@ struct Repository::Impl {
 
   Status remove(const std::string& id);
   Status retire(const std::string& id);
-  Result<GcReport> gc();
+  Result<GcReport> gc(const GcSteps& steps);
+  std::mutex gc_run_mu_;  // one gc at a time: a second would meet this process's own lease (kBusy)
   Result<FsckReport> fsck(bool verify_data) const;
   // Deletes dead packs and punches the ranges of live packs that no chunk reference covers, in the
   // files no live writer is still appending to.

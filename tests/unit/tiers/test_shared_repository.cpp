@@ -465,3 +465,31 @@ TEST_CASE("compact_if_needed folds the logs of writers that are gone, and only t
   CHECK(again->stats().models == 3);
   for (int w = 0; w < 3; ++w) require_model_bytes(*again, "g" + std::to_string(w), store);
 }
+
+TEST_CASE("a daemon's stamp is kept though another writer's later model was seen first", "[repository][shared]") {
+  // A daemon stamps a model when it becomes visible; its readers check that stamp. Two daemons on one
+  // repository: B publishes a model stamped later than A's, A refreshes and sees it, then A's flusher
+  // commits its own (earlier-stamped) model. The repository must keep A's stamp: restamping it made
+  // every reader that had opened it fail as if its id had been deleted and committed again.
+  TempDir tmp;
+  ChunkStore store;
+  auto a = open_repo(tmp.repo(), kChunk, RepositoryOptions{});
+  auto b = open_repo(tmp.repo(), kChunk, RepositoryOptions{});
+  ModelManifest late = small_model(store, "late", "", nullptr, 1);
+  late.created_ns = 2'000'000'000'000'000'000;
+  REQUIRE(b->commit(late, store.source()).is_ok());
+  CHECK(late.created_ns == 2'000'000'000'000'000'000);
+  REQUIRE(a->get("late").is_ok());  // A has indexed B's model now
+  ModelManifest early = small_model(store, "early", "", nullptr, 2);
+  early.created_ns = 1'900'000'000'000'000'000;
+  REQUIRE(a->commit(early, store.source()).is_ok());
+  CHECK(early.created_ns == 1'900'000'000'000'000'000);
+  auto got = a->get("early");
+  REQUIRE(got.is_ok());
+  CHECK(got->created_ns == 1'900'000'000'000'000'000);
+  // Its own commits still increase strictly: a stamp at or before A's last is replaced.
+  ModelManifest again = small_model(store, "again", "", nullptr, 3);
+  again.created_ns = 1'800'000'000'000'000'000;
+  REQUIRE(a->commit(again, store.source()).is_ok());
+  CHECK(again.created_ns > 2'000'000'000'000'000'000);
+}
