@@ -168,20 +168,31 @@ Result<json> Admin::gc(const json& /*req*/) {
     Watchdog::ClientWait waiting;  // for the flusher, as `flush` does
     p_.flusher.drain();
   }
-  // Then what was committed since, with every commit and read held off: bounded.
-  std::unique_lock gc_lock(p_.gc_mu);
-  if (!p_.flusher.drain_for(std::chrono::seconds(10)))
-    return busy("gc: models committed while it waited are still on their way to the repository after 10 s (the log "
-                "says why if its writes fail); run gc again");
-  CAIRN_ASSIGN_OR_RETURN(GcReport r, p_.repo.gc());
+  // Then what was committed since, with every commit and read held off while gc decides: bounded.
+  // Only then: not while gc waits for another member's gc (the repository's lease) nor through the
+  // grace before bytes are freed (GcSteps), which held every read of this daemon 5 s and more.
+  std::unique_lock gc_lock(p_.gc_mu, std::defer_lock);
+  GcSteps steps;
+  steps.deciding = [&]() -> Status {
+    gc_lock.lock();
+    if (!p_.flusher.drain_for(std::chrono::seconds(10)))
+      return busy("gc: models committed while it waited are still on their way to the repository after 10 s (the "
+                  "log says why if its writes fail); run gc again");
+    return Status::ok();
+  };
+  steps.decided = [&](const GcReport& r) {
+    for (const std::string& id : r.removed) {
+      Status s = p_.catalog.erase(id);
+      if (!s.is_ok()) CAIRN_LOG_WARN("gc: dropping '{}' from the catalog: {}", id, s.to_string());
+    }
+    gc_lock.unlock();
+  };
+  CAIRN_ASSIGN_OR_RETURN(GcReport r, p_.repo.gc(steps));
+  if (gc_lock.owns_lock()) gc_lock.unlock();
   // And fold the logs of daemons that are gone into a checkpoint (another process compacting: later).
   auto compacted = p_.repo.compact();
   if (!compacted.is_ok() && compacted.status().code() != StatusCode::kBusy)
     CAIRN_LOG_WARN("gc: compacting the repository: {}", compacted.status().to_string());
-  for (const std::string& id : r.removed) {
-    Status s = p_.catalog.erase(id);
-    if (!s.is_ok()) CAIRN_LOG_WARN("gc: dropping '{}' from the catalog: {}", id, s.to_string());
-  }
   RepositoryStats rs = p_.repo.stats();
   return json{{"removed", r.removed},
               {"collected", r.collected},

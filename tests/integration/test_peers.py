@@ -15,7 +15,10 @@
 - a model committed `memory` on one member is listed, matched (`cairn match`) and read exactly on
   another through the job's catalog, not the repository (that member never refreshes its view);
 - `cairn prefetch ID --all` puts a model in every member's DRAM at once: each member's later read
-  moves no byte, and the repository is read at most once for the job.
+  moves no byte, and the repository is read at most once for the job;
+- after kill -9 and restart of a member, gc run by every member at once (each waits for the one
+  before, then takes its grace) holds no read through the others: each takes well under 3x the
+  peers timeout.
 """
 import json
 import os
@@ -362,3 +365,70 @@ def test_prefetch_all_spreads_a_model_to_every_member(make_daemon, tmp):
     assert "on 3 other members" in text and text.count(" ok ") == 3, text
     r = ds[1].cairn("prefetch", "nosuch", "--all", check=False)
     assert r.returncode != 0 and "nosuch" in r.stderr
+
+
+def test_reads_go_on_while_the_group_runs_gc_after_a_kill9(make_daemon, tmp):
+    """The torture harness's slow reads: after kill -9 and restart of a member, reads through the
+    others (of models committed on the reading member itself, in its DRAM) took 5, 10 ... 30 s. gc
+    held the daemon's gc lock, which every read and commit takes, while it waited for another
+    member's gc (the repository's maintenance lease) and through its own grace (gc_grace, 5 s,
+    while other writers are alive: always, in a group). A read must not wait for gc's waits."""
+    repo = tmp / "repo"
+    timeout_s = 2
+    ds = [member(make_daemon, f"g{i}", repo, i + 1, timeout=f"{timeout_s}s").start() for i in range(3)]
+    wait_verified(ds, 3)
+    rng = np.random.default_rng(13)
+    wants = {}
+    for i, d in enumerate(ds):  # every member a writer of the repository
+        with cairn.connect(d.socket) as c:
+            for level in ("global", "memory"):
+                w = model(rng, 8)
+                c.save_model(f"{level}{i}", w, durability=level, wait=True)
+                wants[f"{level}{i}"] = w
+            c.save_model(f"old{i}", model(rng, 4), durability="global", wait=True)
+            c.remove(f"old{i}")  # something for gc to collect
+    ds[1].kill9()  # its `memory` model goes with it
+    del wants["memory1"]
+    ds[1].start()  # same address, a new member id
+    wait_verified(ds, 3)
+    for d in (ds[0], ds[2]):  # through the others: each member's models, exact
+        with cairn.connect(d.socket) as c:
+            for mid, w in wants.items():
+                assert_model(c, mid, w)
+
+    gcs, gc_errors = [], []
+
+    def gc(d):
+        try:
+            with cairn.connect(d.socket) as c:
+                t0 = time.time()
+                c.gc()
+                gcs.append(time.time() - t0)
+        except Exception as e:  # noqa: BLE001
+            gc_errors.append(repr(e))
+
+    threads = []
+    for d in (ds[2], ds[1], ds[0]):  # one after another: each waits for the one before (the lease)
+        threads.append(threading.Thread(target=gc, args=(d,)))
+        threads[-1].start()
+        time.sleep(0.3)
+    slowest = {}
+    while any(t.is_alive() for t in threads):
+        for k, d in ((0, ds[0]), (2, ds[2])):
+            with cairn.connect(d.socket) as c:
+                for mid in (f"memory{k}", "global1"):
+                    t0 = time.time()
+                    assert_model(c, mid, wants[mid])
+                    key = f"{mid} through member {k}"
+                    slowest[key] = max(slowest.get(key, 0), time.time() - t0)
+    for t in threads:
+        t.join(120)
+    assert not gc_errors, gc_errors
+    assert len(gcs) == 3
+    # gc still takes its grace (5 s each, one after another): the reads went on meanwhile.
+    assert max(gcs) >= 5, gcs
+    assert slowest and max(slowest.values()) < 3 * timeout_s, (slowest, gcs)
+    for i, d in enumerate(ds):
+        with cairn.connect(d.socket) as c:
+            with pytest.raises(cairn.NotFound):
+                c.load_model(f"old{i}", copy=True)

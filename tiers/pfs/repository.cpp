@@ -163,7 +163,7 @@ Status Repository::read_chunk(const ChunkRef& ref, void* dst) const { return imp
 
 Status Repository::remove(const std::string& id) { return impl_->remove(id); }
 Status Repository::retire(const std::string& id) { return impl_->retire(id); }
-Result<GcReport> Repository::gc() { return impl_->gc(); }
+Result<GcReport> Repository::gc(const GcSteps& steps) { return impl_->gc(steps); }
 Result<FsckReport> Repository::fsck(bool verify_data) const { return impl_->fsck(verify_data); }
 
 Result<std::shared_ptr<const ModelManifest>> Repository::get_shared(const std::string& id) const {

@@ -63,6 +63,22 @@ struct GcReport {
   uint64_t bytes_unreclaimable = 0;    // dead bytes left allocated: the filesystem cannot punch holes
 };
 
+// Where Repository::gc lets a caller that holds a lock of its own around it (cairnd's gc lock,
+// which holds its commits and reads off) hold that lock only while gc decides, not while it waits:
+// for another process's maintenance (the lease, up to 30 s), or through the grace before bytes are
+// freed (gc_grace while other writers are alive), which a whole peer group's reads would otherwise
+// queue behind.
+struct GcSteps {
+  // Once the maintenance lease is held, before gc reads the logs and decides what goes: the caller
+  // takes its lock (and makes sure what it must have in the repository is there). An error ends gc
+  // with that error, before anything changed.
+  std::function<Status()> deciding;
+  // Once the records are durable and the view updated (report.removed and report.collected are
+  // final), before the grace and the freeing of bytes: what this process starts from here on sees
+  // the view without them, so the caller may let its commits and reads go on.
+  std::function<void(const GcReport& report)> decided;
+};
+
 // What Repository::fsck found.
 struct FsckReport {
   struct Problem {
@@ -197,7 +213,9 @@ class Repository {
   // collected manifests without tensors, deletes packs no manifest references and punches holes
   // over the dead ranges of packs still in use. Crash-safe at every step: manifests change before
   // data is freed, and only bytes no manifest on disk references are ever freed.
-  Result<GcReport> gc();
+  // Steps (optional): where gc calls back, for a caller with a lock of its own (GcSteps). Gcs of
+  // one Repository run one at a time (a second waits for the first).
+  Result<GcReport> gc(const GcSteps& steps = {});
   // Checks every chunk reference (pack present, range inside it, and with verify_data the bytes
   // against their hash) and reports allocated bytes and pack files nothing references.
   Result<FsckReport> fsck(bool verify_data) const;

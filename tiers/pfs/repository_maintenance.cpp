@@ -252,13 +252,17 @@ void Repository::Impl::reclaim(const std::vector<std::string>& dead, GcReport* r
   }
 }
 
-Result<GcReport> Repository::Impl::gc() {
+Result<GcReport> Repository::Impl::gc(const GcSteps& steps) {
   CAIRN_RETURN_IF_ERROR(check_writable());
+  std::lock_guard run_lock(gc_run_mu_);
+  // Waiting for another process's maintenance holds none of the caller's locks (steps.deciding
+  // comes after).
   CAIRN_RETURN_IF_ERROR(coord_->take_lease("gc of repository " + dir_, std::chrono::seconds(30)));
   struct Release {
     pfs::Coordination* c;
     ~Release() { c->release_lease(); }
   } release{coord_.get()};
+  if (steps.deciding) CAIRN_RETURN_IF_ERROR(steps.deciding());
   RefreshReport ignored;
   CAIRN_RETURN_IF_ERROR(refresh(&ignored));
   std::unique_lock write_lock(write_mu_);
@@ -316,6 +320,10 @@ Result<GcReport> Repository::Impl::gc() {
     }
     report.bytes_released = physical_before - physical_bytes_;
   }
+  // The decision is made: what this process plans from here on sees the view without it (the
+  // caller's commits and reads may go on through the grace; its own commits meanwhile count as
+  // live below, as another writer's do).
+  if (steps.decided) steps.decided(report);
   // 3. Other live writers may be planning against a view from before these records: give them the
   // grace, then look at their logs again (what they committed meanwhile counts as live).
   if (others_alive()) {
