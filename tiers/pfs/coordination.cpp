@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <algorithm>
+#include <atomic>
 #include <random>
 #include <thread>
 
@@ -309,8 +310,11 @@ void Coordination::settle(const std::string& id) {
 
 Status Coordination::create_exclusive(const std::string& path, std::string* holder) {
   // Written whole under a temporary name, then linked into place (link fails if the name exists):
-  // nobody ever sees the file without its holder in it.
-  std::string tmp = path + ".tmp-" + wid_;
+  // nobody ever sees the file without its holder in it. The temporary name is this call's own: two
+  // threads of one writer (two clients' gc at once, a gc and a compaction) must not share it, or
+  // one's unlink makes the other's link fail with ENOENT (the torture harness found this).
+  static std::atomic<uint64_t> calls{0};
+  std::string tmp = path + ".tmp-" + wid_ + "-" + std::to_string(calls.fetch_add(1));
   {
     UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
     if (!fd.valid()) return errno_status("creating " + tmp, errno);

@@ -493,3 +493,33 @@ TEST_CASE("a daemon's stamp is kept though another writer's later model was seen
   REQUIRE(a->commit(again, store.source()).is_ok());
   CHECK(again.created_ns > 2'000'000'000'000'000'000);
 }
+
+TEST_CASE("maintenance from two threads of one writer at once: each runs or is told busy", "[repository][shared]") {
+  // Two clients of one daemon asking for gc at once, or a gc beside a compaction: the maintenance
+  // lease is taken through a temporary file; two calls sharing its name made one fail with
+  // "creating .../maintenance.lease: No such file or directory" (found by the torture harness).
+  TempDir tmp;
+  ChunkStore store;
+  auto repo = open_repo(tmp.repo(), kChunk, RepositoryOptions{});
+  ModelManifest m = small_model(store, "m", "", nullptr, 7);
+  REQUIRE(repo->commit(m, store.source()).is_ok());
+  std::atomic<int> other_errors{0};
+  std::string first_error;
+  std::mutex mu;
+  auto run = [&](bool gc) {
+    for (int i = 0; i < 150; ++i) {
+      Status s = gc ? repo->gc().status() : repo->compact().status();
+      if (!s.is_ok() && s.code() != StatusCode::kBusy) {
+        std::lock_guard lock(mu);
+        if (other_errors++ == 0) first_error = s.to_string();
+      }
+    }
+  };
+  std::thread a(run, true), b(run, false), c(run, true);
+  a.join();
+  b.join();
+  c.join();
+  INFO(first_error);
+  CHECK(other_errors == 0);
+  require_model_bytes(*repo, "m", store);
+}
