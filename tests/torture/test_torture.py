@@ -44,6 +44,10 @@ def test_short_run_peer_group():
 
 # Seeds that found a bug once, with what it was; each runs its first faults again.
 REGRESSIONS = [
+    (4, 3, 4, "three daemons on one repository: a model flushed after another daemon's later one was seen "
+              "got a new created_ns, and its open readers failed with 'no longer the model this reader opened'"),
+    (11, 1, 8, "two clients' gc at once in one daemon: the maintenance lease's temporary file was shared, and "
+               "one gc failed with 'creating .../maintenance.lease: No such file or directory'"),
 ]
 
 

@@ -418,16 +418,16 @@ Status Repository::Impl::stage(ModelManifest& in, const Repository::ChunkSource&
 
   auto now =
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
-  // A creation time given by the caller (the daemon stamps models when they become visible) is
-  // kept when it follows this handle's own last commit: it is the model's identity to readers who
-  // opened it before it reached the repository. Comparing with the latest stamp of any writer
-  // (another daemon's model seen by a refresh) would restamp a model that a client of this daemon
-  // has open, and its next read would fail as if the id had been deleted and committed again (the
-  // torture harness found this with three daemons on one repository).
-  m.created_ns = in.created_ns > own_last_created_ns_
-                     ? in.created_ns
-                     : std::max<int64_t>(now, std::max(last_created_ns_, own_last_created_ns_) + 1);
-  own_last_created_ns_ = m.created_ns;
+  // A creation time given by the caller is kept: the daemon stamps a model when it becomes visible,
+  // and that stamp is its identity to the readers who opened it before it reached the repository.
+  // Restamping it here (because another daemon's later model was seen by a refresh, or because two
+  // of this daemon's commits became visible in one order and reached the flusher in the other) made
+  // their next read fail as if the id had been deleted and committed again; the torture harness
+  // found both. A commit without one (the `cairn` tool without a daemon) takes a stamp after every
+  // one this handle has seen or made.
+  m.created_ns = in.created_ns > 0 ? in.created_ns
+                                   : std::max<int64_t>(now, std::max(last_created_ns_, own_last_created_ns_) + 1);
+  own_last_created_ns_ = std::max(own_last_created_ns_, m.created_ns);
 
   // Where the new chunks go: a pack of their own (a safetensors file with whole tensors under
   // their names) when they are many bytes, else the end of this writer's segment.

@@ -148,7 +148,7 @@ struct Repository::Impl {
   uint64_t physical_bytes_ = 0;  // bytes of the distinct chunks some manifest references
   uint64_t retired_ = 0;
   int64_t last_created_ns_ = 0;      // the latest stamp of any model indexed (every writer's)
-  int64_t own_last_created_ns_ = 0;  // the latest stamp this handle committed
+  int64_t own_last_created_ns_ = 0;  // the latest stamp this handle committed (or was given)
   std::vector<Deferred> deferred_;  // records waiting for their model (or its parent)
   // What records of other writers changed since the public refresh() last handed it out (every
   // internal refresh adds to it: a claim's, a lookup's, gc's).

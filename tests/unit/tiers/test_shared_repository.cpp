@@ -466,7 +466,7 @@ TEST_CASE("compact_if_needed folds the logs of writers that are gone, and only t
   for (int w = 0; w < 3; ++w) require_model_bytes(*again, "g" + std::to_string(w), store);
 }
 
-TEST_CASE("a daemon's stamp is kept though another writer's later model was seen first", "[repository][shared]") {
+TEST_CASE("a daemon's stamp is kept, though another writer's later model was seen first or it comes out of order", "[repository][shared]") {
   // A daemon stamps a model when it becomes visible; its readers check that stamp. Two daemons on one
   // repository: B publishes a model stamped later than A's, A refreshes and sees it, then A's flusher
   // commits its own (earlier-stamped) model. The repository must keep A's stamp: restamping it made
@@ -487,11 +487,17 @@ TEST_CASE("a daemon's stamp is kept though another writer's later model was seen
   auto got = a->get("early");
   REQUIRE(got.is_ok());
   CHECK(got->created_ns == 1'900'000'000'000'000'000);
-  // Its own commits still increase strictly: a stamp at or before A's last is replaced.
+  // Two of A's commits that became visible in one order and reach the repository in the other keep
+  // their stamps too.
   ModelManifest again = small_model(store, "again", "", nullptr, 3);
   again.created_ns = 1'800'000'000'000'000'000;
   REQUIRE(a->commit(again, store.source()).is_ok());
-  CHECK(again.created_ns > 2'000'000'000'000'000'000);
+  CHECK(again.created_ns == 1'800'000'000'000'000'000);
+  // A commit without a stamp (the tool without a daemon) takes one after every stamp seen.
+  ModelManifest plain = small_model(store, "plain", "", nullptr, 4);
+  plain.created_ns = 0;
+  REQUIRE(a->commit(plain, store.source()).is_ok());
+  CHECK(plain.created_ns > 2'000'000'000'000'000'000);
 }
 
 TEST_CASE("maintenance from two threads of one writer at once: each runs or is told busy", "[repository][shared]") {
