@@ -47,7 +47,7 @@ class Node:
             f"log:\n  level: warn\n  file: {self.log}\n")
         self.env = dict(os.environ, CAIRN_SOCKET=self.socket)
         if faults:
-            self.env["CAIRN_FAULT_INJECTION"] = "1"
+            self.env["CAIRN_DEBUG_FAULT_INJECTION"] = "1"
         self.proc = None
         self.stopped = False  # SIGSTOPped
         self._client = None

@@ -10,7 +10,7 @@ for the timeline; the run's oracle checks after each one.
   the burst buffer's data file under a running daemon; every model is read while it is there (exact
   or an error: never wrong bytes), then the bytes are put back;
 - io_fault: ENOSPC or EIO (or a torn/dropped write) injected through the daemon's filesystem seam
-  (`cairn fault add`, needs CAIRN_FAULT_INJECTION=1), for a while, then cleared;
+  (`cairn fault add`, needs debug.fault_injection), for a while, then cleared;
 - arena_full: a client fills the DRAM arena (leases on every model it can map, named tensors until
   CAIRN_ERR_NO_SPACE), holds it, then is killed or exits.
 """
@@ -152,8 +152,15 @@ IO_RULES = [
     ["--op", "read", "--path", "/packs/", "--error", "EIO"],
     ["--op", "write", "--path", "/nvme/", "--error", "ENOSPC"],
     ["--op", "read", "--path", "/nvme/", "--error", "EIO"],
-    ["--op", "write", "--path", "/packs/", "--effect", "short"],
-    ["--op", "write", "--path", "/nvme/", "--effect", "short"],
+    ["--op", "write", "--path", "/packs/", "--effect", "short_write"],
+    ["--op", "write", "--path", "/nvme/", "--effect", "short_write"],
+    ["--op", "read", "--path", "/packs/", "--effect", "flip_bit"],
+    ["--op", "read", "--path", "/nvme/", "--effect", "flip_bit"],
+    # Not injected: drop_write and flip_bit on writes, a device that acknowledges bytes it did not
+    # store. cairn detects them when the bytes are read (every chunk is hashed), never serves them,
+    # but a model whose only copy was lost that way is lost (docs/reliability.md).
+    ["--op", "write", "--path", "/logs/", "--effect", "short_write"],
+    ["--op", "read", "--path", "/packs/", "--effect", "delay", "--delay-ms", "1500"],
 ]
 
 
@@ -171,8 +178,10 @@ def io_fault(run):
     n.cairn("fault", "clear")
     injected = ""
     try:
-        injected = f", {sum(x.get('injected', 0) for x in json.loads(listed.stdout).get('rules', []))} injected"
-    except (ValueError, AttributeError):
+        rules = json.loads(listed.stdout)
+        rules = rules.get("rules", []) if isinstance(rules, dict) else rules
+        injected = f", {sum(x.get('injected', 0) for x in rules)} injected"
+    except (ValueError, AttributeError, TypeError):
         pass
     return f"io fault on daemon {n.index}: {' '.join(rule)}{injected}, then cleared"
 

@@ -61,6 +61,8 @@ class Run:
         self.t0 = time.monotonic()
         self.bases = {}
         self.stop_sampling = threading.Event()
+        self.stuck_seen = {}  # (node, start) -> watchdog reports already counted
+        self.oldest_seen = 0.0  # the oldest request any daemon's watchdog saw at a check
 
     # ---- helpers for faults ----
     def live_nodes(self):
@@ -181,9 +183,14 @@ class Run:
                     w.busy.pop(who, None)
         for n in self.live_nodes():
             wd = n.stats().get("watchdog")
-            if wd and wd.get("stuck_requests", 0) > 0:
-                self.oracle.violation(f"daemon {n.index}'s watchdog reported {wd['stuck_requests']} stuck "
-                                      f"request(s): {n.tail(60)}")
+            if wd is None:
+                self.oracle.violation(f"daemon {n.index} has no watchdog in its stats")
+            elif wd.get("stuck_reported", 0) > self.stuck_seen.get((n.index, n.starts), 0):
+                self.stuck_seen[(n.index, n.starts)] = wd["stuck_reported"]  # counted anew by each start
+                self.oracle.violation(f"daemon {n.index}'s watchdog reported stuck request(s) ({wd}): "
+                                      f"{n.tail(80)}")
+            elif wd.get("oldest_s", 0) > self.oldest_seen:
+                self.oldest_seen = wd["oldest_s"]
 
     def sample(self):
         while not self.stop_sampling.wait(self.args.sample_seconds):
@@ -312,6 +319,7 @@ class Run:
             "kill_points": self.kill_points, "faults": len(self.timeline),
             "workers_started": self.worker_seq, "clients_at_once": self.args.workers * self.args.threads,
             "restarts": sum(n.starts - 1 for n in self.nodes), "samples": self.samples,
+            "oldest_request_seen_s": self.oldest_seen,
             "timeline": self.timeline if self.args.json else self.timeline[-20:],
         })
         s["flat"] = flatness(self.samples)
@@ -351,7 +359,7 @@ def main(argv=None):
     p.add_argument("--interval", type=float, default=1.0, help="seconds between faults (random, up to)")
     p.add_argument("--dram", default="96MiB")
     p.add_argument("--nvme", default="256MiB")
-    p.add_argument("--watchdog", default="", help="the daemons' request watchdog bound")
+    p.add_argument("--watchdog", default="30s", help="the daemons' request watchdog bound")
     p.add_argument("--stuck-seconds", type=float, default=240, help="a worker operation older is a deadlock")
     p.add_argument("--max-live", type=int, default=30, help="models each client keeps before removing")
     p.add_argument("--pause", type=float, default=0.0, help="seconds a client may pause between operations")

@@ -134,13 +134,13 @@ class Loop:
         try:
             ticket = self.client.save_model(mid, arrays, parent=parent, durability=level, meta={"n": self.n},
                                             wait=not later, **kw)
+            if later:
+                ticket.wait(timeout=120)
         except cairn.NotFound as e:
             if parent not in self.models:
                 raise
             self.gone(parent, self.models[parent], "commit of a child", str(e))  # a `memory` parent lost in a crash
             return
-        if later:
-            ticket.wait(timeout=120)
         spec = dict(spec, epoch=self.epoch, level=level)
         self.models[mid] = spec
         self.order.append(mid)
