@@ -75,7 +75,8 @@ struct GcSteps {
   std::function<Status()> deciding;
   // Once the records are durable and the view updated (report.removed and report.collected are
   // final), before the grace and the freeing of bytes: what this process starts from here on sees
-  // the view without them, so the caller may let its commits and reads go on.
+  // the view without them, so the caller may let its commits and reads go on. It runs under gc's
+  // write lock: it must not call this Repository (what it lets go on may, and waits for the grace).
   std::function<void(const GcReport& report)> decided;
 };
 

@@ -379,6 +379,94 @@ TEST_CASE("kill -9 during compaction and during migration loses nothing", "[repo
   }
 }
 
+TEST_CASE("gc's steps: the caller's part runs under the lease and ends before the grace", "[repository][shared][gc]") {
+  TempDir tmp;
+  ChunkStore store;
+  RepositoryOptions opts;
+  opts.gc_grace = std::chrono::milliseconds(400);
+  auto a = open_repo(tmp.repo(), kChunk, opts);
+  auto b = open_repo(tmp.repo(), kChunk, opts);
+  std::vector<ModelManifest> models;
+  for (int i = 0; i < 6; ++i) {
+    ModelManifest m = make_model("s" + std::to_string(i), "", {u8_tensor(store, "t" + std::to_string(i), 3000 + i, 90 + i)});
+    REQUIRE(a->commit(m, store.source()).is_ok());
+    models.push_back(m);
+  }
+  for (int i = 0; i < 6; i += 2) REQUIRE(a->retire(models[static_cast<size_t>(i)].id).is_ok());
+  ModelManifest first = make_model("b-first", "", {u8_tensor(store, "bf", 100, 78)});
+  REQUIRE(b->commit(first, store.source()).is_ok());  // b is a live writer: a's gc takes the grace
+
+  // A caller's error at `deciding` ends gc before anything changed, and gives the lease back.
+  GcSteps refuse;
+  refuse.deciding = [] { return busy("the caller says no"); };
+  bool refused_decided = false;
+  refuse.decided = [&](const GcReport&) { refused_decided = true; };
+  auto r0 = a->gc(refuse);
+  REQUIRE_FALSE(r0.is_ok());
+  CHECK(r0.status().code() == StatusCode::kBusy);
+  CHECK_FALSE(refused_decided);
+  require_model_bytes(*a, models[0].id, store);
+
+  // Another process's maintenance first: `deciding` waits for the lease, not the other way round.
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point t_deciding{}, t_decided{};
+  int decidings = 0;
+  std::vector<std::string> decided_removed;
+  GcSteps steps;
+  steps.deciding = [&] {
+    ++decidings;
+    t_deciding = Clock::now();
+    return Status::ok();
+  };
+  std::atomic<bool> is_decided{false};
+  steps.decided = [&](const GcReport& rep) {
+    t_decided = Clock::now();
+    decided_removed = rep.removed;
+    is_decided = true;
+  };
+  // (b's gc holds the lease 300 ms, then its caller calls it off.)
+  std::atomic<bool> b_in_gc{false};
+  Status b_gc;
+  std::thread other([&] {
+    GcSteps hold;
+    hold.deciding = [&] {
+      b_in_gc = true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      return busy("called off");
+    };
+    b_gc = b->gc(hold).status();
+  });
+  while (!b_in_gc) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  // a commits during its own gc's grace (on another thread: the caller's commits go on), reusing
+  // a retired model's bytes; it must survive the freeing.
+  std::atomic<bool> committed{false};
+  ModelManifest reuse = make_model("reuse-during-grace", "", {models[2].tensors[0]});
+  std::thread writer([&] {
+    while (!is_decided) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    committed = a->commit(reuse, store.source()).is_ok();
+  });
+  auto t0 = Clock::now();
+  auto r = a->gc(steps);
+  auto t_end = Clock::now();
+  writer.join();
+  other.join();
+  CHECK(b_gc.code() == StatusCode::kBusy);
+  REQUIRE(r.is_ok());
+  CHECK(decidings == 1);
+  // b's gc held the lease: a's caller was not called while a waited for it.
+  CHECK(t_deciding - t0 >= std::chrono::milliseconds(200));
+  CHECK(decided_removed == r->removed);
+  CHECK(r->removed.size() == 3);
+  // The grace comes after `decided`.
+  CHECK(t_end - t_decided >= opts.gc_grace);
+  REQUIRE(committed.load());
+  require_model_bytes(*a, reuse.id, store);
+  for (int i = 1; i < 6; i += 2) require_model_bytes(*a, models[static_cast<size_t>(i)].id, store);
+  auto f = a->fsck(true);
+  REQUIRE(f.is_ok());
+  CHECK(f->ok());
+}
+
 TEST_CASE("a parent collected by gc: its other writer's child still opens, before and after compaction",
           "[repository][shared][gc]") {
   TempDir tmp;
