@@ -61,9 +61,15 @@ class Oracle:
     def flushed(self, node, t_start):
         """A flush of `node` that started at t_start returned: what it acknowledged before is global."""
         with self.mu:
+            last_kill = max(self.kills.get(node, [0.0]))
             for mid, (level, t) in self.acked.items():
-                if level != "global" and self.owner.get(mid) == node and t < t_start:
-                    self.acked[mid] = ("global", t)
+                # A `memory` one acknowledged before the daemon's last kill may have been lost then:
+                # the flush says nothing about it.
+                if level == "global" or self.owner.get(mid) != node or t >= t_start:
+                    continue
+                if level == "memory" and t < last_kill:
+                    continue
+                self.acked[mid] = ("global", t)
 
     def forget(self, mid):
         """A `memory` model lost with its daemon: allowed, counted, no longer expected."""

@@ -63,7 +63,8 @@ def test_content_check_finds_one_wrong_byte():
     good["a"][4095] ^= 1
     assert "offset 4095" in check_model(good, spec)
     assert "tensors" in check_model({"a": good["a"]}, spec)
-    assert "bytes, expected" in check_model({"a": good["a"], "b": np.zeros(99, np.uint8)}, spec)
+    good["a"][4095] ^= 1
+    assert "99 bytes, expected 100" in check_model({"a": good["a"], "b": np.zeros(99, np.uint8)}, spec)
 
 
 def test_oracle_allows_only_memory_losses_after_a_kill():
@@ -78,6 +79,7 @@ def test_oracle_allows_only_memory_losses_after_a_kill():
     assert not o.may_be_lost("l") and not o.may_be_lost("g")
     assert o.may_be_lost("unacked")
     o.flushed(0, 4.0)  # a flush that returned makes m2 global: a later kill cannot excuse its loss
+    assert o.may_be_lost("m")  # but not m: it may have been lost by the kill before the flush
     o.killed(0, 5.0)
     assert not o.may_be_lost("m2")
     o.remove("g")

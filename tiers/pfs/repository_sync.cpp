@@ -13,6 +13,7 @@
 // checkpoint covers all of it and its writer is gone, so at every moment the newest checkpoint
 // plus the logs from their covered offsets hold every acknowledged record.
 #include <algorithm>
+#include <thread>
 #include <cstdio>
 #include <set>
 #include <string>
@@ -382,23 +383,45 @@ std::string Repository::Impl::newest_checkpoint() const {
 // ---- load and refresh ----
 
 Status Repository::Impl::load(RefreshReport* rep) {
-  {
-    std::unique_lock lock(mu_);
-    clear_catalog();
-    deferred_.clear();
-    collected_base_.clear();
+  // A compaction (another process's, or a gc of this one) may write a newer checkpoint and delete the
+  // logs it folded in while this reads: then the view would lack what those logs held (models
+  // "removed" from every catalog built on it, found by the torture harness). read_logs says so
+  // (`reload`), and so does a checkpoint deleted before it is read: read everything again.
+  constexpr int kAttempts = 20;
+  for (int attempt = 1;; ++attempt) {
+    {
+      std::unique_lock lock(mu_);
+      clear_catalog();
+      deferred_.clear();
+      collected_base_.clear();
+    }
+    read_to_.clear();
+    log_files_.clear();
+    ckpt_seq_ = 0;
+    RefreshReport mine;
+    bool reload = false;
+    std::string newest = newest_checkpoint();
+    Status st;
+    if (!newest.empty()) {
+      std::map<std::string, uint64_t> covers;
+      st = read_checkpoint(newest, &ckpt_seq_, &covers, /*header_only=*/false, &mine);
+      if (st.is_ok()) read_to_ = std::move(covers);
+      else if (st.code() == StatusCode::kNotFound) reload = true;  // replaced by a newer one just now
+    }
+    if (st.is_ok()) st = read_logs(&mine, &reload, /*own_too=*/true);
+    if (!st.is_ok() && !reload) return st;
+    if (!reload || attempt == kAttempts) {
+      if (reload) CAIRN_LOG_WARN("repository {}: compacted {} times while it was being read; the view may lack "
+                                 "models until the next refresh", dir_, kAttempts);
+      if (rep) {
+        rep->added.insert(rep->added.end(), mine.added.begin(), mine.added.end());
+        rep->removed.insert(rep->removed.end(), mine.removed.begin(), mine.removed.end());
+        rep->retired.insert(rep->retired.end(), mine.retired.begin(), mine.retired.end());
+      }
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5 * attempt));
   }
-  read_to_.clear();
-  log_files_.clear();
-  ckpt_seq_ = 0;
-  std::string newest = newest_checkpoint();
-  if (!newest.empty()) {
-    std::map<std::string, uint64_t> covers;
-    CAIRN_RETURN_IF_ERROR(read_checkpoint(newest, &ckpt_seq_, &covers, /*header_only=*/false, rep));
-    read_to_ = std::move(covers);
-  }
-  bool reload = false;
-  CAIRN_RETURN_IF_ERROR(read_logs(rep, &reload, /*own_too=*/true));
   view_time_ = last_refresh_ = std::chrono::steady_clock::now();
   return check_packs_present();
 }
@@ -438,7 +461,13 @@ Status Repository::Impl::read_logs(RefreshReport* rep, bool* reload, bool own_to
     if (fit == log_files_.end()) {
       Result<std::unique_ptr<File>> f = fs_->open(join_path(logs_dir_, name), kRead);
       if (!f.is_ok()) {
-        if (f.status().code() == StatusCode::kNotFound) continue;  // compacted just now
+        if (f.status().code() == StatusCode::kNotFound) {
+          // Compacted just now, between the listing and here: as if it had not been listed, so that
+          // the check below reloads when the newest checkpoint covers what we never read of it.
+          present.erase(name);
+          read_to_.erase(name);
+          continue;
+        }
         return f.status().with_context("reading log " + name);
       }
       fit = log_files_.emplace(name, std::move(f).value()).first;
