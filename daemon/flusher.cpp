@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <unordered_map>
+#include <unordered_set>
 
 #include <sys/resource.h>
 #include <unistd.h>
@@ -223,6 +224,7 @@ void Flusher::global_loop() {
     }
     // The bytes each model wrote: its chunks that were fetched (the first model to name one pays).
     std::vector<std::string> retried;  // in commit order
+    std::unordered_set<std::string> retried_ids;
     for (size_t i = 0; i < batch.size(); ++i) {
       const ModelManifest& copy = copies[i];
       const Status& st = results[i];
@@ -237,12 +239,16 @@ void Flusher::global_loop() {
             }
           }
         tiers_.stored_globally(all_chunks(copy));
-      } else if (batch[i].retry && may_pass(st)) {
+      } else if (batch[i].retry && (may_pass(st) || (!copy.parent.empty() && retried_ids.count(copy.parent)))) {
+        // A child whose parent (earlier in this batch) is written again fails for want of the
+        // parent: it waits for it, it is not dropped (the torture harness lost acknowledged
+        // children this way while repository writes failed).
         std::lock_guard lock(mu_);
         if (!stopping_) {
           CAIRN_LOG_ERROR("flushing model '{}' to the repository failed: {}; it stays pending and is written again",
                           copy.id, st.to_string());
           retried.push_back(copy.id);
+          retried_ids.insert(copy.id);
           ++write_retries_;
           continue;
         }

@@ -197,6 +197,30 @@ TEST_CASE("engine: the fault request drives the injector under the repository; s
     CHECK(waited["reached"] == "global");
     CHECK(e->repository().contains("nowait"));
     CHECK(read_tensor(*e, s, "nowait", "w") == bytes);
+
+    // A parent and its child acknowledged while every pack write fails: the child's write fails for
+    // want of its parent, and waits for it instead of being dropped (found by the torture harness).
+    REQUIRE(call(*e, s, json{{"op", "fault"},
+                             {"action", "add"},
+                             {"rule", {{"op", "write"}, {"path", "/packs/"}, {"error", "EIO"}, {"times", -1}}}})["status"] == 0);
+    std::vector<uint8_t> pb(50000, 3), cb(50000, 4);
+    json pr = call(*e, s, json{{"op", "commit"}, {"id", "p"}, {"tensors", {inline_tensor("w", 0, pb.size())}},
+                               {"durability", "memory"}, {"wait", false}}, pb);
+    REQUIRE(pr["status"] == 0);
+    json cr = call(*e, s, json{{"op", "commit"}, {"id", "c"}, {"parent", "p"}, {"tensors", {inline_tensor("w", 0, cb.size())}},
+                               {"durability", "memory"}, {"wait", false}}, cb);
+    REQUIRE(cr["status"] == 0);
+    const uint64_t before = call(*e, s, json{{"op", "stats"}})["flush"]["repository_write_retries"].get<uint64_t>();
+    REQUIRE(eventually([&] {
+      return call(*e, s, json{{"op", "stats"}})["flush"]["repository_write_retries"].get<uint64_t>() >= before + 4;
+    }));
+    CHECK(call(*e, s, json{{"op", "stats"}})["pending_models"] == 2);
+    CHECK(call(*e, s, json{{"op", "fault"}, {"action", "clear"}})["cleared"] == 1);
+    json f = call(*e, s, json{{"op", "flush"}, {"timeout_ms", 30000}});
+    CHECK(f["status"] == 0);
+    CHECK(e->repository().contains("p"));
+    CHECK(e->repository().contains("c"));
+    CHECK(read_tensor(*e, s, "c", "w") == cb);
     CHECK(call(*e, s, json{{"op", "fault"}, {"action", "explode"}})["status"] == code(StatusCode::kInvalidArgument));
   }
 }
