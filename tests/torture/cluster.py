@@ -139,9 +139,11 @@ class Node:
 
     # ---- what it costs ----
     def rss_bytes(self):
+        """The daemon's own resident memory: RssAnon (heap, stacks), without the arena (shared
+        memory, all of it resident from the start) and mapped files."""
         try:
             for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
+                if line.startswith("RssAnon:"):
                     return int(line.split()[1]) * 1024
         except OSError:
             pass

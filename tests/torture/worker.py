@@ -90,7 +90,7 @@ class Loop:
         parent = None
         tensors = {}
         inherit = []
-        pool = list(self.models) + list(self.bases)
+        pool = self.parent_pool()
         if pool and self.rng.random() < 0.7:
             parent = self.rng.choice(pool)
             pspec = self.models.get(parent) or self.bases[parent]
@@ -111,12 +111,20 @@ class Loop:
             tensors["t0"] = [f"{mid}/t0", 4096]
         return parent, tensors, inherit
 
+    def parent_pool(self):
+        """Models a commit may derive from. A soak derives only from the base models, so that what it
+        removes and collects is gone for good and the daemon's memory can stay flat (a chain of
+        derived models keeps its retired ancestors' lineage for as long as a descendant lives)."""
+        if self.cfg.get("flat_lineage"):
+            return list(self.bases)
+        return list(self.models) + list(self.bases)
+
     def op_commit(self, meta_only=False):
         self.n += 1
         mid = f"{self.me}-{self.n}"
         level = self.rng.choices(["memory", "local", "global"], [4, 3, 3])[0]
-        if meta_only and (self.models or self.bases):
-            parent = self.rng.choice(list(self.models) + list(self.bases))
+        if meta_only and self.parent_pool():
+            parent = self.rng.choice(self.parent_pool())
             pspec = self.models.get(parent) or self.bases[parent]
             tensors, inherit, arrays = dict(pspec["tensors"]), [], {}
             kw = {"inherit_all": True}
