@@ -90,9 +90,19 @@ def model(seed, mib):
     return {f"layer{i}.weight": rng.standard_normal(n, dtype=np.float32) for i in range(4)}
 
 
-def assert_model(d, mid, want):
+def assert_model(d, mid, want, timeout=15):
+    """Reads mid through d, exactly. The commit's announcement to the group is asynchronous (and the
+    repository's refresh a fallback), so a model committed elsewhere a moment ago may take a moment."""
+    deadline = time.time() + timeout
     with cairn.connect(d.socket) as c:
-        got = c.load_model(mid, copy=True)
+        while True:
+            try:
+                got = c.load_model(mid, copy=True)
+                break
+            except cairn.NotFound:
+                if time.time() > deadline:
+                    raise
+                time.sleep(0.1)
     assert list(got) == list(want), (mid, list(got))
     for k, v in want.items():
         assert np.array_equal(got[k], v), f"model {mid!r} tensor {k!r} read through {d.root.name} differs"
