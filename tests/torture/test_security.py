@@ -26,7 +26,9 @@ import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 import time
+import types
 from pathlib import Path
 
 import numpy as np
@@ -195,6 +197,12 @@ def test_forged_frames_and_garbage_bodies_are_refused(make_daemon, tmp):
 
 # ---- another uid ----
 
+# What the test's users run. The checkout may sit under a directory only root can enter (/root, a
+# `mktemp -d`), so the `users` fixture copies cairnd, cairn, libcairn.so and the Python package to a
+# directory every user can read, and they run Debian's python3 (numpy from python3-numpy), not .venv.
+AS_USER = types.SimpleNamespace(cairnd=CAIRND, cairn=CAIRN, lib=LIBCAIRN, pypath=SOURCE / "api" / "python",
+                                python=sys.executable)
+
 
 class User:
     def __init__(self, name):
@@ -211,10 +219,10 @@ class User:
 
     def env(self, **extra):
         return dict(PATH=os.environ.get("PATH", "/usr/bin:/bin"), HOME="/", LANG="C.UTF-8",
-                    PYTHONPATH=str(SOURCE / "api" / "python"), CAIRN_LIBRARY=str(LIBCAIRN), **extra)
+                    PYTHONPATH=str(AS_USER.pypath), CAIRN_LIBRARY=str(AS_USER.lib), **extra)
 
     def python(self, code, **extra_env):
-        return self.run([sys.executable, "-c", code], env=self.env(**extra_env))
+        return self.run([AS_USER.python, "-c", code], env=self.env(**extra_env))
 
     def own(self, path, mode):
         os.chown(path, self.uid, self.gid)
@@ -229,6 +237,19 @@ def users():
         pytest.skip("the other-uid checks create users (useradd) and need root; run the suite as root to include them")
     if not shutil.which("useradd") or not shutil.which("userdel"):
         pytest.skip("useradd/userdel are not installed: cannot create the second user")
+    shared = Path(tempfile.mkdtemp(prefix="cairn-sec-bin-", dir="/tmp"))
+    for src in (CAIRND, CAIRN, LIBCAIRN):
+        shutil.copy2(src, shared / src.name)
+    shutil.copytree(SOURCE / "api" / "python" / "cairn", shared / "python" / "cairn",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    for root, dirs, files in os.walk(shared):
+        os.chmod(root, 0o755)
+        for f in files:
+            os.chmod(os.path.join(root, f), 0o755)
+    saved = dict(vars(AS_USER))
+    AS_USER.cairnd, AS_USER.cairn, AS_USER.lib = shared / CAIRND.name, shared / CAIRN.name, shared / LIBCAIRN.name
+    AS_USER.pypath = shared / "python"
+    AS_USER.python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
     made = []
     try:
         for role in ("own", "oth"):
@@ -238,27 +259,29 @@ def users():
             made.append(name)
         yield [User(n) for n in made]
     finally:
+        vars(AS_USER).update(saved)
+        shutil.rmtree(shared, ignore_errors=True)
         left = [name for name in made if subprocess.run(["userdel", name], capture_output=True).returncode != 0]
         assert not left, f"could not remove the test's users {left} (userdel failed: a process of theirs still runs?)"
 
 
 def start_as(user, d, timeout=30):
     """Starts daemon d as user (the fixture still stops it by pid); waits until its owner can talk to it."""
-    d.proc = subprocess.Popen([str(CAIRND), "--config", str(d.config)], env=user.env(CAIRN_SOCKET=d.socket),
+    d.proc = subprocess.Popen([str(AS_USER.cairnd), "--config", str(d.config)], env=user.env(CAIRN_SOCKET=d.socket),
                               user=user.uid, group=user.gid, extra_groups=[], cwd="/",
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.time() + timeout
     while time.time() < deadline:
         if d.proc.poll() is not None:
             raise RuntimeError(f"cairnd as {user.name} exited with {d.proc.returncode}: {d.proc.stderr.read().decode()}")
-        if user.run([CAIRN, "ls"], env=user.env(CAIRN_SOCKET=d.socket)).returncode == 0:
+        if user.run([AS_USER.cairn, "ls"], env=user.env(CAIRN_SOCKET=d.socket)).returncode == 0:
             return d
         time.sleep(0.1)
     raise RuntimeError(f"cairnd as {user.name} did not start in time")
 
 
 def peers_as(user, d):
-    return json.loads(user.run([CAIRN, "peers", "--json"], env=user.env(CAIRN_SOCKET=d.socket), check=True).stdout)
+    return json.loads(user.run([AS_USER.cairn, "peers", "--json"], env=user.env(CAIRN_SOCKET=d.socket), check=True).stdout)
 
 
 SAVE = """
@@ -290,7 +313,7 @@ print(json.dumps(out))
 
 
 def try_read(user, paths):
-    r = user.run([sys.executable, "-c", TRY_READ, *paths])
+    r = user.run([AS_USER.python, "-c", TRY_READ, *paths])
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
 
@@ -310,20 +333,20 @@ def test_another_uid_cannot_use_join_or_read_the_daemons_of_a_user(users, make_d
         ds.append(start_as(owner, d))
     a1, a2 = ds
     wait_verified(ds, views=lambda d: peers_as(owner, d))
-    r = owner.run([sys.executable, "-c", SAVE, a1.socket])
+    r = owner.run([AS_USER.python, "-c", SAVE, a1.socket])
     assert r.returncode == 0, r.stderr
 
     # (a) The socket directory is the owner's, 0700: the other user cannot even reach the socket.
     run_dir = Path(a1.socket).parent
     st = run_dir.stat()
     assert st.st_uid == owner.uid and stat.S_IMODE(st.st_mode) == 0o700, oct(st.st_mode)
-    r = other.run([CAIRN, "ls"], env=other.env(CAIRN_SOCKET=a1.socket))
+    r = other.run([AS_USER.cairn, "ls"], env=other.env(CAIRN_SOCKET=a1.socket))
     assert r.returncode != 0 and "ermission denied" in r.stderr, (r.returncode, r.stdout, r.stderr)
     # Opened up (as a careless site might), SO_PEERCRED still refuses it, with the reason.
     os.chmod(run_dir, 0o711)
     os.chmod(a1.socket, 0o777)
     try:
-        r = other.run([CAIRN, "ls"], env=other.env(CAIRN_SOCKET=a1.socket))
+        r = other.run([AS_USER.cairn, "ls"], env=other.env(CAIRN_SOCKET=a1.socket))
         assert r.returncode != 0, r.stdout
         assert f"cairnd serves only uid {owner.uid}; start your own daemon" in r.stderr, r.stderr
         assert "priv-global" not in r.stdout
@@ -335,7 +358,7 @@ def test_another_uid_cannot_use_join_or_read_the_daemons_of_a_user(users, make_d
         assert r.returncode == 0, r.stderr
         assert r.stdout.startswith("REFUSED PermissionDenied") and f"serves only uid {owner.uid}" in r.stdout, r.stdout
         # The owner, through the same socket, is served (the refusal is about the uid).
-        r = owner.run([CAIRN, "ls"], env=owner.env(CAIRN_SOCKET=a1.socket))
+        r = owner.run([AS_USER.cairn, "ls"], env=owner.env(CAIRN_SOCKET=a1.socket))
         assert r.returncode == 0 and "priv-global" in r.stdout, (r.stdout, r.stderr)
     finally:
         os.chmod(a1.socket, 0o755)
@@ -351,7 +374,7 @@ def test_another_uid_cannot_use_join_or_read_the_daemons_of_a_user(users, make_d
     (tmp / "intruder-repo").mkdir()
     other.own(tmp / "intruder-repo", 0o755)
     other.own(intruder.root, 0o755)
-    proc = subprocess.Popen([str(CAIRND), "--config", str(intruder.config)],
+    proc = subprocess.Popen([str(AS_USER.cairnd), "--config", str(intruder.config)],
                             env=other.env(CAIRN_SOCKET=intruder.socket), user=other.uid, group=other.gid,
                             extra_groups=[], cwd="/", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     intruder.proc = proc
