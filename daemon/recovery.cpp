@@ -9,10 +9,17 @@ using nlohmann::json;
 
 Status load_catalog(const RecoveryParts& p) {
   for (const std::string& id : p.repo.list()) {
-    CAIRN_ASSIGN_OR_RETURN(auto m, p.repo.get_shared(id));
+    // Another daemon's gc may remove models between the listing and here (children before their
+    // parents): a model gone meanwhile is simply not in the catalog. Failing the start for it kept a
+    // daemon from restarting beside a group that collects (found by the torture harness).
+    auto found = p.repo.get_shared(id);
+    if (!found.is_ok() && found.status().code() == StatusCode::kNotFound) continue;
+    CAIRN_ASSIGN_OR_RETURN(auto m, std::move(found));
     std::shared_ptr<const ModelManifest> parent;
     if (!m->parent.empty()) {
-      CAIRN_ASSIGN_OR_RETURN(parent, p.repo.get_shared(m->parent));
+      auto pf = p.repo.get_shared(m->parent);
+      if (!pf.is_ok() && pf.status().code() == StatusCode::kNotFound && !p.repo.contains(id)) continue;
+      CAIRN_ASSIGN_OR_RETURN(parent, std::move(pf));
     }
     CAIRN_RETURN_IF_ERROR(p.catalog.add(m->id, m->parent, graph_for(p.catalog, *m, nullptr, parent.get()), m->metadata,
                                         m->retired_ns != 0));
