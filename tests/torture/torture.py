@@ -72,7 +72,8 @@ class Run:
         self.worker_seq += 1
         name = f"{'hog' if hog else 'w'}{self.worker_seq}"
         cfg = {"name": name, "socket": self.nodes[node].socket, "seed": self.args.seed, "bases": self.bases,
-               "threads": 1 if hog else self.args.threads, "ops": OPS, "hog": hog,
+               "threads": 1 if hog else self.args.threads,
+               "ops": {k: v for k, v in OPS.items() if not (self.args.no_gc and k == "gc")}, "hog": hog,
                "max_live": self.args.max_live, "pause": self.args.pause, "flat_lineage": self.args.soak}
         cfg_path = self.root / f"{name}.json"
         cfg_path.write_text(json.dumps(cfg))
@@ -221,7 +222,7 @@ class Run:
         weights = dict(faults.WEIGHTS)
         if len(self.nodes) < 2:
             weights.pop("sigstop_peer")
-        for name in self.args.skip_fault:
+        for name in self.args.skip_fault + (["kill9_gc", "kill9_daemon_in_gc"] if self.args.no_gc else []):
             weights.pop(name, None)
         deadline = self.t0 + self.args.duration
         n_faults = 0
@@ -369,7 +370,10 @@ def main(argv=None):
     p.add_argument("--full-check-every", type=int, default=25)
     p.add_argument("--sample-seconds", type=float, default=5)
     p.add_argument("--skip-fault", action="append", default=[], choices=sorted(faults.ALL))
-    p.add_argument("--no-fault-injection", action="store_true", help="daemons without CAIRN_FAULT_INJECTION")
+    p.add_argument("--no-fault-injection", action="store_true", help="daemons without debug.fault_injection")
+    p.add_argument("--no-gc", action="store_true",
+                   help="no gc by clients and no gc faults (the suite's peer-group runs: gc in a group is an open bug, "
+                        "docs/reliability.md)")
     p.add_argument("--stop-on-violation", action="store_true")
     p.add_argument("--json", help="write the whole report (timeline, samples) here")
     p.add_argument("--keep", action="store_true", help="keep the run's directory (logs, repository)")
