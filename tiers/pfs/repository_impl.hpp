@@ -257,6 +257,8 @@ struct Repository::Impl {
 
   Status remove(const std::string& id);
   Status retire(const std::string& id);
+  // REQUIRES: write_mu_ held. Reads the logs, and rebuilds the view if they were compacted under it.
+  Status whole_view_locked();
   Result<GcReport> gc(const GcSteps& steps);
   std::mutex gc_run_mu_;  // one gc at a time: a second would meet this process's own lease (kBusy)
   Result<FsckReport> fsck(bool verify_data) const;

@@ -252,6 +252,25 @@ void Repository::Impl::reclaim(const std::vector<std::string>& dead, GcReport* r
   }
 }
 
+Status Repository::Impl::whole_view_locked() {
+  // gc decides from the view what is dead, and frees what it does not reference: the view must hold
+  // every model. A refresh that found logs compacted under it rebuilds the view only when no commit
+  // holds the write lock, and else leaves that to the next refresh (reload_needed_); gc holds the
+  // write lock here, so it rebuilds now. Deciding or freeing on the partial view punched holes over
+  // chunks live models use (found by the torture harness: whole ranges of packs failed fsck after
+  // gcs beside kill -9s).
+  std::lock_guard rlock(refresh_mu_);
+  bool reload = false;
+  RefreshReport ignored;
+  CAIRN_RETURN_IF_ERROR(read_logs(&ignored, &reload, /*own_too=*/false));
+  if (reload || reload_needed_) {
+    CAIRN_RETURN_IF_ERROR(wait_durable(queued_gen()));
+    CAIRN_RETURN_IF_ERROR(load(nullptr));
+    reload_needed_ = false;
+  }
+  return Status::ok();
+}
+
 Result<GcReport> Repository::Impl::gc(const GcSteps& steps) {
   CAIRN_RETURN_IF_ERROR(check_writable());
   std::lock_guard run_lock(gc_run_mu_);
@@ -266,21 +285,7 @@ Result<GcReport> Repository::Impl::gc(const GcSteps& steps) {
   RefreshReport ignored;
   CAIRN_RETURN_IF_ERROR(refresh(&ignored));
   std::unique_lock write_lock(write_mu_);
-  {
-    // gc decides from this view what is dead: it must hold every model. A refresh that found the
-    // logs compacted under it rebuilds the view only when no commit holds the write lock, and else
-    // leaves that to the next refresh (reload_needed_); gc holds the write lock now, so it rebuilds
-    // here. Deciding on the partial view punched holes over chunks live models use (found by the
-    // torture harness: whole ranges of packs failed fsck after a gc beside kill -9s).
-    std::lock_guard rlock(refresh_mu_);
-    bool reload = false;
-    CAIRN_RETURN_IF_ERROR(read_logs(&ignored, &reload, /*own_too=*/false));
-    if (reload || reload_needed_) {
-      CAIRN_RETURN_IF_ERROR(wait_durable(queued_gen()));
-      CAIRN_RETURN_IF_ERROR(load(nullptr));
-      reload_needed_ = false;
-    }
-  }
+  CAIRN_RETURN_IF_ERROR(whole_view_locked());
   GcReport report;
   // Retired models with no descendant left go (children before parents); retired models that
   // live descendants still name as an ancestor stay, collected.
@@ -346,6 +351,7 @@ Result<GcReport> Repository::Impl::gc(const GcSteps& steps) {
     std::this_thread::sleep_for(options_.gc_grace);
     CAIRN_RETURN_IF_ERROR(refresh(&ignored));
     write_lock.lock();
+    CAIRN_RETURN_IF_ERROR(whole_view_locked());  // reclaim frees what this view does not reference
     std::shared_lock lock(mu_);
     dead.erase(std::remove_if(dead.begin(), dead.end(), [&](const std::string& p) { return packs_.count(p) > 0; }),
                dead.end());
