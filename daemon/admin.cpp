@@ -150,6 +150,10 @@ Result<json> Admin::remove(const json& req) {
   {
     Watchdog::ClientWait waiting;  // for the flusher, as a commit waits for its durability
     p_.flusher.wait_until_flushed(id);
+    // And for its descendants on their way: a gc of another daemon of the repository, which cannot
+    // see them, would otherwise remove the retired parent and leave them unwritable (the torture
+    // harness lost acknowledged children this way with three daemons).
+    p_.flusher.wait_until_descendants_flushed(id);
   }
   auto before = p_.repo.get_shared(id);
   Status st = p_.repo.retire(id);

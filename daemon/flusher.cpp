@@ -99,6 +99,27 @@ void Flusher::wait_until_flushed(const std::string& id) {
   progress_cv_.wait(lock, [&] { return stopping_ || !pending_.count(id); });
 }
 
+void Flusher::wait_until_descendants_flushed(const std::string& id) {
+  std::unique_lock lock(mu_);
+  auto descends = [&](const Pending& p) {
+    // Up the chain of pending parents (a parent already in the repository ends it).
+    std::string parent = p.manifest->parent;
+    for (size_t steps = 0; !parent.empty() && steps <= pending_.size(); ++steps) {
+      if (parent == id) return true;
+      auto it = pending_.find(parent);
+      if (it == pending_.end()) return false;
+      parent = it->second.manifest->parent;
+    }
+    return false;
+  };
+  progress_cv_.wait(lock, [&] {
+    if (stopping_) return true;
+    for (const auto& [pid, p] : pending_)
+      if (descends(p)) return false;
+    return true;
+  });
+}
+
 void Flusher::drain() {
   std::unique_lock lock(mu_);
   progress_cv_.wait(lock, [&] { return pending_.empty(); });

@@ -80,6 +80,11 @@ class Flusher {
   std::vector<std::shared_ptr<const ModelManifest>> pending() const;
   // Waits until the model is no longer pending (in the repository, or failed), or stopping.
   void wait_until_flushed(const std::string& id);
+  // Blocks until no pending model descends from id (a child, a grandchild, ... still on its way to
+  // the repository): `rm` waits for them, so that a gc of any daemon sees the retired model's
+  // descendants in the repository and keeps it (collected) instead of removing a parent whose
+  // acknowledged child could then never be written.
+  void wait_until_descendants_flushed(const std::string& id);
   // Blocks until no model is pending.
   void drain();
   // The same with a limit: false when models are still pending after timeout.

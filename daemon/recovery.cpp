@@ -18,7 +18,13 @@ Status load_catalog(const RecoveryParts& p) {
     std::shared_ptr<const ModelManifest> parent;
     if (!m->parent.empty()) {
       auto pf = p.repo.get_shared(m->parent);
-      if (!pf.is_ok() && pf.status().code() == StatusCode::kNotFound && !p.repo.contains(id)) continue;
+      if (!pf.is_ok() && pf.status().code() == StatusCode::kNotFound) {
+        if (p.repo.contains(id))  // a child written after another daemon's gc removed its parent
+          CAIRN_LOG_ERROR("model '{}' names parent '{}', which is not in the repository: it is left out of the "
+                          "catalog (its bytes stay readable through the repository; `cairn fsck` lists it)",
+                          id, m->parent);
+        continue;
+      }
       CAIRN_ASSIGN_OR_RETURN(parent, std::move(pf));
     }
     CAIRN_RETURN_IF_ERROR(p.catalog.add(m->id, m->parent, graph_for(p.catalog, *m, nullptr, parent.get()), m->metadata,
