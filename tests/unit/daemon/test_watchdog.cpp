@@ -221,6 +221,31 @@ TEST_CASE("engine: the fault request drives the injector under the repository; s
     CHECK(e->repository().contains("p"));
     CHECK(e->repository().contains("c"));
     CHECK(read_tensor(*e, s, "c", "w") == cb);
+
+    // `rm` of a model in the repository whose child is still pending waits for the child: a gc of
+    // another daemon, which cannot see the pending child, would otherwise remove the parent and
+    // leave the acknowledged child unwritable (found by the torture harness with three daemons).
+    REQUIRE(call(*e, s, json{{"op", "commit"}, {"id", "p2"}, {"tensors", {inline_tensor("w", 0, pb.size())}},
+                             {"durability", "global"}, {"wait", true}}, pb)["status"] == 0);
+    REQUIRE(call(*e, s, json{{"op", "fault"},
+                             {"action", "add"},
+                             {"rule", {{"op", "write"}, {"path", "/packs/"}, {"error", "EIO"}, {"times", -1}}}})["status"] == 0);
+    std::vector<uint8_t> c2b(50000, 5);  // new bytes: a pack write (deduplicated ones would need none)
+    REQUIRE(call(*e, s, json{{"op", "commit"}, {"id", "c2"}, {"parent", "p2"}, {"tensors", {inline_tensor("w", 0, c2b.size())}},
+                             {"durability", "memory"}, {"wait", false}}, c2b)["status"] == 0);
+    std::atomic<bool> removed{false};
+    std::thread rm([&] {
+      Session s2;
+      json r = call(*e, s2, json{{"op", "remove"}, {"id", "p2"}});
+      CHECK(r["status"] == 0);
+      removed = true;
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    CHECK_FALSE(removed.load());  // c2 cannot reach the repository yet
+    CHECK(call(*e, s, json{{"op", "fault"}, {"action", "clear"}})["cleared"] == 1);
+    rm.join();
+    CHECK(e->repository().contains("c2"));  // written before p2 was retired
+    CHECK(read_tensor(*e, s, "c2", "w") == c2b);
     CHECK(call(*e, s, json{{"op", "fault"}, {"action", "explode"}})["status"] == code(StatusCode::kInvalidArgument));
   }
 }
