@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import faults  # noqa: E402
 from cluster import Node, cairn, client_env, wait_group  # noqa: E402
-from content import check_model  # noqa: E402
+from content import check_model, tensor_bytes  # noqa: E402
 from oracle import Oracle  # noqa: E402
 
 WORKER = Path(__file__).resolve().parent / "worker.py"
@@ -133,7 +133,7 @@ class Run:
                 if not only_global or self.oracle.acked.get(x[0], ("",))[0] == "global"]
         if limit is not None and len(todo) > limit:
             todo = self.rng.sample(todo, limit)
-        for mid, spec, must in todo:
+        for mid, spec, _acked in todo:
             t = time.monotonic()
             self.check_one(n, mid, spec, damaged)
             if self.args.verbose and time.monotonic() - t > 1:
@@ -208,7 +208,6 @@ class Run:
             mid = f"base{b}"
             spec = {"tensors": {f"t{i}": [f"{mid}/t{i}", (1 << 20) + 4096 * i if i < 2 else 65536]
                                 for i in range(4)}, "parent": None, "durability": "global"}
-            from content import tensor_bytes
             c.save_model(mid, {k: tensor_bytes(*v) for k, v in spec["tensors"].items()}, durability="global",
                          wait=True)
             self.bases[mid] = spec

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from content import check_model, event, tensor_bytes  # noqa: E402
+from content import check_model, event, first_difference, tensor_bytes  # noqa: E402
 
 import cairn  # noqa: E402  (the package path is set by the controller's environment)
 
@@ -58,7 +58,6 @@ class Loop:
         self.bases = cfg["bases"]  # id -> spec, never removed
         self.named = {}  # key -> (content key, nbytes, epoch)
         self.views = []  # (id, spec, arrays) held: leases
-        self.pending = []  # (ticket, id) to wait on later
         self.n = 0
         self.max_live = cfg.get("max_live", 40)
 
@@ -78,7 +77,6 @@ class Loop:
         emit("disconnected", who=self.me, op=op, msg=str(e)[:200])
         self.epoch += 1
         self.views.clear()
-        self.pending.clear()
         try:
             self.client.close()
         except Exception:
@@ -215,7 +213,6 @@ class Loop:
                 if ep == self.epoch:
                     emit("violation", who=self.me, what=f"named tensor {key!r} is gone without a restart")
                 return
-            from content import first_difference
             diff = first_difference(got, tensor_bytes(ck, nbytes))
             if diff:
                 emit("violation", who=self.me, what=f"named tensor {key!r}: {diff}")
