@@ -1,5 +1,7 @@
 #include "daemon/recovery.hpp"
 
+#include <unordered_set>
+
 #include "core/log.hpp"
 #include "daemon/model_graph.hpp"
 
@@ -8,6 +10,7 @@ namespace cairn {
 using nlohmann::json;
 
 Status load_catalog(const RecoveryParts& p) {
+  std::unordered_set<std::string> left_out;  // models left out; their descendants are too
   for (const std::string& id : p.repo.list()) {
     // Another daemon's gc may remove models between the listing and here (children before their
     // parents): a model gone meanwhile is simply not in the catalog. Failing the start for it kept a
@@ -17,12 +20,19 @@ Status load_catalog(const RecoveryParts& p) {
     CAIRN_ASSIGN_OR_RETURN(auto m, std::move(found));
     std::shared_ptr<const ModelManifest> parent;
     if (!m->parent.empty()) {
+      if (left_out.count(m->parent)) {
+        CAIRN_LOG_ERROR("model '{}' descends from '{}', which is left out of the catalog: it is left out too", id,
+                        m->parent);
+        left_out.insert(id);
+        continue;
+      }
       auto pf = p.repo.get_shared(m->parent);
       if (!pf.is_ok() && pf.status().code() == StatusCode::kNotFound) {
         if (p.repo.contains(id))  // a child written after another daemon's gc removed its parent
           CAIRN_LOG_ERROR("model '{}' names parent '{}', which is not in the repository: it is left out of the "
                           "catalog (its bytes stay readable through the repository; `cairn fsck` lists it)",
                           id, m->parent);
+        left_out.insert(id);
         continue;
       }
       CAIRN_ASSIGN_OR_RETURN(parent, std::move(pf));

@@ -44,7 +44,7 @@ class Node:
             f"socket: {self.socket}\nrepository: {repo}\nchunk_size: 1MiB\nrepository_refresh: 500ms\n"
             f"tiers:\n  dram:\n    capacity: {dram}\n  nvme:\n    path: {root / 'nvme'}\n    capacity: {nvme}\n"
             f"    persistent: true\n" + peers + (f"watchdog: {watchdog}\n" if watchdog else "") +
-            f"log:\n  level: warn\n  file: {self.log}\n")
+            f"log:\n  level: info\n  file: {self.log}\n")
         self.env = dict(os.environ, CAIRN_SOCKET=self.socket)
         if faults:
             self.env["CAIRN_DEBUG_FAULT_INJECTION"] = "1"

@@ -66,14 +66,24 @@ struct Repository::Impl {
   struct PackInfo {
     uint64_t data_begin = 0;         // where chunk data may start: 8 + N for safetensors, 64 for segments
     uint64_t refs = 0;               // chunk references from manifests, plus 1 per model that names it as its pack
-    std::vector<ChunkHash> indexed;  // chunks whose index entry points into this pack
+    std::vector<ChunkHash> indexed;  // chunks with a location (ref or copy) in this pack
     bool missing = false;            // the file was not there when registered (checked after a load)
   };
 
-  // One distinct live chunk.
+  // One distinct live chunk, and where it is stored. Usually once; but two live copies happen: two
+  // writers storing the same bytes before either saw the other's commit, or a checkpoint's
+  // collected model (written as it was before gc) naming a copy gc has freed since, ahead of the
+  // model that holds the copy stored later. Every copy a manifest names is counted, and stays live
+  // (reclaim) until no manifest names it: counting only the first one let gc punch the second
+  // under the models that read it (found by the torture harness).
+  struct ChunkCopy {
+    ChunkRef ref;
+    uint64_t refs = 0;  // (tensor list, tensor, chunk slot) references to this location
+  };
   struct ChunkInfo {
-    ChunkRef ref;       // its first stored location
-    uint64_t refs = 0;  // (tensor list, tensor, chunk slot) references: zero when no model uses it
+    ChunkRef ref;       // a live location: the one new commits reuse and locate() gives
+    uint64_t refs = 0;  // references to ref
+    std::vector<ChunkCopy> copies;  // the other live locations (rare)
   };
 
   // A record whose model is not known yet (its commit record, or its parent's, is in a log not read
@@ -197,6 +207,10 @@ struct Repository::Impl {
   std::vector<std::string> drop_model(const std::string& id);
   // Drops m's chunk and pack references; appends packs nothing references any more to *dead.
   void release_data(const ModelManifest& m, std::vector<std::string>* dead);
+  // One more reference to the chunk stored at c (a new copy when it is stored elsewhere already).
+  void add_chunk_ref(const ChunkRef& c);
+  // One reference less to the copy at c; a copy nobody references leaves the index.
+  void release_chunk_ref(const ChunkRef& c);
   void clear_catalog();
 
   // ---- records, refresh, checkpoints (repository_sync.cpp) ----
@@ -220,7 +234,8 @@ struct Repository::Impl {
   // bases: collected models as they were before gc (collected_base_).
   Status publish_checkpoint(uint64_t seq, const std::map<std::string, uint64_t>& covers,
                             const std::vector<std::shared_ptr<const ModelManifest>>& models,
-                            const std::unordered_map<std::string, std::shared_ptr<const ModelManifest>>& bases = {});
+                            const std::unordered_map<std::string, std::shared_ptr<const ModelManifest>>& bases = {},
+                            const std::vector<Deferred>& carried = {});
   // Reads a checkpoint: its header (seq, covers) and, unless header_only, applies its models.
   Status read_checkpoint(const std::string& name, uint64_t* seq, std::map<std::string, uint64_t>* covers,
                          bool header_only, RefreshReport* rep);
@@ -260,6 +275,10 @@ struct Repository::Impl {
   // REQUIRES: write_mu_ held. Reads the logs, and rebuilds the view if they were compacted under it.
   Status whole_view_locked();
   Result<GcReport> gc(const GcSteps& steps);
+  // After gc's grace: parents it removed whose children other writers committed meanwhile come back
+  // as collected models (records written and applied), so the children apply. write_mu_ held.
+  Status revive_parents(const std::unordered_map<std::string, std::shared_ptr<const ModelManifest>>& removed_as_was,
+                        GcReport* report);
   std::mutex gc_run_mu_;  // one gc at a time: a second would meet this process's own lease (kBusy)
   Result<FsckReport> fsck(bool verify_data) const;
   // Deletes dead packs and punches the ranges of live packs that no chunk reference covers, in the

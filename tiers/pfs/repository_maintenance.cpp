@@ -20,6 +20,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <set>
+#include <tuple>
 #include <thread>
 #include <string>
 #include <unordered_map>
@@ -217,16 +219,44 @@ void Repository::Impl::reclaim(const std::vector<std::string>& dead, GcReport* r
   std::unordered_set<std::string> skip;
   for (const std::string& name : pack_names)
     if (name != seg_name_ && owner_may_append(name)) skip.insert(name);
+  size_t view_models = 0;
   {
+    // Live: every location some manifest names. From the chunk index (every copy of a chunk), and
+    // again from the manifests themselves: nothing is freed unless both agree it is dead, and a
+    // disagreement (a counting error in the index) is reported.
     std::shared_lock lock(mu_);
+    view_models = models_.size();
+    std::unordered_map<std::string, std::vector<Range>> live;
+    std::set<std::tuple<std::string, uint64_t, uint64_t>> indexed;
+    for (const auto& [h, info] : chunks_) {
+      live[info.ref.pack].push_back({info.ref.offset, info.ref.offset + info.ref.length});
+      indexed.emplace(info.ref.pack, info.ref.offset, info.ref.length);
+      for (const ChunkCopy& c : info.copies) {
+        live[c.ref.pack].push_back({c.ref.offset, c.ref.offset + c.ref.length});
+        indexed.emplace(c.ref.pack, c.ref.offset, c.ref.length);
+      }
+    }
+    std::unordered_set<const void*> lists;
+    uint64_t missed = 0;
+    std::string example;
+    for (const auto& [id, m] : models_) {
+      if (const void* list = m->tensors.identity(); list && !lists.insert(list).second) continue;
+      for (const TensorManifest& t : m->tensors)
+        for (const ChunkRef& c : t.chunks) {
+          if (indexed.count({c.pack, c.offset, c.length})) continue;
+          indexed.emplace(c.pack, c.offset, c.length);
+          live[c.pack].push_back({c.offset, c.offset + c.length});
+          if (missed++ == 0) example = "model " + quote(id) + ", pack " + c.pack + " at " + std::to_string(c.offset);
+        }
+    }
+    if (missed > 0)
+      CAIRN_LOG_ERROR("repository {}: gc: the chunk index lacked {} chunk location(s) that manifests name (e.g. {}); "
+                      "they were kept",
+                      dir_, missed, example);
     for (const auto& [name, info] : packs_) {
       if (skip.count(name)) continue;
       Plan p{name, info.data_begin, {}};
-      for (const ChunkHash& h : info.indexed) {
-        auto cit = chunks_.find(h);
-        if (cit != chunks_.end() && cit->second.ref.pack == name)
-          p.live.push_back({cit->second.ref.offset, cit->second.ref.offset + cit->second.ref.length});
-      }
+      if (auto it = live.find(name); it != live.end()) p.live = std::move(it->second);
       plan.push_back(std::move(p));
     }
   }
@@ -239,6 +269,7 @@ void Repository::Impl::reclaim(const std::vector<std::string>& dead, GcReport* r
     uint64_t block = st.st_blksize > 0 ? static_cast<uint64_t>(st.st_blksize) : 4096;
     uint64_t end = static_cast<uint64_t>(st.st_size);
     if (p.pack == seg_name_) end = std::min(end, seg_end_);
+    uint64_t punched = 0, ranges = 0;
     for (const Range& r : dead_ranges(std::move(p.live), p.data_begin, end, block)) {
       uint64_t before = allocated_bytes(fd.get(), r.begin, r.end);
       if (before == 0) continue;
@@ -247,8 +278,14 @@ void Repository::Impl::reclaim(const std::vector<std::string>& dead, GcReport* r
         report->bytes_unreclaimable += before;
         continue;
       }
-      report->bytes_punched += before - allocated_bytes(fd.get(), r.begin, r.end);
+      uint64_t freed = before - allocated_bytes(fd.get(), r.begin, r.end);
+      report->bytes_punched += freed;
+      punched += freed;
+      ++ranges;
     }
+    if (punched > 0)
+      CAIRN_LOG_INFO("repository {}: gc freed {} bytes in {} range(s) of pack {} (the view held {} models)", dir_,
+                     punched, ranges, p.pack, view_models);
   }
 }
 
@@ -267,6 +304,58 @@ Status Repository::Impl::whole_view_locked() {
     CAIRN_RETURN_IF_ERROR(wait_durable(queued_gen()));
     CAIRN_RETURN_IF_ERROR(load(nullptr));
     reload_needed_ = false;
+  }
+  return Status::ok();
+}
+
+Status Repository::Impl::revive_parents(
+    const std::unordered_map<std::string, std::shared_ptr<const ModelManifest>>& removed_as_was, GcReport* report) {
+  // Another writer planning against a view from before the remove records may have committed a
+  // child of a model this gc removed: its record cannot be applied without its parent (it names the
+  // parent's tensors by position), so no catalog would hold it, and the bytes it stored would be
+  // freed as nobody's. Such parents come back, collected: their record as it was, then a collect.
+  std::set<std::string> wanted;
+  {
+    std::shared_lock lock(mu_);
+    for (const Deferred& d : deferred_) {
+      if (d.type != pfs::RecordType::kCommit) continue;
+      nlohmann::json j = nlohmann::json::parse(d.payload, nullptr, false);
+      if (!j.is_object() || !j.contains("parent") || !j["parent"].is_string()) continue;
+      // The parent and, when gc removed them too, its ancestors.
+      for (std::string p = j["parent"].get<std::string>(); removed_as_was.count(p) && !models_.count(p);) {
+        if (!wanted.insert(p).second) break;
+        p = removed_as_was.at(p)->parent;
+      }
+    }
+  }
+  if (wanted.empty()) return Status::ok();
+  // Parents first: report->removed lists children before their parents.
+  std::vector<std::string> order;
+  for (auto it = report->removed.rbegin(); it != report->removed.rend(); ++it)
+    if (wanted.count(*it)) order.push_back(*it);
+  std::string records;
+  std::vector<std::pair<pfs::RecordType, std::string>> applied;
+  for (const std::string& id : order) {
+    std::string commit = encode_commit(*removed_as_was.at(id), nullptr);
+    std::string collect = nlohmann::json{{"id", id}}.dump();
+    records += pfs::encode_record(pfs::RecordType::kCommit, commit);
+    records += pfs::encode_record(pfs::RecordType::kCollect, collect);
+    applied.emplace_back(pfs::RecordType::kCommit, std::move(commit));
+    applied.emplace_back(pfs::RecordType::kCollect, std::move(collect));
+  }
+  CAIRN_RETURN_IF_ERROR(append_durable(records, applied.size()).with_context("gc: keeping parents of new children"));
+  {
+    std::unique_lock lock(mu_);
+    for (const auto& [type, payload] : applied)
+      CAIRN_RETURN_IF_ERROR(apply(type, payload, log_name_, 0, nullptr).with_context("gc: keeping a parent"));
+    apply_deferred(nullptr);
+  }
+  for (const std::string& id : order) {
+    CAIRN_LOG_WARN("repository {}: gc: model {} was removed while another daemon committed a child of it; it is "
+                   "kept, collected (its lineage stays, its bytes that no child uses go)",
+                   dir_, quote(id));
+    report->removed.erase(std::remove(report->removed.begin(), report->removed.end(), id), report->removed.end());
+    report->collected.push_back(id);
   }
   return Status::ok();
 }
@@ -319,6 +408,7 @@ Result<GcReport> Repository::Impl::gc(const GcSteps& steps) {
   if (count > 0) CAIRN_RETURN_IF_ERROR(append_durable(records, count).with_context("gc"));
   // 2. The catalog.
   std::vector<std::string> dead;
+  std::unordered_map<std::string, std::shared_ptr<const ModelManifest>> removed_as_was;  // before gc
   {
     std::unique_lock lock(mu_);
     for (const std::string& id : to_collect) {
@@ -334,6 +424,8 @@ Result<GcReport> Repository::Impl::gc(const GcSteps& steps) {
       report.collected.push_back(id);
     }
     for (const std::string& id : report.removed) {
+      auto b = collected_base_.find(id);
+      removed_as_was[id] = b != collected_base_.end() ? b->second : models_.at(id);
       collected_base_.erase(id);
       auto d = drop_model(id);
       dead.insert(dead.end(), d.begin(), d.end());
@@ -352,6 +444,7 @@ Result<GcReport> Repository::Impl::gc(const GcSteps& steps) {
     CAIRN_RETURN_IF_ERROR(refresh(&ignored));
     write_lock.lock();
     CAIRN_RETURN_IF_ERROR(whole_view_locked());  // reclaim frees what this view does not reference
+    CAIRN_RETURN_IF_ERROR(revive_parents(removed_as_was, &report));
     std::shared_lock lock(mu_);
     dead.erase(std::remove_if(dead.begin(), dead.end(), [&](const std::string& p) { return packs_.count(p) > 0; }),
                dead.end());

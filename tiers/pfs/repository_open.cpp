@@ -287,15 +287,8 @@ Status Repository::Impl::add_model(std::shared_ptr<const ModelManifest> m) {
   if (!m->pack.empty()) packs_.at(m->pack).refs++;
   for (const TensorManifest& t : first ? m->tensors : TensorList()) {
     for (const ChunkRef& c : t.chunks) {
-      PackInfo& pack = packs_.at(c.pack);
-      pack.refs++;
-      auto [it, inserted] = chunks_.try_emplace(c.hash);
-      if (inserted) {
-        it->second.ref = c;
-        pack.indexed.push_back(c.hash);
-        physical_bytes_ += c.length;
-      }
-      it->second.refs++;
+      packs_.at(c.pack).refs++;
+      add_chunk_ref(c);
     }
   }
   if (m->retired_ns != 0) ++retired_;
@@ -325,19 +318,91 @@ std::vector<std::string> Repository::Impl::drop_model(const std::string& id) {
   return dead;
 }
 
+namespace {
+
+bool same_place(const ChunkRef& a, const ChunkRef& b) { return a.offset == b.offset && a.pack == b.pack; }
+
+}  // namespace
+
+void Repository::Impl::add_chunk_ref(const ChunkRef& c) {
+  auto [it, inserted] = chunks_.try_emplace(c.hash);
+  ChunkInfo& info = it->second;
+  if (inserted) {
+    info.ref = c;
+    info.refs = 1;
+    packs_.at(c.pack).indexed.push_back(c.hash);
+    physical_bytes_ += c.length;
+    return;
+  }
+  if (same_place(info.ref, c)) {
+    ++info.refs;
+    return;
+  }
+  for (ChunkCopy& copy : info.copies)
+    if (same_place(copy.ref, c)) {
+      ++copy.refs;
+      return;
+    }
+  info.copies.push_back({c, 1});
+  packs_.at(c.pack).indexed.push_back(c.hash);
+  physical_bytes_ += c.length;
+}
+
+void Repository::Impl::release_chunk_ref(const ChunkRef& c) {
+  auto it = chunks_.find(c.hash);
+  if (it == chunks_.end()) return;
+  ChunkInfo& info = it->second;
+  if (same_place(info.ref, c)) {
+    if (info.refs > 0 && --info.refs > 0) return;
+    physical_bytes_ -= info.ref.length;
+    if (info.copies.empty()) {
+      chunks_.erase(it);
+      return;
+    }
+    info.ref = std::move(info.copies.back().ref);
+    info.refs = info.copies.back().refs;
+    info.copies.pop_back();
+    return;
+  }
+  for (auto k = info.copies.begin(); k != info.copies.end(); ++k)
+    if (same_place(k->ref, c)) {
+      if (k->refs > 0 && --k->refs > 0) return;
+      physical_bytes_ -= k->ref.length;
+      info.copies.erase(k);
+      return;
+    }
+}
+
 void Repository::Impl::release_data(const ModelManifest& m, std::vector<std::string>* dead) {
   logical_bytes_ -= m.logical_bytes();
-  auto erase_chunk = [&](std::unordered_map<ChunkHash, ChunkInfo, ChunkHashHasher>::iterator cit) {
-    physical_bytes_ -= cit->second.ref.length;
-    chunks_.erase(cit);
-  };
   auto release_pack = [&](const std::string& name) {
     auto pit = packs_.find(name);
     if (pit == packs_.end()) return;
     if (--pit->second.refs > 0) return;
+    // No manifest references the pack any more, so none of its copies is referenced either; drop
+    // whatever the index still holds there (it would be a counting error).
     for (const ChunkHash& h : pit->second.indexed) {
       auto cit = chunks_.find(h);
-      if (cit != chunks_.end() && cit->second.ref.pack == name) erase_chunk(cit);
+      if (cit == chunks_.end()) continue;
+      ChunkInfo& info = cit->second;
+      for (auto k = info.copies.begin(); k != info.copies.end();) {
+        if (k->ref.pack == name) {
+          physical_bytes_ -= k->ref.length;
+          k = info.copies.erase(k);
+        } else {
+          ++k;
+        }
+      }
+      if (info.ref.pack == name) {
+        physical_bytes_ -= info.ref.length;
+        if (info.copies.empty()) {
+          chunks_.erase(cit);
+        } else {
+          info.ref = std::move(info.copies.back().ref);
+          info.refs = info.copies.back().refs;
+          info.copies.pop_back();
+        }
+      }
     }
     packs_.erase(pit);
     dead->push_back(name);
@@ -352,8 +417,7 @@ void Repository::Impl::release_data(const ModelManifest& m, std::vector<std::str
   if (last)
     for (const TensorManifest& t : m.tensors) {
       for (const ChunkRef& c : t.chunks) {
-        auto cit = chunks_.find(c.hash);
-        if (cit != chunks_.end() && --cit->second.refs == 0) erase_chunk(cit);
+        release_chunk_ref(c);
         release_pack(c.pack);
       }
     }

@@ -205,8 +205,13 @@ Status Repository::Impl::apply(RecordType type, std::string_view payload, const 
       if (mit == models_.end()) return defer();
       std::shared_ptr<const ModelManifest> old = mit->second;
       if (type == RecordType::kRemove) {
+        // A child this view holds stays its child: the gc that wrote the record commits the
+        // parent again, collected, when it finds a child committed meanwhile (revive_parents).
+        std::vector<std::string> kids;
+        if (auto cit = children_.find(id); cit != children_.end()) kids = cit->second;
         std::vector<std::string> dead = drop_model(id);
         (void)dead;  // files are deleted by the gc that wrote the record
+        if (!kids.empty()) children_[id] = std::move(kids);
         collected_base_.erase(id);
         unreported_.removed.push_back(id);
         if (rep) rep->removed.push_back(id);
@@ -267,8 +272,11 @@ void Repository::Impl::apply_deferred(RefreshReport* rep) {
 
 Status Repository::Impl::publish_checkpoint(
     uint64_t seq, const std::map<std::string, uint64_t>& covers, const std::vector<std::shared_ptr<const ModelManifest>>& models,
-    const std::unordered_map<std::string, std::shared_ptr<const ModelManifest>>& bases) {
-  json begin = {{"seq", seq}, {"models", models.size()}, {"covers", covers}};
+    const std::unordered_map<std::string, std::shared_ptr<const ModelManifest>>& bases,
+    const std::vector<Deferred>& carried) {
+  uint64_t carried_commits = 0;
+  for (const Deferred& d : carried) carried_commits += d.type == RecordType::kCommit ? 1 : 0;
+  json begin = {{"seq", seq}, {"models", models.size() + carried_commits}, {"covers", covers}};
   std::string bytes = pfs::encode_record(RecordType::kCheckpointBegin, begin.dump());
   std::unordered_map<std::string, const ModelManifest*> by_id;
   for (const auto& m : models) by_id.emplace(m->id, m.get());
@@ -304,7 +312,13 @@ Status Repository::Impl::publish_checkpoint(
       ++records;
     }
   }
-  json end = {{"seq", seq}, {"models", models.size()}, {"records", records}};
+  // Records the checkpoint read could not apply yet (a model whose parent is not known): carried
+  // over as they are, or the next checkpoint would lose them.
+  for (const Deferred& d : carried) {
+    bytes += pfs::encode_record(d.type, d.payload);
+    ++records;
+  }
+  json end = {{"seq", seq}, {"models", models.size() + carried_commits}, {"records", records}};
   bytes += pfs::encode_record(RecordType::kCheckpointEnd, end.dump());
   std::vector<iovec> iov{{bytes.data(), bytes.size()}};
   return pfs::AtomicFileWriter::publish(*fs_, ckpt_dir_, checkpoint_name(seq), iov, tmp_name());
@@ -630,13 +644,17 @@ Status Repository::Impl::compact(CompactReport* report, bool take_lease, std::ch
   for (const auto& [name, end] : own_sealed_logs_) covers[name] = end;
   // A log holding a deferred record is covered only up to it (the record is not in the catalog).
   std::vector<std::shared_ptr<const ModelManifest>> models;
+  std::vector<Deferred> carried;  // deferred records that came from the checkpoint
   {
     std::shared_lock lock(mu_);
-    for (const Deferred& d : deferred_)
-      if (!d.log.empty()) {
-        auto it = covers.find(d.log);
-        if (it != covers.end()) it->second = std::min(it->second, d.offset);
+    for (const Deferred& d : deferred_) {
+      if (d.log.empty()) {
+        if (d.type == RecordType::kCommit || d.type == RecordType::kCollect) carried.push_back(d);
+        continue;
       }
+      auto it = covers.find(d.log);
+      if (it != covers.end()) it->second = std::min(it->second, d.offset);
+    }
     models.reserve(order_.size());
     for (const std::string& id : order_) models.push_back(models_.at(id));
   }
@@ -646,7 +664,8 @@ Status Repository::Impl::compact(CompactReport* report, bool take_lease, std::ch
     std::shared_lock lock(mu_);
     bases = collected_base_;
   }
-  CAIRN_RETURN_IF_ERROR(publish_checkpoint(seq, covers, models, bases).with_context("compacting repository " + dir_));
+  CAIRN_RETURN_IF_ERROR(
+      publish_checkpoint(seq, covers, models, bases, carried).with_context("compacting repository " + dir_));
   ckpt_seq_ = seq;
   report->checkpoint_seq = seq;
   report->models = models.size();
