@@ -270,6 +270,7 @@ void Repository::Impl::reclaim(const std::vector<std::string>& dead, GcReport* r
     uint64_t end = static_cast<uint64_t>(st.st_size);
     if (p.pack == seg_name_) end = std::min(end, seg_end_);
     uint64_t punched = 0, ranges = 0;
+    std::string where;
     for (const Range& r : dead_ranges(std::move(p.live), p.data_begin, end, block)) {
       uint64_t before = allocated_bytes(fd.get(), r.begin, r.end);
       if (before == 0) continue;
@@ -281,11 +282,11 @@ void Repository::Impl::reclaim(const std::vector<std::string>& dead, GcReport* r
       uint64_t freed = before - allocated_bytes(fd.get(), r.begin, r.end);
       report->bytes_punched += freed;
       punched += freed;
-      ++ranges;
+      if (ranges++ < 8) where += (where.empty() ? "" : " ") + std::to_string(r.begin) + "+" + std::to_string(r.end - r.begin);
     }
     if (punched > 0)
-      CAIRN_LOG_INFO("repository {}: gc freed {} bytes in {} range(s) of pack {} (the view held {} models)", dir_,
-                     punched, ranges, p.pack, view_models);
+      CAIRN_LOG_INFO("repository {}: gc freed {} bytes in {} range(s) of pack {} ({}{}; the view held {} models)", dir_,
+                     punched, ranges, p.pack, where, ranges > 8 ? " ..." : "", view_models);
   }
 }
 
@@ -406,6 +407,12 @@ Result<GcReport> Repository::Impl::gc(const GcSteps& steps) {
     records += pfs::encode_record(pfs::RecordType::kRemove, nlohmann::json{{"id", id}}.dump());
   uint64_t count = to_collect.size() + report.removed.size();
   if (count > 0) CAIRN_RETURN_IF_ERROR(append_durable(records, count).with_context("gc"));
+  if (count > 0) {
+    std::string ids;
+    for (size_t k = 0; k < report.removed.size() && k < 40; ++k) ids += (k ? " " : "") + report.removed[k];
+    CAIRN_LOG_INFO("repository {}: gc removes {} model(s) ({}{}) and collects {}", dir_, report.removed.size(), ids,
+                   report.removed.size() > 40 ? " ..." : "", to_collect.size());
+  }
   // 2. The catalog.
   std::vector<std::string> dead;
   std::unordered_map<std::string, std::shared_ptr<const ModelManifest>> removed_as_was;  // before gc

@@ -723,3 +723,55 @@ TEST_CASE("gc removes a retired parent while another writer commits a child of i
   REQUIRE(fresh->compact().is_ok());
   check(*open_repo(tmp.repo(), kChunk, opts));
 }
+
+TEST_CASE("a record that waits does not make the next open apply the records after it again", "[repository][shared][gc]") {
+  // b retires x after a's gc removed it (b's view was older): readers can never apply that retire.
+  // Covering b's log only up to it made every open apply b's later records again, among them the
+  // commit of z, whose remove (in a's log) the checkpoint had folded in: z came back from the dead,
+  // naming bytes gc had freed.
+  TempDir tmp;
+  ChunkStore store;
+  RepositoryOptions opts;
+  opts.gc_grace = std::chrono::milliseconds(400);
+  opts.compact_after_logs = 0;
+  auto commit = [&](Repository& r, const std::string& id, uint64_t seed) {
+    ModelManifest m = make_model(id, "", {u8_tensor(store, id, 3000, seed)});
+    return r.commit(m, store.source());
+  };
+  {
+    auto a = open_repo(tmp.repo(), kChunk, opts);
+    auto b = open_repo(tmp.repo(), kChunk, opts);
+    REQUIRE(commit(*a, "x", 31).is_ok());
+    REQUIRE(commit(*a, "keep", 32).is_ok());
+    REQUIRE(commit(*b, "b0", 33).is_ok());
+    REQUIRE(b->refresh().is_ok());
+    REQUIRE(a->retire("x").is_ok());
+    Status late;
+    std::thread stale([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(150));
+      late = b->retire("x");  // b's view still has x, not retired
+    });
+    auto g1 = a->gc();
+    stale.join();
+    REQUIRE(g1.is_ok());
+    REQUIRE(g1->removed == std::vector<std::string>{"x"});
+    REQUIRE(late.is_ok());
+    REQUIRE(commit(*b, "z", 34).is_ok());
+    REQUIRE(b->retire("z").is_ok());
+    auto g2 = a->gc();
+    REQUIRE(g2.is_ok());
+    REQUIRE(g2->removed == std::vector<std::string>{"z"});
+    REQUIRE(a->compact().is_ok());
+  }
+  for (int round = 0; round < 2; ++round) {
+    auto c = open_repo(tmp.repo(), kChunk, opts);
+    CHECK(c->get("z").status().code() == StatusCode::kNotFound);
+    CHECK(c->get("x").status().code() == StatusCode::kNotFound);
+    require_model_bytes(*c, "keep", store);
+    auto f = c->fsck(true);
+    REQUIRE(f.is_ok());
+    for (const auto& d : f->dangling) UNSCOPED_INFO(d.model + " " + d.pack + " " + d.detail);
+    CHECK(f->ok());
+    REQUIRE(c->compact().is_ok());
+  }
+}
