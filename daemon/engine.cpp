@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <future>
 
 #include "core/log.hpp"
@@ -36,7 +37,9 @@ Result<std::unique_ptr<Engine>> Engine::create(const Config& config, EngineOptio
     CAIRN_LOG_WARN("fault injection is enabled (debug.fault_injection): `cairn fault add` can make the repository "
                    "and the burst buffer fail, lose or corrupt data; never use this daemon for data you need");
   }
+  const auto opening = std::chrono::steady_clock::now();
   CAIRN_ASSIGN_OR_RETURN(auto repo, Repository::open(config.repository, config.chunk_size, options.repository_fs));
+  const auto opened_repo = std::chrono::steady_clock::now();
   CAIRN_ASSIGN_OR_RETURN(auto policy, make_eviction_policy(config.policy.eviction));
   CAIRN_ASSIGN_OR_RETURN(auto admission, make_admission_policy(config.policy.admission));
   CAIRN_ASSIGN_OR_RETURN(auto dram, DramTier::create(config.tiers.dram.capacity, std::move(policy),
@@ -136,8 +139,15 @@ Result<std::unique_ptr<Engine>> Engine::create(const Config& config, EngineOptio
   }
   RecoveryParts parts{*engine->repo_,    engine->catalog_, engine->references_, *engine->flusher_,
                       *engine->commits_, *engine->models_, engine->nvme_.get()};
+  const auto cataloguing = std::chrono::steady_clock::now();
   CAIRN_RETURN_IF_ERROR(load_catalog(parts));
+  const auto catalogued = std::chrono::steady_clock::now();
   engine->recovery_ = recover_from_nvme(parts);
+  auto ms = [](auto d) { return std::chrono::duration_cast<std::chrono::milliseconds>(d).count(); };
+  CAIRN_LOG_INFO("start: repository opened in {} ms, tiers in {} ms, catalog of {} models built in {} ms, burst "
+                 "buffer recovered in {} ms",
+                 ms(opened_repo - opening), ms(cataloguing - opened_repo), engine->catalog_.size(),
+                 ms(catalogued - cataloguing), ms(std::chrono::steady_clock::now() - catalogued));
   engine->watch_ = std::make_unique<RepositoryWatch>(
       RepositoryWatch::Parts{*engine->repo_, engine->catalog_, engine->references_, *engine->commits_,
                              &engine->remote_},

@@ -16,6 +16,7 @@ GraphHandle graph_for(Catalog& catalog, const ModelManifest& m, const Graph* par
   // of a metadata-only commit, which then costs no graph work at all). A collected parent has no
   // tensors left, so its children derive their own.
   GraphHandle pg = parent && !parent->collected ? catalog.graph_of(parent->id) : nullptr;
+  if (pg && m.tensors.shares_with(parent->tensors)) return pg;
   if (pg && parent->tensors.size() == m.tensors.size()) {
     bool same = true;
     for (size_t i = 0; same && i < m.tensors.size(); ++i) {

@@ -11,6 +11,7 @@ using nlohmann::json;
 
 Status load_catalog(const RecoveryParts& p) {
   std::unordered_set<std::string> left_out;  // models left out; their descendants are too
+  std::vector<std::shared_ptr<const ModelManifest>> live;  // their chunk references, counted at the end
   for (const std::string& id : p.repo.list()) {
     // Another daemon's gc may remove models between the listing and here (children before their
     // parents): a model gone meanwhile is simply not in the catalog. Failing the start for it kept a
@@ -40,8 +41,9 @@ Status load_catalog(const RecoveryParts& p) {
     CAIRN_RETURN_IF_ERROR(p.catalog.add(m->id, m->parent, graph_for(p.catalog, *m, nullptr, parent.get()), m->metadata,
                                         m->retired_ns != 0));
     p.commits.observe_created(m->created_ns);
-    if (m->retired_ns == 0) p.references.count(*m, +1);
+    if (m->retired_ns == 0) live.push_back(std::move(m));
   }
+  p.references.count_all(live);
   return Status::ok();
 }
 

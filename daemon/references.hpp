@@ -9,8 +9,10 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <unordered_map>
+#include <vector>
 
 #include "core/hash.hpp"
 #include "tiers/dram/dram_tier.hpp"
@@ -23,6 +25,10 @@ class ReferenceCounts {
   explicit ReferenceCounts(DramTier& dram) : dram_(dram) {}
   // +1 (delta > 0) or -1 for every chunk reference of m, told to the DRAM policy.
   void count(const ModelManifest& m, int delta);
+  // +1 for every chunk reference of every model given (a daemon's start): the same counts as one
+  // count() each, summed per shared tensor list first and told to the DRAM policy once per chunk,
+  // so 100,000 children inheriting one list cost 100,000 additions, not 100,000 list walks.
+  void count_all(const std::vector<std::shared_ptr<const ModelManifest>>& models);
 
  private:
   DramTier& dram_;

@@ -116,23 +116,33 @@ def _corrupt(run, files, what):
         return f"{what}: nothing written in {path.name} yet"
     torn = run.rng.random() < 0.3
     length = 4096 if torn else 1
-    with open(path, "r+b") as f:
-        f.seek(off)
-        saved = f.read(length)
-        f.seek(off)
-        f.write(bytes(length) if torn else bytes([saved[0] ^ (1 << run.rng.randrange(8))]))
-        f.flush()
-        os.fsync(f.fileno())
+    # A gc may delete the pack at any moment (a pack nobody references any more): then there is
+    # nothing to damage, or nothing to restore.
+    try:
+        with open(path, "r+b") as f:
+            f.seek(off)
+            saved = f.read(length)
+            if len(saved) < length:
+                return f"{what}: {path.name} is shorter than {off + length} bytes now"
+            f.seek(off)
+            f.write(bytes(length) if torn else bytes([saved[0] ^ (1 << run.rng.randrange(8))]))
+            f.flush()
+            os.fsync(f.fileno())
+    except FileNotFoundError:
+        return f"{what}: {path.name} was deleted by a gc before it could be damaged"
     try:
         # Models through every daemon while the damage is there: exact bytes or an error.
         for n in run.live_nodes():
             run.check_node(n, limit=48, damaged=True)
     finally:
-        with open(path, "r+b") as f:  # the damage is undone: later checks must find everything exact
-            f.seek(off)
-            f.write(saved)
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            with open(path, "r+b") as f:  # the damage is undone: later checks must find everything exact
+                f.seek(off)
+                f.write(saved)
+                f.flush()
+                os.fsync(f.fileno())
+        except FileNotFoundError:
+            pass  # deleted by a gc meanwhile: nobody references it
     return f"{what}: {'4 KiB zeroed' if torn else 'one bit flipped'} in {path.relative_to(run.root)} at {off}, " \
            f"every model read, then restored"
 

@@ -91,7 +91,13 @@ class Run:
 
     def read_events(self, w):
         o = self.oracle
+        # With --keep, every event of the worker is kept beside its config, stamped (a violation's
+        # story: which operations on the model came before it).
+        trail = open(self.root / f"{w.name}.events", "w") if self.args.keep else None
         for line in w.proc.stdout:
+            if trail:
+                trail.write(f"{time.strftime('%H:%M:%S')} {line}")
+                trail.flush()
             try:
                 e = json.loads(line)
             except ValueError:
