@@ -20,7 +20,8 @@ class Daemon:
         self.config.write_text(f"socket: {self.socket}\nrepository: {root / 'repo'}\n"
                                f"tiers:\n  dram:\n    capacity: {dram}\n"
                                + (f"policy:\n{policy}" if policy else "")
-                               + f"log:\n  level: warn\n  file: {root / 'cairnd.log'}\n")
+                               + f"log:\n  level: {os.environ.get('CAIRN_BENCH_LOG_LEVEL', 'warn')}\n"
+                               + f"  file: {root / 'cairnd.log'}\n")
         self.proc = None
 
     def start(self):

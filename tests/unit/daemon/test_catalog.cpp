@@ -126,6 +126,54 @@ TEST_CASE("catalog: best_ancestor from the index equals a brute-force scan on ra
   }
 }
 
+TEST_CASE("catalog: models sharing one graph (metadata-only children) rank as a brute-force scan says",
+          "[catalog]") {
+  // Children that inherit their parent's layout share its compiled graph and one index entry: the
+  // index must still return the best-ranked live model that passes the filter, whichever it is.
+  bench::NasSpace space;
+  const size_t n = 300;
+  bench::NasRun run = bench::evolution(n, 5, space);
+  Catalog cat;
+  Brute brute;
+  std::mt19937_64 rng(4242);
+  for (size_t i = 0; i < n; ++i) {
+    json meta = {{"score", std::round(run.score[i] * 10) / 10}, {"tags", {{"family", i % 3 ? "other" : "resnet"}}}};
+    std::string id = "m" + std::to_string(i);
+    std::string parent = run.parent[i] >= 0 ? "m" + std::to_string(run.parent[i]) : "";
+    REQUIRE(cat.add(id, parent, cat.compile(run.graphs[i]), meta).is_ok());
+    brute.add(id, run.graphs[i], meta);
+    for (size_t k = 0; k < rng() % 4; ++k) {
+      json cm = {{"score", static_cast<double>(rng() % 12) / 10}, {"tags", {{"family", rng() % 2 ? "resnet" : "x"}}}};
+      std::string cid = id + "/c" + std::to_string(k);
+      REQUIRE(cat.add(cid, id, cat.graph_of(id), cm).is_ok());
+      brute.add(cid, run.graphs[i], cm);
+    }
+  }
+  // Retire some parents and some children (a graph's best member going leaves the next one).
+  for (size_t e = 0; e < brute.models.size(); e += 7) {
+    REQUIRE(cat.retire(brute.models[e].id).is_ok());
+    brute.models[e].live = false;
+  }
+  auto where_tag = MetadataFilter::parse(json{{"tags", {{"family", "resnet"}}}});
+  REQUIRE(where_tag.is_ok());
+  const MetadataFilter none;
+  size_t nonempty = 0;
+  for (int q = 0; q < 80; ++q) {
+    Graph g = bench::mutate(run.graphs[rng() % n], rng, space);
+    GraphHandle h = cat.compile(g);
+    for (const MetadataFilter* w : {&none, static_cast<const MetadataFilter*>(&*where_tag)}) {
+      BestAncestor idx = cat.best_ancestor(h, *w);
+      auto [bid, bn] = brute.best(g, *w);
+      INFO("query " << q);
+      REQUIRE(idx == cat.best_ancestor_scan(h, *w));
+      REQUIRE(idx.model == bid);
+      REQUIRE(idx.matched == bn);
+      if (!idx.model.empty()) ++nonempty;
+    }
+  }
+  CHECK(nonempty > 100);
+}
+
 TEST_CASE("catalog: matches, ties, branches, filters and retirement on hand-built graphs", "[catalog]") {
   // stem -> a1 -> a2 -> join <- b1 <- stem ; head <- join
   auto branchy = [](int a_width, int b_width, int head_out) {
