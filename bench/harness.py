@@ -162,8 +162,12 @@ def run_metadata(quick: bool, work: Path) -> List[Dict[str, Any]]:
             ratio("metadata", "metadata-only commits per second (memory, pipelined)",
                   d["commits_per_s_memory_pipelined"], "bare request round trip", d["round_trips_per_s"], "1/s",
                   "higher", note="issue goal: >= 20,000/s from one client"),
-            ratio("metadata", "metadata-only commits per second (global)", d["commits_per_s_global"],
-                  "write+fsync of one file", d["file_fsync_per_s"], "1/s", "higher"),
+            ratio("metadata", "metadata-only commits per second (global, blocking)", d["commits_per_s_global"],
+                  "write+fsync of one file", d["file_fsync_per_s"], "1/s", "higher",
+                  note="issue goal: >= 5,000/s; each commit waits for its own fsync"),
+            ratio("metadata", "metadata-only commits per second (global, pipelined)",
+                  d["commits_per_s_global_pipelined"], "write+fsync of one file", d["file_fsync_per_s"], "1/s",
+                  "higher", note="issue goal: >= 5,000/s; one fsync per batch of commits"),
             ratio("metadata", "opening a model (client cache)", d["open_cached_us"], "first open", d["open_first_us"],
                   "us", "lower")]
 
