@@ -677,6 +677,12 @@ def render_doc(results: Dict[str, Any], img_dir: Path, doc_dir: Path) -> str:
              f"kernel {m['kernel']}; temporary files on {m['tmp_filesystem']}; GPU: {m['gpu']}",
              f"- run {results['started']} ({'--quick' if results['quick'] else 'full run'}), "
              f"{results['seconds'] / 60:.1f} minutes", ""]
+    if results.get("updated_parts"):
+        parts = ", ".join(results["updated_parts"])
+        when = next(iter(results["updated_parts"].values()))
+        lines[-1:-1] = [f"- measured again on {when} with `bench/run --only {parts} --update "
+                        f"{results['base_file']}` (results `{results['updated_from']}`): {parts}; every other "
+                        f"figure is from the full run above"]
     goals = [r for r in results["ratios"] if "error" not in r and r.get("goal")]
     if goals:
         lines += ["## Goals", "", *table(goals), ""]
@@ -714,7 +720,13 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="small sizes and few repeats (correctness, not timing)")
     ap.add_argument("--only", help="comma-separated components: " + ", ".join(c[0] for c in COMPONENTS))
     ap.add_argument("--no-docs", action="store_true", help="do not regenerate docs/benchmarks.md")
+    ap.add_argument("--update", metavar="RESULTS",
+                    help="with --only: the parts run now replace theirs in this earlier full run's results, and "
+                         "docs/benchmarks.md is written from the merge (it names both runs)")
     a = ap.parse_args()
+    if a.update and (not a.only or a.quick):
+        print("bench/run: --update needs --only and a full (not --quick) run", file=sys.stderr)
+        return 2
     if not (BIN / "cairnd").exists():
         print(f"bench/run: {BIN / 'cairnd'} is missing: run scripts/build first", file=sys.stderr)
         return 2
@@ -768,6 +780,25 @@ def main() -> int:
     res_path = out_dir / f"{stamp}-{host}.json"
     results["results_file"] = os.path.relpath(res_path, ROOT)
     res_path.write_text(json.dumps(results, indent=1, default=str) + "\n")
+    if a.update:
+        # The earlier run's figures, with the parts run now replaced by theirs (in a file of its own).
+        base = json.loads((ROOT / a.update).read_text() if not Path(a.update).is_absolute()
+                          else Path(a.update).read_text())
+        def part(r):
+            g = r["group"]
+            return next((n for n, _, _ in COMPONENTS if g == n or g.startswith(n + ":")
+                         or (n == "workloads" and g.startswith("workload:"))), g)
+        merged = dict(base)
+        merged["ratios"] = [r for r in base["ratios"] if part(r) not in only] + results["ratios"]
+        merged["errors"] = {k: v for k, v in base.get("errors", {}).items() if k not in only}
+        merged["errors"].update(results["errors"])
+        merged["updated_parts"] = {n: results["started"] for n in sorted(only)}
+        merged["updated_from"] = os.path.relpath(res_path, ROOT)
+        merged["base_file"] = base.get("results_file", a.update)
+        merged_path = out_dir / f"{stamp}-{host}-merged.json"
+        merged["results_file"] = os.path.relpath(merged_path, ROOT)
+        merged_path.write_text(json.dumps(merged, indent=1, default=str) + "\n")
+        results = merged
     groups: Dict[str, List[Dict[str, Any]]] = {}
     for r in results["ratios"]:
         key = "workloads" if r["group"].startswith("workload:") else r["group"]
