@@ -155,6 +155,10 @@ Result<json> Admin::remove(const json& req) {
     // harness lost acknowledged children this way with three daemons).
     p_.flusher.wait_until_descendants_flushed(id);
   }
+  // Retired in the repository and in the catalog at once, as far as a gc of this daemon sees:
+  // between the two, a gc removed the model just retired and dropped it from the catalog, and the
+  // `rm` that had succeeded answered "not in the catalog" (found by the torture harness).
+  std::shared_lock gc_lock(p_.gc_mu);
   auto before = p_.repo.get_shared(id);
   Status st = p_.repo.retire(id);
   if (st.code() == StatusCode::kNotFound) return not_found("model '" + id + "' does not exist (see `cairn ls`)");
