@@ -90,7 +90,9 @@ Result<RefreshReport> RepositoryWatch::refresh_once() {
   }
   for (const std::string& id : r->retired) (void)p_.catalog.retire(id);
   for (const std::string& id : r->removed) {
-    if (p_.catalog.contains(id)) {
+    // Removed and then committed again within one report (a gc keeps, collected, a parent whose
+    // child another daemon committed meanwhile): what counts is the repository's state now.
+    if (p_.catalog.contains(id) && !p_.repo.contains(id)) {
       (void)p_.catalog.retire(id);
       (void)p_.catalog.erase(id);
       ++models_removed_;
