@@ -28,6 +28,9 @@ bool may_pass(const Status& st) {
     case StatusCode::kBusy:
     case StatusCode::kTimeout:
     case StatusCode::kUnavailable:
+    // A chunk read wrong from the burst buffer or a pack: the next read may be right (the tier
+    // drops a copy it finds wrong every time, and then the write fails for want of it).
+    case StatusCode::kCorruption:
       return true;
     default:
       return false;

@@ -96,7 +96,8 @@ class Run:
         trail = open(self.root / f"{w.name}.events", "w") if self.args.keep else None
         for line in w.proc.stdout:
             if trail:
-                trail.write(f"{time.strftime('%H:%M:%S')} {line}")
+                text = line.decode("utf-8", "replace") if isinstance(line, bytes) else line
+                trail.write(f"{time.strftime('%H:%M:%S')} {text.rstrip()}\n")
                 trail.flush()
             try:
                 e = json.loads(line)

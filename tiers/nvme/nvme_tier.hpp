@@ -121,12 +121,17 @@ class NvmeTier {
   // them regardless when not persistent).
   Status close();
 
+  // A copy is dropped as corrupt after this many reads in a row found it wrong: one bad read may be
+  // the transfer's (the copy may be a model's only one), a copy wrong every time is the device's.
+  static constexpr uint32_t kBadReadsToDrop = 3;
+
  private:
   struct Entry {
     uint64_t offset = 0;
     uint64_t length = 0;
     bool dirty = false;
     uint32_t pins = 0;
+    uint32_t bad_reads = 0;  // reads (each tried three times) whose bytes did not match, in a row
   };
   struct Impl;
   explicit NvmeTier(std::unique_ptr<Impl> impl);

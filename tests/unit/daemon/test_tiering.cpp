@@ -171,15 +171,15 @@ TEST_CASE("tiering: a burst-buffer copy that fails its checksum is read from the
   // A restart with a persistent burst buffer: DRAM is empty, NVMe holds the chunks.
   t.stop();
   t.start();
+  // Wrong every time it is read (a single wrong read is read again and served: tests/unit/tiers).
   nvme_fs.add({.op = FaultyFileSystem::Op::kRead, .path_contains = "/data", .effect = FaultyFileSystem::Effect::kFlipBit,
-               .err = 0, .skip = 0, .times = 1});
+               .err = 0, .skip = 0, .times = -1});
   check_model(t.e(), t.session, "flip", 3 * kMiB, 21);
   json s = stats(t.e(), t.session);
   INFO(s["movement"].dump());
-  REQUIRE(nvme_fs.injected() == 1);
-  REQUIRE(s["movement"]["nvme_copies_failed_check"] == 1);
+  REQUIRE(nvme_fs.injected() >= 3);
+  REQUIRE(s["movement"]["nvme_copies_failed_check"].get<uint64_t>() >= 1);
   REQUIRE(s["movement"]["reads_from_repository"].get<uint64_t>() >= 1);
-  REQUIRE(s["movement"]["reads_from_nvme"].get<uint64_t>() >= 1);
 }
 
 TEST_CASE("tiering: a repository chunk that fails its checksum is CORRUPTION, never the bytes", "[tiering][faults]") {

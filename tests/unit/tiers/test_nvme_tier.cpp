@@ -669,10 +669,15 @@ TEST_CASE("NvmeTier drops a clean chunk whose bytes do not match its hash when r
       auto tier = open_tier(pl, 2 * kMiB);
       REQUIRE(tier->open_report().discarded == 0);  // clean chunks are checked when read
       REQUIRE(tier->contains(c.hash));
-      Status st = read_status(*tier, c);
-      REQUIRE(st.code() == StatusCode::kCorruption);
-      REQUIRE_THAT(st.message(), Catch::Contains("burst buffer") && Catch::Contains(pl.data()) &&
-                                     Catch::Contains(c.hash.hex()));
+      // Wrong on every read: reported each time, dropped once it was wrong kBadReadsToDrop times.
+      Status st;
+      for (uint32_t k = 0; k < NvmeTier::kBadReadsToDrop; ++k) {
+        REQUIRE(tier->contains(c.hash));
+        st = read_status(*tier, c);
+        REQUIRE(st.code() == StatusCode::kCorruption);
+        REQUIRE_THAT(st.message(), Catch::Contains("burst buffer") && Catch::Contains(pl.data()) &&
+                                       Catch::Contains(c.hash.hex()));
+      }
       REQUIRE_FALSE(tier->contains(c.hash));
       REQUIRE(read_status(*tier, c).code() == StatusCode::kNotFound);
       REQUIRE(tier->stats().chunks == 1);
@@ -902,7 +907,10 @@ TEST_CASE("NvmeTier stores a chunk anew when its corrupt copy is still being rea
     REQUIRE(at != std::string::npos);
     write_at(mem, pl.data(), at + 1000, std::string(1, static_cast<char>(a.bytes[1000] ^ 1)));
   }
-  gate.close_gate(1);  // the first reader waits; the second finds the corruption
+  // Found wrong on all reads but one that would drop it.
+  for (uint32_t k = 1; k < NvmeTier::kBadReadsToDrop; ++k) REQUIRE(read_status(*tier, a).code() == StatusCode::kCorruption);
+  REQUIRE(tier->contains(a.hash));
+  gate.close_gate(1);  // the first reader waits; the second finds the corruption and dooms the copy
   Status slow_st, fast_st, put_st;
   std::string slow(a.size(), '\0'), fast(a.size(), '\0');
   std::thread slow_reader([&] { slow_st = tier->read(a.hash, slow.data(), a.size()); });
@@ -1081,15 +1089,35 @@ TEST_CASE("NvmeTier: a failed journal sync never lets a dirty chunk be lost at t
   }
 }
 
-TEST_CASE("NvmeTier: a flipped bit on a data read is reported as corruption", "[nvme]") {
+TEST_CASE("NvmeTier: a read that comes back wrong once is read again; the copy stays", "[nvme]") {
+  Place pl = Place::memory();
+  FaultyFileSystem faulty(*pl.fs);
+  Chunk a = make_chunk(3 * kMiB + 17, 673);
+  auto tier = open_tier(pl, 4 * kMiB, false, &faulty);
+  REQUIRE(put_one(*tier, a, true).is_ok());
+  faulty.add(rule(Op::kRead, "/data", Effect::kFlipBit, EIO, 1));  // wrong once, right when read again
+  require_reads_back(*tier, a);
+  REQUIRE(faulty.injected() == 1);
+  REQUIRE(tier->contains(a.hash));
+  require_reads_back(*tier, a);
+}
+
+TEST_CASE("NvmeTier: a flipped bit on every read of a chunk is reported as corruption", "[nvme]") {
   Place pl = Place::memory();
   FaultyFileSystem faulty(*pl.fs);
   Chunk a = make_chunk(3 * kMiB + 17, 671);
   auto tier = open_tier(pl, 4 * kMiB, false, &faulty);
   REQUIRE(put_one(*tier, a, true).is_ok());
-  faulty.add(rule(Op::kRead, "/data", Effect::kFlipBit));
-  Status st = read_status(*tier, a);
-  REQUIRE(faulty.injected() == 1);
+  faulty.add(rule(Op::kRead, "/data", Effect::kFlipBit, EIO, -1));  // every read, and every read again
+  Status st;
+  for (uint32_t k = 1; k < NvmeTier::kBadReadsToDrop; ++k) {
+    st = read_status(*tier, a);
+    REQUIRE(st.code() == StatusCode::kCorruption);
+    REQUIRE_THAT(st.message(), Catch::Contains("kept"));
+    REQUIRE(tier->contains(a.hash));  // one bad read may be the transfer's: the copy stays
+  }
+  st = read_status(*tier, a);
+  REQUIRE(faulty.injected() >= 3 * NvmeTier::kBadReadsToDrop);
   REQUIRE(st.code() == StatusCode::kCorruption);
   REQUIRE_THAT(st.message(), Catch::Contains("burst buffer"));
   REQUIRE_FALSE(tier->contains(a.hash));
