@@ -25,6 +25,7 @@ class Oracle:
         self.violations = []
         self.counts = {}  # what happened, for the report
         self.lost_memory = 0
+        self.sent = {}  # id -> when its commit was sent
 
     def count(self, what, n=1):
         with self.mu:
@@ -35,10 +36,14 @@ class Oracle:
             self.violations.append(f"{time.strftime('%H:%M:%S')} {what}")
 
     # ---- events ----
-    def intent(self, mid, spec, node):
+    def intent(self, mid, spec, node, t=None):
+        """A commit about to be sent at t. A kill after t may take a `memory` model with it even when
+        the client stamps the acknowledgement later (the reply was in its socket when the daemon died)."""
         with self.mu:
             self.specs[mid] = spec
             self.owner[mid] = node
+            if t is not None:
+                self.sent[mid] = t
 
     def ack(self, mid, level, t):
         with self.mu:
@@ -67,7 +72,7 @@ class Oracle:
                 # the flush says nothing about it.
                 if level == "global" or self.owner.get(mid) != node or t >= t_start:
                     continue
-                if level == "memory" and t < last_kill:
+                if level == "memory" and min(t, self.sent.get(mid, t)) < last_kill:
                     continue
                 self.acked[mid] = ("global", t)
 
@@ -102,6 +107,7 @@ class Oracle:
             level, t = self.acked[mid]
             if level != "memory":
                 return False
+            t = min(t, self.sent.get(mid, t))
             return any(k > t for k in self.kills.get(self.owner[mid], []))
 
     def summary(self):

@@ -89,3 +89,11 @@ def test_oracle_allows_only_memory_losses_after_a_kill():
     assert not o.may_be_lost("m2")
     o.remove("g")
     assert o.may_be_lost("g")
+    # Sent before a kill, its acknowledgement stamped after it (the reply waited in the socket).
+    o.intent("late", {"tensors": {}}, node=0, t=5.5)
+    o.killed(0, 5.6)
+    o.ack("late", "memory", 5.7)
+    assert o.may_be_lost("late")
+    o.intent("after", {"tensors": {}}, node=0, t=5.8)
+    o.ack("after", "memory", 5.9)
+    assert not o.may_be_lost("after")

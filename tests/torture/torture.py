@@ -110,7 +110,7 @@ class Run:
             elif ev == "done":
                 w.busy.pop(e["who"], None)
             elif ev == "intent":
-                o.intent(e["id"], e["spec"], w.node)
+                o.intent(e["id"], e["spec"], w.node, e.get("t"))
             elif ev == "ack":
                 o.ack(e["id"], e["level"], e["t"])
             elif ev == "remove":
