@@ -169,7 +169,27 @@ def run_metadata(quick: bool, work: Path) -> List[Dict[str, Any]]:
                   d["commits_per_s_global_pipelined"], "write+fsync of one file", d["file_fsync_per_s"], "1/s",
                   "higher", note="issue goal: >= 5,000/s; one fsync per batch of commits"),
             ratio("metadata", "opening a model (client cache)", d["open_cached_us"], "first open", d["open_first_us"],
-                  "us", "lower")]
+                  "us", "lower")] + run_metadata_python(quick, work, d)
+
+
+def run_metadata_python(quick: bool, work: Path, cpp: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """The issue's commit-rate goals, on the path a new Python user takes (save_model with its
+    defaults) and on the C++ client's pipelined path; and the blocking global path beside them."""
+    out = work / "metadata_python.json"
+    _run([PY, str(ROOT / "bench/workloads/metadata_python.py"), *(["--quick"] if quick else []), "--json", str(out)],
+         work / "metadata_python.log")
+    p = json.loads(out.read_text())
+    return [ratio("metadata", "metadata-only commits per second from Python, save_model defaults (global, not waited)",
+                  p["global_default_per_s"], "the issue's goal", 5000, "1/s", "higher", ">= 1"),
+            ratio("metadata", "metadata-only commits per second from Python at memory", p["memory_pipelined_per_s"],
+                  "the issue's goal", 20000, "1/s", "higher", ">= 1"),
+            ratio("metadata", "metadata-only commits per second from C++, pipelined, at global",
+                  cpp["commits_per_s_global_pipelined"], "the issue's goal", 5000, "1/s", "higher", ">= 1"),
+            ratio("metadata", "metadata-only commits per second from C++, pipelined, at memory",
+                  cpp["commits_per_s_memory_pipelined"], "the issue's goal", 20000, "1/s", "higher", ">= 1"),
+            ratio("metadata", "metadata-only commits per second from Python at global, wait=True (one fsync each)",
+                  p["global_blocking_per_s"], "write+fsync of one file, from Python", p["file_fsync_per_s"], "1/s",
+                  "higher")]
 
 
 def run_restart(quick: bool, work: Path) -> List[Dict[str, Any]]:
