@@ -195,10 +195,21 @@ Result<json> Admin::gc(const json& /*req*/) {
     }
     gc_lock.unlock();
   };
-  CAIRN_ASSIGN_OR_RETURN(GcReport r, p_.repo.gc(steps));
+  // gc waits for other processes: for the repository's maintenance lease while another daemon's gc
+  // or compaction holds it (up to 30 s), and through the grace other writers get (5 s). Those are
+  // waits, not a stuck request (the watchdog reported a gc of a peer group at 30 s); the part
+  // that holds this daemon's gc lock is bounded on its own (drain_for above).
+  Result<GcReport> collected = [&] {
+    Watchdog::ClientWait waiting;
+    return p_.repo.gc(steps);
+  }();
   if (gc_lock.owns_lock()) gc_lock.unlock();
+  CAIRN_ASSIGN_OR_RETURN(GcReport r, std::move(collected));
   // And fold the logs of daemons that are gone into a checkpoint (another process compacting: later).
-  auto compacted = p_.repo.compact();
+  auto compacted = [&] {
+    Watchdog::ClientWait waiting;  // the lease again
+    return p_.repo.compact();
+  }();
   if (!compacted.is_ok() && compacted.status().code() != StatusCode::kBusy)
     CAIRN_LOG_WARN("gc: compacting the repository: {}", compacted.status().to_string());
   RepositoryStats rs = p_.repo.stats();
