@@ -186,18 +186,7 @@ struct Catalog::Impl {
   std::vector<Model> models;
   std::vector<uint32_t> free_slots;
   std::unordered_map<std::string, uint32_t> by_id;
-  // The live models by graph: models that share one compiled graph (a parent and its
-  // metadata-only children, the common case) share one entry, and every signature's posting list
-  // names graphs, not models. All models of a graph match a query equally, so best_ancestor needs
-  // only each graph's best-ranked model; and indexing a model whose graph is indexed already is one
-  // set insertion, not one per layer (a daemon's start over 100,000 children of one base did 6.2
-  // million).
-  struct GraphEntry {
-    const CompiledGraph* graph = nullptr;
-    std::set<Rank> members;  // best first
-  };
-  std::unordered_map<const CompiledGraph*, GraphEntry> graphs;
-  std::unordered_map<Signature, std::vector<GraphEntry*>, ChunkHashHasher> postings;
+  std::unordered_map<Signature, std::set<Rank>, ChunkHashHasher> postings;
   std::map<uint64_t, uint32_t> live_order;         // seq -> slot, live models only
   uint64_t next_seq = 1;
 
@@ -214,32 +203,33 @@ struct Catalog::Impl {
     return it->second;
   }
 
-  void index(uint32_t slot) {
+  // The posting sets are built when first needed after a bulk load (a daemon's start): inserting
+  // every layer of 100,000 models one set at a time was most of a restart (6.2 million insertions
+  // for children of a 62-layer base), and listing, reading and committing need none of it.
+  bool postings_built = true;
+  void post(uint32_t slot) {
     const Model& m = models[slot];
-    auto [it, fresh] = graphs.try_emplace(m.graph.get());
-    GraphEntry& e = it->second;
-    if (fresh) {
-      e.graph = m.graph.get();
-      for (const Signature& s : m.graph->sorted_signatures) postings[s].push_back(&e);
-    }
-    e.members.insert(m.rank(slot));
-    live_order.emplace(m.seq, slot);
+    Rank r = m.rank(slot);
+    for (const Signature& s : m.graph->sorted_signatures) postings[s].insert(r);
+  }
+  void build_postings() {
+    for (uint32_t slot = 0; slot < models.size(); ++slot)
+      if (models[slot].used && !models[slot].retired) post(slot);
+    postings_built = true;
+  }
+  void index(uint32_t slot) {
+    if (postings_built) post(slot);
+    live_order.emplace(models[slot].seq, slot);
   }
   void unindex(uint32_t slot) {
     const Model& m = models[slot];
-    auto it = graphs.find(m.graph.get());
-    if (it != graphs.end()) {
-      GraphEntry& e = it->second;
-      e.members.erase(m.rank(slot));
-      if (e.members.empty()) {
-        for (const Signature& s : m.graph->sorted_signatures) {
-          auto p = postings.find(s);
-          if (p == postings.end()) continue;
-          auto& v = p->second;
-          v.erase(std::remove(v.begin(), v.end(), &e), v.end());
-          if (v.empty()) postings.erase(p);
-        }
-        graphs.erase(it);
+    Rank r = m.rank(slot);
+    if (postings_built) {
+      for (const Signature& s : m.graph->sorted_signatures) {
+        auto it = postings.find(s);
+        if (it == postings.end()) continue;
+        it->second.erase(r);
+        if (it->second.empty()) postings.erase(it);
       }
     }
     live_order.erase(m.seq);
@@ -409,14 +399,29 @@ size_t Catalog::live() const {
   return impl_->live_order.size();
 }
 
+void Catalog::defer_index() {
+  std::unique_lock lock(impl_->mu);
+  impl_->postings.clear();
+  impl_->postings_built = false;
+}
+
+void Catalog::build_index() const {
+  {
+    std::shared_lock lock(impl_->mu);
+    if (impl_->postings_built) return;
+  }
+  std::unique_lock lock(impl_->mu);
+  if (!impl_->postings_built) impl_->build_postings();
+}
+
 BestAncestor Catalog::best_ancestor(const GraphHandle& gh, const MetadataFilter& where) const {
   const CompiledGraph& g = *gh;
   const size_t n = g.signatures.size();
+  build_index();
   std::shared_lock lock(impl_->mu);
 
-  // E: the layers of g some live model holds, with the graphs that hold them.
-  using Entry = Impl::GraphEntry;
-  std::vector<const std::vector<Entry*>*> post(n, nullptr);
+  // E: the layers of g some live model holds, with their posting sets.
+  std::vector<const std::set<Rank>*> post(n, nullptr);
   std::vector<char> in_r(n, 0);
   size_t r_size = 0;
   for (size_t j = 0; j < n; ++j) {
@@ -429,46 +434,32 @@ BestAncestor Catalog::best_ancestor(const GraphHandle& gh, const MetadataFilter&
   }
   if (r_size == 0) return {};
 
-  // Exact scores of the graphs looked at (every model of a graph matches as many layers; of those
-  // only its best-ranked one that passes the filter can win), and the best so far.
-  std::unordered_set<const Entry*> scored;
+  // Exact scores of the models looked at, and the best so far.
+  std::unordered_map<uint32_t, size_t> scored;
   bool have_best = false;
   size_t best_count = 0;
   Rank best_rank{};
-  const bool filtered = !where.empty();
-  auto passes = [&](const Rank& r) { return !filtered || where.matches(impl_->models[r.slot].metadata); };
-  auto consider = [&](const Entry* e) {
-    if (!scored.insert(e).second) return;
-    const Rank* first = nullptr;
-    for (const Rank& r : e->members)
-      if (passes(r)) {
-        first = &r;
-        break;
-      }
-    if (!first) return;
-    size_t count = Impl::count_matches(g, *e->graph);
-    if (!have_best || outranks(count, *first, best_count, best_rank)) {
+  auto consider = [&](const Rank& r) {
+    auto [it, fresh] = scored.try_emplace(r.slot, 0);
+    if (!fresh) return;
+    it->second = Impl::count_matches(g, *impl_->models[r.slot].graph);
+    if (!have_best || outranks(it->second, r, best_count, best_rank)) {
       have_best = true;
-      best_count = count;
-      best_rank = *first;
+      best_count = it->second;
+      best_rank = r;
     }
   };
+  const bool filtered = !where.empty();
+  auto passes = [&](const Rank& r) { return !filtered || where.matches(impl_->models[r.slot].metadata); };
 
   // Step 1: the best-ranked holder of each layer.
   for (size_t j = 0; j < n; ++j) {
     if (!post[j]) continue;
-    const Entry* top = nullptr;
-    const Rank* top_rank = nullptr;
-    for (const Entry* e : *post[j])
-      for (const Rank& r : e->members) {
-        if (!passes(r)) continue;
-        if (!top_rank || r < *top_rank) {
-          top = e;
-          top_rank = &r;
-        }
-        break;
-      }
-    if (top) consider(top);
+    for (const Rank& r : *post[j]) {
+      if (!passes(r)) continue;
+      consider(r);
+      break;
+    }
   }
 
   // Step 2: models matching several maximal layers. A layer of R is maximal when no layer of R
@@ -489,7 +480,8 @@ BestAncestor Catalog::best_ancestor(const GraphHandle& gh, const MetadataFilter&
     for (size_t k = 1; k < maximal.size(); ++k)
       if (post[maximal[k]]->size() < post[maximal[pick]]->size()) pick = k;
     size_t j = maximal[pick];
-    for (const Entry* e : *post[j]) consider(e);
+    for (const Rank& r : *post[j])
+      if (passes(r)) consider(r);
     // Drop j from R; its inputs may become maximal.
     maximal.erase(maximal.begin() + static_cast<std::ptrdiff_t>(pick));
     in_r[j] = 0;

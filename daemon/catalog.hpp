@@ -95,6 +95,10 @@ class Catalog {
   bool is_retired(const std::string& id) const;
   GraphHandle graph_of(const std::string& id) const;  // nullptr if unknown
   size_t size() const;                                // models, retired included
+  // Before a bulk load (a daemon's start): best_ancestor's index is built at its first use, not
+  // model by model. build_index() builds it now (best_ancestor calls it).
+  void defer_index();
+  void build_index() const;
   size_t live() const;
 
   // The live model sharing the most layers with g (a layer matches when its signature occurs in

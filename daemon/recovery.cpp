@@ -12,6 +12,7 @@ using nlohmann::json;
 Status load_catalog(const RecoveryParts& p) {
   std::unordered_set<std::string> left_out;  // models left out; their descendants are too
   std::vector<std::shared_ptr<const ModelManifest>> live;  // their chunk references, counted at the end
+  p.catalog.defer_index();  // best_ancestor's index: at its first use
   for (const std::string& id : p.repo.list()) {
     // Another daemon's gc may remove models between the listing and here (children before their
     // parents): a model gone meanwhile is simply not in the catalog. Failing the start for it kept a
