@@ -3,6 +3,9 @@
 #include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/sinks/stdout_sinks.h>
 
+#include <memory>
+#include <mutex>
+
 namespace cairn {
 
 Status init_logging(const std::string& level, const std::string& file) {
@@ -22,6 +25,18 @@ Status init_logging(const std::string& level, const std::string& file) {
   }
   spdlog::set_level(lvl);
   return Status::ok();
+}
+
+void log_to_stderr_by_default() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    auto current = spdlog::default_logger();
+    if (current && current->name() == "cairn") return;  // init_logging chose already
+    // Unnamed, as spdlog's own default: init_logging may still register "cairn" later.
+    auto logger = std::make_shared<spdlog::logger>("", std::make_shared<spdlog::sinks::stderr_sink_mt>());
+    logger->set_level(current ? current->level() : spdlog::level::info);
+    spdlog::set_default_logger(logger);
+  });
 }
 
 }  // namespace cairn

@@ -20,6 +20,7 @@ using nlohmann::json;
 // ---- assembly ----
 
 Result<std::unique_ptr<Engine>> Engine::create(const Config& config, EngineOptions options) {
+  log_to_stderr_by_default();
   if (!parse_duration(config.repository_refresh))
     return invalid_argument("repository_refresh: '" + config.repository_refresh +
                             "' is not a duration (a number and ms, s or m, such as 250ms or 1s; 0 = off)");

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/safetensors.hpp"
+#include "core/log.hpp"
 #include "tiers/pfs/repository_impl.hpp"
 
 namespace cairn {
@@ -159,6 +160,7 @@ Status Repository::Impl::init_or_read_format(uint64_t chunk_size, int* version) 
 
 
 Status Repository::Impl::open(const std::string& dir, uint64_t chunk_size) {
+  log_to_stderr_by_default();
   if (dir.empty()) return invalid_argument("repository directory: empty path");
   dir_ = dir;
   while (dir_.size() > 1 && dir_.back() == '/') dir_.pop_back();
