@@ -56,7 +56,8 @@ ModelManifest small_model(ChunkStore& store, const std::string& id, const std::s
 TEST_CASE("records: round trip, torn ends and garbage", "[repository][records]") {
   std::string a = pfs::encode_record(pfs::RecordType::kCommit, R"({"id":"x"})");
   std::string b = pfs::encode_record(pfs::RecordType::kRemove, R"({"id":"y"})");
-  auto r = pfs::parse_records(a + b);
+  const std::string both = a + b;  // the parsed records point into it
+  auto r = pfs::parse_records(both);
   REQUIRE(r.stop == pfs::ParseResult::kEnd);
   REQUIRE(r.records.size() == 2);
   CHECK(r.records[1].type == pfs::RecordType::kRemove);
