@@ -263,10 +263,12 @@ void Flusher::global_loop() {
             }
           }
         tiers_.stored_globally(all_chunks(copy));
-      } else if (batch[i].retry && (may_pass(st) || (!copy.parent.empty() && retried_ids.count(copy.parent)))) {
+      } else if ((batch[i].retry && may_pass(st)) || (!copy.parent.empty() && retried_ids.count(copy.parent))) {
         // A child whose parent (earlier in this batch) is written again fails for want of the
         // parent: it waits for it, it is not dropped (the torture harness lost acknowledged
-        // children this way while repository writes failed).
+        // children this way while repository writes failed). Also a child committed at `global`
+        // whose client waits: its failure was the parent's, which is still pending (the
+        // 1,000-kill-point run: the client was told the acknowledged parent was not there).
         std::lock_guard lock(mu_);
         if (!stopping_) {
           CAIRN_LOG_ERROR("flushing model '{}' to the repository failed: {}; it stays pending and is written again",
