@@ -84,6 +84,15 @@ struct Repository::Impl {
     ChunkRef ref;       // a live location: the one new commits reuse and locate() gives
     uint64_t refs = 0;  // references to ref
     std::vector<ChunkCopy> copies;  // the other live locations (rare)
+    // ref is gone: another copy takes its place. False when there is none (the chunk leaves the
+    // index).
+    bool promote_copy() {
+      if (copies.empty()) return false;
+      ref = std::move(copies.back().ref);
+      refs = copies.back().refs;
+      copies.pop_back();
+      return true;
+    }
   };
 
   // A record whose model is not known yet (its commit record, or its parent's, is in a log not read

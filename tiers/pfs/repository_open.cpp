@@ -357,13 +357,7 @@ void Repository::Impl::release_chunk_ref(const ChunkRef& c) {
   if (same_place(info.ref, c)) {
     if (info.refs > 0 && --info.refs > 0) return;
     physical_bytes_ -= info.ref.length;
-    if (info.copies.empty()) {
-      chunks_.erase(it);
-      return;
-    }
-    info.ref = std::move(info.copies.back().ref);
-    info.refs = info.copies.back().refs;
-    info.copies.pop_back();
+    if (!info.promote_copy()) chunks_.erase(it);
     return;
   }
   for (auto k = info.copies.begin(); k != info.copies.end(); ++k)
@@ -397,13 +391,7 @@ void Repository::Impl::release_data(const ModelManifest& m, std::vector<std::str
       }
       if (info.ref.pack == name) {
         physical_bytes_ -= info.ref.length;
-        if (info.copies.empty()) {
-          chunks_.erase(cit);
-        } else {
-          info.ref = std::move(info.copies.back().ref);
-          info.refs = info.copies.back().refs;
-          info.copies.pop_back();
-        }
+        if (!info.promote_copy()) chunks_.erase(cit);
       }
     }
     packs_.erase(pit);
