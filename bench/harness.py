@@ -57,7 +57,21 @@ def machine() -> Dict[str, Any]:
         gpu = r.stdout.strip().splitlines()[0] if r.returncode == 0 and r.stdout.strip() else "none"
     return {"host": socket.gethostname(), "cpu": cpu, "cores": os.cpu_count(), "memory_bytes": mem,
             "kernel": platform.release(), "os": _os_name(), "tmp_filesystem": fs, "gpu": gpu,
-            "root": os.geteuid() == 0}
+            "root": os.geteuid() == 0, "shmem_thp": _shmem_thp()}
+
+
+def _shmem_thp() -> str:
+    """The kernel's transparent-huge-page mode for shared memory, which backs cairn's DRAM arena
+    (docs/tiering.md, "Huge pages for the arena"): the 2 MiB size's own setting unless it inherits."""
+    base = Path("/sys/kernel/mm/transparent_hugepage")
+    for f in (base / "hugepages-2048kB" / "shmem_enabled", base / "shmem_enabled"):
+        try:
+            word = f.read_text().split("[", 1)[1].split("]", 1)[0]
+        except (OSError, IndexError):
+            continue
+        if word != "inherit":
+            return word
+    return "unknown"
 
 
 def _os_name() -> str:
@@ -694,15 +708,23 @@ def render_doc(results: Dict[str, Any], img_dir: Path, doc_dir: Path) -> str:
              "[bench/README.md](../bench/README.md).", "",
              "## Machine", "",
              f"- {m['cpu']}, {m['cores']} cores, {m['memory_bytes'] / (1 << 30):.1f} GiB memory, {m['os']}, "
-             f"kernel {m['kernel']}; temporary files on {m['tmp_filesystem']}; GPU: {m['gpu']}",
+             f"kernel {m['kernel']}; temporary files on {m['tmp_filesystem']}; GPU: {m['gpu']}; "
+             f"transparent huge pages for shared memory (the DRAM arena): {m.get('shmem_thp', 'not recorded')}",
              f"- run {results['started']} ({'--quick' if results['quick'] else 'full run'}), "
              f"{results['seconds'] / 60:.1f} minutes", ""]
-    if results.get("updated_parts"):
-        parts = ", ".join(results["updated_parts"])
-        when = next(iter(results["updated_parts"].values()))
-        lines[-1:-1] = [f"- measured again on {when} with `bench/run --only {parts} --update "
-                        f"{results['base_file']}` (results `{results['updated_from']}`): {parts}; every other "
-                        f"figure is from the full run above"]
+    runs = results.get("updated_runs")
+    if not runs and results.get("updated_parts"):  # a merge written before updated_runs
+        runs = [{"started": next(iter(results["updated_parts"].values())), "parts": list(results["updated_parts"]),
+                 "results": results["updated_from"], "base": results["base_file"]}]
+    if runs:
+        again = []
+        for run in runs:
+            parts = ", ".join(run["parts"])
+            thp = f"; shared-memory huge pages: {run['shmem_thp']}" if run.get("shmem_thp") else ""
+            again.append(f"- measured again on {run['started']} with `bench/run --only {parts} --update "
+                         f"{run['base']}` (results `{run['results']}`{thp}): {parts}")
+        again[-1] += "; every other figure is from the full run above (a part measured twice: the later run)"
+        lines[-1:-1] = again
     goals = [r for r in results["ratios"] if "error" not in r and r.get("goal")]
     if goals:
         lines += ["## Goals", "", *table(goals), ""]
@@ -798,6 +820,10 @@ def main() -> int:
             pass
     stamp = started.strftime("%Y-%m-%d-%H%M")
     res_path = out_dir / f"{stamp}-{host}.json"
+    for n in range(2, 100):  # two runs in one minute (a quick --only --update): keep both
+        if not res_path.exists() and not (out_dir / f"{res_path.stem}-merged.json").exists():
+            break
+        res_path = out_dir / f"{stamp}-{host}-{n}.json"
     results["results_file"] = os.path.relpath(res_path, ROOT)
     res_path.write_text(json.dumps(results, indent=1, default=str) + "\n")
     if a.update:
@@ -812,10 +838,17 @@ def main() -> int:
         merged["ratios"] = [r for r in base["ratios"] if part(r) not in only] + results["ratios"]
         merged["errors"] = {k: v for k, v in base.get("errors", {}).items() if k not in only}
         merged["errors"].update(results["errors"])
-        merged["updated_parts"] = {n: results["started"] for n in sorted(only)}
+        merged["updated_parts"] = {**base.get("updated_parts", {}), **{n: results["started"] for n in sorted(only)}}
         merged["updated_from"] = os.path.relpath(res_path, ROOT)
         merged["base_file"] = base.get("results_file", a.update)
-        merged_path = out_dir / f"{stamp}-{host}-merged.json"
+        earlier = base.get("updated_runs")
+        if earlier is None and base.get("updated_parts"):
+            earlier = [{"started": next(iter(base["updated_parts"].values())), "parts": list(base["updated_parts"]),
+                        "results": base.get("updated_from"), "base": base.get("base_file")}]
+        merged["updated_runs"] = (earlier or []) + [
+            {"started": results["started"], "parts": sorted(only), "results": merged["updated_from"],
+             "base": merged["base_file"], "shmem_thp": results["machine"].get("shmem_thp")}]
+        merged_path = out_dir / f"{res_path.stem}-merged.json"
         merged["results_file"] = os.path.relpath(merged_path, ROOT)
         merged_path.write_text(json.dumps(merged, indent=1, default=str) + "\n")
         results = merged

@@ -8,8 +8,11 @@
 #include <algorithm>
 #include <cerrno>
 #include <climits>
+#include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <memory>
+#include <mutex>
 #include <utility>
 
 #include "core/fs.hpp"
@@ -79,7 +82,7 @@ class PosixFile final : public File {
   PosixFile(int fd, std::string path, bool direct) : fd_(fd), path_(std::move(path)), direct_(direct) {}
   ~PosixFile() override {
 #ifdef CAIRN_HAVE_LIBURING
-    if (ring_ok_) ::io_uring_queue_exit(&ring_);
+    for (auto& r : idle_rings_) ::io_uring_queue_exit(&r->ring);
 #endif
     ::close(fd_);
   }
@@ -145,8 +148,12 @@ class PosixFile final : public File {
 #ifdef CAIRN_HAVE_LIBURING
     // One request: a plain pread/pwrite is cheaper than setting up a ring.
     if (reqs.size() > 1) {
-      std::lock_guard lock(ring_mu_);
-      if (ring_usable()) return many_uring(reqs, write);
+      if (std::unique_ptr<Ring> ring = acquire_ring()) {
+        bool ring_failed = false;
+        Status st = many_uring(ring->ring, reqs, write, &ring_failed);
+        release_ring(std::move(ring), ring_failed);
+        return st;
+      }
     }
 #endif
     return many_loop(reqs, write);
@@ -170,21 +177,58 @@ class PosixFile final : public File {
   // A completion's res is an int: keep each submission well below 2 GiB.
   static constexpr size_t kMaxPiece = size_t{1} << 30;
 
-  // REQUIRES: ring_mu_ held. Sets the ring up on first use; false when the kernel refuses it
-  // (old kernel, seccomp, io_uring disabled by sysctl), and then the plain loop is used for good.
-  bool ring_usable() {
-    if (!ring_tried_) {
-      ring_tried_ = true;
-      ring_ok_ = ::io_uring_queue_init(kQueueDepth, &ring_, 0) == 0;
+  // Callers of one file (a burst buffer's readers, one per chunk being loaded) each take a ring of
+  // their own, so that their batches are in flight together instead of one after another behind
+  // one ring's lock. Rings are made on demand up to kMaxRings and kept for reuse.
+  static constexpr size_t kMaxRings = 8;
+  struct Ring {
+    io_uring ring{};
+  };
+
+  // A ring of the caller's own, or null when io_uring cannot be used (old kernel, seccomp, io_uring
+  // disabled by sysctl: then the plain loop is used for good).
+  std::unique_ptr<Ring> acquire_ring() {
+    std::unique_lock lock(rings_mu_);
+    for (;;) {
+      if (rings_refused_) return nullptr;
+      if (!idle_rings_.empty()) {
+        std::unique_ptr<Ring> r = std::move(idle_rings_.back());
+        idle_rings_.pop_back();
+        return r;
+      }
+      if (rings_made_ < kMaxRings) break;
+      rings_idle_.wait(lock);
     }
-    return ring_ok_;
+    ++rings_made_;
+    lock.unlock();
+    auto r = std::make_unique<Ring>();
+    if (::io_uring_queue_init(kQueueDepth, &r->ring, 0) == 0) return r;
+    lock.lock();
+    --rings_made_;
+    // The first ring refused: io_uring is not available. A later one refused (a limit on locked
+    // memory or on rings): this caller uses the plain loop, the rings there are stay in use.
+    if (rings_made_ == 0) rings_refused_ = true;
+    rings_idle_.notify_one();
+    return nullptr;
   }
 
-  // REQUIRES: ring_mu_ held. Keeps up to kQueueDepth transfers in flight; a short completion puts
+  // A ring whose submission failed was torn down by give_up_ring: io_uring is not used again.
+  void release_ring(std::unique_ptr<Ring> r, bool failed) {
+    std::lock_guard lock(rings_mu_);
+    if (failed) {
+      --rings_made_;
+      rings_refused_ = true;
+    } else {
+      idle_rings_.push_back(std::move(r));
+    }
+    rings_idle_.notify_one();
+  }
+
+  // On the caller's own ring: keeps up to kQueueDepth transfers in flight; a short completion puts
   // the request back with what is left of it. On the first error no new transfer is started, but
   // those in flight are waited for: their buffers belong to the caller, who may free them once we
   // return.
-  Status many_uring(std::span<const IoRequest> reqs, bool write) {
+  Status many_uring(io_uring& ring, std::span<const IoRequest> reqs, bool write, bool* ring_failed) {
     std::vector<size_t> done(reqs.size(), 0);
     std::deque<size_t> todo;
     for (size_t i = 0; i < reqs.size(); ++i)
@@ -196,7 +240,7 @@ class PosixFile final : public File {
     };
     while (in_flight > 0 || (first_error.is_ok() && !todo.empty())) {
       while (first_error.is_ok() && !todo.empty() && in_flight < kQueueDepth) {
-        io_uring_sqe* sqe = ::io_uring_get_sqe(&ring_);
+        io_uring_sqe* sqe = ::io_uring_get_sqe(&ring);
         if (sqe == nullptr) break;
         size_t i = todo.front();
         todo.pop_front();
@@ -211,18 +255,19 @@ class PosixFile final : public File {
         ::io_uring_sqe_set_data64(sqe, i);
         ++in_flight;
       }
-      int rc = ::io_uring_submit_and_wait(&ring_, 1);
+      int rc = ::io_uring_submit_and_wait(&ring, 1);
       if (rc < 0) {
         if (rc == -EINTR || rc == -EAGAIN || rc == -EBUSY) continue;
         fail(errno_status(std::string(write ? "writing " : "reading ") + path_ + " through io_uring", -rc));
-        give_up_ring(in_flight);
+        give_up_ring(ring, in_flight);
+        *ring_failed = true;
         return first_error;
       }
       io_uring_cqe* cqe = nullptr;
-      while (::io_uring_peek_cqe(&ring_, &cqe) == 0 && cqe != nullptr) {
+      while (::io_uring_peek_cqe(&ring, &cqe) == 0 && cqe != nullptr) {
         auto i = static_cast<size_t>(::io_uring_cqe_get_data64(cqe));
         int res = cqe->res;
-        ::io_uring_cqe_seen(&ring_, cqe);
+        ::io_uring_cqe_seen(&ring, cqe);
         --in_flight;
         const IoRequest& r = reqs[i];
         if (res < 0) {
@@ -248,25 +293,25 @@ class PosixFile final : public File {
     return first_error;
   }
 
-  // REQUIRES: ring_mu_ held. After the ring itself failed: waits for the transfers in flight (their
-  // buffers are the caller's), then tears the ring down; later batches use the plain loop.
-  void give_up_ring(unsigned in_flight) {
+  // After the ring itself failed: waits for the transfers in flight (their buffers are the
+  // caller's), then tears the ring down; later batches use the plain loop.
+  static void give_up_ring(io_uring& ring, unsigned in_flight) {
     while (in_flight > 0) {
       io_uring_cqe* cqe = nullptr;
-      int rc = ::io_uring_wait_cqe(&ring_, &cqe);
+      int rc = ::io_uring_wait_cqe(&ring, &cqe);
       if (rc == -EINTR) continue;
       if (rc < 0) break;
-      ::io_uring_cqe_seen(&ring_, cqe);
+      ::io_uring_cqe_seen(&ring, cqe);
       --in_flight;
     }
-    ::io_uring_queue_exit(&ring_);
-    ring_ok_ = false;
+    ::io_uring_queue_exit(&ring);
   }
 
-  std::mutex ring_mu_;
-  bool ring_tried_ = false;  // guarded by ring_mu_
-  bool ring_ok_ = false;     // guarded by ring_mu_
-  io_uring ring_{};          // guarded by ring_mu_
+  std::mutex rings_mu_;
+  std::condition_variable rings_idle_;
+  std::vector<std::unique_ptr<Ring>> idle_rings_;  // guarded by rings_mu_
+  size_t rings_made_ = 0;                          // guarded by rings_mu_: idle and in use
+  bool rings_refused_ = false;                     // guarded by rings_mu_
 #endif
 
   const int fd_;

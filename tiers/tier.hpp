@@ -39,12 +39,15 @@ struct TierStats {
   // difference are 0 (the torture harness checks this: no leaked arena space).
   uint64_t chunk_bytes = 0;
   uint64_t pinned_bytes = 0;
+  std::string pages;  // DRAM only: what backs the arena's pages (SharedArena::pages)
 
   nlohmann::json to_json() const {
-    return {{"backpressure_waits", backpressure_waits},{"enabled", enabled},     {"capacity_bytes", capacity_bytes}, {"used_bytes", used_bytes},
+    nlohmann::json j = {{"backpressure_waits", backpressure_waits},{"enabled", enabled},     {"capacity_bytes", capacity_bytes}, {"used_bytes", used_bytes},
             {"hits", hits},           {"misses", misses},                 {"bytes_in", bytes_in},
             {"bytes_out", bytes_out}, {"chunks", chunks},                 {"dirty_bytes", dirty_bytes},
             {"chunk_bytes", chunk_bytes}, {"pinned_bytes", pinned_bytes}};
+    if (!pages.empty()) j["pages"] = pages;
+    return j;
   }
 };
 

@@ -333,6 +333,8 @@ int cmd_stats(bool as_json) {
                 static_cast<unsigned long long>(t["misses"].get<uint64_t>()),
                 human_bytes(t["bytes_in"].get<uint64_t>()).c_str(), human_bytes(t["bytes_out"].get<uint64_t>()).c_str());
   }
+  if (std::string pages = (*r)["tiers"]["dram"].value("pages", std::string()); !pages.empty())
+    std::printf("dram: %s\n", pages.c_str());
   if (const json& hbm = (*r)["tiers"]["hbm"]; !hbm.value("enabled", false)) {
     std::printf("hbm: %s\n", hbm.value("why", std::string("no HBM tier")).c_str());
   } else {

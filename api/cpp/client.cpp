@@ -530,10 +530,18 @@ const TensorInfo* ModelReader::find(const std::string& name) const {
   return nullptr;
 }
 
+json ModelReader::lease_request(const std::string& id, const std::vector<std::string>& names, bool contiguous) {
+  return json{{"op", "lease"}, {"id", id}, {"tensors", names}, {"contiguous", contiguous}};
+}
+
 Result<std::vector<ModelReader::Leased>> ModelReader::lease(const std::vector<std::string>& names, bool contiguous) {
   for (const auto& n : names)
     if (!find(n)) return not_found("model '" + id_ + "' has no tensor '" + n + "'");
-  CAIRN_ASSIGN_OR_RETURN(json r, client_.call(json{{"op", "lease"}, {"id", id_}, {"tensors", names}, {"contiguous", contiguous}}));
+  CAIRN_ASSIGN_OR_RETURN(json r, client_.call(lease_request(id_, names, contiguous)));
+  return parse_lease(r, names.size());
+}
+
+Result<std::vector<ModelReader::Leased>> ModelReader::parse_lease(const json& r, size_t count) {
   std::vector<Leased> out;
   for (const auto& l : r.value("leases", json::array())) {
     Leased x{l.value("lease", uint64_t{0}), {}};
@@ -545,7 +553,7 @@ Result<std::vector<ModelReader::Leased>> ModelReader::lease(const std::vector<st
     }
     out.push_back(std::move(x));
   }
-  if (out.size() != names.size()) return protocol_error("daemon answered a lease with the wrong number of tensors");
+  if (out.size() != count) return protocol_error("daemon answered a lease with the wrong number of tensors");
   if (r.value("created_ns", int64_t{0}) != created_ns_) {
     // Not the model this reader was opened on: gc deleted it and a new commit reused its id.
     std::vector<uint64_t> ids;
@@ -574,20 +582,74 @@ Status ModelReader::read(const std::string& name, void* dst, uint64_t dst_bytes)
 Status ModelReader::read_many(const std::vector<std::string>& names, const std::vector<std::span<uint8_t>>& dsts) {
   if (names.size() != dsts.size()) return invalid_argument("read_many: as many buffers as names are needed");
   for (size_t i = 0; i < names.size(); ++i) CAIRN_RETURN_IF_ERROR(check_buffer(names[i], dsts[i].size()));
-  CAIRN_ASSIGN_OR_RETURN(auto leased, lease(names, false));
   uint64_t total = 0;
   for (const auto& d : dsts) total += d.size();
-  for (size_t i = 0; i < leased.size(); ++i) {
-    uint8_t* out = dsts[i].data();
-    populate(out, dsts[i].size(), true);
-    for (const auto& [off, len] : leased[i].extents) {
-      client_.arena_view().prefault(off, len, false);
-      stream_copy(out, client_.arena() + off, len, should_stream(total, len));
-      out += len;
+  // A large read goes in groups of whole tensors of at least kMinGroup bytes (about an eighth of
+  // the read each): while the client copies one group out, the daemon loads the next from below
+  // DRAM, so a model read from the burst buffer or the repository costs the device's time, not
+  // the device's plus the copy's.
+  constexpr uint64_t kMinGroup = 16ull << 20;
+  const uint64_t group_bytes = std::max(kMinGroup, total / 8);
+  std::vector<size_t> group_ends;
+  uint64_t in_group = 0;
+  for (size_t i = 0; i < dsts.size(); ++i) {
+    in_group += dsts[i].size();
+    if (in_group >= group_bytes || i + 1 == dsts.size()) {
+      group_ends.push_back(i + 1);
+      in_group = 0;
     }
-    client_.release_later(leased[i].lease);
   }
+  if (group_ends.size() > 1) return read_pipelined(names, dsts, group_ends, total);
+  CAIRN_ASSIGN_OR_RETURN(auto leased, lease(names, false));
+  for (size_t i = 0; i < leased.size(); ++i) copy_out(leased[i], dsts[i], total);
   return Status::ok();
+}
+
+void ModelReader::copy_out(const Leased& leased, std::span<uint8_t> dst, uint64_t total) {
+  uint8_t* out = dst.data();
+  populate(out, dst.size(), true);
+  for (const auto& [off, len] : leased.extents) {
+    client_.arena_view().prefault(off, len, false);
+    stream_copy(out, client_.arena() + off, len, should_stream(total, len));
+    out += len;
+  }
+  client_.release_later(leased.lease);
+}
+
+Status ModelReader::read_pipelined(const std::vector<std::string>& names, const std::vector<std::span<uint8_t>>& dsts,
+                                  const std::vector<size_t>& group_ends, uint64_t total) {
+  const size_t groups = group_ends.size();
+  auto replies = std::make_shared<std::vector<std::optional<Result<json>>>>(groups);
+  Status first;
+  size_t sent = 0;
+  for (size_t g = 0; g < groups; ++g) {
+    const size_t from = g ? group_ends[g - 1] : 0;
+    std::vector<std::string> group(names.begin() + static_cast<std::ptrdiff_t>(from),
+                                   names.begin() + static_cast<std::ptrdiff_t>(group_ends[g]));
+    first = client_.send_pipelined(lease_request(id_, group, false), {},
+                                   [replies, g](Result<json> r) { (*replies)[g].emplace(std::move(r)); });
+    if (!first.is_ok()) break;
+    ++sent;
+  }
+  // Every reply sent for is collected, also after a failure, so that its leases are released.
+  for (size_t g = 0; g < sent; ++g) {
+    while (!(*replies)[g]) {
+      auto c = client_.collect(-1);
+      if (!c.is_ok()) return c.status();  // the connection is gone, and with it the leases
+    }
+    Result<json>& r = *(*replies)[g];
+    const size_t from = g ? group_ends[g - 1] : 0;
+    Result<std::vector<Leased>> leased = r.is_ok() ? parse_lease(*r, group_ends[g] - from) : r.status();
+    if (!leased.is_ok()) {
+      if (first.is_ok()) first = leased.status();
+      continue;
+    }
+    for (size_t k = 0; k < leased->size(); ++k) {
+      if (first.is_ok()) copy_out((*leased)[k], dsts[from + k], total);
+      else client_.release_later((*leased)[k].lease);
+    }
+  }
+  return first;
 }
 
 Result<std::span<const uint8_t>> ModelReader::map(const std::string& name) {

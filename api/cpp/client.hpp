@@ -180,6 +180,7 @@ class Client {
   Status orphan_error_;                  // the first error of a pipelined commit nobody held a ticket for
   std::vector<uint64_t> spaces_to_free_;
   friend class ModelWriter;  // its pipelined commits' reply handlers
+  friend class ModelReader;  // its pipelined leases (read_many)
   std::unique_ptr<ArenaView> view_;
   uint64_t chunk_size_ = 0;
   std::vector<uint64_t> deferred_release_;
@@ -306,6 +307,15 @@ class ModelReader {
     std::vector<std::pair<uint64_t, uint64_t>> extents;  // (offset, length)
   };
   Result<std::vector<Leased>> lease(const std::vector<std::string>& names, bool contiguous);
+  static nlohmann::json lease_request(const std::string& id, const std::vector<std::string>& names, bool contiguous);
+  // A lease reply's tensors; kNotFound (its leases released) when the model is no longer the one
+  // this reader opened.
+  Result<std::vector<Leased>> parse_lease(const nlohmann::json& reply, size_t count);
+  // read_many of a large model: one lease per group of tensors, all sent at once, each group
+  // copied out while the daemon loads the next.
+  Status read_pipelined(const std::vector<std::string>& names, const std::vector<std::span<uint8_t>>& dsts,
+                        const std::vector<size_t>& group_ends, uint64_t total);
+  void copy_out(const Leased& leased, std::span<uint8_t> dst, uint64_t total);
   // A device lease of one tensor: (lease id, device pointer in this process).
   Result<std::pair<uint64_t, const uint8_t*>> lease_device(const std::string& name, int device);
   // kNotFound for an unknown tensor, kInvalidArgument when dst_bytes is not its size.

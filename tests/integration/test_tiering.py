@@ -162,3 +162,26 @@ def test_commit_blocks_only_for_memory_copy(make_daemon, tmp):
     assert s["flush"]["pending_models"] == 0
     assert s["repository"]["models"] == 10
     assert d.stop() == 0
+
+
+def test_stats_say_what_backs_the_arena(daemon):
+    # The arena's page backing is the kernel's shmem THP setting (docs/tiering.md, "Huge pages for
+    # the arena"): the daemon reports it, and `cairn stats` prints it with the command that changes it.
+    base = "/sys/kernel/mm/transparent_hugepage"
+    mode = ""
+    for f in (base + "/hugepages-2048kB/shmem_enabled", base + "/shmem_enabled"):
+        try:
+            word = open(f).read().split("[", 1)[1].split("]", 1)[0]
+        except (OSError, IndexError):
+            continue
+        if word != "inherit":
+            mode = word
+            break
+    pages = daemon.stats()["tiers"]["dram"]["pages"]
+    if mode in ("always", "within_size", "advise", "force"):
+        assert pages == f"2 MiB transparent huge pages (shmem_enabled: {mode})"
+    else:
+        assert pages.startswith("4 KiB pages")
+        if mode:
+            assert f"shmem_enabled: {mode}" in pages and "echo advise" in pages
+    assert f"dram: {pages}" in daemon.cairn("stats").stdout

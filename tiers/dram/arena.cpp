@@ -159,6 +159,27 @@ void ArenaAllocator::erase_free(std::map<uint64_t, uint64_t>::iterator it) {
 
 // ---- SharedArena ----
 
+namespace {
+// The bracketed word of a sysfs choice file ("always [advise] never" -> "advise"); "" if none.
+std::string selected_word(const std::string& path) {
+  FILE* f = std::fopen(path.c_str(), "re");
+  if (!f) return "";
+  char buf[256] = {};
+  const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+  std::fclose(f);
+  const std::string line(buf, n);
+  const size_t open = line.find('['), close = line.find(']', open == std::string::npos ? 0 : open);
+  if (open == std::string::npos || close == std::string::npos) return "";
+  return line.substr(open + 1, close - open - 1);
+}
+}  // namespace
+
+std::string shmem_thp_mode(const std::string& sysfs) {
+  std::string per_size = selected_word(sysfs + "/hugepages-2048kB/shmem_enabled");
+  if (!per_size.empty() && per_size != "inherit") return per_size;
+  return selected_word(sysfs + "/shmem_enabled");
+}
+
 Result<std::unique_ptr<SharedArena>> SharedArena::create(uint64_t capacity,
                                                          const std::string& name) {
   const std::string what = "DRAM arena '" + name + "'";
@@ -195,7 +216,21 @@ Result<std::unique_ptr<SharedArena>> SharedArena::create(uint64_t capacity,
     return arena_errno_status("mmap of " + what + " (" + std::to_string(rounded) + " bytes)", err);
   }
   (void)::madvise(base, rounded, MADV_HUGEPAGE);  // best effort; honoured if shmem THP allows
-  return std::unique_ptr<SharedArena>(new SharedArena(fd, static_cast<uint8_t*>(base), rounded));
+  auto arena = std::unique_ptr<SharedArena>(new SharedArena(fd, static_cast<uint8_t*>(base), rounded));
+  // Huge pages matter twice: a direct-I/O request into 4 KiB pages holds at most the device's
+  // max_segments pages (about 1 MiB), and copies out of 4 KiB pages miss the TLB far more often.
+  const std::string mode = shmem_thp_mode();
+  arena->huge_ = mode == "always" || mode == "within_size" || mode == "advise" || mode == "force";
+  if (arena->huge_) {
+    arena->pages_ = "2 MiB transparent huge pages (shmem_enabled: " + mode + ")";
+  } else if (mode.empty()) {
+    arena->pages_ = "4 KiB pages (this kernel has no transparent huge pages for shared memory)";
+  } else {
+    arena->pages_ = "4 KiB pages (shmem_enabled: " + mode +
+                    "; as root, 'echo advise > /sys/kernel/mm/transparent_hugepage/shmem_enabled' gives the "
+                    "arena 2 MiB pages)";
+  }
+  return arena;
 }
 
 SharedArena::~SharedArena() {
@@ -243,6 +278,10 @@ Result<std::unique_ptr<ArenaView>> ArenaView::map(int fd, uint64_t size) {
     return arena_errno_status(
         "read-write mmap of the DRAM arena (" + std::to_string(size) + " bytes)", err);
   }
+  // A page a client touches first is allocated through its mapping: ask for huge pages there too
+  // (with shmem_enabled "advise" only mappings that ask get them). Best effort.
+  (void)::madvise(rw, size, MADV_HUGEPAGE);
+  (void)::madvise(ro, size, MADV_HUGEPAGE);
   // The descriptor stays open: copy-on-write views of tensors are mapped from it (map_private).
   return std::unique_ptr<ArenaView>(
       new ArenaView(fd, static_cast<const uint8_t*>(ro), static_cast<uint8_t*>(rw), size));

@@ -79,13 +79,25 @@ class SharedArena {
   int fd() const { return fd_; }
   uint8_t* base() const { return base_; }
   uint64_t capacity() const { return capacity_; }
+  // What backs the arena's pages, in words: 2 MiB transparent huge pages where the kernel gives
+  // them to shared memory that asks for them (MADV_HUGEPAGE), else 4 KiB pages, with the setting
+  // that decided it. huge_pages() says which.
+  const std::string& pages() const { return pages_; }
+  bool huge_pages() const { return huge_; }
 
  private:
   SharedArena(int fd, uint8_t* base, uint64_t capacity) : fd_(fd), base_(base), capacity_(capacity) {}
   int fd_;
   uint8_t* base_;
   uint64_t capacity_;
+  std::string pages_;
+  bool huge_ = false;
 };
+
+// The kernel's transparent-huge-page mode for shared memory (memfd, tmpfs): the selected word of
+// /sys/kernel/mm/transparent_hugepage/hugepages-2048kB/shmem_enabled, or of the global
+// shmem_enabled when that says "inherit" or is absent; "" when the kernel has neither.
+std::string shmem_thp_mode(const std::string& sysfs = "/sys/kernel/mm/transparent_hugepage");
 
 // A client's mappings of the daemon's arena, from the descriptor it received.
 class ArenaView {

@@ -1,5 +1,7 @@
 #include "tiers/dram/dram_tier.hpp"
 
+#include "core/log.hpp"
+
 #include <cmath>
 
 #include <sys/mman.h>
@@ -11,6 +13,7 @@ namespace cairn {
 Result<std::unique_ptr<DramTier>> DramTier::create(uint64_t capacity, std::unique_ptr<EvictionPolicy> policy,
                                                    const std::string& name) {
   CAIRN_ASSIGN_OR_RETURN(auto arena, SharedArena::create(capacity, name));
+  CAIRN_LOG_INFO("DRAM arena: {} bytes, {}", arena->capacity(), arena->pages());
   return std::unique_ptr<DramTier>(new DramTier(std::move(arena), std::move(policy)));
 }
 
@@ -322,6 +325,7 @@ TierStats DramTier::stats() const {
   s.chunks = chunks_.size();
   s.dirty_bytes = dirty_bytes_;
   s.backpressure_waits = backpressure_waits_;
+  s.pages = arena_->pages();
   for (const auto& [hash, r] : chunks_) {
     const uint64_t held = alloc_.round_up(r.length);  // what the chunk holds of the arena
     s.chunk_bytes += held;

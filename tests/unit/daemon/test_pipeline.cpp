@@ -302,5 +302,81 @@ TEST_CASE("pipelined commits: a reply that does not come in time is a timeout, t
   CHECK((*c)->wait(*t3, 0).code() == StatusCode::kUnavailable);
 }
 
+
+// A model of `tensors` tensors of `each` bytes, committed at global (so DRAM may drop its chunks).
+std::vector<std::vector<uint8_t>> commit_big(Client& c, const std::string& id, int tensors, size_t each, uint64_t seed) {
+  std::vector<std::vector<uint8_t>> bytes;
+  ModelWriter w(c, id, "");
+  for (int t = 0; t < tensors; ++t) {
+    bytes.push_back(pattern(each, seed + static_cast<uint64_t>(t)));
+    REQUIRE(w.add_tensor("t" + std::to_string(t), bytes.back().data(), DType::kU8, {static_cast<int64_t>(each)}).is_ok());
+  }
+  REQUIRE(w.commit(Durability::kGlobal, true).is_ok());
+  return bytes;
+}
+
+uint64_t pinned_bytes(Client& c) {
+  auto st = c.call(json{{"op", "stats"}});
+  REQUIRE(st.is_ok());
+  return (*st)["tiers"]["dram"].value("pinned_bytes", uint64_t{0});
+}
+
+TEST_CASE("pipelined reads: a large read_many leases its groups of tensors at once and reads every byte") {
+  Daemon d;
+  auto c = d.connect();
+  // 48 MiB in 12 tensors: three groups of 16 MiB, three lease requests sent before any reply.
+  auto bytes = commit_big(*c, "big", 12, 4u << 20, 7);
+  auto r = ModelReader::open(*c, "big");
+  REQUIRE(r.is_ok());
+  std::vector<std::string> names;
+  std::vector<std::vector<uint8_t>> out(12, std::vector<uint8_t>(4u << 20));
+  std::vector<std::span<uint8_t>> dsts;
+  for (int t = 0; t < 12; ++t) names.push_back("t" + std::to_string(t)), dsts.emplace_back(out[static_cast<size_t>(t)]);
+  const uint64_t before = c->requests();
+  REQUIRE((*r)->read_many(names, dsts).is_ok());
+  CHECK(c->requests() - before == 3);
+  for (size_t t = 0; t < 12; ++t) CHECK(out[t] == bytes[t]);
+  // The leases go back with the next request.
+  CHECK(pinned_bytes(*c) == 0);
+  // A small read is one request.
+  const uint64_t before_small = c->requests();
+  REQUIRE((*r)->read_many({"t0", "t1"}, {dsts[0], dsts[1]}).is_ok());
+  CHECK(c->requests() - before_small == 1);
+}
+
+TEST_CASE("pipelined reads: a group that cannot be leased fails the read and leaves nothing pinned") {
+  Daemon d;
+  auto c = d.connect();
+  // Two 40 MiB models in a 64 MiB arena: while B is mapped (pinned), A's groups cannot all be
+  // loaded back into DRAM.
+  auto a = commit_big(*c, "a", 10, 4u << 20, 100);
+  auto b = commit_big(*c, "b", 10, 4u << 20, 200);
+  std::vector<std::string> names;
+  for (int t = 0; t < 10; ++t) names.push_back("t" + std::to_string(t));
+  auto rb = ModelReader::open(*c, "b");
+  REQUIRE(rb.is_ok());
+  auto views = (*rb)->map_many(names);
+  REQUIRE(views.is_ok());
+  const uint64_t held = pinned_bytes(*c);
+  CHECK(held >= (40ull << 20));
+
+  auto ra = ModelReader::open(*c, "a");
+  REQUIRE(ra.is_ok());
+  std::vector<std::vector<uint8_t>> out(10, std::vector<uint8_t>(4u << 20));
+  std::vector<std::span<uint8_t>> dsts;
+  for (auto& o : out) dsts.emplace_back(o);
+  Status st = (*ra)->read_many(names, dsts);
+  CHECK(st.code() == StatusCode::kNoSpace);
+  INFO(st.to_string());
+  // A's groups that were leased are released; B's lease is untouched.
+  CHECK(pinned_bytes(*c) == held);
+  for (size_t t = 0; t < 10; ++t) CHECK(std::memcmp(views->at(t).data(), b[t].data(), b[t].size()) == 0);
+  (*rb)->close();
+  CHECK(pinned_bytes(*c) == 0);
+  // With B gone from DRAM's pins, A reads back whole.
+  REQUIRE((*ra)->read_many(names, dsts).is_ok());
+  for (size_t t = 0; t < 10; ++t) CHECK(out[t] == a[t]);
+}
+
 }  // namespace
 }  // namespace cairn

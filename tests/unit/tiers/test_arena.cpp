@@ -2,6 +2,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -10,6 +11,8 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -697,6 +700,39 @@ TEST_CASE("arena view: a size that does not match the descriptor is rejected", "
   auto bad_fd = ArenaView::map(-1, capacity);
   REQUIRE_FALSE(bad_fd.is_ok());
   CHECK(bad_fd.status().code() == StatusCode::kInvalidArgument);
+}
+
+
+TEST_CASE("shared arena: the page backing is read from the kernel's shmem THP setting", "[arena]") {
+  char tmpl[] = "/tmp/cairn-thp-XXXXXX";
+  REQUIRE(::mkdtemp(tmpl) != nullptr);
+  const std::string dir = tmpl;
+  auto write = [](const std::string& path, const char* text) {
+    FILE* f = std::fopen(path.c_str(), "w");
+    REQUIRE(f != nullptr);
+    std::fputs(text, f);
+    std::fclose(f);
+  };
+  CHECK(shmem_thp_mode(dir) == "");  // no such files: a kernel without shmem THP
+  write(dir + "/shmem_enabled", "always within_size advise [never] deny force\n");
+  CHECK(shmem_thp_mode(dir) == "never");
+  REQUIRE(::mkdir((dir + "/hugepages-2048kB").c_str(), 0755) == 0);
+  write(dir + "/hugepages-2048kB/shmem_enabled", "always [inherit] within_size advise never\n");
+  CHECK(shmem_thp_mode(dir) == "never");  // inherit: the global setting
+  write(dir + "/hugepages-2048kB/shmem_enabled", "always inherit within_size [advise] never\n");
+  CHECK(shmem_thp_mode(dir) == "advise");  // the 2 MiB size's own setting wins
+  write(dir + "/shmem_enabled", "garbage without a choice\n");
+  write(dir + "/hugepages-2048kB/shmem_enabled", "[inherit]\n");
+  CHECK(shmem_thp_mode(dir) == "");
+  (void)std::system(("rm -rf " + dir).c_str());
+
+  // The arena says what backs it, on this machine's setting.
+  auto arena = SharedArena::create(4u << 20, "cairn-test-pages");
+  REQUIRE(arena.is_ok());
+  const std::string mode = shmem_thp_mode();
+  const bool huge = mode == "always" || mode == "within_size" || mode == "advise" || mode == "force";
+  CHECK((*arena)->huge_pages() == huge);
+  CHECK((*arena)->pages().find(huge ? "2 MiB" : "4 KiB") == 0);
 }
 
 }  // namespace
