@@ -257,6 +257,13 @@ cairn_status cairn_model_add_tensor_space(cairn_model_writer* w, const char* nam
   });
 }
 
+cairn_status cairn_model_seal_tensor(cairn_model_writer* w, const char* name) {
+  return guarded([&] {
+    CAIRN_REQUIRE_ARG(w && name, "writer and name must not be NULL");
+    return done(w->impl->seal_tensor(name));
+  });
+}
+
 cairn_status cairn_model_reserve(cairn_model_writer* w, size_t n, const size_t* nbytes) {
   return guarded([&] {
     CAIRN_REQUIRE_ARG(w && (n == 0 || nbytes), "writer and nbytes must not be NULL");

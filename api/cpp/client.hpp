@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <future>
 #include <map>
 #include <memory>
 #include <optional>
@@ -23,6 +24,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/hash.hpp"
 #include "core/dtype.hpp"
 #include "core/status.hpp"
 #include "tiers/dram/arena.hpp"
@@ -206,6 +208,13 @@ class ModelWriter {
   // Arena space for the tensor that the caller fills before commit (zero-copy writes, e.g. reading a
   // file straight into it). The pointer is valid until commit or abort.
   Result<uint8_t*> add_tensor_space(const std::string& name, DType dtype, const std::vector<int64_t>& shape);
+  // Says that a tensor added with add_tensor_space holds its final bytes: the client hashes them
+  // now, on a thread of its own, while the caller fills the next tensor, and the commit then need
+  // not read them again (a model written tensor by tensor, each sealed once written, commits at
+  // about the time of writing it). Writing the tensor after sealing it stores a chunk that fails
+  // its hash on every later read: don't. kInvalidArgument for a tensor not added through arena
+  // space, or sealed already.
+  Status seal_tensor(const std::string& name);
   // Adds a tensor whose bytes are in device memory (CAIRN_MEM_CUDA; with the emulated backend,
   // this process's host memory): copied device-to-host into arena space before returning, so the
   // caller may overwrite its buffer at once and a commit at memory is acknowledged after the copy.
@@ -260,6 +269,17 @@ class ModelWriter {
   nlohmann::json metadata_ = nlohmann::json::object();
   std::string source_header_;
   std::map<std::string, bool> names_;
+  // add_tensor_space tensors: where tensors_ has them, their space, and their hashes once sealed
+  // (computed on a thread of their own; collected into tensors_ at commit).
+  struct SpaceTensor {
+    size_t index = 0;
+    const uint8_t* data = nullptr;
+    uint64_t nbytes = 0;
+    std::shared_future<std::vector<ChunkHash>> hashes;
+  };
+  std::map<std::string, SpaceTensor> space_tensors_;
+  // Waits for every sealed tensor's hashes and puts them into tensors_.
+  void collect_seals();
   bool inherit_all_ = false;
   bool done_ = false;
   nlohmann::json part_;  // {index, of, timeout_ms} for a part of a multi-part model

@@ -1,6 +1,7 @@
 // ModelWriter: builds a model in the daemon's arena and commits it (api/cpp/client.hpp).
 #include <algorithm>
 #include <cstring>
+#include <future>
 #include <thread>
 
 #include "api/cpp/client.hpp"
@@ -87,9 +88,35 @@ Result<uint8_t*> ModelWriter::add_tensor_space(const std::string& name, DType dt
   CAIRN_RETURN_IF_ERROR(check_shape(dtype, shape, &n).with_context("tensor '" + name + "'"));
   CAIRN_ASSIGN_OR_RETURN(Client::Space sp, space_for(n));
   spaces_.push_back(sp.id);
+  space_tensors_[name] = SpaceTensor{tensors_.size(), sp.data, n, {}};
   tensors_.push_back(json{{"name", name}, {"dtype", dtype_name(dtype)}, {"shape", shape_json(shape)}, {"space", sp.id}});
   names_[name] = true;
   return sp.data;
+}
+
+Status ModelWriter::seal_tensor(const std::string& name) {
+  if (done_) return invalid_argument("model '" + id_ + "' was already committed or aborted");
+  auto it = space_tensors_.find(name);
+  if (it == space_tensors_.end())
+    return invalid_argument("model '" + id_ + "': tensor '" + name + "' was not added with add_tensor_space");
+  SpaceTensor& t = it->second;
+  if (t.hashes.valid()) return invalid_argument("model '" + id_ + "': tensor '" + name + "' is sealed already");
+  const uint64_t chunk = client_.chunk_size();
+  if (chunk == 0) return Status::ok();  // a daemon that did not say its chunk size hashes at commit
+  const uint8_t* data = t.data;
+  const uint64_t n = t.nbytes;
+  t.hashes = std::async(std::launch::async, [data, n, chunk] { return hash_chunks(data, n, chunk); }).share();
+  return Status::ok();
+}
+
+void ModelWriter::collect_seals() {
+  for (auto& [name, t] : space_tensors_) {
+    if (!t.hashes.valid()) continue;
+    json hashes = json::array();
+    for (const ChunkHash& h : t.hashes.get()) hashes.push_back(h.hex());
+    tensors_[t.index]["hashes"] = std::move(hashes);
+  }
+  space_tensors_.clear();
 }
 
 Status ModelWriter::inherit_tensor(const std::string& name) {
@@ -143,6 +170,7 @@ Status ModelWriter::set_part(uint32_t index, uint32_t count, int64_t timeout_ms)
 Result<uint64_t> ModelWriter::commit(Durability d, bool wait) {
   if (done_) return invalid_argument("model '" + id_ + "' was already committed or aborted");
   drop_reserved();
+  collect_seals();
   auto r = client_.call(request(d, wait), inline_);
   if (!r.is_ok()) {
     abort();  // frees the spaces the daemon did not take
@@ -171,6 +199,7 @@ Result<Ticket> ModelWriter::commit_async(Durability d) {
 Result<Ticket> ModelWriter::commit_pipelined(Durability d) {
   if (done_) return invalid_argument("model '" + id_ + "' was already committed or aborted");
   drop_reserved();
+  collect_seals();
   auto t = std::make_shared<CommitTicket>();
   t->id = id_;
   t->target = d;
@@ -209,6 +238,10 @@ void ModelWriter::abort() {
   if (done_) return;
   done_ = true;
   drop_reserved();
+  // A hash still running reads the spaces: it ends before they are freed.
+  for (auto& [name, t] : space_tensors_)
+    if (t.hashes.valid()) t.hashes.wait();
+  space_tensors_.clear();
   // Spaces a failed commit already consumed are unknown to the daemon now: freeing them is a no-op.
   for (uint64_t id : spaces_) (void)client_.free_space(id);
   spaces_.clear();

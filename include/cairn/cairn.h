@@ -132,6 +132,13 @@ CAIRN_EXPORT cairn_status cairn_model_add_tensor_device(cairn_model_writer *w, c
  * Arguments are checked as by cairn_model_add_tensor; CAIRN_ERR_NO_SPACE when the arena is full. */
 CAIRN_EXPORT cairn_status cairn_model_add_tensor_space(cairn_model_writer *w, const char *name, cairn_dtype dtype,
                                                        int ndim, const int64_t *shape, void **data);
+/* Says that the tensor `name`, added with cairn_model_add_tensor_space, holds its final bytes: they
+ * are hashed now, on a thread of the library's own, while the caller fills the next tensor, so the
+ * commit need not read them again (write each tensor, seal it, go on: the commit then costs about
+ * the writing). Optional. The bytes must not change after this call (a chunk changed after it
+ * fails its hash on every later read). CAIRN_ERR_INVALID_ARGUMENT for a tensor not added through
+ * arena space or sealed already. */
+CAIRN_EXPORT cairn_status cairn_model_seal_tensor(cairn_model_writer *w, const char *name);
 /* Announces the byte sizes of the n tensors over 64 KiB about to be added (optional, a speed-up
  * for many-tensor models): their arena space is allocated now in one round trip instead of one per
  * tensor, and each later add of a tensor of such a size takes one of them. Space left unused is

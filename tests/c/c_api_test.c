@@ -343,6 +343,11 @@ int main(int argc, char **argv) {
         dst = (float *)data;
         for (k = 0; k < 160; ++k) dst[k] = h2[k];
       }
+      /* Written: sealed (hashed now, not at commit); once only, and only arena space. */
+      CHECK_OK(cairn_model_seal_tensor(w, "head.weight"));
+      CHECK(cairn_model_seal_tensor(w, "head.weight") == CAIRN_ERR_INVALID_ARGUMENT);
+      CHECK(cairn_model_seal_tensor(w, "no.such") == CAIRN_ERR_INVALID_ARGUMENT);
+      CHECK(cairn_model_seal_tensor(NULL, "head.weight") == CAIRN_ERR_INVALID_ARGUMENT);
       CHECK(cairn_model_add_tensor_space(w, "head.weight", CAIRN_DTYPE_F32, 2, s_h, &data) == CAIRN_ERR_EXISTS);
       CHECK(data == NULL);
       CHECK_OK(cairn_model_inherit_all(w));

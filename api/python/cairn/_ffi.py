@@ -77,6 +77,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "cairn_model_create_part": (st, [c_void_p, c_char_p, c_char_p, c_int, c_int, c_int, _c_void_p_p]),
         "cairn_model_add_tensor": (st, [c_void_p, c_char_p, c_void_p, c_int, c_int, _i64_p]),
         "cairn_model_add_tensor_space": (st, [c_void_p, c_char_p, c_int, c_int, _i64_p, _c_void_p_p]),
+        "cairn_model_seal_tensor": (st, [c_void_p, c_char_p]),
         "cairn_model_inherit_tensor": (st, [c_void_p, c_char_p]),
         "cairn_model_inherit_all": (st, [c_void_p]),
         "cairn_model_set_architecture": (st, [c_void_p, c_char_p]),

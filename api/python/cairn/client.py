@@ -496,6 +496,8 @@ class Client:
                                                             ctypes.byref(p)))
                     dst_dtype = a.dtype.newbyteorder("<") if a.dtype.byteorder == ">" else a.dtype
                     np.copyto(_arena_array(p.value or 0, a.shape, dst_dtype), a, casting="equiv")
+                    # Hashed by the library while the next tensor is converted, not at commit.
+                    _check(lib.cairn_model_seal_tensor(w, name_b))
                 if inherit_all:
                     _check(lib.cairn_model_inherit_all(w))
                 if arch_json is not None:

@@ -378,5 +378,63 @@ TEST_CASE("pipelined reads: a group that cannot be leased fails the read and lea
   for (size_t t = 0; t < 10; ++t) CHECK(out[t] == a[t]);
 }
 
+
+TEST_CASE("sealed tensors: hashed while the next is written, stored under the same chunks as a plain add") {
+  Daemon d;
+  auto c = d.connect();
+  // 3 tensors of 200 KiB (chunks of 64 KiB: 4 chunks each, the last one short).
+  std::vector<std::vector<uint8_t>> bytes;
+  for (int t = 0; t < 3; ++t) bytes.push_back(pattern(200u << 10, 300 + static_cast<uint64_t>(t)));
+  {
+    ModelWriter w(*c, "sealed", "");
+    for (int t = 0; t < 3; ++t) {
+      const std::string name = "t" + std::to_string(t);
+      auto p = w.add_tensor_space(name, DType::kU8, {static_cast<int64_t>(bytes[static_cast<size_t>(t)].size())});
+      REQUIRE(p.is_ok());
+      std::memcpy(*p, bytes[static_cast<size_t>(t)].data(), bytes[static_cast<size_t>(t)].size());
+      if (t < 2) REQUIRE(w.seal_tensor(name).is_ok());  // t2 is left to the daemon to hash
+    }
+    CHECK(w.seal_tensor("t0").code() == StatusCode::kInvalidArgument);  // twice
+    CHECK(w.seal_tensor("nope").code() == StatusCode::kInvalidArgument);
+    REQUIRE(w.commit(Durability::kGlobal, true).is_ok());
+  }
+  auto chunks = [&] {
+    auto st = c->call(json{{"op", "stats"}});
+    REQUIRE(st.is_ok());
+    return (*st)["repository"].value("chunks", uint64_t{0});
+  };
+  const uint64_t after_sealed = chunks();
+  // The same bytes through add_tensor (hashed by the client's copy): no new chunk, so the sealed
+  // hashes are the bytes' true hashes.
+  {
+    ModelWriter w(*c, "plain", "");
+    for (int t = 0; t < 3; ++t)
+      REQUIRE(w.add_tensor("t" + std::to_string(t), bytes[static_cast<size_t>(t)].data(), DType::kU8,
+                           {static_cast<int64_t>(bytes[static_cast<size_t>(t)].size())})
+                  .is_ok());
+    CHECK(w.seal_tensor("t0").code() == StatusCode::kInvalidArgument);  // not arena space
+    REQUIRE(w.commit(Durability::kGlobal, true).is_ok());
+  }
+  CHECK(chunks() == after_sealed);
+  auto r = ModelReader::open(*c, "sealed");
+  REQUIRE(r.is_ok());
+  for (int t = 0; t < 3; ++t) {
+    std::vector<uint8_t> out(bytes[static_cast<size_t>(t)].size());
+    REQUIRE((*r)->read("t" + std::to_string(t), out.data(), out.size()).is_ok());
+    CHECK(out == bytes[static_cast<size_t>(t)]);
+  }
+  // A writer aborted with a seal in flight frees its spaces once the hash is done.
+  {
+    ModelWriter w(*c, "aborted", "");
+    auto p = w.add_tensor_space("t", DType::kU8, {8 << 20});
+    REQUIRE(p.is_ok());
+    std::memset(*p, 7, 8u << 20);
+    REQUIRE(w.seal_tensor("t").is_ok());
+    w.abort();
+    CHECK(w.seal_tensor("t").code() == StatusCode::kInvalidArgument);
+  }
+  CHECK(pinned_bytes(*c) == 0);
+}
+
 }  // namespace
 }  // namespace cairn
