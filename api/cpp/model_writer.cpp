@@ -42,11 +42,11 @@ Status ModelWriter::add_tensor(const std::string& name, const void* data, DType 
   } else {
     CAIRN_ASSIGN_OR_RETURN(Client::Space sp, space_for(n));
     const uint64_t chunk = client_.chunk_size();
-    if (chunk > 0 && n > chunk) {
-      // Several chunks: copied and hashed here, the chunks shared among up to 4 threads, so the
-      // daemon need not read the bytes again at commit (1 GiB: 1.04x a memcpy on 2 cores instead
-      // of a copy and then a hash).
-      const unsigned threads = std::clamp(std::thread::hardware_concurrency(), 1u, 4u);
+    if (chunk > 0) {
+      // Copied and hashed here, each 64 KiB block hashed while it is in the cache (several chunks:
+      // shared among up to 4 threads), so the daemon need not read the bytes again at commit
+      // (1 GiB: 1.04x a memcpy on 2 cores instead of a copy and then a hash).
+      const unsigned threads = n > chunk ? std::clamp(std::thread::hardware_concurrency(), 1u, 4u) : 1u;
       json hashes = json::array();
       for (const ChunkHash& h : copy_and_hash_chunks(sp.data, data, n, chunk, threads)) hashes.push_back(h.hex());
       t["hashes"] = std::move(hashes);
