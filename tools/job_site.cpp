@@ -97,6 +97,15 @@ Result<SiteConfig> parse_site_config(const std::string& text, const std::string&
         if (!v.IsMap()) return bad(source, key, "must be a mapping of cairnd config keys (docs/config.md)");
         YAML::Emitter out;
         out << v;
+        if (!out.good()) return bad(source, key, "cannot be written back as YAML (" + out.GetLastError() + ")");
+        // cairnd reads this text as its config: it must read back as the same kind of mapping (a
+        // key of bytes that are not UTF-8 is emitted as text that does not; the fuzzer found one).
+        try {
+          if (!YAML::Load(out.c_str()).IsMap())
+            return bad(source, key, "does not read back as a mapping once written out (a key that is not UTF-8?)");
+        } catch (const YAML::Exception& e) {
+          return bad(source, key, std::string("does not read back once written out: ") + e.what());
+        }
         c.daemon_yaml = out.c_str();
       } else if (key == "drain_timeout" || key == "start_timeout" || key == "stop_timeout") {
         auto d = duration(v, source, key);
