@@ -60,6 +60,17 @@ def machine() -> Dict[str, Any]:
             "root": os.geteuid() == 0, "shmem_thp": _shmem_thp()}
 
 
+def _update_runs(results: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """The --update runs merged into results, oldest first; a merge written before updated_runs
+    existed named one run through updated_parts."""
+    if "updated_runs" in results:
+        return list(results["updated_runs"])
+    if not results.get("updated_parts"):
+        return []
+    return [{"started": next(iter(results["updated_parts"].values())), "parts": list(results["updated_parts"]),
+             "results": results.get("updated_from"), "base": results.get("base_file")}]
+
+
 def _shmem_thp() -> str:
     """The kernel's transparent-huge-page mode for shared memory, which backs cairn's DRAM arena
     (docs/tiering.md, "Huge pages for the arena"): the 2 MiB size's own setting unless it inherits."""
@@ -718,10 +729,7 @@ def render_doc(results: Dict[str, Any], img_dir: Path, doc_dir: Path) -> str:
              f"transparent huge pages for shared memory (the DRAM arena): {m.get('shmem_thp', 'not recorded')}",
              f"- run {results['started']} ({'--quick' if results['quick'] else 'full run'}), "
              f"{results['seconds'] / 60:.1f} minutes", ""]
-    runs = results.get("updated_runs")
-    if not runs and results.get("updated_parts"):  # a merge written before updated_runs
-        runs = [{"started": next(iter(results["updated_parts"].values())), "parts": list(results["updated_parts"]),
-                 "results": results["updated_from"], "base": results["base_file"]}]
+    runs = _update_runs(results)
     if runs:
         again = []
         for run in runs:
@@ -847,11 +855,7 @@ def main() -> int:
         merged["updated_parts"] = {**base.get("updated_parts", {}), **{n: results["started"] for n in sorted(only)}}
         merged["updated_from"] = os.path.relpath(res_path, ROOT)
         merged["base_file"] = base.get("results_file", a.update)
-        earlier = base.get("updated_runs")
-        if earlier is None and base.get("updated_parts"):
-            earlier = [{"started": next(iter(base["updated_parts"].values())), "parts": list(base["updated_parts"]),
-                        "results": base.get("updated_from"), "base": base.get("base_file")}]
-        merged["updated_runs"] = (earlier or []) + [
+        merged["updated_runs"] = _update_runs(base) + [
             {"started": results["started"], "parts": sorted(only), "results": merged["updated_from"],
              "base": merged["base_file"], "shmem_thp": results["machine"].get("shmem_thp")}]
         merged_path = out_dir / f"{res_path.stem}-merged.json"

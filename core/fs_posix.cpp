@@ -206,7 +206,7 @@ class PosixFile final : public File {
     lock.lock();
     --rings_made_;
     // The first ring refused: io_uring is not available. A later one refused (a limit on locked
-    // memory or on rings): this caller uses the plain loop, the rings there are stay in use.
+    // memory or on rings): this caller uses the plain loop, and the rings already made stay in use.
     if (rings_made_ == 0) rings_refused_ = true;
     rings_idle_.notify_one();
     return nullptr;

@@ -17,6 +17,15 @@ using namespace client_detail;
 
 // ---- ModelWriter ----
 
+namespace {
+// A tensor's chunk hashes as the commit request's "hashes" field.
+json hashes_json(const std::vector<ChunkHash>& hashes) {
+  json out = json::array();
+  for (const ChunkHash& h : hashes) out.push_back(h.hex());
+  return out;
+}
+}  // namespace
+
 ModelWriter::ModelWriter(Client& client, std::string id, std::string parent)
     : client_(client), id_(std::move(id)), parent_(std::move(parent)) {}
 
@@ -47,9 +56,7 @@ Status ModelWriter::add_tensor(const std::string& name, const void* data, DType 
       // shared among up to 4 threads), so the daemon need not read the bytes again at commit
       // (1 GiB: 1.04x a memcpy on 2 cores instead of a copy and then a hash).
       const unsigned threads = n > chunk ? std::clamp(std::thread::hardware_concurrency(), 1u, 4u) : 1u;
-      json hashes = json::array();
-      for (const ChunkHash& h : copy_and_hash_chunks(sp.data, data, n, chunk, threads)) hashes.push_back(h.hex());
-      t["hashes"] = std::move(hashes);
+      t["hashes"] = hashes_json(copy_and_hash_chunks(sp.data, data, n, chunk, threads));
     } else {
       stream_copy(sp.data, data, n, should_stream(n, n));
     }
@@ -111,10 +118,7 @@ Status ModelWriter::seal_tensor(const std::string& name) {
 
 void ModelWriter::collect_seals() {
   for (auto& [name, t] : space_tensors_) {
-    if (!t.hashes.valid()) continue;
-    json hashes = json::array();
-    for (const ChunkHash& h : t.hashes.get()) hashes.push_back(h.hex());
-    tensors_[t.index]["hashes"] = std::move(hashes);
+    if (t.hashes.valid()) tensors_[t.index]["hashes"] = hashes_json(t.hashes.get());
   }
   space_tensors_.clear();
 }
