@@ -10,6 +10,24 @@ import pytest
 import cairn
 
 
+def wait_until_stopped(pid, timeout=10.0):
+    """kill(2) only queues SIGSTOP: a daemon thread already running can still answer a request
+    before it stops. Wait until every thread of the process is in state T."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        states = []
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    states.append(f.read().rsplit(")", 1)[1].split()[0])
+            except FileNotFoundError:
+                continue
+        if states and all(s in ("T", "t") for s in states):
+            return
+        time.sleep(0.005)
+    raise AssertionError(f"daemon {pid} did not stop within {timeout} s")
+
+
 def test_daemon_dying_mid_pipeline_fails_tickets_without_hanging(make_daemon):
     d = make_daemon()
     c = cairn.connect(d.socket)
@@ -19,6 +37,7 @@ def test_daemon_dying_mid_pipeline_fails_tickets_without_hanging(make_daemon):
         assert first.wait(timeout=30) == "memory"
         # The daemon stops reading: the commits below are written to the socket, never answered.
         os.kill(d.proc.pid, signal.SIGSTOP)
+        wait_until_stopped(d.proc.pid)
         try:
             tickets = [c.save_model(f"m{i}", {}, parent="base", inherit_all=True, meta={"i": i},
                                     durability="memory") for i in range(50)]
