@@ -335,6 +335,7 @@ Result<json> CommitPath::commit_group_part(Session& s, std::vector<uint8_t>& blo
     const Planned& p = plan[i];
     if (p.source == Planned::kInherit) {
       part.part.tensors.push_back(*p.inherited);
+      if (p_.trace) p_.trace->inherit(id, *p.inherited);
       continue;
     }
     TensorManifest t{p.name, p.desc.dtype, p.desc.shape, p.desc.nbytes, {}};

@@ -219,10 +219,13 @@ Result<std::shared_ptr<ModelManifest>> CommitPath::build_and_register(
     all_parent = plan[pi]->source == Planned::kInherit && plan[pi]->inherited == &parent_manifest->tensors[pi];
   if (all_parent) m->tensors = parent_manifest->tensors;
   else m->tensors.reserve(plan.size());
+  if (all_parent && p_.trace)
+    for (const TensorManifest& t : m->tensors) p_.trace->inherit(id, t);
   for (size_t pi = 0; pi < plan.size() && !all_parent; ++pi) {
     const Planned& p = *plan[pi];
     if (p.source == Planned::kInherit) {
       m->tensors.push_back(*p.inherited);
+      if (p_.trace) p_.trace->inherit(id, *p.inherited);
       continue;
     }
     const Extent ext = tensor_ext[pi];

@@ -2,6 +2,7 @@
 
 #include <sys/resource.h>
 #include <algorithm>
+#include <set>
 #include <unordered_set>
 #include <unistd.h>
 
@@ -35,16 +36,20 @@ void Prefetcher::idle() {
 }
 
 std::vector<std::string> Prefetcher::for_chunks(const std::vector<std::string>& ids,
-                                                const std::function<void(const ChunkRef&)>& fn) {
+                                                const std::function<void(const ChunkRef&)>& fn,
+                                                const std::vector<std::string>& tensors) {
   std::vector<std::string> unknown;
+  const std::set<std::string> only(tensors.begin(), tensors.end());
   for (const std::string& id : ids) {
     auto m = p_.models.find(id);
     if (!m.is_ok()) {
       unknown.push_back(id);
       continue;
     }
-    for (const TensorManifest& t : (*m)->tensors)
+    for (const TensorManifest& t : (*m)->tensors) {
+      if (!only.empty() && !only.count(t.name)) continue;
       for (const ChunkRef& c : t.chunks) fn(c);
+    }
   }
   return unknown;
 }
@@ -84,12 +89,23 @@ Result<json> Prefetcher::hint(const json& req) {
   auto hit = req.find("hint");
   if (hit == req.end()) return invalid_argument("request 'hint': missing object field 'hint' (docs/policy.md)");
   CAIRN_ASSIGN_OR_RETURN(Hint h, parse_hint(*hit));
-  if (p_.trace) p_.trace->hint(h);
+  // A will_load scoped to tensors is recorded chunk by chunk below (a replay must expect exactly
+  // those chunks); every other hint as one line.
+  const bool scoped = h.kind == Hint::Kind::kWillLoad && !h.tensors.empty();
+  if (p_.trace && !scoped) p_.trace->hint(h);
   std::vector<std::string> unknown;
   size_t queued = 0;
   switch (h.kind) {
     case Hint::Kind::kWillLoad: {
-      unknown = for_chunks(h.models, [&](const ChunkRef& c) { hint_expected_use(c.hash, h.when_s); });
+      // The expectation covers the named tensors only: a child that loads its parent's first layers
+      // must not make the whole parent outrank everything else.
+      for (const std::string& id : h.models) {
+        auto u = for_chunks({id}, [&](const ChunkRef& c) {
+          hint_expected_use(c.hash, h.when_s);
+          if (p_.trace && scoped) p_.trace->expect(id, c.hash, c.length, h.when_s);
+        }, h.tensors);
+        unknown.insert(unknown.end(), u.begin(), u.end());
+      }
       for (const std::string& id : h.models) {
         if (std::find(unknown.begin(), unknown.end(), id) != unknown.end()) continue;
         enqueue(Job{id, h.tensors, "will_load", h.hbm});

@@ -89,9 +89,11 @@ class Prefetcher final : public ReadObserver {
   void enqueue(Job job);
   // Forgets staged chunks that left DRAM unread (counted wasted). REQUIRES: mu_ held.
   void prune_locked();
-  // Applies fn to every chunk of the models that exist; returns the ids that do not.
+  // Applies fn to every chunk of the models that exist (of the named tensors only, when `tensors`
+  // is not empty; names a model lacks are skipped); returns the ids that do not exist.
   std::vector<std::string> for_chunks(const std::vector<std::string>& ids,
-                                      const std::function<void(const ChunkRef&)>& fn);
+                                      const std::function<void(const ChunkRef&)>& fn,
+                                      const std::vector<std::string>& tensors = {});
 
   Parts p_;
   uint64_t reserve_;  // free arena bytes staging never goes under

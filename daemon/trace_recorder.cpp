@@ -45,6 +45,30 @@ void TraceRecorder::commit(const std::string& model, const ChunkHash& chunk, uin
   write(std::move(e));
 }
 
+void TraceRecorder::inherit(const std::string& model, const ChunkHash& chunk, uint64_t bytes) {
+  TraceEvent e;
+  e.kind = TraceEventKind::kInherit;
+  e.models = {model};
+  e.chunk = chunk.hex();
+  e.bytes = bytes;
+  write(std::move(e));
+}
+
+void TraceRecorder::inherit(const std::string& model, const TensorManifest& t) {
+  for (const ChunkRef& c : t.chunks) inherit(model, c.hash, c.length);
+}
+
+void TraceRecorder::expect(const std::string& model, const ChunkHash& chunk, uint64_t bytes, double when_s) {
+  TraceEvent e;
+  e.kind = TraceEventKind::kHint;
+  e.hint = HintKind::kWillLoad;
+  e.models = {model};
+  e.chunk = chunk.hex();
+  e.bytes = bytes;
+  if (when_s > 0) e.when_s = when_s;
+  write(std::move(e));
+}
+
 void TraceRecorder::hint(const Hint& h) {
   TraceEvent e;
   e.kind = TraceEventKind::kHint;

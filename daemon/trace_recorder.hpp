@@ -17,6 +17,7 @@
 #include "daemon/hints.hpp"
 #include "policy/eviction.hpp"
 #include "policy/trace.hpp"
+#include "tiers/pfs/manifest.hpp"
 
 namespace cairn {
 
@@ -28,7 +29,15 @@ class TraceRecorder {
 
   void access(const std::string& model, const ChunkHash& chunk, uint64_t bytes, const char* tier, bool prefetch);
   void commit(const std::string& model, const ChunkHash& chunk, uint64_t bytes);
+  // A commit of `model` uses an existing chunk without writing it (an inherited tensor): a replay
+  // learns that the model uses it (its population, done and reference terms cover the chunk).
+  void inherit(const std::string& model, const ChunkHash& chunk, uint64_t bytes);
+  // Every chunk of an inherited tensor.
+  void inherit(const std::string& model, const TensorManifest& t);
   void hint(const Hint& h);
+  // One chunk of a will_load scoped to tensors: a read of `chunk` by way of `model` is expected
+  // `when_s` from now (0: next).
+  void expect(const std::string& model, const ChunkHash& chunk, uint64_t bytes, double when_s);
   uint64_t events() const { return events_.load(); }
 
  private:

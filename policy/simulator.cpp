@@ -64,7 +64,8 @@ class HintTracker {
         done_count_(chunks, 0),
         in_population_(models, 0),
         done_(models, 0),
-        expected_at_(models) {}
+        expected_at_(models),
+        chunk_expected_at_(chunks) {}
 
   // Model m read or wrote chunk c: remembers the pair, and passes on what changes for c.
   void use(uint32_t m, uint32_t c) {
@@ -81,10 +82,12 @@ class HintTracker {
     if (expected_at_[m]) refresh_expected(c, kNone);
   }
 
-  // After the policy tracked c (fresh): passes on everything known about c.
+  // After the policy tracked c (fresh): passes on everything known about c. `reader` kNone: a
+  // commit wrote c (it fulfils no expectation).
   void tracked(uint32_t c, uint32_t reader) {
     policy_.set_references(key_of(c), references(c));
     if (!hints_) return;
+    if (reader != kNone) fulfil(c);
     policy_.set_population(key_of(c), population_count_[c] > 0);
     policy_.set_done(key_of(c), is_done(c));
     refresh_expected(c, reader);
@@ -93,6 +96,7 @@ class HintTracker {
   // After the policy saw `reader` read c (which withdrew c's expectation and done flag).
   void touched(uint32_t c, uint32_t reader) {
     if (!hints_) return;
+    fulfil(c);
     if (is_done(c)) policy_.set_done(key_of(c), true);
     refresh_expected(c, reader);
   }
@@ -119,9 +123,25 @@ class HintTracker {
     loading_ = kNone;
   }
 
+  // A read of c fulfils its chunk-level expectation (if any).
+  void fulfil(uint32_t c) {
+    if (!chunk_expected_at_[c]) return;
+    chunk_expected_at_[c].reset();
+    --pending_;
+  }
+
   void hint(const Ev& e) {
     if (!hints_) return;
     const int64_t now = clock_.now_ns();
+    if (e.chunk != kNone) {  // a will_load scoped to tensors: this chunk only (the earlier wins)
+      const uint32_t c = e.chunk;
+      const int64_t at = add_seconds_ns(now, e.when_s.value_or(0.0));
+      if (!chunk_expected_at_[c]) ++pending_;
+      if (!chunk_expected_at_[c] || at < *chunk_expected_at_[c] || stale(*chunk_expected_at_[c], now))
+        chunk_expected_at_[c] = at;
+      if (resident_[c]) refresh_expected(c, kNone);
+      return;
+    }
     switch (e.hint) {
       case HintKind::kWillLoad:
         for (uint32_t m : e.models) {
@@ -216,15 +236,19 @@ class HintTracker {
       return;
     }
     const int64_t now = clock_.now_ns();
-    const double grace_ns = options_.hints.expected_use_grace_s * 1e9;
     std::optional<int64_t> soonest;
+    if (chunk_expected_at_[c] && !stale(*chunk_expected_at_[c], now)) soonest = chunk_expected_at_[c];
     for (uint32_t m : chunk_models_[c]) {
-      if (m == reader || !expected_at_[m]) continue;
-      if (static_cast<double>(now) - static_cast<double>(*expected_at_[m]) > grace_ns) continue;  // stale
+      if (m == reader || !expected_at_[m] || stale(*expected_at_[m], now)) continue;
       if (!soonest || *expected_at_[m] < *soonest) soonest = expected_at_[m];
     }
     policy_.set_expected_use(key_of(c), soonest ? (static_cast<double>(*soonest) - static_cast<double>(now)) * 1e-9
                                                 : std::numeric_limits<double>::infinity());
+  }
+
+  // An expectation overdue by more than the policy's grace (the policy drops those itself).
+  bool stale(int64_t at, int64_t now) const {
+    return static_cast<double>(now) - static_cast<double>(at) > options_.hints.expected_use_grace_s * 1e9;
   }
 
   EvictionPolicy& policy_;
@@ -240,8 +264,9 @@ class HintTracker {
   std::vector<char> in_population_;
   std::vector<char> done_;
   std::vector<std::optional<int64_t>> expected_at_;
+  std::vector<std::optional<int64_t>> chunk_expected_at_;  // will_load hints naming the chunk
   std::set<uint32_t> population_;
-  size_t pending_ = 0;  // models with an expectation
+  size_t pending_ = 0;  // models and chunks with an expectation
   uint32_t loading_ = kNone;
   int64_t last_load_start_ns_ = -1;
   double load_gaps_ns_ = 0;
@@ -478,7 +503,9 @@ Result<Simulator> Simulator::create(const Trace& trace, SimOptions options) {
     for (const std::string& m : t.models) e.models.push_back(model_id(m));
     if (t.kind != TraceEventKind::kHint) data_models.insert(e.models.front());
     if (t.kind == TraceEventKind::kHint) ++s.hints;
-    if (t.kind == TraceEventKind::kAccess || t.kind == TraceEventKind::kInsert || t.kind == TraceEventKind::kInherit) {
+    // A will_load hint may name a chunk (a hint scoped to tensors, recorded chunk by chunk).
+    if (t.kind == TraceEventKind::kAccess || t.kind == TraceEventKind::kInsert || t.kind == TraceEventKind::kInherit ||
+        !t.chunk.empty()) {
       auto [it, inserted] = chunk_ids.try_emplace(t.chunk, static_cast<uint32_t>(chunk_ids.size()));
       e.chunk = it->second;
       if (inserted) {

@@ -151,9 +151,9 @@ Result<TraceEvent> parse_line(std::string_view line) {
     }
   }
   e.chunk = std::string(f[3]);
+  // A hint's bytes are empty unless it names a chunk (a will_load scoped to tensors).
   if (!f[4].empty() || e.kind != TraceEventKind::kHint) {
     CAIRN_ASSIGN_OR_RETURN(e.bytes, parse_unsigned<uint64_t>("bytes", f[4]));
-    if (e.kind == TraceEventKind::kHint) return bad("bytes", "must be empty for a hint");
   }
   CAIRN_ASSIGN_OR_RETURN(e.tier, (parse_name<TraceTier>("tier", f[5], kTierNames)));
   CAIRN_ASSIGN_OR_RETURN(e.hint, (parse_name<HintKind>("hint", f[6], kHintNames)));
@@ -190,8 +190,13 @@ Status validate_trace_event(const TraceEvent& e) {
   }
   for (const std::string& m : e.models)
     if (!valid_name(m)) return bad("model", quoted(m) + " is not a valid model id (1..1024 bytes of UTF-8, no NUL)");
-  // chunk
-  if (e.kind == TraceEventKind::kCommit || is_hint) {
+  // chunk: required for the chunk events; a will_load hint may name one chunk of its one model (the
+  // daemon records a will_load scoped to tensors as one such line per chunk); else empty.
+  const bool chunk_hint = is_hint && !e.chunk.empty();
+  if (chunk_hint && e.hint != HintKind::kWillLoad) return bad("chunk", "allowed on will_load hints only");
+  if (chunk_hint && e.models.size() != 1)
+    return bad("chunk", "a will_load hint naming a chunk names one model, found " + std::to_string(e.models.size()));
+  if (e.kind == TraceEventKind::kCommit || (is_hint && !chunk_hint)) {
     if (!e.chunk.empty()) return bad("chunk", "must be empty for " + kind);
   } else {
     if (e.chunk.empty()) return bad("chunk", "required for " + kind);
@@ -201,7 +206,7 @@ Status validate_trace_event(const TraceEvent& e) {
       if (!chunk_token_char(c)) return bad("chunk", quoted(e.chunk) + " has a byte outside [A-Za-z0-9._:/+-]");
   }
   // bytes
-  if (is_hint && e.bytes != 0) return bad("bytes", "must be empty for a hint");
+  if (is_hint && !chunk_hint && e.bytes != 0) return bad("bytes", "must be empty for a hint without a chunk");
   // tier
   if (static_cast<int>(e.tier) >= kTraceTierCount) return bad("tier", "unknown tier value");
   if ((e.kind == TraceEventKind::kCommit || e.kind == TraceEventKind::kInherit || is_hint) &&
@@ -233,7 +238,7 @@ std::string format_trace_event(const TraceEvent& e) {
   out += ',';
   out += e.chunk;
   out += ',';
-  if (e.kind != TraceEventKind::kHint) out += std::to_string(e.bytes);
+  if (e.kind != TraceEventKind::kHint || !e.chunk.empty()) out += std::to_string(e.bytes);
   out += ',';
   out += trace_tier_name(e.tier);
   out += ',';

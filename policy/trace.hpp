@@ -55,9 +55,12 @@ struct TraceEvent {
   // in order, for a hint. Each a valid name (core/dtype.hpp valid_name).
   std::vector<std::string> models;
   // The chunk: its 32-hex-digit hash, or any token of [A-Za-z0-9._:/+-] (1..kMaxChunkTokenBytes).
-  // Empty for commit and hint.
+  // Empty for commit and hint, except a will_load hint scoped to tensors: the daemon records it as
+  // one hint per chunk of those tensors, each naming the one model and the chunk.
   std::string chunk;
-  uint64_t bytes = 0;  // chunk bytes (access, insert, inherit, evict); the model's bytes (commit); 0 (hint)
+  // Chunk bytes (access, insert, inherit, evict, a will_load naming a chunk); the model's bytes
+  // (commit); 0 (other hints).
+  uint64_t bytes = 0;
   TraceTier tier = TraceTier::kUnknown;  // access, insert (optional), evict (required); else kUnknown
   HintKind hint = HintKind::kNone;       // set for hints only
   // Hints of kind will_load only: seconds from time_ns to the expected read, finite and >= 0;

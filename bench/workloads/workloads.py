@@ -36,6 +36,7 @@ and a table of the ratios on stdout.
 from __future__ import annotations
 
 import argparse
+import collections
 import hashlib
 import json
 import multiprocessing as mp
@@ -551,15 +552,21 @@ def run_nas(spec: Dict[str, Any], ctx: "Context") -> None:
             logical = transferred_bytes = 0
             ancestors_found = 0
             total = search["population"] + search["cycles"]
-            for k in range(total):
+            # Candidates planned ahead of the one being trained, as an asynchronous search with
+            # lookahead + 1 workers (or a task queue) does: a candidate's tournament draws from the
+            # models completed when it is planned, and the driver tells cairn then which tensors it
+            # will load (a will_load scoped to those tensors, `when` from the mean candidate time).
+            lookahead = int(search.get("lookahead", 0))
+            pending: collections.deque = collections.deque()
+            durations: List[float] = []
+
+            def plan(k: int) -> Dict[str, Any]:
                 mid = f"{fam}/c{k:03d}"
                 if k < search["population"]:
                     genome = tuple(rng.choice(choices) for _ in range(ngenes))
                 else:
                     sample = rng.sample(alive, min(search["sample"], len(alive)))
                     parent = max(sample, key=lambda a: a[2])
-                    # The driver knows the parent: its layers are what the child will load.
-                    c.hint("will_load", [parent[0]])
                     genes = list(parent[1])
                     for _ in range(rng.randint(1, search.get("max_genes_per_mutation", 1))):
                         i = rng.randrange(ngenes)
@@ -572,7 +579,8 @@ def run_nas(spec: Dict[str, Any], ctx: "Context") -> None:
                 # cairn: ask the catalog for the best ancestor, load exactly the matching tensors.
                 t0 = now()
                 q = c.best_ancestor(arch)
-                t_query.append(now() - t0)
+                query_s = now() - t0
+                t_query.append(query_s)
                 anc = q.get("model")
                 mapping: Dict[str, str] = {}  # new name -> stored name
                 if anc:
@@ -582,10 +590,30 @@ def run_nas(spec: Dict[str, Any], ctx: "Context") -> None:
                             new = layer + s[len(frm):] if s.startswith(frm + ".") else (layer if s == frm else None)
                             if new in lay:
                                 mapping[new] = s
+                if mapping:
+                    # The driver knows what the candidate will load: exactly these tensors.
+                    hint: Dict[str, Any] = {"tensors": sorted(set(mapping.values()))}
+                    ahead = len(pending)
+                    if ahead and durations:
+                        hint["when"] = round(ahead * sum(durations) / len(durations), 3)
+                    c.hint("will_load", [anc], **hint)
+                return {"mid": mid, "genome": genome, "lay": lay, "arch": arch, "anc": anc, "mapping": mapping,
+                        "query_s": query_s}
+
+            planned = 0
+            for k in range(total):
+                while planned < total and planned <= k + lookahead:
+                    pending.append(plan(planned))
+                    planned += 1
+                cand = pending.popleft()
+                t_cand = now()
+                mid, genome, lay, arch = cand["mid"], cand["genome"], cand["lay"], cand["arch"]
+                anc, mapping = cand["anc"], cand["mapping"]
+                t0 = now()
                 loaded: Dict[str, np.ndarray] = {}
                 if mapping:
                     loaded = c.load_model(anc, names=list(mapping.values()))
-                    t_load["cairn"].append(now() - t0)
+                    t_load["cairn"].append(now() - t0 + cand["query_s"])
                     ancestors_found += 1
                     check_same(f"nas: cairn load of {anc}", loaded, records[anc], list(mapping.values()))
                     # Baselines load the ancestor's whole file, then take the same tensors.
@@ -620,6 +648,7 @@ def run_nas(spec: Dict[str, Any], ctx: "Context") -> None:
                 logical += nb
                 transferred_bytes += sum(int(np.prod(lay[n][0], dtype=np.int64)) * lay[n][1].itemsize for n in mapping)
                 alive.append((mid, genome, score))
+                durations.append(now() - t_cand)
                 if len(alive) > search["population"]:
                     dead = alive.pop(0)
                     c.hint("done", [dead[0]])  # the oldest dies: never a parent again

@@ -4,6 +4,7 @@
 #include "unit/daemon/engine_util.hpp"
 
 #include "daemon/hints.hpp"
+#include "policy/trace.hpp"
 
 namespace cairn {
 namespace {
@@ -100,6 +101,38 @@ TEST_CASE("hints: will_load of some tensors stages only those", "[hints][prefetc
   e->prefetcher().idle();
   CHECK(stats(*e, s)["prefetch"]["chunks_staged"] == 3);
   e->end_session(s);
+}
+
+TEST_CASE("hints: will_load of some tensors expects only their chunks, and the trace records each",
+          "[hints][prefetch][trace]") {
+  Stored st(1);
+  const std::string trace = st.dir.path + "/trace.csv";
+  auto e = make_engine(st.dir.path, [&](Config& c) { c.policy.trace = trace; });
+  Session s;
+  ok(*e, s, {{"op", "hint"}, {"hint", {{"kind", "will_load"}, {"models", {"m0"}}, {"tensors", {"b"}}, {"when", 2.5}}}});
+  ok(*e, s, {{"op", "hint"}, {"hint", {{"kind", "will_load"}, {"models", {"m0"}}}}});
+  e->prefetcher().idle();
+  e->end_session(s);
+  e.reset();  // closes the trace
+  auto t = read_trace_file(trace);
+  REQUIRE(t.is_ok());
+  std::vector<TraceEvent> scoped, whole;
+  for (const TraceEvent& ev : t->events) {
+    if (ev.kind != TraceEventKind::kHint) continue;
+    (ev.chunk.empty() ? whole : scoped).push_back(ev);
+  }
+  // b's three chunks, one line each, with their sizes and the `when`; the unscoped hint as one line.
+  REQUIRE(scoped.size() == 3);
+  uint64_t bytes = 0;
+  for (const TraceEvent& ev : scoped) {
+    CHECK(ev.hint == HintKind::kWillLoad);
+    CHECK(ev.models == std::vector<std::string>{"m0"});
+    CHECK(ev.when_s == 2.5);
+    bytes += ev.bytes;
+  }
+  CHECK(bytes == st.b[0].size());
+  REQUIRE(whole.size() == 1);
+  CHECK(whole[0].models == std::vector<std::string>{"m0"});
 }
 
 TEST_CASE("hints: a sequence keeps `ahead` models staged in front of the reader", "[hints][prefetch]") {

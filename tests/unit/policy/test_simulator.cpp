@@ -32,6 +32,10 @@ class Build {
   Build& hint(HintKind kind, std::vector<std::string> models) {
     return add(TraceEventKind::kHint, std::move(models), "", 0, TraceTier::kUnknown, kind);
   }
+  // A will_load scoped to tensors, as the daemon records it: one hint per chunk.
+  Build& expect(const std::string& model, const std::string& chunk, uint64_t bytes = 10) {
+    return add(TraceEventKind::kHint, {model}, chunk, bytes, TraceTier::kUnknown, HintKind::kWillLoad);
+  }
   const Trace& trace() const { return t_; }
 
  private:
@@ -157,6 +161,32 @@ TEST_CASE("Simulator: a will_load hint keeps the model through other reads", "[p
     s.access("x", "A").access("c", "C").access("a", "A");  // x reads a's chunk: a's read is still to come
     const Simulator sim2 = make(s.trace());
     REQUIRE(sim2.run(SimPolicy::kHints, 20).hits == 2);
+  }
+}
+
+TEST_CASE("Simulator: a will_load naming chunks keeps those, not the rest of the model", "[policy][sim]") {
+  // Model a has chunks A1 and A2; the hint expects A1 only. Two other reads need the room of one.
+  Build b;
+  b.access("a", "A1").access("a", "A2").expect("a", "A1").access("c", "C").access("a", "A1").access("a", "A2");
+  const Simulator sim = make(b.trace());
+  REQUIRE(sim.run(SimPolicy::kLru, 20).hits == 0);
+  const SimResult h = sim.run(SimPolicy::kHints, 20);
+  CHECK(h.hits == 1);  // A1 kept through C; A2 went
+  CHECK(sim.run(SimPolicy::kBelady, 20).hits == 2);  // Belady does not cache C at all
+
+  SECTION("the expectation is used up by the read") {
+    // After its read A1 is no longer expected, so `done` makes it the first victim and B stays; a
+    // lingering expectation would outrank done and push B out instead.
+    Build u;
+    u.access("a", "A1").expect("a", "A1").access("a", "A1").hint(HintKind::kDone, {"a"});
+    u.access("b", "B").access("c", "C").access("b", "B");
+    CHECK(make(u.trace()).run(SimPolicy::kHints, 20).hits == 2);
+  }
+  SECTION("a chunk expected before it is written enters expected") {
+    Build w;
+    w.expect("p", "P").insert("p", "P").insert("q", "Q1").insert("q", "Q2").access("p", "P");
+    CHECK(make(w.trace()).run(SimPolicy::kHints, 20).hits == 1);
+    CHECK(make(w.trace()).run(SimPolicy::kLineage, 20).hits == 0);
   }
 }
 

@@ -59,6 +59,10 @@ Trace sample_trace() {
   t.events.push_back(hint(23, HintKind::kWillLoad, {"m1"}));
   t.events.push_back(hint(24, HintKind::kSequence, {"m1", "m0"}));
   t.events.push_back(hint(25, HintKind::kDone, {"m0"}));
+  TraceEvent scoped = hint(26, HintKind::kWillLoad, {"m1"}, 0.5);  // a will_load scoped to tensors
+  scoped.chunk = "c9";
+  scoped.bytes = 77;
+  t.events.push_back(scoped);
   t.events.push_back(event(30, TraceEventKind::kEvict, {}, hex, 16 << 20, TraceTier::kDram));
   t.events.push_back(event(9'000'000'000'000'000'000, TraceEventKind::kEvict, {"m0"}, hex, UINT64_MAX, TraceTier::kNvme));
   return t;
@@ -94,6 +98,7 @@ TEST_CASE("A trace survives format and parse unchanged", "[policy][trace]") {
   REQUIRE(text.find("20,hint,m0;m1;a%3Bb,,,,population,\n") != std::string::npos);
   REQUIRE(text.find("21,hint,m1,,,,will_load,0.1\n") != std::string::npos);
   REQUIRE(text.find("23,hint,m1,,,,will_load,\n") != std::string::npos);
+  REQUIRE(text.find("26,hint,m1,c9,77,,will_load,0.5\n") != std::string::npos);
 }
 
 TEST_CASE("The trace reader takes CRLF, comments, a missing final newline and lower-case escapes",
@@ -143,8 +148,10 @@ TEST_CASE("The trace reader rejects bad lines, naming the line and the field", "
       {"1,hint,,,,,done,\n", "t.csv:3: model: a hint names one or more models"},
       {"1,hint,m,,,,,\n", "t.csv:3: hint: required for a hint"},
       {"1,hint,m,,,,later,\n", "t.csv:3: hint: 'later' is not one of will_load, population, sequence, done or empty"},
-      {"1,hint,m,,5,,done,\n", "t.csv:3: bytes: must be empty for a hint"},
-      {"1,hint,m,c,,,done,\n", "t.csv:3: chunk: must be empty for hint"},
+      {"1,hint,m,,5,,done,\n", "t.csv:3: bytes: must be empty for a hint without a chunk"},
+      {"1,hint,m,c,,,done,\n", "t.csv:3: chunk: allowed on will_load hints only"},
+      {"1,hint,m;n,c,5,,will_load,\n", "t.csv:3: chunk: a will_load hint naming a chunk names one model, found 2"},
+      {"1,hint,m,c d,5,,will_load,\n", "t.csv:3: chunk: 'c d' has a byte outside [A-Za-z0-9._:/+-]"},
       {"1,hint,m;;n,,,,done,\n", "t.csv:3: model: '' is not a valid model id"},
       {"1,hint,m,,,,population,3\n", "t.csv:3: when_s: allowed for will_load hints only"},
       {"1,hint,m,,,,will_load,inf\n", "t.csv:3: when_s: 'inf' is not a finite number of seconds >= 0"},
