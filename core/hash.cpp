@@ -71,24 +71,37 @@ std::vector<ChunkHash> hash_chunks(const void* data, uint64_t size, uint64_t chu
 
 std::vector<ChunkHash> copy_and_hash_chunks(void* dst, const void* src, uint64_t size, uint64_t chunk_size,
                                             unsigned threads) {
-  const uint64_t chunks = chunk_count(size, chunk_size);
-  std::vector<ChunkHash> out(chunks);
-  auto* d = static_cast<unsigned char*>(dst);
-  const auto* s = static_cast<const unsigned char*>(src);
+  return std::move(copy_and_hash_many({CopyJob{dst, src, size}}, chunk_size, threads).front());
+}
+
+std::vector<std::vector<ChunkHash>> copy_and_hash_many(const std::vector<CopyJob>& jobs, uint64_t chunk_size,
+                                                       unsigned threads) {
+  std::vector<std::vector<ChunkHash>> out(jobs.size());
+  // Every chunk of every job, in order: (job, chunk) numbered 0..units.
+  std::vector<std::pair<uint32_t, uint64_t>> units;
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    const uint64_t chunks = chunk_count(jobs[j].size, chunk_size);
+    out[j].resize(chunks);
+    for (uint64_t c = 0; c < chunks; ++c) units.emplace_back(static_cast<uint32_t>(j), c);
+  }
   std::atomic<uint64_t> next{0};
   auto work = [&] {
-    for (uint64_t c; (c = next++) < chunks;) {
-      const uint64_t from = c * chunk_size, len = std::min(chunk_size, size - from);
+    for (uint64_t u; (u = next++) < units.size();) {
+      const auto [j, c] = units[u];
+      const CopyJob& job = jobs[j];
+      const uint64_t from = c * chunk_size, len = std::min(chunk_size, job.size - from);
+      auto* d = static_cast<unsigned char*>(job.dst) + from;
+      const auto* s = static_cast<const unsigned char*>(job.src) + from;
 #if defined(CAIRN_HASH_AVX2)
       if (kAvx2) {
-        out[c] = hash_avx2::copy_and_hash(d + from, s + from, len);
+        out[j][c] = hash_avx2::copy_and_hash(d, s, len);
         continue;
       }
 #endif
-      out[c] = copy_and_hash_one(d + from, s + from, len);
+      out[j][c] = copy_and_hash_one(d, s, len);
     }
   };
-  const uint64_t helpers = std::min<uint64_t>(threads > 0 ? threads - 1 : 0, chunks > 0 ? chunks - 1 : 0);
+  const uint64_t helpers = std::min<uint64_t>(threads > 0 ? threads - 1 : 0, units.empty() ? 0 : units.size() - 1);
   std::vector<std::thread> pool;
   for (uint64_t h = 0; h < helpers; ++h) {
     try {

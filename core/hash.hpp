@@ -55,4 +55,17 @@ std::vector<ChunkHash> hash_chunks(const void* data, uint64_t size, uint64_t chu
 std::vector<ChunkHash> copy_and_hash_chunks(void* dst, const void* src, uint64_t size, uint64_t chunk_size,
                                             unsigned threads);
 
+// One buffer for copy_and_hash_many.
+struct CopyJob {
+  void* dst = nullptr;
+  const void* src = nullptr;
+  uint64_t size = 0;
+};
+
+// copy_and_hash_chunks over several buffers at once: the chunks of all of them are shared among up
+// to `threads` threads, so a model of many one-chunk tensors is copied on every thread too (one
+// tensor at a time can only use one). Returns each job's chunk hashes, in the jobs' order.
+std::vector<std::vector<ChunkHash>> copy_and_hash_many(const std::vector<CopyJob>& jobs, uint64_t chunk_size,
+                                                       unsigned threads);
+
 }  // namespace cairn

@@ -231,6 +231,25 @@ cairn_status cairn_model_add_tensor(cairn_model_writer* w, const char* name, con
   });
 }
 
+cairn_status cairn_model_add_tensors(cairn_model_writer* w, const cairn_tensor_in* tensors, size_t n) {
+  return guarded([&] {
+    CAIRN_REQUIRE_ARG(w, "writer must not be NULL");
+    CAIRN_REQUIRE_ARG(tensors || n == 0, "tensors must not be NULL");
+    std::vector<cairn::ModelWriter::TensorIn> in(n);
+    for (size_t i = 0; i < n; ++i) {
+      const cairn_tensor_in& t = tensors[i];
+      CAIRN_REQUIRE_ARG(t.name, "tensors[" + std::to_string(i) + "].name must not be NULL");
+      CAIRN_REQUIRE_ARG(check_dtype(t.dtype), "tensors[" + std::to_string(i) + "]: unknown dtype " +
+                                                  std::to_string(raw_enum(t.dtype)));
+      if (cairn_status st = make_shape(t.ndim, t.shape, in[i].shape); st != CAIRN_OK) return st;
+      in[i].name = t.name;
+      in[i].data = t.data;
+      in[i].dtype = static_cast<cairn::DType>(t.dtype);
+    }
+    return done(w->impl->add_tensors(in));
+  });
+}
+
 cairn_status cairn_model_add_tensor_device(cairn_model_writer* w, const char* name, const void* data,
                                            cairn_dtype dtype, int ndim, const int64_t* shape) {
   return guarded([&] {

@@ -205,6 +205,17 @@ class ModelWriter {
 
   // Copies the bytes (inline or into arena space) before returning.
   Status add_tensor(const std::string& name, const void* data, DType dtype, const std::vector<int64_t>& shape);
+  // One tensor of add_tensors.
+  struct TensorIn {
+    std::string name;
+    const void* data = nullptr;
+    DType dtype = DType::kU8;
+    std::vector<int64_t> shape;
+  };
+  // add_tensor for each, in order, with the copies (and hashes) of all of them shared among up to
+  // 4 threads: a model of many tensors of a chunk or less is copied on every core, not one tensor
+  // at a time on one. Every argument is checked first: an error adds none of them.
+  Status add_tensors(const std::vector<TensorIn>& tensors);
   // Arena space for the tensor that the caller fills before commit (zero-copy writes, e.g. reading a
   // file straight into it). The pointer is valid until commit or abort.
   Result<uint8_t*> add_tensor_space(const std::string& name, DType dtype, const std::vector<int64_t>& shape);

@@ -2,6 +2,8 @@
 #include <algorithm>
 #include <cstring>
 #include <future>
+#include <set>
+#include <string_view>
 #include <thread>
 
 #include "api/cpp/client.hpp"
@@ -65,6 +67,62 @@ Status ModelWriter::add_tensor(const std::string& name, const void* data, DType 
   }
   tensors_.push_back(std::move(t));
   names_[name] = true;
+  return Status::ok();
+}
+
+Status ModelWriter::add_tensors(const std::vector<TensorIn>& in) {
+  if (done_) return invalid_argument("model '" + id_ + "' was already committed or aborted");
+  // Checked whole first, so that an error leaves the writer as it was.
+  std::vector<uint64_t> sizes(in.size());
+  std::set<std::string_view> batch;
+  for (size_t i = 0; i < in.size(); ++i) {
+    const TensorIn& t = in[i];
+    CAIRN_RETURN_IF_ERROR(check_name(t.name));
+    if (!batch.insert(t.name).second)
+      return already_exists("model '" + id_ + "': tensor '" + t.name + "' is given twice");
+    CAIRN_RETURN_IF_ERROR(check_shape(t.dtype, t.shape, &sizes[i]).with_context("tensor '" + t.name + "'"));
+    if (sizes[i] > 0 && t.data == nullptr) return invalid_argument("tensor '" + t.name + "': data is NULL");
+  }
+  const uint64_t chunk = client_.chunk_size();
+  const size_t tensors_before = tensors_.size(), inline_before = inline_.size(), spaces_before = spaces_.size();
+  std::vector<CopyJob> jobs;
+  std::vector<size_t> job_tensor;  // index in tensors_ of each job
+  for (size_t i = 0; i < in.size(); ++i) {
+    const TensorIn& t = in[i];
+    const uint64_t n = sizes[i];
+    json e{{"name", t.name}, {"dtype", dtype_name(t.dtype)}, {"shape", shape_json(t.shape)}};
+    if (n <= kInlineLimit && inline_.size() + n <= wire::kMaxBlobBytes / 2) {
+      e["inline"] = json::array({inline_.size(), n});
+      const auto* p = static_cast<const uint8_t*>(t.data);
+      inline_.insert(inline_.end(), p, p + n);
+    } else {
+      Result<Client::Space> sp = space_for(n);
+      if (!sp.is_ok()) {  // undo this call's additions; its spaces are freed with the next request
+        for (size_t k = spaces_before; k < spaces_.size(); ++k) client_.spaces_to_free_.push_back(spaces_[k]);
+        spaces_.resize(spaces_before);
+        inline_.resize(inline_before);
+        tensors_.erase(tensors_.begin() + static_cast<std::ptrdiff_t>(tensors_before), tensors_.end());
+        return sp.status();
+      }
+      spaces_.push_back(sp->id);
+      e["space"] = sp->id;
+      if (chunk > 0) {
+        jobs.push_back(CopyJob{sp->data, t.data, n});
+        job_tensor.push_back(tensors_.size());
+      } else {
+        stream_copy(sp->data, t.data, n, should_stream(n, n));
+      }
+    }
+    tensors_.push_back(std::move(e));
+  }
+  if (!jobs.empty()) {
+    uint64_t chunks = 0;
+    for (const CopyJob& j : jobs) chunks += chunk_count(j.size, chunk);
+    const unsigned threads = chunks > 1 ? std::clamp(std::thread::hardware_concurrency(), 1u, 4u) : 1u;
+    std::vector<std::vector<ChunkHash>> hashes = copy_and_hash_many(jobs, chunk, threads);
+    for (size_t k = 0; k < jobs.size(); ++k) tensors_[job_tensor[k]]["hashes"] = hashes_json(hashes[k]);
+  }
+  for (const TensorIn& t : in) names_[t.name] = true;
   return Status::ok();
 }
 

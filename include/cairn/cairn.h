@@ -118,6 +118,19 @@ CAIRN_EXPORT cairn_status cairn_model_create_part(cairn_client *c, const char *i
 /* Adds a tensor; its bytes are copied into the daemon's arena before the call returns. */
 CAIRN_EXPORT cairn_status cairn_model_add_tensor(cairn_model_writer *w, const char *name, const void *data,
                                                  cairn_dtype dtype, int ndim, const int64_t *shape);
+/* One tensor of cairn_model_add_tensors. */
+typedef struct cairn_tensor_in {
+  const char *name;
+  const void *data;
+  cairn_dtype dtype;
+  int ndim;
+  const int64_t *shape;
+} cairn_tensor_in;
+/* cairn_model_add_tensor for each of the n tensors, in order, with the copies (and hashes) of all
+ * of them shared among up to 4 threads: a model of many small tensors (each a chunk or less) is
+ * copied on every core instead of one tensor at a time. Every argument is checked first, so an
+ * error (naming the tensor) adds none of them; the bytes are all copied when the call returns. */
+CAIRN_EXPORT cairn_status cairn_model_add_tensors(cairn_model_writer *w, const cairn_tensor_in *tensors, size_t n);
 /* Adds a tensor whose bytes are in device memory (docs/gpu.md): with a CUDA daemon or library, a
  * CUDA device pointer; with the emulated device backend (tiers.hbm.backend: emulated), memory of this
  * process. The bytes are copied device-to-host into the daemon's arena before the call returns, so

@@ -103,6 +103,21 @@ class Writer {
     return Status::from(cairn_model_add_tensor(w_, name.c_str(), data, dtype, static_cast<int>(shape.size()),
                                                shape.data()));
   }
+  // Many tensors in one call (cairn_model_add_tensors): all copied, on every core, before it
+  // returns; an error adds none of them.
+  struct In {
+    std::string name;
+    const void* data;
+    cairn_dtype dtype;
+    std::vector<int64_t> shape;
+  };
+  Status add_many(const std::vector<In>& tensors) {
+    std::vector<cairn_tensor_in> in;
+    in.reserve(tensors.size());
+    for (const In& t : tensors)
+      in.push_back(cairn_tensor_in{t.name.c_str(), t.data, t.dtype, static_cast<int>(t.shape.size()), t.shape.data()});
+    return Status::from(cairn_model_add_tensors(w_, in.data(), in.size()));
+  }
   // From device memory (cairn_model_add_tensor_device): copied before it returns.
   Status add_device(const std::string& name, const void* data, cairn_dtype dtype, const std::vector<int64_t>& shape) {
     return Status::from(cairn_model_add_tensor_device(w_, name.c_str(), data, dtype, static_cast<int>(shape.size()),

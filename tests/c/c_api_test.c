@@ -375,6 +375,38 @@ int main(int argc, char **argv) {
       CHECK_OK(cairn_model_tensor_count(r, &count));
       CHECK(count == 3);
       cairn_model_close(r);
+      /* Many tensors in one call (copied on every core), in order; a bad batch adds nothing. */
+      {
+        char batch_id[128];
+        cairn_tensor_in in[3] = {{"h", h2, CAIRN_DTYPE_F32, 2, s_h},
+                                 {"w", w1, CAIRN_DTYPE_F32, 2, s_w},
+                                 {"b", b1, CAIRN_DTYPE_F32, 1, s_b}};
+        cairn_tensor_in dup[2] = {{"d", b1, CAIRN_DTYPE_F32, 1, s_b}, {"d", b1, CAIRN_DTYPE_F32, 1, s_b}};
+        cairn_tensor_in bad[2] = {{"e", b1, CAIRN_DTYPE_F32, 1, s_b}, {NULL, b1, CAIRN_DTYPE_F32, 1, s_b}};
+        snprintf(batch_id, sizeof batch_id, "c-batch%s", suffix);
+        CHECK_OK(cairn_model_create(c, batch_id, NULL, &w));
+        CHECK(cairn_model_add_tensors(w, dup, 2) == CAIRN_ERR_EXISTS);
+        CHECK(strstr(cairn_last_error(), "'d'") != NULL);
+        CHECK(cairn_model_add_tensors(w, bad, 2) == CAIRN_ERR_INVALID_ARGUMENT);
+        CHECK(strstr(cairn_last_error(), "tensors[1]") != NULL);
+        CHECK(cairn_model_add_tensors(NULL, in, 3) == CAIRN_ERR_INVALID_ARGUMENT);
+        CHECK_OK(cairn_model_add_tensors(w, in, 0));
+        CHECK_OK(cairn_model_add_tensors(w, in, 3));
+        CHECK(cairn_model_add_tensors(w, in, 1) == CAIRN_ERR_EXISTS);
+        CHECK_OK(cairn_model_commit(w, CAIRN_DURABILITY_MEMORY, NULL));
+        CHECK_OK(cairn_model_open(c, batch_id, &r));
+        CHECK_OK(cairn_model_tensor_count(r, &count));
+        CHECK(count == 3); /* "d" and "e" never got in */
+        CHECK_OK(cairn_model_tensor_info(r, 1, &name, &dt, &ndim, shape, &nbytes));
+        CHECK(strcmp(name, "w") == 0 && nbytes == n_w * sizeof(float));
+        CHECK_OK(cairn_model_read_tensor(r, "w", back, n_w * sizeof(float), CAIRN_MEM_HOST));
+        CHECK(memcmp(back, w1, n_w * sizeof(float)) == 0);
+        CHECK_OK(cairn_model_read_tensor(r, "h", back, 160 * sizeof(float), CAIRN_MEM_HOST));
+        CHECK(memcmp(back, h2, 160 * sizeof(float)) == 0);
+        CHECK_OK(cairn_model_read_tensor(r, "b", back, 16 * sizeof(float), CAIRN_MEM_HOST));
+        CHECK(memcmp(back, b1, 16 * sizeof(float)) == 0);
+        cairn_model_close(r);
+      }
       CHECK_OK(cairn_model_create(c, "c-orphan", NULL, &w));
       CHECK(cairn_model_inherit_all(w) == CAIRN_ERR_INVALID_ARGUMENT);
       CHECK(strstr(cairn_last_error(), "parent") != NULL);

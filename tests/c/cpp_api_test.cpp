@@ -57,6 +57,16 @@ int main(int argc, char** argv) {
     CHECK(t && t->wait());
   }
   {
+    auto w = client->create_model("cpp-many" + suffix);
+    CHECK(w->add_many({{"a", a.data(), CAIRN_DTYPE_F32, {512, 512}}, {"b", b.data(), CAIRN_DTYPE_F32, {64}}}));
+    auto st = w->add_many({{"c", b.data(), CAIRN_DTYPE_F32, {64}}, {"a", a.data(), CAIRN_DTYPE_F32, {4}}});
+    CHECK(st.code() == CAIRN_ERR_EXISTS);  // "a" is in already: "c" is not added either
+    CHECK(w->commit());
+    auto r = client->open_model("cpp-many" + suffix);
+    auto ts = r->tensors();
+    CHECK(ts && ts->size() == 2 && (*ts)[0].name == "a" && (*ts)[1].name == "b");
+  }
+  {
     auto dup = client->create_model("cpp-base" + suffix);
     auto st = dup->commit();
     CHECK(st.code() == CAIRN_ERR_EXISTS && st.message().find("cpp-base") != std::string::npos);

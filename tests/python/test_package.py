@@ -353,6 +353,36 @@ def test_inherit_stores_only_the_changed_tensor(make_daemon):
         del child
 
 
+def test_runs_of_plain_tensors_go_in_one_call_and_keep_the_order(make_daemon, monkeypatch):
+    """Contiguous little-endian arrays between inherited or converted tensors are added by one
+    cairn_model_add_tensors call per run (copied on every core); the model keeps the given order."""
+    d = make_daemon()
+    rng = np.random.default_rng(5)
+    parent = {"p0": rng.standard_normal(70000).astype(np.float32), "p1": np.arange(8, dtype=np.int64)}
+    child = {
+        "a": rng.standard_normal((600, 500)).astype(np.float32),  # over a chunk's worth of runs
+        "b": np.arange(10, dtype=np.int16),  # inline
+        "t": rng.standard_normal((300, 400)).astype(np.float32).T,  # non-contiguous: arena space
+        "c": rng.standard_normal(100000).astype(np.float64),
+        "e": np.zeros(0, dtype=np.float32),  # empty
+    }
+    order = ["a", "b", "p0", "t", "c", "e", "p1"]
+    with cairn.connect(d.socket) as c:
+        c.save_model("par", parent, wait=True)
+        calls = []
+        lib = c._lib
+        real = lib.cairn_model_add_tensors
+        monkeypatch.setattr(lib, "cairn_model_add_tensors", lambda w, arr, n: calls.append(n) or real(w, arr, n))
+        c.save_model("kid", child, parent="par", inherit=["p0", "p1"], order=order, wait=True)
+        assert calls == [2, 2]  # [a, b], then p0 inherited, t converted, then [c, e]
+        got = c.load_model("kid", copy=True)
+        assert list(got) == order
+        for k, a in {**child, **parent}.items():
+            assert np.array_equal(got[k], a), k
+        with pytest.raises(cairn.InvalidArgument, match="no parent"):  # a bad run adds nothing
+            c.save_model("orphan", {"x": np.ones(100000, np.float32)}, inherit=["p0"])
+
+
 def test_tickets(client):
     x = {"w": np.arange(200000, dtype=np.float32)}
     t = client.save_model("t-memory", x, durability="memory")  # pipelined: the reply is collected later

@@ -20,6 +20,13 @@ import threading
 from pathlib import Path
 from typing import List, Optional
 
+class TensorIn(ctypes.Structure):
+    """cairn_tensor_in (cairn.h): one tensor of cairn_model_add_tensors."""
+
+    _fields_ = [("name", ctypes.c_char_p), ("data", ctypes.c_void_p), ("dtype", ctypes.c_int),
+                ("ndim", ctypes.c_int), ("shape", ctypes.POINTER(ctypes.c_int64))]
+
+
 # ---- enums (values are the ABI of cairn.h) ----
 
 #: C status names, by value (include/cairn/status_codes.h, in order).
@@ -76,6 +83,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "cairn_model_create": (st, [c_void_p, c_char_p, c_char_p, _c_void_p_p]),
         "cairn_model_create_part": (st, [c_void_p, c_char_p, c_char_p, c_int, c_int, c_int, _c_void_p_p]),
         "cairn_model_add_tensor": (st, [c_void_p, c_char_p, c_void_p, c_int, c_int, _i64_p]),
+        "cairn_model_add_tensors": (st, [c_void_p, ctypes.POINTER(TensorIn), c_size_t]),
         "cairn_model_add_tensor_space": (st, [c_void_p, c_char_p, c_int, c_int, _i64_p, _c_void_p_p]),
         "cairn_model_seal_tensor": (st, [c_void_p, c_char_p]),
         "cairn_model_inherit_tensor": (st, [c_void_p, c_char_p]),

@@ -482,14 +482,30 @@ class Client:
                 big = [p[1].nbytes for _, p in steps if p is not None and p[1].nbytes > _INLINE_LIMIT]
                 if len(big) > 1:
                     _check(lib.cairn_model_reserve(w, len(big), (ctypes.c_size_t * len(big))(*big)))
+                # Runs of tensors copied from the caller's arrays go in one call each: the library
+                # copies (and hashes) all of a run's tensors on every core, not one at a time.
+                run: List[Tuple[bytes, Any, int]] = []
+
+                def add_run() -> None:
+                    if not run:
+                        return
+                    shapes = [_shape_arg(a.shape) for _, a, _ in run]  # kept alive through the call
+                    arr = (_ffi.TensorIn * len(run))()
+                    for i, (nb, a, code) in enumerate(run):
+                        arr[i] = _ffi.TensorIn(nb, a.ctypes.data, code, a.ndim, shapes[i])
+                    _check(lib.cairn_model_add_tensors(w, arr, len(run)))
+                    run.clear()
+
                 for name_b, step in steps:
                     if step is None:
+                        add_run()
                         _check(lib.cairn_model_inherit_tensor(w, name_b))
                         continue
                     _, a, code, in_place = step
                     if not in_place:
-                        _check(lib.cairn_model_add_tensor(w, name_b, a.ctypes.data, code, a.ndim, _shape_arg(a.shape)))
+                        run.append((name_b, a, code))
                         continue
+                    add_run()
                     # Non-contiguous or big-endian: copied (and converted) once, straight into arena space.
                     p = ctypes.c_void_p()
                     _check(lib.cairn_model_add_tensor_space(w, name_b, code, a.ndim, _shape_arg(a.shape),
@@ -498,6 +514,7 @@ class Client:
                     np.copyto(_arena_array(p.value or 0, a.shape, dst_dtype), a, casting="equiv")
                     # Hashed by the library while the next tensor is converted, not at commit.
                     _check(lib.cairn_model_seal_tensor(w, name_b))
+                add_run()
                 if inherit_all:
                     _check(lib.cairn_model_inherit_all(w))
                 if arch_json is not None:

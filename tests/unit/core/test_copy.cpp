@@ -59,6 +59,28 @@ TEST_CASE("copy_and_hash_chunks copies and gives hash_chunks' hashes, on any num
       if (n > 0) CHECK(got.front() == cairn::hash_bytes(src.data(), std::min(n, chunk)));
     }
   }
+  // Several buffers at once: each job's hashes, in order, whatever the threads.
+  {
+    std::vector<uint64_t> sizes{3 * chunk + 5, 0, 17, chunk, 2 * chunk};
+    std::vector<std::vector<uint8_t>> srcs, dsts;
+    std::vector<cairn::CopyJob> jobs;
+    for (size_t j = 0; j < sizes.size(); ++j) {
+      srcs.emplace_back(sizes[j]);
+      for (uint64_t i = 0; i < sizes[j]; ++i) srcs[j][i] = static_cast<uint8_t>((i * 31 + j * 7) >> 3);
+      dsts.emplace_back(sizes[j], uint8_t{0xcd});
+    }
+    for (size_t j = 0; j < sizes.size(); ++j) jobs.push_back({dsts[j].data(), srcs[j].data(), sizes[j]});
+    for (unsigned threads : {1u, 3u}) {
+      auto got = cairn::copy_and_hash_many(jobs, chunk, threads);
+      REQUIRE(got.size() == sizes.size());
+      for (size_t j = 0; j < sizes.size(); ++j) {
+        INFO("job " << j << " threads " << threads);
+        REQUIRE(dsts[j] == srcs[j]);
+        REQUIRE(got[j] == cairn::hash_chunks(srcs[j].data(), sizes[j], chunk));
+      }
+    }
+    CHECK(cairn::copy_and_hash_many({}, chunk, 4).empty());
+  }
   // hash_bytes (the AVX2 build of xxh3 where the CPU has AVX2) and libxxhash agree.
   std::vector<uint8_t> buf(3 * chunk + 5);
   for (size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<uint8_t>(i ^ (i >> 9));
