@@ -40,6 +40,11 @@ struct TierStats {
   uint64_t chunk_bytes = 0;
   uint64_t pinned_bytes = 0;
   std::string pages;  // DRAM only: what backs the arena's pages (SharedArena::pages)
+  // DRAM only: arena bytes the daemon has backed with memory since it started (it does so in the
+  // background at start, so that the first writes need not fault pages in), and whether that pass
+  // is over (it ends early on kernels without MADV_POPULATE_WRITE). -1: not the DRAM tier.
+  int64_t prefaulted_bytes = -1;
+  bool prefault_finished = false;
 
   nlohmann::json to_json() const {
     nlohmann::json j = {{"backpressure_waits", backpressure_waits},{"enabled", enabled},     {"capacity_bytes", capacity_bytes}, {"used_bytes", used_bytes},
@@ -47,6 +52,10 @@ struct TierStats {
             {"bytes_out", bytes_out}, {"chunks", chunks},                 {"dirty_bytes", dirty_bytes},
             {"chunk_bytes", chunk_bytes}, {"pinned_bytes", pinned_bytes}};
     if (!pages.empty()) j["pages"] = pages;
+    if (prefaulted_bytes >= 0) {
+      j["prefaulted_bytes"] = prefaulted_bytes;
+      j["prefault_finished"] = prefault_finished;
+    }
     return j;
   }
 };

@@ -46,6 +46,23 @@ class Daemon:
             self.proc.wait(timeout=120)
 
 
+def wait_arena_backed(socket_path: str, timeout: float = 300.0) -> float:
+    """Waits until the daemon on socket_path has backed its whole DRAM arena with memory (its
+    background pass at start, `tiers.dram.prefault_finished` in its stats), as a daemon that a job's
+    prologue started has long before the job's first commit; returns the seconds waited. On a machine
+    that must compact memory for each 2 MiB page this takes seconds per GiB, and a commit into pages
+    not backed yet pays for it."""
+    import cairn
+
+    t0 = time.time()
+    with cairn.connect(socket_path) as c:
+        while not c.stats()["tiers"]["dram"].get("prefault_finished", True):
+            if time.time() - t0 > timeout:
+                raise RuntimeError(f"cairnd on {socket_path} did not back its arena within {timeout:.0f} s")
+            time.sleep(0.05)
+    return time.time() - t0
+
+
 def drop_caches(files) -> str:
     """Drops the page cache (as root: drop_caches; else posix_fadvise(DONTNEED) on each of `files`);
     returns how."""

@@ -326,6 +326,8 @@ TierStats DramTier::stats() const {
   s.dirty_bytes = dirty_bytes_;
   s.backpressure_waits = backpressure_waits_;
   s.pages = arena_->pages();
+  s.prefaulted_bytes = static_cast<int64_t>(prefaulted_.load());
+  s.prefault_finished = prefault_done_.load();
   for (const auto& [hash, r] : chunks_) {
     const uint64_t held = alloc_.round_up(r.length);  // what the chunk holds of the arena
     s.chunk_bytes += held;
