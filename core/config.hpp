@@ -31,6 +31,7 @@ struct Config {
   std::string repository = "./cairn-repo";
   uint64_t chunk_size = 16ull << 20;
   std::string repository_refresh = "1s";  // how often other daemons' commits are read: "250ms", "1s", "0"
+  bool repository_direct_reads = true;    // packs read with O_DIRECT where the filesystem allows it
   struct {
     TierConfig hbm, dram, nvme;
   } tiers;

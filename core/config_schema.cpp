@@ -16,6 +16,8 @@ const std::vector<Key>& schema() {
        .power_of_two = true},
       {.path = "repository_refresh",
        .field = [](Config& c) -> Field { return &c.repository_refresh; }},
+      {.path = "repository_direct_reads",
+       .field = [](Config& c) -> Field { return &c.repository_direct_reads; }},
       {.path = "tiers.hbm.capacity",
        .field = [](Config& c) -> Field { return &c.tiers.hbm.capacity; }},
       {.path = "tiers.hbm.devices",

@@ -64,6 +64,28 @@ class File {
 
 inline constexpr size_t kDirectAlignment = 4096;
 
+// Aligned scratch memory for direct I/O (kDirectAlignment). data() is nullptr when the allocation
+// failed (or n is 0). A large buffer asks for transparent huge pages (a mapping aligned to 2 MiB,
+// MADV_HUGEPAGE): a direct request into scattered 4 KiB pages is split by the block layer at its
+// max_segments (about 1 MiB), into 2 MiB pages only at max_sectors_kb, and the first touch of a
+// huge page is one fault instead of 512. Where the system has no huge pages, 4 KiB pages back it.
+class AlignedBuffer {
+ public:
+  static constexpr uint64_t kHugeFrom = 4ull << 20;  // buffers this large ask for huge pages
+  explicit AlignedBuffer(uint64_t n);
+  ~AlignedBuffer();
+  AlignedBuffer(const AlignedBuffer&) = delete;
+  AlignedBuffer& operator=(const AlignedBuffer&) = delete;
+  uint8_t* data() const { return data_; }
+  uint64_t size() const { return size_; }
+
+ private:
+  uint8_t* data_ = nullptr;
+  uint64_t size_ = 0;
+  void* map_ = nullptr;  // the mapping of a huge buffer (data_ is its 2 MiB-aligned part)
+  uint64_t map_len_ = 0;
+};
+
 enum OpenFlags : unsigned {
   kRead = 0,            // read-only, must exist
   kReadWrite = 1u << 0, // read and write, must exist unless kCreate
@@ -130,7 +152,8 @@ class FaultyFileSystem final : public FileSystem {
   enum class Effect {
     kFail,        // the operation fails with errno `err` (ENOSPC -> kNoSpace, EIO -> kIo, ...)
     kShortWrite,  // a write stores only its first half, then fails with EIO (a torn write)
-    kFlipBit,     // a read returns its bytes with one bit flipped (silent corruption)
+    kFlipBit,     // a read returns its bytes with one bit flipped (silent corruption); a direct
+                  // read, whose alignment padding may surround the bytes used, one bit of each byte
     kDropWrite,   // a write reports success but stores nothing (a lying device)
     kDelay,       // the operation waits delay_ms, then runs unchanged (a slow or hung device)
   };

@@ -91,11 +91,19 @@ struct AlignedDelete {
   void operator()(uint8_t* p) const { ::operator delete(p, std::align_val_t(kDirectAlignment)); }
 };
 
-// Flips one bit of buf's first byte: always a byte the caller uses (a direct transfer's alignment
-// padding is at its end, where a flip would change nothing anyone reads).
+// Flips one bit of buf's first byte: a byte the caller uses when it reads from where its data starts.
 void flip_bit(void* buf, size_t len) {
   if (len == 0) return;
   static_cast<uint8_t*>(buf)[0] ^= 0x10;
+}
+
+// What a flipped read does to the bytes it returns. A direct read may start and end in alignment
+// padding around the bytes its caller uses (a repository chunk at an unaligned offset), so there one
+// bit of every byte is flipped: whichever bytes the caller uses are wrong. Else one bit of the first.
+void flip_read(void* buf, size_t len, bool direct) {
+  if (!direct) return flip_bit(buf, len);
+  auto* p = static_cast<uint8_t*>(buf);
+  for (size_t i = 0; i < len; ++i) p[i] ^= 0x10;
 }
 
 class FaultyFile final : public File {
@@ -118,7 +126,7 @@ class FaultyFile final : public File {
     if (!r) return base_->pread(buf, len, offset, got);
     if (r->effect != Faulty::Effect::kFlipBit) return injected_error("reading " + at(path(), offset), *r);
     CAIRN_RETURN_IF_ERROR(base_->pread(buf, len, offset, got));
-    flip_bit(buf, *got);
+    flip_read(buf, *got, direct());
     return Status::ok();
   }
 
@@ -163,7 +171,7 @@ class FaultyFile final : public File {
     if (plain.size() == reqs.size() && flipped.empty()) return base_->read_many(reqs);
     Status s = base_->read_many(plain);
     if (s.is_ok()) {
-      for (const IoRequest& q : flipped) flip_bit(q.buf, q.len);
+      for (const IoRequest& q : flipped) flip_read(q.buf, q.len, direct());
     }
     return first.is_ok() ? s : first;
   }

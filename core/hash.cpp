@@ -16,6 +16,8 @@ namespace cairn {
 namespace hash_avx2 {  // core/hash_avx2.cpp
 ChunkHash hash(const void* data, size_t size);
 ChunkHash copy_and_hash(unsigned char* dst, const unsigned char* src, uint64_t len);
+ChunkHash copy_and_hash_ready(unsigned char* dst, const unsigned char* src, uint64_t len,
+                              const std::function<uint64_t(uint64_t)>& ready);
 }  // namespace hash_avx2
 namespace {
 const bool kAvx2 = __builtin_cpu_supports("avx2");
@@ -113,6 +115,16 @@ std::vector<std::vector<ChunkHash>> copy_and_hash_many(const std::vector<CopyJob
   work();
   for (auto& t : pool) t.join();
   return out;
+}
+
+ChunkHash copy_and_hash_as_ready(void* dst, const void* src, uint64_t len,
+                                 const std::function<uint64_t(uint64_t)>& ready) {
+  auto* d = static_cast<unsigned char*>(dst);
+  const auto* s = static_cast<const unsigned char*>(src);
+#if defined(CAIRN_HASH_AVX2)
+  if (kAvx2) return hash_avx2::copy_and_hash_ready(d, s, len, ready);
+#endif
+  return copy_and_hash_as_ready(d, s, len, ready);
 }
 
 }  // namespace cairn

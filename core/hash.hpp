@@ -55,6 +55,13 @@ std::vector<ChunkHash> hash_chunks(const void* data, uint64_t size, uint64_t chu
 std::vector<ChunkHash> copy_and_hash_chunks(void* dst, const void* src, uint64_t size, uint64_t chunk_size,
                                             unsigned threads);
 
+// copy_and_hash_chunks of one chunk whose source is still arriving (a read in flight): ready(n)
+// waits until the first n bytes of src are in place and returns how many are, and each 64 KiB
+// block is copied and hashed as soon as it is there. A ready() that returns less than it was asked
+// for stops the copy; the hash returned is then meaningless (the caller knows why it stopped).
+ChunkHash copy_and_hash_as_ready(void* dst, const void* src, uint64_t len,
+                                 const std::function<uint64_t(uint64_t)>& ready);
+
 // One buffer for copy_and_hash_many.
 struct CopyJob {
   void* dst = nullptr;

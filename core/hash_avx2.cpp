@@ -24,5 +24,10 @@ ChunkHash copy_and_hash(unsigned char* dst, const unsigned char* src, uint64_t l
   return copy_and_hash_one(dst, src, len);
 }
 
+ChunkHash copy_and_hash_ready(unsigned char* dst, const unsigned char* src, uint64_t len,
+                              const std::function<uint64_t(uint64_t)>& ready) {
+  return copy_and_hash_as_ready(dst, src, len, ready);
+}
+
 }  // namespace cairn::hash_avx2
 #endif

@@ -39,7 +39,10 @@ Result<std::unique_ptr<Engine>> Engine::create(const Config& config, EngineOptio
                    "and the burst buffer fail, lose or corrupt data; never use this daemon for data you need");
   }
   const auto opening = std::chrono::steady_clock::now();
-  CAIRN_ASSIGN_OR_RETURN(auto repo, Repository::open(config.repository, config.chunk_size, options.repository_fs));
+  RepositoryOptions repo_options;
+  repo_options.direct_reads = config.repository_direct_reads;
+  CAIRN_ASSIGN_OR_RETURN(auto repo,
+                         Repository::open(config.repository, config.chunk_size, options.repository_fs, repo_options));
   const auto opened_repo = std::chrono::steady_clock::now();
   CAIRN_ASSIGN_OR_RETURN(auto policy, make_eviction_policy(config.policy.eviction));
   CAIRN_ASSIGN_OR_RETURN(auto admission, make_admission_policy(config.policy.admission));

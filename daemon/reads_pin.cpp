@@ -19,7 +19,7 @@ namespace {
 
 // Reads in flight at once for one request: enough to overlap reading, checking and copying and to
 // keep a peer's stream full; few enough that one request does not take every disk queue slot.
-constexpr size_t kParallelReads = 4;
+constexpr size_t kParallelReads = 8;
 
 // One tensor's state while it is pinned.
 struct TensorLoad {

@@ -42,6 +42,7 @@ Status RepositorySource::read(const ChunkRef& ref, void* dst) {
 }
 
 void RepositorySource::will_read(std::span<const ChunkRef* const> refs) {
+  if (repo_.direct_reads()) return;  // the reads bypass the page cache: readahead would read twice
   std::map<std::string, int> fds;
   for (const ChunkRef* c : refs) {
     if (c->pack.empty()) continue;

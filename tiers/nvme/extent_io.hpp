@@ -9,7 +9,6 @@
 #pragma once
 
 #include <cstdint>
-#include <cstdlib>
 #include <memory>
 #include <vector>
 
@@ -23,17 +22,7 @@ inline constexpr uint64_t kBlock = kDirectAlignment;
 // n rounded up to a multiple of kBlock: the length of the extent of an n-byte chunk.
 inline uint64_t round_up(uint64_t n) { return (n + kBlock - 1) / kBlock * kBlock; }
 
-// Aligned scratch memory for direct I/O. data() is nullptr when the allocation failed (or n is 0).
-struct AlignedBuffer {
-  void* p = nullptr;
-  explicit AlignedBuffer(uint64_t n) {
-    if (n && ::posix_memalign(&p, kBlock, n) != 0) p = nullptr;
-  }
-  ~AlignedBuffer() { std::free(p); }
-  AlignedBuffer(const AlignedBuffer&) = delete;
-  AlignedBuffer& operator=(const AlignedBuffer&) = delete;
-  uint8_t* data() const { return static_cast<uint8_t*>(p); }
-};
+using cairn::AlignedBuffer;  // core/fs.hpp
 
 // Reads [offset, offset+length) of the data file into dst, with direct I/O where possible (dst
 // need not be aligned). The read is split into pieces so that the device sees several requests at

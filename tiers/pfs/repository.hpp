@@ -113,6 +113,9 @@ struct RepositoryOptions {
   std::chrono::milliseconds gc_grace{5000};
   // Open compacts when at least this many logs of writers that are gone are not in a checkpoint.
   size_t compact_after_logs = 16;
+  // Packs are read with direct I/O where the filesystem allows it (repository_read.cpp); false:
+  // through the page cache (config repository_direct_reads).
+  bool direct_reads = true;
 };
 
 // What refresh() found: models other writers published, and models removed, since the last one.
@@ -200,9 +203,13 @@ class Repository {
   // The same; a miss refreshes first (the chunk may be in another writer's model that this handle
   // has not read yet: a peer's model, announced before this daemon's refresh saw it).
   std::optional<ChunkRef> locate_refreshing(const ChunkHash& hash) const;
-  // Reads ref's bytes into dst (ref.length bytes) with one pread and verifies the hash: a mismatch
-  // is kCorruption naming the pack and offset, and dst's contents are then unspecified.
+  // Reads ref's bytes into dst (ref.length bytes) and verifies the hash: a mismatch
+  // is kCorruption naming the pack and offset, and dst's contents are then unspecified. Packs are
+  // read with direct I/O where the filesystem allows it (repository_read.cpp).
   Status read_chunk(const ChunkRef& ref, void* dst) const;
+  // True when packs are opened for direct I/O (the page cache is bypassed where the filesystem
+  // allows it, so asking the kernel to read ahead into it would only cost a second read).
+  bool direct_reads() const;
   // Deletes a model. kNotFound if absent; kBusy if it has descendants (they need its lineage).
   // Packs whose chunks no remaining model references are deleted at once.
   Status remove(const std::string& id);

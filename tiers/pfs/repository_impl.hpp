@@ -181,6 +181,11 @@ struct Repository::Impl {
   // using one that was evicted.
   mutable std::mutex fd_mu_;
   mutable std::unordered_map<std::string, std::shared_ptr<File>> fds_;
+  // Packs are opened for direct I/O (repository_read.cpp) unless this is false; the scratch
+  // buffers of direct reads, kept for reuse.
+  bool direct_reads_ = true;  // options_.direct_reads
+  mutable std::mutex scratch_mu_;
+  mutable std::vector<std::unique_ptr<AlignedBuffer>> scratch_;
 
   ~Impl();
 
@@ -276,6 +281,9 @@ struct Repository::Impl {
   Result<std::shared_ptr<File>> pack_file(const std::string& pack) const;
   // Drops pack from the open-pack cache (before the pack file is deleted).
   void forget_pack_file(const std::string& pack) const;
+  std::unique_ptr<AlignedBuffer> take_scratch(uint64_t n) const;
+  void give_back_scratch(std::unique_ptr<AlignedBuffer> b) const;
+  Status read_direct(File& file, const ChunkRef& ref, void* dst, size_t* got, ChunkHash* hash) const;
 
   // ---- maintenance (repository_maintenance.cpp) ----
 

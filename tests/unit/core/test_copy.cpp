@@ -89,3 +89,29 @@ TEST_CASE("copy_and_hash_chunks copies and gives hash_chunks' hashes, on any num
     CHECK(cairn::hash_bytes(buf.data(), n) == cairn::ChunkHash{want.high64, want.low64});
   }
 }
+
+TEST_CASE("copy_and_hash_as_ready copies what is ready as it comes, and stops where the source fails",
+          "[copy][hash]") {
+  const size_t n = (1u << 20) + 777;
+  std::vector<uint8_t> src(n), dst(n, 0);
+  for (size_t i = 0; i < n; ++i) src[i] = static_cast<uint8_t>(i * 7 + (i >> 11));
+  const cairn::ChunkHash want = cairn::hash_bytes(src.data(), n);
+  SECTION("the bytes arrive 100,000 at a time") {
+    uint64_t in = 0;
+    std::vector<uint64_t> asked;
+    auto h = cairn::copy_and_hash_as_ready(dst.data(), src.data(), n, [&](uint64_t k) {
+      asked.push_back(k);
+      while (in < k) in = std::min<uint64_t>(n, in + 100000);
+      return in;
+    });
+    CHECK(h == want);
+    CHECK(dst == src);
+    CHECK(asked.size() > 5);  // asked again whenever what was ready ran out, not once for all
+    CHECK(std::is_sorted(asked.begin(), asked.end()));
+  }
+  SECTION("the source fails half way: the copy stops there") {
+    auto h = cairn::copy_and_hash_as_ready(dst.data(), src.data(), n, [&](uint64_t) { return uint64_t{n / 2}; });
+    CHECK_FALSE(h == want);
+    CHECK(std::all_of(dst.begin() + static_cast<std::ptrdiff_t>(n / 2) + 1, dst.end(), [](uint8_t b) { return b == 0; }));
+  }
+}

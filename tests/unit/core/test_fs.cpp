@@ -586,6 +586,20 @@ TEST_CASE("faulty fs: rules apply to each request of read_many and write_many", 
       CHECK(bits_differing(in[i].str(), out[i].str()) == (i == 3 ? 1 : 0));
     }
   }
+  SECTION("a flipped read of a direct file flips a bit of every byte (padding may surround what is used)") {
+    require_ok(f->write_many(reqs));
+    auto d = open_ok(fs, tmp.path + "/batch", kRead | kDirect);
+    if (!d->direct()) {
+      WARN("the filesystem of " << tmp.path << " refuses O_DIRECT; nothing to check");
+      return;
+    }
+    fs.add({.op = Op::kRead, .effect = Effect::kFlipBit, .skip = 1});
+    require_ok(d->read_many(rreqs));
+    for (size_t i = 0; i < kN; ++i) {
+      INFO("request " << i);
+      CHECK(bits_differing(in[i].str(), out[i].str()) == (i == 1 ? static_cast<int>(kLen) : 0));
+    }
+  }
   SECTION("a failed read fails the batch") {
     require_ok(f->write_many(reqs));
     fs.add({.op = Op::kRead, .skip = 9});
