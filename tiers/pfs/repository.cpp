@@ -38,7 +38,6 @@ Result<std::unique_ptr<Repository>> Repository::open(const std::string& dir, uin
   auto impl = std::make_unique<Impl>();
   impl->fs_ = fs != nullptr ? fs : &posix_fs();
   impl->options_ = options;
-  impl->direct_reads_ = options.direct_reads;
   CAIRN_RETURN_IF_ERROR(impl->open(dir, chunk_size));
   return std::unique_ptr<Repository>(new Repository(std::move(impl)));
 }
@@ -161,7 +160,7 @@ std::optional<ChunkRef> Repository::locate_refreshing(const ChunkHash& hash) con
 }
 
 Status Repository::read_chunk(const ChunkRef& ref, void* dst) const { return impl_->read_chunk(ref, dst); }
-bool Repository::direct_reads() const { return impl_->direct_reads_; }
+bool Repository::direct_reads() const { return impl_->options_.direct_reads; }
 
 Status Repository::remove(const std::string& id) { return impl_->remove(id); }
 Status Repository::retire(const std::string& id) { return impl_->retire(id); }

@@ -181,9 +181,7 @@ struct Repository::Impl {
   // using one that was evicted.
   mutable std::mutex fd_mu_;
   mutable std::unordered_map<std::string, std::shared_ptr<File>> fds_;
-  // Packs are opened for direct I/O (repository_read.cpp) unless this is false; the scratch
-  // buffers of direct reads, kept for reuse.
-  bool direct_reads_ = true;  // options_.direct_reads
+  // The scratch buffers of direct reads (options_.direct_reads: repository_read.cpp), kept for reuse.
   mutable std::mutex scratch_mu_;
   mutable std::vector<std::unique_ptr<AlignedBuffer>> scratch_;
 

@@ -49,7 +49,7 @@ Result<std::shared_ptr<File>> Repository::Impl::pack_file(const std::string& pac
   auto it = fds_.find(pack);
   if (it != fds_.end()) return it->second;
   std::string path = join_path(packs_dir_, pack);
-  Result<std::unique_ptr<File>> f = fs_->open(path, direct_reads_ ? kRead | kDirect : kRead);
+  Result<std::unique_ptr<File>> f = fs_->open(path, options_.direct_reads ? kRead | kDirect : kRead);
   if (!f.is_ok()) {
     if (f.status().code() == StatusCode::kNotFound)
       return not_found("pack " + path +
