@@ -53,7 +53,22 @@ __attribute__((target("avx2"))) void stream_groups_avx2(uint8_t* d, const uint8_
   }
 }
 
+// Copies n bytes, a multiple of 64, with 32-byte streaming stores, one line after the other; d is
+// page-aligned. On AMD EPYC (the dev VM from 2026-11-27) the four-page interleave above runs at
+// 2.2 GB/s where this runs at 10.5 GB/s and memcpy at 4.0-7.4 (256 MiB from a memfd mapping,
+// whole and in 8 pieces, medians of 9); the interleave was measured on Intel Xeon.
+__attribute__((target("avx2"))) void stream_linear_avx2(uint8_t* d, const uint8_t* s, size_t n) {
+  for (size_t i = 0; i < n; i += kLine) {
+    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i));
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i + 32));
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(d + i), a);
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(d + i + 32), b);
+  }
+}
+
 const bool kHasAvx2 = __builtin_cpu_supports("avx2");
+// The four-page interleave follows glibc's large copy for Intel; other CPUs stream line by line.
+const bool kInterleave = __builtin_cpu_is("intel");
 
 }  // namespace
 #endif
@@ -73,7 +88,8 @@ void stream_copy(void* dst, const void* src, size_t n, bool streaming) {
   s += head;
   n -= head;
   const size_t groups = n / kGroup;
-  if (kHasAvx2) stream_groups_avx2(d, s, groups);
+  if (kHasAvx2 && !kInterleave) stream_linear_avx2(d, s, groups * kGroup);
+  else if (kHasAvx2) stream_groups_avx2(d, s, groups);
   else stream_groups_sse2(d, s, groups);
   _mm_sfence();  // the streaming stores are visible before anything that follows the copy
   std::memcpy(d + groups * kGroup, s + groups * kGroup, n - groups * kGroup);
