@@ -27,13 +27,17 @@ Status PeerService::Impl::set_faults(const char* spec) {
     else if (hook == "replay") fault_replay = true;
     else if (hook == "forge") fault_forge = true;
     else if (hook == "garbage_bodies") fault_garbage = true;
+    else if (hook == "late_bodies") fault_late_bodies = true;
+    else if (hook == "no_drain") fault_no_drain = true;
     else
       return invalid_argument("CAIRN_PEERS_FAULT: unknown hook '" + std::string(hook) +
-                              "' (corrupt_bodies, replay, forge, garbage_bodies; tests only)");
+                              "' (corrupt_bodies, replay, forge, garbage_bodies, late_bodies, no_drain; tests only)");
     CAIRN_LOG_WARN("peers: CAIRN_PEERS_FAULT={}: {} (tests only)", hook,
                    hook == "corrupt_bodies" ? "every chunk this member sends is corrupted"
                    : hook == "replay"       ? "this member resends earlier frames verbatim, also to other members"
                    : hook == "forge"        ? "this member sends forged copies of its frames"
+                   : hook == "late_bodies"  ? "this member sends each chunk 1.5 peer timeouts late"
+                   : hook == "no_drain"     ? "this member never takes a chunk that comes after it gave up"
                                             : "this member sends signed frames with bodies no member can read, "
                                               "and random bytes");
   }

@@ -138,6 +138,10 @@ Status PeerService::Impl::fetch_from(std::unique_lock<std::mutex>& lock, const s
     cv.wait_for(lock, std::chrono::seconds(5), [&] { return body_done->load(); });
     if (!p) {
       ++peer_timeouts;
+      // The holder may still send it: a receive that discards it lets that send complete.
+      lock.unlock();
+      drain_late_body(tag);
+      lock.lock();
       return timed_out("peer group: holder " + holder + " did not send chunk " + ref.hash.hex() + " within " +
                        std::to_string(opts.timeout.count()) + " ms");
     }

@@ -1,6 +1,7 @@
 // The messages from other members of the group (peer_service_impl.hpp): the challenge, lookups
 // answered from this member's part of the chunk directory, holder announcements, body requests,
 // goodbyes. They run on the fabric's progress thread and never block.
+#include <array>
 #include <cstdint>
 #include <memory>
 
@@ -184,6 +185,10 @@ void PeerService::Impl::on_message(std::span<const uint8_t> frame) {
   handle_verified(mem, m, out);
   std::vector<std::function<void()>> to_send;
   to_send.swap(bodies);
+  if (fault_late_bodies) {
+    for (auto& f : to_send) delayed_bodies.emplace_back(PClock::now() + opts.timeout * 3 / 2, std::move(f));
+    to_send.clear();
+  }
   lock.unlock();
   send(out);
   for (auto& f : to_send) f();
@@ -324,18 +329,81 @@ void PeerService::Impl::serve_get(Member& mem, const GetBody& g, std::vector<Out
   ++served_chunks;
   served_bytes += length;
   const uint64_t handle = mem.handle, data_handle = mem.data_handle;
+  // The pin goes with whichever comes first: the send's completion, or its give_up (ServedBody).
+  auto released = std::make_shared<std::atomic<bool>>(false);
+  serving.push_back({hash, PClock::now() + kServeHoldTimeouts * opts.timeout, released});
   // Sent once the lock is released (a fabric call never runs under mu).
-  bodies.push_back([this, handle, data_handle, tag, src, length, hash, copy, to, req] {
-    Status st = data->send_body(data_handle, tag, src, length, [this, hash, copy](const Status& s, size_t) {
-      dram.unpin(hash);
+  bodies.push_back([this, handle, data_handle, tag, src, length, hash, copy, to, req, released] {
+    Status st = data->send_body(data_handle, tag, src, length, [this, hash, copy, released](const Status& s, size_t) {
+      if (!released->exchange(true)) dram.unpin(hash);
       if (!s.is_ok()) CAIRN_LOG_DEBUG("peers: sending chunk {}: {}", hash.hex(), s.to_string());
     });
     if (!st.is_ok()) {
-      dram.unpin(hash);
+      if (!released->exchange(true)) dram.unpin(hash);
       std::vector<Outgoing> o{make(to, handle, PeerMsg::kGetReply, json{{"req", req}, {"error", st.message()}})};
       send(o);
     }
   });
+}
+
+void PeerService::Impl::send_delayed_bodies() {
+  std::vector<std::function<void()>> due;
+  {
+    std::lock_guard lock(mu);
+    const auto now = PClock::now();
+    std::erase_if(delayed_bodies, [&](auto& d) {
+      if (now < d.first) return false;
+      due.push_back(std::move(d.second));
+      return true;
+    });
+  }
+  for (auto& f : due) f();
+}
+
+void PeerService::Impl::drain_late_body(uint64_t tag) {
+  if (fault_no_drain) return;
+  auto scratch = std::make_shared<std::array<uint8_t, 64>>();
+  Status st = data->post_body_receive(tag, scratch->data(), scratch->size(), [this, scratch](const Status& s, size_t) {
+    // A body longer than the scratch completes truncated: taken and dropped, as meant.
+    if (s.is_ok() || s.message().find("cancelled") == std::string::npos) {
+      std::lock_guard g(mu);
+      ++late_bodies_drained;
+    }
+  });
+  if (!st.is_ok()) {
+    CAIRN_LOG_DEBUG("peers: posting the drain of a late body: {}", st.to_string());
+    return;
+  }
+  std::lock_guard lock(mu);
+  drains.push_back({tag, PClock::now() + kServeHoldTimeouts * opts.timeout});
+}
+
+void PeerService::Impl::release_stale_sends() {
+  std::vector<ChunkHash> stale;
+  std::vector<uint64_t> expired;
+  {
+    std::lock_guard lock(mu);
+    const auto now = PClock::now();
+    std::erase_if(drains, [&](const Drain& d) {
+      if (now < d.give_up) return false;
+      expired.push_back(d.tag);
+      return true;
+    });
+    std::erase_if(serving, [&](const ServedBody& b) {
+      if (b.released->load()) return true;
+      if (now < b.give_up) return false;
+      if (!b.released->exchange(true)) stale.push_back(b.hash);
+      return true;
+    });
+    abandoned_sends += stale.size();
+  }
+  for (uint64_t tag : expired) data->cancel_body_receive(tag);  // a drain that took a body is gone already
+  for (const ChunkHash& h : stale) {
+    CAIRN_LOG_WARN("peers: the send of chunk {} to a member did not complete in {} ms (the member gave up or "
+                   "died): its arena space is no longer held for it",
+                   h.hex(), kServeHoldTimeouts * opts.timeout.count());
+    dram.unpin(h);
+  }
 }
 
 // REQUIRES: mu held. Greets a member: a challenge it must answer with the secret.

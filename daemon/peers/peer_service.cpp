@@ -166,6 +166,8 @@ void PeerService::Impl::service_loop() {
     gone.clear();
     if (do_scan) {
       scan();
+      release_stale_sends();
+      send_delayed_bodies();
       std::vector<Outgoing> out;
       {
         std::lock_guard lock(mu);
@@ -374,6 +376,8 @@ json PeerService::status() const {
               {"bad_bodies", s.bad_bodies},
               {"loads_assigned", s.loads_assigned},
               {"timeouts", s.peer_timeouts},
+              {"abandoned_sends", s.abandoned_sends},
+              {"late_bodies_drained", s.late_bodies_drained},
               {"refused_frames", s.refused_frames},
               {"replayed_frames", s.replayed_frames},
               {"misaddressed_frames", s.misaddressed_frames},

@@ -83,6 +83,10 @@ struct PeerService::Impl {
                                 // signed with another secret
   bool fault_garbage = false;   // garbage_bodies: with each frame, a well-signed frame of the same type
                                 // whose body no decoder accepts, and random bytes (not a frame)
+  bool fault_late_bodies = false;  // late_bodies: a holder sends each body 1.5 timeouts late (the
+                                   // readers have given up: delayed_bodies, sent by the service thread)
+  bool fault_no_drain = false;     // no_drain: a reader that timed out leaves no drain (drain_late_body),
+                                   // as one that died: the holder's send never completes
 
   mutable std::mutex mu;
   std::condition_variable cv;           // pendings, expect
@@ -99,6 +103,30 @@ struct PeerService::Impl {
   uint64_t fetched_chunks = 0, fetched_bytes = 0, served_chunks = 0, served_bytes = 0, bad_bodies = 0,
            loads_assigned = 0, peer_timeouts = 0;  // GUARDED_BY(mu)
   PClock::time_point last_refusal_log{}, last_replay_log{}, last_malformed_log{};  // GUARDED_BY(mu)
+  // Chunk bodies being sent from the arena, each pinning its chunk until its send completes. Over
+  // tcp;ofi_rxm a body past the eager size is a rendezvous that completes only when the receiver
+  // matches it, and a receiver that gave up (its timeout, then a cancel) or died never does: the
+  // pin would outlive every client. So a send still pending kServeHoldTimeouts peer timeouts after
+  // it started gives its pin up (release_stale_sends, on the service thread); whichever of that and
+  // the completion comes first unpins, once. A receiver that still read it late would read bytes
+  // the arena may have reused, and its hash check drops them (fetch_from).
+  struct ServedBody {
+    ChunkHash hash;
+    PClock::time_point give_up;
+    std::shared_ptr<std::atomic<bool>> released;
+  };
+  static constexpr int kServeHoldTimeouts = 3;
+  std::vector<ServedBody> serving;     // GUARDED_BY(mu)
+  uint64_t abandoned_sends = 0;        // GUARDED_BY(mu): pins given up by release_stale_sends
+  // The receiving side of the same: a reader that timed out leaves a small receive posted for its
+  // request's tag, which takes a body that comes late and discards it, so the holder's send
+  // completes. Cancelled once past its give_up, with the sends.
+  struct Drain {
+    uint64_t tag;
+    PClock::time_point give_up;
+  };
+  std::vector<Drain> drains;           // GUARDED_BY(mu)
+  uint64_t late_bodies_drained = 0;    // GUARDED_BY(mu)
 
   // Holder announcements from the DRAM tier's hook, sent by the service thread.
   std::mutex announce_mu;
@@ -201,9 +229,18 @@ struct PeerService::Impl {
   // REQUIRES: mu held. A verified member asks for a chunk's body: send it from the arena, pinned
   // until the send completes.
   void serve_get(Member& mem, const GetBody& get, std::vector<Outgoing>& out);
+  // Unpins the chunks of body sends still pending past their give_up (ServedBody), forgets the
+  // completed ones, and cancels the drains past theirs; on the service thread, each scan.
+  void release_stale_sends();
+  // Without mu. After a fetch timed out: a receive for tag that discards a body arriving late.
+  void drain_late_body(uint64_t tag);
   // REQUIRES: mu held; m's body passed check_peer_body. A message from a verified member.
   void handle_verified(Member& mem, PeerMessage& m, std::vector<Outgoing>& out);
   std::vector<std::function<void()>> bodies;  // GUARDED_BY(mu): body sends queued by serve_get
+  // GUARDED_BY(mu): with late_bodies, the body sends and when they are due.
+  std::vector<std::pair<PClock::time_point, std::function<void()>>> delayed_bodies;
+  // Without mu. Runs the delayed body sends that are due (the service thread, each scan).
+  void send_delayed_bodies();
 
   // REQUIRES: mu held. Greets a member: a challenge it must answer with the secret.
   void greet(Member& mem, std::vector<Outgoing>& out);

@@ -253,6 +253,63 @@ def test_corrupted_chunks_from_a_peer_are_never_seen(make_daemon, tmp):
     assert "fails its hash" in log_of(good) or "wrong bytes" in log_of(good)
 
 
+def dram_held(d):
+    """Arena bytes held beyond the chunks themselves (pins and spans no chunk owns)."""
+    t = d.stats()["tiers"]["dram"]
+    return t["pinned_bytes"] + t["used_bytes"] - t["chunk_bytes"]
+
+
+def wait_for(what, timeout):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if what():
+            return True
+        time.sleep(0.1)
+    return what()
+
+
+@pytest.mark.parametrize("reader_drains", [True, False])
+def test_a_body_sent_after_its_reader_gave_up_holds_no_arena_space(make_daemon, tmp, reader_drains):
+    """Over tcp;ofi_rxm a chunk body is a rendezvous send that completes only when the receiver takes
+    it. A reader that timed out (or died) never does: before the fix the holder kept the chunk pinned
+    for good (the torture run's "arena space still held with every client gone"). Now the reader
+    leaves a receive that takes a late body and drops it (late_bodies_drained), and a holder gives a
+    pin up 3 peer timeouts after the send started in any case (abandoned_sends)."""
+    repo = tmp / "repo"
+    holder = member(make_daemon, "late", repo, 1, timeout="1s", extra_env={"CAIRN_PEERS_FAULT": "late_bodies"}).start()
+    reader = member(make_daemon, "rd", repo, 2, timeout="1s",
+                    extra_env=None if reader_drains else {"CAIRN_PEERS_FAULT": "no_drain"}).start()
+    wait_verified([holder, reader], 2)
+    rng = np.random.default_rng(13)
+    want = model(rng, 8)  # 4 tensors of 2 MiB: bodies far past rxm's eager size
+    with cairn.connect(holder.socket) as ch:
+        ch.save_model("late", want, durability="global", wait=True)
+    assert dram_held(holder) == 0
+    t0 = time.time()
+    with cairn.connect(reader.socket) as cr:
+        assert_model(cr, "late", want)  # each chunk: the holder's body is late, the repository serves it
+    assert peers_of(reader)["timeouts"] >= 1, peers_of(reader)
+    assert movement(reader)["bytes_from_peer"] == 0
+    # The late bodies go out 1.5 timeouts after their gets; every pin is gone within the bound.
+    assert wait_for(lambda: dram_held(holder) == 0, 3 * 1 + 10), (holder.stats()["tiers"]["dram"], peers_of(holder))
+    hs, rs = peers_of(holder), peers_of(reader)
+    if reader_drains:
+        assert wait_for(lambda: peers_of(reader)["late_bodies_drained"] >= 1, 5), peers_of(reader)
+        assert hs["abandoned_sends"] == 0, hs  # the sends completed: the reader took the bodies
+    else:
+        assert rs["late_bodies_drained"] == 0, rs
+        assert hs["abandoned_sends"] >= 1, hs  # the holder gave the pins up itself
+        assert "its arena space is no longer held for it" in log_of(holder)
+    assert time.time() - t0 < 60
+    # Both keep serving: a model through the reader, read back through the holder.
+    want2 = model(rng, 4)
+    with cairn.connect(reader.socket) as cr:
+        cr.save_model("after", want2, durability="global", wait=True)
+    with cairn.connect(holder.socket) as ch:
+        assert_model(ch, "after", want2)
+    assert wait_for(lambda: dram_held(holder) == 0 and dram_held(reader) == 0, 10)
+
+
 def test_same_id_on_two_members_at_once(make_daemon, tmp):
     repo = tmp / "repo"
     a = member(make_daemon, "a", repo, 1).start()
