@@ -285,6 +285,8 @@ def test_a_body_sent_after_its_reader_gave_up_holds_no_arena_space(make_daemon, 
     with cairn.connect(holder.socket) as ch:
         ch.save_model("late", want, durability="global", wait=True)
     assert dram_held(holder) == 0
+    # Its 4 chunks (one per tensor) are announced to their homes, so the reader asks the holder.
+    assert wait_for(lambda: sum(peers_of(d)["directory_entries"] for d in (holder, reader)) >= 4, 10)
     t0 = time.time()
     with cairn.connect(reader.socket) as cr:
         assert_model(cr, "late", want)  # each chunk: the holder's body is late, the repository serves it
