@@ -192,6 +192,9 @@ void Prefetcher::matched(const std::string& model, const std::vector<std::string
 }
 
 void Prefetcher::leased(const ModelManifest& m, const std::vector<const TensorManifest*>& tensors) {
+  // Each chunk read fulfils one announced read of it (a later reader's announcement stays).
+  for (const TensorManifest* t : tensors)
+    for (const ChunkRef& c : t->chunks) p_.dram.hint_read(c.hash);
   std::vector<Job> next;
   {
     std::lock_guard lock(mu_);

@@ -123,22 +123,29 @@ class HintTracker {
     loading_ = kNone;
   }
 
-  // A read of c fulfils its chunk-level expectation (if any).
+  // A read of c fulfils its earliest chunk-level expectation (if any); a later one (another
+  // candidate that will read c too) stays. Stale ones go with it.
   void fulfil(uint32_t c) {
-    if (!chunk_expected_at_[c]) return;
-    chunk_expected_at_[c].reset();
+    auto& pending = chunk_expected_at_[c];
+    if (pending.empty()) return;
+    const int64_t now = clock_.now_ns();
+    pending.erase(pending.begin());
     --pending_;
+    while (!pending.empty() && stale(pending.front(), now)) {
+      pending.erase(pending.begin());
+      --pending_;
+    }
   }
 
   void hint(const Ev& e) {
     if (!hints_) return;
     const int64_t now = clock_.now_ns();
-    if (e.chunk != kNone) {  // a will_load scoped to tensors: this chunk only (the earlier wins)
+    if (e.chunk != kNone) {  // a will_load scoped to tensors: this chunk only, one read each
       const uint32_t c = e.chunk;
       const int64_t at = add_seconds_ns(now, e.when_s.value_or(0.0));
-      if (!chunk_expected_at_[c]) ++pending_;
-      if (!chunk_expected_at_[c] || at < *chunk_expected_at_[c] || stale(*chunk_expected_at_[c], now))
-        chunk_expected_at_[c] = at;
+      auto& pending = chunk_expected_at_[c];
+      pending.insert(std::upper_bound(pending.begin(), pending.end(), at), at);
+      ++pending_;
       if (resident_[c]) refresh_expected(c, kNone);
       return;
     }
@@ -237,7 +244,11 @@ class HintTracker {
     }
     const int64_t now = clock_.now_ns();
     std::optional<int64_t> soonest;
-    if (chunk_expected_at_[c] && !stale(*chunk_expected_at_[c], now)) soonest = chunk_expected_at_[c];
+    for (int64_t at : chunk_expected_at_[c])
+      if (!stale(at, now)) {
+        soonest = at;
+        break;
+      }
     for (uint32_t m : chunk_models_[c]) {
       if (m == reader || !expected_at_[m] || stale(*expected_at_[m], now)) continue;
       if (!soonest || *expected_at_[m] < *soonest) soonest = expected_at_[m];
@@ -264,7 +275,7 @@ class HintTracker {
   std::vector<char> in_population_;
   std::vector<char> done_;
   std::vector<std::optional<int64_t>> expected_at_;
-  std::vector<std::optional<int64_t>> chunk_expected_at_;  // will_load hints naming the chunk
+  std::vector<std::vector<int64_t>> chunk_expected_at_;  // will_load hints naming the chunk, sorted
   std::set<uint32_t> population_;
   size_t pending_ = 0;  // models and chunks with an expectation
   uint32_t loading_ = kNone;

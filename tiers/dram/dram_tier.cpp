@@ -1,7 +1,10 @@
 #include "tiers/dram/dram_tier.hpp"
 
 #include "core/log.hpp"
+#include "policy/hint_policy.hpp"
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 
 #include <sys/mman.h>
@@ -158,12 +161,46 @@ void DramTier::hint_refetch_cost(const ChunkHash& hash, double seconds) {
   policy_->set_refetch_cost(hash, seconds);
 }
 
+namespace {
+int64_t steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+constexpr double kExpectedGraceS = 60;  // HintAwarePolicy's default grace
+}  // namespace
+
 void DramTier::hint_expected_use(const ChunkHash& hash, double seconds) {
   std::lock_guard lock(mu_);
   auto it = hint_entry_locked(hash);
-  it->second.expected_s = std::isfinite(seconds) ? seconds : std::numeric_limits<double>::infinity();
-  policy_->set_expected_use(hash, seconds);
+  std::vector<int64_t>& at = it->second.expected_at_ns;
+  if (std::isfinite(seconds)) {
+    const int64_t when = add_seconds_ns(steady_ns(), std::max(0.0, seconds));
+    at.insert(std::upper_bound(at.begin(), at.end(), when), when);
+  } else {
+    at.clear();
+  }
+  pass_expected_locked(hash, it->second);
   prune_hint_locked(it);
+}
+
+void DramTier::hint_read(const ChunkHash& hash) {
+  std::lock_guard lock(mu_);
+  auto it = hinted_.find(hash);
+  if (it == hinted_.end() || it->second.expected_at_ns.empty()) return;
+  it->second.expected_at_ns.erase(it->second.expected_at_ns.begin());
+  pass_expected_locked(hash, it->second);
+  prune_hint_locked(it);
+}
+
+void DramTier::pass_expected_locked(const ChunkHash& hash, HintTerms& t) {
+  const int64_t now = steady_ns();
+  auto& at = t.expected_at_ns;
+  const auto fresh = std::find_if(at.begin(), at.end(), [&](int64_t a) {
+    return static_cast<double>(now) - static_cast<double>(a) <= kExpectedGraceS * 1e9;
+  });
+  at.erase(at.begin(), fresh);
+  policy_->set_expected_use(hash, at.empty() ? std::numeric_limits<double>::infinity()
+                                             : (static_cast<double>(at.front()) - static_cast<double>(now)) * 1e-9);
 }
 
 void DramTier::hint_population(const ChunkHash& hash, bool member) {
@@ -191,7 +228,7 @@ std::unordered_map<ChunkHash, DramTier::HintTerms, ChunkHashHasher>::iterator Dr
 
 void DramTier::prune_hint_locked(std::unordered_map<ChunkHash, HintTerms, ChunkHashHasher>::iterator it) {
   const HintTerms& t = it->second;
-  if (!t.population && !t.done && std::isinf(t.expected_s)) hinted_.erase(it);
+  if (!t.population && !t.done && t.expected_at_ns.empty()) hinted_.erase(it);
 }
 
 void DramTier::reapply_hints_locked(const ChunkHash& hash) {
@@ -199,10 +236,9 @@ void DramTier::reapply_hints_locked(const ChunkHash& hash) {
   if (it == hinted_.end()) return;
   if (it->second.population) policy_->set_population(hash, true);
   if (it->second.done) policy_->set_done(hash, true);
-  if (!std::isinf(it->second.expected_s)) {
-    policy_->set_expected_use(hash, it->second.expected_s);
-    // The chunk arrived for the announced read: the expectation is used up once passed on.
-    it->second.expected_s = std::numeric_limits<double>::infinity();
+  // The announced reads stay until clients make them (hint_read): a prefetch landing is not one.
+  if (!it->second.expected_at_ns.empty()) {
+    pass_expected_locked(hash, it->second);
     prune_hint_locked(it);
   }
 }
@@ -214,7 +250,9 @@ DramTier::Claim DramTier::claim(const ChunkHash& hash) {
     ++it->second.pins;
     ++hits_;
     ++it->second.accesses;
-    policy_->touch(hash);
+    policy_->touch(hash);  // withdraws the policy's expectation: the reads still announced go back
+    if (auto h = hinted_.find(hash); h != hinted_.end() && !h->second.expected_at_ns.empty())
+      pass_expected_locked(hash, h->second);
     return {ClaimKind::kResident, it->second.offset};
   }
   if (loading_.count(hash)) return {ClaimKind::kLoading, 0};

@@ -23,6 +23,7 @@
 #include <optional>
 #include <unordered_map>
 #include <unordered_set>
+#include <vector>
 
 #include "core/hash.hpp"
 #include "core/status.hpp"
@@ -87,9 +88,14 @@ class DramTier {
   void hint_refetch_cost(const ChunkHash& hash, double seconds);
   // Passes a workflow's hints to the policy (policy/eviction.hpp: set_expected_use, set_population,
   // set_done). Advice: pinned and dirty chunks stay whatever the policy thinks of them.
+  // Each finite hint_expected_use announces one more read (two candidates that will load the same
+  // parent chunk are two reads); +inf or NaN withdraws them all. The policy is told the soonest.
   void hint_expected_use(const ChunkHash& hash, double seconds);
   void hint_population(const ChunkHash& hash, bool member);
   void hint_done(const ChunkHash& hash);
+  // A client read the chunk (a lease, not a prefetch): that fulfils its soonest announced read; the
+  // policy is told the next one, if any.
+  void hint_read(const ChunkHash& hash);
   // Gives back [offset, offset+nbytes) (any aligned sub-range of an allocation).
   void release(uint64_t offset, uint64_t nbytes);
 
@@ -157,11 +163,14 @@ class DramTier {
   struct HintTerms {
     bool population = false;
     bool done = false;
-    double expected_s = std::numeric_limits<double>::infinity();  // as last hinted (seconds from then)
+    std::vector<int64_t> expected_at_ns;  // the announced reads not yet made, soonest first (steady clock)
   };
   std::unordered_map<ChunkHash, HintTerms, ChunkHashHasher> hinted_;  // GUARDED_BY(mu_)
   // REQUIRES: mu_ held. Passes the chunk's hint terms, if any, to the policy (after track()).
   void reapply_hints_locked(const ChunkHash& hash);
+  // REQUIRES: mu_ held. Tells the policy the chunk's soonest announced read (or none), after
+  // dropping the ones overdue by more than a minute (the policy's grace: reads that never came).
+  void pass_expected_locked(const ChunkHash& hash, HintTerms& t);
   // REQUIRES: mu_ held. The chunk's entry, created if missing (bounded: see the .cpp).
   std::unordered_map<ChunkHash, HintTerms, ChunkHashHasher>::iterator hint_entry_locked(const ChunkHash& hash);
   // REQUIRES: mu_ held. Drops the entry when it says nothing.

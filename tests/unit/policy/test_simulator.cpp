@@ -182,6 +182,14 @@ TEST_CASE("Simulator: a will_load naming chunks keeps those, not the rest of the
     u.access("b", "B").access("c", "C").access("b", "B");
     CHECK(make(u.trace()).run(SimPolicy::kHints, 20).hits == 2);
   }
+  SECTION("two announced reads of one chunk: the first read fulfils one, the other stays") {
+    // Two candidates will load A1; after the first one's read A1 must still outrank a done chunk...
+    // here, a done A1 with a pending read outranks B, so B goes when C comes, and the second read hits.
+    Build two;
+    two.access("a", "A1").expect("a", "A1").expect("a", "A1").access("a", "A1").hint(HintKind::kDone, {"a"});
+    two.access("b", "B").access("c", "C").access("a", "A1");
+    CHECK(make(two.trace()).run(SimPolicy::kHints, 20).hits == 2);
+  }
   SECTION("a chunk expected before it is written enters expected") {
     Build w;
     w.expect("p", "P").insert("p", "P").insert("q", "Q1").insert("q", "Q2").access("p", "P");

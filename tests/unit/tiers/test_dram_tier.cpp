@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "policy/eviction.hpp"
+#include "policy/hint_policy.hpp"
 #include "tiers/dram/dram_tier.hpp"
 
 namespace cairn {
@@ -251,6 +252,42 @@ TEST_CASE("DramTier evicts clean unpinned chunks in LRU order", "[dram]") {
   tier->release(*x, kChunk);
   tier->release(*y, kChunk);
   tier->release(*z, kChunk);
+}
+
+TEST_CASE("DramTier: each announced read is fulfilled by one read, a later reader's stays", "[dram][hints]") {
+  // Two candidates will load chunk 0 (two will_load hints); the first one's read must not make the
+  // chunk a victim the second still needs. Chunks 1-3 belong to the live population: they outrank an
+  // ordinary chunk, and an expected read outranks them (docs/policy.md, standings).
+  auto t = DramTier::create(kArena, std::make_unique<HintAwarePolicy>(), "cairn-test-dram-hints");
+  REQUIRE(t.is_ok());
+  DramTier& tier = **t;
+  std::vector<ChunkHash> h{hash_n(20), hash_n(21), hash_n(22), hash_n(23)};
+  for (const ChunkHash& c : h) {
+    put_chunk(tier, c, /*dirty=*/false);
+    tier.unpin(c);
+  }
+  for (size_t i = 1; i < h.size(); ++i) tier.hint_population(h[i], true);
+  tier.hint_expected_use(h[0], 5);   // candidate 1
+  tier.hint_expected_use(h[0], 50);  // candidate 2
+  auto read = [&] {  // a client's read of chunk 0: the claim, then the lease's notice
+    auto c = tier.claim(h[0]);
+    REQUIRE(c.kind == DramTier::ClaimKind::kResident);
+    tier.unpin(h[0]);
+    tier.hint_read(h[0]);
+  };
+  read();  // candidate 1 reads it; candidate 2's read is still announced
+  auto x = tier.allocate(kChunk);
+  REQUIRE(x.is_ok());
+  CHECK(tier.offset_of(h[0]).has_value());  // a population chunk went, not the expected one
+  read();  // candidate 2 reads it: no read is announced any more, so it is ordinary now
+  auto y = tier.allocate(kChunk);
+  REQUIRE(y.is_ok());
+  CHECK_FALSE(tier.offset_of(h[0]).has_value());
+  int population_left = 0;
+  for (size_t i = 1; i < h.size(); ++i) population_left += tier.offset_of(h[i]).has_value();
+  CHECK(population_left == 2);
+  tier.release(*x, kChunk);
+  tier.release(*y, kChunk);
 }
 
 TEST_CASE("DramTier never evicts pinned or dirty chunks", "[dram]") {
