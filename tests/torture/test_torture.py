@@ -97,3 +97,34 @@ def test_oracle_allows_only_memory_losses_after_a_kill():
     o.intent("after", {"tensors": {}}, node=0, t=5.8)
     o.ack("after", "memory", 5.9)
     assert not o.may_be_lost("after")
+
+
+def test_a_read_refused_for_a_model_removed_during_the_check_is_not_a_violation():
+    """check_one: a model its client removed while the pass ran may be refused with an error by a
+    daemon whose view still listed it (seed 2712, 3 daemons); the same error for a live model is a
+    violation, and wrong bytes always are."""
+    from types import SimpleNamespace
+    from torture import Run, cairn
+
+    class Node:
+        index = 0
+
+        def __init__(self, exc):
+            self.exc = exc
+
+        def call(self, fn):
+            raise self.exc
+
+    def refused():
+        return cairn.CorruptData("CAIRN_ERR_CORRUPTION", "corrupt data: chunk 00 has no intact copy in any tier")
+
+    o = Oracle()
+    for mid in ("gone", "live"):
+        o.intent(mid, {"tensors": {}}, node=1)
+        o.ack(mid, "global", 1.0)
+    o.remove("gone")
+    run = SimpleNamespace(oracle=o)
+    Run.check_one(run, Node(refused()), "gone", {"tensors": {}})
+    assert o.violations == [] and o.counts.get("removed_meanwhile_read_refused") == 1
+    Run.check_one(run, Node(refused()), "live", {"tensors": {}})
+    assert len(o.violations) == 1 and "'live'" in o.violations[0]
