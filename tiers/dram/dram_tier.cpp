@@ -176,6 +176,9 @@ void DramTier::hint_expected_use(const ChunkHash& hash, double seconds) {
   if (std::isfinite(seconds)) {
     const int64_t when = add_seconds_ns(steady_ns(), std::max(0.0, seconds));
     at.insert(std::upper_bound(at.begin(), at.end(), when), when);
+    // A flood of hints naming one chunk keeps its soonest reads only (each entry is 8 bytes).
+    constexpr size_t kMaxAnnounced = 64;
+    if (at.size() > kMaxAnnounced) at.resize(kMaxAnnounced);
   } else {
     at.clear();
   }
