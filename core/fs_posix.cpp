@@ -60,7 +60,11 @@ Status pwrite_fd(int fd, const std::string& path, const void* buf, size_t len, u
   return Status::ok();
 }
 
-Status pread_fd(int fd, const std::string& path, void* buf, size_t len, uint64_t offset, size_t* got) {
+// direct: the file is O_DIRECT. There a read that stops short of a block boundary stopped at the
+// end of the file (a file whose length is not a multiple of the block, or one still being
+// appended): reading on from that misaligned offset would fail with EINVAL, not return 0.
+Status pread_fd(int fd, const std::string& path, void* buf, size_t len, uint64_t offset, size_t* got,
+                bool direct = false) {
   auto* p = static_cast<char*>(buf);
   size_t done = 0;
   while (done < len) {
@@ -72,6 +76,7 @@ Status pread_fd(int fd, const std::string& path, void* buf, size_t len, uint64_t
     }
     if (n == 0) break;  // end of file
     done += static_cast<size_t>(n);
+    if (direct && (offset + done) % kDirectAlignment != 0) break;  // end of file
   }
   *got = done;
   return Status::ok();
@@ -100,7 +105,7 @@ class PosixFile final : public File {
   Status pread(void* buf, size_t len, uint64_t offset, size_t* got) override {
     *got = 0;
     if (direct_) CAIRN_RETURN_IF_ERROR(check_direct(path_, buf, len, offset, "reading"));
-    return pread_fd(fd_, path_, buf, len, offset, got);
+    return pread_fd(fd_, path_, buf, len, offset, got, direct_);
   }
 
   Status write_many(std::span<const IoRequest> reqs) override { return many(reqs, /*write=*/true); }
@@ -165,7 +170,7 @@ class PosixFile final : public File {
         CAIRN_RETURN_IF_ERROR(pwrite_fd(fd_, path_, r.buf, r.len, r.offset));
       } else {
         size_t got = 0;
-        CAIRN_RETURN_IF_ERROR(pread_fd(fd_, path_, r.buf, r.len, r.offset, &got));
+        CAIRN_RETURN_IF_ERROR(pread_fd(fd_, path_, r.buf, r.len, r.offset, &got, direct_));
         if (got != r.len) return short_read(path_, r, got);
       }
     }
