@@ -263,6 +263,7 @@ const std::vector<Engine::Op>& Engine::table() {
          CAIRN_ASSIGN_OR_RETURN(json out, e.admin_->stats(r));
          out["compute"] = e.compute_->status();
          out["watchdog"] = e.watchdog_.stats();
+         out["leases"] = e.reads_->lease_stats();
          out["fault_injection"] = {{"enabled", e.faults_.enabled()},
                                    {"rules", e.faulty_fs_ ? e.faulty_fs_->rules().size() : 0},
                                    {"injected", e.faulty_fs_ ? e.faulty_fs_->injected() : 0}};

@@ -49,6 +49,7 @@ Result<json> Reads::lease(Session& s, const json& req) {
   std::vector<uint64_t> granted;
   auto undo = [&] {
     for (uint64_t l : granted) {
+      count_lease(s.leases[l], -1);
       release_lease(s.leases[l]);
       s.leases.erase(l);
     }
@@ -95,6 +96,7 @@ Result<json> Reads::lease(Session& s, const json& req) {
     json ex = json::array();
     for (const auto& e : extents) ex.push_back({e.offset, e.length});
     uint64_t lid = s.next_id++;
+    count_lease(lease, +1);
     s.leases[lid] = std::move(lease);
     granted.push_back(lid);
     leases.push_back({{"lease", lid}, {"extents", std::move(ex)}, {"nbytes", t->nbytes}});
@@ -116,6 +118,27 @@ void Reads::release_lease(Session::Lease& lease) {
   lease.hbm_device = -1;
 }
 
+void Reads::count_lease(const Session::Lease& lease, int sign) {
+  if (lease.pinned_chunks.empty() && lease.owned_extents.empty()) return;
+  uint64_t owned = 0;
+  for (const auto& e : lease.owned_extents) owned += e.length;
+  if (sign > 0) {
+    arena_leases_ += 1;
+    lease_chunk_pins_ += lease.pinned_chunks.size();
+    lease_owned_bytes_ += owned;
+  } else {
+    arena_leases_ -= 1;
+    lease_chunk_pins_ -= lease.pinned_chunks.size();
+    lease_owned_bytes_ -= owned;
+  }
+}
+
+json Reads::lease_stats() const {
+  return json{{"leases", arena_leases_.load()},
+              {"chunk_pins", lease_chunk_pins_.load()},
+              {"owned_bytes", lease_owned_bytes_.load()}};
+}
+
 Result<json> Reads::release(Session& s, const json& req) {
   auto ids = req.find("leases");
   if (ids == req.end() || !ids->is_array()) return invalid_argument("request 'release': missing array field 'leases'");
@@ -123,6 +146,7 @@ Result<json> Reads::release(Session& s, const json& req) {
     if (!v.is_number_unsigned()) return invalid_argument("request 'release': lease ids must be non-negative integers");
     auto it = s.leases.find(v.get<uint64_t>());
     if (it == s.leases.end()) continue;  // released twice: harmless
+    count_lease(it->second, -1);
     release_lease(it->second);
     s.leases.erase(it);
   }
@@ -130,7 +154,10 @@ Result<json> Reads::release(Session& s, const json& req) {
 }
 
 void Reads::end_session(Session& s) {
-  for (auto& [id, lease] : s.leases) release_lease(lease);
+  for (auto& [id, lease] : s.leases) {
+    count_lease(lease, -1);
+    release_lease(lease);
+  }
   s.leases.clear();
 }
 

@@ -15,6 +15,8 @@
 // Lock order: the gc lock (shared) is held while a request reads repository data.
 #pragma once
 
+#include <atomic>
+#include <cstdint>
 #include <shared_mutex>
 #include <span>
 #include <string>
@@ -81,6 +83,10 @@ class Reads {
   // fetch as a lease, nothing stays pinned). Holds the gc lock shared while it reads.
   Status stage(const std::string& model, const TensorManifest& t);
   // Set at assembly, before requests are served (null: nobody listens / no trace).
+  // What the clients' leases hold of the arena now: {"leases", "chunk_pins", "owned_bytes"} (the
+  // leases that hold chunks or a contiguous copy; `stats` reports it as "leases"). With every
+  // client gone all three are 0; arena space pinned beyond them is held by something else.
+  nlohmann::json lease_stats() const;
   void set_observer(ReadObserver* observer) { observer_ = observer; }
   void set_trace(TraceRecorder* trace) { trace_ = trace; }
 
@@ -99,6 +105,9 @@ class Reads {
   // Tells the sources below DRAM which chunks of these tensors are about to be read.
   void readahead(const std::vector<const TensorManifest*>& tensors);
   void release_lease(Session::Lease& lease);
+  // Keeps lease_stats: +1 when a lease is stored in its session, -1 before a stored one is released
+  // (release_lease itself counts nothing: it also undoes leases never stored).
+  void count_lease(const Session::Lease& lease, int sign);
   // The device lease_device/prefetch_device name ("device", default the first of tiers.hbm.devices).
   Result<int> device_of(const nlohmann::json& req, const char* op) const;
   // Makes `tensors` resident on `device`; for each, its placement (pinned there when pin, else left
@@ -110,6 +119,7 @@ class Reads {
   HbmTier* hbm_ = nullptr;
   ReadObserver* observer_ = nullptr;
   TraceRecorder* trace_ = nullptr;
+  std::atomic<uint64_t> arena_leases_{0}, lease_chunk_pins_{0}, lease_owned_bytes_{0};
 };
 
 }  // namespace cairn

@@ -378,6 +378,8 @@ json PeerService::status() const {
               {"timeouts", s.peer_timeouts},
               {"abandoned_sends", s.abandoned_sends},
               {"late_bodies_drained", s.late_bodies_drained},
+              {"sends_in_flight", std::count_if(s.serving.begin(), s.serving.end(),
+                                                [](const auto& b) { return !b.released->load(); })},
               {"refused_frames", s.refused_frames},
               {"replayed_frames", s.replayed_frames},
               {"misaddressed_frames", s.misaddressed_frames},

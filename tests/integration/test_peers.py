@@ -294,6 +294,7 @@ def test_a_body_sent_after_its_reader_gave_up_holds_no_arena_space(make_daemon, 
     assert movement(reader)["bytes_from_peer"] == 0
     # The late bodies go out 1.5 timeouts after their gets; every pin is gone within the bound.
     assert wait_for(lambda: dram_held(holder) == 0, 3 * 1 + 10), (holder.stats()["tiers"]["dram"], peers_of(holder))
+    assert peers_of(holder)["sends_in_flight"] == 0, peers_of(holder)
     hs, rs = peers_of(holder), peers_of(reader)
     if reader_drains:
         assert wait_for(lambda: peers_of(reader)["late_bodies_drained"] >= 1, 5), peers_of(reader)

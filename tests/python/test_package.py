@@ -255,6 +255,9 @@ def test_zero_copy_lease_lives_exactly_as_long_as_the_arrays(make_daemon):
         small = arrays["small"]
         del arrays
         gc.collect()
+        # `stats` counts what leases hold: a lease per tensor, a pin per chunk.
+        chunks = sum(t["chunks"] for t in c.show("big")["tensors"])
+        assert chunks >= 2 and c.stats()["leases"] == {"leases": 2, "chunk_pins": chunks, "owned_bytes": 0}
         # While "big" is leased it cannot be evicted: 40 MiB more do not fit in the 64 MiB arena.
         with pytest.raises(cairn.NoSpace) as e:
             c.put_tensor("filler", filler)
@@ -268,6 +271,7 @@ def test_zero_copy_lease_lives_exactly_as_long_as_the_arrays(make_daemon):
         gc.collect()
         c.put_tensor("filler", filler)  # the lease is gone: "big" was evicted to make room
         assert c._conn.open_readers == set()
+        assert c.stats()["leases"] == {"leases": 0, "chunk_pins": 0, "owned_bytes": 0}
         c.delete_tensor("filler")
 
         # copy=True: owned arrays, nothing stays pinned.

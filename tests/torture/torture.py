@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -40,6 +41,27 @@ class Worker:
         self.name, self.node, self.proc = name, node, proc
         self.busy = {}  # thread -> (op, t) in flight
         self.reader = None
+
+
+def summarize_stacks(text):
+    """gdb's `thread apply all bt`, one line per kind of thread: its three innermost cairn functions
+    (templates folded), with how many threads are in the same place."""
+    counts = {}
+    for block in text.split("\nThread ")[1:]:
+        names = []
+        for line in block.splitlines():
+            m = re.match(r"#\d+\s+(?:0x[0-9a-f]+ in )?(.+?) \(", line)
+            if not m or "cairn::" not in m.group(1):
+                continue
+            name = m.group(1)
+            while re.search(r"<[^<>]*>", name):
+                name = re.sub(r"<[^<>]*>", "", name)
+            names.append(name.replace("(anonymous namespace)::", "").replace("cairn::", ""))
+            if len(names) == 3:
+                break
+        key = " < ".join(names) or "(no cairn frame)"
+        counts[key] = counts.get(key, 0) + 1
+    return " | ".join(f"{k}" + (f" x{n}" if n > 1 else "") for k, n in sorted(counts.items()))[:4000]
 
 
 class Run:
@@ -279,6 +301,34 @@ class Run:
                 self.check_node(n, limit=24)
             self.check_stuck()
 
+    def pin_evidence(self, n):
+        """What a daemon that still holds arena space is doing: its peer-serving counters, and (where gdb
+        is installed) the cairn frames of every thread, saved whole in the run's directory."""
+        out = ""
+        try:
+            st = n.stats()
+            out += "; leases: " + json.dumps(st.get("leases")) + "; watchdog: " + json.dumps(st.get("watchdog"))
+        except Exception as e:  # evidence only: the violation is reported either way
+            out += f"; stats: {e}"
+        try:
+            peers = n.cairn("peers", "--json")
+            p = json.loads(peers.stdout) if peers.returncode == 0 else {}
+            keys = ("sends_in_flight", "abandoned_sends", "late_bodies_drained", "timeouts")
+            out += "; peers: " + json.dumps({k: p[k] for k in keys if k in p})
+        except (ValueError, OSError, TypeError):
+            pass
+        gdb = shutil.which("gdb")
+        if not gdb or not n.alive():
+            return out
+        try:
+            r = subprocess.run([gdb, "-p", str(n.proc.pid), "-batch", "-ex", "thread apply all bt"],
+                               capture_output=True, text=True, timeout=120)
+        except (subprocess.TimeoutExpired, OSError) as e:
+            return out + f"; gdb: {e}"
+        path = n.root / "stacks.txt"
+        path.write_text(r.stdout + r.stderr)
+        return out + f"; thread stacks in {path}; threads (innermost cairn frames): " + summarize_stacks(r.stdout)
+
     def finish(self):
         """Every client gone; then: no leaked arena space, everything exact, fsck clean, clean exits."""
         self.stop_sampling.set()
@@ -315,7 +365,7 @@ class Run:
                                                              ("used_bytes", "chunk_bytes", "pinned_bytes")}
             if leaked:
                 o.violation(f"daemon {n.index}: {leaked} bytes of arena space are still held with every client "
-                            f"gone: {dram}")
+                            f"gone: {dram}{self.pin_evidence(n)}")
         fsck = self.nodes[0].call(lambda c: c.fsck(verify=True))
         report["fsck"] = fsck
         if not fsck.get("ok") or fsck.get("dangling"):
