@@ -49,8 +49,7 @@ Result<json> Reads::lease(Session& s, const json& req) {
   std::vector<uint64_t> granted;
   auto undo = [&] {
     for (uint64_t l : granted) {
-      count_lease(s.leases[l], -1);
-      release_lease(s.leases[l]);
+      drop_lease(s.leases[l]);
       s.leases.erase(l);
     }
   };
@@ -120,17 +119,16 @@ void Reads::release_lease(Session::Lease& lease) {
 
 void Reads::count_lease(const Session::Lease& lease, int sign) {
   if (lease.pinned_chunks.empty() && lease.owned_extents.empty()) return;
-  uint64_t owned = 0;
-  for (const auto& e : lease.owned_extents) owned += e.length;
-  if (sign > 0) {
-    arena_leases_ += 1;
-    lease_chunk_pins_ += lease.pinned_chunks.size();
-    lease_owned_bytes_ += owned;
-  } else {
-    arena_leases_ -= 1;
-    lease_chunk_pins_ -= lease.pinned_chunks.size();
-    lease_owned_bytes_ -= owned;
-  }
+  int64_t owned = 0;
+  for (const auto& e : lease.owned_extents) owned += static_cast<int64_t>(e.length);
+  arena_leases_ += sign;
+  lease_chunk_pins_ += sign * static_cast<int64_t>(lease.pinned_chunks.size());
+  lease_owned_bytes_ += sign * owned;
+}
+
+void Reads::drop_lease(Session::Lease& lease) {
+  count_lease(lease, -1);
+  release_lease(lease);
 }
 
 json Reads::lease_stats() const {
@@ -146,18 +144,14 @@ Result<json> Reads::release(Session& s, const json& req) {
     if (!v.is_number_unsigned()) return invalid_argument("request 'release': lease ids must be non-negative integers");
     auto it = s.leases.find(v.get<uint64_t>());
     if (it == s.leases.end()) continue;  // released twice: harmless
-    count_lease(it->second, -1);
-    release_lease(it->second);
+    drop_lease(it->second);
     s.leases.erase(it);
   }
   return json::object();
 }
 
 void Reads::end_session(Session& s) {
-  for (auto& [id, lease] : s.leases) {
-    count_lease(lease, -1);
-    release_lease(lease);
-  }
+  for (auto& [id, lease] : s.leases) drop_lease(lease);
   s.leases.clear();
 }
 

@@ -105,9 +105,10 @@ class Reads {
   // Tells the sources below DRAM which chunks of these tensors are about to be read.
   void readahead(const std::vector<const TensorManifest*>& tensors);
   void release_lease(Session::Lease& lease);
-  // Keeps lease_stats: +1 when a lease is stored in its session, -1 before a stored one is released
-  // (release_lease itself counts nothing: it also undoes leases never stored).
+  // Keeps lease_stats: +1 when a lease is stored in its session, -1 when a stored one is released
+  // (drop_lease: count, then release_lease, which counts nothing as it also undoes leases never stored).
   void count_lease(const Session::Lease& lease, int sign);
+  void drop_lease(Session::Lease& lease);
   // The device lease_device/prefetch_device name ("device", default the first of tiers.hbm.devices).
   Result<int> device_of(const nlohmann::json& req, const char* op) const;
   // Makes `tensors` resident on `device`; for each, its placement (pinned there when pin, else left
@@ -119,7 +120,7 @@ class Reads {
   HbmTier* hbm_ = nullptr;
   ReadObserver* observer_ = nullptr;
   TraceRecorder* trace_ = nullptr;
-  std::atomic<uint64_t> arena_leases_{0}, lease_chunk_pins_{0}, lease_owned_bytes_{0};
+  std::atomic<int64_t> arena_leases_{0}, lease_chunk_pins_{0}, lease_owned_bytes_{0};
 };
 
 }  // namespace cairn

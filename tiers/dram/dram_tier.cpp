@@ -166,7 +166,8 @@ int64_t steady_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
-constexpr double kExpectedGraceS = 60;  // HintAwarePolicy's default grace
+// Announced reads overdue by more than the policy's default grace are dropped, as the policy does.
+const double kExpectedGraceS = HintAwarePolicy::Options{}.expected_use_grace_s;
 }  // namespace
 
 void DramTier::hint_expected_use(const ChunkHash& hash, double seconds) {
