@@ -12,4 +12,10 @@ Result<std::shared_ptr<const ModelManifest>> ModelDirectory::find(const std::str
   return std::move(m).value();
 }
 
+Result<std::shared_ptr<const ModelManifest>> ModelDirectory::find_fresh(const std::string& id) const {
+  Status viewed = repo_.refresh_view();
+  if (!viewed.is_ok()) return viewed.with_context("model '" + id + "': reading the repository's logs");
+  return find(id);
+}
+
 }  // namespace cairn

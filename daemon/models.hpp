@@ -24,6 +24,10 @@ class ModelDirectory {
   // (not yet in the repository), or in the repository and not collected by gc.
   // kNotFound says which of the two it is not.
   Result<std::shared_ptr<const ModelManifest>> find(const std::string& id) const;
+  // The same with the repository's view brought up to date first: for a read that found the
+  // model's bytes missing or damaged, which may be a model another daemon's gc removed after this
+  // daemon's view last listed it (a shared repository).
+  Result<std::shared_ptr<const ModelManifest>> find_fresh(const std::string& id) const;
 
  private:
   const Flusher& flusher_;

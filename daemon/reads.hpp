@@ -102,6 +102,12 @@ class Reads {
   // the tier that served it (prefetch: staged by the prefetcher, not read by a client).
   Status pin_tensors(std::span<const TensorManifest* const> tensors, const std::string& model, bool prefetch,
                      std::vector<PinnedTensor>& out);
+  // What a read of `model` that failed on missing or damaged bytes tells its client. With a shared
+  // repository, another daemon's gc may have removed the model after this daemon's view last listed
+  // it, and freed its bytes: then "not found", as a read a moment later would be told (the torture
+  // harness's peer group found "corrupt data ... restore the pack from a copy" instead). A model
+  // still there keeps the failure.
+  Status explain_failure(const std::string& model, const Status& failure) const;
   // Tells the sources below DRAM which chunks of these tensors are about to be read.
   void readahead(const std::vector<const TensorManifest*>& tensors);
   void release_lease(Session::Lease& lease);

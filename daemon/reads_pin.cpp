@@ -37,6 +37,15 @@ struct TensorLoad {
 
 }  // namespace
 
+Status Reads::explain_failure(const std::string& model, const Status& failure) const {
+  const StatusCode code = failure.code();
+  if (code != StatusCode::kCorruption && code != StatusCode::kIo && code != StatusCode::kNotFound) return failure;
+  auto now = p_.models.find_fresh(model);
+  if (now.is_ok() || now.status().code() != StatusCode::kNotFound) return failure;
+  // Not the failure's own advice (such as "restore the pack from a copy"): nothing is damaged.
+  return not_found(now.status().message() + " (it was removed while it was being read)");
+}
+
 Status Reads::pin_tensors(std::span<const TensorManifest* const> tensors, const std::string& model, bool prefetch,
                           std::vector<PinnedTensor>& out) {
   DramTier& dram = p_.dram;
@@ -182,7 +191,7 @@ Status Reads::pin_tensors(std::span<const TensorManifest* const> tensors, const 
     for (TensorLoad& L : loads)
       for (size_t i = 0; i < L.have.size(); ++i)
         if (L.have[i]) dram.unpin(L.t->chunks[i].hash);
-    return failure;
+    return explain_failure(model, failure);
   }
   out.resize(loads.size());
   for (size_t ti = 0; ti < loads.size(); ++ti) {

@@ -253,6 +253,33 @@ def test_same_id_through_both_daemons_at_once(make_daemon, tmp):
     assert b.stop() == 0, log_of(b)
 
 
+def test_read_of_a_model_another_daemons_gc_removed_is_not_found(make_daemon, tmp):
+    """A daemon whose view of the repository still lists a model that another daemon's gc has
+    removed since answers a read of it "not found", as it would a moment later, not "corrupt data"
+    (its chunks are freed). Found by the torture harness's peer group: a member's view lagged a gc."""
+    repo = tmp / "repo"
+    a = shared(make_daemon, "a", repo).start()
+    # b reads the repository's logs only on a lookup that misses, or on `cairn sync`.
+    b = shared(make_daemon, "b", repo, refresh="0").start()
+    rng = np.random.default_rng(11)
+    with cairn.connect(a.socket) as ca, cairn.connect(b.socket) as cb:
+        x, keep = tensors(rng, kb=300), tensors(rng, kb=300)
+        ca.save_model("x", x, durability="global", wait=True)
+        ca.save_model("keep", keep, durability="global", wait=True)
+        assert b.cairn("show", "x").returncode == 0  # b's view lists x now (the lookup missed)
+        a.cairn("rm", "x")
+        gc = a.cairn("gc").stdout
+        assert "removed 1 retired models" in gc, gc
+        # b has not looked at the logs since: its view still lists x, whose bytes are gone.
+        with pytest.raises(cairn.NotFound) as e:
+            cb.load_model("x", copy=True)
+        assert "x" in str(e.value) and "removed while it was being read" in str(e.value), str(e.value)
+        assert_model(cb, "keep", keep)
+        assert "x" not in ls_ids(b)
+    assert a.stop() == 0, log_of(a)
+    assert b.stop() == 0, log_of(b)
+
+
 def test_gc_through_one_while_the_other_commits_and_reads(make_daemon, tmp):
     repo = tmp / "repo"
     a = shared(make_daemon, "a", repo, nvme=tmp / "a" / "nvme").start()
