@@ -8,6 +8,10 @@ acknowledged was lost and nothing wrong was served. docs/reliability.md says wha
     tests/torture/run --seed 7 --kill-points 1000 --daemons 3 --json out.json   # the long run
     tests/torture/run --soak --clients 64 --duration 600     # the soak: no faults, RSS and fds over time
 
+A long run prints a progress line every --progress faults (kill points, faults, models checked,
+violations). `kill -USR1 <pid>` ends its faults early and runs the finish (every model through every
+daemon, the arena, fsck, clean exits), for a run that must stop before its target.
+
 A run is reproducible from its seed up to thread scheduling: the same seed picks the same faults, in
 the same order, with the same workers' operations. A failing run prints its seed; keep it in
 tests/torture/test_torture.py as a regression case.
@@ -16,6 +20,7 @@ import argparse
 import json
 import os
 import random
+import signal
 import re
 import shutil
 import subprocess
@@ -85,6 +90,7 @@ class Run:
         self.stop_sampling = threading.Event()
         self.stuck_seen = {}  # (node, start) -> watchdog reports already counted
         self.oldest_seen = 0.0  # the oldest request any daemon's watchdog saw at a check
+        self.stop_faults = threading.Event()  # SIGUSR1: end the faults now, then the finish
 
     # ---- helpers for faults ----
     def live_nodes(self):
@@ -267,6 +273,10 @@ class Run:
                     break
             elif time.monotonic() >= deadline and self.kill_points >= self.args.kill_points:
                 break
+            if self.stop_faults.is_set():
+                print(f"torture: SIGUSR1: faults ended at {self.kill_points} kill points, {n_faults} faults; "
+                      "the finish runs", flush=True)
+                break
             time.sleep(self.rng.random() * self.args.interval)
             name = self.rng.choices(list(weights), list(weights.values()))[0]
             t_fault = time.monotonic()
@@ -286,6 +296,12 @@ class Run:
             if self.args.verbose:
                 print(f"[{self.timeline[-1][0]:8.2f}] {what} ({self.timeline[-1][3]:.2f} s; checked in "
                       f"{self.timeline[-1][4]:.2f} s)", flush=True)
+            if self.args.progress and n_faults % self.args.progress == 0:
+                c = self.oracle.counts
+                print(f"progress: {time.monotonic() - self.t0:7.0f} s, {self.kill_points} kill points, {n_faults} "
+                      f"faults, {c.get('models_checked', 0)} models checked, "
+                      f"{c.get('removed_meanwhile_read_refused', 0)} reads of removed models refused, "
+                      f"{len(self.oracle.violations)} violations", flush=True)
             if self.oracle.violations and self.args.stop_on_violation:
                 break
 
@@ -438,6 +454,7 @@ def main(argv=None):
                    help="no gc by clients and no gc faults (the suite's peer-group runs: gc in a group is an open bug, "
                         "docs/reliability.md)")
     p.add_argument("--stop-on-violation", action="store_true")
+    p.add_argument("--progress", type=int, default=0, help="print a progress line every this many faults")
     p.add_argument("--json", help="write the whole report (timeline, samples) here")
     p.add_argument("--keep", action="store_true", help="keep the run's directory (logs, repository)")
     p.add_argument("-v", "--verbose", action="store_true")
@@ -451,6 +468,7 @@ def main(argv=None):
         if args.nvme == "256MiB":
             args.nvme = "1GiB"
     run = Run(args)
+    signal.signal(signal.SIGUSR1, lambda *_: run.stop_faults.set())
     print(f"torture: seed {args.seed}, {args.daemons} daemon(s), {args.workers * args.threads} clients, "
           f"{'soak' if args.soak else 'faults'} for {args.duration:g} s"
           f"{f' and {args.kill_points} kill points' if args.kill_points else ''} (in {run.root})", flush=True)
