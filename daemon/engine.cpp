@@ -157,6 +157,9 @@ Result<std::unique_ptr<Engine>> Engine::create(const Config& config, EngineOptio
                              &engine->remote_},
       *parse_duration(config.repository_refresh));
   engine->commits_->set_catalog_refresh([e = engine.get()] { (void)e->watch_->sync(json::object()); });
+  // A read that failed on missing bytes looks at the repository again, through the watch, so that
+  // a peer's announcement of a model removed since is dropped too.
+  engine->models_->set_refresh([e = engine.get()] { return e->watch_->sync(json::object()).status(); });
   return engine;
 }
 
@@ -354,6 +357,8 @@ void Engine::add_peer_model(ModelManifest model, const std::string& member) {
   // Known already: published and seen here, or (a race of ids is settled by the repository's claim)
   // one of this daemon's own.
   if (catalog_.contains(model.id) || flusher_->contains(model.id)) return;
+  // Removed from the repository since it was committed (a message that came late): gone.
+  if (remote_.removed_after(model.id, model.created_ns)) return;
   auto m = std::make_shared<const ModelManifest>(std::move(model));
   std::shared_ptr<const ModelManifest> parent;
   if (!m->parent.empty())

@@ -6,6 +6,7 @@
 // Thread-safety: every method may be called from any thread.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -28,11 +29,15 @@ class ModelDirectory {
   // model's bytes missing or damaged, which may be a model another daemon's gc removed after this
   // daemon's view last listed it (a shared repository).
   Result<std::shared_ptr<const ModelManifest>> find_fresh(const std::string& id) const;
+  // How find_fresh brings the view up to date: the daemon's repository watch (which also applies
+  // what it reads to the catalog and the peers' announcements); without one, the repository alone.
+  void set_refresh(std::function<Status()> refresh) { refresh_ = std::move(refresh); }
 
  private:
   const Flusher& flusher_;
   const Repository& repo_;
   const RemoteModels& remote_;
+  std::function<Status()> refresh_;
 };
 
 }  // namespace cairn

@@ -97,6 +97,11 @@ Result<RefreshReport> RepositoryWatch::refresh_once() {
       (void)p_.catalog.erase(id);
       ++models_removed_;
     }
+    // A peer's announcement of it, here from before (read after the removal) or late, is stale.
+    if (p_.remote && !p_.repo.contains(id))
+      (void)p_.remote->removed(id, std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                       std::chrono::system_clock::now().time_since_epoch())
+                                       .count());
   }
   return r;
 }

@@ -1,6 +1,8 @@
 // The job's catalog of models committed on other members (remote_models.hpp).
 #include "daemon/peers/remote_models.hpp"
 
+#include <algorithm>
+
 namespace cairn {
 
 bool RemoteModels::put(std::shared_ptr<const ModelManifest> model, const std::string& member) {
@@ -45,6 +47,30 @@ std::string RemoteModels::member_of(const std::string& id) const {
 size_t RemoteModels::size() const {
   std::lock_guard lock(mu_);
   return models_.size();
+}
+
+bool RemoteModels::removed(const std::string& id, int64_t at_ns) {
+  std::lock_guard lock(mu_);
+  auto [it, fresh] = removed_.try_emplace(id, at_ns);
+  if (fresh) {
+    removed_order_.push_back(id);
+    if (removed_order_.size() > kMaxRemoved) {
+      removed_.erase(removed_order_.front());
+      removed_order_.pop_front();
+    }
+  } else {
+    it->second = std::max(it->second, at_ns);
+  }
+  auto m = models_.find(id);
+  if (m == models_.end() || m->second.first->created_ns > at_ns) return false;  // committed again since
+  models_.erase(m);
+  return true;
+}
+
+bool RemoteModels::removed_after(const std::string& id, int64_t created_ns) const {
+  std::lock_guard lock(mu_);
+  auto it = removed_.find(id);
+  return it != removed_.end() && it->second >= created_ns;
 }
 
 }  // namespace cairn
