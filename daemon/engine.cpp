@@ -337,6 +337,8 @@ Response Engine::handle(Session& session, const json& request, std::vector<uint8
   return r;
 }
 
+void Engine::release_leases(Session& s) { reads_->end_session(s); }
+
 void Engine::end_session(Session& s) {
   reads_->end_session(s);
   commits_->end_session(s);

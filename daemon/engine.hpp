@@ -84,6 +84,9 @@ class Engine {
   Response handle(Session& session, const nlohmann::json& request, std::vector<uint8_t>& blob);
   // Releases everything the session holds.
   void end_session(Session& session);
+  // Releases the session's leases only (reads and named tensors), for a client that hung up while a
+  // request of its that never touches them still runs (Server's hang-up watcher).
+  void release_leases(Session& session);
   // Blocks until every commit acknowledged at `memory` or `local` has reached the repository.
   void drain();
   // The same with a limit: false when models are still pending after timeout.

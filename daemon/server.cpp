@@ -1,6 +1,8 @@
 #include "daemon/server.hpp"
 
 #include <fcntl.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -92,6 +94,22 @@ Result<std::unique_ptr<Server>> Server::start(Engine& engine, const std::string&
   }
   auto server = std::unique_ptr<Server>(new Server(engine, socket_path, fd, lock_fd));
   server->acceptor_ = std::thread([s = server.get()] { s->accept_loop(); });
+  // Without the watcher (no epoll or eventfd), a dead client's leases wait for its request to end.
+  server->epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
+  server->wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  epoll_event wake{};
+  wake.events = EPOLLIN;
+  wake.data.u64 = 0;  // connection ids start at 1
+  if (server->epoll_fd_ >= 0 && server->wake_fd_ >= 0 &&
+      ::epoll_ctl(server->epoll_fd_, EPOLL_CTL_ADD, server->wake_fd_, &wake) == 0) {
+    server->hangups_ = std::thread([s = server.get()] { s->hangup_loop(); });
+  } else {
+    CAIRN_LOG_WARN("no hang-up watcher ({}): a client killed while a request of its waits keeps its leases until "
+                   "that request returns", std::strerror(errno));
+    if (server->epoll_fd_ >= 0) ::close(server->epoll_fd_);
+    if (server->wake_fd_ >= 0) ::close(server->wake_fd_);
+    server->epoll_fd_ = server->wake_fd_ = -1;
+  }
   return server;
 }
 
@@ -112,6 +130,9 @@ size_t Server::connection_count() const {
 
 void Server::stop() {
   if (stopping_.exchange(true)) return;
+  // First the watcher: the shutdowns below look like hang-ups, and a client still reading the reply
+  // to its request keeps its leases.
+  stop_hangups();
   ::shutdown(listen_fd_, SHUT_RDWR);
   if (acceptor_.joinable()) acceptor_.join();
   ::close(listen_fd_);
@@ -124,6 +145,65 @@ void Server::stop() {
   }
   for (auto& [id, t] : threads)
     if (t.joinable()) t.join();
+}
+
+void Server::stop_hangups() {
+  {
+    std::lock_guard lock(mu_);
+    hangups_stopped_ = true;
+  }
+  if (wake_fd_ >= 0) {
+    const uint64_t one = 1;
+    (void)!::write(wake_fd_, &one, sizeof one);
+  }
+  if (hangups_.joinable()) hangups_.join();
+  if (epoll_fd_ >= 0) ::close(epoll_fd_);
+  if (wake_fd_ >= 0) ::close(wake_fd_);
+  epoll_fd_ = wake_fd_ = -1;
+}
+
+bool Server::begin_wait(int fd, uint64_t conn_id, Session& session) {
+  std::lock_guard lock(mu_);
+  if (epoll_fd_ < 0 || hangups_stopped_) return false;
+  epoll_event ev{};
+  ev.events = EPOLLRDHUP | EPOLLONESHOT;  // EPOLLHUP and EPOLLERR are always reported
+  ev.data.u64 = conn_id;
+  if (::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) != 0) return false;
+  waiting_[conn_id] = &session;
+  return true;
+}
+
+void Server::end_wait(int fd, uint64_t conn_id) {
+  std::lock_guard lock(mu_);
+  waiting_.erase(conn_id);
+  if (epoll_fd_ >= 0) (void)::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
+}
+
+void Server::hangup_loop() {
+  epoll_event events[16];
+  for (;;) {
+    int n = ::epoll_wait(epoll_fd_, events, 16, -1);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      CAIRN_LOG_WARN("the hang-up watcher stops: epoll_wait: {}", std::strerror(errno));
+      return;
+    }
+    for (int i = 0; i < n; ++i) {
+      const uint64_t conn_id = events[i].data.u64;
+      if (conn_id == 0) return;  // stop()
+      // Under mu_, so the connection's thread cannot leave its request (end_wait) and touch the
+      // leases meanwhile; the waiting request itself never does.
+      std::lock_guard lock(mu_);
+      auto it = waiting_.find(conn_id);
+      if (it == waiting_.end()) continue;  // its request returned meanwhile
+      const size_t leases = it->second->leases.size();
+      engine_.release_leases(*it->second);
+      waiting_.erase(it);
+      if (leases)
+        CAIRN_LOG_INFO("connection {}: the client hung up while a request of its waits; its {} lease(s) are released "
+                       "now", conn_id, leases);
+    }
+  }
 }
 
 void Server::accept_loop() {
@@ -277,6 +357,15 @@ bool may_block(const nlohmann::json& req) {
   return waits && !(durability != req.end() && durability->is_string() && *durability == "memory");
 }
 
+// Requests that may wait long and never touch the session's leases (nor carry leases to release):
+// while one runs, the hang-up watcher may release the leases of a client that died.
+bool waits_without_leases(const nlohmann::json& req) {
+  const auto op = req.find("op");
+  if (op == req.end() || !op->is_string() || req.contains("release")) return false;
+  static const char* const kOps[] = {"gc", "remove", "wait", "flush", "fsck", "sync", "prefetch"};
+  return std::any_of(std::begin(kOps), std::end(kOps), [&](const char* o) { return *op == o; });
+}
+
 }  // namespace
 
 void Server::serve(int fd, uint64_t conn_id, pid_t client_pid) {
@@ -311,7 +400,9 @@ void Server::serve(int fd, uint64_t conn_id, pid_t client_pid) {
       break;
     }
     if (may_block(frame->body) && !flush().is_ok()) break;
+    const bool watched = waits_without_leases(frame->body) && begin_wait(fd, conn_id, session);
     Response r = engine_.handle(session, frame->body, frame->blob);
+    if (watched) end_wait(fd, conn_id);
     bool hello = frame->body.value("op", std::string()) == "hello" && r.body.value("status", 1) == 0;
     if (hello) {
       // The arena's descriptor rides on this frame: sent on its own.

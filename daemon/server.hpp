@@ -4,6 +4,12 @@
 // handle it, and writes the response. Only processes of the daemon's own uid may connect (checked
 // with SO_PEERCRED). One daemon per socket: a lock file beside the socket (flock) is held for the
 // daemon's lifetime, so a second daemon fails at once with a message naming the first one's pid.
+//
+// A connection's thread notices that its client is gone when it reads the next request, so a client
+// killed while a request of its waits (gc behind another daemon's, rm or wait for a flush, flush,
+// fsck, sync, prefetch) would keep its leases pinned until that request returns. While such a
+// request runs, a hang-up watcher (one thread, epoll on those connections) releases the session's
+// leases as soon as the client hangs up; those requests never touch the leases.
 #pragma once
 
 #include <sys/types.h>
@@ -41,6 +47,12 @@ class Server {
   Server(Engine& engine, std::string path, int listen_fd, int lock_fd);
   void accept_loop();
   void serve(int fd, uint64_t conn_id, pid_t client_pid);
+  // The hang-up watcher: begin_wait before a request that may wait and never touches the session's
+  // leases, end_wait after it; hangup_loop releases the leases of a client that hangs up between.
+  bool begin_wait(int fd, uint64_t conn_id, Session& session);
+  void end_wait(int fd, uint64_t conn_id);
+  void hangup_loop();
+  void stop_hangups();
 
   Engine& engine_;
   const std::string path_;
@@ -53,6 +65,11 @@ class Server {
   std::map<uint64_t, std::thread> threads_;     // GUARDED_BY(mu_)
   std::vector<uint64_t> finished_;              // GUARDED_BY(mu_): threads to join
   uint64_t next_conn_ = 1;
+  int epoll_fd_ = -1;                           // the hang-up watcher's; -1: none (then leases wait)
+  int wake_fd_ = -1;                            // eventfd: the watcher stops
+  std::thread hangups_;
+  std::map<uint64_t, Session*> waiting_;        // GUARDED_BY(mu_): connections in a waiting request
+  bool hangups_stopped_ = false;                // GUARDED_BY(mu_)
 };
 
 }  // namespace cairn
