@@ -123,8 +123,9 @@ def test_a_read_refused_for_a_model_removed_during_the_check_is_not_a_violation(
         o.intent(mid, {"tensors": {}}, node=1)
         o.ack(mid, "global", 1.0)
     o.remove("gone")
-    run = SimpleNamespace(oracle=o)
+    run = SimpleNamespace(oracle=o, removed_refusals=[])
     Run.check_one(run, Node(refused()), "gone", {"tensors": {}})
     assert o.violations == [] and o.counts.get("removed_meanwhile_read_refused") == 1
+    assert len(run.removed_refusals) == 1 and "no intact copy" in run.removed_refusals[0]  # in the report
     Run.check_one(run, Node(refused()), "live", {"tensors": {}})
     assert len(o.violations) == 1 and "'live'" in o.violations[0]

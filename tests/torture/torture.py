@@ -91,6 +91,7 @@ class Run:
         self.stuck_seen = {}  # (node, start) -> watchdog reports already counted
         self.oldest_seen = 0.0  # the oldest request any daemon's watchdog saw at a check
         self.stop_faults = threading.Event()  # SIGUSR1: end the faults now, then the finish
+        self.removed_refusals = []  # the first reads of removed models refused with an error: what they said
 
     # ---- helpers for faults ----
     def live_nodes(self):
@@ -202,6 +203,9 @@ class Run:
                     # still listed the model finds its chunks freed by a gc and refuses the read.
                     # An error, never wrong bytes. (Found by the peer-group run of seed 2712.)
                     o.count("removed_meanwhile_read_refused")
+                    if len(self.removed_refusals) < 10:
+                        self.removed_refusals.append(f"{mid} through daemon {n.index} (owner "
+                                                     f"{o.owner.get(mid)}): {e.status}: {e}")
                     return
                 o.violation(f"read of {mid!r} through daemon {n.index} failed: {e.status}: {e}")
                 return
@@ -410,6 +414,7 @@ class Run:
             "workers_started": self.worker_seq, "clients_at_once": self.args.workers * self.args.threads,
             "restarts": sum(n.starts - 1 for n in self.nodes), "samples": self.samples,
             "oldest_request_seen_s": self.oldest_seen,
+            "removed_refusals": self.removed_refusals,
             "timeline": self.timeline if self.args.json else self.timeline[-20:],
         })
         s["flat"] = flatness(self.samples)
