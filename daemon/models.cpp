@@ -13,8 +13,10 @@ Result<std::shared_ptr<const ModelManifest>> ModelDirectory::find(const std::str
 }
 
 Result<std::shared_ptr<const ModelManifest>> ModelDirectory::find_fresh(const std::string& id) const {
-  Status viewed = refresh_ ? refresh_() : repo_.refresh_view();
-  if (!viewed.is_ok()) return viewed.with_context("model '" + id + "': reading the repository's logs");
+  if (refresh_) {
+    Status viewed = refresh_();
+    if (!viewed.is_ok()) return viewed.with_context("model '" + id + "': reading the repository's logs");
+  }
   return find(id);
 }
 

@@ -30,7 +30,7 @@ class ModelDirectory {
   // daemon's view last listed it (a shared repository).
   Result<std::shared_ptr<const ModelManifest>> find_fresh(const std::string& id) const;
   // How find_fresh brings the view up to date: the daemon's repository watch (which also applies
-  // what it reads to the catalog and the peers' announcements); without one, the repository alone.
+  // what it reads to the catalog and the peers' announcements); without one, find_fresh is find.
   void set_refresh(std::function<Status()> refresh) { refresh_ = std::move(refresh); }
 
  private:

@@ -89,19 +89,19 @@ Result<RefreshReport> RepositoryWatch::refresh_once() {
     ++models_added_;
   }
   for (const std::string& id : r->retired) (void)p_.catalog.retire(id);
+  const int64_t now_ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
   for (const std::string& id : r->removed) {
     // Removed and then committed again within one report (a gc keeps, collected, a parent whose
     // child another daemon committed meanwhile): what counts is the repository's state now.
-    if (p_.catalog.contains(id) && !p_.repo.contains(id)) {
+    if (p_.repo.contains(id)) continue;
+    if (p_.catalog.contains(id)) {
       (void)p_.catalog.retire(id);
       (void)p_.catalog.erase(id);
       ++models_removed_;
     }
     // A peer's announcement of it, here from before (read after the removal) or late, is stale.
-    if (p_.remote && !p_.repo.contains(id))
-      (void)p_.remote->removed(id, std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                       std::chrono::system_clock::now().time_since_epoch())
-                                       .count());
+    if (p_.remote) (void)p_.remote->removed(id, now_ns);
   }
   return r;
 }

@@ -93,7 +93,6 @@ Result<std::unique_ptr<Server>> Server::start(Engine& engine, const std::string&
     return st;
   }
   auto server = std::unique_ptr<Server>(new Server(engine, socket_path, fd, lock_fd));
-  server->acceptor_ = std::thread([s = server.get()] { s->accept_loop(); });
   // Without the watcher (no epoll or eventfd), a dead client's leases wait for its request to end.
   server->epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
   server->wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -110,6 +109,7 @@ Result<std::unique_ptr<Server>> Server::start(Engine& engine, const std::string&
     if (server->wake_fd_ >= 0) ::close(server->wake_fd_);
     server->epoll_fd_ = server->wake_fd_ = -1;
   }
+  server->acceptor_ = std::thread([s = server.get()] { s->accept_loop(); });
   return server;
 }
 
@@ -157,6 +157,8 @@ void Server::stop_hangups() {
     (void)!::write(wake_fd_, &one, sizeof one);
   }
   if (hangups_.joinable()) hangups_.join();
+  // Connection threads still in begin_wait/end_wait read epoll_fd_ under mu_.
+  std::lock_guard lock(mu_);
   if (epoll_fd_ >= 0) ::close(epoll_fd_);
   if (wake_fd_ >= 0) ::close(wake_fd_);
   epoll_fd_ = wake_fd_ = -1;

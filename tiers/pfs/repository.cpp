@@ -159,11 +159,6 @@ std::optional<ChunkRef> Repository::locate_refreshing(const ChunkHash& hash) con
   return locate(hash);
 }
 
-Status Repository::refresh_view() const {
-  RefreshReport ignored;  // as in find_refreshing: the watch still gets its report
-  return impl_->refresh(&ignored);
-}
-
 Status Repository::read_chunk(const ChunkRef& ref, void* dst) const { return impl_->read_chunk(ref, dst); }
 bool Repository::direct_reads() const { return impl_->options_.direct_reads; }
 

@@ -172,10 +172,6 @@ class Repository {
   // Reads what other writers published since the last call (and touches this writer's liveness
   // file). The daemon calls it every repository_refresh; a miss of get/contains calls it too.
   Result<RefreshReport> refresh();
-  // Reads the other writers' new records now, leaving what they changed for the next refresh()'s
-  // report (the daemon's watch applies it to its catalog): for a reader that must know the
-  // repository's state this moment (a model another daemon's gc removed since the last look).
-  Status refresh_view() const;
   // Writes a checkpoint of the catalog and deletes the logs it makes unnecessary (logs of writers
   // that are gone), under the maintenance lease.
   Result<CompactReport> compact();
