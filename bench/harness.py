@@ -504,6 +504,17 @@ def run_mpi(quick: bool, work: Path) -> List[Dict[str, Any]]:
                               note=f"cairn.torch.save_sharded (pipelined parts); durability local reached after "
                                    f"{r['cairn_local_s_' + which] * 1e3:.0f} ms (behind the training); {d['cores']} "
                                    "cores, ranks oversubscribed"))
+        if "cairn_background_block_s_median" in r:
+            rows.append(ratio("mpi", f"checkpoint of a GPT-2-small-sized state ({size}) from {ranks}, taken in the "
+                              "background during a training step, median: time the ranks are blocked",
+                              r["cairn_background_block_s_median"], "torch.save from rank 0, others at a barrier",
+                              r["torch_save_block_s_median"], "s", "lower", "<= 0.1",
+                              note=f"cairn.torch.save_sharded(background=True), then a step of "
+                                   f"{r['step_alone_s_median'] * 1e3:.0f} ms standing in for the next forward and "
+                                   "backward pass (single-threaded matrix products: an accelerator's host thread), "
+                                   "then wait_copied(); blocked = that minus the step alone; the copy took "
+                                   f"{r['background_copy_s_median'] * 1e3:.0f} ms behind it; {d['cores']} cores, "
+                                   "ranks oversubscribed"))
         for which, when in (("first", "first restore on a new connection"), ("median", "later restores, median")):
             rows.append(ratio("mpi", f"restart of the same state on {ranks}, {when}", r["cairn_restore_s_" + which],
                               "torch.load of the file on every rank", r["torch_load_s_" + which], "s", "lower", "<= 1",

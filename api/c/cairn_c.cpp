@@ -290,6 +290,14 @@ cairn_status cairn_model_reserve(cairn_model_writer* w, size_t n, const size_t* 
   });
 }
 
+cairn_status cairn_model_set_copy_threads(cairn_model_writer* w, unsigned threads) {
+  return guarded([&] {
+    CAIRN_REQUIRE_ARG(w, "writer is NULL");
+    w->impl->set_copy_threads(threads);
+    return done(cairn::Status::ok());
+  });
+}
+
 cairn_status cairn_model_inherit_all(cairn_model_writer* w) {
   return guarded([&] {
     CAIRN_REQUIRE_ARG(w, "writer is NULL");

@@ -248,6 +248,10 @@ class ModelWriter {
   // add_tensor_space of a tensor of such a size takes one of them. Spaces left unused are freed at
   // commit or abort. Only an optimisation: adding other tensors works as without it.
   Status reserve(const std::vector<uint64_t>& sizes);
+  // The threads this writer's copies into the arena (add_tensor, add_tensors) may use: 0 (the
+  // default) one per core, at most 4; a checkpoint copied behind a training step uses 1, leaving
+  // the other cores to the training.
+  void set_copy_threads(unsigned n) { copy_threads_ = n; }
   // Commits. wait=true: returns once durability d is reached (ticket 0); otherwise returns a ticket
   // for Client::wait once the model is visible.
   Result<uint64_t> commit(Durability d, bool wait);
@@ -271,6 +275,9 @@ class ModelWriter {
   // Hands unused reserved spaces to the client, which frees them with its next request.
   void drop_reserved();
   std::multimap<uint64_t, Client::Space> reserved_;
+  unsigned copy_threads_ = 0;
+  // Threads for a copy of `chunks` chunks (set_copy_threads).
+  unsigned copy_threads(uint64_t chunks) const;
   Client& client_;
   std::string id_, parent_;
   nlohmann::json tensors_ = nlohmann::json::array();

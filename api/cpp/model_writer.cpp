@@ -57,7 +57,7 @@ Status ModelWriter::add_tensor(const std::string& name, const void* data, DType 
       // Copied and hashed here, each 64 KiB block hashed while it is in the cache (several chunks:
       // shared among up to 4 threads), so the daemon need not read the bytes again at commit
       // (1 GiB: 1.04x a memcpy on 2 cores instead of a copy and then a hash).
-      const unsigned threads = n > chunk ? std::clamp(std::thread::hardware_concurrency(), 1u, 4u) : 1u;
+      const unsigned threads = copy_threads(n > chunk ? 2 : 1);
       t["hashes"] = hashes_json(copy_and_hash_chunks(sp.data, data, n, chunk, threads));
     } else {
       stream_copy(sp.data, data, n, should_stream(n, n));
@@ -118,12 +118,17 @@ Status ModelWriter::add_tensors(const std::vector<TensorIn>& in) {
   if (!jobs.empty()) {
     uint64_t chunks = 0;
     for (const CopyJob& j : jobs) chunks += chunk_count(j.size, chunk);
-    const unsigned threads = chunks > 1 ? std::clamp(std::thread::hardware_concurrency(), 1u, 4u) : 1u;
+    const unsigned threads = copy_threads(chunks);
     std::vector<std::vector<ChunkHash>> hashes = copy_and_hash_many(jobs, chunk, threads);
     for (size_t k = 0; k < jobs.size(); ++k) tensors_[job_tensor[k]]["hashes"] = hashes_json(hashes[k]);
   }
   for (const TensorIn& t : in) names_[t.name] = true;
   return Status::ok();
+}
+
+unsigned ModelWriter::copy_threads(uint64_t chunks) const {
+  if (chunks <= 1) return 1;
+  return copy_threads_ ? std::min(copy_threads_, 4u) : std::clamp(std::thread::hardware_concurrency(), 1u, 4u);
 }
 
 Status ModelWriter::reserve(const std::vector<uint64_t>& sizes) {

@@ -157,6 +157,10 @@ CAIRN_EXPORT cairn_status cairn_model_seal_tensor(cairn_model_writer *w, const c
  * tensor, and each later add of a tensor of such a size takes one of them. Space left unused is
  * freed at commit or abort. CAIRN_ERR_NO_SPACE when the arena cannot hold them all. */
 CAIRN_EXPORT cairn_status cairn_model_reserve(cairn_model_writer *w, size_t n, const size_t *nbytes);
+/* The threads this writer's copies into the arena (cairn_model_add_tensor, cairn_model_add_tensors)
+ * may use: 0 (the default) one per core, at most 4. A checkpoint copied behind a training step
+ * asks for 1, leaving the other cores to the training. */
+CAIRN_EXPORT cairn_status cairn_model_set_copy_threads(cairn_model_writer *w, unsigned threads);
 /* Keeps the parent's tensor `name` unchanged: costs no bytes and no hashing. */
 CAIRN_EXPORT cairn_status cairn_model_inherit_tensor(cairn_model_writer *w, const char *name);
 /* Keeps every parent tensor not added or inherited by name (after them, in the parent's order).

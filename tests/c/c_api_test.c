@@ -103,6 +103,7 @@ int main(int argc, char **argv) {
         snprintf(rid, sizeof rid, "%s-reserved%d", base_id, round);
         CHECK_OK(cairn_model_create(c, rid, NULL, &rw));
         CHECK_OK(cairn_model_reserve(rw, 3, sizes));
+        CHECK_OK(cairn_model_set_copy_threads(rw, round % 4 == 2 ? 1u : 0u)); /* one copy thread, or per core */
         CHECK_OK(cairn_model_add_tensor(rw, "a", big, CAIRN_DTYPE_F32, 1, big_shape));
         CHECK_OK(cairn_model_add_tensor(rw, "b", small, CAIRN_DTYPE_F32, 2, shape));
         if (round % 2) {
@@ -111,16 +112,17 @@ int main(int argc, char **argv) {
         }
         CHECK_OK(cairn_model_commit(rw, CAIRN_DURABILITY_MEMORY, NULL));
       }
-      {
+      for (round = 0; round < 4; round += 2) { /* copied with threads per core (0) and with one (2) */
         char rid[160];
         cairn_model_reader *rr = NULL;
-        snprintf(rid, sizeof rid, "%s-reserved0", base_id);
+        snprintf(rid, sizeof rid, "%s-reserved%d", base_id, round);
         memset(big_back, 0, big_n * sizeof(float));
         CHECK_OK(cairn_model_open(c, rid, &rr));
         CHECK_OK(cairn_model_read_tensor(rr, "a", big_back, big_n * sizeof(float), CAIRN_MEM_HOST));
         CHECK(memcmp(big, big_back, big_n * sizeof(float)) == 0);
         cairn_model_close(rr);
       }
+      CHECK(cairn_model_set_copy_threads(NULL, 1) == CAIRN_ERR_INVALID_ARGUMENT);
     }
     big_shape[0] = (int64_t)big_n * 4 + 1;
     {

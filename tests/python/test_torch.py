@@ -398,3 +398,59 @@ def test_load_onto_cuda(client):
     fresh = ct.load("cuda/m", module=small(), device="cuda", client=client)
     assert next(fresh.parameters()).is_cuda
     assert_same_state({k: v.cpu() for k, v in fresh.state_dict().items()}, m)
+
+
+# ---- checkpoints copied in the background (save_sharded(background=True)) ----
+
+class OneRank:
+    """The communicator of a one-rank job (what save_sharded asks of it with one rank)."""
+
+    def Get_rank(self):
+        return 0
+
+    def Get_size(self):
+        return 1
+
+
+def test_background_checkpoint_overlaps_a_training_step_and_stores_the_weights_before_it(client):
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    snap = ct.save_sharded(model, "bg-step", OneRank(), client=client, durability="local", background=True,
+                           optimizer=opt)
+    assert isinstance(snap, ct.Snapshot) and snap.model_id == "bg-step"
+    loss = F.cross_entropy(model(torch.randn(32, 256)), torch.randint(0, 10, (32,)))
+    loss.backward()  # reads the weights only: overlaps the copy
+    opt.step()  # waits for the copy first (the hook), then changes the weights
+    assert snap.copied and "step" not in vars(opt)  # the hook removed itself
+    assert snap.wait(timeout=60) == "local" and snap.done and snap.copy_seconds is not None
+    stored = ct.load("bg-step", client=client, copy=True)
+    assert list(stored) == list(before)
+    for k in before:
+        assert torch.equal(stored[k], before[k]), k
+    assert not torch.equal(model.state_dict()["0.weight"], before["0.weight"])  # the step did happen
+    opt.step()  # later steps are the optimizer's own again
+    with torch.no_grad():
+        model[0].weight.add_(1.0)
+    assert torch.equal(ct.load("bg-step", client=client, copy=True)["0.weight"], before["0.weight"])
+
+
+def test_background_checkpoint_of_weights_changed_during_the_copy_fails_and_stores_nothing(client):
+    model = nn.Linear(64, 64)
+    # The background copy needs the client's connection: holding it keeps the copy from starting
+    # until the weight has changed, so the change is always caught.
+    with client._conn.op():
+        snap = ct.save_sharded(model, "bg-changed", OneRank(), client=client, background=True)
+        with torch.no_grad():
+            model.weight.mul_(2.0)  # too early: the copy did not happen yet
+        assert not snap.copied and snap.reached == "copying"
+    with pytest.raises(cairn.InvalidArgument, match="'weight' changed while the background checkpoint copied it"):
+        snap.wait_copied(timeout=60)
+    with pytest.raises(cairn.InvalidArgument):
+        snap.wait(timeout=60)
+    with pytest.raises(cairn.NotFound):
+        client.show("bg-changed")
+    # The id is free: a checkpoint taken properly goes through.
+    ct.save_sharded(model, "bg-changed", OneRank(), client=client, background=True).wait(timeout=60)
+    assert torch.equal(ct.load("bg-changed", client=client, copy=True)["weight"], model.weight.detach())

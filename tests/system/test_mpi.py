@@ -112,6 +112,10 @@ def test_torch_save_sharded_and_load_sharded_over_mpi4py(daemon):
     q = subprocess.run(["mpirun", "-np", "4", "sh", "-c", wrapper, sys.executable, script, "--id", "ts4", "--width", "256"],
                        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True, timeout=300)
     assert q.returncode == 0 and "4 ranks" in q.stdout and "exact on every rank" in q.stdout, q.stdout
+    # Copied in the background while the ranks train a step; the optimizer's step waits for the copy.
+    b = subprocess.run(["mpirun", "-np", "2", sys.executable, script, "--id", "ts-bg", "--width", "256", "--background"],
+                       env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True, timeout=300)
+    assert b.returncode == 0 and "(background): 2 ranks" in b.stdout and "exact on every rank" in b.stdout, b.stdout
     show = json.loads(cairn(daemon, "show", "ts"))
     assert show["metadata"] == {"step": 1}
     assert {t["dtype"] for t in show["tensors"]} == {"F32", "BF16"}

@@ -93,6 +93,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "cairn_model_commit": (st, [c_void_p, c_int, _c_void_p_p]),
         "cairn_model_commit_pipelined": (st, [c_void_p, c_int, _c_void_p_p]),
         "cairn_model_reserve": (st, [c_void_p, c_size_t, ctypes.POINTER(c_size_t)]),
+        "cairn_model_set_copy_threads": (st, [c_void_p, ctypes.c_uint]),
         "cairn_model_abort": (None, [c_void_p]),
         "cairn_wait": (st, [c_void_p, c_int]),
         "cairn_ticket_free": (None, [c_void_p]),

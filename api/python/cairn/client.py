@@ -9,7 +9,7 @@ import os
 import threading
 import time
 import weakref
-from typing import Any, Deque, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Set, Tuple, Union
+from typing import Any, Callable, Deque, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 import numpy as np
 
@@ -315,6 +315,8 @@ class Client:
         part: Optional[Tuple[int, int]] = None,
         part_timeout: Optional[float] = None,
         pipelined: bool = False,
+        before_commit: Optional[Callable[[], None]] = None,
+        copy_threads: int = 0,
     ) -> Ticket:
         """Commits model ``id`` and returns a :class:`Ticket` for its durability.
 
@@ -348,6 +350,10 @@ class Client:
                 changed once the call returns: their bytes are in the arena). The commit's own
                 errors are raised by the ticket's ``wait()``. What a checkpoint that must not block
                 uses.
+            before_commit: called once every byte is in the arena, just before the commit is sent;
+                an exception it raises aborts the model (nothing becomes visible; a part's writers
+                see it as a part that never arrived) and is raised from here.
+            copy_threads: the threads the copy into the arena may use (0: one per core, at most 4).
 
         Without ``wait`` the call returns once the model is visible (its bytes are in the daemon's
         memory); the daemon writes it to the repository behind the caller. At ``"memory"`` without
@@ -391,6 +397,8 @@ class Client:
                 timeout_ms = int(part_timeout * 1000) if part_timeout is not None else 0
                 _check(lib.cairn_model_create_part(h, mid, par, index, count, timeout_ms, ctypes.byref(w)))
             try:
+                if copy_threads:
+                    _check(lib.cairn_model_set_copy_threads(w, int(copy_threads)))
                 # The arena space of every big tensor in one round trip.
                 big = [p[1].nbytes for _, p in steps if p is not None and p[1].nbytes > _INLINE_LIMIT]
                 if len(big) > 1:
@@ -434,6 +442,8 @@ class Client:
                     _check(lib.cairn_model_set_architecture(w, arch_json))
                 if meta_json is not None:
                     _check(lib.cairn_model_set_metadata(w, meta_json))
+                if before_commit is not None:
+                    before_commit()
             except BaseException:
                 lib.cairn_model_abort(w)
                 raise

@@ -21,6 +21,7 @@ import math
 import operator
 import os
 import threading
+import time
 import warnings
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -33,7 +34,8 @@ from . import client as _client_module
 from .client import Client, Ticket, connect
 from ._torch_module import assign_state as _assign_state, read_into_module as _read_into_module
 
-__all__ = ["save", "load", "architecture", "transfer", "default_client"]
+__all__ = ["save", "load", "architecture", "transfer", "default_client", "save_sharded", "load_sharded",
+           "Snapshot"]
 
 StateDict = Mapping[str, torch.Tensor]
 DeviceLike = Union[str, int, torch.device, None]
@@ -148,6 +150,8 @@ def save(
     durability: str = "global",
     wait: bool = True,
     pipelined: bool = False,
+    _before_commit: Optional[Any] = None,
+    _copy_threads: int = 0,
 ) -> Ticket:
     """Stores a module's state dict (parameters and buffers) or a state dict as model ``id``.
 
@@ -195,7 +199,8 @@ def save(
     changed = {n: a for n, a in arrays.items() if n not in keep}
     raw = {n: cdtypes[n] for n in changed if cdtypes[n] in ("BF16", "F8_E4M3", "F8_E5M2")}
     return c.save_model(id, changed, parent=parent, arch=arch, meta=meta, durability=durability,
-                        inherit=inherited, dtypes=raw, wait=wait, order=list(arrays), pipelined=pipelined and not wait)
+                        inherit=inherited, dtypes=raw, wait=wait, order=list(arrays), pipelined=pipelined and not wait,
+                        before_commit=_before_commit, copy_threads=_copy_threads)
 
 
 def _cuda_state(c: Client, id: str, device: torch.device) -> Optional[Dict[str, torch.Tensor]]:
@@ -360,6 +365,120 @@ def _assign(sizes: Sequence[int], nranks: int) -> List[int]:
     return owner
 
 
+class Snapshot:
+    """A checkpoint whose bytes are copied into the daemon's arena by a background thread
+    (``save_sharded(..., background=True)``), while the caller goes on with work that only reads
+    the weights (the next forward and backward pass): DeepFreeze's way of taking the copy off the
+    training's critical path. The weights must not change until :meth:`wait_copied` returned
+    (``optimizer=`` makes the optimizer's next ``step()`` wait for it). A tensor that changed anyway
+    is caught before the commit (its version counter moved) and the checkpoint fails rather than
+    store a mixture; that check is a safety net, not the contract (a change made through
+    ``tensor.data`` does not move the counter).
+
+    ``wait()`` and ``reached``/``done`` behave as :class:`cairn.Ticket`'s, for the whole model."""
+
+    def __init__(self, model_id: str, durability: str) -> None:
+        #: The model the checkpoint is for.
+        self.model_id = model_id
+        #: The durability asked for.
+        self.durability = durability
+        self._copied = threading.Event()
+        self._ticket: Optional[Ticket] = None
+        self._error: Optional[BaseException] = None
+        self._thread: Optional[threading.Thread] = None
+        #: Seconds the background thread took to put this rank's bytes in the arena.
+        self.copy_seconds: Optional[float] = None
+
+    @property
+    def copied(self) -> bool:
+        """True once this rank's bytes are in the arena (or the copy failed): the weights may change."""
+        return self._copied.is_set()
+
+    def wait_copied(self, timeout: Optional[float] = None) -> None:
+        """Blocks until this rank's bytes are in the daemon's arena, after which the weights may
+        change. Raises the copy's error (the checkpoint then failed), or Timeout."""
+        if not self._copied.wait(timeout):
+            raise _errors.error("CAIRN_ERR_TIMEOUT",
+                                f"timeout: checkpoint {self.model_id!r} is still being copied after {timeout} s")
+        if self._error is not None:
+            raise self._error
+
+    def wait(self, timeout: Optional[float] = None) -> str:
+        """Waits for the copy, then for the model's durability (as :meth:`cairn.Ticket.wait`)."""
+        start = time.monotonic()
+        self.wait_copied(timeout)
+        assert self._ticket is not None
+        left = None if timeout is None else max(0.0, timeout - (time.monotonic() - start))
+        return self._ticket.wait(left)
+
+    @property
+    def reached(self) -> str:
+        """``"copying"`` until the bytes are in the arena, then the commit's :attr:`cairn.Ticket.reached`."""
+        if not self.copied or self._ticket is None:
+            return "copying"
+        return self._ticket.reached
+
+    @property
+    def done(self) -> bool:
+        """True once the durability is reached or the checkpoint failed."""
+        return self.copied and (self._ticket is None or self._ticket.done)
+
+    def _start(self, save_call: Any, check: Any) -> None:
+        def run() -> None:
+            t0 = time.perf_counter()
+            try:
+                self._ticket = save_call(check)
+            except BaseException as e:  # raised to whoever waits
+                self._error = e
+            finally:
+                self.copy_seconds = time.perf_counter() - t0
+                self._copied.set()
+
+        # Not a daemon thread: an interpreter that exits meanwhile finishes the copy first.
+        self._thread = threading.Thread(target=run, name=f"cairn-checkpoint-{self.model_id}")
+        self._thread.start()
+
+    def _hold(self, optimizer: Any) -> None:
+        """The optimizer's next step() waits for the copy first (then the hook removes itself)."""
+        own = "step" in vars(optimizer)
+        original = optimizer.step
+
+        def step(*args: Any, **kwargs: Any) -> Any:
+            try:
+                self.wait_copied()
+            except Exception as e:  # the checkpoint failed; training goes on, wait() raises it
+                warnings.warn(f"cairn: background checkpoint {self.model_id!r} failed: {e}", RuntimeWarning,
+                              stacklevel=2)
+            finally:
+                if own:
+                    optimizer.step = original
+                else:
+                    vars(optimizer).pop("step", None)
+            return original(*args, **kwargs)
+
+        optimizer.step = step
+
+
+def _unchanged_check(state: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> Any:
+    """A before_commit hook that fails the commit when a tensor whose memory the copy read (a CPU
+    tensor, no conversion) changed in place since the call (its version counter moved)."""
+    watched = []
+    for name, value in state.items():
+        if isinstance(value, torch.Tensor) and value.device.type == "cpu" and \
+                arrays[name].__array_interface__["data"][0] == value.data_ptr():
+            watched.append((name, value, value._version))
+
+    def check() -> None:
+        for name, t, version in watched:
+            if t._version != version:
+                raise _errors.error(
+                    "CAIRN_ERR_INVALID_ARGUMENT",
+                    f"invalid argument: tensor {name!r} changed while the background checkpoint copied it, so "
+                    "nothing was stored; call wait_copied() on the snapshot (or pass optimizer=) before changing "
+                    "the weights")
+    return check
+
+
 def save_sharded(
     module_or_state_dict: Union[nn.Module, StateDict],
     id: str,
@@ -370,14 +489,22 @@ def save_sharded(
     client: Optional[Client] = None,
     durability: str = "local",
     timeout: float = 60.0,
-) -> Ticket:
+    background: bool = False,
+    optimizer: Any = None,
+) -> Union[Ticket, Snapshot]:
     """Collective over the mpi4py communicator ``comm``: every rank passes the same state (as the
     replicas of data-parallel training hold), and each rank commits only its share of the tensors
     (dealt out by size) as one part of model ``id``. Returns as soon as this rank's share is in the
     daemon's arena (the commit is pipelined: hashing and registering happen behind the caller) with a
     ticket that resolves when the whole model reaches ``durability`` -- or raises, on every rank, when
     some rank's part did not arrive within ``timeout`` seconds or the commit failed (e.g. the id
-    exists). With one rank it is :func:`save` without waiting, pipelined."""
+    exists). With one rank it is :func:`save` without waiting, pipelined.
+
+    ``background=True``: returns at once with a :class:`Snapshot`; a thread copies the share into the
+    arena while the caller goes on (the next forward and backward pass only read the weights). The
+    weights must not change before ``snapshot.wait_copied()`` returned; ``optimizer=`` (a
+    torch.optim optimizer) makes its next ``step()`` wait for that by itself. The client's other
+    calls wait for the copy meanwhile (use another client for other work)."""
     c = _client(client)
     state = module_or_state_dict.state_dict() if isinstance(module_or_state_dict, nn.Module) else module_or_state_dict
     names = list(state)
@@ -386,13 +513,28 @@ def save_sharded(
     for name in names:
         arrays[name], cdtypes[name] = _to_numpy(name, state[name])
     rank, size = comm.Get_rank(), comm.Get_size()
+    # Behind a training step the copy takes one core and leaves the others to the training.
+    threads = 1 if background else 0
     if size == 1:
-        return save(state, id, parent, meta, client=c, durability=durability, wait=False, pipelined=True)
-    owner = _assign([arrays[n].nbytes for n in names], size)
-    mine = {n: arrays[n] for i, n in enumerate(names) if owner[i] == rank}
-    raw = {n: cdtypes[n] for n in mine if cdtypes[n] in ("BF16", "F8_E4M3", "F8_E5M2")}
-    return c.save_model(id, mine, parent=parent, meta=meta if rank == 0 else None, durability=durability,
-                        dtypes=raw, part=(rank, size), part_timeout=timeout, pipelined=True)
+        def save_call(check: Any = None) -> Ticket:
+            return save(state, id, parent, meta, client=c, durability=durability, wait=False, pipelined=True,
+                        _before_commit=check, _copy_threads=threads)
+    else:
+        owner = _assign([arrays[n].nbytes for n in names], size)
+        mine = {n: arrays[n] for i, n in enumerate(names) if owner[i] == rank}
+        raw = {n: cdtypes[n] for n in mine if cdtypes[n] in ("BF16", "F8_E4M3", "F8_E5M2")}
+
+        def save_call(check: Any = None) -> Ticket:
+            return c.save_model(id, mine, parent=parent, meta=meta if rank == 0 else None, durability=durability,
+                                dtypes=raw, part=(rank, size), part_timeout=timeout, pipelined=True,
+                                before_commit=check, copy_threads=threads)
+    if not background:
+        return save_call()
+    snap = Snapshot(id, durability)
+    if optimizer is not None:
+        snap._hold(optimizer)
+    snap._start(save_call, _unchanged_check(state, arrays))
+    return snap
 
 
 def _daemon_groups(comm: Any) -> Tuple[Any, Any, int, int]:
