@@ -449,6 +449,7 @@ def test_background_checkpoint_of_weights_changed_during_the_copy_fails_and_stor
         snap.wait_copied(timeout=60)
     with pytest.raises(cairn.InvalidArgument):
         snap.wait(timeout=60)
+    assert snap.reached == "failed" and snap.done
     with pytest.raises(cairn.NotFound):
         client.show("bg-changed")
     # The id is free: a checkpoint taken properly goes through.

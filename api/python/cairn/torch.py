@@ -413,9 +413,12 @@ class Snapshot:
 
     @property
     def reached(self) -> str:
-        """``"copying"`` until the bytes are in the arena, then the commit's :attr:`cairn.Ticket.reached`."""
-        if not self.copied or self._ticket is None:
+        """``"copying"`` until the bytes are in the arena, then the commit's :attr:`cairn.Ticket.reached`
+        (``"failed"`` when the copy or the commit failed before it was sent)."""
+        if not self.copied:
             return "copying"
+        if self._ticket is None:
+            return "failed"
         return self._ticket.reached
 
     @property
