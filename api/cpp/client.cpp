@@ -588,7 +588,7 @@ Status ModelReader::read_many(const std::vector<std::string>& names, const std::
   // the read each): while the client copies one group out, the daemon loads the next from below
   // DRAM, so a model read from the burst buffer or the repository costs the device's time, not
   // the device's plus the copy's. Only the last group's copy is not overlapped: an eighth of the
-  // copy (with quarters, the tail was about 4% of a 1 GiB read from NVMe at 1.5 GB/s).
+  // copy rather than a quarter (docs/tiering.md has the A/B figures).
   constexpr uint64_t kMinGroup = 32ull << 20;
   const uint64_t group_bytes = std::max(kMinGroup, total / 8);
   std::vector<size_t> group_ends;

@@ -57,7 +57,7 @@ Status ModelWriter::add_tensor(const std::string& name, const void* data, DType 
       // Copied and hashed here, each 64 KiB block hashed while it is in the cache (several chunks:
       // shared among up to 4 threads), so the daemon need not read the bytes again at commit
       // (1 GiB: 1.04x a memcpy on 2 cores instead of a copy and then a hash).
-      const unsigned threads = copy_threads(n > chunk ? 2 : 1);
+      const unsigned threads = copy_threads(chunk_count(n, chunk));
       t["hashes"] = hashes_json(copy_and_hash_chunks(sp.data, data, n, chunk, threads));
     } else {
       stream_copy(sp.data, data, n, should_stream(n, n));
