@@ -1,4 +1,5 @@
 #include "core/hash.hpp"
+#include "core/hash_simd.hpp"
 
 #define XXH_STATIC_LINKING_ONLY  // XXH3_state_t on the stack (core/hash_copy.inc)
 #include <xxhash.h>
@@ -12,17 +13,18 @@
 
 namespace cairn {
 
-#if defined(CAIRN_HASH_AVX2)
-namespace hash_avx2 {  // core/hash_avx2.cpp
-ChunkHash hash(const void* data, size_t size);
-ChunkHash copy_and_hash(unsigned char* dst, const unsigned char* src, uint64_t len);
-ChunkHash copy_and_hash_ready(unsigned char* dst, const unsigned char* src, uint64_t len,
-                              const std::function<uint64_t(uint64_t)>& ready);
-}  // namespace hash_avx2
 namespace {
-const bool kAvx2 = __builtin_cpu_supports("avx2");
-}  // namespace
+// The widest xxh3 build the CPU runs (core/hash_simd.hpp); the same hashes from each.
+enum class Isa { kBaseline, kAvx2, kAvx512 };
+Isa best_isa() {
+#if defined(CAIRN_HASH_SIMD)
+  if (__builtin_cpu_supports("avx512f")) return Isa::kAvx512;
+  if (__builtin_cpu_supports("avx2")) return Isa::kAvx2;
 #endif
+  return Isa::kBaseline;
+}
+const Isa kIsa = best_isa();
+}  // namespace
 
 namespace {
 #include "core/hash_copy.inc"
@@ -50,9 +52,19 @@ std::optional<ChunkHash> ChunkHash::from_hex(std::string_view hex) {
   return h;
 }
 
+const char* hash_implementation() {
+  switch (kIsa) {
+    case Isa::kAvx512: return "xxh3 (AVX-512)";
+    case Isa::kAvx2: return "xxh3 (AVX2)";
+    case Isa::kBaseline: break;
+  }
+  return "xxh3 (libxxhash)";
+}
+
 ChunkHash hash_bytes(const void* data, size_t size) {
-#if defined(CAIRN_HASH_AVX2)
-  if (kAvx2) return hash_avx2::hash(data, size);
+#if defined(CAIRN_HASH_SIMD)
+  if (kIsa == Isa::kAvx512) return hash_avx512::hash(data, size);
+  if (kIsa == Isa::kAvx2) return hash_avx2::hash(data, size);
 #endif
   XXH128_hash_t h = XXH3_128bits(data, size);
   return ChunkHash{h.high64, h.low64};
@@ -94,8 +106,12 @@ std::vector<std::vector<ChunkHash>> copy_and_hash_many(const std::vector<CopyJob
       const uint64_t from = c * chunk_size, len = std::min(chunk_size, job.size - from);
       auto* d = static_cast<unsigned char*>(job.dst) + from;
       const auto* s = static_cast<const unsigned char*>(job.src) + from;
-#if defined(CAIRN_HASH_AVX2)
-      if (kAvx2) {
+#if defined(CAIRN_HASH_SIMD)
+      if (kIsa == Isa::kAvx512) {
+        out[j][c] = hash_avx512::copy_and_hash(d, s, len);
+        continue;
+      }
+      if (kIsa == Isa::kAvx2) {
         out[j][c] = hash_avx2::copy_and_hash(d, s, len);
         continue;
       }
@@ -121,8 +137,9 @@ ChunkHash copy_and_hash_as_ready(void* dst, const void* src, uint64_t len,
                                  const std::function<uint64_t(uint64_t)>& ready) {
   auto* d = static_cast<unsigned char*>(dst);
   const auto* s = static_cast<const unsigned char*>(src);
-#if defined(CAIRN_HASH_AVX2)
-  if (kAvx2) return hash_avx2::copy_and_hash_ready(d, s, len, ready);
+#if defined(CAIRN_HASH_SIMD)
+  if (kIsa == Isa::kAvx512) return hash_avx512::copy_and_hash_ready(d, s, len, ready);
+  if (kIsa == Isa::kAvx2) return hash_avx2::copy_and_hash_ready(d, s, len, ready);
 #endif
   return copy_and_hash_as_ready(d, s, len, ready);
 }

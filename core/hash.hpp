@@ -31,6 +31,9 @@ struct ChunkHashHasher {
 };
 
 ChunkHash hash_bytes(const void* data, size_t size);
+// Which build of xxh3 hash_bytes and the copy-and-hash calls use: the widest vector unit the CPU
+// has ("xxh3 (AVX-512)", "xxh3 (AVX2)", else "xxh3 (libxxhash)"); every one gives the same hashes.
+const char* hash_implementation();
 
 // 64-bit hash of a string (for file names derived from ids).
 uint64_t hash64(std::string_view s);

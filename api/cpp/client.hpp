@@ -25,6 +25,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/hash.hpp"
+#include "core/hash_queue.hpp"
 #include "core/dtype.hpp"
 #include "core/status.hpp"
 #include "tiers/dram/arena.hpp"
@@ -220,9 +221,10 @@ class ModelWriter {
   // file straight into it). The pointer is valid until commit or abort.
   Result<uint8_t*> add_tensor_space(const std::string& name, DType dtype, const std::vector<int64_t>& shape);
   // Says that a tensor added with add_tensor_space holds its final bytes: the client hashes them
-  // now, on a thread of its own, while the caller fills the next tensor, and the commit then need
-  // not read them again (a model written tensor by tensor, each sealed once written, commits at
-  // about the time of writing it). Writing the tensor after sealing it stores a chunk that fails
+  // now, on threads of its own (one fewer than the cores, or set_copy_threads), while the caller
+  // fills the next tensor, and the commit then need not read them again, but hashes what is left on
+  // the caller's thread too (a model written tensor by tensor, each sealed once written, commits
+  // at about the time of writing it). Writing the tensor after sealing it stores a chunk that fails
   // its hash on every later read: don't. kInvalidArgument for a tensor not added through arena
   // space, or sealed already.
   Status seal_tensor(const std::string& name);
@@ -250,7 +252,7 @@ class ModelWriter {
   Status reserve(const std::vector<uint64_t>& sizes);
   // The threads this writer's copies into the arena (add_tensor, add_tensors) may use: 0 (the
   // default) one per core, at most 4; a checkpoint copied behind a training step uses 1, leaving
-  // the other cores to the training.
+  // the other cores to the training. Also the most threads that hash sealed tensors (seal_tensor).
   void set_copy_threads(unsigned n) { copy_threads_ = n; }
   // Commits. wait=true: returns once durability d is reached (ticket 0); otherwise returns a ticket
   // for Client::wait once the model is visible.
@@ -288,15 +290,19 @@ class ModelWriter {
   std::string source_header_;
   std::map<std::string, bool> names_;
   // add_tensor_space tensors: where tensors_ has them, their space, and their hashes once sealed
-  // (computed on a thread of their own; collected into tensors_ at commit).
+  // (computed by sealer_ while the caller writes on; collected into tensors_ at commit).
   struct SpaceTensor {
     size_t index = 0;
     const uint8_t* data = nullptr;
     uint64_t nbytes = 0;
-    std::shared_future<std::vector<ChunkHash>> hashes;
+    bool sealed = false;
+    bool hashing = false;  // sealed with a chunk size known: hashes come from sealer_
+    std::vector<ChunkHash> hashes;
   };
   std::map<std::string, SpaceTensor> space_tensors_;
-  // Waits for every sealed tensor's hashes and puts them into tensors_.
+  HashQueue sealer_;
+  // Waits for every sealed tensor's hashes (hashing what is left on this thread too) and puts them
+  // into tensors_.
   void collect_seals();
   bool inherit_all_ = false;
   bool done_ = false;

@@ -170,18 +170,20 @@ Status ModelWriter::seal_tensor(const std::string& name) {
   if (it == space_tensors_.end())
     return invalid_argument("model '" + id_ + "': tensor '" + name + "' was not added with add_tensor_space");
   SpaceTensor& t = it->second;
-  if (t.hashes.valid()) return invalid_argument("model '" + id_ + "': tensor '" + name + "' is sealed already");
+  if (t.sealed) return invalid_argument("model '" + id_ + "': tensor '" + name + "' is sealed already");
+  t.sealed = true;
   const uint64_t chunk = client_.chunk_size();
   if (chunk == 0) return Status::ok();  // a daemon that did not say its chunk size hashes at commit
-  const uint8_t* data = t.data;
-  const uint64_t n = t.nbytes;
-  t.hashes = std::async(std::launch::async, [data, n, chunk] { return hash_chunks(data, n, chunk); }).share();
+  t.hashing = true;
+  t.hashes.resize(chunk_count(t.nbytes, chunk));
+  sealer_.add(t.data, t.nbytes, chunk, t.hashes.data(), copy_threads_);
   return Status::ok();
 }
 
 void ModelWriter::collect_seals() {
+  sealer_.finish();
   for (auto& [name, t] : space_tensors_) {
-    if (t.hashes.valid()) tensors_[t.index]["hashes"] = hashes_json(t.hashes.get());
+    if (t.hashing) tensors_[t.index]["hashes"] = hashes_json(t.hashes);
   }
   space_tensors_.clear();
 }
@@ -306,8 +308,7 @@ void ModelWriter::abort() {
   done_ = true;
   drop_reserved();
   // A hash still running reads the spaces: it ends before they are freed.
-  for (auto& [name, t] : space_tensors_)
-    if (t.hashes.valid()) t.hashes.wait();
+  sealer_.cancel();
   space_tensors_.clear();
   // Spaces a failed commit already consumed are unknown to the daemon now: freeing them is a no-op.
   for (uint64_t id : spaces_) (void)client_.free_space(id);

@@ -296,14 +296,18 @@ json bench_commit(const fs::path& dir, uint64_t bytes, uint64_t tensors, int rep
   stamp(src.data(), bytes, 0xfeed);
   CommitTimes cold_space = cairn_commit(*d.client, "first-on-connection", false);
   d.flush();
-  CommitTimes cold_own;
-  {
-    auto fresh = value_or_die(cairn::Client::connect(config.socket), "connecting a second client");
-    stamp(src.data(), bytes, 0xbeef);
-    cold_own = cairn_commit(*fresh, "first-on-connection-own-buffer", true);
-    check(fresh->wait(cold_own.ticket, -1), "wait");
-  }
-  d.flush();
+  // The same from the caller's own buffer, on a connection of its own: once here, and once more in
+  // each repeat below (the figure is the median: one sample alone is as noisy as the machine).
+  std::vector<double> t_first_own;
+  auto first_own_commit = [&](const std::string& id, uint64_t stamp_seed) {
+    auto fresh = value_or_die(cairn::Client::connect(config.socket), "connecting a new client");
+    stamp(src.data(), bytes, stamp_seed);
+    CommitTimes c = cairn_commit(*fresh, id, true);
+    check(fresh->wait(c.ticket, -1), "wait");
+    t_first_own.push_back(c.total);
+    d.flush();
+  };
+  first_own_commit("first-on-connection-own-buffer", 0xbeef);
   // Steady state, as in a long-running job: the client's mapping of the whole arena is populated
   // (one allocate of all free space, MADV_POPULATE_WRITE over it, free).
   {
@@ -371,6 +375,7 @@ json bench_commit(const fs::path& dir, uint64_t bytes, uint64_t tensors, int rep
     check(d.client->wait(sl.ticket, -1), "wait");
     t_sealed.push_back(sl.total);
     t_sealed_request.push_back(sl.request);
+    first_own_commit("first-on-connection-own-buffer-" + std::to_string(r), 0x4000 + static_cast<uint64_t>(r));
     t_total.push_back(c.total);
     t_fill.push_back(c.fill);
     t_allocate.push_back(c.allocate);
@@ -386,7 +391,8 @@ json bench_commit(const fs::path& dir, uint64_t bytes, uint64_t tensors, int rep
   out["first_commit_on_connection_s"] = cold_space.total;
   out["first_commit_on_connection_fill_s"] = cold_space.fill;
   out["first_commit_on_connection_minor_faults"] = cold_space.faults;
-  out["first_commit_own_buffer_s"] = cold_own.total;
+  out["first_commit_own_buffer_s"] = median(t_first_own);
+  out["first_commit_own_buffer_connections"] = t_first_own.size();
   out["commit_own_buffer_s"] = median(t_own);
   out["commit_own_buffer_request_s"] = median(t_own_request);
   out["commit_own_buffer_vs_memcpy"] = median(t_own) / median(t_memcpy);
@@ -414,13 +420,14 @@ json bench_commit(const fs::path& dir, uint64_t bytes, uint64_t tensors, int rep
   // Met only on every path: the caller's own buffer (first commit on a connection included) and
   // arena space written tensor by tensor, each sealed once written. Arena space never sealed is
   // reported beside them: its bytes are hashed at commit, one more pass over them.
-  out["goal_met"] = std::max({median(t_sealed), median(t_own), cold_own.total}) / median(t_memcpy) <= 1.2;
+  out["goal_met"] = std::max({median(t_sealed), median(t_own), median(t_first_own)}) / median(t_memcpy) <= 1.2;
   out["speedup_vs_write_fsync"] = median(t_write) / median(t_total);
   out["until_global_s"] = median(t_global);
   out["fill_minor_faults"] = faults;
   out["samples"] = {{"memcpy_s", t_memcpy}, {"write_fsync_s", t_write}, {"commit_memory_s", t_total},
                     {"commit_fill_s", t_fill}, {"commit_request_s", t_request}, {"until_global_s", t_global},
-                    {"commit_own_buffer_s", t_own}, {"commit_sealed_s", t_sealed}};
+                    {"commit_own_buffer_s", t_own}, {"commit_sealed_s", t_sealed},
+                    {"first_commit_own_buffer_s", t_first_own}};
   out["movement"] = st["movement"];
   return out;
 }
@@ -756,9 +763,10 @@ int main(int argc, char** argv) {
               c["commit_own_buffer_s"].get<double>() * 1e3, c["bytes"].get<double>() / 1e9 / c["commit_own_buffer_s"].get<double>(),
               c["commit_own_buffer_vs_memcpy"].get<double>());
   std::printf("   %-46s %7.1f ms\n", "  of which: the commit request (adopt)", c["commit_own_buffer_request_s"].get<double>() * 1e3);
-  std::printf("   %-46s %7.1f ms   %.2fx memcpy\n", "  the same, first commit on a fresh connection",
-              c["first_commit_own_buffer_s"].get<double>() * 1e3,
-              c["first_commit_own_buffer_s"].get<double>() / c["memcpy_s"].get<double>());
+  std::printf("   %-46s %7.1f ms   %.2fx memcpy (median of %d new connections)\n",
+              "  the same, first commit on a fresh connection", c["first_commit_own_buffer_s"].get<double>() * 1e3,
+              c["first_commit_own_buffer_s"].get<double>() / c["memcpy_s"].get<double>(),
+              c["first_commit_own_buffer_connections"].get<int>());
   std::printf("   %-46s %7.1f ms %7.2f   %.2fx memcpy, %.1fx faster than write+fsync\n",
               "cairn commit written into arena space", c["commit_memory_s"].get<double>() * 1e3, c["commit_memory_GBps"].get<double>(),
               c["commit_vs_memcpy"].get<double>(), c["speedup_vs_write_fsync"].get<double>());

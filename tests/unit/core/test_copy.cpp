@@ -3,11 +3,13 @@
 #include <catch2/catch.hpp>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "core/copy.hpp"
 #include "core/hash.hpp"
+#include "core/hash_simd.hpp"
 
 #include <xxhash.h>
 
@@ -81,7 +83,7 @@ TEST_CASE("copy_and_hash_chunks copies and gives hash_chunks' hashes, on any num
     }
     CHECK(cairn::copy_and_hash_many({}, chunk, 4).empty());
   }
-  // hash_bytes (the AVX2 build of xxh3 where the CPU has AVX2) and libxxhash agree.
+  // hash_bytes (the widest build of xxh3 the CPU runs) and libxxhash agree.
   std::vector<uint8_t> buf(3 * chunk + 5);
   for (size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<uint8_t>(i ^ (i >> 9));
   for (size_t n : {size_t{0}, size_t{3}, size_t{240}, size_t{4097}, buf.size()}) {
@@ -89,6 +91,43 @@ TEST_CASE("copy_and_hash_chunks copies and gives hash_chunks' hashes, on any num
     CHECK(cairn::hash_bytes(buf.data(), n) == cairn::ChunkHash{want.high64, want.low64});
   }
 }
+
+#if defined(CAIRN_HASH_SIMD)
+// Each vector build of xxh3 the CPU runs (not only the one hash_bytes picks) gives libxxhash's
+// hashes, through each of its three calls, for lengths on both sides of xxh3's internal block
+// sizes and of the 64 KiB copy block.
+template <class Hash, class Copy, class Ready>
+void check_simd_build(const char* isa, Hash hash, Copy copy, Ready ready) {
+  INFO(isa);
+  std::vector<uint8_t> src((1u << 20) + 333), dst(src.size());
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>((i * 31) ^ (i >> 7));
+  for (size_t n : {size_t{0}, size_t{1}, size_t{16}, size_t{129}, size_t{240}, size_t{241}, size_t{1024},
+                   size_t{65535}, size_t{65537}, src.size()}) {
+    INFO("length " << n);
+    const XXH128_hash_t w = XXH3_128bits(src.data(), n);
+    const cairn::ChunkHash want{w.high64, w.low64};
+    CHECK(hash(src.data(), n) == want);
+    std::fill(dst.begin(), dst.end(), 0);
+    CHECK(copy(dst.data(), src.data(), n) == want);
+    CHECK(std::equal(src.begin(), src.begin() + static_cast<std::ptrdiff_t>(n), dst.begin()));
+    CHECK(ready(dst.data(), src.data(), n, std::function<uint64_t(uint64_t)>([n](uint64_t) { return n; })) == want);
+  }
+}
+
+TEST_CASE("the AVX2 and AVX-512 builds of xxh3 give libxxhash's hashes", "[copy][hash]") {
+  INFO("hash_bytes uses " << cairn::hash_implementation());
+  if (__builtin_cpu_supports("avx2"))
+    check_simd_build("avx2", cairn::hash_avx2::hash, cairn::hash_avx2::copy_and_hash,
+                     cairn::hash_avx2::copy_and_hash_ready);
+  else
+    WARN("this CPU has no AVX2: its build of xxh3 is not checked here");
+  if (__builtin_cpu_supports("avx512f"))
+    check_simd_build("avx512", cairn::hash_avx512::hash, cairn::hash_avx512::copy_and_hash,
+                     cairn::hash_avx512::copy_and_hash_ready);
+  else
+    WARN("this CPU has no AVX-512: its build of xxh3 is not checked here");
+}
+#endif
 
 TEST_CASE("copy_and_hash_as_ready copies what is ready as it comes, and stops where the source fails",
           "[copy][hash]") {
