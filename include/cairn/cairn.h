@@ -146,9 +146,10 @@ CAIRN_EXPORT cairn_status cairn_model_add_tensor_device(cairn_model_writer *w, c
 CAIRN_EXPORT cairn_status cairn_model_add_tensor_space(cairn_model_writer *w, const char *name, cairn_dtype dtype,
                                                        int ndim, const int64_t *shape, void **data);
 /* Says that the tensor `name`, added with cairn_model_add_tensor_space, holds its final bytes: they
- * are hashed now, on a thread of the library's own, while the caller fills the next tensor, so the
- * commit need not read them again (write each tensor, seal it, go on: the commit then costs about
- * the writing). Optional. The bytes must not change after this call (a chunk changed after it
+ * are hashed now, on the library's threads (one fewer than the cores, or the copy-thread count set
+ * with cairn_model_set_copy_threads), while the caller fills the next tensor, so the commit need not
+ * read them again, only hash on the caller's thread too what is still waiting (write each tensor,
+ * seal it, go on: the commit then costs about the writing). Optional. The bytes must not change after this call (a chunk changed after it
  * fails its hash on every later read). CAIRN_ERR_INVALID_ARGUMENT for a tensor not added through
  * arena space or sealed already. */
 CAIRN_EXPORT cairn_status cairn_model_seal_tensor(cairn_model_writer *w, const char *name);
