@@ -14,20 +14,48 @@
 namespace cairn {
 
 namespace {
-// The widest xxh3 build the CPU runs (core/hash_simd.hpp); the same hashes from each.
-enum class Isa { kBaseline, kAvx2, kAvx512 };
-Isa best_isa() {
-#if defined(CAIRN_HASH_SIMD)
-  if (__builtin_cpu_supports("avx512f")) return Isa::kAvx512;
-  if (__builtin_cpu_supports("avx2")) return Isa::kAvx2;
-#endif
-  return Isa::kBaseline;
-}
-const Isa kIsa = best_isa();
-}  // namespace
-
-namespace {
 #include "core/hash_copy.inc"
+
+// libxxhash's own build (the x86-64 baseline), with the calls that core/hash_simd.inc makes for the
+// wider ones.
+namespace hash_libxxhash {
+ChunkHash hash(const void* data, size_t size) {
+  const XXH128_hash_t h = XXH3_128bits(data, size);
+  return ChunkHash{h.high64, h.low64};
+}
+ChunkHash copy_and_hash(unsigned char* dst, const unsigned char* src, uint64_t len) {
+  return copy_and_hash_one(dst, src, len);
+}
+ChunkHash copy_and_hash_ready(unsigned char* dst, const unsigned char* src, uint64_t len,
+                              const std::function<uint64_t(uint64_t)>& ready) {
+  return copy_and_hash_as_ready(dst, src, len, ready);
+}
+}  // namespace hash_libxxhash
+
+// One build of xxh3; every one gives the same hashes.
+struct HashBuild {
+  const char* name;
+  decltype(&hash_libxxhash::hash) hash;
+  decltype(&hash_libxxhash::copy_and_hash) copy_and_hash;
+  decltype(&hash_libxxhash::copy_and_hash_ready) copy_and_hash_ready;
+};
+
+// The widest build the CPU runs (core/hash_simd.hpp).
+HashBuild widest_build() {
+#if defined(CAIRN_HASH_SIMD)
+  if (__builtin_cpu_supports("avx512f"))
+    return {"xxh3 (AVX-512)", hash_avx512::hash, hash_avx512::copy_and_hash, hash_avx512::copy_and_hash_ready};
+  if (__builtin_cpu_supports("avx2"))
+    return {"xxh3 (AVX2)", hash_avx2::hash, hash_avx2::copy_and_hash, hash_avx2::copy_and_hash_ready};
+#endif
+  return {"xxh3 (libxxhash)", hash_libxxhash::hash, hash_libxxhash::copy_and_hash,
+          hash_libxxhash::copy_and_hash_ready};
+}
+// Chosen on first use (a hash computed while another file's statics are built gets it too).
+const HashBuild& build() {
+  static const HashBuild b = widest_build();
+  return b;
+}
 }  // namespace
 
 std::string ChunkHash::hex() const {
@@ -52,23 +80,9 @@ std::optional<ChunkHash> ChunkHash::from_hex(std::string_view hex) {
   return h;
 }
 
-const char* hash_implementation() {
-  switch (kIsa) {
-    case Isa::kAvx512: return "xxh3 (AVX-512)";
-    case Isa::kAvx2: return "xxh3 (AVX2)";
-    case Isa::kBaseline: break;
-  }
-  return "xxh3 (libxxhash)";
-}
+const char* hash_implementation() { return build().name; }
 
-ChunkHash hash_bytes(const void* data, size_t size) {
-#if defined(CAIRN_HASH_SIMD)
-  if (kIsa == Isa::kAvx512) return hash_avx512::hash(data, size);
-  if (kIsa == Isa::kAvx2) return hash_avx2::hash(data, size);
-#endif
-  XXH128_hash_t h = XXH3_128bits(data, size);
-  return ChunkHash{h.high64, h.low64};
-}
+ChunkHash hash_bytes(const void* data, size_t size) { return build().hash(data, size); }
 
 uint64_t hash64(std::string_view s) { return XXH3_64bits(s.data(), s.size()); }
 
@@ -106,17 +120,7 @@ std::vector<std::vector<ChunkHash>> copy_and_hash_many(const std::vector<CopyJob
       const uint64_t from = c * chunk_size, len = std::min(chunk_size, job.size - from);
       auto* d = static_cast<unsigned char*>(job.dst) + from;
       const auto* s = static_cast<const unsigned char*>(job.src) + from;
-#if defined(CAIRN_HASH_SIMD)
-      if (kIsa == Isa::kAvx512) {
-        out[j][c] = hash_avx512::copy_and_hash(d, s, len);
-        continue;
-      }
-      if (kIsa == Isa::kAvx2) {
-        out[j][c] = hash_avx2::copy_and_hash(d, s, len);
-        continue;
-      }
-#endif
-      out[j][c] = copy_and_hash_one(d, s, len);
+      out[j][c] = build().copy_and_hash(d, s, len);
     }
   };
   const uint64_t helpers = std::min<uint64_t>(threads > 0 ? threads - 1 : 0, units.empty() ? 0 : units.size() - 1);
@@ -137,11 +141,7 @@ ChunkHash copy_and_hash_as_ready(void* dst, const void* src, uint64_t len,
                                  const std::function<uint64_t(uint64_t)>& ready) {
   auto* d = static_cast<unsigned char*>(dst);
   const auto* s = static_cast<const unsigned char*>(src);
-#if defined(CAIRN_HASH_SIMD)
-  if (kIsa == Isa::kAvx512) return hash_avx512::copy_and_hash_ready(d, s, len, ready);
-  if (kIsa == Isa::kAvx2) return hash_avx2::copy_and_hash_ready(d, s, len, ready);
-#endif
-  return copy_and_hash_as_ready(d, s, len, ready);
+  return build().copy_and_hash_ready(d, s, len, ready);
 }
 
 }  // namespace cairn

@@ -176,7 +176,7 @@ Status ModelWriter::seal_tensor(const std::string& name) {
   if (chunk == 0) return Status::ok();  // a daemon that did not say its chunk size hashes at commit
   t.hashing = true;
   t.hashes.resize(chunk_count(t.nbytes, chunk));
-  sealer_.add(t.data, t.nbytes, chunk, t.hashes.data(), copy_threads_);
+  sealer_.add(t.data, t.nbytes, chunk, t.hashes.data(), std::min(copy_threads_, 4u));
   return Status::ok();
 }
 
