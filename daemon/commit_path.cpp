@@ -274,6 +274,11 @@ Result<std::shared_ptr<ModelManifest>> CommitPath::build_and_register(
     return registered;
   }
   if (p_.committed) p_.committed(*m);
+  // The bytes this commit wrote into arena space: the demoter makes room for the next one now.
+  uint64_t written = 0;
+  for (const Planned* p : plan)
+    if (p->source != Planned::kInherit) written += p->desc.nbytes;
+  if (written) p_.tiers.note_commit(written);
   return m;
 }
 

@@ -24,13 +24,8 @@ TierManager::TierManager(DramTier& dram, NvmeTier* nvme, Repository& repo, std::
   // loads without evicting on the request's thread.
   low_water_ = dram_.arena_size() / 8;
   high_water_ = dram_.arena_size() / 4;
-  dram_.set_pressure_hook(low_water_, [this] {
-    {
-      std::lock_guard l(mu_);
-      wake_ = true;
-    }
-    cv_.notify_one();
-  });
+  target_ = high_water_;
+  dram_.set_pressure_hook(low_water_, [this] { wake_demoter(); });
   demoter_ = std::thread([this] { demoter_loop(); });
 }
 
@@ -200,6 +195,33 @@ void TierManager::abandon(const std::vector<ChunkRef>& chunks) {
   }
 }
 
+void TierManager::wake_demoter() {
+  {
+    std::lock_guard l(mu_);
+    wake_ = true;
+  }
+  cv_.notify_one();
+}
+
+void TierManager::note_commit(uint64_t bytes) {
+  if (!nvme_) return;
+  uint64_t target;
+  {
+    std::lock_guard l(mu_);
+    recent_commits_[recent_next_] = bytes;
+    recent_next_ = (recent_next_ + 1) % kRecentCommits;
+    uint64_t largest = 0;
+    for (uint64_t b : recent_commits_) largest = std::max(largest, b);
+    // Room for the next commit and the usual margin above it, but never more than half the arena:
+    // what stays is the cache the reads hit.
+    target = std::max(high_water_, std::min(dram_.arena_size() / 2, largest + high_water_));
+    target_ = target;
+  }
+  if (dram_.free_bytes() < target) wake_demoter();
+}
+
+uint64_t TierManager::demotion_target() const { return target_.load(); }
+
 void TierManager::demoter_loop() {
   // Background work: requests come first on a busy node.
   (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 10);
@@ -209,12 +231,12 @@ void TierManager::demoter_loop() {
     if (stop_) return;
     wake_ = false;
     l.unlock();
-    demote(high_water_);
+    demote(target_.load());
     l.lock();
   }
 }
 
-void TierManager::demote_now() { demote(high_water_); }
+void TierManager::demote_now() { demote(target_.load()); }
 
 void TierManager::demote(uint64_t target_free) {
   std::lock_guard one(demote_mu_);
@@ -252,7 +274,8 @@ void TierManager::demote(uint64_t target_free) {
 }
 
 nlohmann::json TierManager::stats() const {
-  nlohmann::json out{{"demoted_chunks", demoted_.load()},
+  nlohmann::json out{{"demotion_target_bytes", target_.load()},
+                     {"demoted_chunks", demoted_.load()},
                      {"demoted_bytes", demoted_bytes_.load()},
                      {"evicted_already_on_nvme", evicted_on_nvme_.load()},
                      {"dropped_to_repository_only", dropped_.load()},

@@ -10,7 +10,9 @@
 //   - Source: the bytes of a model's chunks for a repository commit, from DRAM or NVMe;
 //   - demotion: a background thread keeps DRAM free space above a low-water mark by taking the
 //     eviction policy's victims and writing those NVMe lacks (as the admission policy allows) to the
-//     burst buffer before dropping them, so a later read finds them on NVMe rather than the PFS.
+//     burst buffer before dropping them, so a later read finds them on NVMe rather than the PFS;
+//     after each commit it also makes room for the next one of the same size (note_commit), so a
+//     checkpoint's fill does not share the node with demotion.
 // All movement runs on the flusher threads and the demoter, never on a request's thread, except a
 // read's fetch of what it needs. It never decides what to evict (policy/ does) and never touches
 // models or manifests (the daemon's components do).
@@ -103,14 +105,27 @@ class TierManager {
   // those the repository lacks are clean again in DRAM (so they may be evicted) and dropped from NVMe.
   void abandon(const std::vector<ChunkRef>& chunks);
 
+  // A commit wrote `bytes` of tensor data into arena space. Checkpoints recur at about the same
+  // size, so the demoter keeps room for the next one: free space up to the largest of the last
+  // kRecentCommits commits plus the high-water mark (at most half the arena, at least the
+  // high-water mark), made in the background now rather than while the next commit's caller fills
+  // arena space. No effect without a burst buffer (no demoter: a request evicts what it needs).
+  void note_commit(uint64_t bytes);
+  // The free space the demoter makes when it runs: the high-water mark or the room for the next
+  // commit, whichever is larger.
+  uint64_t demotion_target() const;
+
   // Per-source read counters and the demoter's work, for `cairn stats`.
   nlohmann::json stats() const;
   // Runs the demoter once, now (tests; the thread does the same when woken).
   void demote_now();
 
+  static constexpr size_t kRecentCommits = 4;
+
  private:
   void demoter_loop();
   void demote(uint64_t target_free);
+  void wake_demoter();
   // Tells the DRAM policy what re-reading h would cost once it leaves DRAM.
   void note_cost(const ChunkRef& ref);
 
@@ -125,6 +140,10 @@ class TierManager {
   std::condition_variable cv_;
   bool wake_ = false, stop_ = false;
   std::thread demoter_;
+  // The sizes of the last commits (a ring, under mu_) and the target they give (read lock-free).
+  uint64_t recent_commits_[kRecentCommits] = {};
+  size_t recent_next_ = 0;
+  std::atomic<uint64_t> target_{0};
 
   // The fetch order and each source's read counters (same index).
   struct SourceSlot {

@@ -92,6 +92,45 @@ TEST_CASE("tiering: a working set four times DRAM lives on the burst buffer and 
   REQUIRE(s["repository"]["models"] == kModels);
 }
 
+TEST_CASE("tiering: after a commit the demoter makes room for the next one of its size", "[tiering]") {
+  // 32 MiB of DRAM: low water 4 MiB free, high water 8 MiB. Six 4 MiB checkpoints fill 24 MiB and
+  // reach the repository (clean). The seventh leaves about 4 MiB free; the demoter then makes room
+  // for an eighth of the same size plus the high-water margin (12 MiB), writing the oldest
+  // checkpoints to the burst buffer, so the next fill does not run beside demotion.
+  Tiered t(32 * kMiB, 128 * kMiB);
+  const uint64_t arena = t.e().dram().arena_size();
+  constexpr uint64_t kBytes = 4 * kMiB;
+  const uint64_t commit_bytes = kBytes + 1000;  // "w" and "b"
+  for (int i = 0; i < 6; ++i)
+    commit_inline(t.e(), t.session, "ck" + std::to_string(i), "", model_bytes(kBytes, 300 + i), {}, "memory");
+  t.e().drain();
+  commit_inline(t.e(), t.session, "ck6", "", model_bytes(kBytes, 306), {}, "memory");
+  json s = stats(t.e(), t.session);
+  const uint64_t target = s["movement"]["demotion_target_bytes"].get<uint64_t>();
+  REQUIRE(target == std::min(arena / 2, commit_bytes + arena / 4));
+  REQUIRE(target > arena / 4);
+  // The demoter works in the background: wait for it (no timing is asserted, only that it gets there).
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (t.e().dram().free_bytes() < target && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  s = stats(t.e(), t.session);
+  INFO(s["movement"].dump() << "\n" << s["tiers"]["dram"].dump());
+  REQUIRE(t.e().dram().free_bytes() >= target);
+  // Memory commits pass through the burst buffer on their way to the repository, so the demoter
+  // finds the older checkpoints there already and drops the DRAM copies.
+  REQUIRE(s["movement"]["demoted_chunks"].get<uint64_t>() + s["movement"]["evicted_already_on_nvme"].get<uint64_t>() > 0);
+  // The newest checkpoint is still in DRAM (dirty until it reaches the repository; the demoter took
+  // older ones), and every checkpoint reads back exact from wherever it is now.
+  REQUIRE(s["tiers"]["dram"]["used_bytes"].get<uint64_t>() >= commit_bytes);
+  for (int i = 0; i < 7; ++i) check_model(t.e(), t.session, "ck" + std::to_string(i), kBytes, 300 + i);
+
+  // A commit larger than half the arena: the room kept is capped at half, what stays is the cache.
+  t.e().drain();
+  commit_inline(t.e(), t.session, "big", "", model_bytes(20 * kMiB, 400), {}, "memory");
+  s = stats(t.e(), t.session);
+  REQUIRE(s["movement"]["demotion_target_bytes"].get<uint64_t>() == arena / 2);
+}
+
 TEST_CASE("tiering: without a burst buffer a writer that outruns the repository waits instead of failing",
           "[tiering]") {
   // 4 MiB of DRAM, twenty 1 MiB models at `memory`: the arena fills with dirty chunks, and each
