@@ -20,6 +20,7 @@ sys.path.insert(0, str(ROOT / "api" / "python"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("CAIRN_LIBRARY", str(BUILD / "lib" / "libcairn.so"))
 import cairn  # noqa: E402
+from bench_daemon import wait_arena_backed  # noqa: E402
 
 MiB = 1 << 20
 BERT_BASE_BYTES = 440_473_133  # bert-base-uncased pytorch_model.bin (fp32), as in peers_sim.py
@@ -63,7 +64,10 @@ class Member:
         self.proc = None
         self._err = None
 
-    def start(self, timeout=90):
+    def start(self, timeout=90, backed=True):
+        """Returns once the daemon answers and (with `backed`) has backed its arena with memory, as
+        the job's prologue leaves it (bench/README.md): several members zeroing their arenas beside
+        a timed load would be measured as that load's cost."""
         self._err = open(self.root / "stderr.txt", "wb")
         self.proc = subprocess.Popen([str(BUILD / "bin" / "cairnd"), "--config", str(self.config)], env=self.env,
                                      stdout=subprocess.DEVNULL, stderr=self._err)
@@ -77,9 +81,12 @@ class Member:
                 s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
                 s.connect(self.socket)
                 s.close()
-                return self
             except OSError:
                 time.sleep(0.02)
+                continue
+            if backed:
+                wait_arena_backed(self.socket, timeout=max(1.0, deadline - time.time()))
+            return self
         raise RuntimeError(f"cairnd {self.name} did not start within {timeout} s: {self.tail()}")
 
     def tail(self):

@@ -56,7 +56,7 @@ def main() -> int:
         d.stop()
         files = sum(len(fs) for _, _, fs in os.walk(root / "repo"))
         t0 = time.time()
-        d.start()
+        d.start(backed=False)  # the start itself is timed
         first_s = time.time() - t0
         out = subprocess.run([str(BUILD / "bin" / "cairn"), "ls"], env=env, check=True, capture_output=True, text=True)
         listed_s = time.time() - t0
