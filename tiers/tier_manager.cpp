@@ -220,8 +220,6 @@ void TierManager::note_commit(uint64_t bytes) {
   if (dram_.free_bytes() < target) wake_demoter();
 }
 
-uint64_t TierManager::demotion_target() const { return target_.load(); }
-
 void TierManager::demoter_loop() {
   // Background work: requests come first on a busy node.
   (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 10);

@@ -111,18 +111,15 @@ class TierManager {
   // high-water mark), made in the background now rather than while the next commit's caller fills
   // arena space. No effect without a burst buffer (no demoter: a request evicts what it needs).
   void note_commit(uint64_t bytes);
-  // The free space the demoter makes when it runs: the high-water mark or the room for the next
-  // commit, whichever is larger.
-  uint64_t demotion_target() const;
 
   // Per-source read counters and the demoter's work, for `cairn stats`.
   nlohmann::json stats() const;
   // Runs the demoter once, now (tests; the thread does the same when woken).
   void demote_now();
 
+ private:
   static constexpr size_t kRecentCommits = 4;
 
- private:
   void demoter_loop();
   void demote(uint64_t target_free);
   void wake_demoter();
@@ -140,7 +137,8 @@ class TierManager {
   std::condition_variable cv_;
   bool wake_ = false, stop_ = false;
   std::thread demoter_;
-  // The sizes of the last commits (a ring, under mu_) and the target they give (read lock-free).
+  // The sizes of the last commits (a ring, under mu_) and the free space the demoter makes when it
+  // runs: the high-water mark or the room for the next commit, whichever is larger (read lock-free).
   uint64_t recent_commits_[kRecentCommits] = {};
   size_t recent_next_ = 0;
   std::atomic<uint64_t> target_{0};

@@ -20,6 +20,9 @@ using namespace client_detail;
 // ---- ModelWriter ----
 
 namespace {
+// The most threads a writer copies or hashes on (set_copy_threads).
+constexpr unsigned kMaxCopyThreads = 4;
+
 // A tensor's chunk hashes as the commit request's "hashes" field.
 json hashes_json(const std::vector<ChunkHash>& hashes) {
   json out = json::array();
@@ -128,7 +131,8 @@ Status ModelWriter::add_tensors(const std::vector<TensorIn>& in) {
 
 unsigned ModelWriter::copy_threads(uint64_t chunks) const {
   if (chunks <= 1) return 1;
-  return copy_threads_ ? std::min(copy_threads_, 4u) : std::clamp(std::thread::hardware_concurrency(), 1u, 4u);
+  return copy_threads_ ? std::min(copy_threads_, kMaxCopyThreads)
+                      : std::clamp(std::thread::hardware_concurrency(), 1u, kMaxCopyThreads);
 }
 
 Status ModelWriter::reserve(const std::vector<uint64_t>& sizes) {
@@ -176,7 +180,7 @@ Status ModelWriter::seal_tensor(const std::string& name) {
   if (chunk == 0) return Status::ok();  // a daemon that did not say its chunk size hashes at commit
   t.hashing = true;
   t.hashes.resize(chunk_count(t.nbytes, chunk));
-  sealer_.add(t.data, t.nbytes, chunk, t.hashes.data(), std::min(copy_threads_, 4u));
+  sealer_.add(t.data, t.nbytes, chunk, t.hashes.data(), std::min(copy_threads_, kMaxCopyThreads));
   return Status::ok();
 }
 

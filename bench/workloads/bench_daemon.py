@@ -32,26 +32,38 @@ class Daemon:
         times the start itself passes backed=False."""
         self.proc = subprocess.Popen([str(self.build / "bin" / "cairnd"), "--config", str(self.config)],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError("cairnd exited: " + self.proc.stderr.read().decode())
-            try:
-                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                s.connect(self.socket)
-                s.close()
-            except OSError:
-                time.sleep(0.02)
-                continue
-            if backed:
-                wait_arena_backed(self.socket)
-            return self
-        raise RuntimeError("cairnd did not start")
+        why = wait_started(self.proc, self.socket, 60, backed)
+        if why == "exited":
+            raise RuntimeError("cairnd exited: " + self.proc.stderr.read().decode())
+        if why:
+            raise RuntimeError("cairnd did not start")
+        return self
 
     def stop(self):
         if self.proc and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             self.proc.wait(timeout=120)
+
+
+def wait_started(proc, socket_path: str, timeout: float, backed: bool) -> str:
+    """Waits until the cairnd `proc` answers on socket_path and, with `backed`, has backed its arena
+    (wait_arena_backed). Returns "" then, "exited" when it exited first, "timeout" when `timeout`
+    seconds passed."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            return "exited"
+        try:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(socket_path)
+            s.close()
+        except OSError:
+            time.sleep(0.02)
+            continue
+        if backed:
+            wait_arena_backed(socket_path)
+        return ""
+    return "timeout"
 
 
 def wait_arena_backed(socket_path: str, timeout: float = 300.0) -> float:

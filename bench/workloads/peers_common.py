@@ -5,7 +5,6 @@ repository), started and stopped by pid, and the models they load.
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -20,7 +19,7 @@ sys.path.insert(0, str(ROOT / "api" / "python"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("CAIRN_LIBRARY", str(BUILD / "lib" / "libcairn.so"))
 import cairn  # noqa: E402
-from bench_daemon import wait_arena_backed  # noqa: E402
+from bench_daemon import wait_started  # noqa: E402
 
 MiB = 1 << 20
 BERT_BASE_BYTES = 440_473_133  # bert-base-uncased pytorch_model.bin (fp32), as in peers_sim.py
@@ -73,21 +72,12 @@ class Member:
                                      stdout=subprocess.DEVNULL, stderr=self._err)
         with _lock:
             _started.append(self)
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"cairnd {self.name} exited with {self.proc.returncode}: {self.tail()}")
-            try:
-                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                s.connect(self.socket)
-                s.close()
-            except OSError:
-                time.sleep(0.02)
-                continue
-            if backed:
-                wait_arena_backed(self.socket, timeout=max(1.0, deadline - time.time()))
-            return self
-        raise RuntimeError(f"cairnd {self.name} did not start within {timeout} s: {self.tail()}")
+        why = wait_started(self.proc, self.socket, timeout, backed)
+        if why == "exited":
+            raise RuntimeError(f"cairnd {self.name} exited with {self.proc.returncode}: {self.tail()}")
+        if why:
+            raise RuntimeError(f"cairnd {self.name} did not start within {timeout} s: {self.tail()}")
+        return self
 
     def tail(self):
         out = []
