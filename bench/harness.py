@@ -106,7 +106,7 @@ def ratio(group: str, metric: str, cairn: float, baseline: str, baseline_value: 
     if goal:
         op, val = goal.split()
         val = float(val)
-        met = {"<=": r <= val, ">=": r >= val, "<": r < val, ">": r > val}[op]
+        met = {"<=": r <= val, ">=": r >= val, "<": r < val, ">": r > val, "==": r == val}[op]
     return {"group": group, "metric": metric, "cairn": cairn, "baseline": baseline, "baseline_value": baseline_value,
             "unit": unit, "better": better, "ratio": r, "advantage": adv, "goal": goal, "met": met, "note": note}
 
@@ -605,19 +605,17 @@ def run_gpu(quick: bool, work: Path) -> List[Dict[str, Any]]:
     if r.returncode != 0:
         raise RuntimeError(f"gpu_bench.py exited with {r.returncode}:\n" + "\n".join(log.read_text().splitlines()[-15:]))
     d = json.loads(out.read_text())
-    mib = d["bytes"] >> 20
-    rows = [
-        ratio("gpu", f"load a {mib} MiB tensor into device memory (HBM miss: arena -> HBM -> caller), bandwidth",
-              d["bytes"] / d["miss_s"] / 1e9, "cudaMemcpy from pinned memory", d["bytes"] / d["pinned_copy_s"] / 1e9,
-              "GB/s", "higher", goal=">= 0.9"),
-        ratio("gpu", f"HBM hit: a new reader maps a {mib} MiB tensor on the device (open, map, close)", d["hit_map_s"],
-              "device-to-device copy", d["d2d_copy_s"], "s", "lower", goal="< 1"),
-    ]
-    if "checkpoint" in d:
-        k = d["checkpoint"]
-        rows.append(ratio("gpu", f"checkpoint of {k['params'] / 1e6:.0f}M float32 parameters on the device: time the "
-                          "caller blocks", k["cairn_blocking_s"], "torch.save", k["torch_save_s"], "s", "lower",
-                          goal="<= 0.1"))
+    rows = []
+    for r in d.get("rows", []):
+        # gpu_bench's rows state their ratio's direction; ratio() takes cairn and the baseline as
+        # measured and which way is better.
+        lower = r["ratio_is"] == "baseline / cairn" or r.get("unit") == "s"
+        goal = r.get("goal")
+        if goal and r["ratio_is"] == "baseline / cairn":  # a goal on baseline / cairn, as one on cairn / baseline
+            op, val = goal.split()
+            goal = {">=": "<=", "<=": ">=", ">": "<", "<": ">"}.get(op, op) + f" {1 / float(val):.4g}"
+        rows.append(ratio("gpu", r["name"].split(": ", 1)[-1], r["value"], r["baseline"], r["baseline_value"],
+                          r.get("unit", ""), "lower" if lower else "higher", goal=goal))
     return rows
 
 
@@ -741,6 +739,42 @@ def plot(group: str, rows: List[Dict[str, Any]], path: Path) -> bool:
     return True
 
 
+def render_device(doc_dir: Path) -> List[str]:
+    """The newest GPU-machine check (scripts/device-check's results.json, kept under
+    bench/results/device/): its machine, what ran, and its figures against their goals."""
+    files = sorted((ROOT / "bench" / "results" / "device").glob("*.json"))
+    if not files:
+        return ["## On the GPU machine", "",
+                "scripts/device-check has not run on a GPU machine yet (docs/device-check.md).", ""]
+    d = json.loads(files[-1].read_text())
+    p = d.get("stages", {}).get("probe", {})
+    pk = p.get("python_packages", {})
+    rel = os.path.relpath(files[-1], ROOT)
+    lines = ["## On the GPU machine", "",
+             f"From `{rel}` (`scripts/device-check`, {d.get('started', '?')}, {d.get('seconds', '?')} s; "
+             "docs/device-check.md): the GPU tier, GPU loads and the many-core parts, which the machine above "
+             "cannot show. One run, medians over few repeats (the check fits a 15-minute lease).", "",
+             f"- {p.get('nvidia_smi', '?')}; {p.get('cores', '?')} cores, {p.get('memory_gib', '?')} GiB memory; "
+             f"Python {p.get('python', '?')}, torch {pk.get('torch', '?')} (CUDA {pk.get('torch_cuda', '?')}), "
+             f"numpy {pk.get('numpy', '?')}; bundle of commit `{str(p.get('bundle_commit', '?'))[:12]}`", ""]
+    lines += ["| stage | status | seconds | note |", "|---|---|---:|---|"]
+    for name, st in d.get("stages", {}).items():
+        note = str(st.get("why", "")).replace("|", "\\|").replace("\n", " ")[:200]
+        lines.append(f"| {name} | {st.get('status')} | {st.get('seconds', '')} | {note} |")
+    lines.append("")
+    rows = d.get("rows", [])
+    if rows:
+        def f(x: Any) -> str:
+            return f"{x:.4g}" if isinstance(x, (int, float)) and not isinstance(x, bool) else ("" if x is None else str(x))
+        lines += ["| figure | cairn | baseline | baseline value | ratio | goal | met |", "|---|---:|---|---:|---:|---|---|"]
+        for r in rows:
+            met = {True: "yes", False: "**no**"}.get(r.get("met"), "")
+            lines.append(f"| {r['figure']} | {f(r.get('value'))} | {r.get('baseline', '')} | {f(r.get('baseline_value'))} "
+                         f"| {f(r.get('ratio'))} | {r.get('goal', '')} | {met} |")
+        lines.append("")
+    return lines
+
+
 def render_doc(results: Dict[str, Any], img_dir: Path, doc_dir: Path) -> str:
     m = results["machine"]
     lines = ["# Benchmarks", "",
@@ -786,6 +820,7 @@ def render_doc(results: Dict[str, Any], img_dir: Path, doc_dir: Path) -> str:
             for img in (img_dir / f"{stem}.png", img_dir / f"{stem}-simulation.png"):  # a part's own plot too
                 if img.exists():
                     lines += [f"![{img.stem}]({os.path.relpath(img, doc_dir)})", ""]
+    lines += render_device(doc_dir)
     losses = [r for r in results["ratios"] if "error" not in r and r["advantage"] == r["advantage"] and r["advantage"] < 1]
     if losses:
         lines += ["## Where cairn loses", "",
@@ -805,7 +840,16 @@ def main() -> int:
     ap.add_argument("--update", metavar="RESULTS",
                     help="with --only: the parts run now replace theirs in this earlier full run's results, and "
                          "docs/benchmarks.md is written from the merge (it names both runs)")
+    ap.add_argument("--render", metavar="RESULTS",
+                    help="run nothing: write docs/benchmarks.md again from this full run's results (and the newest "
+                         "GPU-machine check under bench/results/device/)")
     a = ap.parse_args()
+    if a.render:
+        results = json.loads((ROOT / a.render).read_text())
+        doc_path = ROOT / "docs" / "benchmarks.md"
+        doc_path.write_text(render_doc(results, ROOT / "docs" / "img" / "benchmarks", doc_path.parent))
+        print(f"bench/run: {doc_path} written from {a.render}")
+        return 0
     if a.update and (not a.only or a.quick):
         print("bench/run: --update needs --only and a full (not --quick) run", file=sys.stderr)
         return 2

@@ -169,7 +169,8 @@ def main():
         d = Daemon(BUILD, Path(tmp), "5GiB").start()
         try:
             env = dict(os.environ, CAIRN_SOCKET=d.socket, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-                       OMPI_MCA_rmaps_base_oversubscribe="1")
+                       OMPI_MCA_rmaps_base_oversubscribe="1",  # Open MPI 4 (Debian)
+                       PRTE_MCA_rmaps_default_mapping_policy=":oversubscribe")  # Open MPI 5 (PRRTE)
             for n in [int(x) for x in a.ranks.split(",")]:
                 part = os.path.join(tmp, "r%d.json" % n)
                 subprocess.run(["mpirun", "-np", str(n), sys.executable, __file__, "--worker", "--dir", tmp, "--json", part,

@@ -24,7 +24,9 @@ tcp;ofi_rxm), and the measured costs fed to the simulation for 16 to 4,096 nodes
 Every load is checked against the bytes that were stored (a mismatch: exit 1). Every daemon is
 stopped by pid at the end, also on errors.
 
-Usage: peers_bench.py [--quick] [--json OUT]   (CAIRN_BUILD_DIR names the build; default ./build)
+Usage: peers_bench.py [--quick] [--json OUT] [--parts stream,shm,ensemble,prefetch_all,nas,simulation]
+                     [--members 2,4,8,16] [--ensemble-repeats N] [--stream-repeats N]
+       (CAIRN_BUILD_DIR names the build; default ./build)
 """
 import argparse
 import json
@@ -399,22 +401,40 @@ def _plot(res, path):
 
 # ---- main -----------------------------------------------------------------------------------------
 
+PARTS = ("stream", "shm", "ensemble", "prefetch_all", "nas", "simulation")
+
+
+class _NotAsked(Exception):
+    """A part left out by --parts."""
+
+
 def main() -> int:
     if len(sys.argv) == 4 and sys.argv[1] == "--tcp-sink":
         return _tcp_sink(int(sys.argv[2]), int(sys.argv[3]))
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small sizes, few repeats (correctness, not timing)")
     ap.add_argument("--json", help="write the results here (and the simulation's plot next to it)")
+    ap.add_argument("--parts", default=",".join(PARTS),
+                    help="which parts to run (default all: %(default)s); simulation needs stream and ensemble")
+    ap.add_argument("--members", help="ensemble sizes, e.g. 2,4,8,16 (default 2,4,8; --quick 2,4)")
+    ap.add_argument("--ensemble-repeats", type=int, help="loads of one member alone (default 3; --quick 1)")
+    ap.add_argument("--stream-repeats", type=int, help="daemon pairs for the stream (default 5; --quick 3)")
     a = ap.parse_args()
+    parts = set(a.parts.split(","))
+    if parts - set(PARTS):
+        ap.error(f"--parts: unknown {', '.join(sorted(parts - set(PARTS)))} (known: {', '.join(PARTS)})")
+    if "simulation" in parts and not {"stream", "ensemble"} <= parts:
+        ap.error("--parts: simulation needs stream and ensemble")
     if not (BUILD / "bin" / "cairnd").exists():
         print(f"peers_bench: {BUILD / 'bin' / 'cairnd'} is missing (set CAIRN_BUILD_DIR)", file=sys.stderr)
         return 2
     q = a.quick
     chunk = (4 if q else 16) * MiB
     stream_bytes = (64 if q else 512) * MiB
-    stream_repeats = 3 if q else 5
+    stream_repeats = a.stream_repeats or (3 if q else 5)
     ens_bytes = 64 * MiB if q else BERT_BASE_BYTES
-    ns = (2, 4) if q else (2, 4, 8)
+    ns = tuple(int(x) for x in a.members.split(",")) if a.members else ((2, 4) if q else (2, 4, 8))
+    alone_repeats = a.ensemble_repeats or (1 if q else 3)
     out_path = Path(a.json).resolve() if a.json else None
     out_dir = out_path.parent if out_path else Path(tempfile.gettempdir())
     stem = out_path.stem if out_path else "peers-bench"
@@ -426,8 +446,9 @@ def main() -> int:
     try:
         repo = tmp / "repo"
         # a. the stream, and the fabric's own figures.
-        res["stream"], b = part_stream(tmp, repo, stream_bytes, chunk, stream_repeats)
-        bad += b
+        if "stream" in parts:
+            res["stream"], b = part_stream(tmp, repo, stream_bytes, chunk, stream_repeats)
+            bad += b
         try:
             runs = [fi_pingpong(chunk, 20 if q else 30) for _ in range(3)]
             base = dict(sorted(runs, key=lambda x: x["MBps"])[1])  # the median of 3 runs
@@ -444,18 +465,25 @@ def main() -> int:
         if base is None:
             base = dict(tcp, tool="Python TCP stream (fallback: fi_pingpong failed)", fi_pingpong_error=fi_error)
         base["GBps"] = base["MBps"] / 1e3
-        res["stream"]["baseline"] = base
-        res["stream"]["tcp_stream"] = tcp
-        res["stream"]["ratio"] = res["stream"]["GBps"] / base["GBps"]
-        res["stream"]["load_model_ratio"] = res["stream"]["load_model_GBps"] / base["GBps"]
+        if "stream" in parts:
+            res["stream"]["baseline"] = base
+            res["stream"]["tcp_stream"] = tcp
+            res["stream"]["ratio"] = res["stream"]["GBps"] / base["GBps"]
+            res["stream"]["load_model_ratio"] = res["stream"]["load_model_GBps"] / base["GBps"]
+        else:
+            res["fabric"] = {"baseline": base, "tcp_stream": tcp}
         # The same over shm (one host: the provider a job's co-located daemons would use) vs memcpy.
         try:
+            if "shm" not in parts:
+                raise _NotAsked()
             shm, b = part_stream(tmp, repo, stream_bytes, chunk, 2 if q else 3, provider="shm")
             bad += b
             shm["baseline"] = memcpy_GBps(stream_bytes, chunk)
             shm["ratio"] = shm["GBps"] / shm["baseline"]["GBps"]
             shm["load_model_ratio"] = shm["load_model_GBps"] / shm["baseline"]["GBps"]
             res["stream_shm"] = shm
+        except _NotAsked:
+            pass
         except Exception as e:  # noqa: BLE001 - recorded; the tcp figures stand
             res["stream_shm"] = {"error": str(e)[:500]}
         try:
@@ -467,18 +495,22 @@ def main() -> int:
         except Exception as e:  # noqa: BLE001
             res["latency"] = {"error": str(e)[:500]}
         # b. the ensemble.
-        res["ensemble"], b = part_ensemble(tmp, repo, ens_bytes, chunk, ns, 1 if q else 3)
-        bad += b
+        if "ensemble" in parts:
+            res["ensemble"], b = part_ensemble(tmp, repo, ens_bytes, chunk, ns, alone_repeats)
+            bad += b
         # b2. prefetch --all, and a NAS run over 4 members.
-        res["prefetch_all"], b = part_prefetch_all(tmp, repo, (64 if q else 256) * MiB, chunk, ns)
-        bad += b
-        res["nas"], b = part_nas(tmp, repo, chunk, 2 if q else 4, (2 if q else 8) * MiB)
-        bad += b
+        if "prefetch_all" in parts:
+            res["prefetch_all"], b = part_prefetch_all(tmp, repo, (64 if q else 256) * MiB, chunk, ns)
+            bad += b
+        if "nas" in parts:
+            res["nas"], b = part_nas(tmp, repo, chunk, 2 if q else 4, (2 if q else 8) * MiB)
+            bad += b
         # c. the simulation, fed with a and b.
-        rtt = res["latency"].get("round_trip_s")
-        res["simulation"] = part_simulation(out_dir, stem, res["stream"]["GBps"] * 1e9,
-                                            res["ensemble"]["alone"]["repository_Bps"], rtt,
-                                            "the 64-byte fi_pingpong round trip (2 x usec/xfer)", chunk)
+        if "simulation" in parts:
+            rtt = res["latency"].get("round_trip_s")
+            res["simulation"] = part_simulation(out_dir, stem, res["stream"]["GBps"] * 1e9,
+                                                res["ensemble"]["alone"]["repository_Bps"], rtt,
+                                                "the 64-byte fi_pingpong round trip (2 x usec/xfer)", chunk)
     finally:
         left = stop_started()
         if left:
@@ -487,12 +519,13 @@ def main() -> int:
     res["seconds"] = time.time() - t_start
     res["errors"] = bad
     res["ok"] = not bad
-    s = res["stream"]
-    print(f"stream {s['bytes'] >> 20} MiB from a peer (prefetch): {s['GBps']:.3f} GB/s (median of {s['repeats']}); "
-          f"{s['baseline']['tool']} {s['baseline']['message_bytes'] >> 20} MiB messages: {s['baseline']['GBps']:.3f} "
-          f"GB/s; ratio {s['ratio']:.2f} (goal >= 0.8); a TCP stream on loopback: {s['tcp_stream']['GBps']:.3f} GB/s")
-    print(f"  the first load_model() through B (zero-copy map, new connection): {s['load_model_GBps']:.3f} GB/s, "
-          f"ratio {s['load_model_ratio']:.2f}")
+    s = res.get("stream")
+    if s:
+        print(f"stream {s['bytes'] >> 20} MiB from a peer (prefetch): {s['GBps']:.3f} GB/s (median of {s['repeats']}); "
+              f"{s['baseline']['tool']} {s['baseline']['message_bytes'] >> 20} MiB messages: {s['baseline']['GBps']:.3f} "
+              f"GB/s; ratio {s['ratio']:.2f} (goal >= 0.8); a TCP stream on loopback: {s['tcp_stream']['GBps']:.3f} GB/s")
+        print(f"  the first load_model() through B (zero-copy map, new connection): {s['load_model_GBps']:.3f} GB/s, "
+              f"ratio {s['load_model_ratio']:.2f}")
     sh = res.get("stream_shm", {})
     if "GBps" in sh:
         print(f"over shm: prefetch {sh['GBps']:.3f} GB/s, first load_model {sh['load_model_GBps']:.3f} GB/s; memcpy "
@@ -501,21 +534,23 @@ def main() -> int:
         print(f"over shm: not measured ({sh.get('error')})")
     if "round_trip_s" in res["latency"]:
         print(f"small-message round trip (fi_pingpong, 64 B): {res['latency']['round_trip_s'] * 1e6:.0f} us")
-    e = res["ensemble"]
-    print(f"ensemble, model {e['model_bytes'] / 1e6:.1f} MB: one member alone {e['alone']['median_s']:.2f} s")
-    for t in e["trials"]:
-        print(f"  N={t['n']}: slowest with peers {t['peers']['slowest_s']:.2f} s, without {t['no_peers']['slowest_s']:.2f} s;"
-              f" repository copies {t['repository_copies']:.2f} with peers, {t['repository_copies_no_peers']:.2f} "
-              f"without; slowest with peers / alone {t['slowest_vs_alone']:.2f} (goal <= 2)")
-    pa = res["prefetch_all"]
-    for r in pa["rows"]:
+    e = res.get("ensemble")
+    if e:
+        print(f"ensemble, model {e['model_bytes'] / 1e6:.1f} MB: one member alone {e['alone']['median_s']:.2f} s")
+        for t in e["trials"]:
+            print(f"  N={t['n']}: slowest with peers {t['peers']['slowest_s']:.2f} s, without {t['no_peers']['slowest_s']:.2f} s;"
+                  f" repository copies {t['repository_copies']:.2f} with peers, {t['repository_copies_no_peers']:.2f} "
+                  f"without; slowest with peers / alone {t['slowest_vs_alone']:.2f} (goal <= 2)")
+    pa = res.get("prefetch_all")
+    for r in (pa or {}).get("rows", []):
         print(f"prefetch --all of {pa['bytes'] >> 20} MiB to {r['members']} members: {r['seconds']:.3f} s "
               f"({r['vs_two_members']:.2f}x the time for 2; {r['uploaders']} members uploaded)")
-    na = res["nas"]
-    hp, hn = na["median_handoff_s"]["peers"], na["median_handoff_s"]["no_peers"]
-    print(f"NAS over 4 members ({na['model_bytes'] >> 20} MiB models): parent handoff {hp * 1e3:.1f} ms with peers "
-          f"(memory) vs {hn * 1e3:.1f} ms without (global + repository), {hn / hp:.1f}x")
-    for rule, d in res["simulation"]["dispatch"].items():
+    na = res.get("nas")
+    if na:
+        hp, hn = na["median_handoff_s"]["peers"], na["median_handoff_s"]["no_peers"]
+        print(f"NAS over 4 members ({na['model_bytes'] >> 20} MiB models): parent handoff {hp * 1e3:.1f} ms with peers "
+              f"(memory) vs {hn * 1e3:.1f} ms without (global + repository), {hn / hp:.1f}x")
+    for rule, d in res.get("simulation", {}).get("dispatch", {}).items():
         x = d["at_1024"]
         print(f"simulated 1,024 nodes, BERT-base, directory {rule}: cairn {x['cairn_s']:.2f} s vs every node "
               f"reading the PFS {x['baseline_s']:.2f} s")

@@ -18,6 +18,15 @@ EMULATED = dict(extra_config="chunk_size: 64KiB\n",
 
 
 def gpu_count():
+    # The driver first: it is wherever a GPU is, while the runtime may live inside a Python package.
+    try:
+        drv = ctypes.CDLL("libcuda.so.1")
+        n = ctypes.c_int(0)
+        if drv.cuInit(0) == 0 and drv.cuDeviceGetCount(ctypes.byref(n)) == 0:
+            return n.value
+        return 0
+    except OSError:
+        pass
     for name in ("libcudart.so", "libcudart.so.13", "libcudart.so.12"):
         try:
             rt = ctypes.CDLL(name)

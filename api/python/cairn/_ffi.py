@@ -85,6 +85,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "cairn_model_add_tensor": (st, [c_void_p, c_char_p, c_void_p, c_int, c_int, _i64_p]),
         "cairn_model_add_tensors": (st, [c_void_p, ctypes.POINTER(TensorIn), c_size_t]),
         "cairn_model_add_tensor_space": (st, [c_void_p, c_char_p, c_int, c_int, _i64_p, _c_void_p_p]),
+        "cairn_model_add_tensor_device": (st, [c_void_p, c_char_p, c_void_p, c_int, c_int, _i64_p]),
         "cairn_model_seal_tensor": (st, [c_void_p, c_char_p]),
         "cairn_model_inherit_tensor": (st, [c_void_p, c_char_p]),
         "cairn_model_inherit_all": (st, [c_void_p]),

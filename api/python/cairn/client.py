@@ -23,6 +23,30 @@ PathLike = Union[str, "os.PathLike[str]"]
 _INLINE_LIMIT = 64 * 1024
 
 
+class DeviceArray:
+    """A C-contiguous tensor in device memory (a GPU buffer, or this process's memory with the
+    daemon's emulated HBM backend) for :meth:`Client.save_model`: stored with
+    cairn_model_add_tensor_device, copied device-to-host straight into the daemon's arena before
+    save_model returns (docs/gpu.md). ``ptr`` is the device address, ``dtype`` a cairn dtype name
+    ("F32", "BF16", ...), ``owner`` any object that keeps the memory alive until then."""
+
+    __slots__ = ("ptr", "shape", "dtype", "nbytes", "ndim", "owner")
+
+    def __init__(self, ptr: int, shape: Sequence[int], dtype: str, owner: Any = None) -> None:
+        self.ptr = int(ptr)
+        self.shape = tuple(int(x) for x in shape)
+        self.ndim = len(self.shape)
+        if dtype not in _dtypes.ITEMSIZE:
+            raise _errors.error("CAIRN_ERR_INVALID_ARGUMENT",
+                                f"invalid argument: DeviceArray dtype {dtype!r} is not one of {', '.join(_dtypes.ITEMSIZE)}")
+        self.dtype = dtype
+        n = 1
+        for x in self.shape:
+            n *= x
+        self.nbytes = n * _dtypes.ITEMSIZE[dtype]
+        self.owner = owner
+
+
 class _Connection:
     """Owns the cairn_client. Every C call on it holds ``lock`` (the C API wants one thread at a time).
 
@@ -325,7 +349,8 @@ class Client:
             tensors: name -> array. Each array's bytes are copied once, into the daemon's shared
                 arena (a non-contiguous or big-endian array over 64 KiB is copied straight into
                 arena space, converted on the way). The model's tensors are these, in this order,
-                then the inherited ones.
+                then the inherited ones. A :class:`DeviceArray` (a tensor in GPU memory) is copied
+                device-to-host straight into the arena.
             parent: the model it derives from (its provenance; needed for ``inherit``).
             arch: the architecture graph (docs/graph-format.md), a JSON object.
             meta: metadata, a JSON object (score, epoch, task, tags, ...).
@@ -369,6 +394,9 @@ class Client:
         prepared = []  # (name, array, dtype code, fill arena space in place)
         for name, array in tensors.items():
             what = f"tensor {name!r}"
+            if isinstance(array, DeviceArray):
+                prepared.append((_name(name, "tensor name"), array, _dtypes.code(array.dtype), "device"))
+                continue
             a = np.asarray(array)
             dt = _dtypes.cairn_dtype(a.dtype, dtypes.get(name), what)
             in_place = a.nbytes > _INLINE_LIMIT and (not a.flags.c_contiguous or a.dtype.byteorder == ">")
@@ -427,6 +455,10 @@ class Client:
                         run.append((name_b, a, code))
                         continue
                     add_run()
+                    if in_place == "device":
+                        # Device-to-host straight into arena space (one copy), done when this returns.
+                        _check(lib.cairn_model_add_tensor_device(w, name_b, a.ptr, code, a.ndim, _shape_arg(a.shape)))
+                        continue
                     # Non-contiguous or big-endian: copied (and converted) once, straight into arena space.
                     p = ctypes.c_void_p()
                     _check(lib.cairn_model_add_tensor_space(w, name_b, code, a.ndim, _shape_arg(a.shape),

@@ -29,7 +29,7 @@ from torch import nn
 
 from . import _dtypes, _errors, _ffi
 from . import client as _client_module
-from .client import Client, Ticket, connect
+from .client import Client, DeviceArray, Ticket, connect
 from ._torch_graph import _architecture, architecture
 from ._torch_module import assign_state as _assign_state, read_into_module as _read_into_module
 
@@ -127,6 +127,13 @@ def _from_numpy(name: str, arr: np.ndarray, cairn_name: str) -> torch.Tensor:
     return torch.from_numpy(arr)
 
 
+def _device_dtype(t: torch.Tensor) -> Optional[str]:
+    """The cairn dtype of a CUDA tensor stored from device memory, None for a dtype cairn lacks."""
+    if t.dtype in _RAW_VIEW:
+        return _RAW_VIEW[t.dtype][2]
+    return _CAIRN_OF.get(t.dtype)
+
+
 def _bits(a: np.ndarray) -> np.ndarray:
     """``a`` viewed as unsigned integers of its item size (bitwise comparison: NaNs, -0.0)."""
     return a.view(np.dtype(f"u{a.dtype.itemsize}")) if a.dtype.itemsize in (1, 2, 4, 8) else a
@@ -171,10 +178,19 @@ def save(
         raise _errors.error("CAIRN_ERR_INVALID_ARGUMENT",
                             "invalid argument: save() takes an nn.Module or a state dict (name -> tensor), "
                             f"not a {type(module_or_state_dict).__name__}")
-    arrays: Dict[str, np.ndarray] = {}
+    arrays: Dict[str, Any] = {}
     cdtypes: Dict[str, str] = {}
+    on_device: Dict[str, torch.Tensor] = {}  # CUDA tensors: copied device-to-host straight into the arena
     for name, value in state.items():
+        if isinstance(value, torch.Tensor) and value.is_cuda and _device_dtype(value) is not None:
+            t = value.detach().resolve_conj().resolve_neg().contiguous()
+            on_device[name] = t
+            cdtypes[name] = _device_dtype(t)
+            arrays[name] = DeviceArray(t.data_ptr(), t.shape, cdtypes[name], owner=t)
+            continue
         arrays[name], cdtypes[name] = _to_numpy(name, value)
+    for dev in {t.device for t in on_device.values()}:
+        torch.cuda.current_stream(dev).synchronize()  # the library's copies run outside torch's streams
 
     inherited: List[str] = []
     parent_info: Optional[Dict[str, Any]] = None
@@ -185,7 +201,8 @@ def save(
         if candidates:
             views = c.load_model(parent, names=candidates)  # zero-copy; the lease ends with `views`
             try:
-                inherited = [n for n in candidates if _same_bytes(views[n], arrays[n])]
+                inherited = [n for n in candidates
+                             if _same_bytes(views[n], _to_numpy(n, on_device[n])[0] if n in on_device else arrays[n])]
             finally:
                 del views
         if arch is None and module is None and parent_info.get("architecture") and \
@@ -197,9 +214,18 @@ def save(
     keep = set(inherited)
     changed = {n: a for n, a in arrays.items() if n not in keep}
     raw = {n: cdtypes[n] for n in changed if cdtypes[n] in ("BF16", "F8_E4M3", "F8_E5M2")}
-    return c.save_model(id, changed, parent=parent, arch=arch, meta=meta, durability=durability,
-                        inherit=inherited, dtypes=raw, wait=wait, order=list(arrays), pipelined=pipelined and not wait,
-                        before_commit=_before_commit, copy_threads=_copy_threads)
+    def commit(tensors: Mapping[str, Any]) -> Ticket:
+        return c.save_model(id, tensors, parent=parent, arch=arch, meta=meta, durability=durability,
+                            inherit=inherited, dtypes=raw, wait=wait, order=list(arrays), pipelined=pipelined and not wait,
+                            before_commit=_before_commit, copy_threads=_copy_threads)
+
+    try:
+        return commit(changed)
+    except _errors.Unavailable:
+        if not any(n in on_device for n in changed):
+            raise
+        # This libcairn cannot copy from device memory (built without CUDA): through host memory.
+        return commit({n: _to_numpy(n, on_device[n])[0] if n in on_device else a for n, a in changed.items()})
 
 
 def _cuda_state(c: Client, id: str, device: torch.device) -> Optional[Dict[str, torch.Tensor]]:

@@ -1,0 +1,58 @@
+"""Client.save_model with cairn.DeviceArray (tensors in device memory, cairn_model_add_tensor_device),
+on the daemon's emulated HBM backend, where a process's "device memory" is its own memory
+(docs/gpu.md); tests/python/test_torch_cuda.py runs the same path on a GPU."""
+import numpy as np
+import pytest
+
+EMULATED = {"CAIRN_TIERS_HBM_CAPACITY": "8MiB", "CAIRN_TIERS_HBM_BACKEND": "emulated"}
+
+
+def test_device_arrays_are_copied_before_save_returns(make_daemon):
+    import cairn
+
+    d = make_daemon(env=EMULATED)
+    c = cairn.connect(d.socket)
+    try:
+        rng = np.random.default_rng(11)
+        w = rng.standard_normal((300, 129)).astype(np.float32)
+        raw = rng.integers(0, 2**16, 4097, dtype=np.uint16)  # bf16 bits
+        small = np.arange(7, dtype=np.int64)
+        want = {"w": w.copy(), "raw": raw.copy(), "small": small.copy(), "host": np.ones(5, np.float64)}
+        t = c.save_model("dev/m", {"w": cairn.DeviceArray(w.ctypes.data, w.shape, "F32", owner=w),
+                                   "raw": cairn.DeviceArray(raw.ctypes.data, raw.shape, "BF16", owner=raw),
+                                   "small": cairn.DeviceArray(small.ctypes.data, small.shape, "I64", owner=small),
+                                   "host": want["host"]},
+                         durability="memory", pipelined=True)
+        w[:] = 0  # the call has returned: the buffers are the caller's again
+        raw[:] = 0
+        small[:] = 0
+        t.wait()
+        info = {x["name"]: x for x in c.show("dev/m")["tensors"]}
+        assert [x["name"] for x in c.show("dev/m")["tensors"]] == ["w", "raw", "small", "host"]
+        assert info["raw"]["dtype"] == "BF16" and info["w"]["shape"] == [300, 129]
+        got = c.load_model("dev/m", copy=True)
+        for k, v in want.items():
+            assert got[k].tobytes() == v.tobytes(), k
+    finally:
+        c.close()
+
+
+def test_device_array_rejects_unknown_dtypes_and_needs_a_device_path(make_daemon):
+    import cairn
+
+    with pytest.raises(cairn.InvalidArgument, match="DeviceArray dtype 'F128'"):
+        cairn.DeviceArray(0, (1,), "F128")
+    d = make_daemon()  # no HBM tier, and no GPU in this process on a machine without one
+    c = cairn.connect(d.socket)
+    try:
+        a = np.ones(1000, np.float32)
+        try:
+            c.save_model("dev/none", {"a": cairn.DeviceArray(a.ctypes.data, a.shape, "F32", owner=a)}, wait=True)
+        except cairn.Unavailable as e:
+            assert "no HBM tier" in str(e)
+            with pytest.raises(cairn.NotFound):
+                c.show("dev/none")  # nothing half-written
+        else:  # a GPU is visible: the library copied from "device memory" it could reach
+            assert c.load_model("dev/none", copy=True)["a"].tobytes() == a.tobytes()
+    finally:
+        c.close()
