@@ -243,7 +243,7 @@ print("PROBE " + json.dumps(out))
         r["cudart_dir"] = cudart[0]
         # Every bundled ELF file finds its libraries here.
         missing = []
-        for f in sorted((self.b / "bin").iterdir()) + [self.b / "lib" / "libcairn.so"]:
+        for f in sorted((self.b / "bin").iterdir()) + [self.b / "lib" / "libcairn.so"] if shutil.which("ldd") else []:
             p = subprocess.run(["ldd", str(f)], capture_output=True, text=True, env=self.env)
             missing += [f"{f.name}: {ln.strip()}" for ln in p.stdout.splitlines() if "not found" in ln]
         r["ldd_missing"] = missing
