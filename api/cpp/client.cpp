@@ -127,6 +127,10 @@ Client::~Client() {
   // not read yet would otherwise be dropped with the connection.
   (void)flush_pipeline();
   for (const auto& [handle, slab] : slabs_) mapper_->close(slab.first, slab.second);
+  for (int v = 0; v < 2; v++)
+    for (size_t g = 0; g < pinned_[v].size(); g++)
+      if (pinned_[v][g])
+        mapper_->unpin_host((v == 0 ? const_cast<uint8_t*>(view_->read_base()) : view_->write_base()) + g * kPinGranule);
   ::close(fd_);
 }
 

@@ -16,6 +16,7 @@
 #include <future>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -135,6 +136,14 @@ class Client {
   // A slab the daemon exported (lease_device's handle), mapped once per connection and closed when
   // the client is destroyed.
   Result<uint8_t*> map_slab(const std::string& handle, uint64_t size);
+  // Copies n bytes between device memory and the arena at offset arena_off (to_device: from the
+  // read-only view to dev_ptr; else from dev_ptr into the read-write view), through page-locked
+  // memory: each kPinGranule of a view is pinned on first use and stays pinned while the client
+  // lives (the arena never gives its pages back), so only the first copy through a granule pays
+  // for pinning it. Falls back to pageable copies if pinning fails.
+  Status copy_arena_device(hbm::DeviceMapper* dev, int device, void* dev_ptr, uint64_t arena_off, uint64_t n,
+                           bool to_device);
+  static constexpr uint64_t kPinGranule = 64ull << 20;
 
   const uint8_t* arena() const { return view_->read_base(); }
   const ArenaView& arena_view() const { return *view_; }
@@ -194,6 +203,9 @@ class Client {
   std::vector<int> hbm_devices_;
   std::unique_ptr<hbm::DeviceMapper> mapper_;         // device_path's, made on first use
   std::map<std::string, std::pair<uint8_t*, uint64_t>> slabs_;  // handle -> (pointer, size)
+  std::mutex pin_mu_;
+  std::vector<uint8_t> pinned_[2];  // per view (0: read-only, 1: read-write), per kPinGranule: pinned
+  bool pin_failed_[2] = {false, false};  // pinning a view failed once: pageable copies from then on
 };
 
 // Builds a model: add or inherit tensors, then commit. Destroying an uncommitted writer aborts it.

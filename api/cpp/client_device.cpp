@@ -10,6 +10,7 @@
 //   - neither: kUnavailable, naming both reasons.
 // A read into a device buffer whose lease_device finds the pool held by other leases (kNoSpace) copies
 // from the arena instead, so it still succeeds.
+#include <algorithm>
 #include <cstring>
 
 #include "api/cpp/client.hpp"
@@ -45,6 +46,38 @@ Result<uint8_t*> Client::map_slab(const std::string& handle, uint64_t size) {
   CAIRN_ASSIGN_OR_RETURN(void* p, m->open(handle, size));
   slabs_[handle] = {static_cast<uint8_t*>(p), size};
   return static_cast<uint8_t*>(p);
+}
+
+Status Client::copy_arena_device(hbm::DeviceMapper* dev, int device, void* dev_ptr, uint64_t arena_off, uint64_t n,
+                                 bool to_device) {
+  const int v = to_device ? 0 : 1;
+  uint8_t* base = to_device ? const_cast<uint8_t*>(view_->read_base()) : view_->write_base();
+  const uint64_t size = view_->size();
+  if (arena_off > size || n > size - arena_off) return invalid_argument("copy outside the arena");
+  auto* d = static_cast<uint8_t*>(dev_ptr);
+  while (n > 0) {
+    // One copy per granule: a copy whose host range spans two registrations is not DMA'd whole.
+    const uint64_t g = arena_off / kPinGranule;
+    const uint64_t g_end = std::min((g + 1) * kPinGranule, size);
+    const uint64_t len = std::min(n, g_end - arena_off);
+    {
+      std::lock_guard<std::mutex> lock(pin_mu_);
+      if (pinned_[v].empty()) pinned_[v].assign((size + kPinGranule - 1) / kPinGranule, 0);
+      if (!pinned_[v][g] && !pin_failed_[v]) {
+        if (dev->pin_host(base + g * kPinGranule, g_end - g * kPinGranule, to_device).is_ok())
+          pinned_[v][g] = 1;
+        else
+          pin_failed_[v] = true;  // e.g. a locked-memory limit: the copies still work, pageable
+      }
+    }
+    Status st = to_device ? dev->copy(device, d, base + arena_off, len, hbm::CopyKind::kHostToDevice)
+                          : dev->copy(device, base + arena_off, d, len, hbm::CopyKind::kDeviceToHost);
+    if (!st.is_ok()) return st;
+    d += len;
+    arena_off += len;
+    n -= len;
+  }
+  return Status::ok();
 }
 
 Result<std::pair<uint64_t, const uint8_t*>> ModelReader::lease_device(const std::string& name, int device) {
@@ -111,7 +144,7 @@ Status ModelReader::read_to_device(const std::string& name, void* dst, uint64_t 
   auto* out = static_cast<uint8_t*>(dst);
   Status st;
   for (const auto& [off, len] : leased[0].extents) {
-    st = dev->copy(device, out, client_.arena() + off, len, hbm::CopyKind::kHostToDevice);
+    st = client_.copy_arena_device(dev, device, out, off, len, /*to_device=*/true);
     if (!st.is_ok()) {
       st = st.with_context("copying tensor '" + name + "' to the GPU");
       break;
@@ -130,9 +163,16 @@ Status ModelWriter::add_tensor_device(const std::string& name, const void* data,
   if (n > 0 && data == nullptr) return invalid_argument("tensor '" + name + "': data is NULL");
   CAIRN_ASSIGN_OR_RETURN(hbm::DeviceMapper * dev,
                          client_.device_path("adding tensor '" + name + "' from device memory"));
+  const int on = n ? dev->device_of(data) : -1;
+  if (n && on < 0 && std::strcmp(dev->backend(), "cuda") == 0)
+    return invalid_argument("tensor '" + name + "': " + std::to_string(n) +
+                            " bytes at a pointer that is not CUDA device memory (use cairn_model_add_tensor for host memory)");
   CAIRN_ASSIGN_OR_RETURN(Client::Space sp, space_for(n));
   // Device-to-host straight into the arena space: once this returns the caller may reuse its buffer.
-  Status st = n ? dev->copy(dev->device_of(data), sp.data, data, n, hbm::CopyKind::kDeviceToHost) : Status::ok();
+  Status st = n ? client_.copy_arena_device(dev, on, const_cast<void*>(data),
+                                           static_cast<uint64_t>(sp.data - client_.arena_view().write_base()), n,
+                                           /*to_device=*/false)
+                : Status::ok();
   if (!st.is_ok()) {
     client_.spaces_to_free_.push_back(sp.id);
     return st.with_context("copying tensor '" + name + "' from the device");

@@ -183,7 +183,7 @@ def test_cuda_backend_suite(make_daemon):
         pytest.skip("skipped: no GPU")
     d = make_daemon(extra_config="chunk_size: 64KiB\n",
                     env={"CAIRN_TIERS_HBM_CAPACITY": "1MiB", "CAIRN_TIERS_HBM_BACKEND": "cuda",
-                         "CAIRN_TIERS_HBM_DEVICES": "[0]"}).start()
+                         "CAIRN_TIERS_HBM_DEVICES": "0"}).start()
     r = hbm(d, "suite", "cuda")
     assert "0 failed" in r.stdout, r.stdout + r.stderr
     assert d.stats()["tiers"]["hbm"]["backend"] == "cuda"

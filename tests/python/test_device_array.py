@@ -46,13 +46,10 @@ def test_device_array_rejects_unknown_dtypes_and_needs_a_device_path(make_daemon
     c = cairn.connect(d.socket)
     try:
         a = np.ones(1000, np.float32)
-        try:
+        # Without a GPU: no way to device memory at all. With one: host memory is not device memory.
+        with pytest.raises((cairn.Unavailable, cairn.InvalidArgument), match="no HBM tier|not CUDA device memory"):
             c.save_model("dev/none", {"a": cairn.DeviceArray(a.ctypes.data, a.shape, "F32", owner=a)}, wait=True)
-        except cairn.Unavailable as e:
-            assert "no HBM tier" in str(e)
-            with pytest.raises(cairn.NotFound):
-                c.show("dev/none")  # nothing half-written
-        else:  # a GPU is visible: the library copied from "device memory" it could reach
-            assert c.load_model("dev/none", copy=True)["a"].tobytes() == a.tobytes()
+        with pytest.raises(cairn.NotFound):
+            c.show("dev/none")  # nothing half-written
     finally:
         c.close()

@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="skipped: no GPU")
 
-HBM_CUDA = {"CAIRN_TIERS_HBM_CAPACITY": "512MiB", "CAIRN_TIERS_HBM_BACKEND": "cuda", "CAIRN_TIERS_HBM_DEVICES": "[0]"}
+HBM_CUDA = {"CAIRN_TIERS_HBM_CAPACITY": "512MiB", "CAIRN_TIERS_HBM_BACKEND": "cuda", "CAIRN_TIERS_HBM_DEVICES": "0"}
 TIERS = {"no_hbm": {}, "hbm": HBM_CUDA}
 
 

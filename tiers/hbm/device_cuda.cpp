@@ -175,6 +175,18 @@ class CudaMapper final : public DeviceMapper {
     }
     return a.type == cudaMemoryTypeDevice ? a.device : -1;
   }
+  Status pin_host(void* p, uint64_t n, bool read_only) override {
+    const unsigned flags = cudaHostRegisterPortable | (read_only ? cudaHostRegisterReadOnly : 0u);
+    cudaError_t e = cudaHostRegister(p, n, flags);
+    if (e == cudaErrorHostMemoryAlreadyRegistered) {
+      (void)cudaGetLastError();
+      return Status::ok();
+    }
+    return cuda_status("cudaHostRegister of " + std::to_string(n) + " bytes of the arena", e);
+  }
+  void unpin_host(void* p) override {
+    if (cudaHostUnregister(p) != cudaSuccess) (void)cudaGetLastError();
+  }
 };
 
 }  // namespace

@@ -260,12 +260,14 @@ def _cuda_state(c: Client, id: str, device: torch.device) -> Optional[Dict[str, 
 
 
 class _DeviceView:
-    """``nbytes`` of device memory at ``ptr`` as a CUDA array (``__cuda_array_interface__``, read-only),
-    holding the reader's device leases (client._Lease: the reader is closed, and the leases released,
-    when the last tensor is gone); torch.as_tensor keeps it alive as long as the tensor."""
+    """``nbytes`` of device memory at ``ptr`` as a CUDA array (``__cuda_array_interface__``), holding
+    the reader's device leases (client._Lease: the reader is closed, and the leases released, when the
+    last tensor is gone); torch.as_tensor keeps it alive as long as the tensor. Declared writable:
+    PyTorch refuses read-only CUDA arrays ("the read only flag is not supported"), so the contract
+    that nobody writes the shared copy is load()'s documented one, not enforced."""
 
     def __init__(self, ptr: int, nbytes: int, leases: Any):
-        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, True),
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False),
                                          "strides": None, "version": 3, "stream": None}
         self._leases = leases
 
@@ -313,7 +315,7 @@ def _state(c: Client, id: str, device: Optional[torch.device], copy: bool = True
     if device is not None and device.type == "cuda" and torch.cuda.is_available() and _cuda_in_library is not False:
         if device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
-        if _hbm_backend(c) == "cuda":
+        if _hbm_backend(c) == "cuda" and not copy:
             return _hbm_state(c, id, device)
         got = _cuda_state(c, id, device)
         _cuda_in_library = got is not None
@@ -353,8 +355,10 @@ def load(
 
     ``device``: where the tensors (and the module, moved first) go. When the daemon has a CUDA HBM
     tier (docs/gpu.md), a state dict loaded onto a CUDA device aliases the daemon's copies in GPU
-    memory (no copy at all; read-only; the device leases last as long as the tensors; a module
-    copies from them). Otherwise a CUDA device is filled straight from the daemon's shared memory
+    memory (no copy at all; the device leases last as long as the tensors; a module copies from
+    them). Those tensors are the copy every process on the GPU shares: do not write them (PyTorch
+    cannot mark a CUDA tensor read-only); ``copy=True`` gives tensors of your own, copied on the
+    device from the shared ones. Otherwise a CUDA device is filled straight from the daemon's shared memory
     through the C API's CUDA memkind when libcairn has CUDA, else through host memory. bf16 tensors
     come back as torch.bfloat16.
     """
