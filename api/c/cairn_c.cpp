@@ -483,6 +483,45 @@ cairn_status cairn_model_read_tensors(cairn_model_reader* r, size_t count, const
   });
 }
 
+cairn_status cairn_model_map_tensors_device(cairn_model_reader* r, size_t count, const char* const* names, int device,
+                                            const void** ptrs, size_t* nbytes) {
+  return guarded([&] {
+    CAIRN_REQUIRE_ARG(r && (count == 0 || (names && ptrs)), "reader, names and ptrs must not be NULL");
+    std::vector<std::string> list;
+    for (size_t i = 0; i < count; ++i) {
+      CAIRN_REQUIRE_ARG(names[i], "names[" + std::to_string(i) + "] must not be NULL");
+      list.emplace_back(names[i]);
+    }
+    if (count == 0) return done(cairn::Status::ok());
+    auto v = r->impl->map_many_device(list, device);
+    if (!v.is_ok()) return fail(v.status());
+    for (size_t i = 0; i < count; ++i) {
+      ptrs[i] = (*v)[i].data();
+      if (nbytes) nbytes[i] = (*v)[i].size();
+    }
+    return done(cairn::Status::ok());
+  });
+}
+
+cairn_status cairn_model_read_tensors_device(cairn_model_reader* r, size_t count, const char* const* names,
+                                             void* const* dsts, const size_t* dst_bytes) {
+  return guarded([&] {
+    CAIRN_REQUIRE_ARG(r && (count == 0 || (names && dsts && dst_bytes)),
+                      "reader, names, dsts and dst_bytes must not be NULL");
+    std::vector<std::string> list;
+    std::vector<void*> ptrs;
+    std::vector<uint64_t> sizes;
+    for (size_t i = 0; i < count; ++i) {
+      CAIRN_REQUIRE_ARG(names[i], "names[" + std::to_string(i) + "] must not be NULL");
+      CAIRN_REQUIRE_ARG(dsts[i] || dst_bytes[i] == 0, "dsts[" + std::to_string(i) + "] must not be NULL");
+      list.emplace_back(names[i]);
+      ptrs.push_back(dsts[i]);
+      sizes.push_back(dst_bytes[i]);
+    }
+    return done(r->impl->read_many_to_device(list, ptrs, sizes));
+  });
+}
+
 void cairn_model_close(cairn_model_reader* r) { delete r; }
 
 cairn_status cairn_prefetch(cairn_client* c, const char* id) {

@@ -344,6 +344,12 @@ class ModelReader {
   // A device pointer to the tensor in the daemon's HBM tier on `device` (-1: its first device),
   // zero-copy through the slab's IPC handle; valid until close(). kUnavailable without an HBM tier.
   Result<std::span<const uint8_t>> map_device(const std::string& name, int device);
+  // map_device of several tensors with one request (the order of names); all or nothing.
+  Result<std::vector<std::span<const uint8_t>>> map_many_device(const std::vector<std::string>& names, int device);
+  // read_to_device of several tensors: with an HBM tier, one request leases them all and the
+  // device-to-device copies run back to back on one stream; dsts[i] (device memory) receives names[i].
+  Status read_many_to_device(const std::vector<std::string>& names, const std::vector<void*>& dsts,
+                             const std::vector<uint64_t>& dst_bytes);
   // A zero-copy view into the daemon's arena.
   Result<std::span<const uint8_t>> map(const std::string& name);
   // Maps several tensors with one request (the order of names).
@@ -372,8 +378,9 @@ class ModelReader {
   Status read_pipelined(const std::vector<std::string>& names, const std::vector<std::span<uint8_t>>& dsts,
                         const std::vector<size_t>& group_ends, uint64_t total);
   void copy_out(const Leased& leased, std::span<uint8_t> dst, uint64_t total);
-  // A device lease of one tensor: (lease id, device pointer in this process).
-  Result<std::pair<uint64_t, const uint8_t*>> lease_device(const std::string& name, int device);
+  // Device leases of tensors, one request: (lease id, device pointer in this process) each, in order.
+  Result<std::vector<std::pair<uint64_t, const uint8_t*>>> lease_device(const std::vector<std::string>& names,
+                                                                        int device);
   // kNotFound for an unknown tensor, kInvalidArgument when dst_bytes is not its size.
   Status check_buffer(const std::string& name, uint64_t dst_bytes) const;
   Client& client_;

@@ -80,44 +80,92 @@ Status Client::copy_arena_device(hbm::DeviceMapper* dev, int device, void* dev_p
   return Status::ok();
 }
 
-Result<std::pair<uint64_t, const uint8_t*>> ModelReader::lease_device(const std::string& name, int device) {
-  if (!find(name)) return not_found("model '" + id_ + "' has no tensor '" + name + "'");
+Result<std::vector<std::pair<uint64_t, const uint8_t*>>> ModelReader::lease_device(
+    const std::vector<std::string>& names, int device) {
+  for (const auto& name : names)
+    if (!find(name)) return not_found("model '" + id_ + "' has no tensor '" + name + "'");
   if (client_.hbm_backend().empty())
-    return unavailable("tensor '" + name + "' of model '" + id_ + "' cannot be mapped on a device: the daemon on " +
+    return unavailable("tensor '" + names.front() + "' of model '" + id_ + "' cannot be mapped on a device: the daemon on " +
                        client_.address() +
                        " has no HBM tier (tiers.hbm.capacity is 0; docs/gpu.md); read it into "
                        "host memory, or configure tiers.hbm");
-  json req{{"op", "lease_device"}, {"id", id_}, {"tensors", json::array({name})}};
+  json req{{"op", "lease_device"}, {"id", id_}, {"tensors", names}};
   if (device >= 0) req["device"] = device;
   CAIRN_ASSIGN_OR_RETURN(json r, client_.call(req));
   const json& ls = r.value("leases", json::array());
-  if (ls.size() != 1) return protocol_error("daemon answered a device lease with the wrong number of tensors");
-  const json& l = ls[0];
-  const uint64_t lid = l.value("lease", uint64_t{0});
+  std::vector<uint64_t> ids;
+  for (const auto& l : ls) ids.push_back(l.value("lease", uint64_t{0}));
+  auto give_back = [&](Status st) {
+    (void)client_.release(ids);
+    return st;
+  };
+  if (ls.size() != names.size())
+    return give_back(protocol_error("daemon answered a device lease with the wrong number of tensors"));
   if (r.value("created_ns", int64_t{0}) != created_ns_) {
-    (void)client_.release({lid});
     client_.forget_model(id_);
-    return not_found("model '" + id_ + "' is no longer the model this reader opened (it was deleted and its id " +
-                     "committed again); open it again");
+    return give_back(not_found("model '" + id_ + "' is no longer the model this reader opened (it was deleted and its id " +
+                               "committed again); open it again"));
   }
-  const uint64_t slab = l.value("slab_bytes", uint64_t{0}), off = l.value("offset", uint64_t{0}),
-                 n = l.value("nbytes", uint64_t{0});
-  if (off > slab || n > slab - off) {
-    (void)client_.release({lid});
-    return protocol_error("daemon leased a device range outside its slab");
+  std::vector<std::pair<uint64_t, const uint8_t*>> out;
+  out.reserve(ls.size());
+  for (size_t i = 0; i < ls.size(); ++i) {
+    const json& l = ls[i];
+    const uint64_t slab = l.value("slab_bytes", uint64_t{0}), off = l.value("offset", uint64_t{0}),
+                   n = l.value("nbytes", uint64_t{0});
+    if (off > slab || n > slab - off) return give_back(protocol_error("daemon leased a device range outside its slab"));
+    auto base = client_.map_slab(l.value("handle", std::string()), slab);
+    if (!base.is_ok()) return give_back(base.status().with_context("tensor '" + names[i] + "'"));
+    out.emplace_back(ids[i], static_cast<const uint8_t*>(*base + off));
   }
-  auto base = client_.map_slab(l.value("handle", std::string()), slab);
-  if (!base.is_ok()) {
-    (void)client_.release({lid});
-    return base.status().with_context("tensor '" + name + "'");
-  }
-  return std::make_pair(lid, static_cast<const uint8_t*>(*base + off));
+  return out;
 }
 
 Result<std::span<const uint8_t>> ModelReader::map_device(const std::string& name, int device) {
-  CAIRN_ASSIGN_OR_RETURN(auto leased, lease_device(name, device));
-  held_.push_back(leased.first);
-  return std::span<const uint8_t>(leased.second, find(name)->nbytes);
+  CAIRN_ASSIGN_OR_RETURN(auto views, map_many_device({name}, device));
+  return views[0];
+}
+
+Result<std::vector<std::span<const uint8_t>>> ModelReader::map_many_device(const std::vector<std::string>& names,
+                                                                           int device) {
+  CAIRN_ASSIGN_OR_RETURN(auto leased, lease_device(names, device));
+  std::vector<std::span<const uint8_t>> out;
+  out.reserve(leased.size());
+  for (size_t i = 0; i < leased.size(); ++i) {
+    held_.push_back(leased[i].first);
+    out.emplace_back(leased[i].second, find(names[i])->nbytes);
+  }
+  return out;
+}
+
+Status ModelReader::read_many_to_device(const std::vector<std::string>& names, const std::vector<void*>& dsts,
+                                        const std::vector<uint64_t>& dst_bytes) {
+  if (names.size() != dsts.size() || names.size() != dst_bytes.size())
+    return invalid_argument("names, dsts and dst_bytes differ in length");
+  if (names.empty()) return Status::ok();
+  for (size_t i = 0; i < names.size(); ++i) CAIRN_RETURN_IF_ERROR(check_buffer(names[i], dst_bytes[i]));
+  CAIRN_ASSIGN_OR_RETURN(hbm::DeviceMapper * dev, client_.device_path("reading " + std::to_string(names.size()) +
+                                                                       " tensors into device memory"));
+  const int device = dev->device_of(dsts[0]);
+  if (!client_.hbm_backend().empty()) {
+    int on = -1;
+    for (int d : client_.hbm_devices())
+      if (d == device) on = d;
+    auto leased = lease_device(names, on);
+    if (leased.is_ok()) {
+      std::vector<hbm::DeviceMapper::CopyOp> ops;
+      ops.reserve(names.size());
+      for (size_t i = 0; i < names.size(); ++i)
+        if (dst_bytes[i]) ops.push_back({dsts[i], (*leased)[i].second, dst_bytes[i]});
+      Status st = dev->copy_many(device, ops, hbm::CopyKind::kDeviceToDevice);
+      for (const auto& l : *leased) client_.release_later(l.first);
+      if (!st.is_ok()) return st.with_context("copying " + std::to_string(ops.size()) + " tensors on the device");
+      return Status::ok();
+    }
+    // The pool is held by other device leases (all or nothing): each tensor on its own way below.
+    if (leased.status().code() != StatusCode::kNoSpace) return leased.status();
+  }
+  for (size_t i = 0; i < names.size(); ++i) CAIRN_RETURN_IF_ERROR(read_to_device(names[i], dsts[i], dst_bytes[i]));
+  return Status::ok();
 }
 
 Status ModelReader::read_to_device(const std::string& name, void* dst, uint64_t dst_bytes) {
@@ -130,10 +178,10 @@ Status ModelReader::read_to_device(const std::string& name, void* dst, uint64_t 
     int on = -1;
     for (int d : client_.hbm_devices())
       if (d == device) on = d;
-    auto leased = lease_device(name, on);
+    auto leased = lease_device({name}, on);
     if (leased.is_ok()) {
-      Status st = dev->copy(device, dst, leased->second, dst_bytes, hbm::CopyKind::kDeviceToDevice);
-      client_.release_later(leased->first);
+      Status st = dev->copy(device, dst, (*leased)[0].second, dst_bytes, hbm::CopyKind::kDeviceToDevice);
+      client_.release_later((*leased)[0].first);
       if (!st.is_ok()) return st.with_context("copying tensor '" + name + "' on the device");
       return Status::ok();
     }

@@ -262,6 +262,18 @@ CAIRN_EXPORT cairn_status cairn_model_map_tensors_private(cairn_model_reader *r,
  * dst_bytes[i] must equal its size. */
 CAIRN_EXPORT cairn_status cairn_model_read_tensors(cairn_model_reader *r, size_t count, const char *const *names,
                                                    void *const *dsts, const size_t *dst_bytes);
+/* cairn_model_map_tensor_device of `count` tensors with one request to the daemon (ptrs[i],
+ * nbytes[i] for names[i]); all or nothing. */
+CAIRN_EXPORT cairn_status cairn_model_map_tensors_device(cairn_model_reader *r, size_t count,
+                                                         const char *const *names, int device, const void **ptrs,
+                                                         size_t *nbytes);
+/* cairn_model_read_tensor with CAIRN_MEM_CUDA of `count` tensors into device buffers (dsts[i]
+ * receives names[i]; dst_bytes[i] must equal its size): with an HBM tier one request leases them
+ * all and the device-to-device copies run back to back, so loading a whole model into a module's
+ * parameters costs one round trip. */
+CAIRN_EXPORT cairn_status cairn_model_read_tensors_device(cairn_model_reader *r, size_t count,
+                                                          const char *const *names, void *const *dsts,
+                                                          const size_t *dst_bytes);
 CAIRN_EXPORT void cairn_model_close(cairn_model_reader *r);
 /* Writes model `id` as the safetensors file `path` (written to a temporary file, then renamed into
  * place). A model stored from a file comes back byte for byte. */

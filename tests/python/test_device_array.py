@@ -53,3 +53,47 @@ def test_device_array_rejects_unknown_dtypes_and_needs_a_device_path(make_daemon
             c.show("dev/none")  # nothing half-written
     finally:
         c.close()
+
+
+def test_tensors_read_and_mapped_on_the_device_in_one_request(make_daemon):
+    import ctypes
+
+    import cairn
+    from cairn import _args
+
+    d = make_daemon(env=EMULATED)
+    c = cairn.connect(d.socket)
+    try:
+        rng = np.random.default_rng(5)
+        want = {f"t{i}": rng.integers(0, 255, 1000 + 4096 * i, dtype=np.uint8) for i in range(5)}
+        c.save_model("dev/many", want, wait=True)
+        lib = c._lib
+        names = list(want)
+        arr = (ctypes.c_char_p * len(names))(*[n.encode() for n in names])
+        with c._conn.op() as h:
+            r = ctypes.c_void_p()
+            _args._check(lib.cairn_model_open(h, b"dev/many", ctypes.byref(r)))
+            try:
+                dst = {n: np.zeros_like(a) for n, a in want.items()}
+                _args._check(lib.cairn_model_read_tensors_device(
+                    r, len(names), arr, (ctypes.c_void_p * len(names))(*[dst[n].ctypes.data for n in names]),
+                    (ctypes.c_size_t * len(names))(*[want[n].nbytes for n in names])))
+                for n in names:
+                    assert dst[n].tobytes() == want[n].tobytes(), n
+                ptrs, sizes = (ctypes.c_void_p * len(names))(), (ctypes.c_size_t * len(names))()
+                _args._check(lib.cairn_model_map_tensors_device(r, len(names), arr, -1, ptrs, sizes))
+                for i, n in enumerate(names):
+                    assert sizes[i] == want[n].nbytes
+                    assert ctypes.string_at(ptrs[i], sizes[i]) == want[n].tobytes(), n
+                assert c.stats()["tiers"]["hbm"]["devices"][0]["pinned_bytes"] == sum(a.nbytes for a in want.values())
+                bad = (ctypes.c_size_t * len(names))(*[want[n].nbytes for n in names])
+                bad[2] -= 1
+                st = lib.cairn_model_read_tensors_device(
+                    r, len(names), arr, (ctypes.c_void_p * len(names))(*[dst[n].ctypes.data for n in names]), bad)
+                assert st != 0 and "t2" in str(cairn._errors.last_error(st))
+            finally:
+                lib.cairn_model_close(r)
+        c.stats()
+        assert c.stats()["tiers"]["hbm"]["devices"][0]["pinned_bytes"] == 0
+    finally:
+        c.close()

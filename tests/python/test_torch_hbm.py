@@ -41,7 +41,7 @@ def test_load_aliases_the_hbm_copy_and_releases_with_the_tensors(make_daemon):
         assert c.stats()["tiers"]["hbm"]["hits"] >= len(want)
         fresh = ct.load("gpu/m", module=small(), device="cuda:0", client=c)
         assert torch.equal(next(fresh.parameters()).cpu(), next(m.parameters()).detach())
-        del sd, again
+        del sd, again, v  # v: the last tensor of the loop above, which holds its reader's leases too
         gc.collect()
         c.stats()  # the next request closes the readers whose tensors are gone
         assert hbm_device(c)["pinned_bytes"] == 0

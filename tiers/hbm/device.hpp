@@ -83,6 +83,17 @@ class DeviceMapper {
   virtual void close(void* p, uint64_t size) = 0;
   // A synchronous copy (returns once the bytes are at dst) on device `device`.
   virtual Status copy(int device, void* dst, const void* src, uint64_t n, CopyKind kind) = 0;
+  // Several copies of one kind on `device`, returning once all are done (CUDA: issued back to back
+  // on one stream, then one synchronization). Each is {dst, src, n}.
+  struct CopyOp {
+    void* dst;
+    const void* src;
+    uint64_t n;
+  };
+  virtual Status copy_many(int device, const std::vector<CopyOp>& ops, CopyKind kind) {
+    for (const auto& op : ops) CAIRN_RETURN_IF_ERROR(copy(device, op.dst, op.src, op.n, kind));
+    return Status::ok();
+  }
   // The device a device pointer belongs to (-1 when the backend cannot tell, or it is not one).
   virtual int device_of(const void* p) = 0;
   // Page-locks [p, p + n) of this process's memory for DMA (cudaHostRegister; read_only: the range

@@ -175,6 +175,25 @@ class CudaMapper final : public DeviceMapper {
     }
     return a.type == cudaMemoryTypeDevice ? a.device : -1;
   }
+  Status copy_many(int device, const std::vector<CopyOp>& ops, CopyKind kind) override {
+    if (device >= 0)
+      CAIRN_RETURN_IF_ERROR(cuda_status("selecting GPU " + std::to_string(device), cudaSetDevice(device)));
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!stream_)
+      CAIRN_RETURN_IF_ERROR(cuda_status("cudaStreamCreate", cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)));
+    for (const auto& op : ops) {
+      cudaError_t e = cudaMemcpyAsync(op.dst, op.src, op.n, memcpy_kind(kind), stream_);
+      if (e != cudaSuccess) {
+        (void)cudaStreamSynchronize(stream_);
+        return cuda_status("cudaMemcpyAsync of " + std::to_string(op.n) + " bytes", e);
+      }
+    }
+    return cuda_status("cudaStreamSynchronize after " + std::to_string(ops.size()) + " copies",
+                       cudaStreamSynchronize(stream_));
+  }
+  ~CudaMapper() override {
+    if (stream_) cudaStreamDestroy(stream_);
+  }
   Status pin_host(void* p, uint64_t n, bool read_only) override {
     const unsigned flags = cudaHostRegisterPortable | (read_only ? cudaHostRegisterReadOnly : 0u);
     cudaError_t e = cudaHostRegister(p, n, flags);
@@ -187,6 +206,10 @@ class CudaMapper final : public DeviceMapper {
   void unpin_host(void* p) override {
     if (cudaHostUnregister(p) != cudaSuccess) (void)cudaGetLastError();
   }
+
+ private:
+  std::mutex mu_;
+  cudaStream_t stream_ = nullptr;  // copy_many's, created on first use (one device per process)
 };
 
 }  // namespace

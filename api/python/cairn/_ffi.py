@@ -113,6 +113,10 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
                                                  ctypes.POINTER(c_size_t)]),
         "cairn_model_read_tensors": (st, [c_void_p, c_size_t, ctypes.POINTER(c_char_p), ctypes.POINTER(c_void_p),
                                           ctypes.POINTER(c_size_t)]),
+        "cairn_model_map_tensors_device": (st, [c_void_p, c_size_t, ctypes.POINTER(c_char_p), ctypes.c_int,
+                                                _c_void_p_p, ctypes.POINTER(c_size_t)]),
+        "cairn_model_read_tensors_device": (st, [c_void_p, c_size_t, ctypes.POINTER(c_char_p),
+                                                 ctypes.POINTER(c_void_p), ctypes.POINTER(c_size_t)]),
         "cairn_model_close": (None, [c_void_p]),
         "cairn_prefetch": (st, [c_void_p, c_char_p]),
         # result_json is malloc'ed by the library: received as a void* so that it can be freed.

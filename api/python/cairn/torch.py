@@ -21,6 +21,7 @@ import os
 import threading
 import time
 import warnings
+import weakref
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -272,16 +273,29 @@ class _DeviceView:
         self._leases = leases
 
 
+_hbm_backends: "weakref.WeakKeyDictionary[Any, Optional[str]]" = weakref.WeakKeyDictionary()
+
+
 def _hbm_backend(c: Client) -> Optional[str]:
-    """The daemon's HBM tier backend ("cuda", "emulated"), or None when it has none."""
-    tier = c.stats().get("tiers", {}).get("hbm", {})
-    return tier.get("backend") if tier.get("enabled") else None
+    """The daemon's HBM tier backend ("cuda", "emulated"), or None when it has none (asked once per
+    connection: a daemon's tiers do not change while it runs)."""
+    key = c._conn
+    if key not in _hbm_backends:
+        tier = c.stats().get("tiers", {}).get("hbm", {})
+        _hbm_backends[key] = tier.get("backend") if tier.get("enabled") else None
+    return _hbm_backends[key]
+
+
+def _names_array(names: Sequence[str]) -> Any:
+    arr = (ctypes.c_char_p * len(names))()
+    arr[:] = [n.encode("utf-8") for n in names]
+    return arr
 
 
 def _hbm_state(c: Client, id: str, device: torch.device) -> Dict[str, torch.Tensor]:
     """Model ``id`` as tensors that alias the daemon's copies in its HBM tier on ``device``
-    (cairn_model_map_tensor_device: zero-copy through CUDA IPC), read-only; the device leases last
-    as long as the tensors (docs/gpu.md)."""
+    (cairn_model_map_tensors_device: every tensor leased with one request, zero-copy through CUDA
+    IPC); the device leases last as long as the tensors (docs/gpu.md)."""
     conn, lib = c._conn, c._lib
     out: Dict[str, torch.Tensor] = {}
     with conn.op() as h:
@@ -292,19 +306,63 @@ def _hbm_state(c: Client, id: str, device: torch.device) -> Dict[str, torch.Tens
         conn.open_readers.add(r.value)  # type: ignore[arg-type]
         leases = _client_module._Lease(conn, r.value)  # type: ignore[arg-type]
         infos = list(c._reader_infos(r))
+        mapped = [i for i in infos if i[3]]
+        ptrs = (ctypes.c_void_p * len(mapped))()
+        sizes = (ctypes.c_size_t * len(mapped))()
+        if mapped:
+            st = lib.cairn_model_map_tensors_device(r, len(mapped), _names_array([i[0] for i in mapped]), device.index,
+                                                    ptrs, sizes)
+            if st != 0:
+                raise _errors.last_error(st)
+        at = {info[0]: k for k, info in enumerate(mapped)}
         for name, dt, shape, nbytes in infos:
             tdtype = _torch_dtype(dt, f"tensor {name!r}")
             if not nbytes:
                 out[name] = torch.empty(shape, dtype=tdtype, device=device)
                 continue
-            ptr, n = ctypes.c_void_p(), ctypes.c_size_t()
-            st = lib.cairn_model_map_tensor_device(r, name.encode("utf-8"), device.index, ctypes.byref(ptr),
-                                                   ctypes.byref(n))
-            if st != 0:
-                raise _errors.last_error(st)
-            raw = torch.as_tensor(_DeviceView(ptr.value, n.value, leases), device=device)
+            k = at[name]
+            raw = torch.as_tensor(_DeviceView(ptrs[k], sizes[k], leases), device=device)
             out[name] = raw.view(tdtype).reshape(shape)
     return out
+
+
+def _read_into_cuda_module(c: Client, id: str, module: nn.Module, device: torch.device) -> bool:
+    """Fills ``module``'s parameters and buffers on ``device`` straight from the daemon's HBM copies
+    (cairn_model_read_tensors_device: one request, device-to-device copies back to back). False,
+    having changed nothing, when the module's tensors do not match the model's one for one (names,
+    dtypes, shapes, contiguous on ``device``): the caller then loads through load_state_dict, which
+    says what differs."""
+    targets = module.state_dict(keep_vars=True)
+    conn, lib = c._conn, c._lib
+    with conn.op() as h:
+        r = ctypes.c_void_p()
+        st = lib.cairn_model_open(h, id.encode("utf-8"), ctypes.byref(r))
+        if st != 0:
+            raise _errors.last_error(st)
+        try:
+            infos = list(c._reader_infos(r))
+            if len(infos) != len(targets):
+                return False
+            names, dsts, sizes = [], [], []
+            for name, dt, shape, nbytes in infos:
+                t = targets.get(name)
+                if t is None or t.device != device or t.dtype != _torch_dtype(dt, f"tensor {name!r}") or \
+                        tuple(t.shape) != tuple(shape) or not t.is_contiguous():
+                    return False
+                if nbytes:
+                    names.append(name)
+                    dsts.append(t.data_ptr())
+                    sizes.append(nbytes)
+            torch.cuda.current_stream(device).synchronize()  # the copies run on the library's stream
+            if names:
+                st = lib.cairn_model_read_tensors_device(r, len(names), _names_array(names),
+                                                         (ctypes.c_void_p * len(dsts))(*dsts),
+                                                         (ctypes.c_size_t * len(sizes))(*sizes))
+                if st != 0:
+                    raise _errors.last_error(st)
+            return True
+        finally:
+            lib.cairn_model_close(r)
 
 
 _cuda_in_library: Optional[bool] = None  # learnt on the first CUDA load
@@ -372,6 +430,12 @@ def load(
     if copy and on_host:
         _read_into_module(c, id, module, strict)
         return module
+    if dev is not None and dev.type == "cuda" and torch.cuda.is_available() and _hbm_backend(c) == "cuda":
+        if dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+        with torch.no_grad():
+            if _read_into_cuda_module(c, id, module, dev):
+                return module
     state = _state(c, id, dev, copy)
     if copy or not on_host:
         module.load_state_dict(state, strict=strict)
