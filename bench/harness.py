@@ -750,16 +750,25 @@ def render_device(doc_dir: Path) -> List[str]:
     p = d.get("stages", {}).get("probe", {})
     pk = p.get("python_packages", {})
     rel = os.path.relpath(files[-1], ROOT)
+    runs = d.get("runs") or [{"started": d.get("started"), "seconds": d.get("seconds"),
+                              "stages": list(d.get("stages", {})), "bundle_commit": p.get("bundle_commit")}]
     lines = ["## On the GPU machine", "",
-             f"From `{rel}` (`scripts/device-check`, {d.get('started', '?')}, {d.get('seconds', '?')} s; "
-             "docs/device-check.md): the GPU tier, GPU loads and the many-core parts, which the machine above "
-             "cannot show. One run, medians over few repeats (the check fits a 15-minute lease).", "",
-             f"- {p.get('nvidia_smi', '?')}; {p.get('cores', '?')} cores, {p.get('memory_gib', '?')} GiB memory; "
-             f"Python {p.get('python', '?')}, torch {pk.get('torch', '?')} (CUDA {pk.get('torch_cuda', '?')}), "
-             f"numpy {pk.get('numpy', '?')}; bundle of commit `{str(p.get('bundle_commit', '?'))[:12]}`", ""]
-    lines += ["| stage | status | seconds | note |", "|---|---|---:|---|"]
+             f"From `{rel}` (`scripts/device-check`; docs/device-check.md): the GPU tier, GPU loads and the "
+             "many-core parts, which the machine above cannot show. Medians over few repeats (the check fits a "
+             "15-minute lease).", "",
+             f"- {p.get('nvidia_smi', '?')} (name, memory, driver, PCIe generation and width); {p.get('cores', '?')} "
+             f"cores, {p.get('memory_gib', '?')} GiB memory; Python {p.get('python', '?')}, torch "
+             f"{pk.get('torch', '?')} (CUDA {pk.get('torch_cuda', '?')}), numpy {pk.get('numpy', '?')}"]
+    for run in runs:
+        lines.append(f"- run {run.get('started')} ({run.get('seconds')} s), bundle of commit "
+                     f"`{str(run.get('bundle_commit') or '?')[:12]}`: {', '.join(run.get('stages', []))}")
+    lines[-1] += ("" if len(runs) == 1 else "; a stage run twice: the later run's figures")
+    lines += ["", "| stage | status | seconds | note |", "|---|---|---:|---|"]
     for name, st in d.get("stages", {}).items():
-        note = str(st.get("why", "")).replace("|", "\\|").replace("\n", " ")[:200]
+        why = str(st.get("why", ""))
+        errors = [ln.strip()[1:].strip() for ln in why.splitlines() if ln.strip().startswith("E ")]
+        note = " ".join(errors or why.split())
+        note = note.replace("|", "\\|")[:200]
         lines.append(f"| {name} | {st.get('status')} | {st.get('seconds', '')} | {note} |")
     lines.append("")
     rows = d.get("rows", [])

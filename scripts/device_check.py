@@ -107,6 +107,7 @@ class Check:
             self.say(f"{name}: not run (budget spent)")
             return
         self.say(f"{name}: starting ({min(LIMITS[name], left):.0f} s at most)")
+        self.current = name
         t = time.time()
         try:
             r = fn(min(LIMITS[name] * (self.a.scale or 1.0), left - 3))
@@ -120,7 +121,7 @@ class Check:
         return {"status": "skipped", "why": why}
 
     def row(self, figure: str, value, baseline_name: str, baseline, ratio, goal: str, met) -> None:
-        self.results["rows"].append({"figure": figure, "value": value, "baseline": baseline_name,
+        self.results["rows"].append({"stage": self.current, "figure": figure, "value": value, "baseline": baseline_name,
                                      "baseline_value": baseline, "ratio": ratio, "goal": goal, "met": met})
 
     # ---- set-up ---------------------------------------------------------------------------------
@@ -324,7 +325,7 @@ print("ROUNDTRIP ok numpy", np.__version__)
 
     def pytest(self, name, files, limit, env=None) -> dict:
         xml = self.work / f"{name}.xml"
-        rc, text = self.run(name, [self.py, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", f"--junitxml={xml}",
+        rc, text = self.run(name, [self.py, "-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider", f"--junitxml={xml}",
                                    *files], limit, env=env)
         counts = {}
         m = re.findall(r"(\d+) (passed|failed|skipped|error|errors)", text)
