@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The GPU tier against the plain CUDA ways of doing the same (issue 19's goals; docs/gpu.md).
+"""The GPU tier against the plain CUDA ways of doing the same (goals in docs/gpu.md).
 
   load      a tensor into device memory on a daemon-side miss (cairn_model_read_tensor with
             CAIRN_MEM_CUDA: read into the arena if needed, DMA from the registered arena into the HBM

@@ -241,7 +241,7 @@ def experiment_nas(c, env, sock, address, quick, shards):
     return res
 
 
-# ---- the rows bench/run reports (harness.ratio: cairn / baseline, with the goals of issue 20) ----
+# ---- the rows bench/run reports (harness.ratio: cairn / baseline, with their goals) ----
 
 def harness_rows(d, ratio, quick):
     img = "x".join(map(str, d["image"]))

@@ -788,7 +788,7 @@ def run_load(spec: Dict[str, Any], ctx: "Context") -> None:
             for csys in ("cairn", "cairn copy", "cairn.torch.load"):
                 ctx.res.goal(W, f"warm load s: {name}", "safetensors", "<= 0.5", csys)
                 ctx.res.goal(W, f"warm load s: {name}", "torch.save", "<= 0.2", csys)
-            # Into a module: cairn.torch.load(id, module) is the way (issue 15: 5x faster than
+            # Into a module: cairn.torch.load(id, module) is the way (goal: 5x faster than
             # safetensors load_file + load_state_dict); the rows above that copy with
             # load_state_dict are for information.
             ctx.res.goal(W, f"warm load into module s: {name}", "safetensors", "<= 0.2", "cairn.torch.load")
