@@ -84,6 +84,12 @@ def patchelf(f: Path, rpath: str) -> None:
         fail(f"patchelf {f}: {r.stderr.strip()} (Debian: patchelf; scripts/deps installs it)")
 
 
+def is_wheel_of(wheel: Path, pin: str) -> bool:
+    """Whether wheel is a file of pin ("name==version"; wheel file names spell '-' as '_')."""
+    name, version = pin.split("==")
+    return wheel.name.lower().startswith(f"{name.replace('-', '_').lower()}-{version}-")
+
+
 def wheels(root: Path, out: Path, cache: Path) -> list:
     """The pinned wheels for each Python the bundle serves, from a cache kept between runs."""
     pins = [ln.split("#")[0].strip() for ln in (root / "scripts" / "device-wheels.txt").read_text().splitlines()]
@@ -95,8 +101,7 @@ def wheels(root: Path, out: Path, cache: Path) -> list:
         d = cache / ("py" + py)
         d.mkdir(exist_ok=True)
         wanted = pins if py in DEVICE_PYTHONS else [p for p in pins if p.split("==")[0] in REHEARSAL_WHEELS]
-        need = [p for p in wanted if not any(w.name.lower().startswith(p.split("==")[0].replace("-", "_").lower() + "-"
-                                                                      + p.split("==")[1] + "-") for w in d.glob("*.whl"))]
+        need = [p for p in wanted if not any(is_wheel_of(w, p) for w in d.glob("*.whl"))]
         if need:
             cmd = [sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check", "--no-deps",
                    "--only-binary=:all:", "--python-version", py, "--implementation", "cp", "-d", str(d)]
@@ -109,8 +114,7 @@ def wheels(root: Path, out: Path, cache: Path) -> list:
             # A wheel for any Python (py3-none) is carried once.
             if py != DEVICE_PYTHONS[0] and "-py3-none-" in w.name:
                 continue
-            if not any(w.name.lower().startswith(p.split("==")[0].replace("-", "_").lower() + "-" + p.split("==")[1] + "-")
-                       for p in wanted):
+            if not any(is_wheel_of(w, p) for p in wanted):
                 continue  # a wheel of an earlier pin, still in the cache
             shutil.copy2(w, out / w.name)
             got.append(w.name)
