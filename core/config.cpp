@@ -42,7 +42,7 @@ std::string describe(const YAML::Node& node) {
     case YAML::NodeType::Sequence:
       return "a list";
     case YAML::NodeType::Scalar:
-      return quoted(node.Scalar());
+      return quote_for_message(node.Scalar());
     case YAML::NodeType::Null:
       return "nothing";
     default:
@@ -179,7 +179,7 @@ Status apply_text(const std::string& text, const std::string& source, const Env&
     if (counter.stuck()) {
       const YAML::Mark& m = counter.last_start();
       std::string token = m.pos >= 0 && static_cast<size_t>(m.pos) < text.size()
-                              ? quoted(text.substr(static_cast<size_t>(m.pos), 1))
+                              ? quote_for_message(text.substr(static_cast<size_t>(m.pos), 1))
                               : std::string("token");
       return invalid_argument(where + ": " + at(m) + "not valid YAML: unexpected " + token);
     }

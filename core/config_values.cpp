@@ -40,7 +40,7 @@ Status check_text(std::string_view text) {
   while (i < text.size()) {
     auto b = static_cast<unsigned char>(text[i]);
     if (b < 0x20 || b == 0x7f) {
-      return invalid_argument(quoted(text) + " contains a control character");
+      return invalid_argument(quote_for_message(text) + " contains a control character");
     }
     if (b < 0x80) {
       ++i;
@@ -48,20 +48,20 @@ Status check_text(std::string_view text) {
     }
     int len = b >= 0xf0 ? 4 : b >= 0xe0 ? 3 : b >= 0xc0 ? 2 : 0;
     if (len == 0 || b > 0xf4 || i + len > text.size()) {
-      return invalid_argument(quoted(text) + " is not valid UTF-8");
+      return invalid_argument(quote_for_message(text) + " is not valid UTF-8");
     }
     uint32_t cp = b & (0x7f >> len);
     for (int k = 1; k < len; ++k) {
       auto cont = static_cast<unsigned char>(text[i + k]);
-      if ((cont & 0xc0) != 0x80) return invalid_argument(quoted(text) + " is not valid UTF-8");
+      if ((cont & 0xc0) != 0x80) return invalid_argument(quote_for_message(text) + " is not valid UTF-8");
       cp = (cp << 6) | (cont & 0x3f);
     }
     static constexpr uint32_t kMinForLen[] = {0, 0, 0x80, 0x800, 0x10000};
     if (cp < kMinForLen[len] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) {
-      return invalid_argument(quoted(text) + " is not valid UTF-8");
+      return invalid_argument(quote_for_message(text) + " is not valid UTF-8");
     }
     if (cp >= 0x80 && cp <= 0x9f) {
-      return invalid_argument(quoted(text) + " contains a control character");
+      return invalid_argument(quote_for_message(text) + " contains a control character");
     }
     i += len;
   }
@@ -73,7 +73,7 @@ Status check_text(std::string_view text) {
 constexpr std::string_view kSizeExamples = "(examples: 512MiB, 2GiB, 1073741824)";
 
 // Quotes a value for an error message, shortened so that a huge value cannot flood the log.
-std::string quoted(std::string_view text) {
+std::string quote_for_message(std::string_view text) {
   constexpr size_t kMax = 80;
   if (text.size() <= kMax) return "'" + std::string(text) + "'";
   size_t cut = kMax;
@@ -85,7 +85,7 @@ std::string quoted(std::string_view text) {
 Result<std::string> expand(std::string_view text, const Env& env, int depth) {
   if (depth > kMaxExpansionDepth) {
     return invalid_argument("${...:-...} defaults nest more than " +
-                            std::to_string(kMaxExpansionDepth) + " deep in " + quoted(text));
+                            std::to_string(kMaxExpansionDepth) + " deep in " + quote_for_message(text));
   }
   std::string out;
   size_t i = 0;
@@ -115,7 +115,7 @@ Result<std::string> expand(std::string_view text, const Env& env, int depth) {
         }
       }
       if (j >= text.size()) {
-        return invalid_argument("unterminated '${' in " + quoted(text) +
+        return invalid_argument("unterminated '${' in " + quote_for_message(text) +
                                 " (write ${NAME}, ${NAME:-default}, or $$ for a literal '$')");
       }
       std::string_view inner = text.substr(i + 2, j - i - 2);
@@ -126,7 +126,7 @@ Result<std::string> expand(std::string_view text, const Env& env, int depth) {
       bool has_default = rest.substr(0, 2) == ":-";
       if (name.empty() || !is_name_start(name[0]) || (!rest.empty() && !has_default)) {
         return invalid_argument("bad variable reference " +
-                                quoted("${" + std::string(inner) + "}") + " in " + quoted(text) +
+                                quote_for_message("${" + std::string(inner) + "}") + " in " + quote_for_message(text) +
                                 " (write ${NAME} or ${NAME:-default}; $$ is a literal '$')");
       }
       std::optional<std::string> value = lookup_var(name, env);
@@ -161,7 +161,7 @@ Result<bool> parse_bool(const std::string& text) {
   for (const char* f : kFalse) {
     if (text == f) return false;
   }
-  return invalid_argument(quoted(text) + " is not a boolean (use true or false)");
+  return invalid_argument(quote_for_message(text) + " is not a boolean (use true or false)");
 }
 
 Result<int> parse_device(const std::string& text) {
@@ -173,7 +173,7 @@ Result<int> parse_device(const std::string& text) {
     if (v > INT_MAX) v = -1;
   }
   if (text.empty() || v < 0) {
-    return invalid_argument(quoted(text) + " is not a device number (a CUDA ordinal: 0, 1, ...)");
+    return invalid_argument(quote_for_message(text) + " is not a device number (a CUDA ordinal: 0, 1, ...)");
   }
   return static_cast<int>(v);
 }
@@ -190,17 +190,17 @@ std::string format_size(uint64_t bytes) {
 
 Result<uint64_t> parse_size_for(const Key& key, const std::string& text) {
   std::optional<uint64_t> v = parse_size(text);
-  if (!v) return invalid_argument(quoted(text) + " is not a size " + std::string(kSizeExamples));
+  if (!v) return invalid_argument(quote_for_message(text) + " is not a size " + std::string(kSizeExamples));
   if (key.power_of_two && ((*v & (*v - 1)) != 0 || *v < key.min_size || *v > key.max_size)) {
-    return invalid_argument(quoted(text) + " is not a power of two between " +
+    return invalid_argument(quote_for_message(text) + " is not a power of two between " +
                             format_size(key.min_size) + " and " + format_size(key.max_size));
   }
   if (*v < key.min_size) {
-    return invalid_argument(quoted(text) + " is less than the minimum, " +
+    return invalid_argument(quote_for_message(text) + " is less than the minimum, " +
                             format_size(key.min_size));
   }
   if (*v > key.max_size) {
-    return invalid_argument(quoted(text) + " is more than the maximum, " +
+    return invalid_argument(quote_for_message(text) + " is more than the maximum, " +
                             format_size(key.max_size));
   }
   return *v;
@@ -211,7 +211,7 @@ Result<std::string> parse_string_for(const Key& key, const std::string& text, co
     for (std::string_view choice : key.choices) {
       if (text == choice) return text;
     }
-    return invalid_argument(quoted(text) + " is not one of: " + join(key.choices, ", "));
+    return invalid_argument(quote_for_message(text) + " is not one of: " + join(key.choices, ", "));
   }
   CAIRN_RETURN_IF_ERROR(check_text(text));
   CAIRN_ASSIGN_OR_RETURN(std::string expanded, expand(text, env, 0));
@@ -232,7 +232,7 @@ Result<std::vector<std::string>> split_list(const std::string& text) {
     size_t e = item.find_last_not_of(" \t");
     item = b == std::string::npos ? std::string() : item.substr(b, e - b + 1);
     if (item.empty()) {
-      return invalid_argument("item " + std::to_string(items.size() + 1) + " of " + quoted(text) +
+      return invalid_argument("item " + std::to_string(items.size() + 1) + " of " + quote_for_message(text) +
                               " is empty (write a comma-separated list: a,b,c)");
     }
     items.push_back(std::move(item));

@@ -15,7 +15,7 @@
 namespace cairn::config_internal {
 
 // Quotes a value for an error message, shortened so that a huge value cannot flood the log.
-std::string quoted(std::string_view text);
+std::string quote_for_message(std::string_view text);
 // Expands ${VAR}, ${VAR:-default}, $VAR and $$ (a literal '$') in `text`.
 Result<std::string> expand(std::string_view text, const Env& env, int depth);
 Result<bool> parse_bool(const std::string& text);

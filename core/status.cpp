@@ -17,7 +17,12 @@ namespace {
 constexpr const char* kMessages[] = {CAIRN_STATUS_LIST(CAIRN_STATUS_MESSAGE_)};
 #undef CAIRN_STATUS_MESSAGE_
 constexpr int kCodeCount = static_cast<int>(sizeof(kMessages) / sizeof(kMessages[0]));
+#define CAIRN_STATUS_NAME_(c_name, cpp_name, message) #c_name,
+constexpr const char* kNames[] = {CAIRN_STATUS_LIST(CAIRN_STATUS_NAME_)};
+#undef CAIRN_STATUS_NAME_
 }  // namespace
+
+const char* status_code_name(int value) { return value >= 0 && value < kCodeCount ? kNames[value] : nullptr; }
 
 const char* status_code_string(StatusCode code) {
   int i = static_cast<int>(code);

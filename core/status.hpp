@@ -21,6 +21,8 @@ enum class StatusCode : int { CAIRN_STATUS_LIST(CAIRN_STATUS_CPP_ENUM_) };
 
 // The short text for a code ("not found"). Never null.
 const char* status_code_string(StatusCode code);
+// The C name of the code with that numeric value ("CAIRN_ERR_NOT_FOUND"); null for unknown values.
+const char* status_code_name(int value);
 // The code with that numeric value (as sent on the wire); kInternal for unknown values.
 StatusCode status_code_from_int(int value);
 

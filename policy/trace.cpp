@@ -54,7 +54,7 @@ Status bad(std::string_view field, const std::string& what) {
   return invalid_argument(std::string(field) + ": " + what);
 }
 
-std::string quoted(std::string_view s) {
+std::string quote_for_message(std::string_view s) {
   constexpr size_t kShown = 40;
   std::string out = "'";
   for (unsigned char c : s.substr(0, kShown)) {
@@ -95,10 +95,10 @@ template <typename T>
 Result<T> parse_unsigned(std::string_view field, std::string_view s) {
   if (s.empty()) return bad(field, "required, an unsigned decimal integer");
   for (char c : s)
-    if (c < '0' || c > '9') return bad(field, quoted(s) + " is not an unsigned decimal integer");
+    if (c < '0' || c > '9') return bad(field, quote_for_message(s) + " is not an unsigned decimal integer");
   T value{};
   auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), value);
-  if (ec != std::errc() || end != s.data() + s.size()) return bad(field, quoted(s) + " is out of range");
+  if (ec != std::errc() || end != s.data() + s.size()) return bad(field, quote_for_message(s) + " is out of range");
   return value;
 }
 
@@ -117,7 +117,7 @@ Result<Enum> parse_name(std::string_view field, std::string_view s, const char* 
     list += std::string(list.empty() ? "" : ", ") + names[i];
   }
   if (empty_allowed) list += " or empty";
-  return bad(field, quoted(s) + " is not one of " + list);
+  return bad(field, quote_for_message(s) + " is not one of " + list);
 }
 
 // Parses the fields of one data line into an event (syntax only; validate_trace_event checks the
@@ -137,7 +137,7 @@ Result<TraceEvent> parse_line(std::string_view line) {
   // Event first: the other fields' messages make more sense once the kind is known.
   CAIRN_ASSIGN_OR_RETURN(e.kind, (parse_name<TraceEventKind>("event", f[1], kEventNames)));
   CAIRN_ASSIGN_OR_RETURN(uint64_t t, parse_unsigned<uint64_t>("time_ns", f[0]));
-  if (t > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) return bad("time_ns", quoted(f[0]) + " is out of range");
+  if (t > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) return bad("time_ns", quote_for_message(f[0]) + " is out of range");
   e.time_ns = static_cast<int64_t>(t);
   if (!f[2].empty()) {
     size_t s = 0;
@@ -162,7 +162,7 @@ Result<TraceEvent> parse_line(std::string_view line) {
     double v = 0;
     auto [end, ec] = std::from_chars(w.data(), w.data() + w.size(), v);
     if (ec != std::errc() || end != w.data() + w.size() || w[0] == '-' || !std::isfinite(v))
-      return bad("when_s", quoted(w) + " is not a finite number of seconds >= 0");
+      return bad("when_s", quote_for_message(w) + " is not a finite number of seconds >= 0");
     e.when_s = v;
   }
   CAIRN_RETURN_IF_ERROR(validate_trace_event(e));
@@ -189,7 +189,7 @@ Status validate_trace_event(const TraceEvent& e) {
     return bad("model", "required for " + kind);
   }
   for (const std::string& m : e.models)
-    if (!valid_name(m)) return bad("model", quoted(m) + " is not a valid model id (1..1024 bytes of UTF-8, no NUL)");
+    if (!valid_name(m)) return bad("model", quote_for_message(m) + " is not a valid model id (1..1024 bytes of UTF-8, no NUL)");
   // chunk: required for the chunk events; a will_load hint may name one chunk of its one model (the
   // daemon records a will_load scoped to tensors as one such line per chunk); else empty.
   const bool chunk_hint = is_hint && !e.chunk.empty();
@@ -203,7 +203,7 @@ Status validate_trace_event(const TraceEvent& e) {
     if (e.chunk.size() > kMaxChunkTokenBytes)
       return bad("chunk", "longer than " + std::to_string(kMaxChunkTokenBytes) + " bytes");
     for (char c : e.chunk)
-      if (!chunk_token_char(c)) return bad("chunk", quoted(e.chunk) + " has a byte outside [A-Za-z0-9._:/+-]");
+      if (!chunk_token_char(c)) return bad("chunk", quote_for_message(e.chunk) + " has a byte outside [A-Za-z0-9._:/+-]");
   }
   // bytes
   if (is_hint && !chunk_hint && e.bytes != 0) return bad("bytes", "must be empty for a hint without a chunk");
@@ -282,17 +282,17 @@ Result<Trace> parse_trace(std::string_view text, std::string_view source) {
     if (line_no == 1) {
       if (line != kTraceMagic) {
         if (line.rfind("#cairn-trace ", 0) == 0)
-          return invalid_argument(where() + "header: version " + quoted(line.substr(13)) +
+          return invalid_argument(where() + "header: version " + quote_for_message(line.substr(13)) +
                                   " is not supported (this reader takes " + std::string(kTraceMagic) + ")");
         return invalid_argument(where() + "header: expected '" + std::string(kTraceMagic) +
-                                "' as the first line, found " + quoted(line));
+                                "' as the first line, found " + quote_for_message(line));
       }
       continue;
     }
     if (line_no == 2) {
       if (line != kTraceColumns)
         return invalid_argument(where() + "header: expected the columns '" + std::string(kTraceColumns) +
-                                "', found " + quoted(line));
+                                "', found " + quote_for_message(line));
       continue;
     }
     if (line.empty()) return invalid_argument(where() + "line: empty (only comment lines starting with '#' may carry no event)");
@@ -328,7 +328,8 @@ TraceWriter::TraceWriter(std::string path, std::FILE* file) : path_(std::move(pa
 Result<std::unique_ptr<TraceWriter>> TraceWriter::open(const std::string& path) {
   std::FILE* f = std::fopen(path.c_str(), "w");
   if (!f) return errno_status("policy.trace: cannot create " + path, errno);
-  const std::string header = std::string(kTraceMagic) + "\n" + std::string(kTraceColumns) + "\n";
+  std::string header(kTraceMagic);
+  header.append("\n").append(kTraceColumns).append("\n");
   if (std::fputs(header.c_str(), f) == EOF || std::fflush(f) != 0) {
     const int err = errno;
     std::fclose(f);

@@ -30,8 +30,17 @@ using cairn::Result;
 using cairn::Status;
 using nlohmann::json;
 
+// Prints the error and returns the exit status 1. With CAIRN_TOOL_ERRORS=json (what the Python
+// package sets when it runs the tool) the line is a JSON object {"status", "message"}: the caller
+// gets the status by name, never by parsing the message.
 int fail(const Status& s) {
-  std::fprintf(stderr, "cairn: %s\n", s.to_string().c_str());
+  const char* format = std::getenv("CAIRN_TOOL_ERRORS");
+  if (format != nullptr && std::string(format) == "json") {
+    const char* name = cairn::status_code_name(static_cast<int>(s.code()));
+    std::fprintf(stderr, "%s\n", json{{"status", name ? name : "CAIRN_ERR_INTERNAL"}, {"message", s.to_string()}}.dump().c_str());
+  } else {
+    std::fprintf(stderr, "cairn: %s\n", s.to_string().c_str());
+  }
   return 1;
 }
 

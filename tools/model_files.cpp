@@ -48,14 +48,14 @@ python = sys.argv.pop(1)
 if "/" not in python:
     python = sys.executable or python
 what = "%s of %s" % (sys.argv[1], sys.argv[3]) if len(sys.argv) > 3 else "cairn.io"
-for mod, name, deb in (("torch", "PyTorch", "python3-torch"), ("numpy", "NumPy", "python3-numpy")):
+for mod, name in (("torch", "PyTorch"), ("numpy", "NumPy")):
     try:
         __import__(mod)
     except ModuleNotFoundError as e:
         if e.name != mod:
             raise
-        sys.stderr.write("cairn: %s needs %s, but %s has no module '%s' (install %s, or set CAIRN_PYTHON "
-                         "to a Python that has it)\n" % (what, name, python, mod, deb))
+        sys.stderr.write("cairn: %s needs %s, but %s has no module '%s' (pip install %s, or set CAIRN_PYTHON "
+                         "to a Python that has it)\n" % (what, name, python, mod, mod))
         sys.exit(1)
 try:
     from cairn.io import _main

@@ -115,6 +115,16 @@ const char* cairn_status_string(cairn_status s) { return cairn::status_code_stri
 
 const char* cairn_last_error(void) { return g_last_error.c_str(); }
 
+const char* cairn_status_name(int s) { return cairn::status_code_name(s); }
+
+int cairn_library_has_cuda(void) {
+#ifdef CAIRN_HAVE_CUDA
+  return 1;
+#else
+  return 0;
+#endif
+}
+
 cairn_status cairn_connect(const char* address, cairn_client** out) {
   return guarded([&] {
     CAIRN_REQUIRE_ARG(out, "out is NULL");

@@ -66,6 +66,12 @@ typedef enum { CAIRN_MEM_HOST, CAIRN_MEM_CUDA } cairn_memkind;
 CAIRN_EXPORT const char *cairn_status_string(cairn_status s);
 /* The detail of the last failed call on this thread ("" if none). Valid until the next call. */
 CAIRN_EXPORT const char *cairn_last_error(void);
+/* The C name of s ("CAIRN_ERR_NOT_FOUND"), from the one list (status_codes.h); NULL for a value
+ * that is not a status of this library. Bindings build their status tables from it. */
+CAIRN_EXPORT const char *cairn_status_name(int s);
+/* 1 when this library was built with CUDA (it can copy between the daemon's arena and CUDA device
+ * memory itself), 0 when not (device copies then need the daemon's HBM tier). */
+CAIRN_EXPORT int cairn_library_has_cuda(void);
 
 /* ---- connection ---- */
 

@@ -401,7 +401,7 @@ def test_pt_import_uses_the_build_python_not_the_first_python3_on_path(daemon, t
     env["CAIRN_PYTHON"] = str(bare_python)
     for args in (["import", "m2", str(tmp / "ref.pt")], ["export", "m", str(tmp / "again.pt")]):
         r = subprocess.run([str(CAIRN), *args], env=env, capture_output=True, text=True, timeout=600)
-        line = one_line_error(r, str(bare_python), "no module 'torch'", "python3-torch", "CAIRN_PYTHON",
+        line = one_line_error(r, str(bare_python), "no module 'torch'", "pip install torch", "CAIRN_PYTHON",
                               f"{args[0]} of {args[2]}")
         assert "Traceback" not in r.stderr and line.startswith("cairn: "), r.stderr
     assert not (tmp / "again.pt").exists()

@@ -1,5 +1,5 @@
-"""cairn.io: import_file / export_file from Python (PyTorch natively; safetensors and HDF5 through the
-`cairn` tool of the same build)."""
+"""cairn.io: import_file / export_file from Python (PyTorch natively, safetensors through libcairn,
+Keras HDF5 through the `cairn` tool of the same build)."""
 import collections
 import os
 
@@ -91,7 +91,7 @@ def test_not_a_state_dict(client, tmp_path):
     assert not (tmp_path / "ghost.pt").exists()
 
 
-def test_safetensors_and_h5_go_through_the_tool(client, tmp_path):
+def test_safetensors_through_the_library_and_h5_through_the_tool(client, tmp_path):
     st = pytest.importorskip("safetensors.numpy")
     rng = np.random.default_rng(0)
     w = {"a.w": rng.standard_normal((4, 4)).astype(np.float32), "a.b": np.arange(4, dtype=np.int32)}
@@ -114,3 +114,8 @@ def test_safetensors_and_h5_go_through_the_tool(client, tmp_path):
     cairn.export_file(client, "io-h5", tmp_path / "o.pt")
     back = torch.load(tmp_path / "o.pt", weights_only=True)
     assert torch.equal(back["a.w"], torch.from_numpy(w["a.w"]))
+    # The tool's failures arrive as their status (its JSON error line), not parsed from the message.
+    with pytest.raises(cairn.AlreadyExists, match="io-h5"):
+        cairn.import_file(client, "io-h5", tmp_path / "o.h5")
+    with pytest.raises(cairn.NotFound, match="no-such-model"):
+        cairn.export_file(client, "no-such-model", tmp_path / "n.h5")

@@ -515,6 +515,74 @@ def test_errors_carry_status_and_message(client):
     assert isinstance(cairn.InvalidArgument("CAIRN_ERR_INVALID_ARGUMENT", "m"), ValueError)
 
 
+def test_every_status_of_the_library_has_its_exception_class():
+    """The status table comes from the loaded library (cairn_status_name, made from status_codes.h):
+    a status appended there without a Python class fails here."""
+    from cairn import _errors, _ffi
+
+    names = _ffi.status_names()
+    assert names[0] == "CAIRN_OK" and "CAIRN_ERR_NOT_FOUND" in names
+    assert _ffi.library().cairn_status_name(len(names)) is None
+    for code, name in enumerate(names[1:], start=1):
+        err = _errors.make_error(code, "m")
+        assert err.status == name and err.code == code
+        assert type(err) is not cairn.CairnError, f"{name} has no exception class in cairn._errors"
+    assert _errors.status_name(len(names) + 5) == f"CAIRN_STATUS_{len(names) + 5}"
+
+
+def test_model_reader_reads_every_way(client):
+    rng = np.random.default_rng(3)
+    want = {"a": rng.standard_normal((64, 33)).astype(np.float32), "b": np.arange(10, dtype=np.int64),
+            "e": np.zeros((0, 4), np.float16)}
+    client.save_model("reader-m", want, wait=True)
+    with client.open_model("reader-m") as r:
+        assert [(n, d, s, b) for n, d, s, b in r.tensors] == [
+            ("a", "F32", (64, 33), 64 * 33 * 4), ("b", "I64", (10,), 80), ("e", "F16", (0, 4), 0)]
+        assert r.info("b")[3] == 80
+        with pytest.raises(cairn.NotFound, match="reader-m.*'nope'"):
+            r.info("nope")
+        views = r.map(["b", "a"])
+        assert list(views) == ["b", "a"] and not views["a"].flags.writeable
+        same(views["a"], want["a"])
+        copies = r.read()
+        assert all(c.flags.writeable for c in copies.values())
+        same(copies["e"], want["e"])
+        dst = np.empty(10, np.int64)
+        r.read_into({"b": dst})
+        same(dst, want["b"])
+        with pytest.raises(cairn.InvalidArgument, match="80 bytes, the array 72"):
+            r.read_into({"b": np.empty(9, np.int64)})
+        cow = r.map(["a"], writable=True)["a"]
+        cow[0, 0] = 123.0
+    # Views outlive the reader; the stored model never changes through a copy-on-write view.
+    same(views["b"], want["b"])
+    same(client.load_model("reader-m", copy=True)["a"], want["a"])
+    with pytest.raises(cairn.InvalidArgument, match="closed"):
+        r.read()
+    del views, cow
+    gc.collect()
+    with pytest.raises(cairn.NotFound, match="no-such"):
+        client.open_model("no-such")
+    assert isinstance(cairn.library_has_cuda(), bool)
+
+
+def test_safetensors_files_through_the_library(client, tmp_path):
+    from safetensors.numpy import save_file
+
+    src = tmp_path / "m.safetensors"
+    save_file({"w": np.arange(12, dtype=np.float32).reshape(3, 4)}, str(src), metadata={"k": "v"})
+    client.put_file("file-m", src, durability="memory", meta={"from": "file"})
+    assert client.show("file-m")["metadata"] == {"from": "file"}
+    out = tmp_path / "back.safetensors"
+    client.get_file("file-m", out)
+    assert out.read_bytes() == src.read_bytes()
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"\xff" * 16)
+    with pytest.raises(cairn.InvalidArgument, match="bad.safetensors"):
+        client.put_file("file-bad", bad)
+    assert "file-bad" not in [m["id"] for m in client.list()]
+
+
 def test_inherit_all(make_daemon):
     d = make_daemon()
     rng = np.random.default_rng(4)

@@ -86,8 +86,9 @@ Status Repository::Impl::check_writable() {
 }
 
 Status Repository::Impl::write_format(int version) {
-  std::string content = std::string(kFormatMagic) + " " + std::to_string(version) + "\nchunk_size " +
-                        std::to_string(chunk_size_) + "\n";
+  std::string content(kFormatMagic);
+  content.append(" ").append(std::to_string(version)).append("\nchunk_size ").append(std::to_string(chunk_size_));
+  content.append("\n");
   std::vector<iovec> iov{{content.data(), content.size()}};
   bool replacing = fs_->exists(join_path(dir_, kFormatFile));
   return AtomicFileWriter::publish(*fs_, dir_, kFormatFile, iov, tmp_name(), replacing);
@@ -142,7 +143,9 @@ Status Repository::Impl::init_or_read_format(uint64_t chunk_size, int* version) 
   std::string bad = "repository format file " + path + " is not a cairn FORMAT file (expected \"" +
                     std::string(kFormatMagic) + " " + std::to_string(kFormatVersion) + "\\nchunk_size N\\n\"); is " +
                     dir_ + " a cairn repository?";
-  if (!take_line(&line1) || !starts_with(line1, std::string(kFormatMagic) + " ")) return corruption(bad);
+  std::string magic_prefix(kFormatMagic);
+  magic_prefix.append(" ");
+  if (!take_line(&line1) || !starts_with(line1, magic_prefix)) return corruption(bad);
   uint64_t v = 0;
   if (!parse_u64(line1.substr(kFormatMagic.size() + 1), &v)) return corruption(bad);
   if (v != 1 && v != static_cast<uint64_t>(kFormatVersion))

@@ -32,11 +32,11 @@ from ._errors import (
 )
 from ._ffi import DTYPE_NAMES as DTYPES
 from ._ffi import LibraryNotFound
-from .client import Client, DeviceArray, Ticket, connect
+from .client import Client, DeviceArray, ModelReader, ModelWriter, Ticket, connect, library_has_cuda
 from .io import export_file, import_file  # docs/import-export.md
 
 __all__ = [
-    "connect", "Client", "Ticket", "DeviceArray",
+    "connect", "Client", "Ticket", "DeviceArray", "ModelReader", "ModelWriter", "library_has_cuda",
     "CairnError", "NotFound", "AlreadyExists", "InvalidArgument", "NoSpace", "CorruptData", "IoError",
     "Unavailable", "Timeout", "PermissionDenied", "Busy", "InternalError", "ProtocolError",
     "LibraryNotFound", "DTYPES", "NUMPY_DTYPES", "RAW_DTYPES", "import_file", "export_file",

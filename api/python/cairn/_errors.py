@@ -24,8 +24,7 @@ class CairnError(Exception):
         super().__init__(message)
         self.status = status
         self.message = message
-        self.code = code if code is not None else (
-            _ffi.STATUS_NAMES.index(status) if status in _ffi.STATUS_NAMES else -1)
+        self.code = code if code is not None else _code_of(status)
 
     def __str__(self) -> str:
         return self.message
@@ -98,10 +97,21 @@ _BY_STATUS: Dict[str, Type[CairnError]] = {
 }
 
 
+def _code_of(status: str) -> int:
+    """The value of the C status named ``status`` (-1 when the library is not loadable or does not
+    know it: an error raised before the library could be found)."""
+    try:
+        names = _ffi.status_names()
+    except _ffi.LibraryNotFound:
+        return -1
+    return names.index(status) if status in names else -1
+
+
 def status_name(code: int) -> str:
-    """The C name of status value ``code`` (``"CAIRN_STATUS_<n>"`` for one this package does not know)."""
-    if 0 <= code < len(_ffi.STATUS_NAMES):
-        return _ffi.STATUS_NAMES[code]
+    """The C name of status value ``code`` (``"CAIRN_STATUS_<n>"`` for one the library does not know)."""
+    names = _ffi.status_names()
+    if 0 <= code < len(names):
+        return names[code]
     return f"CAIRN_STATUS_{code}"
 
 

@@ -29,23 +29,6 @@ class TensorIn(ctypes.Structure):
 
 # ---- enums (values are the ABI of cairn.h) ----
 
-#: C status names, by value (include/cairn/status_codes.h, in order).
-STATUS_NAMES: List[str] = [
-    "CAIRN_OK",
-    "CAIRN_ERR_NOT_FOUND",
-    "CAIRN_ERR_EXISTS",
-    "CAIRN_ERR_INVALID_ARGUMENT",
-    "CAIRN_ERR_NO_SPACE",
-    "CAIRN_ERR_CORRUPTION",
-    "CAIRN_ERR_IO",
-    "CAIRN_ERR_UNAVAILABLE",
-    "CAIRN_ERR_TIMEOUT",
-    "CAIRN_ERR_PERMISSION",
-    "CAIRN_ERR_BUSY",
-    "CAIRN_ERR_INTERNAL",
-    "CAIRN_ERR_PROTOCOL",
-]
-
 #: cairn_dtype names, by value (the safetensors dtypes, in cairn.h's order).
 DTYPE_NAMES: List[str] = [
     "F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2",
@@ -69,6 +52,8 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     st = ctypes.c_int  # cairn_status
     decl = {
         "cairn_status_string": (c_char_p, [c_int]),
+        "cairn_status_name": (c_char_p, [c_int]),
+        "cairn_library_has_cuda": (c_int, []),
         "cairn_last_error": (c_char_p, []),
         "cairn_connect": (st, [c_char_p, _c_void_p_p]),
         "cairn_disconnect": (None, [c_void_p]),
@@ -118,6 +103,8 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "cairn_model_read_tensors_device": (st, [c_void_p, c_size_t, ctypes.POINTER(c_char_p),
                                                  ctypes.POINTER(c_void_p), ctypes.POINTER(c_size_t)]),
         "cairn_model_close": (None, [c_void_p]),
+        "cairn_model_put_file": (st, [c_void_p, c_char_p, c_char_p, c_char_p, c_int, c_char_p]),
+        "cairn_model_get_file": (st, [c_void_p, c_char_p, c_char_p]),
         "cairn_prefetch": (st, [c_void_p, c_char_p]),
         # result_json is malloc'ed by the library: received as a void* so that it can be freed.
         "cairn_query": (st, [c_void_p, c_char_p, _c_void_p_p]),
@@ -188,6 +175,26 @@ def library() -> ctypes.CDLL:
         raise LibraryNotFound(
             "cannot find libcairn.so; tried " + "; ".join(tried)
             + ". Build it (scripts/build), run `eval \"$(scripts/env)\"`, or set CAIRN_LIBRARY to its path")
+
+
+_status_names: Optional[List[str]] = None
+
+
+def status_names() -> List[str]:
+    """The C status names by value (``"CAIRN_OK"``, ``"CAIRN_ERR_NOT_FOUND"``, ...), as the loaded
+    library reports them (``cairn_status_name``, made from include/cairn/status_codes.h when the
+    library is built): the table cannot drift from the library it describes."""
+    global _status_names
+    if _status_names is None:
+        lib = library()
+        names: List[str] = []
+        while True:
+            raw = lib.cairn_status_name(len(names))
+            if raw is None:
+                break
+            names.append(raw.decode("ascii"))
+        _status_names = names
+    return _status_names
 
 
 def library_path() -> Optional[str]:

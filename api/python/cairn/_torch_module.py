@@ -8,6 +8,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from . import _torch_dtypes as _td
 from .client import Client
 
 
@@ -51,7 +52,6 @@ def read_into_module(c: Client, id: str, module: nn.Module, strict: bool) -> Non
     """load(copy=True) into a module on the host: one copy, straight into the parameters' and
     buffers' own memory (cairn_model_read_tensors) where the dtype matches and the memory is
     contiguous; the rest through load_model(copy=True) and copy_."""
-    from . import torch as _t  # cairn.torch's dtype helpers (imported here: cairn.torch imports this module)
     stored = {t["name"]: t for t in c.show(id).get("tensors", [])}
     own = module.state_dict(keep_vars=True)
     check_state(module, own, {k: tuple(t.get("shape", ())) for k, t in stored.items()}, strict)
@@ -62,8 +62,8 @@ def read_into_module(c: Client, id: str, module: nn.Module, strict: bool) -> Non
         if cur is None:
             continue
         ok = cur.device.type == "cpu" and cur.is_contiguous() and cur.layout == torch.strided and not cur.is_quantized
-        if ok and (cur.dtype in _t._RAW_VIEW or cur.dtype in _t._CAIRN_OF):
-            arr, cname = _t._to_numpy(k, cur.detach())
+        if ok and cur.dtype in _td.CAIRN_OF:
+            arr, cname = _td.to_numpy(k, cur.detach())
             if cname == t["dtype"] and arr.flags.writeable:
                 direct[k] = arr
                 continue
@@ -74,4 +74,4 @@ def read_into_module(c: Client, id: str, module: nn.Module, strict: bool) -> Non
         got = c.load_model(id, names=rest, copy=True)
         with torch.no_grad():
             for k in rest:
-                own[k].copy_(_t._from_numpy(k, got[k], stored[k]["dtype"]))
+                own[k].copy_(_td.from_numpy(k, got[k], stored[k]["dtype"]))

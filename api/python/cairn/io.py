@@ -1,7 +1,7 @@
 """Import and export of model files, the format taken from the file's extension (docs/import-export.md).
 
 ==========================  ==========================================================================
-``.safetensors``            the ``cairn`` tool (``cairn import``/``export``: byte-exact, zero-copy)
+``.safetensors``            libcairn (``Client.put_file``/``get_file``: byte-exact, zero-copy)
 ``.h5`` / ``.hdf5``         the ``cairn`` tool built with HDF5 (Keras 2 weight files, layout recorded)
 ``.pt`` / ``.pth`` / ``.bin``  here, with PyTorch: ``torch.load(weights_only=True)`` / ``torch.save``
 ==========================  ==========================================================================
@@ -41,15 +41,6 @@ _FORMATS = {".safetensors": "safetensors", ".h5": "keras-h5", ".hdf5": "keras-h5
             ".pt": "torch", ".pth": "torch", ".bin": "torch"}
 # The metadata key recording what an import needs to write the file back.
 RECORD_KEY = "cairn.import"
-
-_STATUS_BY_TEXT = {
-    "not found": "CAIRN_ERR_NOT_FOUND", "already exists": "CAIRN_ERR_EXISTS",
-    "invalid argument": "CAIRN_ERR_INVALID_ARGUMENT", "no space left": "CAIRN_ERR_NO_SPACE",
-    "corrupt data": "CAIRN_ERR_CORRUPTION", "I/O error": "CAIRN_ERR_IO", "daemon unavailable": "CAIRN_ERR_UNAVAILABLE",
-    "timed out": "CAIRN_ERR_TIMEOUT", "permission denied": "CAIRN_ERR_PERMISSION", "busy": "CAIRN_ERR_BUSY",
-    "internal error": "CAIRN_ERR_INTERNAL", "protocol error": "CAIRN_ERR_PROTOCOL",
-}
-
 
 def _invalid(message: str) -> CairnError:
     return _errors.error("CAIRN_ERR_INVALID_ARGUMENT", "invalid argument: " + message)
@@ -93,15 +84,22 @@ def _tool() -> str:
 
 
 def _run_tool(client: Any, args: List[str]) -> None:
-    env = dict(os.environ, CAIRN_SOCKET=client.address)
+    """Runs the ``cairn`` tool (Keras HDF5 files); a failure raises the tool's status, which it
+    reports as JSON on its last line of stderr (CAIRN_TOOL_ERRORS=json)."""
+    env = dict(os.environ, CAIRN_SOCKET=client.address, CAIRN_TOOL_ERRORS="json")
     r = subprocess.run([_tool(), *args], env=env, capture_output=True, text=True)
     if r.returncode == 0:
         return
-    msg = r.stderr.strip().splitlines()[-1] if r.stderr.strip() else f"`cairn {args[0]}` failed ({r.returncode})"
-    if msg.startswith("cairn: "):
-        msg = msg[len("cairn: "):]
-    status = next((s for text, s in _STATUS_BY_TEXT.items() if msg.startswith(text + ":")), "CAIRN_ERR_INVALID_ARGUMENT")
-    raise _errors.error(status, msg)
+    lines = r.stderr.strip().splitlines()
+    try:
+        report = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        report = None
+    if isinstance(report, dict) and isinstance(report.get("status"), str):
+        raise _errors.error(report["status"], str(report.get("message", "")))
+    # Not a status report: the tool refused its command line (a usage error names what was wrong).
+    detail = lines[-1] if lines else f"exit status {r.returncode}"
+    raise _invalid(f"`cairn {args[0]}` failed: {detail}")
 
 
 # ---- PyTorch ----
@@ -116,43 +114,16 @@ def _torch() -> Any:
     return torch
 
 
-def _torch_dtypes(torch: Any) -> Dict[Any, str]:
-    m = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
-         torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
-         torch.bool: "BOOL"}
-    for attr, name in (("float8_e4m3fn", "F8_E4M3"), ("float8_e5m2", "F8_E5M2"), ("uint16", "U16"),
-                       ("uint32", "U32"), ("uint64", "U64")):
-        if hasattr(torch, attr):
-            m[getattr(torch, attr)] = name
-    return m
-
-
 def _to_numpy(torch: Any, t: Any, where: str) -> Tuple[np.ndarray, str]:
-    dt = _torch_dtypes(torch).get(t.dtype)
-    if dt is None:
-        raise _invalid(f"{where}: dtype {t.dtype} is not supported (cairn stores IEEE floats, bfloat16, "
-                       f"integers and bool)")
-    if t.layout != torch.strided or t.is_quantized:
-        raise _invalid(f"{where}: sparse and quantized tensors are not supported")
-    t = t.detach().cpu().contiguous()
-    if dt == "BF16":
-        return t.view(torch.int16).numpy().view(np.uint16), dt
-    if dt in ("F8_E4M3", "F8_E5M2"):
-        return t.view(torch.uint8).numpy(), dt
-    return t.numpy(), dt
+    from . import _torch_dtypes  # noqa: PLC0415 (needs torch)
+
+    return _torch_dtypes.to_numpy(where, t.contiguous())
 
 
 def _from_numpy(torch: Any, a: np.ndarray, dt: str, name: str) -> Any:
-    if dt == "BF16":
-        return torch.from_numpy(np.require(a, requirements="C").view(np.int16)).view(torch.bfloat16)
-    if dt in ("F8_E4M3", "F8_E5M2"):
-        tdt = getattr(torch, "float8_e4m3fn" if dt == "F8_E4M3" else "float8_e5m2", None)
-        if tdt is None:
-            raise _invalid(f"tensor {name!r}: this PyTorch has no {dt} dtype")
-        return torch.from_numpy(np.require(a, requirements="C")).view(tdt)
-    if dt in ("U16", "U32", "U64") and not hasattr(torch, dt.lower().replace("u", "uint")):
-        raise _invalid(f"tensor {name!r}: this PyTorch has no {dt} dtype (export it as .safetensors)")
-    return torch.from_numpy(np.require(a, requirements="C"))
+    from . import _torch_dtypes  # noqa: PLC0415 (needs torch)
+
+    return _torch_dtypes.from_numpy(name, a, dt)
 
 
 def _json_or_none(value: Any) -> Any:
@@ -298,6 +269,9 @@ def import_file(client: Any, id: str, path: PathLike, parent: Optional[str] = No
     if fmt == "torch":
         _import_torch(client, id, p, parent, meta, durability)
         return
+    if fmt == "safetensors":
+        client.put_file(id, p, parent=parent, durability=durability, meta=meta)
+        return
     args = ["import", id, p, "--durability", durability]
     if parent is not None:
         args += ["--parent", parent]
@@ -310,8 +284,12 @@ def export_file(client: Any, id: str, path: PathLike) -> None:
     """Writes model ``id`` to ``path`` in the format of its extension. A model imported from a file of
     that format is written back with its recorded layout, so the framework loads the same values."""
     p = os.fspath(path)
-    if file_format(p) == "torch":
+    fmt = file_format(p)
+    if fmt == "torch":
         _export_torch(client, id, p)
+        return
+    if fmt == "safetensors":
+        client.get_file(id, p)
         return
     _run_tool(client, ["export", id, p])
 

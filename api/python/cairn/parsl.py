@@ -51,7 +51,6 @@ tried; ``worker_init()`` gives a ``worker_init`` line that starts one per node a
 """
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import shlex
@@ -66,7 +65,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import numpy as np
 
-from . import _dtypes, _errors, _ffi
+from . import _errors, _ffi
 from ._errors import CairnError
 
 try:  # Parsl is only needed for the staging provider itself, not for worker_init() or the URL parser.
@@ -161,45 +160,17 @@ def _connect(address: Optional[str]) -> Any:
     return connect(address)
 
 
-def _c_file_call(client: Any, function: str, *args: bytes) -> None:
-    """Calls cairn_model_get_file / cairn_model_put_file on the client's connection."""
-    lib = _ffi.library()
-    fn = getattr(lib, function)
-    if fn.restype is not ctypes.c_int:
-        c_char_p, c_void_p = ctypes.c_char_p, ctypes.c_void_p
-        fn.argtypes = ([c_void_p, c_char_p, c_char_p] if function == "cairn_model_get_file"
-                       else [c_void_p, c_char_p, c_char_p, c_char_p, ctypes.c_int, c_char_p])
-        fn.restype = ctypes.c_int
-    conn = client._conn  # the package's own connection object: the C call holds its lock
-    with conn.op() as h:
-        st = fn(h, *args)
-        if st != 0:
-            raise _errors.last_error(st)
-
-
 def get_file(client: Any, model: str, path: str) -> None:
-    """Writes model ``model`` as the safetensors file ``path`` (``cairn_model_get_file``: straight from
-    the daemon's arena into the file, atomically)."""
-    try:
-        _c_file_call(client, "cairn_model_get_file", model.encode(), os.fsencode(path))
-    except AttributeError:  # an older libcairn without it: the cairn tool does the same
-        from .io import export_file  # noqa: PLC0415
-
-        export_file(client, model, path)
+    """Writes model ``model`` as the safetensors file ``path`` (:meth:`cairn.Client.get_file`: straight
+    from the daemon's arena into the file, atomically)."""
+    client.get_file(model, path)
 
 
 def put_file(client: Any, model: str, path: str, parent: Optional[str] = None, durability: str = "global",
              meta: Optional[Dict[str, Any]] = None) -> None:
-    """Stores the safetensors file ``path`` as model ``model`` (``cairn_model_put_file``), derived from
-    ``parent``; returns once ``durability`` is reached."""
-    meta_json = json.dumps(meta).encode() if meta is not None else None
-    try:
-        _c_file_call(client, "cairn_model_put_file", model.encode(), os.fsencode(path),
-                     parent.encode() if parent else None, _ffi.DURABILITY[durability], meta_json)
-    except AttributeError:
-        from .io import import_file  # noqa: PLC0415
-
-        import_file(client, model, path, parent=parent, meta=meta, durability=durability)
+    """Stores the safetensors file ``path`` as model ``model`` (:meth:`cairn.Client.put_file`), derived
+    from ``parent``; returns once ``durability`` is reached."""
+    client.put_file(model, path, parent=parent, durability=durability, meta=meta)
 
 
 def _write_safetensors(arrays: Dict[str, np.ndarray], dtypes: Dict[str, str], path: str) -> None:

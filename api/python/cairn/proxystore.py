@@ -117,9 +117,9 @@ def serialize(obj: Any) -> bytes:
         return _ArrayPayload.make(obj, "numpy")
     torch = _torch_module(obj)
     if torch is not None and obj.layout == torch.strided and not obj.is_quantized and not obj.is_complex():
-        from .io import _to_numpy  # noqa: PLC0415
+        from . import _torch_dtypes  # noqa: PLC0415
 
-        a, dt = _to_numpy(torch, obj, "tensor")  # a CPU tensor's own memory (a copy only from a GPU)
+        a, dt = _torch_dtypes.to_numpy("tensor", obj.contiguous())  # a CPU tensor's own memory (a copy only from a GPU)
         return _ArrayPayload.make(a, "torch", dt, str(obj.device))
     from proxystore.serialize import serialize as ps_serialize  # noqa: PLC0415
 
@@ -130,11 +130,9 @@ def deserialize(data: Any) -> Any:
     """ProxyStore deserializer matching :func:`serialize`."""
     if isinstance(data, _ArrayPayload):
         if data.framework == "torch":
-            import torch  # noqa: PLC0415
+            from . import _torch_dtypes  # noqa: PLC0415
 
-            from .io import _from_numpy  # noqa: PLC0415
-
-            t = _from_numpy(torch, data.array, data.dtype or "", "tensor")
+            t = _torch_dtypes.from_numpy("tensor", data.array, data.dtype or "")
             return t.to(data.device) if data.device and data.device != "cpu" else t
         return data.array
     if bytes(data[:3]) == _ARRAY_TAG:

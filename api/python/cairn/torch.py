@@ -16,7 +16,6 @@ Every function takes ``client=`` (a :class:`cairn.Client`); without it a connect
 """
 from __future__ import annotations
 
-import ctypes
 import os
 import threading
 import time
@@ -28,9 +27,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from . import _dtypes, _errors, _ffi
-from . import client as _client_module
-from .client import Client, DeviceArray, Ticket, connect
+from . import _dtypes, _errors
+from . import _torch_dtypes as _td
+from .client import Client, DeviceArray, Ticket, connect, library_has_cuda
 from ._torch_graph import _architecture, architecture
 from ._torch_module import assign_state as _assign_state, read_into_module as _read_into_module
 
@@ -39,8 +38,6 @@ __all__ = ["save", "load", "architecture", "transfer", "default_client", "save_s
 
 StateDict = Mapping[str, torch.Tensor]
 DeviceLike = Union[str, int, torch.device, None]
-
-_MEM_CUDA = getattr(_ffi, "MEM_CUDA", 1)  # cairn_memkind CAIRN_MEM_CUDA (include/cairn/cairn.h)
 
 # ---- the default client ----
 
@@ -64,75 +61,14 @@ def _client(client: Optional[Client]) -> Client:
 
 # ---- dtypes: torch <-> cairn ----
 
-def _opt_dtype(name: str) -> Optional[torch.dtype]:
-    return getattr(torch, name, None)
-
-
-# cairn dtype -> (torch dtype, the torch dtype of the same size the raw numpy bits are read as, or None)
-_TORCH_OF: Dict[str, Tuple[Optional[torch.dtype], Optional[torch.dtype]]] = {
-    "F64": (torch.float64, None), "F32": (torch.float32, None), "F16": (torch.float16, None),
-    "BF16": (torch.bfloat16, torch.int16),
-    "F8_E4M3": (_opt_dtype("float8_e4m3fn"), torch.uint8), "F8_E5M2": (_opt_dtype("float8_e5m2"), torch.uint8),
-    "I64": (torch.int64, None), "I32": (torch.int32, None), "I16": (torch.int16, None), "I8": (torch.int8, None),
-    "U8": (torch.uint8, None), "BOOL": (torch.bool, None),
-    "U16": (_opt_dtype("uint16"), None), "U32": (_opt_dtype("uint32"), None), "U64": (_opt_dtype("uint64"), None),
-}
-_CAIRN_OF: Dict[torch.dtype, str] = {t: name for name, (t, _) in _TORCH_OF.items() if t is not None}
-# Raw-bit views for the types numpy lacks: torch dtype -> (same-size torch int type, numpy type, cairn name).
-_RAW_VIEW: Dict[torch.dtype, Tuple[torch.dtype, np.dtype, str]] = {torch.bfloat16: (torch.int16, np.dtype("<u2"), "BF16")}
-for _name, _cname in (("float8_e4m3fn", "F8_E4M3"), ("float8_e5m2", "F8_E5M2")):
-    if _opt_dtype(_name) is not None:
-        _RAW_VIEW[getattr(torch, _name)] = (torch.uint8, np.dtype("u1"), _cname)
-
-
-def _torch_dtype(cairn_name: str, what: str) -> torch.dtype:
-    t = _TORCH_OF.get(cairn_name, (None, None))[0]
-    if t is None:
-        raise _errors.error("CAIRN_ERR_INVALID_ARGUMENT",
-                            f"invalid argument: {what} is stored as {cairn_name}, which this torch "
-                            f"({torch.__version__}) has no dtype for; read it with Client.load_model instead")
-    return t
-
-
-def _to_numpy(name: str, value: Any) -> Tuple[np.ndarray, str]:
-    """A state-dict entry as a CPU numpy array over the same bytes (no copy for CPU tensors) and
-    the cairn dtype to store it as."""
-    if not isinstance(value, torch.Tensor):
-        raise _errors.error("CAIRN_ERR_INVALID_ARGUMENT",
-                            f"invalid argument: state dict entry {name!r} is a {type(value).__name__}, not a tensor "
-                            "(cairn.torch stores tensors only)")
-    t = value.detach()
-    if t.layout != torch.strided or t.is_quantized:
-        raise _errors.error("CAIRN_ERR_INVALID_ARGUMENT",
-                            f"invalid argument: tensor {name!r} is {'quantized' if t.is_quantized else t.layout}; "
-                            "cairn.torch stores dense tensors (convert it first)")
-    if t.device.type != "cpu":
-        t = t.cpu()
-    t = t.resolve_conj().resolve_neg()
-    if t.dtype in _RAW_VIEW:
-        as_int, np_raw, cname = _RAW_VIEW[t.dtype]
-        return t.view(as_int).numpy().view(np_raw), cname
-    if t.dtype not in _CAIRN_OF:
-        raise _errors.error("CAIRN_ERR_INVALID_ARGUMENT",
-                            f"invalid argument: tensor {name!r} has dtype {t.dtype}, which cairn does not store")
-    return t.numpy(), _CAIRN_OF[t.dtype]
-
-
-def _from_numpy(name: str, arr: np.ndarray, cairn_name: str) -> torch.Tensor:
-    """An owned (writable) numpy array as a torch tensor over the same memory, in its torch dtype."""
-    want = _torch_dtype(cairn_name, f"tensor {name!r}")
-    raw = _TORCH_OF[cairn_name][1]
-    if raw is not None:
-        signed = {torch.int16: np.int16, torch.uint8: np.uint8}[raw]
-        return torch.from_numpy(arr.view(signed)).view(want)
-    return torch.from_numpy(arr)
+_torch_dtype = _td.torch_dtype
+_to_numpy = _td.to_numpy
+_from_numpy = _td.from_numpy
 
 
 def _device_dtype(t: torch.Tensor) -> Optional[str]:
     """The cairn dtype of a CUDA tensor stored from device memory, None for a dtype cairn lacks."""
-    if t.dtype in _RAW_VIEW:
-        return _RAW_VIEW[t.dtype][2]
-    return _CAIRN_OF.get(t.dtype)
+    return _td.cairn_dtype(t.dtype)
 
 
 def _bits(a: np.ndarray) -> np.ndarray:
@@ -220,49 +156,33 @@ def save(
                             inherit=inherited, dtypes=raw, wait=wait, order=list(arrays), pipelined=pipelined and not wait,
                             before_commit=_before_commit, copy_threads=_copy_threads)
 
-    try:
-        return commit(changed)
-    except _errors.Unavailable:
-        if not any(n in on_device for n in changed):
-            raise
-        # This libcairn cannot copy from device memory (built without CUDA): through host memory.
-        return commit({n: _to_numpy(n, on_device[n])[0] if n in on_device else a for n, a in changed.items()})
+    if on_device and not library_has_cuda():
+        # This libcairn cannot copy from CUDA memory (built without CUDA): through host memory.
+        changed = {n: _to_numpy(n, on_device[n])[0] if n in on_device else a for n, a in changed.items()}
+    return commit(changed)
 
 
-def _cuda_state(c: Client, id: str, device: torch.device) -> Optional[Dict[str, torch.Tensor]]:
-    """Reads model ``id`` straight into tensors on CUDA ``device`` (cairn_model_read_tensor with
-    CAIRN_MEM_CUDA: one copy from the daemon's arena to the GPU). None when this libcairn was built
-    without CUDA (the caller then goes through host memory)."""
-    conn, lib = c._conn, c._lib  # the reader API has no public Python wrapper for device memory
-    mid = id.encode("utf-8")
-    torch.cuda.current_stream(device).synchronize()  # cudaMemcpy below runs outside torch's streams
-    out: Dict[str, torch.Tensor] = {}
-    with conn.op() as h:
-        r = ctypes.c_void_p()
-        st = lib.cairn_model_open(h, mid, ctypes.byref(r))
-        if st != 0:
-            raise _errors.last_error(st)
-        try:
-            for name, dt, shape, nbytes in c._reader_infos(r):
-                t = torch.empty(shape, dtype=_torch_dtype(dt, f"tensor {name!r}"), device=device)
-                if t.numel() * t.element_size() != nbytes:
-                    raise _errors.error("CAIRN_ERR_PROTOCOL", f"protocol error: tensor {name!r} has {nbytes} bytes")
-                if nbytes:
-                    st = lib.cairn_model_read_tensor(r, name.encode("utf-8"), t.data_ptr(), nbytes, _MEM_CUDA)
-                    if st != 0:
-                        err = _errors.last_error(st)
-                        if isinstance(err, _errors.Unavailable) and "without CUDA" in err.message:
-                            return None
-                        raise err
-                out[name] = t
-        finally:
-            lib.cairn_model_close(r)
+def _cuda_state(c: Client, id: str, device: torch.device) -> Dict[str, torch.Tensor]:
+    """Reads model ``id`` straight into new tensors on CUDA ``device`` with one request
+    (cairn_model_read_tensors_device: one copy from the daemon's arena, or HBM tier, to the GPU)."""
+    torch.cuda.current_stream(device).synchronize()  # the library's copies run outside torch's streams
+    with c.open_model(id) as r:
+        out: Dict[str, torch.Tensor] = {}
+        targets = []
+        for name, dt, shape, nbytes in r.tensors:
+            t = torch.empty(shape, dtype=_torch_dtype(dt, f"tensor {name!r}"), device=device)
+            if t.numel() * t.element_size() != nbytes:
+                raise _errors.error("CAIRN_ERR_PROTOCOL", f"protocol error: tensor {name!r} has {nbytes} bytes")
+            if nbytes:
+                targets.append((name, t.data_ptr(), nbytes))
+            out[name] = t
+        r.read_device(targets)
     return out
 
 
 class _DeviceView:
     """``nbytes`` of device memory at ``ptr`` as a CUDA array (``__cuda_array_interface__``), holding
-    the reader's device leases (client._Lease: the reader is closed, and the leases released, when the
+    the reader's device leases (the ``keeper`` of ModelReader.map_device: the leases end when the
     last tensor is gone); torch.as_tensor keeps it alive as long as the tensor. Declared writable:
     PyTorch refuses read-only CUDA arrays ("the read only flag is not supported"), so the contract
     that nobody writes the shared copy is load()'s documented one, not enforced."""
@@ -273,55 +193,32 @@ class _DeviceView:
         self._leases = leases
 
 
-_hbm_backends: "weakref.WeakKeyDictionary[Any, Optional[str]]" = weakref.WeakKeyDictionary()
+_hbm_backends: "weakref.WeakKeyDictionary[Client, Optional[str]]" = weakref.WeakKeyDictionary()
 
 
 def _hbm_backend(c: Client) -> Optional[str]:
     """The daemon's HBM tier backend ("cuda", "emulated"), or None when it has none (asked once per
-    connection: a daemon's tiers do not change while it runs)."""
-    key = c._conn
-    if key not in _hbm_backends:
+    client: a daemon's tiers do not change while it runs)."""
+    if c not in _hbm_backends:
         tier = c.stats().get("tiers", {}).get("hbm", {})
-        _hbm_backends[key] = tier.get("backend") if tier.get("enabled") else None
-    return _hbm_backends[key]
-
-
-def _names_array(names: Sequence[str]) -> Any:
-    arr = (ctypes.c_char_p * len(names))()
-    arr[:] = [n.encode("utf-8") for n in names]
-    return arr
+        _hbm_backends[c] = tier.get("backend") if tier.get("enabled") else None
+    return _hbm_backends[c]
 
 
 def _hbm_state(c: Client, id: str, device: torch.device) -> Dict[str, torch.Tensor]:
     """Model ``id`` as tensors that alias the daemon's copies in its HBM tier on ``device``
     (cairn_model_map_tensors_device: every tensor leased with one request, zero-copy through CUDA
     IPC); the device leases last as long as the tensors (docs/gpu.md)."""
-    conn, lib = c._conn, c._lib
     out: Dict[str, torch.Tensor] = {}
-    with conn.op() as h:
-        r = ctypes.c_void_p()
-        st = lib.cairn_model_open(h, id.encode("utf-8"), ctypes.byref(r))
-        if st != 0:
-            raise _errors.last_error(st)
-        conn.open_readers.add(r.value)  # type: ignore[arg-type]
-        leases = _client_module._Lease(conn, r.value)  # type: ignore[arg-type]
-        infos = list(c._reader_infos(r))
-        mapped = [i for i in infos if i[3]]
-        ptrs = (ctypes.c_void_p * len(mapped))()
-        sizes = (ctypes.c_size_t * len(mapped))()
-        if mapped:
-            st = lib.cairn_model_map_tensors_device(r, len(mapped), _names_array([i[0] for i in mapped]), device.index,
-                                                    ptrs, sizes)
-            if st != 0:
-                raise _errors.last_error(st)
-        at = {info[0]: k for k, info in enumerate(mapped)}
-        for name, dt, shape, nbytes in infos:
+    with c.open_model(id) as r:
+        mapped = r.map_device(device=device.index)
+        for name, dt, shape, nbytes in r.tensors:
             tdtype = _torch_dtype(dt, f"tensor {name!r}")
             if not nbytes:
                 out[name] = torch.empty(shape, dtype=tdtype, device=device)
                 continue
-            k = at[name]
-            raw = torch.as_tensor(_DeviceView(ptrs[k], sizes[k], leases), device=device)
+            ptr, size, keeper = mapped[name]
+            raw = torch.as_tensor(_DeviceView(ptr, size, keeper), device=device)
             out[name] = raw.view(tdtype).reshape(shape)
     return out
 
@@ -333,52 +230,31 @@ def _read_into_cuda_module(c: Client, id: str, module: nn.Module, device: torch.
     dtypes, shapes, contiguous on ``device``): the caller then loads through load_state_dict, which
     says what differs."""
     targets = module.state_dict(keep_vars=True)
-    conn, lib = c._conn, c._lib
-    with conn.op() as h:
-        r = ctypes.c_void_p()
-        st = lib.cairn_model_open(h, id.encode("utf-8"), ctypes.byref(r))
-        if st != 0:
-            raise _errors.last_error(st)
-        try:
-            infos = list(c._reader_infos(r))
-            if len(infos) != len(targets):
+    with c.open_model(id) as r:
+        infos = r.tensors
+        if len(infos) != len(targets):
+            return False
+        copies = []
+        for name, dt, shape, nbytes in infos:
+            t = targets.get(name)
+            if t is None or t.device != device or t.dtype != _torch_dtype(dt, f"tensor {name!r}") or \
+                    tuple(t.shape) != tuple(shape) or not t.is_contiguous():
                 return False
-            names, dsts, sizes = [], [], []
-            for name, dt, shape, nbytes in infos:
-                t = targets.get(name)
-                if t is None or t.device != device or t.dtype != _torch_dtype(dt, f"tensor {name!r}") or \
-                        tuple(t.shape) != tuple(shape) or not t.is_contiguous():
-                    return False
-                if nbytes:
-                    names.append(name)
-                    dsts.append(t.data_ptr())
-                    sizes.append(nbytes)
-            torch.cuda.current_stream(device).synchronize()  # the copies run on the library's stream
-            if names:
-                st = lib.cairn_model_read_tensors_device(r, len(names), _names_array(names),
-                                                         (ctypes.c_void_p * len(dsts))(*dsts),
-                                                         (ctypes.c_size_t * len(sizes))(*sizes))
-                if st != 0:
-                    raise _errors.last_error(st)
-            return True
-        finally:
-            lib.cairn_model_close(r)
-
-
-_cuda_in_library: Optional[bool] = None  # learnt on the first CUDA load
+            if nbytes:
+                copies.append((name, t.data_ptr(), nbytes))
+        torch.cuda.current_stream(device).synchronize()  # the copies run on the library's stream
+        r.read_device(copies)
+        return True
 
 
 def _state(c: Client, id: str, device: Optional[torch.device], copy: bool = True) -> Dict[str, torch.Tensor]:
-    global _cuda_in_library
-    if device is not None and device.type == "cuda" and torch.cuda.is_available() and _cuda_in_library is not False:
+    if device is not None and device.type == "cuda" and torch.cuda.is_available() and library_has_cuda():
         if device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
         if _hbm_backend(c) == "cuda" and not copy:
             return _hbm_state(c, id, device)
-        got = _cuda_state(c, id, device)
-        _cuda_in_library = got is not None
-        if got is not None:
-            return got
+        return _cuda_state(c, id, device)
+    # A libcairn without CUDA: through host memory.
     dtypes = {t["name"]: t["dtype"] for t in c.show(id).get("tensors", [])}
     on_host = device is None or device.type == "cpu"
     if copy or not on_host:
@@ -430,7 +306,8 @@ def load(
     if copy and on_host:
         _read_into_module(c, id, module, strict)
         return module
-    if dev is not None and dev.type == "cuda" and torch.cuda.is_available() and _hbm_backend(c) == "cuda":
+    if dev is not None and dev.type == "cuda" and torch.cuda.is_available() and library_has_cuda() and \
+            _hbm_backend(c) == "cuda":
         if dev.index is None:
             dev = torch.device("cuda", torch.cuda.current_device())
         with torch.no_grad():
