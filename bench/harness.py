@@ -282,31 +282,16 @@ def run_repository(quick: bool, work: Path) -> List[Dict[str, Any]]:
 
 
 def run_torch(quick: bool, work: Path) -> List[Dict[str, Any]]:
+    """Loads into PyTorch (bench/workloads/torch_load.py): state dicts and modules, warm and cold,
+    against safetensors, torch.load, Run:ai Model Streamer, Tensorizer and the kernel's page mapping
+    alone, under the machine's shared-memory huge-page setting and (as root) the other one."""
     out = work / "torch.json"
     _run([PY, str(ROOT / "bench/workloads/torch_load.py"), *(["--quick"] if quick else []), "--json", str(out)],
          work / "torch.log", env=_cairn_env())
     d = json.loads(out.read_text())
-    rows = []
-    for model, m in d["models"].items():
-        w = m["warm_s"]
-        c = w.get("cairn zero-copy")
-        if c is None:
-            continue
-        rows.append(ratio("torch loads", f"{model} warm state dict", c, "safetensors load_file",
-                          w["safetensors load_file"], "s", "lower", "<= 0.5"))
-        rows.append(ratio("torch loads", f"{model} warm state dict", c, "torch.load", w["torch.load"], "s", "lower",
-                          "<= 0.2"))
-        wm = m.get("warm_module_s", {})
-        if "cairn zero-copy" in wm:
-            rows.append(ratio("torch loads", f"{model} warm into nn.Module", wm["cairn zero-copy"], "safetensors load_file",
-                              wm["safetensors load_file"], "s", "lower"))
-            rows.append(ratio("torch loads", f"{model} warm into nn.Module", wm["cairn zero-copy"], "torch.load",
-                              wm["torch.load"], "s", "lower"))
-        cs = m.get("cold_s", {})
-        if "cairn.torch.load" in cs:
-            rows.append(ratio("torch loads", f"{model} cold state dict", cs["cairn.torch.load"], "torch.load",
-                              cs["torch.load"], "s", "lower", note=f"page cache: {d.get('cold_method')}"))
-    return rows
+    # torch_load's rows are times in seconds with the goal on cairn / baseline.
+    return [ratio("torch loads", r["name"], r["value"], r["baseline"], r["baseline_value"], r["unit"], "lower",
+                  r.get("goal"), r.get("note", "")) for r in d["rows"]]
 
 
 def run_micro(quick: bool, work: Path) -> List[Dict[str, Any]]:
@@ -530,6 +515,20 @@ def run_mpi(quick: bool, work: Path) -> List[Dict[str, Any]]:
     return rows
 
 
+def run_dcp(quick: bool, work: Path) -> List[Dict[str, Any]]:
+    """torch.distributed.checkpoint on cairn (cairn.dcp) against DCP's own FileSystemWriter/Reader on
+    the same filesystem, 1 and 2 gloo ranks (bench/workloads/dcp_bench.py): save and async_save
+    blocking time, the bytes of a fine-tuning checkpoint series, warm and cold loads."""
+    _need(module="torch.distributed.checkpoint", debian="none; PyPI torch in .venv")
+    out = work / "dcp.json"
+    _run([PY, str(ROOT / "bench/workloads/dcp_bench.py"), *(["--quick"] if quick else []), "--json", str(out)],
+         work / "dcp.log", env=_cairn_env(), timeout=3600)
+    d = json.loads(out.read_text())
+    # dcp_bench's rows are cairn / baseline, lower is better (times and bytes), goals on that ratio.
+    return [ratio("dcp", r["name"], r["value"], r["baseline"], r["baseline_value"], r["unit"], "lower", r["goal"])
+            for r in d["rows"]]
+
+
 def run_coupled(quick: bool, work: Path) -> List[Dict[str, Any]]:
     """The coupled example (docs/coupled.md) over cairn and over Redis on 2 MPI ranks, same
     arguments (bench/workloads/coupled_bench.py): publish time per rank and publication, field
@@ -629,12 +628,16 @@ COMPONENTS: List[tuple] = [
      "reopen time and memory at 100,000 models (bench/workloads/repository_bench.cpp)"),
     ("restart", run_restart, "a daemon restart on a repository of 100,000 models committed through it "
      "(bench/workloads/restart_bench.py)"),
-    ("torch loads", run_torch, "PyTorch state-dict loads (bench/workloads/torch_load.py)"),
+    ("torch loads", run_torch, "PyTorch loads into a built nn.Module and as state dicts, warm and cold, against "
+     "safetensors, torch.load, Run:ai Model Streamer, Tensorizer and the kernel's page mapping alone, with the "
+     "machine's shared-memory huge-page setting and the other (bench/workloads/torch_load.py)"),
     ("workloads", run_workloads, "NAS, ensemble, checkpoint, coupled workloads (bench/workloads/workloads.py)"),
     ("policy", run_policy, "eviction policies vs Belady on traces (cairn-sim), prefetch from hints (bench/workloads/prefetch_bench.py)"),
     ("peers", run_peers, "the daemons of a job as one cache over libfabric: peer stream, ensemble loads, "
      "simulated 16 to 4,096 nodes (bench/workloads/peers_bench.py)"),
     ("mpi", run_mpi, "data-parallel checkpoints and restarts over 1, 2, 4 MPI ranks (bench/workloads/mpi_bench.py)"),
+    ("dcp", run_dcp, "torch.distributed.checkpoint on cairn vs DCP's FileSystemWriter/Reader on 1 and 2 gloo ranks "
+     "(bench/workloads/dcp_bench.py)"),
     ("gpu", run_gpu, "the GPU tier: loads into device memory, HBM hits, checkpoints from the device "
      "(bench/workloads/gpu_bench.py; skipped without a GPU)"),
     ("coupled", run_coupled, "the coupled example (MPI heat simulation + online PyTorch trainer) over cairn and over "

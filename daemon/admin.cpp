@@ -27,14 +27,17 @@ Result<json> Admin::list(const json& req) {
     return r;
   };
   // A model moves from pending (or another member's) to the repository: listed once, as the
-  // repository has it, while it is in both for a moment.
+  // repository has it, while it is in both for a moment. Pending is read first: the flusher drops a
+  // model from pending only after the repository has it, so a model moved between the two reads is
+  // in the second; read the other way round it would be in neither.
+  const auto pending = p_.flusher.pending();
   std::set<std::string> listed;
   for (const auto& id : p_.repo.list()) {
     auto m = p_.repo.get_shared(id);
     if (m.is_ok() && (all || (*m)->retired_ns == 0)) models.push_back(row(**m, "global"));
     listed.insert(id);
   }
-  for (const auto& m : p_.flusher.pending())
+  for (const auto& m : pending)
     if (listed.insert(m->id).second) models.push_back(row(*m, "memory"));
   // Committed on another member of the job, not in the repository yet (as far as this daemon knows).
   if (p_.remote)

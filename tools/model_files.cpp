@@ -92,7 +92,9 @@ Result<int> run_python_io(const std::vector<std::string>& args) {
     package_dir = dir + "/" CAIRN_INSTALLED_PYTHON_RELDIR;
 #endif
 #ifdef CAIRN_PYTHON_PACKAGE_DIR
-  if (package_dir.empty() && is_regular_file(std::string(CAIRN_PYTHON_PACKAGE_DIR) + "/cairn/io.py"))
+  std::string source_io(CAIRN_PYTHON_PACKAGE_DIR);
+  source_io.append("/cairn/io.py");
+  if (package_dir.empty() && is_regular_file(source_io))
     package_dir = CAIRN_PYTHON_PACKAGE_DIR;
 #endif
   if (!package_dir.empty()) {

@@ -1,0 +1,1222 @@
+"""``cairn://`` for fsspec: ordinary files stored in cairn as content-chunked models.
+
+Registered through the ``fsspec.specs`` entry point of the installed package, so that
+``fsspec.open("cairn://run1/epoch=3.ckpt")`` works without importing cairn first::
+
+    import fsspec, torch
+
+    with fsspec.open("cairn://run1/epoch=3.ckpt", "wb") as f:      # committed on close
+        torch.save(model.state_dict(), f)
+    with fsspec.open("cairn://run1/epoch=3.ckpt", "rb") as f:
+        sd = torch.load(f)
+
+    fs = fsspec.filesystem("cairn", durability="memory", metadata={"epoch": 3})
+    fs.pipe_file("run1/notes.json", b'{"lr": 0.1}')
+    fs.cp_file("run1/epoch=3.ckpt", "best.ckpt")                     # no bytes copied
+
+What a path is
+    A file written through ``cairn://`` at path ``P`` is the model ``P#v<k>``: version ``k`` of the
+    file (1 for the first write), whose metadata record names ``P``. Overwriting commits
+    ``P#v<k+1>`` (its parent: the version it replaces) and then retires the older versions
+    (``cairn rm``): the file is always the live model of record ``P`` with the highest ``k``, found
+    with a catalog query, never by listing every model. Directories are the ``/``-separated
+    prefixes of those paths (nothing stores them; ``mkdir`` only checks that no file is in the way).
+    Any other model (``cairn put``, ``cairn.torch.save``, ...) is a read-only directory at its id,
+    holding one file per tensor (the tensor's raw bytes); it is found at its id, not listed by the
+    directories above it.
+
+How a file is stored
+    Its bytes are cut into pieces, each stored as a U8 tensor, so that the repository (which stores
+    each 16 MiB chunk of a tensor once, by content) keeps a piece that another version or another
+    file repeats only once. A ``torch.save`` archive (an uncompressed zip holding
+    ``<archive>/data/<key>`` records) stores each record -- a tensor's storage, byte for byte -- as a
+    tensor of its own, so its chunks are those :func:`cairn.torch.save` stores for the same tensor;
+    the archive's other bytes, and every other file, are cut where a hash of the 32 bytes before a
+    position passes a test (content-defined: an insertion moves only the cuts next to it), pieces
+    of :data:`MIN_PIECE` to :data:`MAX_PIECE` bytes, about :data:`AVG_PIECE` (:func:`content_cuts`).
+    The model's metadata records the file's size and SHA-256 under ``"cairn.fsspec"``; whole-file
+    reads check both.
+
+docs/python.md ("fsspec: cairn://") lists the storage options, what each operation does and what
+is refused.
+"""
+from __future__ import annotations
+
+import bisect
+import contextlib
+import datetime
+import errno
+import hashlib
+import io
+import json
+import mmap
+import os
+import re
+import struct
+import threading
+import time
+import zipfile
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Set, Tuple, Union
+
+import numpy as np
+from fsspec.callbacks import DEFAULT_CALLBACK
+from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
+from fsspec.utils import isfilelike, stringify_path
+
+from . import _errors
+from .client import Client, connect
+
+__all__ = ["CairnFileSystem", "CairnFile", "content_cuts", "file_segments", "MIN_PIECE", "AVG_PIECE",
+           "MAX_PIECE", "RECORD_KEY", "VERSION_MARK"]
+
+#: Metadata key of a cairn:// file's record (size, sha256, layout, path, created_ns).
+RECORD_KEY = "cairn.fsspec"
+#: Separates a file's path from its version in the model id: ``run1/last.ckpt#v3``.
+VERSION_MARK = "#v"
+_VERSION_RE = re.compile(r"(.+)#v([1-9][0-9]*)", re.DOTALL)
+
+#: Content-defined pieces are at least this long (except a file's last piece)...
+MIN_PIECE = 128 << 10
+#: ...most end soon after this many bytes (FastCDC's normalised chunking: before it the cut test
+#: passes with probability 2**-_STRICT_BITS, after it with 2**-_LOOSE_BITS; pieces average about
+#: 600 KiB)...
+AVG_PIECE = 512 << 10
+#: ...and none is longer than this (a run of bytes without a cut, like one of zeros, is cut here).
+MAX_PIECE = 2 << 20
+_STRICT_BITS = 20
+_LOOSE_BITS = 18
+_WINDOW = 32  # the cut test at a position hashes the 32 bytes that end there
+
+# Every file's model has this one-layer architecture: the catalog's `find` query looks for its type.
+_FILE_TYPE = "cairn.fsspec.file"
+_FILE_ARCH = {"layers": [{"name": "file", "type": _FILE_TYPE, "config": {}, "inputs": []}]}
+_FIND_ALL = 1 << 62  # a `find` limit that is no limit
+_PIN_LIMIT = 256 << 20  # cat_file keeps a range up to this long leased in the arena until it is copied
+
+_DURABILITIES = ("memory", "local", "global")
+_WRITE_OPTIONS = ("durability", "parent", "metadata")
+# Options of fsspec itself that every filesystem accepts (its listings cache, which this one does not use).
+_FSSPEC_OPTIONS = ("use_listings_cache", "listings_expiry_time", "max_paths")
+
+
+# ---- cutting a file into pieces ----
+
+_SALT = np.uint64(0x243F6A8885A308D3)
+_K = [np.uint64(k) for k in (0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0xD6E8FEB86659FD93)]
+_SALT32, _K32 = np.uint32(0x243F6A88), np.uint32(0x9E3779B1)
+# The test has two stages. The first, over every position, hashes the last 4 bytes and passes with
+# probability 2**-8; the second, only where the first passed, hashes the whole 32-byte window and
+# passes the loose test when the hash's top _LOOSE_BITS-8 bits are zero, the strict one (a subset)
+# when its top _STRICT_BITS-8 bits are.
+_FIRST_LIMIT = np.uint32(1 << 24)
+_LOOSE_SHIFT = np.uint64(64 - (_LOOSE_BITS - 8))
+_STRICT_SHIFT = np.uint64(64 - (_STRICT_BITS - 8))
+_BLOCK = 4 << 20  # positions hashed per numpy pass
+
+
+def _words(buf: np.ndarray) -> np.ndarray:
+    """The little-endian uint64 that starts at each byte of ``buf`` (an unaligned, read-only view:
+    element j is bytes j..j+7)."""
+    return np.ndarray((len(buf) - 7,), dtype="<u8", buffer=buf, offset=0, strides=(1,))
+
+
+def _cut_candidates(buf: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """End offsets e (a cut after byte e-1) where the 32 bytes ``buf[e-32:e]`` pass the loose cut
+    test, ascending, and those that pass the strict one. Depend on those bytes only, never on where
+    ``buf`` starts in a file."""
+    n = len(buf)
+    none = np.zeros(0, np.int64)
+    if n < _WINDOW:
+        return none, none
+    words = _words(buf)
+    last = n - 4  # the last position a 4-byte word starts at
+    lane = np.empty(_BLOCK // 4 + 1, np.uint32)
+    loose, strict = [], []
+    for j0 in range(0, last + 1, _BLOCK):
+        j1 = min(last + 1, j0 + _BLOCK)
+        # The first stage over the 4-byte words starting at j0 <= j < j1, as 4 contiguous lanes
+        # (j = r mod 4): numpy runs at full speed over contiguous arrays, not over overlapping views.
+        passed = []
+        for r in range(min(4, j1 - j0)):
+            start = j0 + r
+            m = (j1 - start + 3) // 4
+            a = lane[:m]
+            np.bitwise_xor(np.frombuffer(buf, dtype="<u4", count=m, offset=start), _SALT32, out=a)
+            np.multiply(a, _K32, out=a)
+            hit = np.flatnonzero(a < _FIRST_LIMIT)
+            if len(hit):
+                passed.append(hit * 4 + start)
+        if not passed:
+            continue
+        j = np.sort(np.concatenate(passed))
+        e = j[j >= _WINDOW - 4] + 4  # the word at j ends the window at e = j + 4
+        # The second stage: the 32-byte window buf[e-32:e], as four 8-byte words.
+        h = (words[e - 8] ^ _SALT) * _K[0]
+        h ^= words[e - 16] * _K[1]
+        h ^= words[e - 24] * _K[2]
+        h ^= words[e - 32] * _K[3]
+        h ^= h >> np.uint64(29)
+        h *= _K[0]
+        keep = (h >> _LOOSE_SHIFT) == 0
+        loose.append(e[keep])
+        strict.append(e[keep & ((h >> _STRICT_SHIFT) == 0)])
+    return (np.concatenate(loose) if loose else none), (np.concatenate(strict) if strict else none)
+
+
+def content_cuts(data: Union[bytes, bytearray, memoryview, np.ndarray]) -> List[int]:
+    """The end offsets of the content-defined pieces of ``data`` (the last one is ``len(data)``;
+    empty for empty data).
+
+    After a cut, the next piece ends at the first position between :data:`MIN_PIECE` and
+    :data:`AVG_PIECE` bytes on that passes the strict test (:func:`_cut_candidates`), else at the
+    first between :data:`AVG_PIECE` and :data:`MAX_PIECE` bytes on that passes the loose one, else
+    :data:`MAX_PIECE` bytes on; the last piece may be shorter. A cut depends only on the bytes
+    since the previous one (and the 32 before each candidate), so equal bytes give equal cuts
+    wherever they start: after an insertion or a deletion the cuts fall on the same content again
+    within a piece or two."""
+    buf = np.frombuffer(data, dtype=np.uint8) if not isinstance(data, np.ndarray) else data.reshape(-1).view(np.uint8)
+    n = len(buf)
+    loose, strict = _cut_candidates(buf)
+    cuts: List[int] = []
+    last = 0
+    while n - last > MIN_PIECE:
+        k = int(np.searchsorted(strict, last + MIN_PIECE, side="left"))
+        if k < len(strict) and strict[k] < last + AVG_PIECE:
+            e = int(strict[k])
+        else:
+            k = int(np.searchsorted(loose, last + AVG_PIECE, side="left"))
+            if k < len(loose) and loose[k] <= last + MAX_PIECE:
+                e = int(loose[k])
+            elif n - last > MAX_PIECE:
+                e = last + MAX_PIECE
+            else:
+                break
+        cuts.append(e)
+        last = e
+    if n > last:
+        cuts.append(n)
+    return cuts
+
+
+class _ViewReader(io.RawIOBase):
+    """A read-only, seekable file over a buffer, without copying it (for zipfile)."""
+
+    def __init__(self, view: memoryview) -> None:
+        self._view = view
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self._pos, 2: len(self._view)}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def readinto(self, b: Any) -> int:
+        n = max(0, min(len(b), len(self._view) - self._pos))
+        b[:n] = self._view[self._pos:self._pos + n]
+        self._pos += n
+        return n
+
+
+_TORCH_RECORD = re.compile(r"[^/]+/data/[^/]+")
+
+
+def _torch_records(view: memoryview) -> List[Tuple[str, int, int]]:
+    """The storage records of a ``torch.save`` zip archive, as (entry name, start, end) in file
+    order: uncompressed entries ``<archive>/data/<key>``, each a tensor storage's bytes. Empty when
+    ``view`` is not such an archive (no ``<archive>/data.pkl``, or not a zip)."""
+    if len(view) < 30 or bytes(view[:4]) != b"PK\x03\x04":
+        return []
+    try:
+        with zipfile.ZipFile(_ViewReader(view)) as z:
+            infos = z.infolist()
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError, struct.error):
+        return []
+    if not any(i.filename.endswith("/data.pkl") and i.filename.count("/") == 1 for i in infos):
+        return []
+    records = []
+    for i in infos:
+        if i.compress_type != zipfile.ZIP_STORED or not _TORCH_RECORD.fullmatch(i.filename) or i.file_size == 0:
+            continue
+        h = i.header_offset
+        if h + 30 > len(view):
+            continue
+        sig, name_len, extra_len = struct.unpack_from("<I22xHH", view, h)
+        start = h + 30 + name_len + extra_len
+        if sig != 0x04034B50 or start + i.file_size > len(view):
+            continue
+        records.append((i.filename, start, start + i.file_size))
+    records.sort(key=lambda r: r[1])
+    kept: List[Tuple[str, int, int]] = []
+    for r in records:  # entries of a well-formed archive never overlap; skip any that would
+        if not kept or r[1] >= kept[-1][2]:
+            kept.append(r)
+    return kept
+
+
+def file_segments(data: Union[bytes, bytearray, memoryview]) -> Tuple[str, List[Tuple[str, int, int]]]:
+    """How a file's bytes are stored: ``(layout, [(tensor name, start, end), ...])``.
+
+    The segments cover ``data`` in order without gaps, so the file is their concatenation.
+    ``layout`` is ``"torch-zip"`` (each storage record of a ``torch.save`` archive is one segment,
+    named ``file.<i>=<entry>``; the bytes between records are cut by :func:`content_cuts`) or
+    ``"content-defined"`` (only :func:`content_cuts`). Pieces are named ``file.<i>`` (``i`` zero
+    padded to 6 digits, in file order)."""
+    view = memoryview(data).cast("B") if not isinstance(data, memoryview) or data.format != "B" else data
+    records = _torch_records(view)
+    segments: List[Tuple[str, int, int]] = []
+
+    def cut(start: int, end: int) -> None:
+        prev = start
+        for e in content_cuts(view[start:end]):
+            segments.append((f"file.{len(segments):06d}", prev, start + e))
+            prev = start + e
+
+    pos = 0
+    for entry, start, end in records:
+        cut(pos, start)
+        segments.append((f"file.{len(segments):06d}={entry}", start, end))
+        pos = end
+    cut(pos, len(view))
+    return ("torch-zip" if records else "content-defined"), segments
+
+
+# ---- paths, records, errors ----
+
+def _join(pieces: Iterator[memoryview], length: int, hasher: Any = None) -> bytes:
+    """The concatenation of ``pieces`` (``length`` bytes in all), hashed into ``hasher`` on the way.
+
+    Up to _PIN_LIMIT bytes, the pieces (views of the daemon's arena) are kept, with their leases, and
+    copied once by the join; a longer range is copied piece by piece first, so that it never holds
+    more than one request's worth of the arena."""
+    keep = length <= _PIN_LIMIT
+    parts: List[Any] = []
+    for v in pieces:
+        if hasher is not None:
+            hasher.update(v)
+        parts.append(v if keep else bytes(v))
+    return b"".join(parts)
+
+
+def _split_key(key: str) -> List[str]:
+    return key.split("/") if key else []
+
+
+def _addressable(name: str) -> bool:
+    """Whether a path, model id or tensor name is one this filesystem can name: non-empty
+    ``/``-separated components, none ``.`` or ``..``."""
+    return bool(name) and all(c not in ("", ".", "..") for c in name.split("/"))
+
+
+def _below(key: str) -> Any:
+    """A ``where`` filter on a record's path: every path below directory ``key`` (all for the root)."""
+    return {"exists": True} if not key else {">=": key + "/", "<": key + "0"}  # '0' follows '/'
+
+
+def _fs_error(e: _errors.CairnError, path: str) -> BaseException:
+    """A cairn error as the OSError that fsspec callers expect, naming the path."""
+    msg = f"cairn://{path}: {e.message}"
+    if isinstance(e, _errors.NotFound):
+        return FileNotFoundError(errno.ENOENT, msg)
+    if isinstance(e, _errors.AlreadyExists):
+        return FileExistsError(errno.EEXIST, msg)
+    if isinstance(e, _errors.PermissionDenied):
+        return PermissionError(errno.EACCES, msg)
+    return e
+
+
+@contextlib.contextmanager
+def _as_os_errors(path: str) -> Iterator[None]:
+    try:
+        yield
+    except (_errors.NotFound, _errors.AlreadyExists, _errors.PermissionDenied) as e:
+        raise _fs_error(e, path) from e
+
+
+def _check_write_options(durability: Any, parent: Any, metadata: Any, where: str) -> None:
+    if durability not in _DURABILITIES:
+        raise ValueError(f"{where}: durability={durability!r} is not one of 'memory', 'local', 'global'")
+    if parent is not None and (not isinstance(parent, str) or not parent or "\0" in parent):
+        raise ValueError(f"{where}: parent={parent!r} is not a model id (a non-empty str without NUL)")
+    if metadata is not None:
+        if not isinstance(metadata, Mapping) or not all(isinstance(k, str) for k in metadata):
+            raise ValueError(f"{where}: metadata must be a JSON object (a dict with str keys), "
+                             f"not {type(metadata).__name__}")
+        if RECORD_KEY in metadata:
+            raise ValueError(f"{where}: metadata key {RECORD_KEY!r} is reserved (it records the file's size and hash)")
+        try:
+            json.dumps(dict(metadata), allow_nan=False)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{where}: metadata is not JSON: {e}") from None
+
+
+@dataclass
+class _FileEntry:
+    """A file written through cairn://: its newest live version and the older live ones."""
+    path: str
+    model: str
+    version: int
+    older: List[str] = field(default_factory=list)
+
+
+@dataclass
+class _Layout:
+    """How a stored file (or a foreign model's tensor) maps onto tensors of one model."""
+    model: str
+    names: List[str]
+    offsets: List[int]  # len(names) + 1 entries: tensor i holds bytes [offsets[i], offsets[i+1])
+    record: Optional[Dict[str, Any]]  # the file's record; None for a foreign tensor
+    commit_ns: int  # when the model was committed
+    client: Client  # the connection it was found on, which reads it
+
+    @property
+    def size(self) -> int:
+        return self.offsets[-1]
+
+
+@dataclass
+class _Foreign:
+    """A model not written through cairn:// (a directory of its tensors) and a path inside it."""
+    model: str
+    rel: str  # the path below the model's directory ("" for the directory itself)
+    shown: Dict[str, Any]
+
+    def tensors(self) -> Dict[str, Tuple[str, int]]:
+        """{tensor name: (tensor name, nbytes)} of the tensors whose names are paths."""
+        return {t["name"]: (t["name"], int(t["nbytes"])) for t in self.shown.get("tensors", [])
+                if _addressable(t["name"])}
+
+    def dirs(self) -> Set[str]:
+        """The directories the tensor names imply, relative to the model's ("" included)."""
+        out = {""}
+        for name in self.tensors():
+            parts = name.split("/")
+            out.update("/".join(parts[:i]) for i in range(1, len(parts)))
+        return out
+
+
+class CairnFileSystem(AbstractFileSystem):
+    """fsspec's view of a cairn daemon: protocol ``cairn`` (see the module's documentation).
+
+    Storage options (each also a keyword of ``open``/``pipe_file``/``put_file``/``cp_file`` for one
+    write):
+
+    - ``socket``: the daemon's Unix socket; default ``$CAIRN_SOCKET`` (read at each operation), else
+      the default socket, as :func:`cairn.connect`.
+    - ``durability``: ``"memory"``, ``"local"`` or ``"global"`` (default): what a write waits for
+      before it returns (``close`` of a file opened for writing, ``pipe_file``, ``put_file``, ...).
+    - ``parent``: the model id recorded as the parent of every model written; default: the version
+      the write replaces (none for a new path). A copy's parent is always its source.
+    - ``metadata``: a JSON object merged into the metadata of every model written (the key
+      ``"cairn.fsspec"`` is the file's record and reserved).
+
+    Files are found with catalog queries on their records (``find`` with a ``where`` on the path),
+    never by listing every model; a model not written through cairn:// is found at its id only.
+    Thread-safe: one connection per process, shared by threads (calls are serialised); after a
+    ``fork`` the child connects again on its first call.
+    """
+
+    protocol = "cairn"
+    root_marker = ""
+
+    def __init__(self, socket: Optional[Union[str, "os.PathLike[str]"]] = None, durability: str = "global",
+                 parent: Optional[str] = None, metadata: Optional[Mapping[str, Any]] = None,
+                 **storage_options: Any) -> None:
+        unknown = [k for k in storage_options if k not in _FSSPEC_OPTIONS]
+        if unknown:
+            raise TypeError(f"cairn:// storage option {unknown[0]!r} is unknown; the options are socket, durability, "
+                            f"parent, metadata (and fsspec's {', '.join(_FSSPEC_OPTIONS)})")
+        if socket is not None and not isinstance(socket, (str, os.PathLike)):
+            raise ValueError(f"cairn:// storage option socket={socket!r} is not a path")
+        _check_write_options(durability, parent, metadata, "cairn:// storage option")
+        super().__init__(**storage_options)
+        self.socket = os.fspath(socket) if socket is not None else None
+        self.durability = durability
+        self.parent = parent
+        self.metadata = dict(metadata) if metadata is not None else {}
+        self._lock = threading.Lock()
+        self._client: Optional[Client] = None
+        self._client_key: Optional[Tuple[int, Optional[str]]] = None
+
+    # ---- the connection ----
+
+    @property
+    def client(self) -> Client:
+        """The connection to the daemon (made on first use; again after a fork, or when
+        ``$CAIRN_SOCKET`` changed for a filesystem without a ``socket`` option)."""
+        want = self.socket if self.socket is not None else os.environ.get("CAIRN_SOCKET")
+        key = (os.getpid(), want)
+        with self._lock:
+            if self._client is None or self._client.closed or self._client_key != key:
+                if self._client is not None and self._client_key is not None and self._client_key[0] == key[0]:
+                    self._client.close()
+                self._client = connect(want)
+                self._client_key = key
+            return self._client
+
+    @property
+    def fsid(self) -> str:
+        return f"cairn:{self.client.address}"
+
+    # ---- paths ----
+
+    @classmethod
+    def _strip_protocol(cls, path: Any) -> Any:
+        if isinstance(path, list):
+            return [cls._strip_protocol(p) for p in path]
+        path = stringify_path(path)
+        if path.startswith("cairn://"):
+            path = path[len("cairn://"):]
+        elif path.startswith("cairn::"):
+            path = path[len("cairn::"):]
+        if "://" in path:
+            return path  # another protocol's URL: _key refuses it by name
+        return "/".join(p for p in path.split("/") if p)
+
+    def _key(self, path: Any) -> str:
+        """``path`` (a cairn:// URL or a path) as this filesystem's key; ValueError naming what is
+        wrong with it."""
+        key = self._strip_protocol(path)
+        if not isinstance(key, str):
+            raise ValueError(f"cairn:// path {path!r} is not a string")
+        if "://" in key:
+            raise ValueError(f"{path!r} is not a cairn:// URL (this filesystem is cairn://)")
+        if "\0" in key:
+            raise ValueError(f"cairn:// path {path!r} contains a NUL character")
+        if any(c in (".", "..") for c in _split_key(key)):
+            raise ValueError(f"cairn:// path {path!r}: '.' and '..' are not path components here")
+        return key
+
+    def _writable_key(self, path: Any) -> str:
+        key = self._key(path)
+        if not key:
+            raise IsADirectoryError(errno.EISDIR, "cairn://: the root is a directory, not a file")
+        if "?" in key:
+            raise ValueError(f"cairn://{key}: paths take no '?' query here; give parent, durability and metadata "
+                             f"as storage options")
+        if len(key.encode("utf-8")) > 1000:
+            raise ValueError(f"cairn://{key[:60]}...: the path is too long (a model id is at most 1024 bytes of UTF-8, "
+                             f"'{VERSION_MARK}<version>' included)")
+        return key
+
+    # ---- the catalog ----
+
+    def _find_files(self, path_filter: Any, limit: int = _FIND_ALL) -> Dict[str, List[Tuple[int, str]]]:
+        """The live versions of the files whose record's path passes ``path_filter`` (a catalog
+        ``where`` value): {path: [(version, model id), ...] ascending}. One ``find`` query."""
+        ids = self.client.query({"op": "find", "contains_path": [_FILE_TYPE],
+                                 "where": {RECORD_KEY: {"path": path_filter}}, "limit": limit}).get("models", [])
+        out: Dict[str, List[Tuple[int, str]]] = {}
+        for mid in ids:
+            m = _VERSION_RE.fullmatch(mid)
+            if m and _addressable(m.group(1)):
+                out.setdefault(m.group(1), []).append((int(m.group(2)), mid))
+        for versions in out.values():
+            versions.sort()
+        return out
+
+    @staticmethod
+    def _entry(path: str, versions: List[Tuple[int, str]]) -> _FileEntry:
+        return _FileEntry(path, versions[-1][1], versions[-1][0], [mid for _, mid in versions[:-1]])
+
+    def _file(self, key: str) -> Optional[_FileEntry]:
+        """The file written through cairn:// at ``key``, if there is one."""
+        if not key:
+            return None
+        versions = self._find_files(key).get(key)
+        return self._entry(key, versions) if versions else None
+
+    def _has_files_below(self, key: str) -> bool:
+        return bool(self._find_files(_below(key), limit=1))
+
+    def _show(self, model: str) -> Optional[Dict[str, Any]]:
+        """``show`` of a live model (None when there is none, or it was removed)."""
+        try:
+            shown = self.client.show(model)
+        except _errors.NotFound:
+            return None
+        return None if shown.get("retired_ns") or shown.get("collected") else shown
+
+    def _foreign(self, key: str) -> Optional[_Foreign]:
+        """The model not written through cairn:// whose directory is ``key`` or holds it (the
+        longest such model id), if any: one ``show`` per path component at most."""
+        parts = _split_key(key)
+        for i in range(len(parts), 0, -1):
+            mid = "/".join(parts[:i])
+            shown = self._show(mid)
+            if shown is not None and RECORD_KEY not in (shown.get("metadata") or {}):
+                return _Foreign(mid, "/".join(parts[i:]), shown)
+        return None
+
+    def _layout_of(self, model: str) -> _Layout:
+        """The layout of a file's model; checks its record against its tensors."""
+        client = self.client
+        with _as_os_errors(model):
+            shown = client.show(model)
+        record = (shown.get("metadata") or {}).get(RECORD_KEY)
+        if not isinstance(record, dict) or "size" not in record or "sha256" not in record:
+            raise OSError(errno.EIO, f"model {model!r} has no {RECORD_KEY!r} record in its metadata, so it is not a "
+                                     f"file written through cairn://; read it with cairn.Client.load_model")
+        names, offsets = [], [0]
+        for t in shown.get("tensors", []):
+            names.append(t["name"])
+            offsets.append(offsets[-1] + int(t["nbytes"]))
+        if offsets[-1] != int(record["size"]):
+            raise OSError(errno.EIO, f"model {model!r}: its tensors hold {offsets[-1]} bytes but its record says the "
+                                     f"file has {record['size']}; the model is damaged")
+        return _Layout(model, names, offsets, record, int(shown.get("created_ns", 0)), client)
+
+    # ---- listing ----
+
+    @staticmethod
+    def _file_info(f: _FileEntry, layout: Optional[_Layout]) -> Dict[str, Any]:
+        info: Dict[str, Any] = {"name": f.path, "size": layout.size if layout else None, "type": "file",
+                                "model": f.model, "version": f.version}
+        if layout is not None:
+            info["created_ns"] = layout.commit_ns
+        return info
+
+    @staticmethod
+    def _model_info(fm: _Foreign) -> Dict[str, Any]:
+        return {"name": fm.model, "size": 0, "type": "directory", "model": fm.model,
+                "tensors": len(fm.shown.get("tensors", [])), "created_ns": int(fm.shown.get("created_ns", 0))}
+
+    @staticmethod
+    def _tensor_info(fm: _Foreign, rel: str, t: Tuple[str, int]) -> Dict[str, Any]:
+        return {"name": f"{fm.model}/{rel}", "size": t[1], "type": "file", "model": fm.model, "tensor": t[0],
+                "created_ns": int(fm.shown.get("created_ns", 0))}
+
+    def _foreign_entries(self, fm: _Foreign, below: Optional[str],
+                         maxdepth: Optional[int]) -> Dict[str, Dict[str, Any]]:
+        """Entries inside foreign model ``fm``: below directory ``below`` (relative; None: the
+        immediate children of ``fm.rel``), to ``maxdepth`` levels."""
+        tensors, dirs = fm.tensors(), fm.dirs()
+        base = fm.rel if below is None else below
+        prefix = base + "/" if base else ""
+        base_depth = len(_split_key(base))
+        out: Dict[str, Dict[str, Any]] = {}
+        for d in dirs:
+            depth = len(_split_key(d)) - base_depth
+            if d.startswith(prefix) and d != base and (depth == 1 if below is None else
+                                                       (maxdepth is None or depth <= maxdepth)):
+                out[f"{fm.model}/{d}"] = {"name": f"{fm.model}/{d}", "size": 0, "type": "directory", "model": fm.model}
+        for rel, t in tensors.items():
+            depth = len(_split_key(rel)) - base_depth
+            if rel.startswith(prefix) and (depth == 1 if below is None else (maxdepth is None or depth <= maxdepth)):
+                out[f"{fm.model}/{rel}"] = self._tensor_info(fm, rel, t)
+        return out
+
+    def ls(self, path: Any, detail: bool = True, **kwargs: Any) -> List[Any]:
+        """The entries of directory ``path`` (or ``[info(path)]`` for a file), sorted: the files
+        written through cairn:// and the directories their paths imply; inside a model's directory,
+        its tensors. Files carry ``model`` (the model id of the current version), ``version`` and
+        ``created_ns``; a model's directory carries ``model`` and ``tensors``; its tensors
+        ``model`` and ``tensor``. With ``detail``, one ``show`` per file listed (its size)."""
+        key = self._key(path)
+        f = self._file(key)
+        if f is not None:
+            return [self._file_info(f, self._layout_of(f.model))] if detail else [key]
+        prefix = key + "/" if key else ""
+        entries: Dict[str, Any] = {}
+        files = self._find_files(_below(key))
+        for p, versions in files.items():
+            rest = p[len(prefix):]
+            if "/" in rest:
+                child = prefix + rest.split("/", 1)[0]
+                entries.setdefault(child, {"name": child, "size": 0, "type": "directory"})
+            else:
+                entries[p] = self._entry(p, versions)
+        fm = self._foreign(key) if key else None
+        if fm is not None:
+            inside = self._foreign_entries(fm, None, None)
+            if not inside and fm.rel and fm.rel not in fm.dirs():
+                if fm.rel in fm.tensors():
+                    t = self._tensor_info(fm, fm.rel, fm.tensors()[fm.rel])
+                    return [t] if detail else [t["name"]]
+                fm = None
+            for name, e in inside.items():
+                entries.setdefault(name, e)
+        if not entries and fm is None and key:
+            raise FileNotFoundError(errno.ENOENT, f"cairn://{key}: no such file or directory")
+        out = []
+        for name in sorted(entries):
+            e = entries[name]
+            if isinstance(e, _FileEntry):
+                e = self._file_info(e, self._layout_of(e.model) if detail else None)
+            out.append(e if detail else e["name"])
+        return out
+
+    def info(self, path: Any, **kwargs: Any) -> Dict[str, Any]:
+        """The file or directory at ``path``: a file written through cairn:// (one ``find`` and one
+        ``show``), a directory of such files, a model's directory, or one of its tensors."""
+        key = self._key(path)
+        if not key:
+            return {"name": "", "size": 0, "type": "directory"}
+        f = self._file(key)
+        if f is not None:
+            return self._file_info(f, self._layout_of(f.model))
+        if self._has_files_below(key):
+            return {"name": key, "size": 0, "type": "directory"}
+        fm = self._foreign(key)
+        if fm is not None:
+            if not fm.rel:
+                return self._model_info(fm)
+            tensors = fm.tensors()
+            if fm.rel in tensors:
+                return self._tensor_info(fm, fm.rel, tensors[fm.rel])
+            if fm.rel in fm.dirs():
+                return {"name": key, "size": 0, "type": "directory", "model": fm.model}
+        raise FileNotFoundError(errno.ENOENT, f"cairn://{key}: no such file or directory")
+
+    def find(self, path: Any, maxdepth: Optional[int] = None, withdirs: bool = False, detail: bool = False,
+             **kwargs: Any) -> Any:
+        """Every file below ``path`` (and directory, with ``withdirs``), as fsspec's ``find``: the
+        files written through cairn:// (one ``find`` query; with ``detail``, a ``show`` each) and,
+        inside a model's directory, its tensors. Models not written through cairn:// below
+        ``path`` are not searched for (they are found at their ids)."""
+        if maxdepth is not None and maxdepth < 1:
+            raise ValueError("maxdepth must be at least 1")
+        key = self._key(path)
+        prefix = key + "/" if key else ""
+        base_depth = len(_split_key(key))
+        out: Dict[str, Any] = {}
+        for p, versions in self._find_files(_below(key)).items():
+            parts = _split_key(p)
+            if maxdepth is None or len(parts) - base_depth <= maxdepth:
+                out[p] = self._entry(p, versions)
+            if withdirs:
+                for i in range(base_depth + 1, len(parts)):
+                    if maxdepth is None or i - base_depth <= maxdepth:
+                        d = "/".join(parts[:i])
+                        out.setdefault(d, {"name": d, "size": 0, "type": "directory"})
+        fm = self._foreign(key) if key else None
+        if fm is not None and (not fm.rel or fm.rel in fm.dirs()):
+            for name, e in self._foreign_entries(fm, fm.rel, maxdepth).items():
+                if e["type"] == "file" or withdirs:
+                    out.setdefault(name, e)
+        if withdirs and key and key not in out:
+            with contextlib.suppress(FileNotFoundError):
+                info = self.info(key)
+                if info["type"] == "directory":
+                    out[key] = info
+        if not out and key:
+            with contextlib.suppress(FileNotFoundError):
+                info = self.info(key)
+                if info["type"] == "file":
+                    out[key] = info
+        names = sorted(out)
+        if not detail:
+            return names
+        result = {}
+        for n in names:
+            e = out[n]
+            result[n] = self._file_info(e, self._layout_of(e.model)) if isinstance(e, _FileEntry) else e
+        return result
+
+    def created(self, path: Any) -> datetime.datetime:
+        """When the file at ``path`` was first written (since it last did not exist); for a model's
+        tensor, when the model was committed. UTC."""
+        info = self.info(path)
+        if info["type"] != "file":
+            raise IsADirectoryError(errno.EISDIR, f"cairn://{info['name']}: a directory has no timestamps")
+        ns = int(info["created_ns"])
+        if "version" in info:
+            record = self._layout_of(info["model"]).record or {}
+            ns = int(record.get("created_ns", ns))
+        return datetime.datetime.fromtimestamp(ns / 1e9, tz=datetime.timezone.utc)
+
+    def modified(self, path: Any) -> datetime.datetime:
+        """When the current version of the file at ``path`` was committed (for a model's tensor,
+        when the model was). UTC."""
+        info = self.info(path)
+        if info["type"] != "file":
+            raise IsADirectoryError(errno.EISDIR, f"cairn://{info['name']}: a directory has no timestamps")
+        return datetime.datetime.fromtimestamp(int(info["created_ns"]) / 1e9, tz=datetime.timezone.utc)
+
+    def checksum(self, path: Any) -> int:
+        """The file's SHA-256 (from its record) as an int; for a model's tensor, a hash of the
+        model's id, the tensor's name and the model's commit time."""
+        info = self.info(path)
+        if info["type"] != "file":
+            raise IsADirectoryError(errno.EISDIR, f"cairn://{info['name']}: is a directory")
+        if "version" in info:
+            return int((self._layout_of(info["model"]).record or {})["sha256"], 16)
+        return int(hashlib.sha256(f"{info['model']}\0{info['tensor']}\0{info['created_ns']}".encode()).hexdigest(), 16)
+
+    # ---- directories ----
+
+    def mkdir(self, path: Any, create_parents: bool = True, **kwargs: Any) -> None:
+        """Directories exist while files are below them: this only checks that no file is in the way."""
+        key = self._key(path)
+        parts = _split_key(key)
+        if parts:
+            prefixes = ["/".join(parts[:i]) for i in range(1, len(parts) + 1)]
+            hits = self._find_files({"in": prefixes})
+            if hits:
+                raise FileExistsError(errno.EEXIST, f"cairn://{min(hits, key=len)}: a file is in the way of "
+                                                    f"directory {key!r}")
+
+    def makedirs(self, path: Any, exist_ok: bool = False) -> None:
+        key = self._key(path)
+        if not exist_ok and key and self.isdir(key):
+            raise FileExistsError(errno.EEXIST, f"cairn://{key}: the directory exists")
+        self.mkdir(key)
+
+    def rmdir(self, path: Any) -> None:
+        """Refuses a directory that holds anything (OSError ENOTEMPTY) and a file; an empty directory
+        does not exist apart from its files, so there is nothing else to remove."""
+        key = self._key(path)
+        if self._file(key) is not None:
+            raise NotADirectoryError(errno.ENOTDIR, f"cairn://{key}: is a file")
+        if self._has_files_below(key) or (key and self._foreign(key) is not None):
+            raise OSError(errno.ENOTEMPTY, f"cairn://{key}: the directory is not empty")
+
+    # ---- reading ----
+
+    def _resolve(self, key: str) -> _Layout:
+        """The layout of the file at ``key``: written through cairn://, or a model's tensor."""
+        f = self._file(key)
+        if f is not None:
+            return self._layout_of(f.model)
+        fm = self._foreign(key) if key else None
+        if fm is not None and fm.rel in fm.tensors():
+            name, nbytes = fm.tensors()[fm.rel]
+            return _Layout(fm.model, [name], [0, nbytes], None, int(fm.shown.get("created_ns", 0)), self.client)
+        if not key or self._has_files_below(key) or fm is not None and (not fm.rel or fm.rel in fm.dirs()):
+            raise IsADirectoryError(errno.EISDIR, f"cairn://{key}: is a directory")
+        raise FileNotFoundError(errno.ENOENT, f"cairn://{key}: no such file")
+
+    def _read(self, layout: _Layout, start: int, end: int, group_bytes: int = 64 << 20) -> Iterator[memoryview]:
+        """The bytes [start, end) of a stored file, in pieces: read-only views of the daemon's arena
+        (no copy), each holding its tensor's lease while it is referenced. Reads only the tensors
+        that overlap the range, about ``group_bytes`` per request."""
+        if start >= end:
+            return
+        first = bisect.bisect_right(layout.offsets, start) - 1
+        last = bisect.bisect_left(layout.offsets, end) - 1
+        i = first
+        while i <= last:
+            group = [i]
+            total = layout.offsets[i + 1] - layout.offsets[i]
+            while group[-1] < last and total < group_bytes:
+                group.append(group[-1] + 1)
+                total += layout.offsets[group[-1] + 1] - layout.offsets[group[-1]]
+            with _as_os_errors(layout.model):
+                arrays = layout.client.load_model(layout.model, names=[layout.names[j] for j in group])
+            for j in group:
+                a = arrays.pop(layout.names[j])
+                view = memoryview(a.reshape(-1).view(np.uint8)) if a.size else memoryview(b"")
+                lo = max(start, layout.offsets[j]) - layout.offsets[j]
+                hi = min(end, layout.offsets[j + 1]) - layout.offsets[j]
+                yield view[lo:hi]
+                del view, a
+            del arrays
+            i = group[-1] + 1
+
+    @staticmethod
+    def _verify(key: str, layout: _Layout, digest: str) -> None:
+        assert layout.record is not None
+        if digest != layout.record["sha256"]:
+            raise OSError(errno.EIO, f"cairn://{key}: the bytes of model {layout.model!r} hash to sha256 {digest}, "
+                                     f"not {layout.record['sha256']} as recorded; the model is damaged")
+
+    def cat_file(self, path: Any, start: Optional[int] = None, end: Optional[int] = None, **kwargs: Any) -> bytes:
+        """The file's bytes [start, end) (negative: from the end), reading only the pieces that
+        overlap them. A whole-file read checks the file's SHA-256."""
+        key = self._key(path)
+        layout = self._resolve(key)
+        size = layout.size
+        s = 0 if start is None else (max(0, size + start) if start < 0 else min(start, size))
+        e = size if end is None else (max(0, size + end) if end < 0 else min(end, size))
+        if s >= e:
+            return b""
+        h = hashlib.sha256() if s == 0 and e == size and layout.record is not None else None
+        data = _join(self._read(layout, s, e), e - s, h)
+        if h is not None:
+            self._verify(key, layout, h.hexdigest())
+        return data
+
+    def get_file(self, rpath: Any, lpath: Any, callback: Any = DEFAULT_CALLBACK, outfile: Any = None,
+                 **kwargs: Any) -> None:
+        """Copies a file to a local path (or ``outfile``), streaming its pieces; checks its SHA-256
+        and removes a local file it wrote when the check fails. A directory becomes a local one."""
+        from fsspec.implementations.local import LocalFileSystem  # noqa: PLC0415
+
+        if outfile is None and isfilelike(lpath):
+            outfile = lpath
+        key = self._key(rpath)
+        try:
+            layout = self._resolve(key)
+        except IsADirectoryError:
+            if outfile is not None:
+                raise
+            os.makedirs(lpath, exist_ok=True)
+            return None
+        own = outfile is None
+        if own:
+            LocalFileSystem(auto_mkdir=True).makedirs(os.path.dirname(os.path.abspath(lpath)), exist_ok=True)
+            outfile = open(lpath, "wb")  # noqa: SIM115 -- closed below
+        ok = False
+        try:
+            callback.set_size(layout.size)
+            h = hashlib.sha256()
+            for v in self._read(layout, 0, layout.size):
+                outfile.write(v)
+                h.update(v)
+                callback.relative_update(len(v))
+            if layout.record is not None:
+                self._verify(key, layout, h.hexdigest())
+            ok = True
+        finally:
+            if own:
+                outfile.close()
+                if not ok:
+                    with contextlib.suppress(OSError):
+                        os.unlink(lpath)
+
+    def _open(self, path: Any, mode: str = "rb", block_size: Any = None, autocommit: bool = True,
+              cache_options: Any = None, **kwargs: Any) -> "CairnFile":
+        if mode not in ("rb", "wb", "ab", "xb"):
+            raise ValueError(f"cairn://: mode {mode!r} is not supported (rb, wb, ab, xb and their text forms are)")
+        return CairnFile(self, path, mode, block_size=block_size, autocommit=autocommit,
+                         cache_options=cache_options, **kwargs)
+
+    # ---- writing ----
+
+    def _write_options(self, options: Mapping[str, Any], where: str) -> Tuple[str, Optional[str], Dict[str, Any]]:
+        """(durability, parent, metadata) of one write: the filesystem's, overridden by ``options``."""
+        unknown = [k for k in options if k not in _WRITE_OPTIONS]
+        if unknown:
+            raise TypeError(f"{where}: unknown option {unknown[0]!r} (a write takes durability, parent, metadata)")
+        durability = options.get("durability", self.durability)
+        parent = options.get("parent", self.parent)
+        metadata = options.get("metadata")
+        _check_write_options(durability, parent, metadata, where)
+        meta = dict(self.metadata)
+        meta.update(metadata or {})
+        return durability, parent, meta
+
+    def _target(self, key: str) -> Optional[_FileEntry]:
+        """The file a write to ``key`` replaces (None for a new path); refuses a path where the tree
+        has no room for a file: a directory, below a file, or in a model's directory."""
+        parts = _split_key(key)
+        hits = self._find_files({"in": ["/".join(parts[:i]) for i in range(1, len(parts) + 1)]})
+        for i in range(1, len(parts)):
+            above = "/".join(parts[:i])
+            if above in hits:
+                raise NotADirectoryError(errno.ENOTDIR, f"cairn://{key}: {above!r} is a file, not a directory")
+        if key not in hits and self._has_files_below(key):
+            raise IsADirectoryError(errno.EISDIR, f"cairn://{key}: is a directory")
+        fm = self._foreign(key)
+        if fm is not None and not fm.rel:
+            raise IsADirectoryError(errno.EISDIR, f"cairn://{key}: is the directory of model {key!r}")
+        if fm is not None:
+            raise PermissionError(errno.EACCES, f"cairn://{key}: model {fm.model!r} was not written through cairn:// "
+                                                f"and is read-only here (its tensors show as files); write elsewhere")
+        return self._entry(key, hits[key]) if key in hits else None
+
+    def _free_version(self, key: str, start: int) -> int:
+        """A version >= ``start`` whose model id is free (removed ids stay taken until ``cairn gc``)."""
+        v, step = start, 1
+        while True:
+            try:
+                self.client.show(f"{key}{VERSION_MARK}{v}")
+            except _errors.NotFound:
+                return v
+            v += step
+            step *= 2
+
+    def _commit(self, key: str, make: Callable[[str, Optional[str], Dict[str, Any]], None], *, exclusive: bool,
+                parent: Optional[str]) -> str:
+        """Commits the next version of the file at ``key`` with ``make(model id, parent, record
+        fields)``, then retires the versions it replaces; returns the new model id."""
+        for _ in range(8):
+            cur = self._target(key)
+            if exclusive and cur is not None:
+                raise FileExistsError(errno.EEXIST, f"cairn://{key}: the file exists (mode 'x' / 'create')")
+            created_ns = time.time_ns()
+            if cur is not None:
+                try:
+                    created_ns = int((self._layout_of(cur.model).record or {})["created_ns"])
+                except (OSError, KeyError, TypeError, ValueError):
+                    pass  # a version without a usable record: the file starts again
+            model = f"{key}{VERSION_MARK}{self._free_version(key, cur.version + 1 if cur else 1)}"
+            try:
+                make(model, parent if parent is not None else (cur.model if cur else None),
+                     {"path": key, "created_ns": created_ns})
+            except _errors.AlreadyExists:
+                continue  # another writer took this version: look again
+            except _errors.NotFound as e:
+                raise _fs_error(e, key) from e
+            for old in ([cur.model] + cur.older) if cur else []:
+                with contextlib.suppress(_errors.NotFound):
+                    self.client.remove(old)
+            self.invalidate_cache(key)
+            return model
+        raise FileExistsError(errno.EEXIST, f"cairn://{key}: other writers kept taking the next version; try again")
+
+    def _store(self, path: Any, data: Any, *, exclusive: bool = False, **options: Any) -> str:
+        """Stores ``data`` (any bytes-like object) as the next version of the file at ``path``;
+        returns the model id, once the write's durability is reached."""
+        key = self._writable_key(path)
+        durability, parent, meta = self._write_options(options, f"cairn://{key}")
+        view = memoryview(data).cast("B") if len(memoryview(data)) else memoryview(b"")
+        if parent is not None:
+            try:
+                self.client.show(parent)
+            except _errors.NotFound:
+                raise ValueError(f"cairn://{key}: parent={parent!r}: no such model") from None
+        digest: List[str] = []
+        hasher = threading.Thread(target=lambda: digest.append(hashlib.sha256(view).hexdigest()), daemon=True)
+        hasher.start()  # hashlib lets go of the GIL: the hash runs beside the cutting
+        try:
+            layout, segments = file_segments(view)
+        finally:
+            hasher.join()
+        arr = np.frombuffer(view, dtype=np.uint8) if len(view) else np.zeros(0, np.uint8)
+        tensors = {name: arr[s:e] for name, s, e in segments}
+        record = {"format": 1, "size": len(view), "sha256": digest[0], "layout": layout, "pieces": len(segments),
+                  "records": sum(1 for n, _, _ in segments if "=" in n),
+                  "cuts": {"min": MIN_PIECE, "avg": AVG_PIECE, "max": MAX_PIECE, "strict_bits": _STRICT_BITS,
+                           "loose_bits": _LOOSE_BITS, "window": _WINDOW}}
+
+        def make(model: str, par: Optional[str], fields: Dict[str, Any]) -> None:
+            self.client.save_model(model, tensors, parent=par, arch=_FILE_ARCH,
+                                   meta={**meta, RECORD_KEY: {**record, **fields}}, durability=durability, wait=True)
+
+        try:
+            return self._commit(key, make, exclusive=exclusive, parent=parent)
+        finally:
+            del tensors, arr
+
+    def pipe_file(self, path: Any, value: Any, mode: str = "overwrite", **kwargs: Any) -> None:
+        """Stores ``value`` (bytes-like) as the file at ``path``; ``mode="create"`` refuses an
+        existing file (FileExistsError). ``kwargs``: durability, parent, metadata for this write."""
+        if mode not in ("overwrite", "create"):
+            raise ValueError(f"cairn://: pipe_file mode {mode!r} is not 'overwrite' or 'create'")
+        self._store(path, value, exclusive=mode == "create", **kwargs)
+
+    def put_file(self, lpath: Any, rpath: Any, callback: Any = DEFAULT_CALLBACK, mode: str = "overwrite",
+                 **kwargs: Any) -> None:
+        """Stores local file ``lpath`` at ``rpath`` (mapped, not read into memory first)."""
+        if mode not in ("overwrite", "create"):
+            raise ValueError(f"cairn://: put_file mode {mode!r} is not 'overwrite' or 'create'")
+        if os.path.isdir(lpath):
+            self.makedirs(rpath, exist_ok=True)
+            return
+        with open(lpath, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            callback.set_size(size)
+            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
+        try:
+            self._store(rpath, mapped if mapped is not None else b"", exclusive=mode == "create", **kwargs)
+        finally:
+            if mapped is not None:
+                with contextlib.suppress(BufferError):  # a view kept by a traceback: unmapped when collected
+                    mapped.close()
+        callback.relative_update(size)
+
+    def cp_file(self, path1: Any, path2: Any, **kwargs: Any) -> None:
+        """Copies a file without copying bytes: the copy is a new model whose parent is the source
+        and which inherits all its tensors (and its metadata, with this write's merged over). A
+        model's tensor copied this way becomes a file of its bytes. A directory is nothing to copy
+        (directories are implied by their files)."""
+        src = self._key(path1)
+        dst = self._writable_key(path2)
+        durability, _, meta = self._write_options(kwargs, f"cairn://{dst}")
+        f = self._file(src)
+        if f is None:
+            layout = self._resolve(src) if self.info(src)["type"] == "file" else None
+            if layout is None:
+                self.mkdir(dst)
+                return
+            h = hashlib.sha256()
+            for v in self._read(layout, 0, layout.size):
+                h.update(v)
+            source_meta: Dict[str, Any] = {}
+            record = {"format": 1, "size": layout.size, "sha256": h.hexdigest(), "layout": "tensor", "pieces": 1,
+                      "records": 0, "source": {"model": layout.model, "tensor": layout.names[0]}}
+            inherit, inherit_all = layout.names, False
+        else:
+            layout = self._layout_of(f.model)
+            with _as_os_errors(src):
+                source_meta = dict(self.client.show(f.model).get("metadata") or {})
+            record = dict(source_meta.pop(RECORD_KEY, None) or layout.record or {})
+            inherit, inherit_all = [], True
+        source_meta.update(meta)
+
+        def make(model: str, par: Optional[str], fields: Dict[str, Any]) -> None:
+            self.client.save_model(model, {}, parent=layout.model, arch=_FILE_ARCH,
+                                   meta={**source_meta, RECORD_KEY: {**record, **fields}}, durability=durability,
+                                   inherit=inherit, inherit_all=inherit_all, wait=True)
+
+        self._commit(dst, make, exclusive=False, parent=layout.model)
+
+    def mv(self, path1: Any, path2: Any, recursive: bool = False, maxdepth: Optional[int] = None,
+           **kwargs: Any) -> None:
+        """Moves files written through cairn://: a copy (no bytes copied; its parent is the source)
+        then the source's removal (retired, as ``cairn rm``); not atomic. Refused (PermissionError)
+        for a model not written through cairn:// and its tensors, before anything is moved: models
+        are immutable."""
+        for p in self.expand_path(path1, recursive=recursive, maxdepth=maxdepth):
+            key = self._key(p)
+            fm = self._foreign(key) if self._file(key) is None else None
+            if fm is not None:
+                raise PermissionError(errno.EACCES, f"cairn://{key}: model {fm.model!r} was not written through "
+                                                    f"cairn://; it cannot be moved (models are immutable: copy it, "
+                                                    f"then `cairn rm` the model)")
+        super().mv(path1, path2, recursive=recursive, maxdepth=maxdepth, **kwargs)
+
+    # ---- removing ----
+
+    def _retire(self, f: _FileEntry) -> None:
+        for mid in [f.model] + f.older:
+            with contextlib.suppress(_errors.NotFound):
+                self.client.remove(mid)
+        self.invalidate_cache(f.path)
+
+    def rm_file(self, path: Any) -> None:
+        """Removes the file at ``path``: every live version of it is retired (``cairn rm``: readable
+        by model id until ``cairn gc``)."""
+        key = self._key(path)
+        f = self._file(key)
+        if f is None:
+            info = self.info(key)
+            if info["type"] == "directory":
+                raise IsADirectoryError(errno.EISDIR, f"cairn://{key}: is a directory (use rm(path, recursive=True))")
+            raise PermissionError(errno.EACCES, f"cairn://{key}: tensor {info['tensor']!r} of model {info['model']!r} "
+                                                f"cannot be removed on its own (models are immutable); remove the "
+                                                f"model's directory, or `cairn rm {info['model']}`")
+        self._retire(f)
+
+    def rm(self, path: Any, recursive: bool = False, maxdepth: Optional[int] = None) -> None:
+        """Removes files, and with ``recursive`` directories: every file written through cairn://
+        below them, and a model whose own directory is named (retired, as ``cairn rm``). Checks
+        everything before removing anything: a model's tensor on its own (PermissionError) or a
+        directory without ``recursive`` (IsADirectoryError) refuses the whole call."""
+        files: List[_FileEntry] = []
+        models: Set[str] = set()
+        tensors: List[Tuple[str, str]] = []
+        for p in self.expand_path(path, recursive=recursive, maxdepth=maxdepth):
+            key = self._key(p)
+            f = self._file(key)
+            if f is not None:
+                files.append(f)
+                continue
+            fm = self._foreign(key) if key else None
+            if fm is not None and not fm.rel:
+                if not recursive:
+                    raise IsADirectoryError(errno.EISDIR, f"cairn://{key}: is the directory of model {key!r}; "
+                                                          f"use rm(path, recursive=True)")
+                models.add(fm.model)
+            elif fm is not None:
+                tensors.append((key, fm.model))
+            elif not recursive and (not key or self._has_files_below(key)):
+                raise IsADirectoryError(errno.EISDIR, f"cairn://{key}: is a directory; use rm(path, recursive=True)")
+        for key, mid in tensors:
+            if mid not in models:
+                raise PermissionError(errno.EACCES, f"cairn://{key}: a tensor of model {mid!r} cannot be removed on "
+                                                    f"its own (models are immutable); remove the model's directory")
+        for f in files:
+            self._retire(f)
+        for mid in models:
+            with contextlib.suppress(_errors.NotFound):
+                self.client.remove(mid)
+        self.invalidate_cache()
+
+
+class CairnFile(AbstractBufferedFile):
+    """A file of :class:`CairnFileSystem`.
+
+    Reading (``rb``): the version current when the file was opened, read piece by piece as fsspec's
+    cache asks (random access reads only the pieces it needs).
+    Writing (``wb``, ``xb``, ``ab``): the bytes are kept in memory and committed as one new version
+    when the file is closed (inside ``fs.transaction``: when the transaction ends; dropped if it
+    fails). ``xb`` refuses an existing file, at open and again at the commit. ``ab`` commits the
+    current bytes followed by the new ones (the whole file is stored again; the repository keeps
+    its unchanged pieces once). Keywords ``durability``, ``parent``, ``metadata`` set this write's
+    options.
+    """
+
+    def __init__(self, fs: CairnFileSystem, path: Any, mode: str = "rb", block_size: Any = None,
+                 autocommit: bool = True, cache_options: Any = None, **kwargs: Any) -> None:
+        key = fs._key(path)
+        self._options: Dict[str, Any] = {}
+        self._layout: Optional[_Layout] = None
+        self._base: Optional[_Layout] = None
+        self._pending = False
+        passthrough = {k: kwargs.pop(k) for k in ("cache_type",) if k in kwargs}
+        kwargs.pop("size", None)  # the size is the model's
+        if mode == "rb":
+            if kwargs:
+                raise TypeError(f"cairn://{key}: unknown option {next(iter(kwargs))!r} for reading")
+            self._layout = fs._resolve(key)
+            super().__init__(fs, key, mode, block_size=block_size or "default", autocommit=autocommit,
+                             cache_options=cache_options, size=self._layout.size, **passthrough)
+            return
+        fs._writable_key(key)
+        fs._write_options(kwargs, f"cairn://{key}")  # refuse bad options now, not at close
+        self._options = kwargs
+        cur = fs._target(key)
+        if mode == "xb" and cur is not None:
+            raise FileExistsError(errno.EEXIST, f"cairn://{key}: the file exists (mode 'x')")
+        if mode == "ab" and cur is not None:
+            self._base = fs._layout_of(cur.model)
+        super().__init__(fs, key, mode, block_size=block_size or "default", autocommit=autocommit,
+                         cache_options=cache_options, **passthrough)
+        self.blocksize = 1 << 62  # nothing is sent before close: the commit is one model
+
+    def _fetch_range(self, start: int, end: int) -> bytes:
+        assert self._layout is not None
+        end = min(end, self._layout.size)
+        return _join(self.fs._read(self._layout, start, end), end - start)
+
+    def _initiate_upload(self) -> None:
+        pass
+
+    def _upload_chunk(self, final: bool = False) -> bool:
+        if not final:
+            return False  # keep buffering: nothing is sent before close
+        self._pending = True
+        if self.autocommit:
+            self.commit()
+        return False  # the buffer stays until committed (a transaction commits later)
+
+    def commit(self) -> None:
+        """Commits the buffered bytes as the file's next version (at close, or when the
+        transaction ends)."""
+        if not self._pending:
+            return
+        self._pending = False
+        fs: CairnFileSystem = self.fs
+        buf = self.buffer.getbuffer()
+        try:
+            if self._base is not None:
+                h = hashlib.sha256()
+                old = bytearray()
+                for v in fs._read(self._base, 0, self._base.size):
+                    h.update(v)
+                    old += v
+                fs._verify(self.path, self._base, h.hexdigest())
+                old += buf
+                fs._store(self.path, old, **self._options)
+            else:
+                fs._store(self.path, buf, exclusive=self.mode == "xb", **self._options)
+        finally:
+            with contextlib.suppress(BufferError):
+                buf.release()
+            self.buffer = io.BytesIO()
+
+    def discard(self) -> None:
+        """Drops the buffered bytes (the transaction failed)."""
+        self._pending = False
+        self.buffer = io.BytesIO()
