@@ -16,7 +16,8 @@ Stages, in order of what they prove:
   cuda_unit    the device backend's unit tests ([hbm]: allocation, copies each way, events, arena
                registration, IPC handles opened by a second process, leases, eviction)
   cuda_python  real daemons and clients: tests/integration/test_hbm.py (C client, IPC, kill -9),
-               tests/python/test_torch_hbm.py and test_torch_cuda.py (cairn.torch on CUDA)
+               tests/python/test_torch_hbm.py and test_torch_cuda.py (cairn.torch on CUDA), and
+               test_dcp.py's CUDA test (torch.distributed.checkpoint into CUDA tensors)
   gpu_bench    bench part gpu (bench/workloads/gpu_bench.py)
   mpi          bench part mpi on 1, 2, 4 and 8 ranks (mpi4py over the Open MPI wheel)
   peers        bench part peers: the peer stream against fi_pingpong; ensembles of 2, 4, 8, 16
@@ -342,8 +343,9 @@ print("ROUNDTRIP ok numpy", np.__version__)
 
     def cuda_python(self, limit) -> dict:
         files = ["tests/integration/test_hbm.py", "tests/python/test_device_array.py", "tests/python/test_torch_hbm.py",
-                 "tests/python/test_torch_cuda.py"]
-        files = [f for f in files if (self.root / f).exists()]
+                 "tests/python/test_torch_cuda.py",
+                 "tests/python/test_dcp.py::test_cuda_tensors_save_and_load_through_the_device_paths"]
+        files = [f for f in files if (self.root / f.split("::")[0]).exists()]
         r = self.pytest("cuda_python", files, limit)
         if r["status"] == "ok" and self.gpu and any("no GPU" in s for s in r["skips"]):
             r["status"] = "failed"

@@ -423,7 +423,8 @@ class ModelWriter:
 
     def abort(self) -> None:
         """Drops the model (nothing of it becomes visible; for a part, the other parts' tickets fail
-        when the part timeout passes) and frees its arena space. Does nothing once committed."""
+        when the part timeout passes) and frees its arena space (space reserved and never used goes
+        back with the client's next request). Does nothing once committed."""
         with self._conn.lock:
             if self._handle in self._conn.open_writers:
                 self._conn.open_writers.discard(self._handle)
