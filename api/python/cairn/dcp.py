@@ -169,7 +169,37 @@ class _Staged:
         return name
 
 
-class CairnWriter(StorageWriter, AsyncStager):
+class _OnCairn:
+    """What the writer and the reader share: the checkpoint id (a model id) and the client they go
+    through (the process's connection to the socket, made on first use)."""
+
+    _id: str
+    _client: Optional[Client]
+    _socket: Optional[Union[str, "os.PathLike[str]"]]
+
+    @property
+    def checkpoint_id(self) -> str:
+        """The model id the next save writes, or the next load reads."""
+        return self._id
+
+    @property
+    def client(self) -> Client:
+        """The client this storage goes through (connected on first use)."""
+        if self._client is None or self._client.closed:
+            self._client = _shared_client(self._socket)
+        return self._client
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: Union[str, "os.PathLike[str]"]) -> bool:
+        """Whether ``checkpoint_id`` can be a cairn checkpoint id (a valid model id)."""
+        try:
+            _checkpoint_id(checkpoint_id, "checkpoint_id")
+            return True
+        except _errors.CairnError:
+            return False
+
+
+class CairnWriter(_OnCairn, StorageWriter, AsyncStager):
     """A ``torch.distributed.checkpoint`` StorageWriter that stores checkpoint ``checkpoint_id`` as
     one multi-part cairn model (see the module's description), and the ``AsyncStager`` that
     ``dcp.async_save`` uses with it.
@@ -219,27 +249,6 @@ class CairnWriter(StorageWriter, AsyncStager):
         self._staged: Optional[_Staged] = None
 
     # ---- StorageWriter ----
-
-    @property
-    def checkpoint_id(self) -> str:
-        """The model id the next save writes."""
-        return self._id
-
-    @property
-    def client(self) -> Client:
-        """The client this writer stores through (connected on first use)."""
-        if self._client is None or self._client.closed:
-            self._client = _shared_client(self._socket)
-        return self._client
-
-    @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id: Union[str, "os.PathLike[str]"]) -> bool:
-        """Whether ``checkpoint_id`` can be a cairn checkpoint id (a valid model id)."""
-        try:
-            _checkpoint_id(checkpoint_id, "checkpoint_id")
-            return True
-        except _errors.CairnError:
-            return False
 
     def reset(self, checkpoint_id: Optional[Union[str, "os.PathLike[str]"]] = None, **kwargs: Any) -> None:
         """A new save is starting (to ``checkpoint_id`` when given)."""
@@ -604,7 +613,7 @@ class ZeroCopyLoadPlanner(DefaultLoadPlanner):
         return True
 
 
-class CairnReader(StorageReader):
+class CairnReader(_OnCairn, StorageReader):
     """A ``torch.distributed.checkpoint`` StorageReader for checkpoint ``checkpoint_id`` (written by
     :class:`CairnWriter`), on any number of ranks.
 
@@ -626,20 +635,6 @@ class CairnReader(StorageReader):
         self._storage: Dict[MetadataIndex, str] = {}
         self._tensor_names: Optional[set] = None  # the checkpoint's tensors, learnt with its metadata
         self._load_id = uuid.uuid4().hex
-
-    @property
-    def checkpoint_id(self) -> str:
-        return self._id
-
-    @property
-    def client(self) -> Client:
-        if self._client is None or self._client.closed:
-            self._client = _shared_client(self._socket)
-        return self._client
-
-    @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id: Union[str, "os.PathLike[str]"]) -> bool:
-        return CairnWriter.validate_checkpoint_id(checkpoint_id)
 
     def reset(self, checkpoint_id: Optional[Union[str, "os.PathLike[str]"]] = None, **kwargs: Any) -> None:
         self._storage = {}
