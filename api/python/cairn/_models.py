@@ -13,6 +13,13 @@ from . import _dtypes, _errors, _ffi
 from ._args import _arena_array, _check, _durability, _json, _name, _shape_arg
 from ._connection import _INLINE_LIMIT, DeviceArray, Ticket, _Connection, _Lease, _View
 
+
+def _converted_in_arena(a: np.ndarray) -> bool:
+    """Whether ``a`` is added alone, converted on its way into arena space (a non-contiguous or
+    big-endian array too big to travel inline) rather than made contiguous first."""
+    return a.nbytes > _INLINE_LIMIT and (not a.flags.c_contiguous or a.dtype.byteorder == ">")
+
+
 class ModelWriter:
     """A model being written: tensors go into the daemon's shared arena as they are added, and
     nothing of the model is visible to anyone until :meth:`commit`. :meth:`abort` -- or leaving a
@@ -80,7 +87,7 @@ class ModelWriter:
             return
         a = np.asarray(array)
         dt = _dtypes.cairn_dtype(a.dtype, dtype, what)
-        if a.nbytes > _INLINE_LIMIT and (not a.flags.c_contiguous or a.dtype.byteorder == ">"):
+        if _converted_in_arena(a):
             # Copied (and converted) once, straight into arena space, then hashed by the library.
             dst = self.space(name, dt, a.shape)
             np.copyto(dst.view(a.dtype.newbyteorder("<") if a.dtype.byteorder == ">" else a.dtype), a, casting="equiv")

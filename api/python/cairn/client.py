@@ -11,7 +11,7 @@ import numpy as np
 from . import _dtypes, _errors, _ffi
 from ._args import _check, _durability, _json, _name, _shape_arg, _slices, _timeout_ms
 from ._connection import _INLINE_LIMIT, DeviceArray, Ticket, _Connection  # noqa: F401 (re-exported)
-from ._models import ModelReader, ModelWriter, TensorInfo, library_has_cuda  # noqa: F401 (re-exported)
+from ._models import ModelReader, ModelWriter, TensorInfo, _converted_in_arena, library_has_cuda  # noqa: F401
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -195,8 +195,7 @@ class Client:
                 continue
             a = np.asarray(array)
             dt = _dtypes.cairn_dtype(a.dtype, dtypes.get(name), what)
-            in_place = a.nbytes > _INLINE_LIMIT and (not a.flags.c_contiguous or a.dtype.byteorder == ">")
-            prepared.append((name, a, dt, in_place))  # add_many makes the others contiguous where needed
+            prepared.append((name, a, dt, _converted_in_arena(a)))  # add_many makes the others contiguous where needed
         # The order of the calls below is the model's tensor order.
         steps: List[Tuple[str, Any]] = [(p[0], p) for p in prepared] + [(n, None) for n in inherit_names]
         if order is not None:
