@@ -77,6 +77,11 @@ class EvictionPolicy {
   // Whether every model that uses the chunk is `done` (no more reads expected): such chunks go
   // first. track() and touch() withdraw it (a read proves the hint wrong).
   virtual void set_done(const ChunkHash& /*key*/, bool /*done*/) {}
+  // Whether a model that uses the chunk is being read in a cycle (a reader re-reads it from its
+  // start, or several readers read it out of step) that may not fit: the hint-aware policy then keeps
+  // a stable part of such chunks resident (the ones it took in first) and lets the rest pass
+  // through, instead of cycling all of them out. Holds until changed or the chunk leaves.
+  virtual void set_cyclic(const ChunkHash& /*key*/, bool /*cyclic*/) {}
 
   // The best victim for which evictable(key) is true, or nullopt when none is.
   virtual std::optional<ChunkHash> pick_victim(const std::function<bool(const ChunkHash&)>& evictable) = 0;

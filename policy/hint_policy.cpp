@@ -17,12 +17,18 @@ struct HintAwarePolicy::Impl {
   struct Entry : gdsf::Terms {
     bool population = false;
     bool done = false;
+    bool cyclic = false;
+    // The sequence at which the chunk entered the policy.
+    uint64_t taken_in = 0;
     std::optional<int64_t> expected_at_ns;  // when a read is expected (steady ns)
     Standing standing = Standing::kOrdinary;
   };
-  // (standing, H, -expected_at, sequence, key), lowest first. H is 0 for the expected standing and
-  // -expected_at 0 for the others, so each standing orders by its own term. Sequences are unique.
-  using Rank = std::tuple<int, double, int64_t, uint64_t, ChunkHash>;
+  // (standing, cyclic, H, -expected_at, sequence, key), lowest first. Expected: (3, 0, 0,
+  // -expected_at, sequence): the farthest expected read first. Cyclic chunks of the
+  // ordinary and population standings: (standing, 1, -taken_in, 0, sequence): after the others of
+  // their standing, the newest taken in first. Others: (standing, 0, H, 0, sequence). Sequences
+  // are unique.
+  using Rank = std::tuple<int, int, double, int64_t, int64_t, ChunkHash>;
 
   const Clock& clock;
   Options options;
@@ -39,9 +45,13 @@ struct HintAwarePolicy::Impl {
       // Later reads rank lower; -INT64_MIN would overflow (add_seconds_ns only saturates upwards
       // here, but a clock may start anywhere).
       const int64_t at = std::max(*e.expected_at_ns, std::numeric_limits<int64_t>::min() + 1);
-      return Rank{3, 0.0, -at, e.sequence, key};
+      return Rank{3, 0, 0.0, -at, static_cast<int64_t>(e.sequence), key};
     }
-    return Rank{static_cast<int>(e.standing), e.priority, 0, e.sequence, key};
+    if (e.cyclic && e.standing != Standing::kDone) {
+      const double newest_first = -static_cast<double>(e.taken_in);
+      return Rank{static_cast<int>(e.standing), 1, newest_first, 0, static_cast<int64_t>(e.sequence), key};
+    }
+    return Rank{static_cast<int>(e.standing), 0, e.priority, 0, static_cast<int64_t>(e.sequence), key};
   }
 
   static Standing standing_of(const Entry& e) {
@@ -122,7 +132,10 @@ HintAwarePolicy::~HintAwarePolicy() = default;
 void HintAwarePolicy::track(const ChunkHash& key, uint64_t bytes) {
   auto [it, inserted] = impl_->entries.try_emplace(key);
   Impl::Entry& e = it->second;
-  if (inserted) e.last_access_ns = impl_->clock.now_ns();
+  if (inserted) {
+    e.last_access_ns = impl_->clock.now_ns();
+    e.taken_in = impl_->next_sequence;
+  }
   // Tracking a chunk again is an access, as in LineagePolicy (the rank does not hold the size, so
   // access() still finds the entry to re-rank).
   e.bytes = bytes;
@@ -142,6 +155,7 @@ void HintAwarePolicy::track_written(const ChunkHash& key, uint64_t bytes) {
   const int64_t now = impl_->clock.now_ns();
   e.bytes = bytes;
   e.last_access_ns = now;
+  e.taken_in = impl_->next_sequence;
   e.sequence = impl_->next_sequence++;
   impl_->rerank_lineage(e, now);
   impl_->place(key, e);
@@ -203,16 +217,27 @@ void HintAwarePolicy::set_population(const ChunkHash& key, bool member) {
 
 void HintAwarePolicy::set_done(const ChunkHash& key, bool done) { impl_->set_flag(key, &Impl::Entry::done, done); }
 
+void HintAwarePolicy::set_cyclic(const ChunkHash& key, bool in_cycle) {
+  impl_->set_flag(key, &Impl::Entry::cyclic, in_cycle);
+}
+
 std::optional<ChunkHash> HintAwarePolicy::pick_victim(const std::function<bool(const ChunkHash&)>& evictable) {
   impl_->drop_stale(impl_->clock.now_ns());
-  for (const auto& [rank_standing, h, neg_expected, sequence, key] : impl_->order) {
+  for (const auto& [rank_standing, rank_cyclic, h, neg_expected, sequence, key] : impl_->order) {
     if (!evictable(key)) continue;
-    // Only the ordinary competition moves L (and never down: see LineagePolicy).
-    if (rank_standing == static_cast<int>(Standing::kOrdinary) ||
-        rank_standing == static_cast<int>(Standing::kPopulation))
+    // Only the ordinary competition moves L (and never down: see LineagePolicy); a cyclic victim's
+    // rank is not its H.
+    if (rank_cyclic == 0 && (rank_standing == static_cast<int>(Standing::kOrdinary) ||
+                             rank_standing == static_cast<int>(Standing::kPopulation)))
       impl_->aging = std::max(impl_->aging, h);
     return key;
   }
+  return std::nullopt;
+}
+
+std::optional<ChunkHash> HintAwarePolicy::peek_victim(const std::function<bool(const ChunkHash&)>& evictable) const {
+  for (const auto& rank : impl_->order)
+    if (evictable(std::get<5>(rank))) return std::get<5>(rank);
   return std::nullopt;
 }
 
@@ -222,6 +247,12 @@ std::optional<HintAwarePolicy::Standing> HintAwarePolicy::standing(const ChunkHa
   auto it = impl_->entries.find(key);
   if (it == impl_->entries.end()) return std::nullopt;
   return it->second.standing;
+}
+
+std::optional<bool> HintAwarePolicy::cyclic(const ChunkHash& key) const {
+  auto it = impl_->entries.find(key);
+  if (it == impl_->entries.end()) return std::nullopt;
+  return it->second.cyclic;
 }
 
 std::optional<double> HintAwarePolicy::priority(const ChunkHash& key) const {

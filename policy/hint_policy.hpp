@@ -11,6 +11,11 @@
 //   2 population used by a model of the live population              ordered by H, lowest first
 //   3 expected   a read is expected within the horizon               the farthest expected first
 // where H is LineagePolicy's priority, L + frequency * (1 + references) * refetch_cost / size.
+// Scan resistance: within the ordinary and population standings, a chunk of a model read in a
+// cycle (set_cyclic) ranks above every other chunk of its standing, and cyclic chunks go newest
+// taken-in first, so that when a cycle does not fit, the part taken in first stays resident and is
+// hit on every round while the rest passes through (instead of recency pushing each chunk out just
+// before its next read).
 // An expectation outranks done and population (a hint naming the model again overrides "done").
 // Without hints every chunk is ordinary and the policy picks exactly what LineagePolicy picks.
 // Only victims of standings 1 and 2 raise L (hint-forced victims would inflate it past chunks that
@@ -57,13 +62,19 @@ class HintAwarePolicy final : public EvictionPolicy {
   void set_expected_use(const ChunkHash& key, double seconds_from_now) override;
   void set_population(const ChunkHash& key, bool member) override;
   void set_done(const ChunkHash& key, bool done) override;
+  void set_cyclic(const ChunkHash& key, bool in_cycle) override;
   std::optional<ChunkHash> pick_victim(const std::function<bool(const ChunkHash&)>& evictable) override;
   const char* name() const override { return "hints"; }
 
   size_t size() const;
+  // The chunk pick_victim would pick now, without picking it (L is not raised; stale expectations
+  // are not dropped first). For a caller that weighs a victim before evicting it.
+  std::optional<ChunkHash> peek_victim(const std::function<bool(const ChunkHash&)>& evictable) const;
   // For tests and stats; nullopt for an unknown key. The standing as of the last call that changed
   // the chunk (a stale expectation is only dropped by pick_victim).
   std::optional<Standing> standing(const ChunkHash& key) const;
+  // Whether set_cyclic marked the chunk; nullopt for an unknown key.
+  std::optional<bool> cyclic(const ChunkHash& key) const;
   // H as LineagePolicy::priority computes it (whatever the standing).
   std::optional<double> priority(const ChunkHash& key) const;
   double aging() const;  // L

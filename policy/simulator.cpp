@@ -1,4 +1,5 @@
 #include "policy/simulator.hpp"
+#include "policy/simulator_internal.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -10,39 +11,6 @@
 #include <utility>
 
 namespace cairn {
-
-namespace {
-
-constexpr uint32_t kNone = std::numeric_limits<uint32_t>::max();
-constexpr size_t kNever = std::numeric_limits<size_t>::max();
-
-// An event with its ids interned.
-struct Ev {
-  TraceEventKind kind = TraceEventKind::kAccess;
-  int64_t time_ns = 0;
-  uint32_t chunk = kNone;
-  TraceTier tier = TraceTier::kUnknown;
-  HintKind hint = HintKind::kNone;
-  std::optional<double> when_s;
-  std::vector<uint32_t> models;  // one for access and insert; the hint's models
-  size_t next_access = kNever;   // index of the next access of `chunk` after this event
-};
-
-// Policies see chunks as ChunkHash keys; the simulator's chunk numbers make them.
-ChunkHash key_of(uint32_t chunk) { return ChunkHash{0x5157, chunk}; }
-
-}  // namespace
-
-struct Simulator::Impl {
-  SimOptions options;
-  TraceSummary summary;
-  std::vector<Ev> events;
-  std::vector<uint64_t> chunk_bytes;
-  size_t model_count = 0;
-
-  SimResult run_online(SimPolicy policy, uint64_t capacity) const;
-  SimResult run_belady(uint64_t capacity) const;
-};
 
 namespace {
 
@@ -62,7 +30,9 @@ class HintTracker {
         chunk_models_(chunks),
         population_count_(chunks, 0),
         done_count_(chunks, 0),
+        cyclic_count_(chunks, 0),
         in_population_(models, 0),
+        cyclic_(models, 0),
         done_(models, 0),
         expected_at_(models),
         chunk_expected_at_(chunks) {}
@@ -74,21 +44,24 @@ class HintTracker {
     chunk_models_[c].push_back(m);
     population_count_[c] += in_population_[m];
     done_count_[c] += done_[m];
+    cyclic_count_[c] += cyclic_[m];
     if (!resident_[c]) return;
     policy_.set_references(key_of(c), references(c));
     if (!hints_) return;
     policy_.set_population(key_of(c), population_count_[c] > 0);
+    policy_.set_cyclic(key_of(c), cyclic_count_[c] > 0);
     policy_.set_done(key_of(c), is_done(c));
-    if (expected_at_[m]) refresh_expected(c, kNone);
+    if (expected_at_[m]) refresh_expected(c, kSimNone);
   }
 
-  // After the policy tracked c (fresh): passes on everything known about c. `reader` kNone: a
+  // After the policy tracked c (fresh): passes on everything known about c. `reader` kSimNone: a
   // commit wrote c (it fulfils no expectation).
   void tracked(uint32_t c, uint32_t reader) {
     policy_.set_references(key_of(c), references(c));
     if (!hints_) return;
-    if (reader != kNone) fulfil(c);
+    if (reader != kSimNone) fulfil(c);
     policy_.set_population(key_of(c), population_count_[c] > 0);
+    policy_.set_cyclic(key_of(c), cyclic_count_[c] > 0);
     policy_.set_done(key_of(c), is_done(c));
     refresh_expected(c, reader);
   }
@@ -101,14 +74,19 @@ class HintTracker {
     refresh_expected(c, reader);
   }
 
-  // An access by m: a done model read again was not done; a new run of reads by another model ends
-  // the previous one (whose expectation it fulfilled).
-  void access_by(uint32_t m) {
+  // An access of chunk c by m: a done model read again was not done; a new run of reads by another
+  // model ends the previous one (whose expectation it fulfilled). A run that reads its first chunk
+  // again has wrapped around: the model is read in a cycle for as long as the run lasts.
+  void access_by(uint32_t m, uint32_t c) {
     if (!hints_) return;
     if (done_[m]) set_done(m, false);
-    if (m == loading_) return;
+    if (m == loading_) {
+      if (c == run_first_chunk_ && !cyclic_[m]) set_cyclic(m, true);
+      return;
+    }
     end_load();
     loading_ = m;
+    run_first_chunk_ = c;
     const int64_t now = clock_.now_ns();
     if (last_load_start_ns_ >= 0) {
       load_gaps_ns_ += static_cast<double>(now - last_load_start_ns_);
@@ -119,8 +97,9 @@ class HintTracker {
 
   // The run of reads of the loading model ended: its expectation is fulfilled.
   void end_load() {
-    if (loading_ != kNone && expected_at_[loading_]) set_expected(loading_, std::nullopt);
-    loading_ = kNone;
+    if (loading_ != kSimNone && expected_at_[loading_]) set_expected(loading_, std::nullopt);
+    if (loading_ != kSimNone && cyclic_[loading_]) set_cyclic(loading_, false);
+    loading_ = kSimNone;
   }
 
   // A read of c fulfils its earliest chunk-level expectation (if any); a later one (another
@@ -137,16 +116,16 @@ class HintTracker {
     }
   }
 
-  void hint(const Ev& e) {
+  void hint(const SimEvent& e) {
     if (!hints_) return;
     const int64_t now = clock_.now_ns();
-    if (e.chunk != kNone) {  // a will_load scoped to tensors: this chunk only, one read each
+    if (e.chunk != kSimNone) {  // a will_load scoped to tensors: this chunk only, one read each
       const uint32_t c = e.chunk;
       const int64_t at = add_seconds_ns(now, e.when_s.value_or(0.0));
       auto& pending = chunk_expected_at_[c];
       pending.insert(std::upper_bound(pending.begin(), pending.end(), at), at);
       ++pending_;
-      if (resident_[c]) refresh_expected(c, kNone);
+      if (resident_[c]) refresh_expected(c, kSimNone);
       return;
     }
     switch (e.hint) {
@@ -228,12 +207,20 @@ class HintTracker {
     }
   }
 
+  void set_cyclic(uint32_t m, bool in_cycle) {
+    cyclic_[m] = in_cycle;
+    for (uint32_t c : model_chunks_[m]) {
+      cyclic_count_[c] = in_cycle ? cyclic_count_[c] + 1 : cyclic_count_[c] - 1;
+      if (resident_[c]) policy_.set_cyclic(key_of(c), cyclic_count_[c] > 0);
+    }
+  }
+
   void set_expected(uint32_t m, std::optional<int64_t> at) {
     if (at && !expected_at_[m]) ++pending_;
     if (!at && expected_at_[m]) --pending_;
     expected_at_[m] = at;
     for (uint32_t c : model_chunks_[m])
-      if (resident_[c]) refresh_expected(c, kNone);
+      if (resident_[c]) refresh_expected(c, kSimNone);
   }
 
   // Passes on c's nearest expected read by a model other than `reader` (or none).
@@ -272,28 +259,20 @@ class HintTracker {
   std::vector<std::vector<uint32_t>> chunk_models_;
   std::vector<uint32_t> population_count_;  // models of the population using the chunk
   std::vector<uint32_t> done_count_;        // done models using the chunk
+  std::vector<uint32_t> cyclic_count_;      // models read in a cycle using the chunk
   std::vector<char> in_population_;
+  std::vector<char> cyclic_;
   std::vector<char> done_;
   std::vector<std::optional<int64_t>> expected_at_;
   std::vector<std::vector<int64_t>> chunk_expected_at_;  // will_load hints naming the chunk, sorted
   std::set<uint32_t> population_;
   size_t pending_ = 0;  // models and chunks with an expectation
-  uint32_t loading_ = kNone;
+  uint32_t loading_ = kSimNone;
+  uint32_t run_first_chunk_ = kSimNone;  // the chunk the loading model's run of reads began with
   int64_t last_load_start_ns_ = -1;
   double load_gaps_ns_ = 0;
   uint64_t load_gaps_ = 0;
 };
-
-void count_request(SimResult& r, const Ev& e, uint64_t bytes, bool hit) {
-  ++r.requests;
-  r.bytes_requested += bytes;
-  if (hit) {
-    ++r.hits;
-    r.bytes_hit += bytes;
-  } else {
-    r.bytes_missed_by_tier[static_cast<int>(e.tier)] += bytes;
-  }
-}
 
 }  // namespace
 
@@ -316,13 +295,42 @@ SimResult Simulator::Impl::run_online(SimPolicy which, uint64_t capacity) const 
   const std::function<bool(const ChunkHash&)> any = [](const ChunkHash&) { return true; };
 
   // Brings c in, evicting until it fits; false when it cannot be cached at all.
+  // With competing admission the chunk is taken in with its hint state first and then chunks leave
+  // until the cache fits again. The new chunk itself leaves (is bypassed, not cached) when it ranks
+  // lowest and the chunk that would go in its place is one the hints protect (an expected read, or
+  // the stable part of a cycle); otherwise victims are what they are without competing admission.
+  auto* hint_policy = dynamic_cast<HintAwarePolicy*>(policy.get());
+  const bool competes = hint_policy != nullptr && options.competing_admission;
+  auto make_room = [&](uint32_t c, bool may_bypass) {
+    const ChunkHash incoming = key_of(c);
+    const std::function<bool(const ChunkHash&)> others = [&](const ChunkHash& k) { return !(k == incoming); };
+    while (competes && used > capacity) {
+      bool bypass = false;
+      if (may_bypass && hint_policy->peek_victim(any) == incoming) {
+        const std::optional<ChunkHash> other = hint_policy->peek_victim(others);
+        bypass = !other || hint_policy->standing(*other) == HintAwarePolicy::Standing::kExpected ||
+                 hint_policy->cyclic(*other).value_or(false);
+      }
+      std::optional<ChunkHash> victim = bypass ? std::optional<ChunkHash>(incoming) : policy->pick_victim(others);
+      if (!victim) break;  // cannot happen: every resident chunk is evictable
+      const uint32_t v = static_cast<uint32_t>(victim->lo);
+      policy->remove(*victim);
+      resident[v] = 0;
+      used -= chunk_bytes[v];
+      if (v == c) {
+        ++r.bypassed;
+      } else {
+        ++r.evictions;
+      }
+    }
+  };
   auto admit = [&](uint32_t c, bool written = false) {
     const uint64_t bytes = chunk_bytes[c];
     if (bytes > capacity) {
       ++r.bypassed;
       return false;
     }
-    while (used + bytes > capacity) {
+    while (!competes && used + bytes > capacity) {
       std::optional<ChunkHash> victim = policy->pick_victim(any);
       if (!victim) break;  // cannot happen: every resident chunk is evictable
       const uint32_t v = static_cast<uint32_t>(victim->lo);
@@ -340,12 +348,12 @@ SimResult Simulator::Impl::run_online(SimPolicy which, uint64_t capacity) const 
     return true;
   };
 
-  for (const Ev& e : events) {
+  for (const SimEvent& e : events) {
     clock.advance_ns(e.time_ns - clock.now_ns());
     switch (e.kind) {
       case TraceEventKind::kAccess: {
         const uint32_t c = e.chunk, m = e.models.front();
-        if (tracks_models) tracker.access_by(m);
+        if (tracks_models) tracker.access_by(m, c);
         const bool hit = resident[c] != 0;
         count_request(r, e, chunk_bytes[c], hit);
         if (hit) {
@@ -357,6 +365,7 @@ SimResult Simulator::Impl::run_online(SimPolicy which, uint64_t capacity) const 
         } else if (admit(c) && tracks_models) {
           tracker.use(m, c);
           tracker.tracked(c, m);
+          make_room(c, true);
         } else if (tracks_models) {
           tracker.use(m, c);
         }
@@ -367,7 +376,8 @@ SimResult Simulator::Impl::run_online(SimPolicy which, uint64_t capacity) const 
         if (tracks_models) tracker.end_load();
         if (!resident[c] && admit(c, true) && tracks_models) {
           tracker.use(m, c);
-          tracker.tracked(c, kNone);
+          tracker.tracked(c, kSimNone);
+          make_room(c, false);
         } else if (tracks_models) {
           tracker.use(m, c);
         }
@@ -401,7 +411,7 @@ SimResult Simulator::Impl::run_belady(uint64_t capacity) const {
   r.capacity_bytes = capacity;
   // Resident chunks by their next access, farthest last.
   std::set<std::pair<size_t, uint32_t>> by_next;
-  std::vector<size_t> next_of(chunk_bytes.size(), kNever);
+  std::vector<size_t> next_of(chunk_bytes.size(), kSimNever);
   std::vector<char> resident(chunk_bytes.size(), 0);
   uint64_t used = 0;
 
@@ -409,7 +419,7 @@ SimResult Simulator::Impl::run_belady(uint64_t capacity) const {
   // farther than `next`, until c fits; bypasses c when those do not free enough room.
   auto admit = [&](uint32_t c, size_t next) {
     const uint64_t bytes = chunk_bytes[c];
-    if (bytes > capacity || next == kNever) {
+    if (bytes > capacity || next == kSimNever) {
       ++r.bypassed;
       return;
     }
@@ -439,7 +449,7 @@ SimResult Simulator::Impl::run_belady(uint64_t capacity) const {
     by_next.insert(std::make_pair(next, c));
   };
 
-  for (const Ev& e : events) {
+  for (const SimEvent& e : events) {
     if (e.kind != TraceEventKind::kAccess && e.kind != TraceEventKind::kInsert) continue;
     const uint32_t c = e.chunk;
     if (e.kind == TraceEventKind::kAccess) count_request(r, e, chunk_bytes[c], resident[c] != 0);
@@ -461,6 +471,9 @@ const char* sim_policy_name(SimPolicy p) {
     case SimPolicy::kLru: return "lru";
     case SimPolicy::kLineage: return "lineage";
     case SimPolicy::kHints: return "hints";
+    case SimPolicy::kArc: return "arc";
+    case SimPolicy::kS3Fifo: return "s3fifo";
+    case SimPolicy::kBound: return "bound";
     case SimPolicy::kBelady: return "belady";
   }
   return "?";
@@ -469,7 +482,7 @@ const char* sim_policy_name(SimPolicy p) {
 Result<SimPolicy> parse_sim_policy(const std::string& name) {
   for (SimPolicy p : kAllSimPolicies)
     if (name == sim_policy_name(p)) return p;
-  return invalid_argument("policy '" + name + "' is not one of lru, lineage, hints, belady");
+  return invalid_argument("policy '" + name + "' is not one of lru, arc, s3fifo, lineage, hints, bound, belady");
 }
 
 Simulator::Simulator(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -500,7 +513,7 @@ Result<Simulator> Simulator::create(const Trace& trace, SimOptions options) {
     if (t.time_ns < last_time)
       return invalid_argument("simulator: event " + std::to_string(i + 1) + ": time_ns goes back");
     last_time = t.time_ns;
-    Ev e;
+    SimEvent e;
     e.kind = t.kind;
     e.time_ns = t.time_ns;
     e.tier = t.tier;
@@ -551,10 +564,10 @@ Result<Simulator> Simulator::create(const Trace& trace, SimOptions options) {
   s.models = data_models.size();
   impl->model_count = model_ids.size();
   // Next accesses, from the end.
-  std::vector<size_t> next(impl->chunk_bytes.size(), kNever);
+  std::vector<size_t> next(impl->chunk_bytes.size(), kSimNever);
   for (size_t i = impl->events.size(); i-- > 0;) {
-    Ev& e = impl->events[i];
-    if (e.chunk == kNone) continue;
+    SimEvent& e = impl->events[i];
+    if (e.chunk == kSimNone) continue;
     e.next_access = next[e.chunk];
     if (e.kind == TraceEventKind::kAccess) next[e.chunk] = i;
   }
@@ -564,7 +577,13 @@ Result<Simulator> Simulator::create(const Trace& trace, SimOptions options) {
 const TraceSummary& Simulator::summary() const { return impl_->summary; }
 
 SimResult Simulator::run(SimPolicy policy, uint64_t capacity_bytes) const {
-  return policy == SimPolicy::kBelady ? impl_->run_belady(capacity_bytes) : impl_->run_online(policy, capacity_bytes);
+  switch (policy) {
+    case SimPolicy::kBelady: return impl_->run_belady(capacity_bytes);
+    case SimPolicy::kArc:
+    case SimPolicy::kS3Fifo: return impl_->run_baseline(policy, capacity_bytes);
+    case SimPolicy::kBound: return impl_->run_bound(capacity_bytes);
+    default: return impl_->run_online(policy, capacity_bytes);
+  }
 }
 
 std::vector<SimResult> Simulator::run_fractions(const std::vector<SimPolicy>& policies,

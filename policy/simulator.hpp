@@ -16,6 +16,11 @@
 // seen using the chunk (for the hint-aware policy, those not done). Refetch costs are left unknown
 // (the policies' size / bandwidth default).
 //
+// The hint-aware replay also marks a model whose run of reads wraps around (reads its first chunk
+// again) as cyclic, and admits a read chunk by competition (SimOptions::competing_admission).
+// ARC and S3-FIFO (policy/baselines.hpp) and the win-probability bound ("bound") are replayed by
+// simulator_baselines.cpp: docs/policy.md, "Simulator and cairn-sim", says what each does.
+//
 // Belady ("belady") knows the future: on a miss it evicts the resident chunks whose next access is
 // farthest away, and bypasses the new chunk (does not cache it) when its own next access is farther
 // than those of the chunks it would have to evict (or never comes). With equal chunk sizes this is
@@ -39,10 +44,16 @@
 
 namespace cairn {
 
-enum class SimPolicy { kLru, kLineage, kHints, kBelady };
-inline constexpr SimPolicy kAllSimPolicies[] = {SimPolicy::kLru, SimPolicy::kLineage, SimPolicy::kHints,
-                                               SimPolicy::kBelady};
-const char* sim_policy_name(SimPolicy p);  // "lru", "lineage", "hints", "belady"
+// lru, lineage and hints are the tiers' policy classes; arc and s3fifo the field's baselines
+// (policy/baselines.hpp); bound the win-probability replay (an online policy told, from hindsight,
+// each live model's chance of being read next and each chunk's chance of being loaded with it);
+// belady the offline reference.
+enum class SimPolicy { kLru, kArc, kS3Fifo, kLineage, kHints, kBound, kBelady };
+inline constexpr SimPolicy kAllSimPolicies[] = {SimPolicy::kLru,     SimPolicy::kArc,   SimPolicy::kS3Fifo,
+                                                SimPolicy::kLineage, SimPolicy::kHints, SimPolicy::kBound,
+                                                SimPolicy::kBelady};
+// "lru", "arc", "s3fifo", "lineage", "hints", "bound", "belady"
+const char* sim_policy_name(SimPolicy p);
 // invalid_argument naming the known ones for anything else.
 Result<SimPolicy> parse_sim_policy(const std::string& name);
 
@@ -57,6 +68,11 @@ struct SimOptions {
   // Chunks a commit writes enter the lineage and hints policies cold (EvictionPolicy::track_written),
   // as in the daemon; false replays them as reads (as before), for comparison.
   bool cold_writes = true;
+  // The hint-aware policy's admission: a chunk coming in is taken in with its hint state and then
+  // competes with the resident chunks, so that when it ranks lowest it is the one that leaves (it is
+  // bypassed, as Belady bypasses). false: room is made before the chunk comes in, as for the other
+  // online policies.
+  bool competing_admission = true;
 };
 
 // What the trace holds, independent of any cache.

@@ -1,8 +1,10 @@
-// cairn-sim: replays a chunk-level trace (docs/policy.md) against LRU, the lineage scorer, the
-// hint-aware scorer and Belady's offline optimum over a range of cache sizes, and prints the hit
-// ratios; or writes a synthetic trace of a workflow (--generate).
+// cairn-sim: replays a chunk-level trace (docs/policy.md) against LRU, ARC, S3-FIFO, the lineage
+// scorer, the hint-aware scorer, the win-probability bound and Belady's offline reference over a
+// range of cache sizes, and prints the hit ratios; or writes a synthetic trace of a workflow
+// (--generate).
 //
-//   cairn-sim TRACE.csv [--sizes 0.125,0.25,0.5] [--policies lru,lineage,hints,belady] [--json OUT]
+//   cairn-sim TRACE.csv [--sizes 0.125,0.25,0.5] [--policies lru,arc,s3fifo,lineage,hints,bound,belady]
+//             [--json OUT]
 //   cairn-sim --generate nas|ensemble|sweep|checkpoint --out F.csv [--seed N] [--scale X]
 //
 // Exit status: 0 on success, 1 on an error (the message names the file, line or option), 2 on bad
@@ -212,13 +214,13 @@ int simulate(const std::string& path, const std::string& sizes_text, const std::
 int main(int argc, char** argv) {
   CLI::App app{"cairn-sim — replays a chunk-level trace against eviction policies and Belady's optimum"};
   app.set_version_flag("--version", std::string("cairn-sim ") + cairn::version_string(), "print the version and exit");
-  std::string trace, sizes = "0.125,0.25,0.5", policies = "lru,lineage,hints,belady", json_out;
+  std::string trace, sizes = "0.125,0.25,0.5", policies = "lru,arc,s3fifo,lineage,hints,bound,belady", json_out;
   std::string workload, out;
   uint64_t seed = 1;
   double scale = 1.0;
   app.add_option("TRACE", trace, "trace file (CSV, docs/policy.md \"Trace format\")");
   app.add_option("--sizes", sizes, "cache sizes as fractions of the working set, comma-separated (default: 0.125,0.25,0.5)");
-  app.add_option("--policies", policies, "comma-separated: lru, lineage, hints, belady (default: all)");
+  app.add_option("--policies", policies, "comma-separated: lru, arc, s3fifo, lineage, hints, bound, belady (default: all)");
   app.add_option("--json", json_out, "also write the results as JSON to this file");
   bool warm_writes = false;
   app.add_flag("--warm-writes", warm_writes, "replay a commit's written chunks as reads (the policies before cold writes)");

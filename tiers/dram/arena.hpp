@@ -113,9 +113,10 @@ class ArenaView {
   uint8_t* write_base() const { return rw_; }
   uint64_t size() const { return size_; }
 
-  // Maps the pages of [offset, offset + nbytes) into the read-only (write = false) or read-write
-  // view in one call (MADV_POPULATE_READ/WRITE) instead of one fault per page, for ranges of 1 MiB
-  // and more. Each view remembers which 2 MiB granules it has populated and skips them: the arena
+  // Maps the pages of [offset, offset + nbytes) into the read-only (write = false: one read per
+  // 64 KiB, the kernel's fault-around mapping the pages about it, in up to 4 threads for 64 MiB and
+  // more) or read-write view (MADV_POPULATE_WRITE, one call) instead of one fault per page, for
+  // ranges of 1 MiB and more. Each view remembers which 2 MiB granules it has populated and skips them: the arena
   // never gives pages back, so a page mapped once stays mapped, and walking the page tables of a
   // populated range again costs a quarter of copying it (measured). Best effort; thread-safe.
   void prefault(uint64_t offset, uint64_t nbytes, bool write) const;

@@ -289,3 +289,50 @@ TEST_CASE("A chunk a commit wrote enters cold: it goes before chunks that were r
   lru.track_written(key(9), kMiB);
   CHECK(lru.pick_victim(kAny)->lo == 8);
 }
+
+TEST_CASE("HintAwarePolicy keeps the chunks of a cycle it took in first", "[policy][hints][cyclic]") {
+  FakeClock clock;
+  HintAwarePolicy p(clock);
+  for (uint64_t i = 1; i <= 4; ++i) {
+    p.track(key(i), kMiB);
+    clock.advance_s(1);
+  }
+  // 1 and 4 stay ordinary; 2 and 3 are read in a cycle: after the ordinary chunks, the newest taken
+  // in goes first, whatever was read since (3 is read again and still goes before 2).
+  p.set_cyclic(key(2), true);
+  p.set_cyclic(key(3), true);
+  p.touch(key(3));
+  CHECK(p.cyclic(key(2)) == true);
+  CHECK(p.cyclic(key(1)) == false);
+  CHECK_FALSE(p.cyclic(key(9)).has_value());
+  CHECK(p.standing(key(2)) == Standing::kOrdinary);
+  CHECK(p.peek_victim(kAny) == key(1));
+  const double aging_before = p.aging();
+  const std::vector<uint64_t> order = eviction_order(p);
+  CHECK(order == std::vector<uint64_t>{1, 4, 3, 2});
+  CHECK(p.aging() >= aging_before);
+}
+
+TEST_CASE("HintAwarePolicy: a cyclic victim does not raise L, and set_cyclic(false) withdraws it",
+          "[policy][hints][cyclic]") {
+  FakeClock clock;
+  HintAwarePolicy p(clock);
+  p.track(key(1), kMiB);
+  clock.advance_s(1);
+  p.track(key(2), kMiB);
+  p.set_cyclic(key(1), true);
+  p.set_cyclic(key(2), true);
+  auto v = p.pick_victim(kAny);
+  REQUIRE(v);
+  CHECK(*v == key(2));  // the newest taken in
+  CHECK(p.aging() == 0);
+  p.set_cyclic(key(1), false);
+  CHECK(p.cyclic(key(1)) == false);
+  // A population chunk read in a cycle stays above the population's other chunks.
+  p.remove(key(2));
+  p.track(key(3), kMiB);
+  p.set_population(key(1), true);
+  p.set_population(key(3), true);
+  p.set_cyclic(key(1), true);
+  CHECK(eviction_order(p) == std::vector<uint64_t>{3, 1});
+}
