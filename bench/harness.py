@@ -813,6 +813,14 @@ def render_doc(results: Dict[str, Any], img_dir: Path, doc_dir: Path) -> str:
         for run in runs:
             parts = ", ".join(run["parts"])
             thp = f"; shared-memory huge pages: {run['shmem_thp']}" if run.get("shmem_thp") else ""
+            # A part measured again on another machine says which (its results file records it).
+            try:
+                rm = json.loads((ROOT / run["results"]).read_text())["machine"]
+            except (OSError, ValueError, KeyError):
+                rm = {}
+            if rm and (rm.get("cpu"), rm.get("kernel")) != (m.get("cpu"), m.get("kernel")):
+                thp += (f"; on another machine: {rm.get('cpu')}, {rm.get('cores')} cores, "
+                        f"{rm.get('memory_bytes', 0) / (1 << 30):.1f} GiB memory, kernel {rm.get('kernel')}")
             again.append(f"- measured again on {run['started']} with `bench/run --only {parts} --update "
                          f"{run['base']}` (results `{run['results']}`{thp}): {parts}")
         again[-1] += "; every other figure is from the full run above (a part measured twice: the later run)"

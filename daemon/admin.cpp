@@ -168,6 +168,7 @@ Result<json> Admin::remove(const json& req) {
   CAIRN_RETURN_IF_ERROR(st);
   CAIRN_RETURN_IF_ERROR(p_.catalog.retire(id));
   if (before.is_ok() && (*before)->retired_ns == 0) p_.references.count(**before, -1);
+  if (p_.prefetcher) p_.prefetcher->retired(id);  // no longer read in a cycle
   return json{{"retired", id}};
 }
 

@@ -2,6 +2,7 @@
 
 #include <sys/resource.h>
 #include <algorithm>
+#include <chrono>
 #include <set>
 #include <unordered_set>
 #include <unistd.h>
@@ -12,6 +13,13 @@
 namespace cairn {
 
 using nlohmann::json;
+
+namespace {
+int64_t steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
 
 Prefetcher::Prefetcher(Parts parts) : p_(std::move(parts)), reserve_(p_.dram.arena_size() / 8) {
   thread_ = std::thread([this] { loop(); });
@@ -85,6 +93,17 @@ void Prefetcher::hint_done(const ChunkHash& hash) {
   if (p_.nvme) p_.nvme->hint_done(hash);
 }
 
+// DRAM only: the cycle is in what DRAM holds (the burst buffer's policy has no reads to cycle on).
+void Prefetcher::apply_cycles_locked(const ReadCycles::Change& change) {
+  for (const ChunkHash& h : change.unmark) p_.dram.hint_cyclic(h, false);
+  for (const ChunkHash& h : change.mark) p_.dram.hint_cyclic(h, true);
+}
+
+void Prefetcher::retired(const std::string& id) {
+  std::lock_guard lock(cycles_mu_);
+  apply_cycles_locked(cycles_.forget(id));
+}
+
 Result<json> Prefetcher::hint(const json& req) {
   auto hit = req.find("hint");
   if (hit == req.end()) return invalid_argument("request 'hint': missing object field 'hint' (docs/policy.md)");
@@ -156,6 +175,11 @@ Result<json> Prefetcher::hint(const json& req) {
         std::lock_guard lock(mu_);
         population = population_;
       }
+      {
+        // A model declared done is not read in a cycle any more.
+        std::lock_guard lock(cycles_mu_);
+        for (const std::string& id : h.models) apply_cycles_locked(cycles_.forget(id));
+      }
       std::unordered_set<ChunkHash, ChunkHashHasher> keep;
       (void)for_chunks(std::vector<std::string>(population.begin(), population.end()),
                        [&](const ChunkRef& c) { keep.insert(c.hash); });
@@ -191,7 +215,13 @@ void Prefetcher::matched(const std::string& model, const std::vector<std::string
   enqueue(Job{model, tensors, "match"});
 }
 
-void Prefetcher::leased(const ModelManifest& m, const std::vector<const TensorManifest*>& tensors) {
+void Prefetcher::leased(const ModelManifest& m, const std::vector<const TensorManifest*>& tensors,
+                        const LeasedRead& read) {
+  {
+    // A model read again after its chunks left DRAM is read in a cycle that does not fit.
+    std::lock_guard lock(cycles_mu_);
+    apply_cycles_locked(cycles_.read(m, tensors, read.loaded, read.started_ns, steady_ns()));
+  }
   // Each chunk read fulfils one announced read of it (a later reader's announcement stays).
   for (const TensorManifest* t : tensors)
     for (const ChunkRef& c : t->chunks) p_.dram.hint_read(c.hash);
@@ -299,6 +329,14 @@ void Prefetcher::prune_locked() {
 }
 
 json Prefetcher::stats() {
+  size_t cyclic_models = 0;
+  uint64_t cycles_found = 0;
+  {
+    std::lock_guard lock(cycles_mu_);
+    apply_cycles_locked(cycles_.expire(steady_ns()));
+    cyclic_models = cycles_.cyclic_models();
+    cycles_found = cycles_.found();
+  }
   std::lock_guard lock(mu_);
   prune_locked();
   return json{{"mode", p_.mode},
@@ -317,7 +355,9 @@ json Prefetcher::stats() {
               {"dropped_jobs", dropped_},
               {"failures", failures_},
               {"tensors_to_hbm", tensors_to_hbm_},
-              {"hbm_skipped", hbm_skipped_}};
+              {"hbm_skipped", hbm_skipped_},
+              {"cyclic_models", cyclic_models},
+              {"cycles_found", cycles_found}};
 }
 
 }  // namespace cairn

@@ -11,12 +11,16 @@
 // touches pinned or dirty data. A hint naming unknown models is accepted (advice), its unknown
 // ids listed in the answer and logged.
 //
-// Owns: the job queue and its thread, the population and sequence a workflow announced, the set of
-// chunks it staged that no read has used yet, and its counters. Never serves a read and never
-// writes a model.
+// Reads also tell it which models are read in a cycle that does not fit in DRAM (ReadCycles): it
+// marks their chunks cyclic in the DRAM tier until the model is declared done, retired or idle.
 //
-// Thread-safety: every method may be called from any thread. Lock order: mu_ is a leaf except that
-// the DRAM tier's lock is taken inside it (policy hints).
+// Owns: the job queue and its thread, the population and sequence a workflow announced, the set of
+// chunks it staged that no read has used yet, the cycle detector, and its counters. Never serves a
+// read and never writes a model.
+//
+// Thread-safety: every method may be called from any thread. Lock order: mu_ and cycles_mu_ are
+// leaves, never held together, except that the DRAM tier's lock is taken inside either (policy
+// hints).
 #pragma once
 
 #include <condition_variable>
@@ -34,6 +38,7 @@
 #include "core/status.hpp"
 #include "daemon/hints.hpp"
 #include "daemon/models.hpp"
+#include "daemon/read_cycles.hpp"
 #include "daemon/reads.hpp"
 #include "tiers/dram/dram_tier.hpp"
 #include "tiers/nvme/nvme_tier.hpp"
@@ -62,8 +67,12 @@ class Prefetcher final : public ReadObserver {
   Result<nlohmann::json> hint(const nlohmann::json& req);
   // ReadObserver: what reads reveal.
   void opened(const ModelManifest& m) override;
-  void leased(const ModelManifest& m, const std::vector<const TensorManifest*>& tensors) override;
+  // Also the cycle detector's input: a model read again after its chunks left DRAM becomes cyclic.
+  void leased(const ModelManifest& m, const std::vector<const TensorManifest*>& tensors,
+              const LeasedRead& read) override;
   void matched(const std::string& model, const std::vector<std::string>& tensors) override;
+  // The model was retired (`rm`): it is no longer read in a cycle.
+  void retired(const std::string& id);
 
   // Counters for `cairn stats` ("prefetch").
   nlohmann::json stats();
@@ -77,6 +86,8 @@ class Prefetcher final : public ReadObserver {
   void hint_expected_use(const ChunkHash& hash, double seconds);
   void hint_population(const ChunkHash& hash, bool member);
   void hint_done(const ChunkHash& hash);
+  // What the cycle detector found, to the DRAM tier. REQUIRES: cycles_mu_ held (marks stay in order).
+  void apply_cycles_locked(const ReadCycles::Change& change);
   struct Job {
     std::string model;
     std::vector<std::string> tensors;  // empty: all
@@ -112,6 +123,8 @@ class Prefetcher final : public ReadObserver {
            chunks_wasted_ = 0, skipped_budget_ = 0, failures_ = 0, dropped_ = 0;  // GUARDED_BY(mu_)
   uint64_t tensors_to_hbm_ = 0, hbm_skipped_ = 0;  // GUARDED_BY(mu_) will_load hints with tier hbm
   static constexpr size_t kMaxQueued = 4096;
+  std::mutex cycles_mu_;
+  ReadCycles cycles_;  // GUARDED_BY(cycles_mu_)
   std::thread thread_;
 };
 

@@ -1,6 +1,7 @@
 #include "daemon/reads.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <span>
 
@@ -62,7 +63,12 @@ Result<json> Reads::lease(Session& s, const json& req) {
     order.push_back(t);
   }
   std::vector<PinnedTensor> pins;
+  LeasedRead read;
+  read.started_ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
   CAIRN_RETURN_IF_ERROR(pin_tensors(order, m->id, false, pins));
+  read.loaded.reserve(pins.size());
+  for (const PinnedTensor& pt : pins) read.loaded.push_back(pt.loaded);
   for (size_t ti = 0; ti < order.size(); ++ti) {
     const TensorManifest* t = order[ti];
     Session::Lease lease;
@@ -100,7 +106,7 @@ Result<json> Reads::lease(Session& s, const json& req) {
     granted.push_back(lid);
     leases.push_back({{"lease", lid}, {"extents", std::move(ex)}, {"nbytes", t->nbytes}});
   }
-  if (observer_) observer_->leased(*m, wanted);
+  if (observer_) observer_->leased(*m, order, read);
   return json{{"leases", std::move(leases)}, {"created_ns", m->created_ns}};
 }
 

@@ -36,13 +36,24 @@ namespace cairn {
 
 class TraceRecorder;
 
+// How a lease found its chunks, for an observer that looks for reads that do not fit (a model read
+// again after its chunks left DRAM).
+struct LeasedRead {
+  int64_t started_ns = 0;        // steady clock, before the lease claimed its first chunk
+  std::vector<uint32_t> loaded;  // per leased tensor: chunks this lease read into DRAM (neither
+                                 // resident nor being read by another request when it claimed them);
+                                 // empty when the lease says nothing of DRAM (a device lease)
+};
+
 // What reads reveal about what will be read next (the prefetcher listens). Called on the request's
 // thread after the request's own work; must not block.
 class ReadObserver {
  public:
   virtual ~ReadObserver() = default;
   virtual void opened(const ModelManifest& m) = 0;
-  virtual void leased(const ModelManifest& m, const std::vector<const TensorManifest*>& tensors) = 0;
+  // A lease of these tensors of m succeeded; read.loaded has one entry per tensor, in order, or none.
+  virtual void leased(const ModelManifest& m, const std::vector<const TensorManifest*>& tensors,
+                      const LeasedRead& read) = 0;
   // A best_ancestor answer named these tensors of `model` for the caller to transfer.
   virtual void matched(const std::string& model, const std::vector<std::string>& tensors) = 0;
 };
@@ -95,6 +106,7 @@ class Reads {
   struct PinnedTensor {
     std::vector<ChunkHash> pinned;
     std::vector<Extent> extents;
+    uint32_t loaded = 0;  // chunks this request read into DRAM (LeasedRead::loaded)
   };
   // Makes every chunk of these tensors (of `model`) resident and pinned; out gets one entry per
   // tensor. The missing chunks of all the tensors are read through one pool (daemon/reads_pin.cpp).

@@ -115,7 +115,7 @@ Result<json> Reads::lease_device(Session& s, const json& req) {
                       {"nbytes", order[i]->nbytes},
                       {"hit", placed[i].hit}});
   }
-  if (observer_) observer_->leased(*m, order);
+  if (observer_) observer_->leased(*m, order, LeasedRead{});  // says nothing of what DRAM held
   return json{{"leases", std::move(leases)}, {"created_ns", m->created_ns}, {"backend", hbm_->backend()}};
 }
 

@@ -33,6 +33,7 @@ struct TensorLoad {
   std::vector<Extent> granted;           // DRAM space taken for to_load
   std::vector<Status> results;           // per to_load entry
   std::vector<char> loaded;              // per to_load entry
+  uint32_t reloaded = 0;                 // to_wait chunks this request read itself (their loader failed)
 };
 
 }  // namespace
@@ -182,6 +183,7 @@ Status Reads::pin_tensors(std::span<const TensorManifest* const> tensors, const 
         dram.finish_load(ref.hash, *a, ref.length);
         L.offsets[i] = *a;
         L.have[i] = 1;
+        ++L.reloaded;
         break;
       }
     }
@@ -197,6 +199,7 @@ Status Reads::pin_tensors(std::span<const TensorManifest* const> tensors, const 
   for (size_t ti = 0; ti < loads.size(); ++ti) {
     TensorLoad& L = loads[ti];
     const auto& chunks = L.t->chunks;
+    out[ti].loaded = static_cast<uint32_t>(L.to_load.size()) + L.reloaded;
     for (size_t i = 0; i < chunks.size(); ++i) {
       out[ti].pinned.push_back(chunks[i].hash);
       out[ti].extents.push_back(Extent{L.offsets[i], chunks[i].length});

@@ -222,6 +222,14 @@ void DramTier::hint_done(const ChunkHash& hash) {
   policy_->set_done(hash, true);
 }
 
+void DramTier::hint_cyclic(const ChunkHash& hash, bool cyclic) {
+  std::lock_guard lock(mu_);
+  auto it = hint_entry_locked(hash);
+  it->second.cyclic = cyclic;
+  policy_->set_cyclic(hash, cyclic);
+  prune_hint_locked(it);
+}
+
 std::unordered_map<ChunkHash, DramTier::HintTerms, ChunkHashHasher>::iterator DramTier::hint_entry_locked(
     const ChunkHash& hash) {
   // Hints are advice: past a million hinted chunks the oldest knowledge is simply forgotten.
@@ -232,7 +240,7 @@ std::unordered_map<ChunkHash, DramTier::HintTerms, ChunkHashHasher>::iterator Dr
 
 void DramTier::prune_hint_locked(std::unordered_map<ChunkHash, HintTerms, ChunkHashHasher>::iterator it) {
   const HintTerms& t = it->second;
-  if (!t.population && !t.done && t.expected_at_ns.empty()) hinted_.erase(it);
+  if (!t.population && !t.done && !t.cyclic && t.expected_at_ns.empty()) hinted_.erase(it);
 }
 
 void DramTier::reapply_hints_locked(const ChunkHash& hash) {
@@ -240,6 +248,7 @@ void DramTier::reapply_hints_locked(const ChunkHash& hash) {
   if (it == hinted_.end()) return;
   if (it->second.population) policy_->set_population(hash, true);
   if (it->second.done) policy_->set_done(hash, true);
+  if (it->second.cyclic) policy_->set_cyclic(hash, true);
   // The announced reads stay until clients make them (hint_read): a prefetch landing is not one.
   if (!it->second.expected_at_ns.empty()) {
     pass_expected_locked(hash, it->second);

@@ -93,6 +93,10 @@ class DramTier {
   void hint_expected_use(const ChunkHash& hash, double seconds);
   void hint_population(const ChunkHash& hash, bool member);
   void hint_done(const ChunkHash& hash);
+  // Whether a model that uses the chunk is being read in a cycle (policy/eviction.hpp: set_cyclic).
+  // Kept like the other hints: a chunk that enters later (a read bringing it back) is cyclic too,
+  // until hint_cyclic(hash, false).
+  void hint_cyclic(const ChunkHash& hash, bool cyclic);
   // A client read the chunk (a lease, not a prefetch): that fulfils its soonest announced read; the
   // policy is told the next one, if any.
   void hint_read(const ChunkHash& hash);
@@ -163,6 +167,7 @@ class DramTier {
   struct HintTerms {
     bool population = false;
     bool done = false;
+    bool cyclic = false;
     std::vector<int64_t> expected_at_ns;  // the announced reads not yet made, soonest first (steady clock)
   };
   std::unordered_map<ChunkHash, HintTerms, ChunkHashHasher> hinted_;  // GUARDED_BY(mu_)

@@ -1,5 +1,5 @@
 // DramTier: chunks resident in the shared arena — allocation, load coordination (claim / finish /
-// abort / wait), deduplicating adoption, pinning, dirtiness and LRU eviction.
+// abort / wait), deduplicating adoption, pinning, dirtiness, LRU eviction and hints to the policy.
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
@@ -474,6 +474,62 @@ TEST_CASE("DramTier prefaults the arena in the background", "[dram]") {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   REQUIRE(tier->prefault_finished());
   REQUIRE(tier->prefaulted_bytes() <= tier->arena_size());
+}
+
+TEST_CASE("DramTier: hint_cyclic reaches the policy and survives a chunk leaving and coming back", "[dram][hints]") {
+  // Four chunks fill the arena. Cyclic chunks outrank ordinary ones and go newest taken in first
+  // (docs/policy.md, "Scan resistance"): the tier must pass the hint on, keep it for a chunk that
+  // is not resident, and give it again to a chunk that comes back (track() starts it afresh).
+  auto owned = std::make_unique<HintAwarePolicy>();
+  HintAwarePolicy& policy = *owned;  // owned by the tier; read here between calls, single-threaded
+  auto t = DramTier::create(kArena, std::move(owned), "cairn-test-dram-cyclic");
+  REQUIRE(t.is_ok());
+  DramTier& tier = **t;
+  std::vector<ChunkHash> h{hash_n(30), hash_n(31), hash_n(32), hash_n(33)};
+  for (const ChunkHash& c : h) {  // taken in in this order
+    put_chunk(tier, c, /*dirty=*/false);
+    tier.unpin(c);
+  }
+  for (const ChunkHash& c : h) tier.hint_cyclic(c, true);
+  for (const ChunkHash& c : h) CHECK(policy.cyclic(c) == std::optional<bool>(true));
+
+  // Room for one more chunk: the newest taken in goes, the first three stay.
+  auto x = tier.allocate(kChunk);
+  REQUIRE(x.is_ok());
+  CHECK_FALSE(tier.offset_of(h[3]).has_value());
+  for (size_t i = 0; i < 3; ++i) CHECK(tier.offset_of(h[i]).has_value());
+  CHECK_FALSE(policy.cyclic(h[3]).has_value());  // the policy forgot it with the chunk
+
+  // It comes back (a read loads it): cyclic again, from the tier's hint terms.
+  auto c = tier.claim(h[3]);
+  REQUIRE(c.kind == DramTier::ClaimKind::kLoad);
+  tier.finish_load(h[3], *x, kChunk);
+  tier.unpin(h[3]);
+  CHECK(policy.cyclic(h[3]) == std::optional<bool>(true));
+  // A read that hits keeps it.
+  REQUIRE(tier.claim(h[0]).kind == DramTier::ClaimKind::kResident);
+  tier.unpin(h[0]);
+  CHECK(policy.cyclic(h[0]) == std::optional<bool>(true));
+
+  // Withdrawn from the oldest: it is ordinary now and goes before every cyclic chunk.
+  tier.hint_cyclic(h[0], false);
+  CHECK(policy.cyclic(h[0]) == std::optional<bool>(false));
+  auto y = tier.allocate(kChunk);
+  REQUIRE(y.is_ok());
+  CHECK_FALSE(tier.offset_of(h[0]).has_value());
+  for (size_t i = 1; i < 4; ++i) CHECK(tier.offset_of(h[i]).has_value());
+
+  // Hinted while not resident: it enters cyclic, and is then the newest cyclic chunk, the first to go.
+  tier.hint_cyclic(h[0], true);
+  REQUIRE(tier.claim(h[0]).kind == DramTier::ClaimKind::kLoad);
+  tier.finish_load(h[0], *y, kChunk);
+  tier.unpin(h[0]);
+  CHECK(policy.cyclic(h[0]) == std::optional<bool>(true));
+  auto z = tier.allocate(kChunk);
+  REQUIRE(z.is_ok());
+  CHECK_FALSE(tier.offset_of(h[0]).has_value());
+  for (size_t i = 1; i < 4; ++i) CHECK(tier.offset_of(h[i]).has_value());
+  tier.release(*z, kChunk);
 }
 
 }  // namespace cairn
