@@ -41,8 +41,9 @@ import time
 import zipfile
 from pathlib import Path
 
-STAGES = ["probe", "daemon", "cuda_unit", "cuda_python", "gpu_bench", "mpi", "peers"]
-LIMITS = {"probe": 40, "daemon": 40, "cuda_unit": 60, "cuda_python": 120, "gpu_bench": 150, "mpi": 150, "peers": 170}
+STAGES = ["probe", "daemon", "cuda_unit", "cuda_python", "gpu_bench", "mpi", "peers", "dcp"]
+LIMITS = {"probe": 40, "daemon": 40, "cuda_unit": 60, "cuda_python": 120, "gpu_bench": 150, "mpi": 150, "peers": 170,
+          "dcp": 120}
 
 
 class Check:
@@ -446,6 +447,24 @@ print("ROUNDTRIP ok numpy", np.__version__)
                     self.row(f"peers: ensemble of {t['n']}, repository copies", t["repository_copies"],
                              "without peers", t["repository_copies_no_peers"], None, "1 per job", t["repository_copies"] <= 1.05)
         return r
+
+    def dcp(self, limit) -> dict:
+        """torch.distributed.checkpoint through cairn on 2 ranks (gloo) with a core each: dcp.save and
+        dcp.async_save blocking against FileSystemWriter and a memcpy, warm dcp.load against
+        FileSystemReader. A GPT-2-medium-shaped state of 6 layers (about 1 GB with Adam) so that the
+        stage fits its share of the lease; the 2-core machine runs the 24-layer state."""
+        small = self.a.here or self.a.quick
+        out = self.work / "dcp.json"
+        cmd = [self.py, "bench/workloads/dcp_bench.py", "--ranks", "2", "--json", out]
+        cmd += ["--quick"] if small else ["--layers", "6", "--repeats", "3", "--series", "3", "--series-fs", "1"]
+        rc, text = self.run("dcp", cmd, limit)
+        if rc != 0 or not out.exists():
+            return {"status": "failed", "why": "timed out" if rc is None else f"exit {rc}: {text.strip()[-400:]}"}
+        res = json.loads(out.read_text())
+        for row in res.get("rows", []):
+            self.row("dcp: " + row.get("name", "?"), row.get("value"), row.get("baseline", ""), row.get("baseline_value"),
+                     row.get("ratio"), row.get("goal") or "", row.get("met"))
+        return {"status": "ok", "result": {"cores": res.get("cores"), "runs": res.get("runs")}}
 
     # ---- the whole ------------------------------------------------------------------------------
 
