@@ -8,6 +8,7 @@
 // ("tiers.dram.capacity: '12 parsecs' is not a size (examples: 512MiB, 2GiB, 1073741824)").
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -78,6 +79,9 @@ const char* default_config_yaml();
 
 // Parses "512MiB", "2GiB", "1.5GiB", "64KiB", "10MB", "1073741824" (bytes). nullopt if malformed.
 std::optional<uint64_t> parse_size(const std::string& text);
+// Parses a duration: a number and ms, s or m ("250ms", "10s", "2m"), or "0" (off). nullopt when
+// malformed. The config's duration keys are checked with it when the config is read.
+std::optional<std::chrono::milliseconds> parse_duration(const std::string& text);
 
 // Builds the config: embedded default, then the YAML text of a file (if path is non-empty), then
 // the environment `env` (normally environ; injectable for tests). Expands ${VAR}, ${VAR:-default}

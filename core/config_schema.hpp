@@ -32,6 +32,8 @@ struct Key {
   uint64_t min_size = 0;                       // sizes only: inclusive bounds, in bytes
   uint64_t max_size = UINT64_MAX;
   bool power_of_two = false;  // sizes only
+  // Strings only: the value is a duration (parse_duration); `positive`: and not 0.
+  enum class Duration { kNo, kOrZero, kPositive } duration = Duration::kNo;
 };
 
 // Keys in the order to_yaml() writes them; keys of one section are contiguous.

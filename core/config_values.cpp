@@ -207,6 +207,16 @@ Result<uint64_t> parse_size_for(const Key& key, const std::string& text) {
 }
 
 Result<std::string> parse_string_for(const Key& key, const std::string& text, const Env& env) {
+  if (key.duration != Key::Duration::kNo) {
+    const auto d = parse_duration(text);
+    if (!d) {
+      return invalid_argument(quote_for_message(text) + " is not a duration (a number and ms, s or m: 500ms, 10s, 10m" +
+                              (key.duration == Key::Duration::kOrZero ? "; 0 = off)" : ")"));
+    }
+    if (key.duration == Key::Duration::kPositive && d->count() <= 0)
+      return invalid_argument(quote_for_message(text) + " is not a positive duration (such as 500ms, 10s or 2m)");
+    return text;
+  }
   if (!key.choices.empty()) {
     for (std::string_view choice : key.choices) {
       if (text == choice) return text;
@@ -333,6 +343,18 @@ std::optional<uint64_t> parse_size(const std::string& text) {
   uint64_t part = frac * (unit / frac_scale) + frac * (unit % frac_scale) / frac_scale;
   if (__builtin_add_overflow(bytes, part, &bytes)) return std::nullopt;
   return bytes;
+}
+
+std::optional<std::chrono::milliseconds> parse_duration(const std::string& text) {
+  size_t k = 0;
+  while (k < text.size() && text[k] >= '0' && text[k] <= '9') ++k;
+  if (k == 0 || k > 12) return std::nullopt;
+  const uint64_t v = std::stoull(text.substr(0, k));
+  const std::string unit = text.substr(k);
+  if (unit == "ms") return std::chrono::milliseconds(v);
+  if (unit == "s" || (unit.empty() && v == 0)) return std::chrono::milliseconds(v * 1000);
+  if (unit == "m") return std::chrono::milliseconds(v * 60000);
+  return std::nullopt;
 }
 
 }  // namespace cairn

@@ -15,7 +15,6 @@
 
 #include "core/log.hpp"
 #include "core/self_path.hpp"
-#include "daemon/repository_watch.hpp"  // parse_duration
 
 extern char** environ;
 

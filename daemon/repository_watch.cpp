@@ -11,18 +11,6 @@ namespace cairn {
 
 using nlohmann::json;
 
-std::optional<std::chrono::milliseconds> parse_duration(const std::string& text) {
-  size_t k = 0;
-  while (k < text.size() && std::isdigit(static_cast<unsigned char>(text[k]))) ++k;
-  if (k == 0 || k > 12) return std::nullopt;
-  uint64_t v = std::stoull(text.substr(0, k));
-  std::string unit = text.substr(k);
-  if (unit == "ms") return std::chrono::milliseconds(v);
-  if (unit == "s" || (unit.empty() && v == 0)) return std::chrono::milliseconds(v * 1000);
-  if (unit == "m") return std::chrono::milliseconds(v * 60000);
-  return std::nullopt;
-}
-
 RepositoryWatch::RepositoryWatch(Parts parts, std::chrono::milliseconds interval) : p_(parts), interval_(interval) {
   if (interval_.count() > 0) thread_ = std::thread([this] { loop(); });
 }

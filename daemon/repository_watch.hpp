@@ -67,7 +67,4 @@ class RepositoryWatch {
   std::thread thread_;
 };
 
-// Parses a duration such as "1s", "250ms", "2m", "0" (off). nullopt when malformed.
-std::optional<std::chrono::milliseconds> parse_duration(const std::string& text);
-
 }  // namespace cairn

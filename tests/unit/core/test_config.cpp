@@ -417,6 +417,28 @@ TEST_CASE("config: bad sizes give examples", "[config]") {
   CHECK(contains(m, "tiers.nvme.capacity: '-5GiB' is not a size"));
 }
 
+TEST_CASE("config: durations are checked when the config is read", "[config]") {
+  CHECK(load_error("watchdog: banana") ==
+        "/etc/cairn.yaml: watchdog: 'banana' is not a duration (a number and ms, s or m: 500ms, 10s, 10m; 0 = off)");
+  CHECK(contains(load_error("repository_refresh: 1h"), "repository_refresh: '1h' is not a duration"));
+  CHECK(contains(load_error("repository_refresh: 5"), "repository_refresh: '5' is not a duration"));
+  CHECK(contains(load_error("peers: {timeout: 0}"), "peers.timeout: '0' is not a positive duration"));
+  CHECK(contains(load_error("compute: {start_timeout: -1s}"), "compute.start_timeout: '-1s' is not a duration"));
+  CHECK(load_ok("watchdog: 0").watchdog == "0");
+  CHECK(load_ok("repository_refresh: 250ms").repository_refresh == "250ms");
+  CHECK(load_ok("peers: {timeout: 2m}").peers.timeout == "2m");
+  Result<Config> env = load_config_text("", "test.yaml", {{"CAIRN_WATCHDOG", "banana"}});
+  REQUIRE_FALSE(env.is_ok());
+  CHECK(env.status().message() ==
+        "CAIRN_WATCHDOG: 'banana' is not a duration (a number and ms, s or m: 500ms, 10s, 10m; 0 = off)");
+  CHECK(parse_duration("1500ms") == std::chrono::milliseconds(1500));
+  CHECK(parse_duration("2m") == std::chrono::milliseconds(120000));
+  CHECK(parse_duration("0") == std::chrono::milliseconds(0));
+  CHECK_FALSE(parse_duration("5").has_value());
+  CHECK_FALSE(parse_duration("").has_value());
+  CHECK_FALSE(parse_duration("1234567890123s").has_value());
+}
+
 TEST_CASE("config: YAML syntax errors give the source and line", "[config]") {
   std::string m = load_error("socket: /x\ntiers:\n  dram: [1,\n");
   CHECK(contains(m, "/etc/cairn.yaml: line "));
