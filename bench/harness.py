@@ -884,7 +884,8 @@ def render_doc(results: Dict[str, Any], img_dir: Path, doc_dir: Path) -> str:
         lines += ["## Where cairn loses", "",
                   "Every row above where cairn is worse than its baseline, so none hides in a table:", ""]
         for r in losses:
-            lines.append(f"- {r['group']}: {r['metric']} vs {r['baseline']}: {1 / r['advantage']:.2f}x worse")
+            worse = f"{1 / r['advantage']:.2f}x worse" if r["advantage"] > 0 else "none of it"
+            lines.append(f"- {r['group']}: {r['metric']} vs {r['baseline']}: {worse}")
         lines += ["", "The analysis of each loss is in [docs/tiering.md](tiering.md) and the issue notes; "
                   "the figures here are only what this run measured.", ""]
     return "\n".join(lines)
