@@ -149,13 +149,13 @@ def test_random_bytes_round_trip(daemon, size):
 
 
 def test_a_long_read_is_copied_piece_by_piece(daemon, monkeypatch):
-    import cairn.fsspec
+    import cairn._fsspec_records
 
     fs = new_fs(daemon, durability="memory")
     path = unique("long") + "/blob.bin"
     data = np.random.default_rng(9).integers(0, 256, 6 << 20, dtype=np.uint8).tobytes()
     fs.pipe_file(path, data)
-    monkeypatch.setattr(cairn.fsspec, "_PIN_LIMIT", 1 << 20)  # past it, no arena view is kept
+    monkeypatch.setattr(cairn._fsspec_records, "_PIN_LIMIT", 1 << 20)  # past it, no arena view is kept
     assert fs.cat_file(path) == data and fs.cat_file(path, 100, -100) == data[100:-100]
 
 

@@ -47,159 +47,28 @@ import contextlib
 import datetime
 import errno
 import hashlib
-import io
-import json
 import mmap
 import os
-import re
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Set, Tuple, Union
 
 import numpy as np
 from fsspec.callbacks import DEFAULT_CALLBACK
-from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
+from fsspec.spec import AbstractFileSystem
 from fsspec.utils import isfilelike, stringify_path
 
 from . import _errors
 from ._file_pieces import (_LOOSE_BITS, _STRICT_BITS, _WINDOW, AVG_PIECE, MAX_PIECE, MIN_PIECE, content_cuts,
                            file_segments)
+from ._fsspec_file import CairnFile
+from ._fsspec_records import (_FILE_ARCH, _FILE_TYPE, _FIND_ALL, _FSSPEC_OPTIONS, _VERSION_RE, _WRITE_OPTIONS,
+                              RECORD_KEY, VERSION_MARK, _addressable, _as_os_errors, _below, _check_write_options,
+                              _FileEntry, _Foreign, _fs_error, _join, _Layout, _split_key)
 from .client import Client, connect
 
 __all__ = ["CairnFileSystem", "CairnFile", "content_cuts", "file_segments", "MIN_PIECE", "AVG_PIECE",
            "MAX_PIECE", "RECORD_KEY", "VERSION_MARK"]
-
-#: Metadata key of a cairn:// file's record (size, sha256, layout, path, created_ns).
-RECORD_KEY = "cairn.fsspec"
-#: Separates a file's path from its version in the model id: ``run1/last.ckpt#v3``.
-VERSION_MARK = "#v"
-_VERSION_RE = re.compile(r"(.+)#v([1-9][0-9]*)", re.DOTALL)
-
-# Every file's model has this one-layer architecture: the catalog's `find` query looks for its type.
-_FILE_TYPE = "cairn.fsspec.file"
-_FILE_ARCH = {"layers": [{"name": "file", "type": _FILE_TYPE, "config": {}, "inputs": []}]}
-_FIND_ALL = 1 << 62  # a `find` limit that is no limit
-_PIN_LIMIT = 256 << 20  # cat_file keeps a range up to this long leased in the arena until it is copied
-
-_DURABILITIES = ("memory", "local", "global")
-_WRITE_OPTIONS = ("durability", "parent", "metadata")
-# Options of fsspec itself that every filesystem accepts (its listings cache, which this one does not use).
-_FSSPEC_OPTIONS = ("use_listings_cache", "listings_expiry_time", "max_paths")
-
-
-# ---- paths, records, errors ----
-
-def _join(pieces: Iterator[memoryview], length: int, hasher: Any = None) -> bytes:
-    """The concatenation of ``pieces`` (``length`` bytes in all), hashed into ``hasher`` on the way.
-
-    Up to _PIN_LIMIT bytes, the pieces (views of the daemon's arena) are kept, with their leases, and
-    copied once by the join; a longer range is copied piece by piece first, so that it never holds
-    more than one request's worth of the arena."""
-    keep = length <= _PIN_LIMIT
-    parts: List[Any] = []
-    for v in pieces:
-        if hasher is not None:
-            hasher.update(v)
-        parts.append(v if keep else bytes(v))
-    return b"".join(parts)
-
-
-def _split_key(key: str) -> List[str]:
-    return key.split("/") if key else []
-
-
-def _addressable(name: str) -> bool:
-    """Whether a path, model id or tensor name is one this filesystem can name: non-empty
-    ``/``-separated components, none ``.`` or ``..``."""
-    return bool(name) and all(c not in ("", ".", "..") for c in name.split("/"))
-
-
-def _below(key: str) -> Any:
-    """A ``where`` filter on a record's path: every path below directory ``key`` (all for the root)."""
-    return {"exists": True} if not key else {">=": key + "/", "<": key + "0"}  # '0' follows '/'
-
-
-def _fs_error(e: _errors.CairnError, path: str) -> BaseException:
-    """A cairn error as the OSError that fsspec callers expect, naming the path."""
-    msg = f"cairn://{path}: {e.message}"
-    if isinstance(e, _errors.NotFound):
-        return FileNotFoundError(errno.ENOENT, msg)
-    if isinstance(e, _errors.AlreadyExists):
-        return FileExistsError(errno.EEXIST, msg)
-    if isinstance(e, _errors.PermissionDenied):
-        return PermissionError(errno.EACCES, msg)
-    return e
-
-
-@contextlib.contextmanager
-def _as_os_errors(path: str) -> Iterator[None]:
-    try:
-        yield
-    except (_errors.NotFound, _errors.AlreadyExists, _errors.PermissionDenied) as e:
-        raise _fs_error(e, path) from e
-
-
-def _check_write_options(durability: Any, parent: Any, metadata: Any, where: str) -> None:
-    if durability not in _DURABILITIES:
-        raise ValueError(f"{where}: durability={durability!r} is not one of 'memory', 'local', 'global'")
-    if parent is not None and (not isinstance(parent, str) or not parent or "\0" in parent):
-        raise ValueError(f"{where}: parent={parent!r} is not a model id (a non-empty str without NUL)")
-    if metadata is not None:
-        if not isinstance(metadata, Mapping) or not all(isinstance(k, str) for k in metadata):
-            raise ValueError(f"{where}: metadata must be a JSON object (a dict with str keys), "
-                             f"not {type(metadata).__name__}")
-        if RECORD_KEY in metadata:
-            raise ValueError(f"{where}: metadata key {RECORD_KEY!r} is reserved (it records the file's size and hash)")
-        try:
-            json.dumps(dict(metadata), allow_nan=False)
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"{where}: metadata is not JSON: {e}") from None
-
-
-@dataclass
-class _FileEntry:
-    """A file written through cairn://: its newest live version and the older live ones."""
-    path: str
-    model: str
-    version: int
-    older: List[str] = field(default_factory=list)
-
-
-@dataclass
-class _Layout:
-    """How a stored file (or a foreign model's tensor) maps onto tensors of one model."""
-    model: str
-    names: List[str]
-    offsets: List[int]  # len(names) + 1 entries: tensor i holds bytes [offsets[i], offsets[i+1])
-    record: Optional[Dict[str, Any]]  # the file's record; None for a foreign tensor
-    commit_ns: int  # when the model was committed
-    client: Client  # the connection it was found on, which reads it
-
-    @property
-    def size(self) -> int:
-        return self.offsets[-1]
-
-
-@dataclass
-class _Foreign:
-    """A model not written through cairn:// (a directory of its tensors) and a path inside it."""
-    model: str
-    rel: str  # the path below the model's directory ("" for the directory itself)
-    shown: Dict[str, Any]
-
-    def tensors(self) -> Dict[str, Tuple[str, int]]:
-        """{tensor name: (tensor name, nbytes)} of the tensors whose names are paths."""
-        return {t["name"]: (t["name"], int(t["nbytes"])) for t in self.shown.get("tensors", [])
-                if _addressable(t["name"])}
-
-    def dirs(self) -> Set[str]:
-        """The directories the tensor names imply, relative to the model's ("" included)."""
-        out = {""}
-        for name in self.tensors():
-            parts = name.split("/")
-            out.update("/".join(parts[:i]) for i in range(1, len(parts)))
-        return out
 
 
 class CairnFileSystem(AbstractFileSystem):
@@ -929,91 +798,3 @@ class CairnFileSystem(AbstractFileSystem):
             with contextlib.suppress(_errors.NotFound):
                 self.client.remove(mid)
         self.invalidate_cache()
-
-
-class CairnFile(AbstractBufferedFile):
-    """A file of :class:`CairnFileSystem`.
-
-    Reading (``rb``): the version current when the file was opened, read piece by piece as fsspec's
-    cache asks (random access reads only the pieces it needs).
-    Writing (``wb``, ``xb``, ``ab``): the bytes are kept in memory and committed as one new version
-    when the file is closed (inside ``fs.transaction``: when the transaction ends; dropped if it
-    fails). ``xb`` refuses an existing file, at open and again at the commit. ``ab`` commits the
-    current bytes followed by the new ones (the whole file is stored again; the repository keeps
-    its unchanged pieces once). Keywords ``durability``, ``parent``, ``metadata`` set this write's
-    options.
-    """
-
-    def __init__(self, fs: CairnFileSystem, path: Any, mode: str = "rb", block_size: Any = None,
-                 autocommit: bool = True, cache_options: Any = None, **kwargs: Any) -> None:
-        key = fs._key(path)
-        self._options: Dict[str, Any] = {}
-        self._layout: Optional[_Layout] = None
-        self._base: Optional[_Layout] = None
-        self._pending = False
-        passthrough = {k: kwargs.pop(k) for k in ("cache_type",) if k in kwargs}
-        kwargs.pop("size", None)  # the size is the model's
-        if mode == "rb":
-            if kwargs:
-                raise TypeError(f"cairn://{key}: unknown option {next(iter(kwargs))!r} for reading")
-            self._layout = fs._resolve(key)
-            super().__init__(fs, key, mode, block_size=block_size or "default", autocommit=autocommit,
-                             cache_options=cache_options, size=self._layout.size, **passthrough)
-            return
-        fs._writable_key(key)
-        fs._write_options(kwargs, f"cairn://{key}")  # refuse bad options now, not at close
-        self._options = kwargs
-        cur = fs._target(key)
-        if mode == "xb" and cur is not None:
-            raise FileExistsError(errno.EEXIST, f"cairn://{key}: the file exists (mode 'x')")
-        if mode == "ab" and cur is not None:
-            self._base = fs._layout_of(cur.model)
-        super().__init__(fs, key, mode, block_size=block_size or "default", autocommit=autocommit,
-                         cache_options=cache_options, **passthrough)
-        self.blocksize = 1 << 62  # nothing is sent before close: the commit is one model
-
-    def _fetch_range(self, start: int, end: int) -> bytes:
-        assert self._layout is not None
-        end = min(end, self._layout.size)
-        return _join(self.fs._read(self._layout, start, end), end - start)
-
-    def _initiate_upload(self) -> None:
-        pass
-
-    def _upload_chunk(self, final: bool = False) -> bool:
-        if not final:
-            return False  # keep buffering: nothing is sent before close
-        self._pending = True
-        if self.autocommit:
-            self.commit()
-        return False  # the buffer stays until committed (a transaction commits later)
-
-    def commit(self) -> None:
-        """Commits the buffered bytes as the file's next version (at close, or when the
-        transaction ends)."""
-        if not self._pending:
-            return
-        self._pending = False
-        fs: CairnFileSystem = self.fs
-        buf = self.buffer.getbuffer()
-        try:
-            if self._base is not None:
-                h = hashlib.sha256()
-                old = bytearray()
-                for v in fs._read(self._base, 0, self._base.size):
-                    h.update(v)
-                    old += v
-                fs._verify(self.path, self._base, h.hexdigest())
-                old += buf
-                fs._store(self.path, old, **self._options)
-            else:
-                fs._store(self.path, buf, exclusive=self.mode == "xb", **self._options)
-        finally:
-            with contextlib.suppress(BufferError):
-                buf.release()
-            self.buffer = io.BytesIO()
-
-    def discard(self) -> None:
-        """Drops the buffered bytes (the transaction failed)."""
-        self._pending = False
-        self.buffer = io.BytesIO()
