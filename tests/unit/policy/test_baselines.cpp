@@ -5,57 +5,16 @@
 
 #include "policy/baselines.hpp"
 #include "policy/simulator.hpp"
+#include "unit/policy/trace_builder.hpp"
 
 using cairn::ArcCache;
 using cairn::HintKind;
 using cairn::S3FifoCache;
 using cairn::SimPolicy;
 using cairn::Simulator;
-using cairn::Trace;
-using cairn::TraceEvent;
-using cairn::TraceEventKind;
+using cairn::testing::Build;
 
 namespace {
-
-// One event a second; every chunk 10 bytes.
-class Events {
- public:
-  Events& access(const std::string& model, const std::string& chunk) {
-    return add(TraceEventKind::kAccess, {model}, chunk, 10);
-  }
-  Events& insert(const std::string& model, const std::string& chunk) {
-    return add(TraceEventKind::kInsert, {model}, chunk, 10);
-  }
-  Events& hint(HintKind kind, std::vector<std::string> models) {
-    return add(TraceEventKind::kHint, std::move(models), "", 0, kind);
-  }
-  // Reads of model "m", one per character of `chunks`.
-  Events& reads(const std::string& chunks) {
-    for (char c : chunks) access("m", std::string(1, c));
-    return *this;
-  }
-  Simulator simulator() const {
-    auto s = Simulator::create(t_);
-    REQUIRE(s.is_ok());
-    return std::move(s).value();
-  }
-
- private:
-  Events& add(TraceEventKind kind, std::vector<std::string> models, const std::string& chunk, uint64_t bytes,
-              HintKind hint = HintKind::kNone) {
-    TraceEvent e;
-    e.time_ns = static_cast<int64_t>(t_.events.size()) * 1'000'000'000;
-    e.kind = kind;
-    e.models = std::move(models);
-    e.chunk = chunk;
-    e.bytes = bytes;
-    e.hint = hint;
-    REQUIRE(cairn::validate_trace_event(e).is_ok());
-    t_.events.push_back(std::move(e));
-    return *this;
-  }
-  Trace t_;
-};
 
 uint64_t key(char c) { return static_cast<uint64_t>(c); }
 
@@ -89,7 +48,7 @@ TEST_CASE("ARC keeps chunks read twice through a scan and adapts p on a ghost hi
   CHECK(arc.used_bytes() == 30);
   CHECK(arc.evictions() == 3);
 
-  const Simulator sim = Events().reads(trace).simulator();
+  const Simulator sim = Build().reads(trace).simulator();
   CHECK(sim.run(SimPolicy::kArc, 30).hits == 4);
   CHECK(sim.run(SimPolicy::kArc, 30).bytes_hit == 40);
   CHECK(sim.run(SimPolicy::kLru, 30).hits == 2);
@@ -153,7 +112,7 @@ TEST_CASE("S3-FIFO filters one-hit chunks through the small queue and readmits f
   CHECK(s3.used_bytes() == 50);
   CHECK(s3.evictions() == 5);
 
-  const Simulator sim = Events().reads(trace).simulator();
+  const Simulator sim = Build().reads(trace).simulator();
   CHECK(sim.run(SimPolicy::kS3Fifo, 50).hits == 3);
   CHECK(sim.run(SimPolicy::kLru, 50).hits == 2);
 }
@@ -188,7 +147,7 @@ TEST_CASE("The win-probability bound keeps what the models still to be loaded wi
   // c, a. Three loads; each reads the chunk at position 0 of its model, so q[0] = 1. When c comes
   // in (no load started yet): w(m1) = 2/3, w(m2) = 0, w(m3) = 1/3, so b (value 0) goes and a and c
   // stay: the three reads hit. LRU evicts a (used longest ago) when c comes in, then b for a: 2 hits.
-  Events ev;
+  Build ev;
   ev.insert("m1", "a").insert("m2", "b").insert("m3", "c");
   ev.access("m1", "a").access("m3", "c").access("m1", "a");
   const Simulator sim = ev.simulator();
@@ -202,7 +161,7 @@ TEST_CASE("The win-probability bound: a model's life ends at its done hint", "[p
   // then done; m3 writes c (eviction: 2 loads started, a third to come that reads a); m1 is read
   // (load 2). m2's life ended with load 1, so w(m2) = 0 and b goes; w(m1) = 1: a stays and hits.
   //  hits: a (load 0), b (load 1), a (load 2) = 3. LRU evicts a, touched before b: 2 hits.
-  Events ev;
+  Build ev;
   ev.insert("m2", "b").insert("m1", "a").access("m1", "a").access("m2", "b").hint(HintKind::kDone, {"m2"});
   ev.insert("m3", "c").access("m1", "a");
   const Simulator sim = ev.simulator();

@@ -7,6 +7,7 @@
 #include "policy/simulator.hpp"
 #include "policy/trace.hpp"
 #include "policy/trace_gen.hpp"
+#include "unit/policy/trace_builder.hpp"
 
 using cairn::HintKind;
 using cairn::SimPolicy;
@@ -16,45 +17,10 @@ using cairn::Trace;
 using cairn::TraceEvent;
 using cairn::TraceEventKind;
 using cairn::TraceTier;
+using cairn::testing::Build;
 
 namespace {
 
-// Builds a trace one event a second.
-class Build {
- public:
-  Build& access(const std::string& model, const std::string& chunk, uint64_t bytes = 10,
-                TraceTier tier = TraceTier::kUnknown) {
-    return add(TraceEventKind::kAccess, {model}, chunk, bytes, tier);
-  }
-  Build& insert(const std::string& model, const std::string& chunk, uint64_t bytes = 10) {
-    return add(TraceEventKind::kInsert, {model}, chunk, bytes, TraceTier::kUnknown);
-  }
-  Build& hint(HintKind kind, std::vector<std::string> models) {
-    return add(TraceEventKind::kHint, std::move(models), "", 0, TraceTier::kUnknown, kind);
-  }
-  // A will_load scoped to tensors, as the daemon records it: one hint per chunk.
-  Build& expect(const std::string& model, const std::string& chunk, uint64_t bytes = 10) {
-    return add(TraceEventKind::kHint, {model}, chunk, bytes, TraceTier::kUnknown, HintKind::kWillLoad);
-  }
-  const Trace& trace() const { return t_; }
-
- private:
-  Build& add(TraceEventKind kind, std::vector<std::string> models, const std::string& chunk, uint64_t bytes,
-             TraceTier tier, HintKind hint = HintKind::kNone) {
-    TraceEvent e;
-    e.time_ns = static_cast<int64_t>(t_.events.size()) * 1'000'000'000;
-    e.kind = kind;
-    e.models = std::move(models);
-    e.chunk = chunk;
-    e.bytes = bytes;
-    e.tier = tier;
-    e.hint = hint;
-    REQUIRE(cairn::validate_trace_event(e).is_ok());
-    t_.events.push_back(std::move(e));
-    return *this;
-  }
-  Trace t_;
-};
 
 Simulator make(const Trace& t) {
   auto s = Simulator::create(t);
