@@ -1,7 +1,8 @@
 """The coupled example (workflow/examples/coupled/): an MPI heat simulation on 2 ranks publishes its
 field as named tensors, a PyTorch trainer learns a surrogate online and commits versions of it, and
 the simulation loads the newest version through the C API and uses it to predict its next field.
-Checks: it runs to completion, the simulation used at least two successive surrogate versions, and
+The simulation runs in lockstep with the trainer (--lockstep 1), so how fast each runs beside the
+other does not change which versions it sees. Checks: it runs to completion, the simulation used at least two successive surrogate versions, and
 the last surrogate's lineage lists the earlier ones. The same example over a real redis-server (the
 SmartRedis-style baseline, --backend redis) runs to completion with at least two versions too."""
 import os
@@ -29,7 +30,8 @@ def run_example(env, where, steps, pace_ms):
                                 "--ranks", "2", "--timeout", "240", *where], env=env, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, universal_newlines=True)
     try:
-        sim = subprocess.run(["mpirun", "-np", "2", SIM, *where, "--steps", str(steps), "--pace-ms", str(pace_ms)],
+        sim = subprocess.run(["mpirun", "-np", "2", SIM, *where, "--steps", str(steps), "--pace-ms", str(pace_ms),
+                              "--lockstep", "1"],
                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True,
                              timeout=300)
         assert sim.returncode == 0, sim.stdout

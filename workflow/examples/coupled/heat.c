@@ -12,7 +12,12 @@
  *
  *   mpirun -np 2 coupled_heat [--backend cairn|redis] [--redis SOCKET] [--poll-ms 1]
  *       [--n 64 | --nx 64 --ny 64] [--steps 400] [--every 5] [--pace-ms 50] [--wait-trainer-s 60]
- *       [--stats FILE]
+ *       [--lockstep 0|1] [--stats FILE]
+ *
+ * --lockstep 1: rank 0 waits at each publication (up to --wait-trainer-s) until the trainer has taken
+ * that field and committed any surrogate it completes, then loads the newest surrogate: the run uses
+ * every version the trainer makes, however slowly the trainer runs beside it. 0 (the default): the
+ * simulation never waits for the trainer and uses whatever version is newest when it looks.
  *
  * --stats FILE: rank 0 writes a JSON object with every rank's time in each publication's put, each
  * surrogate load's time (poll of surrogate/latest through the last weight read) and the loop's
@@ -133,6 +138,31 @@ static int poll_key(store* st, const char* key, int timeout_ms) {
   return found;
 }
 
+/* The int64 in named tensor `key`, or -1 when there is none yet. */
+static int64_t read_counter(store* st, const char* key) {
+  int64_t value = -1;
+  if (!poll_key(st, key, 0)) return -1;
+#ifdef CAIRN_COUPLED_WITH_REDIS
+  if (st->redis) {
+    RCHECK(st->redis, redis_unpack_tensor(st->redis, key, &value, sizeof value));
+    return value;
+  }
+#endif
+  CHECK(cairn_unpack_tensor(st->cairn, key, &value, sizeof value));
+  return value;
+}
+
+/* --lockstep: waits up to timeout_s until the trainer has taken the field of step `step` (trainer/seen
+ * >= step; it commits any surrogate that field completes before it says so). Returns whether it did. */
+static int await_trainer(store* st, int step, int timeout_s) {
+  double deadline = MPI_Wtime() + timeout_s;
+  while (read_counter(st, "trainer/seen") < step) {
+    if (MPI_Wtime() >= deadline) return 0;
+    sleep_ms(1);
+  }
+  return 1;
+}
+
 /* Loads the newest surrogate, if the trainer has committed one: its version, its k x k weights
  * (*w, reallocated) and bias. Returns k, or 0 when there is none (yet). */
 static int load_surrogate(store* st, int64_t* version, float** w, float* bias) {
@@ -219,7 +249,7 @@ static void write_seconds(FILE* f, const double* v, int n) {
 int main(int argc, char** argv) {
   int size = 1, nx = 64, ny = 64, steps = 400, every = 5, pace = 50, wait_trainer = 60, i, j, s;
   int rows, versions_used = 0, last_version = -1, have_prediction = 0, prediction_version = -1;
-  int npub, pub = 0, nload = 0, poll_ms = 1;
+  int npub, pub = 0, nload = 0, poll_ms = 1, lockstep = 0;
   const char *backend = "cairn", *redis_socket = NULL, *stats = NULL;
   float *u, *v, *full = NULL, *pred = NULL, *next_pred = NULL, *w = NULL;
   double *pub_s, *load_s = NULL, t_loop;
@@ -251,6 +281,8 @@ int main(int argc, char** argv) {
       redis_socket = argv[i + 1];
     else if (!strcmp(argv[i], "--poll-ms"))
       poll_ms = atoi(argv[i + 1]);
+    else if (!strcmp(argv[i], "--lockstep"))
+      lockstep = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--stats"))
       stats = argv[i + 1];
   }
@@ -310,6 +342,9 @@ int main(int argc, char** argv) {
           fflush(stdout);
         }
         have_prediction = 0;
+        /* With --lockstep, the surrogate the trainer makes from this field, if it makes one. */
+        if (lockstep && !await_trainer(&st, s, wait_trainer))
+          fprintf(stderr, "heat: the trainer did not take step %d's field in %d s; going on\n", s, wait_trainer);
         /* The newest surrogate, if the trainer has committed one. */
         t0 = MPI_Wtime();
         k = load_surrogate(&st, &version, &w, &bias);

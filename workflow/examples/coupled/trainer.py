@@ -2,7 +2,9 @@
 (heat.c) publishes as named tensors heat/<step>/<rank>, learns online a surrogate that predicts the
 field `every` steps ahead (one 5x5 convolution), and every few new pairs commits it as model
 surrogate-v<n> with parent surrogate-v<n-1> (only its two tensors; the lineage is the training
-history) and sets the named tensor surrogate/latest = n for the simulation to load.
+history) and sets the named tensor surrogate/latest = n for the simulation to load. After each field
+(and the commit it completes, if any) it sets trainer/seen = that field's step, which the simulation
+waits for when run with --lockstep 1.
 
 With --backend redis the same runs over redis-server through redis-py, as SmartRedis users do
 today: tensors are Redis hashes (dtype, shape, data; the layout of redis_tensors.h), polled with
@@ -161,6 +163,7 @@ def main():
                                 {"pairs": len(pairs), "loss": float(loss)})
                 stats["commit_s"].append(time.perf_counter() - c0)
         prev = field
+        c.put_tensor("trainer/seen", np.array(step, dtype=np.int64))  # for coupled_heat --lockstep 1
         step += a.every
     wall = time.monotonic() - t0
     print("trainer: %d fields read, %d surrogate versions committed (last %s) in %.1f s" %
