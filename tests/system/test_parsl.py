@@ -1,6 +1,6 @@
 """cairn with real Parsl (HTEX, local provider), real ProxyStore and a real cairnd (docs/workflows.md).
 
-Run: CAIRN_BUILD_DIR=/work/build-lead CAIRN_SOURCE_DIR=. .venv/bin/python -m pytest -q -x tests/system/test_parsl.py
+Run: CAIRN_BUILD_DIR=build CAIRN_SOURCE_DIR=. .venv/bin/python -m pytest -q -x tests/system/test_parsl.py
 Self-contained: one cairnd (temporary socket and repository, started and stopped by pid) and one
 Parsl DataFlowKernel with 2 workers are shared by the module.
 """
