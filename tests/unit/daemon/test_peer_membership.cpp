@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "daemon/peers/membership.hpp"
+#include "unit/child_wait.hpp"
 #include "unit/temp_dir.hpp"
 
 using namespace cairn;
@@ -372,8 +373,7 @@ TEST_CASE("peer membership: concurrent first joins agree on one secret", "[peers
       pids.push_back(p);
     }
     for (pid_t p : pids) {
-      int status = 0;
-      REQUIRE(::waitpid(p, &status, 0) == p);
+      const int status = testing::wait_child(p);
       CHECK(WIFEXITED(status));
       CHECK(WEXITSTATUS(status) == 0);
     }

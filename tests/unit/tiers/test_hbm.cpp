@@ -2,11 +2,14 @@
 // slabs, asynchronous copies, handles opened by another process, promotion, eviction by the policy,
 // pinned entries that never move, capacity and kNoSpace. Every test runs against the emulated
 // device, and against CUDA device 0 where a GPU is visible ("skipped: no GPU" otherwise).
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <catch2/catch.hpp>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -15,12 +18,41 @@
 
 #include "tiers/hbm/device.hpp"
 #include "tiers/hbm/hbm_tier.hpp"
+#include "unit/child_wait.hpp"
 #include "unit/test_bytes.hpp"
 
 namespace cairn {
 namespace {
 
 constexpr uint64_t kKiB = 1024;
+
+// Runs this test binary again in a child process, only the hidden test case `tag`, with `env` added
+// to the environment, and returns its wait status. The child execs at once after fork (a forked copy
+// of this multi-threaded process may not take a lock another thread held: the allocator's, the
+// logger's); everything it needs is built before the fork. A child still running after `timeout` is
+// killed and the test fails (testing::wait_child).
+struct SelfRun {
+  pid_t pid;
+  int status;
+};
+SelfRun run_self(const char* tag, const std::vector<std::string>& env,
+                 std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
+  std::vector<std::string> env_strings;
+  for (char** e = environ; *e != nullptr; ++e) env_strings.emplace_back(*e);
+  for (const std::string& e : env) env_strings.push_back(e);
+  std::vector<char*> envp;
+  for (std::string& e : env_strings) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  std::string self = "/proc/self/exe", name = "unit_tiers", filter = tag, warn = "--warn", no_tests = "NoTests";
+  char* argv[] = {name.data(), filter.data(), warn.data(), no_tests.data(), nullptr};
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::execve(self.c_str(), argv, envp.data());
+    ::_exit(127);
+  }
+  return SelfRun{pid, testing::wait_child(pid, timeout)};
+}
 
 // The backends to run on here: emulated, and cuda when a GPU is visible.
 std::vector<std::string> backends_here() {
@@ -96,18 +128,10 @@ TEST_CASE("hbm device: another process opens a slab's handle and sees the same b
     REQUIRE((*up)->wait().is_ok());
     // A process of its own (CUDA IPC handles cannot be opened by the process that made them, and a
     // forked child cannot use CUDA): this test binary again, running only the hidden case below.
-    const std::string size = std::to_string(slab->size);
-    const pid_t pid = ::fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-      ::setenv("CAIRN_TEST_HBM_BACKEND", backend.c_str(), 1);
-      ::setenv("CAIRN_TEST_HBM_HANDLE", slab->handle.c_str(), 1);
-      ::setenv("CAIRN_TEST_HBM_SIZE", size.c_str(), 1);
-      ::execl("/proc/self/exe", "unit_tiers", "[hbm-child]", "--warn", "NoTests", static_cast<char*>(nullptr));
-      ::_exit(127);
-    }
-    int status = 0;
-    REQUIRE(::waitpid(pid, &status, 0) == pid);
+    const int status = run_self("[hbm-child]", {"CAIRN_TEST_HBM_BACKEND=" + backend,
+                                                "CAIRN_TEST_HBM_HANDLE=" + slab->handle,
+                                                "CAIRN_TEST_HBM_SIZE=" + std::to_string(slab->size)})
+                           .status;
     CHECK(WIFEXITED(status));
     CHECK(WEXITSTATUS(status) == 0);
     (*dev)->free_slab(*slab);
@@ -133,6 +157,15 @@ TEST_CASE("hbm device: (child) open a handle from another process", "[.hbm-child
   (*m)->close(*p, n);
 }
 
+// The other process of the test below: allocates an emulated slab and exits without freeing it.
+TEST_CASE("hbm device: (child) leave an emulated segment behind", "[.hbm-orphan-child]") {
+  auto d = hbm::open_device("emulated", 0);
+  REQUIRE(d.is_ok());
+  REQUIRE((*d)->allocate_slab(64 * kKiB).is_ok());
+  std::fflush(nullptr);
+  ::_exit(0);  // without freeing it, as a daemon killed with -9
+}
+
 TEST_CASE("hbm device: bad handles and backends are refused, naming why", "[hbm]") {
   auto m = hbm::open_mapper("emulated");
   REQUIRE(m.is_ok());
@@ -155,17 +188,12 @@ TEST_CASE("hbm device: a dead daemon's emulated segments are removed, a live one
   REQUIRE(dev.is_ok());
   auto live = (*dev)->allocate_slab(64 * kKiB);
   REQUIRE(live.is_ok());
-  // A segment named after a pid that does not exist: what a daemon killed with -9 leaves.
-  const pid_t pid = ::fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    auto d = hbm::open_device("emulated", 0);
-    if (!d.is_ok() || !(*d)->allocate_slab(64 * kKiB).is_ok()) ::_exit(1);
-    ::_exit(0);  // without freeing it
-  }
-  int status = 0;
-  REQUIRE(::waitpid(pid, &status, 0) == pid);
-  REQUIRE(WEXITSTATUS(status) == 0);
+  // A segment named after a pid that does not exist: what a daemon killed with -9 leaves (the test
+  // binary run again, allocating a slab and exiting without freeing it).
+  const SelfRun child = run_self("[hbm-orphan-child]", {});
+  REQUIRE(WIFEXITED(child.status));
+  REQUIRE(WEXITSTATUS(child.status) == 0);
+  const pid_t pid = child.pid;
   const std::string dead = "/dev/shm/cairn-hbm-" + std::to_string(pid) + "-0-1-";
   auto exists_prefix = [](const std::string& prefix) {
     std::string cmd = "ls " + prefix + "* >/dev/null 2>&1";
