@@ -178,41 +178,41 @@ Status send_frame(int sock, Kind kind, const nlohmann::json& body, std::span<con
   return Status::ok();
 }
 
+Result<size_t> recv_some(int sock, void* buf, size_t n, int* passed_fd) {
+  iovec iov{buf, n};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  ssize_t r;
+  do {
+    r = ::recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+  } while (r < 0 && errno == EINTR);
+  for (cmsghdr* cm = CMSG_FIRSTHDR(&msg); r >= 0 && cm != nullptr; cm = CMSG_NXTHDR(&msg, cm)) {
+    if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) continue;
+    const size_t count = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < count; ++i) {
+      int fd;
+      std::memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
+      if (passed_fd != nullptr && *passed_fd < 0) *passed_fd = fd;
+      else ::close(fd);
+    }
+  }
+  if (r < 0) {
+    if (errno == ECONNRESET) return unavailable("connection closed");
+    return errno_status("socket recvmsg", errno);
+  }
+  return static_cast<size_t>(r);
+}
+
 Result<Frame> recv_frame(int sock) {
   std::array<uint8_t, kFrameHeaderBytes> hb{};
   Frame f;
   // The first read may carry a passed descriptor.
-  size_t got = 0;
-  {
-    iovec iov{hb.data(), hb.size()};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof control;
-    ssize_t r;
-    do {
-      r = ::recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
-    } while (r < 0 && errno == EINTR);
-    if (r < 0) {
-      if (errno == ECONNRESET) return unavailable("connection closed");
-      return errno_status("socket recvmsg", errno);
-    }
-    if (r == 0) return unavailable("connection closed");
-    got = static_cast<size_t>(r);
-    for (cmsghdr* cm = CMSG_FIRSTHDR(&msg); cm != nullptr; cm = CMSG_NXTHDR(&msg, cm)) {
-      if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
-        size_t n = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        for (size_t i = 0; i < n; ++i) {
-          int fd;
-          std::memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
-          if (f.passed_fd < 0) f.passed_fd = fd;
-          else ::close(fd);
-        }
-      }
-    }
-  }
+  CAIRN_ASSIGN_OR_RETURN(size_t got, recv_some(sock, hb.data(), hb.size(), &f.passed_fd));
+  if (got == 0) return unavailable("connection closed");
   auto fail = [&](Status s) -> Result<Frame> {
     if (f.passed_fd >= 0) ::close(f.passed_fd);
     return s;

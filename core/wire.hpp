@@ -62,6 +62,12 @@ Status send_frame(int sock, Kind kind, const nlohmann::json& body, std::span<con
                   int fd_to_pass = -1);
 Result<Frame> recv_frame(int sock);
 
+// One recvmsg of up to n bytes into buf, retried on EINTR; returns the bytes read, 0 at end of
+// stream, kUnavailable "connection closed" on a reset. Descriptors passed with those bytes are not
+// leaked: the first goes to *passed_fd when passed_fd is not null and *passed_fd < 0 (the caller owns
+// it), every other one is closed.
+Result<size_t> recv_some(int sock, void* buf, size_t n, int* passed_fd = nullptr);
+
 // Reads/writes exactly n bytes (sockets or files), retrying on EINTR and short transfers.
 Status read_full(int fd, void* buf, size_t n);
 Status write_full(int fd, const void* buf, size_t n);

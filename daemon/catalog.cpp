@@ -377,12 +377,6 @@ bool Catalog::contains(const std::string& id) const {
   return impl_->by_id.count(id) > 0;
 }
 
-bool Catalog::is_retired(const std::string& id) const {
-  std::shared_lock lock(impl_->mu);
-  const Impl::Model* m = impl_->find(id);
-  return m && m->retired;
-}
-
 GraphHandle Catalog::graph_of(const std::string& id) const {
   std::shared_lock lock(impl_->mu);
   const Impl::Model* m = impl_->find(id);

@@ -92,7 +92,6 @@ class Catalog {
   Status erase(const std::string& id);
 
   bool contains(const std::string& id) const;
-  bool is_retired(const std::string& id) const;
   GraphHandle graph_of(const std::string& id) const;  // nullptr if unknown
   size_t size() const;                                // models, retired included
   // Before a bulk load (a daemon's start): best_ancestor's index is built at its first use, not

@@ -39,7 +39,7 @@ struct CommitPath::Assembly {
     bool arrived = false;   // validated, bytes in the arena
     std::vector<Planned> plan;
     std::vector<Extent> ext;
-    DurabilityLevel target = DurabilityLevel::kGlobal;
+    Durability target = Durability::kGlobal;
     uint64_t ticket = 0;
   };
   std::string id, parent;
@@ -72,11 +72,6 @@ CommitPath::~CommitPath() {
   for (auto& a : left) fail_assembly(*a, unavailable("model '" + a->id + "' was not created: the daemon stopped while its parts were arriving"));
 }
 
-size_t CommitPath::assembling() const {
-  std::lock_guard lock(mu_);
-  return assemblies_.size();
-}
-
 void CommitPath::unreserve(const std::string& id) {
   std::lock_guard lock(mu_);
   committing_.erase(id);
@@ -94,7 +89,7 @@ void CommitPath::fail_assembly(Assembly& a, const Status& error) {
     release_part_bytes(part.plan, part.ext);
     part.plan.clear();
     part.ext.clear();
-    if (part.ticket) p_.tickets.finish(part.ticket, DurabilityLevel::kMemory, error);
+    if (part.ticket) p_.tickets.finish(part.ticket, Durability::kMemory, error);
   }
   unreserve(a.id);
 }
@@ -203,7 +198,7 @@ Result<json> CommitPath::part_reply(Session& s, json out, uint64_t ticket, bool 
 }
 
 Result<json> CommitPath::commit_part(Session& s, const json& req, std::vector<uint8_t>& blob, const std::string& id,
-                                     const std::string& parent, DurabilityLevel target, bool wait, const json& metadata,
+                                     const std::string& parent, Durability target, bool wait, const json& metadata,
                                      const json& architecture, const json& tensors, bool inherit_all) {
   const json& pj = req["part"];
   const std::string what = "model '" + id + "'";
@@ -293,7 +288,7 @@ Result<json> CommitPath::commit_part(Session& s, const json& req, std::vector<ui
 }
 
 Result<json> CommitPath::commit_group_part(Session& s, std::vector<uint8_t>& blob, const std::string& id,
-                                           const std::string& parent, DurabilityLevel target, bool wait,
+                                           const std::string& parent, Durability target, bool wait,
                                            const json& metadata, const json& architecture, const json& tensors,
                                            uint64_t index, uint64_t of, uint64_t timeout_ms) {
   const std::string what = "model '" + id + "'";
@@ -380,7 +375,7 @@ Status CommitPath::register_assembled(const ModelManifest& model, uint64_t ticke
   // Registered as global: no local stage here, which would gather every holder's chunks.
   auto registered = build_and_register(model.id, model.parent, parent_manifest.get(), model.metadata,
                                        model.architecture, graph ? &*graph : nullptr, {{&plan, &ext}}, "", ticket,
-                                       DurabilityLevel::kGlobal, true);
+                                       Durability::kGlobal, true);
   return registered.status();
 }
 
@@ -428,12 +423,12 @@ Status CommitPath::complete_assembly(Assembly& a) {
   if (!registered.is_ok()) {
     // Its bytes were adopted (as a failed plain commit's are); the tickets learn why.
     for (uint32_t i = 0; i < a.of; ++i)
-      if (i != leader) p_.tickets.finish(a.parts[i].ticket, DurabilityLevel::kMemory, registered.status());
+      if (i != leader) p_.tickets.finish(a.parts[i].ticket, Durability::kMemory, registered.status());
     unreserve(a.id);
     return registered.status();
   }
   // Visible now: every part has reached memory (and follows the model's flush from here on).
-  p_.tickets.reach(a.parts[leader].ticket, DurabilityLevel::kMemory);
+  p_.tickets.reach(a.parts[leader].ticket, Durability::kMemory);
   unreserve(a.id);
   return Status::ok();
 }

@@ -181,7 +181,7 @@ Result<std::shared_ptr<ModelManifest>> CommitPath::build_and_register(
     const std::string& id, const std::string& parent, const ModelManifest* parent_manifest, const json& metadata,
     const json& architecture, const Graph* parsed_graph,
     const std::vector<std::pair<const std::vector<Planned>*, const std::vector<Extent>*>>& parts,
-    const std::string& source_header, uint64_t ticket, DurabilityLevel target, bool forget_ticket_on_error,
+    const std::string& source_header, uint64_t ticket, Durability target, bool forget_ticket_on_error,
     bool acknowledged_early) {
   // Pass 3: hash in place and adopt the chunks into the DRAM tier (deduplicating).
   auto m = std::make_shared<ModelManifest>();
@@ -258,8 +258,8 @@ Result<std::shared_ptr<ModelManifest>> CommitPath::build_and_register(
   GraphHandle graph = graph_for(p_.catalog, *m, parsed_graph, parent_manifest);
   // A model acknowledged before the repository has it (durability memory or local, or a commit that
   // does not wait) is retried there, never dropped (flusher.hpp).
-  Flusher::Entry entry{m, ticket, p_.burst_buffer && target < DurabilityLevel::kGlobal, false,
-                       acknowledged_early || target < DurabilityLevel::kGlobal};
+  Flusher::Entry entry{m, ticket, p_.burst_buffer && target < Durability::kGlobal, false,
+                       acknowledged_early || target < Durability::kGlobal};
   Status registered = p_.flusher.enqueue(std::move(entry), [&]() -> Status {
     Status added = p_.catalog.add(id, parent, std::move(graph), m->metadata);
     if (!added.is_ok()) return added.with_context("registering model '" + id + "' in the catalog");
@@ -270,7 +270,7 @@ Result<std::shared_ptr<ModelManifest>> CommitPath::build_and_register(
   for (const auto& h : pinned) p_.dram.unpin(h);
   if (!registered.is_ok()) {
     if (ticket && forget_ticket_on_error) p_.tickets.forget({ticket});
-    else if (ticket) p_.tickets.finish(ticket, DurabilityLevel::kMemory, registered);
+    else if (ticket) p_.tickets.finish(ticket, Durability::kMemory, registered);
     return registered;
   }
   if (p_.committed) p_.committed(*m);
@@ -289,7 +289,7 @@ Result<json> CommitPath::commit(Session& s, const json& req, std::vector<uint8_t
     CAIRN_ASSIGN_OR_RETURN(parent, get_name(req, "parent", "a parent model id"));
   }
   std::string durability = req.value("durability", std::string("global"));
-  auto target = durability_level_from_name(durability);
+  auto target = durability_from_name(durability);
   if (!target) return invalid_argument("durability '" + durability + "' is not one of memory, local, global");
   bool wait = req.value("wait", true);
   // "ticket": false (with wait false) keeps no ticket: a pipelining client that has nothing to wait
@@ -399,7 +399,7 @@ Result<json> CommitPath::commit(Session& s, const json& req, std::vector<uint8_t
       s.tickets.insert(ticket);
       out["ticket"] = ticket;
     }
-    out["reached"] = durability_name(DurabilityLevel::kMemory);
+    out["reached"] = durability_name(Durability::kMemory);
     return out;
   }
   Watchdog::ClientWait waiting;  // for the durability asked for (only the reply follows)

@@ -76,8 +76,6 @@ class CommitPath {
   Result<nlohmann::json> free(Session& s, const nlohmann::json& req);
   Result<nlohmann::json> commit(Session& s, const nlohmann::json& req, std::vector<uint8_t>& blob);
   Result<nlohmann::json> wait(const nlohmann::json& req);
-  // Multi-part models being assembled (commit requests with `part`), for stats.
-  size_t assembling() const;
 
   // Multi-part models whose parts are committed on several members of a peer group
   // (daemon/peers/group_parts.hpp): set at assembly when the daemon is in a group. While another
@@ -121,7 +119,7 @@ class CommitPath {
       const std::string& id, const std::string& parent, const ModelManifest* parent_manifest,
       const nlohmann::json& metadata, const nlohmann::json& architecture, const Graph* parsed_graph,
       const std::vector<std::pair<const std::vector<Planned>*, const std::vector<Extent>*>>& parts,
-      const std::string& source_header, uint64_t ticket, DurabilityLevel target, bool forget_ticket_on_error = true,
+      const std::string& source_header, uint64_t ticket, Durability target, bool forget_ticket_on_error = true,
       bool acknowledged_early = false);
 
   // Multi-part models (daemon/commit_parts.cpp): each part is planned and its bytes placed in the
@@ -129,7 +127,7 @@ class CommitPath {
   // the reaper fails an assembly whose parts did not all arrive within its timeout.
   struct Assembly;
   Result<nlohmann::json> commit_part(Session& s, const nlohmann::json& req, std::vector<uint8_t>& blob,
-                                     const std::string& id, const std::string& parent, DurabilityLevel target,
+                                     const std::string& id, const std::string& parent, Durability target,
                                      bool wait, const nlohmann::json& metadata, const nlohmann::json& architecture,
                                      const nlohmann::json& tensors, bool inherit_all);
   // REQUIRES: mu_ held. reserve_assembly's work.
@@ -145,7 +143,7 @@ class CommitPath {
                                 const std::string& parent, const nlohmann::json& tensors, uint64_t index, uint64_t of);
   // A part through the peer group: placed, hashed and adopted here, handed to group_parts_.
   Result<nlohmann::json> commit_group_part(Session& s, std::vector<uint8_t>& blob, const std::string& id,
-                                           const std::string& parent, DurabilityLevel target, bool wait,
+                                           const std::string& parent, Durability target, bool wait,
                                            const nlohmann::json& metadata, const nlohmann::json& architecture,
                                            const nlohmann::json& tensors, uint64_t index, uint64_t of,
                                            uint64_t timeout_ms);

@@ -7,6 +7,7 @@
 #include <future>
 
 #include "core/log.hpp"
+#include "core/version.hpp"
 #include "core/wire.hpp"
 #include "daemon/model_graph.hpp"
 #include "daemon/recovery.hpp"
@@ -350,7 +351,7 @@ Result<json> Engine::hello(Session& s) {
            {"chunk_size", repo_->chunk_size()},
            {"pid", static_cast<int64_t>(::getpid())},
            {"session", s.id},
-           {"version", "0.1.0"}};
+           {"version", version()}};
   if (hbm_) out["hbm"] = json{{"backend", hbm_->backend()}, {"devices", hbm_->devices()}};
   return out;
 }

@@ -102,7 +102,6 @@ class Engine {
   Catalog& catalog() { return catalog_; }
   DramTier& dram() { return *dram_; }
   HbmTier* hbm() { return hbm_.get(); }
-  NvmeTier* nvme() { return nvme_.get(); }
   TierManager& tiers() { return *tiers_; }
   Prefetcher& prefetcher() { return *prefetcher_; }
   PeerService* peers() { return peers_.get(); }

@@ -173,7 +173,7 @@ void Flusher::local_loop() {
       Pending& p = pending_[m->id];
       p.local_done = true;
       p.on_nvme = st.is_ok();
-      if (st.is_ok() && p.ticket) tickets_.reach(p.ticket, DurabilityLevel::kLocal);
+      if (st.is_ok() && p.ticket) tickets_.reach(p.ticket, Durability::kLocal);
     }
     work_cv_.notify_all();
   }
@@ -293,7 +293,7 @@ void Flusher::global_loop() {
         }
         // Before anyone who saw the model leave pending_ can ask the ticket.
         if (batch[i].ticket)
-          tickets_.finish(batch[i].ticket, st.is_ok() ? DurabilityLevel::kGlobal : DurabilityLevel::kMemory, st);
+          tickets_.finish(batch[i].ticket, st.is_ok() ? Durability::kGlobal : Durability::kMemory, st);
       }
     }
     if (!retried.empty()) {

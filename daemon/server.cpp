@@ -123,11 +123,6 @@ Server::~Server() {
   ::close(lock_fd_);
 }
 
-size_t Server::connection_count() const {
-  std::lock_guard lock(mu_);
-  return conns_.size();
-}
-
 void Server::stop() {
   if (stopping_.exchange(true)) return;
   // First the watcher: the shutdowns below look like hang-ups, and a client still reading the reply
@@ -314,32 +309,10 @@ class FrameReader {
       }
       if (buf_.size() - end_ < room) buf_.resize(end_ + room);
     }
-    iovec iov{buf_.data() + end_, buf_.size() - end_};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)] = {};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof control;
-    ssize_t r;
-    do {
-      r = ::recvmsg(fd_, &msg, MSG_CMSG_CLOEXEC);
-    } while (r < 0 && errno == EINTR);
-    for (cmsghdr* cm = CMSG_FIRSTHDR(&msg); r >= 0 && cm != nullptr; cm = CMSG_NXTHDR(&msg, cm)) {
-      if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) continue;
-      const size_t n = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-      for (size_t i = 0; i < n; ++i) {
-        int passed;
-        std::memcpy(&passed, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
-        ::close(passed);
-      }
-    }
-    if (r < 0) {
-      if (errno == ECONNRESET) return unavailable("connection closed");
-      return errno_status("socket recvmsg", errno);
-    }
-    end_ += static_cast<size_t>(r);
-    return static_cast<size_t>(r);
+    // Descriptors are never passed to the daemon: recv_some closes any that come.
+    CAIRN_ASSIGN_OR_RETURN(size_t r, wire::recv_some(fd_, buf_.data() + end_, buf_.size() - end_));
+    end_ += r;
+    return r;
   }
 
   int fd_;

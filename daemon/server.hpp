@@ -41,7 +41,6 @@ class Server {
   // joins the threads. Idempotent.
   void stop();
   const std::string& path() const { return path_; }
-  size_t connection_count() const;
 
  private:
   Server(Engine& engine, std::string path, int listen_fd, int lock_fd);

@@ -2,30 +2,14 @@
 
 namespace cairn {
 
-std::optional<DurabilityLevel> durability_level_from_name(const std::string& name) {
-  if (name == "memory") return DurabilityLevel::kMemory;
-  if (name == "local") return DurabilityLevel::kLocal;
-  if (name == "global") return DurabilityLevel::kGlobal;
-  return std::nullopt;
-}
-
-const char* durability_name(DurabilityLevel d) {
-  switch (d) {
-    case DurabilityLevel::kMemory: return "memory";
-    case DurabilityLevel::kLocal: return "local";
-    case DurabilityLevel::kGlobal: return "global";
-  }
-  return "none";
-}
-
-uint64_t TicketBook::create(DurabilityLevel target, bool assembling) {
+uint64_t TicketBook::create(Durability target, bool assembling) {
   std::lock_guard lock(mu_);
   uint64_t id = next_++;
-  tickets_[id] = Ticket{target, DurabilityLevel::kMemory, Status::ok(), assembling};
+  tickets_[id] = Ticket{target, Durability::kMemory, Status::ok(), assembling};
   return id;
 }
 
-void TicketBook::reach(uint64_t id, DurabilityLevel level) {
+void TicketBook::reach(uint64_t id, Durability level) {
   {
     std::lock_guard lock(mu_);
     auto apply = [&](uint64_t t) {
@@ -41,7 +25,7 @@ void TicketBook::reach(uint64_t id, DurabilityLevel level) {
   cv_.notify_all();
 }
 
-void TicketBook::finish(uint64_t id, DurabilityLevel level, const Status& error) {
+void TicketBook::finish(uint64_t id, Durability level, const Status& error) {
   {
     std::lock_guard lock(mu_);
     auto apply = [&](uint64_t t) {

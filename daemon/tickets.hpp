@@ -19,29 +19,24 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/durability.hpp"
 #include "core/status.hpp"
 
 namespace cairn {
-
-// Durability levels, in order: what a commit asks for and a ticket reaches.
-enum class DurabilityLevel : int { kMemory = 0, kLocal = 1, kGlobal = 2 };
-// "memory" / "local" / "global"; nullopt for anything else.
-std::optional<DurabilityLevel> durability_level_from_name(const std::string& name);
-const char* durability_name(DurabilityLevel d);
 
 class TicketBook {
  public:
   // A new ticket for a commit that asked for `target`; it has reached `memory`. A part of a
   // multi-part model has reached nothing yet (`assembling`): its first reach or finish says so.
-  uint64_t create(DurabilityLevel target, bool assembling = false);
+  uint64_t create(Durability target, bool assembling = false);
   // The model reached at least `level` (levels only rise).
-  void reach(uint64_t id, DurabilityLevel level);
+  void reach(uint64_t id, Durability level);
   // The flusher is done with the model: it reached `level` (global, or memory when error is set).
-  void finish(uint64_t id, DurabilityLevel level, const Status& error);
+  void finish(uint64_t id, Durability level, const Status& error);
 
   struct Outcome {
-    DurabilityLevel reached = DurabilityLevel::kMemory;
-    DurabilityLevel target = DurabilityLevel::kMemory;
+    Durability reached = Durability::kMemory;
+    Durability target = Durability::kMemory;
     Status error;
     bool done = false;  // reached >= target, or an error
   };
@@ -59,8 +54,8 @@ class TicketBook {
 
  private:
   struct Ticket {
-    DurabilityLevel target = DurabilityLevel::kGlobal;
-    DurabilityLevel reached = DurabilityLevel::kMemory;
+    Durability target = Durability::kGlobal;
+    Durability reached = Durability::kMemory;
     Status error;
     bool assembling = false;  // a part: not even memory until the model is registered
   };

@@ -49,8 +49,6 @@ class TierManager {
   TierManager(const TierManager&) = delete;
   TierManager& operator=(const TierManager&) = delete;
 
-  NvmeTier* nvme() const { return nvme_; }
-
   // True when the chunk has no durable copy below DRAM (neither in the repository nor dirty-or-clean
   // on NVMe while the repository lacks it): a chunk a client wrote must then stay in DRAM (dirty)
   // until write_local or the repository commit.

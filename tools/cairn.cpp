@@ -47,9 +47,7 @@ int fail(const Status& s) {
 Result<std::unique_ptr<cairn::Client>> connect() { return cairn::Client::connect(""); }
 
 Result<cairn::Durability> parse_durability(const std::string& s) {
-  if (s == "memory") return cairn::Durability::kMemory;
-  if (s == "local") return cairn::Durability::kLocal;
-  if (s == "global") return cairn::Durability::kGlobal;
+  if (auto d = cairn::durability_from_name(s)) return *d;
   return cairn::invalid_argument("--durability '" + s + "' is not one of memory, local, global");
 }
 

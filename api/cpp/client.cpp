@@ -20,15 +20,6 @@ namespace cairn {
 
 using nlohmann::json;
 
-const char* durability_name(Durability d) {
-  switch (d) {
-    case Durability::kMemory: return "memory";
-    case Durability::kLocal: return "local";
-    case Durability::kGlobal: return "global";
-  }
-  return "global";
-}
-
 namespace client_detail {
 // Maps n bytes of the caller's memory at p in one call instead of one fault per 4 KiB page, for
 // copies of 1 MiB and more (measured: a 1 GiB commit on a fresh connection took 5x a memcpy, 2x

@@ -28,14 +28,12 @@
 #include "core/hash.hpp"
 #include "core/hash_queue.hpp"
 #include "core/dtype.hpp"
+#include "core/durability.hpp"
 #include "core/status.hpp"
 #include "tiers/dram/arena.hpp"
 #include "tiers/hbm/device.hpp"
 
 namespace cairn {
-
-enum class Durability { kMemory = 0, kLocal = 1, kGlobal = 2 };
-const char* durability_name(Durability d);
 
 struct TensorInfo {
   std::string name;

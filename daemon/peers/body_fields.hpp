@@ -116,10 +116,10 @@ class Body {
     return s;
   }
   Result<std::string> member(const char* f) const { return member(j_.at(f), f); }
-  Result<DurabilityLevel> durability(const char* f) const {
+  Result<Durability> durability(const char* f) const {
     const json& v = j_.at(f);
-    std::optional<DurabilityLevel> d;
-    if (v.is_string()) d = durability_level_from_name(v.get<std::string>());
+    std::optional<Durability> d;
+    if (v.is_string()) d = durability_from_name(v.get<std::string>());
     if (!d) return fault(std::string(f) + ": expected \"memory\", \"local\" or \"global\"");
     return *d;
   }

@@ -119,7 +119,7 @@ class GroupParts {
   using Clock = std::chrono::steady_clock;
   struct HeldPart {
     uint64_t ticket = 0;
-    DurabilityLevel target = DurabilityLevel::kGlobal;
+    Durability target = Durability::kGlobal;
     std::vector<ChunkRef> chunks;  // adopted here, pinned once each
   };
   struct Held {  // holder: the parts of one model held here
@@ -127,13 +127,13 @@ class GroupParts {
     std::map<uint32_t, HeldPart> parts;
     std::set<uint32_t> placing;       // reserved, not held yet
     bool registered = false;          // the registrar said memory
-    DurabilityLevel target = DurabilityLevel::kGlobal;  // the model's, once registered
+    Durability target = Durability::kGlobal;  // the model's, once registered
     Clock::time_point deadline;       // to be registered by
   };
   struct Fragment {
     std::string holder;
     TensorList tensors;
-    DurabilityLevel durability = DurabilityLevel::kGlobal;
+    Durability durability = Durability::kGlobal;
     uint64_t bytes = 0;
   };
   struct Assembly {  // home: the parts of a model collected here
@@ -159,7 +159,7 @@ class GroupParts {
     std::set<std::string> local_done;
     bool local_failed = false;    // a holder could not write its parts to its burst buffer
     bool local_reported = false;
-    DurabilityLevel target = DurabilityLevel::kGlobal;
+    Durability target = Durability::kGlobal;
   };
 
   // The error texts the roles share: "model 'X'"; "model 'X' was not created: parts 1, 2 of 4 were

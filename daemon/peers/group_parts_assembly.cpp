@@ -19,7 +19,7 @@ void GroupParts::on_part(PartMessage m, const std::string& from) {
   const std::string id = m.part.id;
   const std::string name = quoted(id) + ", part " + std::to_string(m.index) + " of " + std::to_string(m.of);
   auto reject = [&](const Status& st) {
-    send_state(from, PartStateMessage{id, PartPhase::kFailed, "", DurabilityLevel::kMemory, {m.index}, st});
+    send_state(from, PartStateMessage{id, PartPhase::kFailed, "", Durability::kMemory, {m.index}, st});
   };
   auto it = assemblies_.find(id);
   if (it != assemblies_.end()) {
@@ -75,7 +75,7 @@ void GroupParts::complete(const std::string& id, Assembly a) {
   model.architecture = a.architecture;
   std::vector<TensorManifest> tensors;
   std::map<std::string, uint32_t> seen;
-  DurabilityLevel target = DurabilityLevel::kGlobal;
+  Durability target = Durability::kGlobal;
   std::map<std::string, uint64_t> bytes;  // per holder
   std::vector<std::string> part_holders;
   for (uint32_t i = 0; i < a.of; ++i) {
@@ -109,7 +109,7 @@ void GroupParts::complete(const std::string& id, Assembly a) {
                      quoted(id), a.of, registrar);
       for (const std::string& h : am.holders())
         if (h != registrar)
-          send_state(h, PartStateMessage{id, PartPhase::kDelegated, registrar, DurabilityLevel::kMemory, {}, {}});
+          send_state(h, PartStateMessage{id, PartPhase::kDelegated, registrar, Durability::kMemory, {}, {}});
       return;
     }
     // Too large for one message, or the registrar just left: registered here instead.
@@ -123,7 +123,7 @@ void GroupParts::complete(const std::string& id, Assembly a) {
 void GroupParts::fail_assembly(const std::string& id, const Assembly& a, const Status& error) {
   CAIRN_LOG_WARN("peers: {}", error.message());
   for (const std::string& h : a.holders)
-    send_state(h, PartStateMessage{id, PartPhase::kFailed, "", DurabilityLevel::kMemory, {}, error});
+    send_state(h, PartStateMessage{id, PartPhase::kFailed, "", Durability::kMemory, {}, error});
   p_.commits.release_assembly(id);
   std::lock_guard lock(mu_);
   ++failed_;
@@ -140,7 +140,7 @@ void GroupParts::on_assemble(AssembleMessage m, const std::string& from, bool re
       // Not reserved here: nothing to give back.
       CAIRN_LOG_WARN("peers: {} (sent by its home, member {})", r.message(), from);
       for (const std::string& h : c.assembly.holders())
-        send_state(h, PartStateMessage{id, PartPhase::kFailed, "", DurabilityLevel::kMemory, {}, r});
+        send_state(h, PartStateMessage{id, PartPhase::kFailed, "", Durability::kMemory, {}, r});
       std::lock_guard lock(mu_);
       ++failed_;
       return;
@@ -171,13 +171,13 @@ void GroupParts::on_assemble(AssembleMessage m, const std::string& from, bool re
     checking_[id] = std::move(c);
   }
   for (const std::string& h : ask)
-    send_state(h, PartStateMessage{id, PartPhase::kCheck, "", DurabilityLevel::kMemory, {}, {}});
+    send_state(h, PartStateMessage{id, PartPhase::kCheck, "", Durability::kMemory, {}, {}});
 }
 
 void GroupParts::fail_check(const std::string& id, const Checking& c, const Status& error) {
   CAIRN_LOG_WARN("peers: {}", error.message());
   for (const std::string& h : c.assembly.holders())
-    send_state(h, PartStateMessage{id, PartPhase::kFailed, "", DurabilityLevel::kMemory, {}, error});
+    send_state(h, PartStateMessage{id, PartPhase::kFailed, "", Durability::kMemory, {}, error});
   p_.commits.release_assembly(id);
   std::lock_guard lock(mu_);
   ++failed_;
@@ -187,14 +187,14 @@ void GroupParts::register_model(Checking c) {
   const AssembleMessage& m = c.assembly;
   const std::string id = m.model.id;
   const std::vector<std::string> holders = m.holders();
-  const uint64_t ticket = p_.tickets.create(DurabilityLevel::kGlobal);
+  const uint64_t ticket = p_.tickets.create(Durability::kGlobal);
   Status registered = p_.commits.register_assembled(m.model, ticket);
   p_.commits.release_assembly(id);  // the flusher holds the id from here on (or it is free again)
   if (!registered.is_ok()) {
     const Status error = failed_because(id, registered);
     CAIRN_LOG_WARN("peers: {}", error.message());
     for (const std::string& h : holders)
-      send_state(h, PartStateMessage{id, PartPhase::kFailed, "", DurabilityLevel::kMemory, {}, error});
+      send_state(h, PartStateMessage{id, PartPhase::kFailed, "", Durability::kMemory, {}, error});
     std::lock_guard lock(mu_);
     ++failed_;
     return;
@@ -234,7 +234,7 @@ void GroupParts::on_flushed(const std::string& id, TicketBook::Outcome o) {
   }
   if (waiter.joinable()) waiter.join();  // it posted this and returned
   if (!o.done) return;                   // the daemon is stopping
-  PartStateMessage m{id, PartPhase::kGlobal, "", DurabilityLevel::kMemory, {}, {}};
+  PartStateMessage m{id, PartPhase::kGlobal, "", Durability::kMemory, {}, {}};
   if (o.error.is_ok()) {
     for (const std::string& h : r.holders) send_state(h, m);
     return;
@@ -286,7 +286,7 @@ void GroupParts::on_ack(const PartAckMessage& m, const std::string& from) {
   }
   // Every part is on its own holder's burst buffer.
   for (const std::string& h : r.holders)
-    send_state(h, PartStateMessage{m.model, PartPhase::kLocal, "", DurabilityLevel::kMemory, {}, {}});
+    send_state(h, PartStateMessage{m.model, PartPhase::kLocal, "", Durability::kMemory, {}, {}});
 }
 
 }  // namespace cairn

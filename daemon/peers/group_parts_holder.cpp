@@ -107,7 +107,7 @@ void GroupParts::on_state(const PartStateMessage& m, const std::string& from) {
         h.registered = true;
         h.registrar = from;
         h.target = m.target;
-        write = m.target < DurabilityLevel::kGlobal;
+        write = m.target < Durability::kGlobal;
         for (const auto& [i, p] : h.parts) {
           parts.push_back(p);
           chunks.insert(chunks.end(), p.chunks.begin(), p.chunks.end());
@@ -126,7 +126,7 @@ void GroupParts::on_state(const PartStateMessage& m, const std::string& from) {
   switch (m.phase) {
     case PartPhase::kMemory:
       // Visible in the group (the registrar announced it before this message).
-      for (const HeldPart& p : parts) p_.tickets.reach(p.ticket, DurabilityLevel::kMemory);
+      for (const HeldPart& p : parts) p_.tickets.reach(p.ticket, Durability::kMemory);
       if (write && p_.burst_buffer) {
         {
           std::lock_guard lock(mu_);
@@ -138,11 +138,11 @@ void GroupParts::on_state(const PartStateMessage& m, const std::string& from) {
       }
       break;
     case PartPhase::kLocal:
-      for (const HeldPart& p : parts) p_.tickets.reach(p.ticket, DurabilityLevel::kLocal);
+      for (const HeldPart& p : parts) p_.tickets.reach(p.ticket, Durability::kLocal);
       break;
     case PartPhase::kGlobal:
       for (const HeldPart& p : parts) {
-        p_.tickets.finish(p.ticket, DurabilityLevel::kGlobal, Status::ok());
+        p_.tickets.finish(p.ticket, Durability::kGlobal, Status::ok());
         release_chunks(p.chunks, true);
       }
       cv_.notify_all();
@@ -179,7 +179,7 @@ void GroupParts::fail_held(const std::string& id, const Status& error, const std
   }
   if (!gone.empty()) CAIRN_LOG_WARN("peers: {}", error.message());
   for (const HeldPart& p : gone) {
-    p_.tickets.finish(p.ticket, DurabilityLevel::kMemory, error);
+    p_.tickets.finish(p.ticket, Durability::kMemory, error);
     release_chunks(p.chunks, false);
   }
   cv_.notify_all();

@@ -33,7 +33,7 @@ struct PartMessage {
   uint32_t index = 0;
   uint32_t of = 0;
   uint64_t timeout_ms = 0;
-  DurabilityLevel durability = DurabilityLevel::kGlobal;  // what this part's writer asked for
+  Durability durability = Durability::kGlobal;  // what this part's writer asked for
 };
 
 // part_state: what a holder hears about a model it holds parts of.
@@ -51,7 +51,7 @@ struct PartStateMessage {
   std::string model;
   PartPhase phase = PartPhase::kFailed;
   std::string registrar;          // kDelegated: the member that registers the model
-  DurabilityLevel target = DurabilityLevel::kMemory;  // kMemory: the model's (the weakest part's)
+  Durability target = Durability::kMemory;  // kMemory: the model's (the weakest part's)
   std::vector<uint32_t> parts;    // kFailed: only these parts failed (empty: every part the holder has)
   Status error;                   // kFailed: not OK
 };
@@ -59,7 +59,7 @@ struct PartStateMessage {
 // assemble: the home -> the member that registers the model (the holder of the most bytes).
 struct AssembleMessage {
   ModelManifest model;            // the whole manifest, tensors in part order
-  DurabilityLevel durability = DurabilityLevel::kGlobal;  // the weakest any part asked for
+  Durability durability = Durability::kGlobal;  // the weakest any part asked for
   std::vector<std::string> part_holders;  // the member holding each part, by index (2 or more)
   // The distinct members of part_holders, in order of first appearance.
   std::vector<std::string> holders() const;

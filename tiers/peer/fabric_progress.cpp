@@ -116,7 +116,7 @@ Status Fabric::Impl::submit(Op* op) {
 }
 
 void Fabric::Impl::enqueue(Op* op) {
-  op->give_up = Clock::now() + std::chrono::milliseconds(options.busy_timeout_ms);
+  op->give_up = fabric_internal::Clock::now() + std::chrono::milliseconds(options.busy_timeout_ms);
   queued.push_back(op);
   ++queued_per_peer[op->peer];
   ++queued_count;
@@ -134,7 +134,7 @@ void Fabric::Impl::retry_queued() {
   {
     std::lock_guard l(queue_mu);
     std::unordered_set<uint64_t> busy;  // peers whose oldest queued op still gets FI_EAGAIN
-    auto now = Clock::now();
+    auto now = fabric_internal::Clock::now();
     for (auto it = queued.begin(); it != queued.end();) {
       Op* op = *it;
       bool cancelled;
@@ -394,7 +394,7 @@ void Fabric::Impl::shutdown() {
     wake();
     {
       std::unique_lock l(mu);
-      drained.wait_until(l, Clock::now() + kCloseWait, [&] { return in_flight.empty(); });
+      drained.wait_until(l, fabric_internal::Clock::now() + kCloseWait, [&] { return in_flight.empty(); });
     }
     stop.store(true);
     sleeping.store(true);

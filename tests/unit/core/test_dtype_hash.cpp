@@ -1,6 +1,8 @@
 #include <catch2/catch.hpp>
 
+#include "cairn/cairn.h"
 #include "core/dtype.hpp"
+#include "core/durability.hpp"
 #include "core/hash.hpp"
 
 using namespace cairn;
@@ -18,6 +20,22 @@ TEST_CASE("every safetensors dtype has a name, a size and a round trip", "[dtype
   CHECK_FALSE(dtype_from_name("F128").has_value());
   CHECK_FALSE(dtype_from_name("f32").has_value());
   CHECK_FALSE(dtype_from_int(15).has_value());
+}
+
+TEST_CASE("durability levels: one ordered name table, the C API's values", "[durability]") {
+  const char* names[] = {"memory", "local", "global"};
+  const cairn_durability c_values[] = {CAIRN_DURABILITY_MEMORY, CAIRN_DURABILITY_LOCAL, CAIRN_DURABILITY_GLOBAL};
+  for (int i = 0; i < 3; ++i) {
+    auto d = static_cast<Durability>(i);
+    CHECK(std::string(durability_name(d)) == names[i]);
+    CHECK(durability_from_name(names[i]) == d);
+    CHECK(static_cast<int>(c_values[i]) == i);
+  }
+  CHECK(Durability::kMemory < Durability::kLocal);
+  CHECK(Durability::kLocal < Durability::kGlobal);
+  CHECK_FALSE(durability_from_name("Global").has_value());
+  CHECK_FALSE(durability_from_name("").has_value());
+  CHECK_FALSE(durability_from_name("nvme").has_value());
 }
 
 TEST_CASE("tensor_nbytes handles scalars, empty tensors and overflow", "[dtype]") {

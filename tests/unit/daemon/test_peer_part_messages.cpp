@@ -14,7 +14,7 @@
 #include "daemon/peers/part_messages.hpp"
 
 using cairn::AckOf;
-using cairn::DurabilityLevel;
+using cairn::Durability;
 using cairn::PartPhase;
 using cairn::PeerMsg;
 using nlohmann::json;
@@ -47,7 +47,7 @@ cairn::PartMessage a_part() {
   m.index = 2;
   m.of = 4;
   m.timeout_ms = 60000;
-  m.durability = DurabilityLevel::kLocal;
+  m.durability = Durability::kLocal;
   return m;
 }
 
@@ -68,12 +68,12 @@ TEST_CASE("every part message round-trips", "[peers][parts]") {
   REQUIRE(part.is_ok());
   REQUIRE(part->part == p.part);
   REQUIRE((part->index == 2 && part->of == 4 && part->timeout_ms == 60000));
-  REQUIRE(part->durability == DurabilityLevel::kLocal);
+  REQUIRE(part->durability == Durability::kLocal);
 
   for (PartPhase phase : {PartPhase::kDelegated, PartPhase::kCheck, PartPhase::kMemory, PartPhase::kLocal,
                           PartPhase::kGlobal, PartPhase::kFailed}) {
     INFO(cairn::part_phase_name(phase));
-    cairn::PartStateMessage s{"run7/step1200", phase, kMember, DurabilityLevel::kLocal, {}, {}};
+    cairn::PartStateMessage s{"run7/step1200", phase, kMember, Durability::kLocal, {}, {}};
     if (phase == PartPhase::kFailed) {
       s.parts = {1, 3};
       s.error = cairn::unavailable("model 'run7/step1200' was not created: part 2 of 4 did not arrive");
@@ -83,7 +83,7 @@ TEST_CASE("every part message round-trips", "[peers][parts]") {
     REQUIRE(back->model == s.model);
     REQUIRE(back->phase == phase);
     if (phase == PartPhase::kDelegated) REQUIRE(back->registrar == kMember);
-    if (phase == PartPhase::kMemory) REQUIRE(back->target == DurabilityLevel::kLocal);
+    if (phase == PartPhase::kMemory) REQUIRE(back->target == Durability::kLocal);
     if (phase == PartPhase::kFailed) {
       REQUIRE(back->parts == std::vector<uint32_t>{1, 3});
       REQUIRE(back->error.code() == cairn::StatusCode::kUnavailable);
@@ -91,7 +91,7 @@ TEST_CASE("every part message round-trips", "[peers][parts]") {
     }
   }
 
-  cairn::AssembleMessage a{part_manifest(), DurabilityLevel::kMemory, {kMember, "m2", kMember}};
+  cairn::AssembleMessage a{part_manifest(), Durability::kMemory, {kMember, "m2", kMember}};
   auto assemble = cairn::decode_assemble(cairn::encode_assemble(a));
   REQUIRE(assemble.is_ok());
   REQUIRE(assemble->model == a.model);
@@ -165,7 +165,7 @@ TEST_CASE("the part decoders name each fault", "[peers][parts]") {
                 .find("unknown field 'registrar'") != std::string::npos);
   }
   SECTION("assemble") {
-    json a = cairn::encode_assemble({part_manifest(), DurabilityLevel::kGlobal, {kMember, kMember}});
+    json a = cairn::encode_assemble({part_manifest(), Durability::kGlobal, {kMember, kMember}});
     a["part_holders"] = json::array({kMember});
     REQUIRE(fault(cairn::decode_assemble(a), "assemble").find("part_holders: expected 2 to") != std::string::npos);
     a["part_holders"] = json::array({kMember, 5});
