@@ -265,7 +265,9 @@ std::string quote(std::string_view s) {
 
 std::string render(const Key& key, Config& cfg) {
   Field f = key.field(cfg);
-  if (auto* s = std::get_if<std::string*>(&f)) return key.choices.empty() ? quote(**s) : **s;
+  // Choices and durations (in normal form: digits and a unit) are plain YAML scalars.
+  if (auto* s = std::get_if<std::string*>(&f))
+    return key.choices.empty() && key.duration == Key::Duration::kNo ? quote(**s) : **s;
   if (auto* size = std::get_if<uint64_t*>(&f)) return format_size(**size);
   if (auto* b = std::get_if<bool*>(&f)) return **b ? "true" : "false";
   std::vector<std::string> items;

@@ -82,6 +82,10 @@ std::optional<uint64_t> parse_size(const std::string& text);
 // Parses a duration: a number and ms, s or m ("250ms", "10s", "2m"), or "0" (off). nullopt when
 // malformed. The config's duration keys are checked with it when the config is read.
 std::optional<std::chrono::milliseconds> parse_duration(const std::string& text);
+// The normal form of a duration, which parse_duration reads back: the largest unit that holds it
+// whole ("90000ms" -> "90s", "600s" -> "10m"), "0" for zero. A duration key holds its value in this
+// form once the config is read, so --print-config shows one spelling for one duration.
+std::string format_duration(std::chrono::milliseconds d);
 
 // Builds the config: embedded default, then the YAML text of a file (if path is non-empty), then
 // the environment `env` (normally environ; injectable for tests). Expands ${VAR}, ${VAR:-default}

@@ -215,7 +215,7 @@ Result<std::string> parse_string_for(const Key& key, const std::string& text, co
     }
     if (key.duration == Key::Duration::kPositive && d->count() <= 0)
       return invalid_argument(quote_for_message(text) + " is not a positive duration (such as 500ms, 10s or 2m)");
-    return text;
+    return format_duration(*d);
   }
   if (!key.choices.empty()) {
     for (std::string_view choice : key.choices) {
@@ -343,6 +343,14 @@ std::optional<uint64_t> parse_size(const std::string& text) {
   uint64_t part = frac * (unit / frac_scale) + frac * (unit % frac_scale) / frac_scale;
   if (__builtin_add_overflow(bytes, part, &bytes)) return std::nullopt;
   return bytes;
+}
+
+std::string format_duration(std::chrono::milliseconds d) {
+  const auto ms = static_cast<uint64_t>(d.count());
+  if (ms == 0) return "0";
+  if (ms % 60000 == 0) return std::to_string(ms / 60000) + "m";
+  if (ms % 1000 == 0) return std::to_string(ms / 1000) + "s";
+  return std::to_string(ms) + "ms";
 }
 
 std::optional<std::chrono::milliseconds> parse_duration(const std::string& text) {

@@ -427,6 +427,13 @@ TEST_CASE("config: durations are checked when the config is read", "[config]") {
   CHECK(load_ok("watchdog: 0").watchdog == "0");
   CHECK(load_ok("repository_refresh: 250ms").repository_refresh == "250ms");
   CHECK(load_ok("peers: {timeout: 2m}").peers.timeout == "2m");
+  // Held and printed in normal form: the largest whole unit.
+  CHECK(load_ok("watchdog: 600s").watchdog == "10m");
+  CHECK(load_ok("watchdog: 90000ms").watchdog == "90s");
+  CHECK(load_ok("repository_refresh: 1500ms").repository_refresh == "1500ms");
+  CHECK(load_ok("repository_refresh: 0ms").repository_refresh == "0");
+  CHECK(contains(load_ok("watchdog: 120s").to_yaml(), "\nwatchdog: 2m\n"));
+  CHECK(format_duration(std::chrono::milliseconds(61000)) == "61s");
   Result<Config> env = load_config_text("", "test.yaml", {{"CAIRN_WATCHDOG", "banana"}});
   REQUIRE_FALSE(env.is_ok());
   CHECK(env.status().message() ==
