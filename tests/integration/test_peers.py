@@ -1,4 +1,4 @@
-"""The daemons of one job as a cooperative cache over libfabric (issue 13), checked as a new user would:
+"""The daemons of one job as a cooperative cache over libfabric, checked as a new user would:
 
 - 4 daemons with peers on one machine (each its own socket, arena and 127.0.0.x address, one
   repository): a model put through one is read back exactly through every other, and the

@@ -1,4 +1,4 @@
-"""Many daemons on one repository directory (format 2), as a new user would check it (issue 12):
+"""Many daemons on one repository directory (format 2), as a new user would check it:
 
 - a model committed through one daemon reads back exactly through another, at once (a lookup of an
   unknown id refreshes on the spot), and `cairn ls` through the other lists it after `cairn sync`

@@ -1,4 +1,4 @@
-"""Security checks (issue 21, item 3), against real daemons, as an attacker would try them:
+"""Security checks against real daemons, as an attacker would try them:
 
 - a member of the group that replays frames it sent earlier, verbatim, to their own receiver and to
   other members (CAIRN_PEERS_FAULT=replay): every member refuses them (`replayed_frames`,

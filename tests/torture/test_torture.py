@@ -1,4 +1,4 @@
-"""The torture harness in the normal suite (issue 21): short seeded runs against one daemon and a peer
+"""The torture harness in the normal suite: short seeded runs against one daemon and a peer
 group, the seeds that once found bugs (kept as regression cases), and checks that the oracle itself
 catches what it must (a harness that cannot fail proves nothing).
 

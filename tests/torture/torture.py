@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The torture harness (issue 21): real daemons under a randomized mixed load while faults are
+"""The torture harness: real daemons under a randomized mixed load while faults are
 injected at random moments, and an oracle that checks after every fault and at the end that nothing
 acknowledged was lost and nothing wrong was served. docs/reliability.md says what it guarantees.
 

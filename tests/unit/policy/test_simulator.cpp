@@ -280,7 +280,7 @@ TEST_CASE("On the NAS trace the hint-aware policy beats LRU and the lineage scor
                  << " hints " << r[i + 2].byte_hit_ratio() << " belady " << r[i + 3].byte_hit_ratio());
     REQUIRE(r[i + 2].byte_hit_ratio() > r[i].byte_hit_ratio());
     REQUIRE(r[i + 2].byte_hit_ratio() > r[i + 1].byte_hit_ratio());
-    // Issue 16 asks for 0.95 of Belady at 1/4; this trace (seed 1) gives 0.94 there and 0.85 at
+    // The goal is 0.95 of Belady at 1/4 (docs/policy.md); this trace (seed 1) gives 0.94 there and 0.85 at
     // 1/8 (other seeds: docs/policy.md). The test guards against a regression, not the goal.
     REQUIRE(r[i + 2].byte_hit_ratio() >= (r[i].fraction < 0.2 ? 0.8 : 0.9) * r[i + 3].byte_hit_ratio());
   }
