@@ -4,6 +4,9 @@
 // Conventions: errors are values. Every call returns cairn::Status (or cairn::Result<T>); nothing
 // throws. A Status carries the cairn_status code and the message cairn_last_error() gave.
 // Handles are move-only and free themselves; a Reader or Writer must not outlive its Client.
+// Every call of cairn.h has its method here (the header names which): the C names are
+// <object>_<verb> (cairn_model_create), the C++ ones the verb on its object (Client::create_model,
+// Writer::commit).
 //
 //   namespace cn = cairn::v1;
 //   auto client = cn::Client::connect();             // $CAIRN_SOCKET, then the default socket
@@ -19,6 +22,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -47,6 +51,13 @@ class Status {
   cairn_status code_ = CAIRN_OK;
   std::string message_;
 };
+
+// cairn_status_string: a human-readable string for a code.
+inline const char* status_string(cairn_status code) { return cairn_status_string(code); }
+// cairn_status_name: the C name of a code ("CAIRN_ERR_NOT_FOUND"); nullptr for an unknown value.
+inline const char* status_name(int code) { return cairn_status_name(code); }
+// cairn_library_has_cuda: whether libcairn copies between the arena and CUDA memory itself.
+inline bool library_has_cuda() { return cairn_library_has_cuda() != 0; }
 
 // A value or a Status. Access the value only when ok().
 template <typename T>
@@ -124,6 +135,24 @@ class Writer {
                                                       shape.data()));
   }
   Status inherit(const std::string& name) { return Status::from(cairn_model_inherit_tensor(w_, name.c_str())); }
+  // cairn_model_inherit_all: every parent tensor not added or inherited by name.
+  Status inherit_all() { return Status::from(cairn_model_inherit_all(w_)); }
+  // cairn_model_add_tensor_space: writable arena bytes for the tensor, to fill before commit (no copy).
+  Result<void*> add_space(const std::string& name, cairn_dtype dtype, const std::vector<int64_t>& shape) {
+    void* data = nullptr;
+    Status s = Status::from(cairn_model_add_tensor_space(w_, name.c_str(), dtype, static_cast<int>(shape.size()),
+                                                         shape.data(), &data));
+    if (!s) return s;
+    return data;
+  }
+  // cairn_model_seal_tensor: a tensor added with add_space holds its final bytes (hashed now).
+  Status seal(const std::string& name) { return Status::from(cairn_model_seal_tensor(w_, name.c_str())); }
+  // cairn_model_reserve: the sizes of the large tensors about to be added, allocated in one round trip.
+  Status reserve(const std::vector<size_t>& nbytes) {
+    return Status::from(cairn_model_reserve(w_, nbytes.size(), nbytes.data()));
+  }
+  // cairn_model_set_copy_threads: the threads this writer's copies may use (0: one per core, at most 4).
+  Status set_copy_threads(unsigned threads) { return Status::from(cairn_model_set_copy_threads(w_, threads)); }
   Status set_architecture(const std::string& graph_json) {
     return Status::from(cairn_model_set_architecture(w_, graph_json.c_str()));
   }
@@ -209,8 +238,70 @@ class Reader {
     if (!s) return s;
     return v;
   }
+  // cairn_model_map_tensors: views of many tensors with one request; all or nothing.
+  Result<std::vector<View>> map_many(const std::vector<std::string>& names) {
+    return views(names, [&](size_t n, const char* const* c_names, const void** data, size_t* nbytes) {
+      return cairn_model_map_tensors(r_, n, c_names, data, nbytes);
+    });
+  }
+  // cairn_model_map_tensors_device: device views of many tensors with one request (device -1: the first).
+  Result<std::vector<View>> map_device_many(const std::vector<std::string>& names, int device = -1) {
+    return views(names, [&](size_t n, const char* const* c_names, const void** data, size_t* nbytes) {
+      return cairn_model_map_tensors_device(r_, n, c_names, device, data, nbytes);
+    });
+  }
+  struct PrivateView {
+    void* data = nullptr;
+    size_t nbytes = 0;
+  };
+  // cairn_model_map_tensors_private: writable copy-on-write views, valid while this Reader lives.
+  Result<std::vector<PrivateView>> map_private(const std::vector<std::string>& names) {
+    std::vector<const char*> c_names = c_strings(names);
+    std::vector<void*> data(names.size());
+    std::vector<size_t> nbytes(names.size());
+    Status s = Status::from(cairn_model_map_tensors_private(r_, names.size(), c_names.data(), data.data(), nbytes.data()));
+    if (!s) return s;
+    std::vector<PrivateView> out(names.size());
+    for (size_t i = 0; i < names.size(); ++i) out[i] = PrivateView{data[i], nbytes[i]};
+    return out;
+  }
+  // cairn_model_read_tensors: many tensors into host buffers with one request (sizes must match).
+  Status read_many(const std::vector<std::string>& names, const std::vector<void*>& dsts,
+                   const std::vector<size_t>& dst_bytes) {
+    if (dsts.size() != names.size() || dst_bytes.size() != names.size())
+      return Status(CAIRN_ERR_INVALID_ARGUMENT, "read_many: names, dsts and dst_bytes differ in length");
+    std::vector<const char*> c_names = c_strings(names);
+    return Status::from(cairn_model_read_tensors(r_, names.size(), c_names.data(), dsts.data(), dst_bytes.data()));
+  }
+  // cairn_model_read_tensors_device: many tensors into device buffers with one request.
+  Status read_many_device(const std::vector<std::string>& names, const std::vector<void*>& dsts,
+                          const std::vector<size_t>& dst_bytes) {
+    if (dsts.size() != names.size() || dst_bytes.size() != names.size())
+      return Status(CAIRN_ERR_INVALID_ARGUMENT, "read_many_device: names, dsts and dst_bytes differ in length");
+    std::vector<const char*> c_names = c_strings(names);
+    return Status::from(
+        cairn_model_read_tensors_device(r_, names.size(), c_names.data(), dsts.data(), dst_bytes.data()));
+  }
 
  private:
+  static std::vector<const char*> c_strings(const std::vector<std::string>& names) {
+    std::vector<const char*> out;
+    out.reserve(names.size());
+    for (const std::string& n : names) out.push_back(n.c_str());
+    return out;
+  }
+  template <typename Map>
+  Result<std::vector<View>> views(const std::vector<std::string>& names, Map map) {
+    std::vector<const char*> c_names = c_strings(names);
+    std::vector<const void*> data(names.size());
+    std::vector<size_t> nbytes(names.size());
+    Status s = Status::from(map(names.size(), c_names.data(), data.data(), nbytes.data()));
+    if (!s) return s;
+    std::vector<View> out(names.size());
+    for (size_t i = 0; i < names.size(); ++i) out[i] = View{data[i], nbytes[i]};
+    return out;
+  }
+
   cairn_model_reader* r_;
 };
 
@@ -257,6 +348,22 @@ class Client {
     return found != 0;
   }
   Status delete_tensor(const std::string& key) { return Status::from(cairn_delete_tensor(c_, key.c_str())); }
+  // cairn_unpack_tensor_alloc: the tensor in one round trip into the buffer `alloc` returns for its
+  // description (nullptr: CAIRN_ERR_NO_SPACE).
+  Status unpack_tensor_to(const std::string& key, const std::function<void*(const TensorInfo&)>& alloc) {
+    struct Ctx {
+      const std::string* key;
+      const std::function<void*(const TensorInfo&)>* alloc;
+    } ctx{&key, &alloc};
+    auto trampoline = [](void* p, cairn_dtype dtype, int ndim, const int64_t* shape, size_t nbytes) -> void* {
+      auto* c = static_cast<Ctx*>(p);
+      TensorInfo t{*c->key, dtype, std::vector<int64_t>(shape, shape + ndim), nbytes};
+      return (*c->alloc)(t);
+    };
+    return Status::from(cairn_unpack_tensor_alloc(c_, key.c_str(), trampoline, &ctx));
+  }
+  // cairn_client_address: the socket path this client is connected to.
+  std::string address() const { return cairn_client_address(c_); }
 
   // Collects the replies of every pipelined commit in flight (cairn_pipeline_flush): the first error
   // of a commit whose ticket was dropped unwaited, or kUnavailable when the connection was lost.
@@ -270,6 +377,26 @@ class Client {
     if (!s) return s;
     return Writer(w);
   }
+  // cairn_model_create_part: part `index` of `count` of model `id`, written by as many writers at once
+  // (timeout_ms <= 0: 60 s for the missing parts).
+  Result<Writer> create_part(const std::string& id, const std::string& parent, int index, int count,
+                             int timeout_ms = 0) {
+    cairn_model_writer* w = nullptr;
+    Status s = Status::from(cairn_model_create_part(c_, id.c_str(), parent.empty() ? nullptr : parent.c_str(), index,
+                                                    count, timeout_ms, &w));
+    if (!s) return s;
+    return Writer(w);
+  }
+  // cairn_model_put_file: the safetensors file at `path` as model `id` (parent, metadata JSON: "" for none).
+  Status put_file(const std::string& id, const std::string& path, const std::string& parent = "",
+                  cairn_durability d = CAIRN_DURABILITY_GLOBAL, const std::string& meta_json = "") {
+    return Status::from(cairn_model_put_file(c_, id.c_str(), path.c_str(), parent.empty() ? nullptr : parent.c_str(), d,
+                                             meta_json.empty() ? nullptr : meta_json.c_str()));
+  }
+  // cairn_model_get_file: model `id` written as the safetensors file `path`.
+  Status get_file(const std::string& id, const std::string& path) {
+    return Status::from(cairn_model_get_file(c_, id.c_str(), path.c_str()));
+  }
   Result<Reader> open_model(const std::string& id) {
     cairn_model_reader* r = nullptr;
     Status s = Status::from(cairn_model_open(c_, id.c_str(), &r));
@@ -277,6 +404,24 @@ class Client {
     return Reader(r);
   }
   Status prefetch(const std::string& id) { return Status::from(cairn_prefetch(c_, id.c_str())); }
+  // cairn_prefetch_all: into every peer group member's DRAM, waiting; the per-member result as JSON text.
+  Result<std::string> prefetch_all(const std::string& id) {
+    char* out = nullptr;
+    Status s = Status::from(cairn_prefetch_all(c_, id.c_str(), &out));
+    if (!s) return s;
+    std::string result(out ? out : "{}");
+    cairn_free(out);
+    return result;
+  }
+  // cairn_request: any other request of docs/protocol.md as JSON text; the answer as JSON text.
+  Result<std::string> request(const std::string& request_json) {
+    char* out = nullptr;
+    Status s = Status::from(cairn_request(c_, request_json.c_str(), &out));
+    if (!s) return s;
+    std::string result(out ? out : "{}");
+    cairn_free(out);
+    return result;
+  }
   // A hint (docs/policy.md), e.g. {"kind":"will_load","models":["m7"]}; the answer as JSON text.
   Result<std::string> hint(const std::string& hint_json) {
     char* out = nullptr;

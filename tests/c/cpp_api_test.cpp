@@ -1,5 +1,7 @@
 // The public C++ interface (include/cairn/client.hpp) against a running cairnd ($CAIRN_SOCKET),
 // compiled against the installed headers and libcairn.so only. Run by tests/integration/test_c_api.py.
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -102,6 +104,91 @@ int main(int argc, char** argv) {
   auto q = client->query("{\"op\":\"ancestors\",\"model\":\"cpp-child" + suffix + "\"}");
   CHECK(q && q->find("cpp-base") != std::string::npos);
   CHECK(client->open_model("missing").status().code() == CAIRN_ERR_NOT_FOUND);
+
+  // The rest of the C API, one call each.
+  CHECK(std::string(cn::status_name(CAIRN_ERR_NOT_FOUND)) == "CAIRN_ERR_NOT_FOUND");
+  CHECK(cn::status_name(-12345) == nullptr);
+  CHECK(std::strlen(cn::status_string(CAIRN_ERR_NOT_FOUND)) > 0);
+  CHECK(cn::library_has_cuda() == (cairn_library_has_cuda() != 0));
+  CHECK(!client->address().empty());
+  {
+    std::vector<float> into;
+    CHECK(client->unpack_tensor_to("cpp/x", [&](const cn::TensorInfo& t) -> void* {
+      CHECK(t.name == "cpp/x" && t.dtype == CAIRN_DTYPE_F32 && t.shape == std::vector<int64_t>({8, 8}));
+      into.resize(t.nbytes / sizeof(float));
+      return into.data();
+    }));
+    CHECK(into == b);
+    auto none = client->unpack_tensor_to("cpp/none", [](const cn::TensorInfo&) -> void* { return nullptr; });
+    CHECK(none.code() == CAIRN_ERR_NOT_FOUND);
+    auto refused = client->unpack_tensor_to("cpp/x", [](const cn::TensorInfo&) -> void* { return nullptr; });
+    CHECK(refused.code() == CAIRN_ERR_NO_SPACE);
+  }
+  {
+    // Arena space filled in place and sealed, reserved sizes, one copy thread, everything else inherited.
+    auto w = client->create_model("cpp-space" + suffix, "cpp-base" + suffix);
+    CHECK(w->set_copy_threads(1));
+    CHECK(w->reserve({a.size() * sizeof(float)}));
+    auto space = w->add_space("a", CAIRN_DTYPE_F32, {512, 512});
+    CHECK(space && *space != nullptr);
+    if (space) std::memcpy(*space, b.data(), b.size() * sizeof(float));
+    if (space) std::memcpy(static_cast<float*>(*space) + b.size(), a.data() + b.size(), (a.size() - b.size()) * sizeof(float));
+    CHECK(w->seal("a"));
+    CHECK(w->seal("a").code() == CAIRN_ERR_INVALID_ARGUMENT);  // sealed already
+    CHECK(w->inherit_all());
+    CHECK(w->commit());
+    auto rs = client->open_model("cpp-space" + suffix);
+    CHECK(rs);
+    auto views = rs->map_many({"a", "b"});
+    CHECK(views && views->size() == 2 && (*views)[0].nbytes == a.size() * sizeof(float));
+    if (views) {
+      CHECK(std::memcmp((*views)[0].data, b.data(), b.size() * sizeof(float)) == 0);
+      CHECK(std::memcmp((*views)[1].data, b.data(), b.size() * sizeof(float)) == 0);  // b inherited
+    }
+    CHECK(rs->map_many({"a", "missing"}).status().code() == CAIRN_ERR_NOT_FOUND);
+    auto priv = rs->map_private({"b"});
+    CHECK(priv && (*priv)[0].nbytes == 256);
+    if (priv) static_cast<float*>((*priv)[0].data)[0] = 42.0f;  // this process's copy only
+    std::vector<float> b_back(b.size()), a_back(a.size());
+    CHECK(rs->read_many({"b", "a"}, {b_back.data(), a_back.data()}, {256, a.size() * sizeof(float)}));
+    CHECK(b_back == b);
+    CHECK(rs->read_many({"b"}, {b_back.data(), a_back.data()}, {256}).code() == CAIRN_ERR_INVALID_ARGUMENT);
+    auto dev = rs->map_device_many({"b"});
+    CHECK(!dev && dev.status().code() == CAIRN_ERR_UNAVAILABLE);
+  }
+  {
+    // A model of two parts from two writers; each part's ticket resolves when both are in.
+    auto p0 = client->create_part("cpp-parts" + suffix, "", 0, 2);
+    auto p1 = client->create_part("cpp-parts" + suffix, "", 1, 2);
+    CHECK(p0 && p1);
+    CHECK(p0->add("first", b.data(), CAIRN_DTYPE_F32, {64}));
+    CHECK(p1->add("second", a.data(), CAIRN_DTYPE_F32, {64}));
+    auto t0 = p0->commit_async(CAIRN_DURABILITY_MEMORY);
+    auto t1 = p1->commit_async(CAIRN_DURABILITY_MEMORY);
+    CHECK(t0 && t1 && t0->wait() && t1->wait());
+    auto rp = client->open_model("cpp-parts" + suffix);
+    auto tp = rp->tensors();
+    CHECK(tp && tp->size() == 2 && (*tp)[0].name == "first" && (*tp)[1].name == "second");
+  }
+  {
+    // Files: a model out as safetensors and back in, byte for byte.
+    const std::string path = "/tmp/cpp_api_test" + suffix + "-" + std::to_string(::getpid()) + ".safetensors";
+    CHECK(client->get_file("cpp-base" + suffix, path));
+    CHECK(client->put_file("cpp-file" + suffix, path, "cpp-base" + suffix, CAIRN_DURABILITY_MEMORY, "{\"from\": \"file\"}"));
+    auto rf = client->open_model("cpp-file" + suffix);
+    std::vector<float> got_b(b.size());
+    CHECK(rf && rf->read("b", got_b.data(), 256));
+    CHECK(got_b == b);
+    CHECK(client->put_file("cpp-bad" + suffix, "/nonexistent.safetensors").code() != CAIRN_OK);
+    std::remove(path.c_str());
+  }
+  {
+    auto all = client->prefetch_all("cpp-base" + suffix);
+    CHECK(all && all->find("\"peers\":false") != std::string::npos);
+    auto listed = client->request("{\"op\":\"list\"}");
+    CHECK(listed && listed->find("cpp-file" + suffix) != std::string::npos);
+    CHECK(client->request("{\"op\":\"show\",\"id\":\"no-such-model\"}").status().code() == CAIRN_ERR_NOT_FOUND);
+  }
   std::printf("cpp_api_test: %d failed\n", failures);
   return failures == 0 ? 0 : 1;
 }
