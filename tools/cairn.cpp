@@ -22,6 +22,7 @@
 #include "core/wire.hpp"
 #include "tools/fault.hpp"
 #include "tools/job.hpp"
+#include "tools/lineage_picture.hpp"
 #include "tools/model_files.hpp"
 
 namespace {
@@ -209,40 +210,56 @@ int cmd_simple(const json& request, bool print) {
   return 0;
 }
 
-// Quotes s as a Graphviz ID.
-std::string dot_id(const std::string& s) {
-  std::string out = "\"";
+// s with Graphviz's escapes ('"' and '\\'), newlines as spaces, for inside a quoted ID.
+std::string dot_escape(const std::string& s) {
+  std::string out;
   for (char c : s) {
     if (c == '"' || c == '\\') out += '\\';
     out += c == '\n' ? ' ' : c;
   }
-  return out + "\"";
+  return out;
 }
 
-// The lineage tree that holds id, as a Graphviz digraph: one node per model (its score when it
-// has one), retired models dashed, id highlighted. `cairn lineage ID --dot | dot -Tpng > run.png`.
-int cmd_lineage_dot(const std::string& id) {
+// Quotes s as a Graphviz ID.
+std::string dot_id(const std::string& s) { return "\"" + dot_escape(s) + "\""; }
+
+// The lineage tree that holds id, as a Graphviz digraph: one node per model, labelled with its id
+// and (on a second line) its score when it has one, retired models dashed, id highlighted.
+cairn::Result<std::string> lineage_dot(const std::string& id) {
   auto client = connect();
-  if (!client.is_ok()) return fail(client.status());
+  if (!client.is_ok()) return client.status();
   auto t = (*client)->query(json{{"op", "tree"}, {"model", id}});
-  if (!t.is_ok()) return fail(t.status());
+  if (!t.is_ok()) return t.status();
   std::string out = "digraph lineage {\n  rankdir=TB;\n  node [shape=box, fontname=\"Helvetica\", fontsize=10];\n";
   for (const auto& n : (*t)["tree"]) {
     std::string nid = n["id"].get<std::string>();
-    std::string label = nid;
+    std::string label = "\"" + dot_escape(nid);
     if (n["score"].is_number()) {
       char buf[48];
-      std::snprintf(buf, sizeof buf, "\\nscore %.4g", n["score"].get<double>());
+      std::snprintf(buf, sizeof buf, "\\nscore %.4g", n["score"].get<double>());  // \n: Graphviz's line break
       label += buf;
     }
-    std::string attrs = "label=" + dot_id(label);
+    std::string attrs = "label=" + label + "\"";
     if (n["retired"].get<bool>()) attrs += ", style=dashed, fontcolor=gray40";
     if (nid == id) attrs += ", style=\"filled,bold\", fillcolor=lightyellow";
     out += "  " + dot_id(nid) + " [" + attrs + "];\n";
     if (n["parent"].is_string()) out += "  " + dot_id(n["parent"].get<std::string>()) + " -> " + dot_id(nid) + ";\n";
   }
   out += "}\n";
-  std::fputs(out.c_str(), stdout);
+  return out;
+}
+
+// `cairn lineage ID --dot` prints the tree as Graphviz (`| dot -Tpng > run.png`); with a picture
+// file (--svg FILE or --png FILE) it is drawn there with Graphviz's library.
+int cmd_lineage_picture(const std::string& id, const std::string& format, const std::string& file) {
+  auto dot = lineage_dot(id);
+  if (!dot.is_ok()) return fail(dot.status());
+  if (format.empty()) {
+    std::fputs(dot->c_str(), stdout);
+    return 0;
+  }
+  Status st = cairn::tool::render_dot(*dot, format, file);
+  if (!st.is_ok()) return fail(st);
   return 0;
 }
 
@@ -544,7 +561,18 @@ int main(int argc, char** argv) {
   lineage->add_option("ID", id, "model id")->required();
   lineage->add_flag("--json", as_json, "print JSON");
   lineage->add_flag("--dot", dot, "print the whole lineage tree as Graphviz (dot -Tpng)");
-  lineage->callback([&] { rc = dot ? cmd_lineage_dot(id) : cmd_lineage(id, as_json); });
+  std::string svg, png;
+  lineage->add_option("--svg", svg, "draw the whole lineage tree into this SVG file (scores on the nodes)");
+  lineage->add_option("--png", png, "draw the whole lineage tree into this PNG file");
+  lineage->callback([&] {
+    if (int(dot) + int(!svg.empty()) + int(!png.empty()) > 1) {
+      rc = fail(cairn::invalid_argument("--dot, --svg and --png are one picture each: give one"));
+    } else if (dot || !svg.empty() || !png.empty()) {
+      rc = cmd_lineage_picture(id, dot ? "" : !svg.empty() ? "svg" : "png", !svg.empty() ? svg : png);
+    } else {
+      rc = cmd_lineage(id, as_json);
+    }
+  });
 
   std::string where;
   auto* match = app.add_subcommand("match", "the stored model sharing the most layers with a graph (JSON)");
