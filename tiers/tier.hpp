@@ -1,9 +1,10 @@
 // What every tier reports, and the seam the tier manager fetches through.
 //
 // A ChunkSource is a place below DRAM that can supply a chunk's bytes: the NVMe burst buffer and
-// the repository today (tiers/chunk_sources.hpp), a peer daemon's arena or the GPU tier later. The
-// tier manager keeps an ordered list of them, fastest first, and a fetch takes the first intact
-// copy: a new kind of source is one more entry in that list (TierManager::add_source).
+// the repository (tiers/chunk_sources.hpp), and the peer group's members (PeerSource,
+// daemon/peers/peer_service.cpp). The tier manager keeps an ordered list of them, fastest first,
+// and a fetch takes the first intact copy: a new kind of source is one more entry in that list
+// (TierManager::add_source).
 #pragma once
 
 #include <atomic>
