@@ -75,7 +75,7 @@ CommitPath::~CommitPath() {
 void CommitPath::unreserve(const std::string& id) {
   std::lock_guard lock(mu_);
   committing_.erase(id);
-  if (!p_.flusher.contains(id) && !p_.repo.contains_cached(id)) p_.repo.release_claim(id);
+  if (!p_.flusher.contains(id) && !p_.repo.contains(id, Freshness::kCached)) p_.repo.release_claim(id);
 }
 
 void CommitPath::release_part_bytes(const std::vector<Planned>& plan, const std::vector<Extent>& ext) {

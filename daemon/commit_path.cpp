@@ -342,7 +342,7 @@ Result<json> CommitPath::commit(Session& s, const json& req, std::vector<uint8_t
     ~Unreserve() {
       std::lock_guard lock(c->mu_);
       c->committing_.erase(id);
-      if (!c->p_.flusher.contains(id) && !c->p_.repo.contains_cached(id)) c->p_.repo.release_claim(id);
+      if (!c->p_.flusher.contains(id) && !c->p_.repo.contains(id, Freshness::kCached)) c->p_.repo.release_claim(id);
     }
   } unreserve{this, id};
 

@@ -29,7 +29,7 @@ Status RepositorySource::read(const ChunkRef& ref, void* dst) {
   // A ref without a pack (a model a peer announced before it reached the repository) is looked up,
   // refreshing the repository's view on a miss: the peer may have flushed it since.
   std::optional<ChunkRef> where =
-      ref.pack.empty() ? repo_.locate_refreshing(ref.hash) : std::optional<ChunkRef>(ref);
+      ref.pack.empty() ? repo_.locate(ref.hash, Freshness::kRefreshOnMiss) : std::optional<ChunkRef>(ref);
   if (!where) {
     // A recovered model's chunk can have a pack name the repository no longer knows (gc).
     where = repo_.locate(ref.hash);

@@ -66,7 +66,7 @@ Status Repository::claim(const std::string& id) {
   // The id may have been published before our claim: look at every log now.
   RefreshReport ignored;
   Status s = impl_->refresh(&ignored);
-  if (s.is_ok() && contains_cached(id)) s = already_exists("model " + quote(id) + " is already in repository " + impl_->dir_ + "; models are immutable, commit under a new id");
+  if (s.is_ok() && contains(id, Freshness::kCached)) s = already_exists("model " + quote(id) + " is already in repository " + impl_->dir_ + "; models are immutable, commit under a new id");
   if (!s.is_ok()) impl_->coord_->release(id);
   return s;
 }
@@ -105,19 +105,14 @@ Result<CompactReport> Repository::compact_if_needed() {
   return r;
 }
 
-bool Repository::contains_cached(const std::string& id) const {
-  std::shared_lock lock(impl_->mu_);
-  return impl_->models_.count(id) > 0;
-}
-
-std::shared_ptr<const ModelManifest> Repository::find_refreshing(const std::string& id) const {
+std::shared_ptr<const ModelManifest> Repository::find(const std::string& id, Freshness fresh) const {
   for (int pass = 0; pass < 2; ++pass) {
     {
       std::shared_lock lock(impl_->mu_);
       auto it = impl_->models_.find(id);
       if (it != impl_->models_.end()) return it->second;
     }
-    if (pass == 0) {
+    if (pass == 0 && fresh == Freshness::kRefreshOnMiss) {
       RefreshReport ignored;
       (void)impl_->refresh(&ignored);
     }
@@ -125,10 +120,10 @@ std::shared_ptr<const ModelManifest> Repository::find_refreshing(const std::stri
   return nullptr;
 }
 
-bool Repository::contains(const std::string& id) const { return find_refreshing(id) != nullptr; }
+bool Repository::contains(const std::string& id, Freshness fresh) const { return find(id, fresh) != nullptr; }
 
-Result<ModelManifest> Repository::get(const std::string& id) const {
-  auto m = find_refreshing(id);
+Result<ModelManifest> Repository::get(const std::string& id, Freshness fresh) const {
+  auto m = find(id, fresh);
   if (!m) return not_found("model " + quote(id) + " is not in repository " + impl_->dir_);
   return *m;
 }
@@ -145,18 +140,21 @@ std::vector<std::string> Repository::children(const std::string& id) const {
   return it->second;
 }
 
-std::optional<ChunkRef> Repository::locate(const ChunkHash& hash) const {
-  std::shared_lock lock(impl_->mu_);
-  auto it = impl_->chunks_.find(hash);
-  if (it == impl_->chunks_.end()) return std::nullopt;
-  return it->second.ref;
-}
-
-std::optional<ChunkRef> Repository::locate_refreshing(const ChunkHash& hash) const {
-  if (auto where = locate(hash)) return where;
-  RefreshReport ignored;  // as in find_refreshing: the watch still gets its report
-  (void)impl_->refresh(&ignored);
-  return locate(hash);
+std::optional<ChunkRef> Repository::locate(const ChunkHash& hash, Freshness fresh) const {
+  for (int pass = 0; pass < 2; ++pass) {
+    {
+      std::shared_lock lock(impl_->mu_);
+      auto it = impl_->chunks_.find(hash);
+      if (it != impl_->chunks_.end()) return it->second.ref;
+    }
+    if (pass == 0 && fresh == Freshness::kRefreshOnMiss) {
+      RefreshReport ignored;  // as in find: the watch still gets its report
+      (void)impl_->refresh(&ignored);
+    } else {
+      break;
+    }
+  }
+  return std::nullopt;
 }
 
 Status Repository::read_chunk(const ChunkRef& ref, void* dst) const { return impl_->read_chunk(ref, dst); }
@@ -167,8 +165,8 @@ Status Repository::retire(const std::string& id) { return impl_->retire(id); }
 Result<GcReport> Repository::gc(const GcSteps& steps) { return impl_->gc(steps); }
 Result<FsckReport> Repository::fsck(bool verify_data) const { return impl_->fsck(verify_data); }
 
-Result<std::shared_ptr<const ModelManifest>> Repository::get_shared(const std::string& id) const {
-  auto m = find_refreshing(id);
+Result<std::shared_ptr<const ModelManifest>> Repository::get_shared(const std::string& id, Freshness fresh) const {
+  auto m = find(id, fresh);
   if (!m) return not_found("model " + quote(id) + " is not in repository " + impl_->dir_);
   return m;
 }

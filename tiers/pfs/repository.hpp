@@ -134,6 +134,13 @@ struct CompactReport {
   uint64_t writers_forgotten = 0;
 };
 
+// How fresh a lookup's answer must be. kCached answers from what this handle has read of the
+// writers' logs and touches no file. kRefreshOnMiss, where the cached answer would be "not here",
+// first reads what other writers published since (refresh()) and answers from that: the model or
+// chunk may be another writer's that this handle has not read yet (a peer's model, announced
+// before the daemon's periodic refresh saw it).
+enum class Freshness { kCached, kRefreshOnMiss };
+
 class Repository {
  public:
   // Supplies the bytes of a chunk the repository does not hold yet. The pointer must stay valid
@@ -166,11 +173,9 @@ class Repository {
   // back when the commit will not happen.
   Status claim(const std::string& id);
   void release_claim(const std::string& id);
-  // Whether the catalog holds id, without looking at other writers' logs.
-  bool contains_cached(const std::string& id) const;
-
   // Reads what other writers published since the last call (and touches this writer's liveness
-  // file). The daemon calls it every repository_refresh; a miss of get/contains calls it too.
+  // file). The daemon calls it every repository_refresh; a lookup with Freshness::kRefreshOnMiss
+  // that misses calls it too.
   Result<RefreshReport> refresh();
   // Writes a checkpoint of the catalog and deletes the logs it makes unnecessary (logs of writers
   // that are gone), under the maintenance lease.
@@ -191,18 +196,17 @@ class Repository {
   // batch as its parent. Returns the first failure, or OK.
   Status commit_batch(std::vector<ModelManifest>& ms, const ChunkSource& src, std::vector<Status>* results);
 
-  // A miss refreshes first (the model may be another writer's).
-  bool contains(const std::string& id) const;
-  Result<ModelManifest> get(const std::string& id) const;  // kNotFound names the id
+  // The lookups of a model, each with its freshness (above).
+  bool contains(const std::string& id, Freshness fresh = Freshness::kRefreshOnMiss) const;
+  // kNotFound names the id.
+  Result<ModelManifest> get(const std::string& id, Freshness fresh = Freshness::kRefreshOnMiss) const;
   // The same without a copy.
-  Result<std::shared_ptr<const ModelManifest>> get_shared(const std::string& id) const;
+  Result<std::shared_ptr<const ModelManifest>> get_shared(const std::string& id,
+                                                          Freshness fresh = Freshness::kRefreshOnMiss) const;
   std::vector<std::string> list() const;                   // ids, in commit order
   std::vector<std::string> children(const std::string& id) const;
   // Where the chunk is stored, if it is.
-  std::optional<ChunkRef> locate(const ChunkHash& hash) const;
-  // The same; a miss refreshes first (the chunk may be in another writer's model that this handle
-  // has not read yet: a peer's model, announced before this daemon's refresh saw it).
-  std::optional<ChunkRef> locate_refreshing(const ChunkHash& hash) const;
+  std::optional<ChunkRef> locate(const ChunkHash& hash, Freshness fresh = Freshness::kCached) const;
   // Reads ref's bytes into dst (ref.length bytes) and verifies the hash: a mismatch
   // is kCorruption naming the pack and offset, and dst's contents are then unspecified. Packs are
   // read with direct I/O where the filesystem allows it (repository_read.cpp).
@@ -231,8 +235,8 @@ class Repository {
   RepositoryStats stats() const;
 
  private:
-  // The model, refreshing once when it is not in the catalog.
-  std::shared_ptr<const ModelManifest> find_refreshing(const std::string& id) const;
+  // The model, or nullptr; with kRefreshOnMiss, refreshing once when it is not in the catalog.
+  std::shared_ptr<const ModelManifest> find(const std::string& id, Freshness fresh) const;
   struct Impl;
   explicit Repository(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
