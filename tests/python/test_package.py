@@ -3,6 +3,7 @@ tickets, the catalog and errors."""
 import gc
 import json
 import os
+import pickle
 import threading
 import time
 
@@ -60,6 +61,11 @@ def test_connect_without_a_daemon_names_the_socket(tmp_path, monkeypatch):
     default = f"{tmp_path}/cairn-{os.getuid()}/cairnd.sock"
     with pytest.raises(cairn.Unavailable, match=default):
         cairn.connect()
+
+    # An error crosses a process boundary whole (a process pool pickles a worker's exception).
+    back = pickle.loads(pickle.dumps(e.value))
+    assert type(back) is cairn.Unavailable
+    assert (back.status, back.code, back.message) == (e.value.status, e.value.code, e.value.message)
 
 
 def test_connect_uses_CAIRN_SOCKET(daemon, monkeypatch):

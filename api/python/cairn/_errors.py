@@ -32,6 +32,10 @@ class CairnError(Exception):
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.status!r}, {self.message!r})"
 
+    def __reduce__(self):
+        # Pickled with its own fields (a process pool sends a worker's exception back to the caller).
+        return (type(self), (self.status, self.message, self.code))
+
 
 class NotFound(CairnError, LookupError):
     """CAIRN_ERR_NOT_FOUND: no such model, tensor, key or ticket."""
