@@ -63,6 +63,12 @@ struct Config {
     std::string level = "info";     // trace | debug | info | warn | error | off
     std::string file;               // "" = stderr
   } log;
+  // Metrics for monitoring (docs/metrics.md); both off by default.
+  struct {
+    std::string listen;             // "" = off; "HOST:PORT": an HTTP endpoint serving GET /metrics
+    std::string textfile;           // "" = off; a file rewritten every `interval` (node_exporter)
+    std::string interval = "15s";   // how often the textfile is rewritten: "15s", "1m"
+  } metrics;
   // A client request running longer than this is reported with every thread's stack
   // (daemon/watchdog.hpp): "60s", "10m"; "0" = no watchdog.
   std::string watchdog = "10m";
@@ -86,6 +92,16 @@ std::optional<std::chrono::milliseconds> parse_duration(const std::string& text)
 // whole ("90000ms" -> "90s", "600s" -> "10m"), "0" for zero. A duration key holds its value in this
 // form once the config is read, so --print-config shows one spelling for one duration.
 std::string format_duration(std::chrono::milliseconds d);
+
+// A TCP address to listen on: a host name or IPv4 address, or an IPv6 address in brackets, and a
+// port ("127.0.0.1:9464", "node01:9464", "[::1]:9464", "0.0.0.0:9464"; port 0 = one the system
+// picks). The config's address keys are checked with it when the config is read; the message of a
+// malformed address says what is wrong and carries no key.
+struct HostPort {
+  std::string host;                 // without the brackets of an IPv6 address
+  uint16_t port = 0;
+};
+Result<HostPort> parse_host_port(const std::string& text);
 
 // Builds the config: embedded default, then the YAML text of a file (if path is non-empty), then
 // the environment `env` (normally environ; injectable for tests). Expands ${VAR}, ${VAR:-default}

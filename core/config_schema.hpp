@@ -34,6 +34,8 @@ struct Key {
   bool power_of_two = false;  // sizes only
   // Strings only: the value is a duration (parse_duration); `positive`: and not 0.
   enum class Duration { kNo, kOrZero, kPositive } duration = Duration::kNo;
+  // Strings only: the value, once expanded, is "" or a HOST:PORT address (parse_host_port).
+  bool host_port = false;
 };
 
 // Keys in the order to_yaml() writes them; keys of one section are contiguous.

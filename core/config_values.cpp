@@ -226,6 +226,7 @@ Result<std::string> parse_string_for(const Key& key, const std::string& text, co
   CAIRN_RETURN_IF_ERROR(check_text(text));
   CAIRN_ASSIGN_OR_RETURN(std::string expanded, expand(text, env, 0));
   CAIRN_RETURN_IF_ERROR(check_text(expanded).with_context("after expansion"));
+  if (key.host_port && !expanded.empty()) CAIRN_RETURN_IF_ERROR(parse_host_port(expanded).status());
   return expanded;
 }
 
@@ -351,6 +352,53 @@ std::string format_duration(std::chrono::milliseconds d) {
   if (ms % 60000 == 0) return std::to_string(ms / 60000) + "m";
   if (ms % 1000 == 0) return std::to_string(ms / 1000) + "s";
   return std::to_string(ms) + "ms";
+}
+
+Result<HostPort> parse_host_port(const std::string& text) {
+  const std::string form = " (write HOST:PORT, such as 127.0.0.1:9464, 0.0.0.0:9464 or [::1]:9464)";
+  std::string_view host;
+  std::string_view rest;
+  if (text.find("://") != std::string::npos)
+    return invalid_argument(config_internal::quote_for_message(text) + " is a URL, not an address" + form);
+  if (!text.empty() && text[0] == '[') {
+    const size_t close = text.find(']');
+    if (close == std::string::npos)
+      return invalid_argument(config_internal::quote_for_message(text) + " has an unclosed '['" + form);
+    host = std::string_view(text).substr(1, close - 1);
+    rest = std::string_view(text).substr(close + 1);
+    if (host.empty() || host.find_first_not_of("0123456789abcdefABCDEF:.") != std::string_view::npos)
+      return invalid_argument(config_internal::quote_for_message(text) + " does not hold an IPv6 address in its brackets" + form);
+    if (rest.empty() || rest[0] != ':')
+      return invalid_argument(config_internal::quote_for_message(text) + " has no port" + form);
+    rest.remove_prefix(1);
+  } else {
+    const size_t colon = text.rfind(':');
+    if (colon == std::string::npos)
+      return invalid_argument(config_internal::quote_for_message(text) + " has no port" + form);
+    host = std::string_view(text).substr(0, colon);
+    rest = std::string_view(text).substr(colon + 1);
+    if (host.find(':') != std::string_view::npos)
+      return invalid_argument(config_internal::quote_for_message(text) +
+                              " is an IPv6 address without brackets (write [ADDRESS]:PORT, such as [::1]:9464)");
+    if (host.empty())
+      return invalid_argument(config_internal::quote_for_message(text) +
+                              " has no host (write 0.0.0.0:PORT to listen on every interface)");
+    for (char c : host) {
+      const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+                      c == '-' || c == '_';
+      if (!ok)
+        return invalid_argument(config_internal::quote_for_message(text) + " has a host that is not a name or address" +
+                                form);
+    }
+  }
+  uint32_t port = 0;
+  if (rest.empty() || rest.size() > 5 || rest.find_first_not_of("0123456789") != std::string_view::npos)
+    return invalid_argument(config_internal::quote_for_message(text) + " has a port that is not a number from 0 to 65535" +
+                            form);
+  for (char c : rest) port = port * 10 + static_cast<uint32_t>(c - '0');
+  if (port > 65535)
+    return invalid_argument(config_internal::quote_for_message(text) + " has a port out of range (0 to 65535)");
+  return HostPort{std::string(host), static_cast<uint16_t>(port)};
 }
 
 std::optional<std::chrono::milliseconds> parse_duration(const std::string& text) {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <future>
+#include <optional>
 
 #include "core/log.hpp"
 #include "core/version.hpp"
@@ -67,6 +68,10 @@ Result<std::unique_ptr<Engine>> Engine::create(const Config& config, EngineOptio
     auto opened = TraceRecorder::open(config.policy.trace);
     if (!opened.is_ok()) return opened.status().with_context("policy.trace");
     trace = std::move(opened).value();
+  }
+  std::optional<MetricsExporter::Options> metrics_options;
+  if (MetricsExporter::enabled(config)) {
+    CAIRN_ASSIGN_OR_RETURN(metrics_options, MetricsExporter::options_from(config));
   }
   if (config.compute.enabled) {
     auto t = parse_duration(config.compute.start_timeout);
@@ -161,6 +166,13 @@ Result<std::unique_ptr<Engine>> Engine::create(const Config& config, EngineOptio
   // A read that failed on missing bytes looks at the repository again, through the watch, so that
   // a peer's announcement of a model removed since is dropped too.
   engine->models_->set_refresh([e = engine.get()] { return e->watch_->sync(json::object()).status(); });
+  // Metrics for monitoring: last, once every component they read is up.
+  if (metrics_options) {
+    CAIRN_ASSIGN_OR_RETURN(engine->metrics_,
+                           MetricsExporter::start(std::move(*metrics_options), [e = engine.get()](metrics::Format f) {
+                             return e->metrics_text(f);
+                           }));
+  }
   return engine;
 }
 
@@ -168,6 +180,12 @@ Engine::Engine(Config config, std::unique_ptr<FaultyFileSystem> faulty, std::chr
                std::unique_ptr<Repository> repo, std::unique_ptr<DramTier> dram, std::unique_ptr<NvmeTier> nvme,
                std::unique_ptr<AdmissionPolicy> admission, std::unique_ptr<TraceRecorder> trace)
     : config_(std::move(config)),
+      request_metrics_(MetricsExporter::enabled(config_) ? std::make_unique<RequestMetrics>(ops_in_table_order())
+                                                          : nullptr),
+      metrics_job_(resolve_peer_group(config_).job),
+      started_unix_ns_(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                           std::chrono::system_clock::now().time_since_epoch())
+                           .count()),
       watchdog_(watchdog_bound),
       faulty_fs_(std::move(faulty)),
       faults_(faulty_fs_.get()),
@@ -206,7 +224,8 @@ Engine::Engine(Config config, std::unique_ptr<FaultyFileSystem> faulty, std::chr
 }
 
 Engine::~Engine() {
-  compute_->stop();  // first: the worker is a client of this daemon
+  if (metrics_) metrics_->stop();  // first: its threads read every component
+  compute_->stop();  // the worker is a client of this daemon
   if (peers_) peers_->stop_staging();  // other members' `prefetch --all` read through reads_
   if (watch_) watch_->stop();
   prefetcher_->stop();
@@ -294,22 +313,37 @@ const std::vector<Engine::Op>& Engine::table() {
   return kOps;
 }
 
-std::vector<std::string> Engine::ops() {
+std::vector<std::string> Engine::ops_in_table_order() {
   std::vector<std::string> out;
   for (const Op& op : table()) out.emplace_back(op.name);
+  return out;
+}
+
+std::vector<std::string> Engine::ops() {
+  std::vector<std::string> out = ops_in_table_order();
   std::sort(out.begin(), out.end());
   return out;
 }
 
-Result<json> Engine::dispatch(Session& s, const std::string& op, const json& req, std::vector<uint8_t>& blob) {
-  for (const Op& o : table())
-    if (op == o.name) return o.handler(*this, s, req, blob);
+size_t Engine::op_slot(const std::string& op) {
+  const auto& ops = table();
+  for (size_t i = 0; i < ops.size(); ++i)
+    if (op == ops[i].name) return i;
+  return ops.size();
+}
+
+Result<json> Engine::dispatch(Session& s, size_t slot, const std::string& op, const json& req,
+                              std::vector<uint8_t>& blob) {
+  if (slot < table().size()) return table()[slot].handler(*this, s, req, blob);
   return invalid_argument("unknown request op '" + op + "' (client and daemon from different releases?)");
 }
 
 Response Engine::handle(Session& session, const json& request, std::vector<uint8_t>& blob) {
+  const auto started =
+      request_metrics_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
   Response r;
   std::string op;
+  size_t slot = table().size();
   Result<json> result = [&]() -> Result<json> {
     try {
       // The server's decoder guarantees an object with a string "op"; in-process callers may not.
@@ -317,17 +351,20 @@ Response Engine::handle(Session& session, const json& request, std::vector<uint8
       if (it == request.end() || !it->is_string())
         return invalid_argument("a request must be a JSON object with a string field 'op'");
       op = it->get<std::string>();
+      slot = op_slot(op);
       // Any request may carry leases the client is done with (saving it a round trip).
       if (auto rel = request.find("release"); rel != request.end() && op != "release") {
         auto released = reads_->release(session, json{{"op", "release"}, {"leases", *rel}});
         if (!released.is_ok()) return released.status();
       }
       Watchdog::Request tracked(watchdog_, op, {session.id, session.client_pid});
-      return dispatch(session, op, request, blob);
+      return dispatch(session, slot, op, request, blob);
     } catch (const std::exception& e) {
       return internal_error(std::string("request '") + op + "' failed: " + e.what());
     }
   }();
+  if (request_metrics_)
+    record_request(slot, request, result.status().code(), std::chrono::steady_clock::now() - started);
   if (!result.is_ok()) {
     r.body = json{{"status", static_cast<int>(result.status().code())}, {"error", result.status().message()}};
     r.blob.clear();

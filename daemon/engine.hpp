@@ -12,6 +12,9 @@
 //   Prefetcher   (prefetcher.hpp)     hints, staging ahead of need (its own thread)
 //   Watchdog     (watchdog.hpp)       requests in flight; reports stuck ones with every thread's stack
 //   FaultInjection (fault_injection.hpp) the `fault` request (debug.fault_injection only)
+//   RequestMetrics, MetricsExporter (request_metrics.hpp, metrics_exporter.hpp) metrics for
+//                                     monitoring (metrics.listen, metrics.textfile); rendered by
+//                                     metrics_text() (engine_metrics.cpp)
 // with the tiers below them (tiers/: DRAM, NVMe, the repository, the tier manager). Requests are
 // dispatched through one table from op name to handler (Engine::ops(), engine.cpp); every op it
 // names is documented in docs/protocol.md, and a test checks the two against each other.
@@ -34,6 +37,7 @@
 
 #include "core/config.hpp"
 #include "core/fs.hpp"
+#include "core/metrics.hpp"
 #include "core/status.hpp"
 #include "daemon/admin.hpp"
 #include "daemon/catalog.hpp"
@@ -41,6 +45,7 @@
 #include "daemon/compute.hpp"
 #include "daemon/fault_injection.hpp"
 #include "daemon/flusher.hpp"
+#include "daemon/metrics_exporter.hpp"
 #include "daemon/models.hpp"
 #include "daemon/named_tensors.hpp"
 #include "daemon/peers/group_parts.hpp"
@@ -50,6 +55,7 @@
 #include "daemon/queries.hpp"
 #include "daemon/repository_watch.hpp"
 #include "daemon/reads.hpp"
+#include "daemon/request_metrics.hpp"
 #include "daemon/references.hpp"
 #include "daemon/session.hpp"
 #include "daemon/tickets.hpp"
@@ -95,6 +101,14 @@ class Engine {
   // The ops the dispatch table serves, sorted (docs/protocol.md documents each).
   static std::vector<std::string> ops();
 
+  // The daemon's metrics in a text exposition format (docs/metrics.md lists them): the counters of
+  // `stats`, queue depths, and, when metrics are on (metrics.listen or metrics.textfile), the
+  // requests' latencies and errors. Each sample carries a job_id label when the daemon belongs to
+  // a job. Thread-safe; what the metrics exporter serves and writes.
+  std::string metrics_text(metrics::Format format);
+  // The metrics exporter (null when metrics are off).
+  MetricsExporter* metrics_exporter() { return metrics_.get(); }
+
   int arena_fd() const { return dram_->arena_fd(); }
   uint64_t arena_size() const { return dram_->arena_size(); }
   const Config& config() const { return config_; }
@@ -114,7 +128,14 @@ class Engine {
   Engine(Config config, std::unique_ptr<FaultyFileSystem> faulty, std::chrono::milliseconds watchdog_bound,
          std::unique_ptr<Repository> repo, std::unique_ptr<DramTier> dram, std::unique_ptr<NvmeTier> nvme,
          std::unique_ptr<AdmissionPolicy> admission, std::unique_ptr<TraceRecorder> trace);
-  Result<nlohmann::json> dispatch(Session& s, const std::string& op, const nlohmann::json& req,
+  // The index of `op` in table(); table().size() for an unknown op.
+  static size_t op_slot(const std::string& op);
+  // The ops of table(), in its order (RequestMetrics' slots).
+  static std::vector<std::string> ops_in_table_order();
+  // Records one request in request_metrics_ (engine_metrics.cpp). REQUIRES: request_metrics_.
+  void record_request(size_t slot, const nlohmann::json& request, StatusCode code,
+                      std::chrono::steady_clock::duration took);
+  Result<nlohmann::json> dispatch(Session& s, size_t slot, const std::string& op, const nlohmann::json& req,
                                   std::vector<uint8_t>& blob);
   Result<nlohmann::json> hello(Session& s);
   // The job's catalog (peer_service.hpp): a model another member committed joins the catalog and
@@ -131,6 +152,11 @@ class Engine {
   // Declaration order is construction order: each component after what it uses, so destruction
   // stops the users (the flusher's threads) before what they use.
   const Config config_;
+  // Per-op latencies and errors, recorded by handle() (null when metrics are off). Destroyed last:
+  // a request may be recorded until the engine is gone.
+  std::unique_ptr<RequestMetrics> request_metrics_;
+  const std::string metrics_job_;  // the job_id label's value ("" = none): the peer group's job
+  const int64_t started_unix_ns_;  // when the engine was created (cairn_start_time_seconds)
   // Every request in flight, and the thread that reports stuck ones (the `watchdog` key).
   Watchdog watchdog_;
   // The fault injector under the repository and the burst buffer (debug.fault_injection; else
@@ -168,6 +194,9 @@ class Engine {
   std::unique_ptr<CatalogQueries> queries_;
   std::unique_ptr<RepositoryWatch> watch_;
   std::unique_ptr<ComputeWorker> compute_;  // the near-data worker's supervisor (compute.enabled)
+  // The metrics endpoint and textfile (null when metrics are off). Last: stopped first in ~Engine,
+  // its threads render from every component above.
+  std::unique_ptr<MetricsExporter> metrics_;
   std::atomic<uint64_t> next_session_{1};
 };
 

@@ -27,6 +27,7 @@ void register_hash_benchmarks();
 void register_arena_benchmarks();
 void register_wire_benchmarks();
 void register_dram_read_benchmarks();
+void register_metrics_benchmarks();
 
 // Stops the in-process engine + server that the DRAM-read benchmarks start on first use (a no-op
 // when none was started) and removes its temporary repository. Called by main after the run.

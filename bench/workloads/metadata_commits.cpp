@@ -11,7 +11,13 @@
 // request round trip on the same socket (the floor for any commit that asks the daemon), and
 // writing the same manifest as a file with fsync (what a one-file-per-model store pays).
 //
-// Usage: cairn_bench_metadata [--models N] [--tensors T] [--quick] [--json FILE]
+// With --metrics, also the cost of metrics on the request path (docs/metrics.md): blocking commits
+// and bare round trips on an engine with metrics off and on another with them on (metrics.textfile:
+// every request's latency recorded in its op's histogram), alternated over 5 rounds so that the
+// machine's drift touches both alike; the medians of the rates and of each round's on/off ratio are
+// reported.
+//
+// Usage: cairn_bench_metadata [--models N] [--tensors T] [--quick] [--metrics] [--json FILE]
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -45,19 +51,64 @@ void check(const cairn::Status& s, const char* what) {
   }
 }
 
+// Requests a second on one engine: blocking metadata-only commits at durability memory and bare
+// round trips, each `n` times.
+struct Rates {
+  double commits_per_s = 0;
+  double round_trips_per_s = 0;
+};
+
+Rates blocking_rates(const cairn::Config& config, size_t n, size_t tensors) {
+  auto engine = cairn::Engine::create(config);
+  check(engine.status(), "starting the engine");
+  while (!(*engine)->dram().prefault_finished()) ::usleep(1000);
+  auto server = cairn::Server::start(**engine, config.socket);
+  check(server.status(), "starting the server");
+  auto client = cairn::Client::connect(config.socket);
+  check(client.status(), "connecting");
+  std::vector<uint8_t> bytes(4096);
+  {
+    cairn::ModelWriter w(**client, "base", "");
+    for (size_t t = 0; t < tensors; ++t)
+      check(w.add_tensor("layer" + std::to_string(t) + ".weight", bytes.data(), cairn::DType::kU8, {4096}), "add");
+    check(w.commit(cairn::Durability::kGlobal, true).status(), "commit base");
+  }
+  Rates r;
+  auto t0 = Clock::now();
+  for (size_t i = 0; i < n; ++i) check((*client)->call({{"op", "hello"}}).status(), "hello");
+  r.round_trips_per_s = static_cast<double>(n) / seconds(Clock::now() - t0);
+  t0 = Clock::now();
+  for (size_t i = 0; i < n; ++i) {
+    cairn::ModelWriter w(**client, "m" + std::to_string(i), i ? "m" + std::to_string(i - 1) : "base");
+    check(w.inherit_all(), "inherit_all");
+    check(w.set_metadata({{"score", static_cast<double>(i % 1000) / 1000.0}, {"step", i}}), "metadata");
+    check(w.commit(cairn::Durability::kMemory, true).status(), "commit");
+  }
+  r.commits_per_s = static_cast<double>(n) / seconds(Clock::now() - t0);
+  (*engine)->drain();
+  return r;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   size_t models = 20000, tensors = 62;  // ResNet-18 has 62 parameter tensors
   std::string json_path;
+  bool with_metrics = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--models" && i + 1 < argc) models = std::stoul(argv[++i]);
     else if (a == "--tensors" && i + 1 < argc) tensors = std::stoul(argv[++i]);
     else if (a == "--quick") models = 2000;
+    else if (a == "--metrics") with_metrics = true;
     else if (a == "--json" && i + 1 < argc) json_path = argv[++i];
     else {
-      std::fprintf(stderr, "usage: cairn_bench_metadata [--models N] [--tensors T] [--quick] [--json FILE]\n");
+      std::fprintf(stderr, "usage: cairn_bench_metadata [--models N] [--tensors T] [--quick] [--metrics] [--json FILE]\n");
       return 2;
     }
   }
@@ -216,6 +267,50 @@ int main(int argc, char** argv) {
     out["open_first_us"] = first_open_us;
     out["open_cached_us"] = cached_open_us;
     out["open_cached_requests"] = req2 - req1;
+  }
+  if (with_metrics) {
+    // Fresh engines, each on its own repository; off and on alternate.
+    constexpr int kRounds = 5;
+    const size_t n = std::min<size_t>(models, 5000);
+    std::vector<double> commits[2], trips[2];
+    for (int round = 0; round < kRounds; ++round) {
+      for (int on = 0; on < 2; ++on) {
+        const fs::path run = dir / ("metrics-" + std::to_string(round) + "-" + std::to_string(on));
+        fs::create_directories(run);
+        cairn::Config c = config;
+        c.repository = (run / "repo").string();
+        c.socket = (run / "cairnd.sock").string();
+        if (on) {
+          c.metrics.textfile = (run / "cairn.prom").string();
+          c.metrics.interval = "1s";
+        }
+        const Rates r = blocking_rates(c, n, tensors);
+        commits[on].push_back(r.commits_per_s);
+        trips[on].push_back(r.round_trips_per_s);
+        fs::remove_all(run);
+      }
+    }
+    // Each round's on/off ratio compares two runs taken one after the other; their median is what
+    // drift of a shared machine disturbs least.
+    std::vector<double> c_ratio, t_ratio;
+    for (int round = 0; round < kRounds; ++round) {
+      c_ratio.push_back(commits[1][round] / commits[0][round]);
+      t_ratio.push_back(trips[1][round] / trips[0][round]);
+    }
+    const double c_off = median(commits[0]), c_on = median(commits[1]);
+    const double t_off = median(trips[0]), t_on = median(trips[1]);
+    std::printf("metrics on the request path (%zu requests of each kind per round, medians of %d rounds):\n", n,
+                kRounds);
+    std::printf("  %-44s %10.0f /s off  %10.0f /s on   (on/off %.3f; %+.2f us per request)\n",
+                "commit, durability memory, blocking", c_off, c_on, median(c_ratio), (1e6 / c_on - 1e6 / c_off));
+    std::printf("  %-44s %10.0f /s off  %10.0f /s on   (on/off %.3f; %+.2f us per request)\n",
+                "bare request round trip", t_off, t_on, median(t_ratio), (1e6 / t_on - 1e6 / t_off));
+    out["metrics_off_commits_per_s"] = c_off;
+    out["metrics_on_commits_per_s"] = c_on;
+    out["metrics_commits_on_off_ratio"] = median(c_ratio);
+    out["metrics_off_round_trips_per_s"] = t_off;
+    out["metrics_on_round_trips_per_s"] = t_on;
+    out["metrics_round_trips_on_off_ratio"] = median(t_ratio);
   }
   fs::remove_all(dir);
   if (!json_path.empty()) std::ofstream(json_path) << out.dump(2) << "\n";

@@ -81,6 +81,7 @@ class Cairn(CMakePackage, CudaPackage):
     depends_on("cli11@2:")
     depends_on("xxhash@0.8:")  # XXH3 / XXH128
     depends_on("openssl@1.1:")  # libcrypto: HMAC of the peer group
+    depends_on("boost@1.74:", type="build")  # header-only Asio + Beast: the metrics endpoint
     # io_uring batches file I/O; CMake finds it when present (without it, pread/pwrite loops).
     depends_on("liburing@2:", when="platform=linux")
     depends_on("catch2@2.11:2", type="test")  # find_package(Catch2 2) for the unit tests

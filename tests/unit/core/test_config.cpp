@@ -64,6 +64,9 @@ void require_same(const Config& a, const Config& b) {
   CHECK(a.peers.timeout == b.peers.timeout);
   CHECK(a.log.level == b.log.level);
   CHECK(a.log.file == b.log.file);
+  CHECK(a.metrics.listen == b.metrics.listen);
+  CHECK(a.metrics.textfile == b.metrics.textfile);
+  CHECK(a.metrics.interval == b.metrics.interval);
   CHECK(a.to_yaml() == b.to_yaml());
 }
 
@@ -114,6 +117,9 @@ TEST_CASE("config: no file gives the documented defaults", "[config]") {
   CHECK(c.peers.timeout == "10s");
   CHECK(c.log.level == "info");
   CHECK(c.log.file.empty());
+  CHECK(c.metrics.listen.empty());  // metrics are off by default
+  CHECK(c.metrics.textfile.empty());
+  CHECK(c.metrics.interval == "15s");
 }
 
 TEST_CASE("config: the nvme path default follows TMPDIR and USER", "[config]") {
@@ -544,6 +550,79 @@ TEST_CASE("config: files", "[config]") {
   }
 }
 
+// ---- metrics ----
+
+TEST_CASE("config: the metrics keys", "[config][metrics]") {
+  Config c = load_ok("metrics:\n  listen: 127.0.0.1:9464\n  textfile: /var/lib/node_exporter/cairn.prom\n"
+                     "  interval: 30s\n");
+  CHECK(c.metrics.listen == "127.0.0.1:9464");
+  CHECK(c.metrics.textfile == "/var/lib/node_exporter/cairn.prom");
+  CHECK(c.metrics.interval == "30s");
+  CHECK(load_ok("metrics: {listen: \"[::1]:9100\"}").metrics.listen == "[::1]:9100");
+  CHECK(load_ok("metrics: {listen: \"node-01.cluster:9100\"}").metrics.listen == "node-01.cluster:9100");
+  CHECK(load_ok("metrics: {listen: \"0.0.0.0:0\"}").metrics.listen == "0.0.0.0:0");
+  CHECK(load_ok("metrics: {listen: \"localhost:65535\"}").metrics.listen == "localhost:65535");
+  // Expanded before it is checked.
+  CHECK(load_ok("metrics: {listen: \"${NODE}:9464\"}", {{"NODE", "n7"}}).metrics.listen == "n7:9464");
+  // Environment overrides.
+  Config e = load_ok("", {{"CAIRN_METRICS_LISTEN", "0.0.0.0:9464"},
+                          {"CAIRN_METRICS_TEXTFILE", "/tmp/cairn.prom"},
+                          {"CAIRN_METRICS_INTERVAL", "1m"}});
+  CHECK(e.metrics.listen == "0.0.0.0:9464");
+  CHECK(e.metrics.textfile == "/tmp/cairn.prom");
+  CHECK(e.metrics.interval == "1m");
+  // And they round-trip through to_yaml().
+  require_same(load_ok(c.to_yaml()), c);
+  require_same(load_ok(e.to_yaml()), e);
+}
+
+TEST_CASE("config: bad metrics values are rejected with the key", "[config][metrics]") {
+  CHECK(load_error("metrics: {listen: localhost}") ==
+        "/etc/cairn.yaml: metrics.listen: 'localhost' has no port (write HOST:PORT, such as 127.0.0.1:9464, "
+        "0.0.0.0:9464 or [::1]:9464)");
+  CHECK(contains(load_error("metrics: {listen: \"127.0.0.1:\"}"),
+                 "metrics.listen: '127.0.0.1:' has a port that is not a number from 0 to 65535"));
+  CHECK(contains(load_error("metrics: {listen: \"127.0.0.1:65536\"}"),
+                 "metrics.listen: '127.0.0.1:65536' has a port out of range (0 to 65535)"));
+  CHECK(contains(load_error("metrics: {listen: \"127.0.0.1:123456\"}"),
+                 "metrics.listen: '127.0.0.1:123456' has a port that is not a number"));
+  CHECK(contains(load_error("metrics: {listen: \"127.0.0.1:-1\"}"), "has a port that is not a number"));
+  CHECK(contains(load_error("metrics: {listen: \":9464\"}"), "metrics.listen: ':9464' has no host"));
+  CHECK(contains(load_error("metrics: {listen: \"::1:9464\"}"), "is an IPv6 address without brackets"));
+  CHECK(contains(load_error("metrics: {listen: \"[::1\"}"), "has an unclosed '['"));
+  CHECK(contains(load_error("metrics: {listen: \"[::1]\"}"), "metrics.listen: '[::1]' has no port"));
+  CHECK(contains(load_error("metrics: {listen: \"[nope]:1\"}"), "does not hold an IPv6 address"));
+  CHECK(contains(load_error("metrics: {listen: \"http://x:1\"}"), "metrics.listen: 'http://x:1' is a URL"));
+  CHECK(contains(load_error("metrics: {listen: \"a b:1\"}"), "has a host that is not a name or address"));
+  CHECK(contains(load_error("metrics: {listen: [1]}"), "metrics.listen: expected a string, got a list"));
+  CHECK(contains(load_error("metrics: {interval: 0}"), "metrics.interval: '0' is not a positive duration"));
+  CHECK(contains(load_error("metrics: {interval: soon}"), "metrics.interval: 'soon' is not a duration"));
+  CHECK(contains(load_error("metrics: {port: 9464}"),
+                 "metrics.port: unknown key (valid keys here: listen, textfile, interval)"));
+  Result<Config> env = load_config_text("", "test.yaml", {{"CAIRN_METRICS_LISTEN", "9464"}});
+  REQUIRE_FALSE(env.is_ok());
+  CHECK(env.status().message() ==
+        "CAIRN_METRICS_LISTEN: '9464' has no port (write HOST:PORT, such as 127.0.0.1:9464, 0.0.0.0:9464 or "
+        "[::1]:9464)");
+}
+
+TEST_CASE("config: parse_host_port", "[config][metrics]") {
+  auto ok = [](const std::string& text) {
+    Result<HostPort> r = parse_host_port(text);
+    INFO(text << ": " << r.status().to_string());
+    REQUIRE(r.is_ok());
+    return *r;
+  };
+  CHECK(ok("127.0.0.1:9464").host == "127.0.0.1");
+  CHECK(ok("127.0.0.1:9464").port == 9464);
+  CHECK(ok("[::1]:80").host == "::1");
+  CHECK(ok("[::]:0").port == 0);
+  CHECK(ok("n_1.x-y:1").host == "n_1.x-y");
+  CHECK(ok("h:00080").port == 80);
+  for (const char* bad : {"", ":", "h", "h:", "h:p", "h:1:2", "[]:1", "[::1]x:1", "h:99999", "h :1", "h:+1"})
+    CHECK_FALSE(parse_host_port(bad).is_ok());
+}
+
 // ---- environment ----
 
 TEST_CASE("config: environment variables override the file", "[config]") {
@@ -738,7 +817,8 @@ TEST_CASE("config: random mutations of a valid config never throw or crash", "[c
       "  provider: \"tcp;ofi_rxm\"\n"
       "  job: \"1234\"\n"
       "  address: 'eth0'\n"
-      "log: {level: debug, file: \"\"}\n";
+      "log: {level: debug, file: \"\"}\n"
+      "metrics: {listen: \"127.0.0.1:9464\", textfile: /tmp/c.prom, interval: 15s}\n";
   REQUIRE(load_config_text(base, "base", {}).is_ok());
   const std::string alphabet = ":-[]{},#&*!|>'\"%@`?$ \t\n\r\\.0123456789KMGiBabcxyz~\x80\xff";
   std::mt19937 rng(20240607);  // fixed: the loop must be reproducible
