@@ -96,9 +96,9 @@ void Engine::record_request(size_t slot, const json& request, StatusCode code, s
   if (slot != kCommit || code != StatusCode::kOk) return;
   auto d = request.find("durability");
   if (d == request.end()) {
-    request_metrics_->record_commit(DurabilityLevel::kGlobal);  // the protocol's default
+    request_metrics_->record_commit(Durability::kGlobal);  // the protocol's default
   } else if (d->is_string()) {
-    if (auto level = durability_level_from_name(d->get<std::string>())) request_metrics_->record_commit(*level);
+    if (auto level = durability_from_name(d->get<std::string>())) request_metrics_->record_commit(*level);
   }
 }
 

@@ -52,7 +52,7 @@ void RequestMetrics::record(size_t slot, StatusCode code, std::chrono::nanosecon
   s.by_code[c < kCodes ? c : static_cast<size_t>(StatusCode::kInternal)].fetch_add(1, std::memory_order_relaxed);
 }
 
-void RequestMetrics::record_commit(DurabilityLevel asked) {
+void RequestMetrics::record_commit(Durability asked) {
   const auto i = static_cast<size_t>(asked);
   if (i < commits_.size()) commits_[i].fetch_add(1, std::memory_order_relaxed);
 }
@@ -77,7 +77,7 @@ void RequestMetrics::append(std::string& out, metrics::Format format, metrics::L
     }
   }
   metrics::append_header(out, format, kCommits);
-  for (DurabilityLevel d : {DurabilityLevel::kMemory, DurabilityLevel::kLocal, DurabilityLevel::kGlobal}) {
+  for (Durability d : {Durability::kMemory, Durability::kLocal, Durability::kGlobal}) {
     metrics::append_sample(out, kCommits, with(common, {{"durability", durability_name(d)}}),
                            commits_[static_cast<size_t>(d)].load(std::memory_order_relaxed));
   }

@@ -20,7 +20,7 @@
 
 #include "core/metrics.hpp"
 #include "core/status.hpp"
-#include "daemon/tickets.hpp"
+#include "core/durability.hpp"
 
 namespace cairn {
 
@@ -35,7 +35,7 @@ class RequestMetrics {
   // One request of slot `slot` (clamped to the unknown slot) answered with `code` after `took`.
   void record(size_t slot, StatusCode code, std::chrono::nanoseconds took);
   // One commit that succeeded at the durability it asked for.
-  void record_commit(DurabilityLevel asked);
+  void record_commit(Durability asked);
 
   // Appends cairn_request_duration_seconds (ops served at least once), cairn_request_errors_total
   // (op and code pairs seen at least once) and cairn_commits_total (every durability), each sample
@@ -53,7 +53,7 @@ class RequestMetrics {
   };
   const std::vector<std::string> ops_;
   std::unique_ptr<Slot[]> slots_;  // ops_.size() + 1
-  std::array<std::atomic<uint64_t>, 3> commits_{};  // by DurabilityLevel
+  std::array<std::atomic<uint64_t>, 3> commits_{};  // by Durability
 };
 
 }  // namespace cairn
