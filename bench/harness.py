@@ -560,6 +560,24 @@ def run_dcp(quick: bool, work: Path) -> List[Dict[str, Any]]:
             for r in d["rows"]]
 
 
+def run_frameworks(quick: bool, work: Path) -> List[Dict[str, Any]]:
+    """The framework doors beside each framework's default in the same run
+    (bench/workloads/frameworks_bench.py): DeepSpeed's save_checkpoint with CairnCheckpointEngine vs
+    its torch.save engine, a Lightning fit with CairnCheckpointIO vs TorchCheckpointIO (bytes and time),
+    transformers' from_pretrained from cairn vs a safetensors directory, and a search transferring from
+    the best ancestor vs one file per model (time to first batch, bytes)."""
+    for module, what in (("deepspeed", "PyPI deepspeed"), ("lightning.pytorch", "PyPI lightning"),
+                         ("transformers", "PyPI transformers")):
+        _need(module=module, debian=f"none; {what} in .venv (requirements.txt)")
+    out = work / "frameworks.json"
+    _run([PY, str(ROOT / "bench/workloads/frameworks_bench.py"), *(["--quick"] if quick else []), "--json", str(out)],
+         work / "frameworks.log", env=_cairn_env(), timeout=3600)
+    d = json.loads(out.read_text())
+    # frameworks_bench's rows are cairn / baseline, lower is better (times and bytes), goals on that ratio.
+    return [ratio("frameworks", r["name"], r["value"], r["baseline"], r["baseline_value"], r["unit"], "lower",
+                  r.get("goal"), r.get("note", "")) for r in d["rows"]]
+
+
 def run_coupled(quick: bool, work: Path) -> List[Dict[str, Any]]:
     """The coupled example (docs/coupled.md) over cairn and over Redis on 2 MPI ranks, same
     arguments (bench/workloads/coupled_bench.py): publish time per rank and publication, field
@@ -675,6 +693,9 @@ COMPONENTS: List[tuple] = [
     ("mpi", run_mpi, "data-parallel checkpoints and restarts over 1, 2, 4 MPI ranks (bench/workloads/mpi_bench.py)"),
     ("dcp", run_dcp, "torch.distributed.checkpoint on cairn vs DCP's FileSystemWriter/Reader on 1 and 2 gloo ranks "
      "(bench/workloads/dcp_bench.py)"),
+    ("frameworks", run_frameworks, "the framework doors beside each framework's default: DeepSpeed checkpoint "
+     "engine, Lightning CheckpointIO, transformers from_pretrained, a DeepHyper-style search transferring from the best "
+     "ancestor (bench/workloads/frameworks_bench.py)"),
     ("gpu", run_gpu, "the GPU tier: loads into device memory, HBM hits, checkpoints from the device "
      "(bench/workloads/gpu_bench.py; skipped without a GPU)"),
     ("coupled", run_coupled, "the coupled example (MPI heat simulation + online PyTorch trainer) over cairn and over "
