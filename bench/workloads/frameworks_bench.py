@@ -733,19 +733,23 @@ def main():
     unknown = set(only) - set(PARTS)
     if unknown:
         ap.error(f"--only: unknown parts {sorted(unknown)}; choose from {', '.join(PARTS)}")
-    report = {"quick": a.quick, "cores": os.cpu_count(), "seconds": {}, "rows": []}
+    # The machine's load average (1 minute) as each sub-part starts and ends: on a shared machine the
+    # timings are only as steady as it is.
+    report = {"quick": a.quick, "cores": os.cpu_count(), "seconds": {}, "load_average": {}, "rows": []}
     runs = {"deepspeed": (run_deepspeed, deepspeed_rows), "lightning": (run_lightning, lightning_rows),
             "transformers": (run_transformers, transformers_rows), "nas": (run_nas, nas_rows)}
     for part in PARTS:
         if part not in only:
             continue
         t0 = time.time()
+        load0 = os.getloadavg()[0]
         fn, rows_of = runs[part]
         with tempfile.TemporaryDirectory(prefix=f"cairn-bench-{part}-", dir=a.dir) as tmp:
             r = fn(a, Path(tmp))
         report[part] = r
         report["rows"] += rows_of(r)
         report["seconds"][part] = round(time.time() - t0, 1)
+        report["load_average"][part] = [round(load0, 2), round(os.getloadavg()[0], 2)]
         print(f"{part}: {report['seconds'][part]} s", flush=True)
     Path(a.json).write_text(json.dumps(report, indent=1))
     for x in report["rows"]:
