@@ -566,9 +566,14 @@ def run_frameworks(quick: bool, work: Path) -> List[Dict[str, Any]]:
     its torch.save engine, a Lightning fit with CairnCheckpointIO vs TorchCheckpointIO (bytes and time),
     transformers' from_pretrained from cairn vs a safetensors directory, and a search transferring from
     the best ancestor vs one file per model (time to first batch, bytes)."""
-    for module, what in (("deepspeed", "PyPI deepspeed"), ("lightning.pytorch", "PyPI lightning"),
-                         ("transformers", "PyPI transformers")):
-        _need(module=module, debian=f"none; {what} in .venv (requirements.txt)")
+    # Found, not imported: importing DeepSpeed and Lightning takes tens of seconds on 2 cores.
+    modules = ("deepspeed", "lightning", "transformers", "safetensors")
+    probe = subprocess.run([PY, "-c", "import importlib.util as u, sys; "
+                            f"print(' '.join(m for m in {modules!r} if u.find_spec(m) is None))"],
+                           capture_output=True, text=True)
+    missing = probe.stdout.split() if probe.returncode == 0 else list(modules)
+    if missing:
+        raise Skipped(f"Python's {', '.join(missing)} not installed (PyPI, in .venv: requirements.txt pins them)")
     out = work / "frameworks.json"
     _run([PY, str(ROOT / "bench/workloads/frameworks_bench.py"), *(["--quick"] if quick else []), "--json", str(out)],
          work / "frameworks.log", env=_cairn_env(), timeout=3600)
