@@ -307,6 +307,18 @@ def _parameters_on_meta() -> Iterator[None]:
         nn.Module.register_parameter = original  # type: ignore[assignment]
 
 
+def _no_init_weights() -> contextlib.AbstractContextManager:
+    """transformers' own ``no_init_weights`` (the context its ``from_pretrained`` builds a model
+    in): the class's ``init_weights`` and torch's ``nn.init`` functions do nothing meanwhile, so
+    building a model whose parameters are then replaced by stored tensors costs no initialisation
+    (on the meta device it still walks every parameter). A version without it builds as before."""
+    try:
+        from transformers.initialization import no_init_weights
+    except ImportError:
+        return contextlib.nullcontext()
+    return no_init_weights()
+
+
 def _as_device(value: Any, what: str) -> torch.device:
     try:
         d = torch.device(f"cuda:{value}" if isinstance(value, int) and not isinstance(value, bool) else value)
@@ -464,7 +476,7 @@ def from_pretrained(
         build_kwargs["dtype"] = dt
     if attn_implementation is not None:
         build_kwargs["attn_implementation"] = attn_implementation
-    with _parameters_on_meta():
+    with _parameters_on_meta(), _no_init_weights():
         if _is_concrete(cls_or_auto):
             model = cls_or_auto._from_config(cfg, **build_kwargs)
         elif callable(getattr(cls_or_auto, "from_config", None)):
