@@ -146,7 +146,8 @@ bool CompiledGraph::contains(const Signature& s) const {
 // ---------------------------------------------------------------------------------------------
 // Catalog::Impl
 
-namespace {
+// Named rather than anonymous: Catalog::Impl (a class with external linkage) holds these types.
+namespace catalog_ranks {
 
 constexpr double kNoScore = -std::numeric_limits<double>::infinity();
 
@@ -166,7 +167,11 @@ bool outranks(size_t count_a, const Rank& a, size_t count_b, const Rank& b) {
   return a < b;
 }
 
-}  // namespace
+}  // namespace catalog_ranks
+
+using catalog_ranks::kNoScore;
+using catalog_ranks::outranks;
+using catalog_ranks::Rank;
 
 struct Catalog::Impl {
   struct Model {
