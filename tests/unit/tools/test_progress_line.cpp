@@ -76,7 +76,7 @@ TEST_CASE("terminal mode redraws in place at most ten times a second", "[tools][
   ProgressLine line("get m1", ProgressMode::kTerminal, out.f, [&] { return now; });
   for (int i = 1; i <= 128; ++i) {  // 128 updates over one second
     now = i / 128.0;
-    line.update_bytes(static_cast<uint64_t>(i) * kMiB, 100 * kMiB);
+    line.update_bytes(static_cast<uint64_t>(i) * 100 * kMiB / 128, 100 * kMiB);
   }
   // The first at once, then one per 0.1 s.
   CHECK(line.lines_written() >= 9);
