@@ -30,7 +30,7 @@ Result<ProgressSnapshot> progress_from_json(const json& j) {
   else return bad("field 'unit' must be \"bytes\" or \"items\"");
   for (auto [name, dst] : {std::pair{"done", &s.done}, std::pair{"total", &s.total}}) {
     auto it = j.find(name);
-    if (it == j.end() || !it->is_number_unsigned())
+    if (it == j.end() || !it->is_number_integer() || (!it->is_number_unsigned() && it->get<int64_t>() < 0))
       return bad(std::string("field '") + name + "' must be a non-negative integer");
     *dst = it->get<uint64_t>();
   }
