@@ -172,19 +172,21 @@ Result<json> Admin::remove(const json& req) {
   return json{{"retired", id}};
 }
 
-Result<json> Admin::gc(const json& /*req*/) {
+Result<json> Admin::gc(const json& /*req*/, OperationProgress& progress) {
   // Every pending model must be in the repository, so that its references count. First without the
   // lock: the flusher may take long (a slow repository, or writes failing and retried until the
   // fault passes) and no commit or read should wait behind gc meanwhile.
   {
     Watchdog::ClientWait waiting;  // for the flusher, as `flush` does
-    p_.flusher.drain();
+    drain_reporting(progress, -1);
   }
+  progress.begin_phase("deciding what goes", ProgressUnit::kItems, 0);
   // Then what was committed since, with every commit and read held off while gc decides: bounded.
   // Only then: not while gc waits for another member's gc (the repository's lease) nor through the
   // grace before bytes are freed (GcSteps), which held every read of this daemon 5 s and more.
   std::unique_lock gc_lock(p_.gc_mu, std::defer_lock);
   GcSteps steps;
+  steps.progress = &progress;
   steps.deciding = [&]() -> Status {
     gc_lock.lock();
     if (!p_.flusher.drain_for(std::chrono::seconds(10)))
@@ -210,6 +212,7 @@ Result<json> Admin::gc(const json& /*req*/) {
   if (gc_lock.owns_lock()) gc_lock.unlock();
   CAIRN_ASSIGN_OR_RETURN(GcReport r, std::move(collected));
   // And fold the logs of daemons that are gone into a checkpoint (another process compacting: later).
+  progress.begin_phase("compacting the logs", ProgressUnit::kItems, 0);
   auto compacted = [&] {
     Watchdog::ClientWait waiting;  // the lease again
     return p_.repo.compact();
@@ -226,10 +229,10 @@ Result<json> Admin::gc(const json& /*req*/) {
               {"physical_bytes", rs.physical_bytes}};
 }
 
-Result<json> Admin::fsck(const json& req) {
+Result<json> Admin::fsck(const json& req, OperationProgress& progress) {
   const bool verify = req.value("verify", true);
   std::shared_lock gc_lock(p_.gc_mu);
-  CAIRN_ASSIGN_OR_RETURN(FsckReport r, p_.repo.fsck(verify));
+  CAIRN_ASSIGN_OR_RETURN(FsckReport r, p_.repo.fsck(verify, &progress));
   auto problems = [](const std::vector<FsckReport::Problem>& v) {
     json out = json::array();
     for (const auto& p : v) {
@@ -251,7 +254,28 @@ Result<json> Admin::fsck(const json& req) {
               {"orphaned_bytes", r.orphaned_bytes}};
 }
 
-Result<json> Admin::flush(const json& req) {
+bool Admin::drain_reporting(OperationProgress& progress, int64_t timeout_ms) {
+  using SteadyClock = std::chrono::steady_clock;
+  const auto deadline = timeout_ms < 0 ? SteadyClock::time_point::max()
+                                       : SteadyClock::now() + std::chrono::milliseconds(timeout_ms);
+  const uint64_t before = p_.flusher.stats().pending_models;
+  progress.begin_phase("writing models to the repository", ProgressUnit::kItems, before);
+  for (;;) {
+    const auto now = SteadyClock::now();
+    if (now >= deadline) return p_.flusher.drain_for(std::chrono::milliseconds(0));
+    const auto step = std::min<SteadyClock::duration>(deadline - now, std::chrono::milliseconds(100));
+    const bool drained = p_.flusher.drain_for(std::chrono::duration_cast<std::chrono::milliseconds>(step));
+    // Models committed meanwhile count too: the total grows with them.
+    const uint64_t left = p_.flusher.stats().pending_models;
+    const ProgressSnapshot s = progress.snapshot();
+    const uint64_t total = std::max(s.total, s.done + left);
+    progress.set_total(total);
+    progress.set_done(drained ? total : total - left);
+    if (drained) return true;
+  }
+}
+
+Result<json> Admin::flush(const json& req, OperationProgress& progress) {
   // Blocks until every acknowledged model is in the repository (or the timeout passes).
   int64_t timeout_ms = get_i64_or(req, "timeout_ms", -1);
   auto t0 = std::chrono::steady_clock::now();
@@ -259,8 +283,7 @@ Result<json> Admin::flush(const json& req) {
   bool done = true;
   {
     Watchdog::ClientWait waiting;
-    if (timeout_ms < 0) p_.flusher.drain();
-    else done = p_.flusher.drain_for(std::chrono::milliseconds(timeout_ms));
+    done = drain_reporting(progress, timeout_ms);
   }
   const uint64_t left = p_.flusher.stats().pending_models;
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

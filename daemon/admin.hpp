@@ -16,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/progress.hpp"
 #include "core/status.hpp"
 #include "daemon/peers/remote_models.hpp"
 #include "daemon/catalog.hpp"
@@ -60,11 +61,18 @@ class Admin {
   Result<nlohmann::json> show(const nlohmann::json& req);
   Result<nlohmann::json> stats(const nlohmann::json& req);
   Result<nlohmann::json> remove(const nlohmann::json& req);
-  Result<nlohmann::json> gc(const nlohmann::json& req);
-  Result<nlohmann::json> fsck(const nlohmann::json& req);
-  Result<nlohmann::json> flush(const nlohmann::json& req);
+  // The long ones report their progress (daemon/progress_board.hpp): gc the models it waits for
+  // to reach the repository, then the packs it reclaims; fsck the chunks (bytes) it checks, then
+  // the packs it scans; flush the models written to the repository.
+  Result<nlohmann::json> gc(const nlohmann::json& req, OperationProgress& progress);
+  Result<nlohmann::json> fsck(const nlohmann::json& req, OperationProgress& progress);
+  Result<nlohmann::json> flush(const nlohmann::json& req, OperationProgress& progress);
 
  private:
+  // Waits until the flusher is drained (timeout_ms < 0: without limit), reporting the models
+  // written against those pending; false when some are still pending after timeout_ms.
+  bool drain_reporting(OperationProgress& progress, int64_t timeout_ms);
+
   Parts p_;
   const HbmTier* hbm_ = nullptr;
 };

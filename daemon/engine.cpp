@@ -278,7 +278,10 @@ const std::vector<Engine::Op>& Engine::table() {
       {"lease", [](Engine& e, Session& s, const json& r, B&) { return e.reads_->lease(s, r); }},
       {"release", [](Engine& e, Session& s, const json& r, B&) { return e.reads_->release(s, r); }},
       {"lease_device", [](Engine& e, Session& s, const json& r, B&) { return e.reads_->lease_device(s, r); }},
-      {"prefetch", [](Engine& e, Session&, const json& r, B&) { return e.prefetch(r); }},
+      {"prefetch", [](Engine& e, Session&, const json& r, B&) -> Result<json> {
+         CAIRN_ASSIGN_OR_RETURN(auto tracked, e.progress_.track(r));
+         return e.prefetch(r, tracked.progress());
+       }},
       // administration (admin.cpp) and queries (queries.cpp)
       {"list", [](Engine& e, Session&, const json& r, B&) { return e.admin_->list(r); }},
       {"show", [](Engine& e, Session&, const json& r, B&) { return e.admin_->show(r); }},
@@ -294,10 +297,25 @@ const std::vector<Engine::Op>& Engine::table() {
        }},
       {"fault", [](Engine& e, Session&, const json& r, B&) { return e.faults_.handle(r); }},
       {"remove", [](Engine& e, Session&, const json& r, B&) { return e.admin_->remove(r); }},
-      {"gc", [](Engine& e, Session&, const json& r, B&) { return e.admin_->gc(r); }},
-      {"fsck", [](Engine& e, Session&, const json& r, B&) { return e.admin_->fsck(r); }},
-      {"flush", [](Engine& e, Session&, const json& r, B&) { return e.admin_->flush(r); }},
-      {"sync", [](Engine& e, Session&, const json& r, B&) { return e.watch_->sync(r); }},
+      // The long ones publish their progress under the token in "progress" (progress_board.cpp).
+      {"gc", [](Engine& e, Session&, const json& r, B&) -> Result<json> {
+         CAIRN_ASSIGN_OR_RETURN(auto tracked, e.progress_.track(r));
+         return e.admin_->gc(r, tracked.progress());
+       }},
+      {"fsck", [](Engine& e, Session&, const json& r, B&) -> Result<json> {
+         CAIRN_ASSIGN_OR_RETURN(auto tracked, e.progress_.track(r));
+         return e.admin_->fsck(r, tracked.progress());
+       }},
+      {"flush", [](Engine& e, Session&, const json& r, B&) -> Result<json> {
+         CAIRN_ASSIGN_OR_RETURN(auto tracked, e.progress_.track(r));
+         return e.admin_->flush(r, tracked.progress());
+       }},
+      {"sync", [](Engine& e, Session&, const json& r, B&) -> Result<json> {
+         CAIRN_ASSIGN_OR_RETURN(auto tracked, e.progress_.track(r));
+         tracked.progress().begin_phase("reading the records of other daemons", ProgressUnit::kItems, 0);
+         return e.watch_->sync(r);
+       }},
+      {"progress", [](Engine& e, Session&, const json& r, B&) { return e.progress_.query(r); }},
       {"peers", [](Engine& e, Session&, const json&, B&) -> Result<json> {
          if (!e.peers_) return json{{"enabled", false}, {"members", json::array()}};
          json out = e.peers_->status();
@@ -413,9 +431,9 @@ void Engine::add_peer_model(ModelManifest model, const std::string& member) {
   remote_.put(std::move(m), member);
 }
 
-Result<json> Engine::prefetch(const json& req) {
+Result<json> Engine::prefetch(const json& req, OperationProgress& progress) {
   auto all = req.find("all");
-  if (all == req.end() || (all->is_boolean() && !all->get<bool>())) return reads_->prefetch(req);
+  if (all == req.end() || (all->is_boolean() && !all->get<bool>())) return reads_->prefetch(req, &progress);
   if (!all->is_boolean()) return invalid_argument("request 'prefetch': field 'all' must be true or false");
   auto limit = req.find("timeout_ms");
   if (limit != req.end() && !limit->is_number_unsigned())
@@ -424,7 +442,7 @@ Result<json> Engine::prefetch(const json& req) {
   CAIRN_RETURN_IF_ERROR(models_->find(id).status());  // unknown here: nobody is asked
   json members = json::array();
   if (!peers_) {
-    CAIRN_ASSIGN_OR_RETURN(json local, reads_->prefetch(req));
+    CAIRN_ASSIGN_OR_RETURN(json local, reads_->prefetch(req, &progress));
     local["members"] = std::move(members);
     local["peers"] = false;
     return local;
@@ -434,8 +452,9 @@ Result<json> Engine::prefetch(const json& req) {
                         std::chrono::milliseconds(limit == req.end() ? uint64_t{600000} : limit->get<uint64_t>());
   auto t0 = std::chrono::steady_clock::now();
   auto remote = std::async(std::launch::async, [this, &id, deadline] { return peers_->stage_all(id, deadline); });
-  Result<json> local = reads_->prefetch(req);
+  Result<json> local = reads_->prefetch(req, &progress);
   const double local_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  progress.begin_phase("waiting for the other members", ProgressUnit::kItems, 0);
   {
     Watchdog::ClientWait waiting;  // for the other members, at most timeout_ms
     members = remote.get();

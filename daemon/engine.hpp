@@ -52,6 +52,7 @@
 #include "daemon/peers/peer_service.hpp"
 #include "daemon/peers/remote_models.hpp"
 #include "daemon/prefetcher.hpp"
+#include "daemon/progress_board.hpp"
 #include "daemon/queries.hpp"
 #include "daemon/repository_watch.hpp"
 #include "daemon/reads.hpp"
@@ -147,7 +148,7 @@ class Engine {
   void drop_peer_model(const std::string& id, const std::string& member, const std::string& why);
   // `prefetch`: into this daemon's DRAM; with "all": true, into every member's of the peer group at
   // once (docs/peers.md, "cairn prefetch --all").
-  Result<nlohmann::json> prefetch(const nlohmann::json& req);
+  Result<nlohmann::json> prefetch(const nlohmann::json& req, OperationProgress& progress);
 
   // Declaration order is construction order: each component after what it uses, so destruction
   // stops the users (the flusher's threads) before what they use.
@@ -159,6 +160,7 @@ class Engine {
   const int64_t started_unix_ns_;  // when the engine was created (cairn_start_time_seconds)
   // Every request in flight, and the thread that reports stuck ones (the `watchdog` key).
   Watchdog watchdog_;
+  ProgressBoard progress_;  // the long requests' progress, by token (`progress`)
   // The fault injector under the repository and the burst buffer (debug.fault_injection; else
   // null). Before them: it outlives their files.
   std::unique_ptr<FaultyFileSystem> faulty_fs_;

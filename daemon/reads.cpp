@@ -170,7 +170,7 @@ Status Reads::stage(const std::string& model, const TensorManifest& t) {
   return Status::ok();
 }
 
-Result<json> Reads::prefetch(const json& req) {
+Result<json> Reads::prefetch(const json& req, OperationProgress* progress) {
   if (auto tier = req.find("tier"); tier != req.end()) {
     if (!tier->is_string()) return invalid_argument("request 'prefetch': field 'tier' must be a string");
     if (*tier == "hbm") return prefetch_device(req);
@@ -185,6 +185,7 @@ Result<json> Reads::prefetch(const json& req) {
   uint64_t bytes = 0;
   std::vector<const TensorManifest*> all;
   for (const auto& t : m->tensors) all.push_back(&t);
+  if (progress) progress->begin_phase("reading into DRAM", ProgressUnit::kBytes, m->logical_bytes());
   readahead(all);
   // In groups of tensors of at most a quarter of the arena each: one stream of reads per group,
   // and a model larger than the arena still passes through it (the last groups stay).
@@ -198,6 +199,7 @@ Result<json> Reads::prefetch(const json& req) {
     for (const auto& pt : pins)
       for (const auto& h : pt.pinned) p_.dram.unpin(h);
     bytes += sum;
+    if (progress) progress->add(sum);
     first = last;
   }
   return json{{"bytes", bytes}};

@@ -24,6 +24,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/progress.hpp"
 #include "core/status.hpp"
 #include "daemon/models.hpp"
 #include "daemon/named_tensors.hpp"
@@ -74,7 +75,8 @@ class Reads {
   Result<nlohmann::json> lease(Session& s, const nlohmann::json& req);
   Result<nlohmann::json> release(Session& s, const nlohmann::json& req);
   // With "tier": "hbm", into the HBM tier (prefetch_device).
-  Result<nlohmann::json> prefetch(const nlohmann::json& req);
+  // progress (optional): the model's bytes made resident against its size.
+  Result<nlohmann::json> prefetch(const nlohmann::json& req, OperationProgress* progress = nullptr);
   // Device leases (daemon/reads_device.cpp, docs/gpu.md): tensors resident in the HBM tier, pinned
   // there until released; the reply names each tensor's slab handle and offset, which the client
   // maps (zero-copy, through CUDA IPC or the emulated device's segments). kUnavailable without an

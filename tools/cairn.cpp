@@ -20,10 +20,12 @@
 #include "core/safetensors.hpp"
 #include "core/version.hpp"
 #include "core/wire.hpp"
+#include "tools/daemon_progress.hpp"
 #include "tools/fault.hpp"
 #include "tools/job.hpp"
 #include "tools/lineage_picture.hpp"
 #include "tools/model_files.hpp"
+#include "tools/progress_line.hpp"
 
 namespace {
 
@@ -72,6 +74,29 @@ std::string human_bytes(uint64_t b) {
   return buf;
 }
 
+// --quiet and --progress of the long commands (tools/progress_line.hpp).
+struct ProgressFlags {
+  bool quiet = false;
+  bool force = false;
+  cairn::tool::ProgressMode mode() const { return cairn::tool::choose_progress_mode(quiet, force, ::isatty(2) == 1); }
+};
+
+void add_progress_flags(CLI::App* cmd, ProgressFlags& flags) {
+  cmd->add_flag("-q,--quiet", flags.quiet, "no progress line");
+  cmd->add_flag("--progress", flags.force,
+                "show progress even when stderr is not a terminal (plain lines, a few a second)");
+}
+
+// A long daemon request with its progress shown while it runs: the request's result.
+Result<json> call_with_progress(cairn::Client& client, json request, cairn::tool::ProgressLine& line) {
+  cairn::tool::DaemonProgress watch(line);
+  watch.add_token(request);
+  watch.start();
+  auto r = client.call(request);
+  watch.stop();
+  return r;
+}
+
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
@@ -79,7 +104,8 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 // ---- put ----
 
 int cmd_put(const std::string& id, const std::string& file, const std::string& parent, const std::string& arch_path,
-            const std::string& meta_text, const std::string& durability_text) {
+            const std::string& meta_text, const std::string& durability_text, const ProgressFlags& pf,
+            const char* verb = "put") {
   auto durability = parse_durability(durability_text);
   if (!durability.is_ok()) return fail(durability.status());
   if (ends_with(file, ".h5") || ends_with(file, ".hdf5") || ends_with(file, ".pt") || ends_with(file, ".bin"))
@@ -101,17 +127,30 @@ int cmd_put(const std::string& id, const std::string& file, const std::string& p
   if (!header.is_ok()) return fail(header.status());
   auto client = connect();
   if (!client.is_ok()) return fail(client.status());
-  Status st = cairn::put_safetensors_file(**client, id, file, parent, *durability, meta, arch);
-  return st.is_ok() ? 0 : fail(st);
+  cairn::tool::ProgressLine line(std::string(verb) + " " + id, pf.mode(), stderr);
+  uint64_t bytes = 0;
+  Status st = cairn::put_safetensors_file(**client, id, file, parent, *durability, meta, arch,
+                                          [&](const cairn::ProgressSnapshot& s) {
+                                            if (s.phase != "committing") bytes = s.done;
+                                            line.update(s);
+                                          });
+  if (!st.is_ok()) return fail(st);
+  line.finish(std::string(verb) + " " + id + ": " + cairn::tool::human_bytes(bytes) + " from " + file + " committed (" +
+              durability_text + ")");
+  return 0;
 }
 
 // ---- get ----
 
-int cmd_get(const std::string& id, const std::string& out, const std::vector<std::string>& only) {
+int cmd_get(const std::string& id, const std::string& out, const std::vector<std::string>& only, const ProgressFlags& pf,
+            const char* verb = "get") {
   auto client = connect();
   if (!client.is_ok()) return fail(client.status());
-  Status st = cairn::get_safetensors_file(**client, id, out, only);
-  return st.is_ok() ? 0 : fail(st);
+  cairn::tool::ProgressLine line(std::string(verb) + " " + id, pf.mode(), stderr);
+  Status st = cairn::get_safetensors_file(**client, id, out, only, [&](const cairn::ProgressSnapshot& s) { line.update(s); });
+  if (!st.is_ok()) return fail(st);
+  line.finish();
+  return 0;
 }
 
 // ---- import / export: the format from the file's extension (docs/import-export.md) ----
@@ -136,11 +175,11 @@ Status unknown_format(const std::string& file, const std::string& ext, const cha
 }
 
 int cmd_import(const std::string& id, const std::string& file, const std::string& parent, const std::string& meta_text,
-               const std::string& durability_text) {
+               const std::string& durability_text, const ProgressFlags& pf) {
   std::string ext;
   FileFormat fmt = format_of(file, &ext);
   if (fmt == FileFormat::kUnknown) return fail(unknown_format(file, ext, "import"));
-  if (fmt == FileFormat::kSafetensors) return cmd_put(id, file, parent, "", meta_text, durability_text);
+  if (fmt == FileFormat::kSafetensors) return cmd_put(id, file, parent, "", meta_text, durability_text, pf, "import");
   auto durability = parse_durability(durability_text);
   if (!durability.is_ok()) return fail(durability.status());
   json meta = json::object();
@@ -152,6 +191,7 @@ int cmd_import(const std::string& id, const std::string& file, const std::string
     std::vector<std::string> args{"import", id, file, "--durability", durability_text};
     if (!parent.empty()) args.insert(args.end(), {"--parent", parent});
     if (!meta_text.empty()) args.insert(args.end(), {"--meta", meta_text});
+    if (pf.mode() != cairn::tool::ProgressMode::kOff) args.push_back("--progress");
     auto rc = cairn::tool::run_python_io(args);
     return rc.is_ok() ? *rc : fail(rc.status());
   }
@@ -162,13 +202,15 @@ int cmd_import(const std::string& id, const std::string& file, const std::string
   return st.is_ok() ? 0 : fail(st);
 }
 
-int cmd_export(const std::string& id, const std::string& file) {
+int cmd_export(const std::string& id, const std::string& file, const ProgressFlags& pf) {
   std::string ext;
   FileFormat fmt = format_of(file, &ext);
   if (fmt == FileFormat::kUnknown) return fail(unknown_format(file, ext, "export"));
-  if (fmt == FileFormat::kSafetensors) return cmd_get(id, file, {});
+  if (fmt == FileFormat::kSafetensors) return cmd_get(id, file, {}, pf, "export");
   if (fmt == FileFormat::kTorch) {
-    auto rc = cairn::tool::run_python_io({"export", id, file});
+    std::vector<std::string> args{"export", id, file};
+    if (pf.mode() != cairn::tool::ProgressMode::kOff) args.push_back("--progress");
+    auto rc = cairn::tool::run_python_io(args);
     return rc.is_ok() ? *rc : fail(rc.status());
   }
   if (Status h = cairn::tool::require_hdf5(file); !h.is_ok()) return fail(h);
@@ -275,11 +317,13 @@ int cmd_match(const std::string& path, const std::string& where_text) {
   return cmd_simple(json{{"op", "query"}, {"query", q}}, true);
 }
 
-int cmd_gc() {
+int cmd_gc(const ProgressFlags& pf) {
   auto client = connect();
   if (!client.is_ok()) return fail(client.status());
-  auto r = (*client)->call(json{{"op", "gc"}});
+  cairn::tool::ProgressLine line("gc", pf.mode(), stderr);
+  auto r = call_with_progress(**client, json{{"op", "gc"}}, line);
   if (!r.is_ok()) return fail(r.status());
+  line.finish("gc: done in " + cairn::tool::human_duration(line.elapsed()));
   std::printf("gc: removed %zu retired models, collected %zu (kept for their descendants' lineage); released %s, "
               "deleted %llu packs, punched %s out of packs still in use",
               (*r)["removed"].size(), (*r)["collected"].size(), human_bytes((*r)["bytes_released"].get<uint64_t>()).c_str(),
@@ -291,11 +335,15 @@ int cmd_gc() {
   return 0;
 }
 
-int cmd_fsck(bool quick, bool as_json) {
+int cmd_fsck(bool quick, bool as_json, const ProgressFlags& pf) {
   auto client = connect();
   if (!client.is_ok()) return fail(client.status());
-  auto r = (*client)->call(json{{"op", "fsck"}, {"verify", !quick}});
+  cairn::tool::ProgressLine line("fsck", pf.mode(), stderr);
+  auto r = call_with_progress(**client, json{{"op", "fsck"}, {"verify", !quick}}, line);
   if (!r.is_ok()) return fail(r.status());
+  line.finish("fsck: " + std::to_string((*r)["chunks"].get<uint64_t>()) + " chunk references, " +
+              cairn::tool::human_bytes((*r)["bytes_verified"].get<uint64_t>()) + " verified in " +
+              cairn::tool::human_duration(line.elapsed()));
   r->erase("status");
   if (as_json) {
     std::cout << r->dump(2) << "\n";
@@ -397,23 +445,29 @@ int cmd_stats(bool as_json) {
   return 0;
 }
 
-int cmd_flush(double timeout_s) {
+int cmd_flush(double timeout_s, const ProgressFlags& pf) {
   auto client = connect();
   if (!client.is_ok()) return fail(client.status());
   json req{{"op", "flush"}};
   if (timeout_s >= 0) req["timeout_ms"] = static_cast<int64_t>(timeout_s * 1000);
-  auto r = (*client)->call(req);
+  cairn::tool::ProgressLine line("flush", pf.mode(), stderr);
+  auto r = call_with_progress(**client, req, line);
   if (!r.is_ok()) return fail(r.status());
+  line.finish("flush: " + std::to_string((*r)["flushed_models"].get<uint64_t>()) + " models in " +
+              cairn::tool::human_duration(line.elapsed()));
   std::printf("flush: %llu models written to the repository in %.2f s; nothing dirty left\n",
               static_cast<unsigned long long>((*r)["flushed_models"].get<uint64_t>()), (*r)["seconds"].get<double>());
   return 0;
 }
 
-int cmd_sync() {
+int cmd_sync(const ProgressFlags& pf) {
   auto client = connect();
   if (!client.is_ok()) return fail(client.status());
-  auto r = (*client)->call(json{{"op", "sync"}});
+  cairn::tool::ProgressLine line("sync", pf.mode(), stderr);
+  auto r = call_with_progress(**client, json{{"op", "sync"}}, line);
   if (!r.is_ok()) return fail(r.status());
+  line.finish("sync: " + std::to_string((*r)["added"].get<uint64_t>()) + " models added in " +
+              cairn::tool::human_duration(line.elapsed()));
   std::printf("sync: %llu models from other daemons, %llu removed, %llu retired; %llu models in the repository\n",
               static_cast<unsigned long long>((*r)["added"].get<uint64_t>()),
               static_cast<unsigned long long>((*r)["removed"].get<uint64_t>()),
@@ -456,15 +510,19 @@ int cmd_peers(bool as_json) {
 
 // `cairn prefetch ID [--all] [--json]`: into this daemon's DRAM; with --all, into every member's of
 // the job's peer group at once. Exit 1 when a member failed.
-int cmd_prefetch(const std::string& id, bool all, bool as_json, const std::string& tier, int device) {
+int cmd_prefetch(const std::string& id, bool all, bool as_json, const std::string& tier, int device,
+                 const ProgressFlags& pf) {
   auto client = connect();
   if (!client.is_ok()) return fail(client.status());
   json req{{"op", "prefetch"}, {"id", id}};
   if (all) req["all"] = true;
   if (!tier.empty()) req["tier"] = tier;  // hbm: into the GPU tier (docs/gpu.md)
   if (device >= 0) req["device"] = device;
-  auto r = (*client)->call(req);
+  cairn::tool::ProgressLine line("prefetch " + id, pf.mode(), stderr);
+  auto r = call_with_progress(**client, req, line);
   if (!r.is_ok()) return fail(r.status());
+  line.finish("prefetch " + id + ": " + cairn::tool::human_bytes(r->value("bytes", uint64_t{0})) + " in " +
+              cairn::tool::human_duration(line.elapsed()));
   r->erase("status");
   if (as_json) std::printf("%s\n", r->dump(2).c_str());
   if (!as_json && tier == "hbm")
@@ -496,11 +554,17 @@ int cmd_prefetch(const std::string& id, bool all, bool as_json, const std::strin
 
 // `cairn migrate DIR`: opens the repository directly (no daemon), which migrates a version-1
 // repository, and compacts it.
-int cmd_migrate(const std::string& dir) {
+int cmd_migrate(const std::string& dir, const ProgressFlags& pf) {
+  // Opening migrates, compacting folds the logs: neither counts its work, so the line shows the
+  // step and the time it has taken.
+  cairn::tool::ProgressLine line("migrate " + dir, pf.mode(), stderr);
+  line.update(cairn::ProgressSnapshot{"opening and migrating", cairn::ProgressUnit::kItems, 0, 0});
   auto repo = cairn::Repository::open(dir, cairn::kDefaultChunkSize);
   if (!repo.is_ok()) return fail(repo.status());
+  line.update(cairn::ProgressSnapshot{"compacting", cairn::ProgressUnit::kItems, 0, 0});
   auto c = (*repo)->compact();
   if (!c.is_ok()) return fail(c.status());
+  line.finish("migrate " + dir + ": done in " + cairn::tool::human_duration(line.elapsed()));
   auto st = (*repo)->stats();
   std::printf("%s: repository format 2, %llu models, %llu files\n", dir.c_str(),
               static_cast<unsigned long long>(st.models), static_cast<unsigned long long>(st.files));
@@ -526,13 +590,16 @@ int main(int argc, char** argv) {
   put->add_option("--arch", arch, "architecture graph (JSON file)");
   put->add_option("--meta", meta, "metadata (a JSON object)");
   put->add_option("--durability", durability, "memory, local or global (default: global)");
-  put->callback([&] { rc = cmd_put(id, file, parent, arch, meta, durability); });
+  ProgressFlags pf;
+  add_progress_flags(put, pf);
+  put->callback([&] { rc = cmd_put(id, file, parent, arch, meta, durability, pf); });
 
   auto* get = app.add_subcommand("get", "write a model, or some of its tensors, to a safetensors file");
   get->add_option("ID", id, "model id")->required();
   get->add_option("-o,--output", out, "output file")->required();
   get->add_option("--tensor", tensors, "only this tensor (repeatable)");
-  get->callback([&] { rc = cmd_get(id, out, tensors); });
+  add_progress_flags(get, pf);
+  get->callback([&] { rc = cmd_get(id, out, tensors, pf); });
 
   auto* import = app.add_subcommand("import", "store a model from a .safetensors, Keras .h5 or PyTorch .pt/.bin file");
   import->add_option("ID", id, "model id")->required();
@@ -540,12 +607,14 @@ int main(int argc, char** argv) {
   import->add_option("--parent", parent, "the model this one was derived from");
   import->add_option("--meta", meta, "metadata (a JSON object)");
   import->add_option("--durability", durability, "memory, local or global (default: global)");
-  import->callback([&] { rc = cmd_import(id, file, parent, meta, durability); });
+  add_progress_flags(import, pf);
+  import->callback([&] { rc = cmd_import(id, file, parent, meta, durability, pf); });
 
   auto* exp = app.add_subcommand("export", "write a model as a .safetensors, Keras .h5 or PyTorch .pt/.bin file");
   exp->add_option("ID", id, "model id")->required();
   exp->add_option("FILE", file, "the file; its extension says the format")->required();
-  exp->callback([&] { rc = cmd_export(id, file); });
+  add_progress_flags(exp, pf);
+  exp->callback([&] { rc = cmd_export(id, file, pf); });
 
   bool all = false, dot = false, quick = false;
   auto* ls = app.add_subcommand("ls", "list models");
@@ -591,10 +660,12 @@ int main(int argc, char** argv) {
   double flush_timeout = -1;
   auto* flush = app.add_subcommand("flush", "wait until every acknowledged model is in the repository");
   flush->add_option("--timeout", flush_timeout, "give up after this many seconds (exit status non-zero)");
-  flush->callback([&] { rc = cmd_flush(flush_timeout); });
+  add_progress_flags(flush, pf);
+  flush->callback([&] { rc = cmd_flush(flush_timeout, pf); });
 
   auto* sync = app.add_subcommand("sync", "see now what other daemons published to the shared repository");
-  sync->callback([&] { rc = cmd_sync(); });
+  add_progress_flags(sync, pf);
+  sync->callback([&] { rc = cmd_sync(pf); });
 
   auto* peers = app.add_subcommand("peers", "list the members of this job's peer group and the bytes exchanged with each");
   peers->add_flag("--json", as_json, "print JSON");
@@ -603,15 +674,18 @@ int main(int argc, char** argv) {
   std::string repo_dir;
   auto* migrate = app.add_subcommand("migrate", "migrate a repository written by cairn 0.1 (format 1) to format 2, in place");
   migrate->add_option("DIR", repo_dir, "repository directory")->required();
-  migrate->callback([&] { rc = cmd_migrate(repo_dir); });
+  add_progress_flags(migrate, pf);
+  migrate->callback([&] { rc = cmd_migrate(repo_dir, pf); });
 
   auto* gc = app.add_subcommand("gc", "reclaim what only retired models use");
-  gc->callback([&] { rc = cmd_gc(); });
+  add_progress_flags(gc, pf);
+  gc->callback([&] { rc = cmd_gc(pf); });
 
   auto* fsck = app.add_subcommand("fsck", "check every chunk reference; report dangling and orphaned data");
   fsck->add_flag("--quick", quick, "check locations only, do not read and verify the bytes");
   fsck->add_flag("--json", as_json, "print JSON");
-  fsck->callback([&] { rc = cmd_fsck(quick, as_json); });
+  add_progress_flags(fsck, pf);
+  fsck->callback([&] { rc = cmd_fsck(quick, as_json, pf); });
 
   auto* prefetch = app.add_subcommand("prefetch", "bring a model into DRAM ahead of need");
   bool prefetch_all = false;
@@ -623,7 +697,8 @@ int main(int argc, char** argv) {
   prefetch->add_option("--tier", prefetch_tier, "dram (default) or hbm: the daemon's GPU tier (docs/gpu.md)")
       ->check(CLI::IsMember({"dram", "hbm", "nvme"}));
   prefetch->add_option("--device", prefetch_device, "with --tier hbm: the device (default: the daemon's first)");
-  prefetch->callback([&] { rc = cmd_prefetch(id, prefetch_all, as_json, prefetch_tier, prefetch_device); });
+  add_progress_flags(prefetch, pf);
+  prefetch->callback([&] { rc = cmd_prefetch(id, prefetch_all, as_json, prefetch_tier, prefetch_device, pf); });
 
   // cairn hint KIND MODEL... [--tensor NAME]... [--when SECONDS|next] [--ahead K] [--tier dram|hbm]
   std::string hint_kind, hint_when, hint_tier;

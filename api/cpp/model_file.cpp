@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <map>
@@ -16,15 +17,29 @@ namespace {
 
 using nlohmann::json;
 
-Status pread_full(int fd, uint8_t* dst, uint64_t n, uint64_t off, const std::string& path) {
+constexpr uint64_t kProgressStep = 8ull << 20;
+
+// Counts bytes against a total for a FileProgress (nothing without one).
+struct ByteCounter {
+  const FileProgress& report;
+  ProgressSnapshot s;
+  void add(uint64_t n) {
+    s.done += n;
+    if (report) report(s);
+  }
+};
+
+Status pread_full(int fd, uint8_t* dst, uint64_t n, uint64_t off, const std::string& path,
+                  ByteCounter* counter = nullptr) {
   while (n > 0) {
-    ssize_t r = ::pread(fd, dst, n, static_cast<off_t>(off));
+    ssize_t r = ::pread(fd, dst, counter ? std::min(n, kProgressStep) : n, static_cast<off_t>(off));
     if (r < 0) {
       if (errno == EINTR) continue;
       return errno_status("reading '" + path + "'", errno);
     }
     if (r == 0) return invalid_argument("'" + path + "' is shorter than its header says (truncated file?)");
     dst += r, n -= static_cast<uint64_t>(r), off += static_cast<uint64_t>(r);
+    if (counter) counter->add(static_cast<uint64_t>(r));
   }
   return Status::ok();
 }
@@ -32,7 +47,7 @@ Status pread_full(int fd, uint8_t* dst, uint64_t n, uint64_t off, const std::str
 }  // namespace
 
 Status put_safetensors_file(Client& client, const std::string& id, const std::string& file, const std::string& parent,
-                            Durability durability, const json& meta, const json& arch) {
+                            Durability durability, const json& meta, const json& arch, const FileProgress& progress) {
   if (!meta.is_null() && !meta.is_object()) return invalid_argument("the metadata must be a JSON object");
   auto header = safetensors::read_header(file);
   if (!header.is_ok()) return header.status();
@@ -48,6 +63,9 @@ Status put_safetensors_file(Client& client, const std::string& id, const std::st
   if (meta.is_object() && !meta.empty()) st = w.set_metadata(meta);
   if (st.is_ok() && !arch.is_null()) st = w.set_architecture(arch);
   w.set_source_header(header_json);
+  ByteCounter counter{progress, {"reading " + file, ProgressUnit::kBytes, 0, 0}};
+  for (const auto& t : header->tensors) counter.s.total += t.nbytes();
+  if (progress) progress(counter.s);
   std::vector<uint8_t> small;
   for (const auto& t : header->tensors) {
     if (!st.is_ok()) break;
@@ -56,20 +74,22 @@ Status put_safetensors_file(Client& client, const std::string& id, const std::st
       small.resize(t.nbytes());
       st = pread_full(fd, small.data(), t.nbytes(), off, file);
       if (st.is_ok()) st = w.add_tensor(t.name, small.data(), t.dtype, t.shape);
+      if (st.is_ok()) counter.add(t.nbytes());
     } else {
       // Straight from the file into the daemon's arena: no intermediate buffer.
       auto space = w.add_tensor_space(t.name, t.dtype, t.shape);
-      st = space.is_ok() ? pread_full(fd, *space, t.nbytes(), off, file) : space.status();
+      st = space.is_ok() ? pread_full(fd, *space, t.nbytes(), off, file, &counter) : space.status();
     }
   }
   ::close(fd);
   if (!st.is_ok()) return st;
+  if (progress) progress(ProgressSnapshot{"committing", ProgressUnit::kBytes, 0, 0});
   auto r = w.commit(durability, true);
   return r.is_ok() ? Status::ok() : r.status();
 }
 
 Status get_safetensors_file(Client& client, const std::string& id, const std::string& out,
-                            const std::vector<std::string>& only) {
+                            const std::vector<std::string>& only, const FileProgress& progress) {
   auto opened = client.call(json{{"op", "open"}, {"id", id}, {"with_source_header", true}});
   if (!opened.is_ok()) return opened.status();
   auto reader = ModelReader::open(client, id);
@@ -117,6 +137,9 @@ Status get_safetensors_file(Client& client, const std::string& id, const std::st
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return errno_status("creating '" + tmp + "'", errno);
   Status st = wire::write_full(fd, prefix.data(), prefix.size());
+  ByteCounter counter{progress, {"writing " + out, ProgressUnit::kBytes, 0, 0}};
+  for (const auto& n : names) counter.s.total += (*reader)->find(n)->nbytes;
+  if (progress) progress(counter.s);
   for (const auto& n : names) {
     if (!st.is_ok()) break;
     auto view = (*reader)->map(n);
@@ -127,10 +150,10 @@ Status get_safetensors_file(Client& client, const std::string& id, const std::st
     const uint8_t* p = view->data();
     size_t left = view->size();
     while (st.is_ok() && left > 0) {
-      ssize_t w = ::write(fd, p, left);
+      ssize_t w = ::write(fd, p, std::min<size_t>(left, kProgressStep));
       if (w < 0 && errno == EINTR) continue;
       if (w < 0) st = errno_status("writing '" + tmp + "'", errno);
-      else p += w, left -= static_cast<size_t>(w);
+      else p += w, left -= static_cast<size_t>(w), counter.add(static_cast<uint64_t>(w));
     }
     (*reader)->close();
   }

@@ -163,7 +163,9 @@ bool Repository::direct_reads() const { return impl_->options_.direct_reads; }
 Status Repository::remove(const std::string& id) { return impl_->remove(id); }
 Status Repository::retire(const std::string& id) { return impl_->retire(id); }
 Result<GcReport> Repository::gc(const GcSteps& steps) { return impl_->gc(steps); }
-Result<FsckReport> Repository::fsck(bool verify_data) const { return impl_->fsck(verify_data); }
+Result<FsckReport> Repository::fsck(bool verify_data, OperationProgress* progress) const {
+  return impl_->fsck(verify_data, progress);
+}
 
 Result<std::shared_ptr<const ModelManifest>> Repository::get_shared(const std::string& id, Freshness fresh) const {
   auto m = find(id, fresh);

@@ -34,6 +34,7 @@
 
 #include "core/dtype.hpp"
 #include "core/hash.hpp"
+#include "core/progress.hpp"
 #include "core/status.hpp"
 #include "tiers/pfs/manifest.hpp"
 
@@ -78,6 +79,8 @@ struct GcSteps {
   // the view without them, so the caller may let its commits and reads go on. It runs under gc's
   // write lock: it must not call this Repository (what it lets go on may, and waits for the grace).
   std::function<void(const GcReport& report)> decided;
+  // Optional: the dead packs reclaimed so far against their number, once gc has decided.
+  OperationProgress* progress = nullptr;
 };
 
 // What Repository::fsck found.
@@ -230,7 +233,9 @@ class Repository {
   Result<GcReport> gc(const GcSteps& steps = {});
   // Checks every chunk reference (pack present, range inside it, and with verify_data the bytes
   // against their hash) and reports allocated bytes and pack files nothing references.
-  Result<FsckReport> fsck(bool verify_data) const;
+  // progress (optional): the chunk references checked (with verify_data: the bytes read) against
+  // the total, then the pack files scanned for orphans.
+  Result<FsckReport> fsck(bool verify_data, OperationProgress* progress = nullptr) const;
 
   RepositoryStats stats() const;
 

@@ -295,10 +295,10 @@ struct Repository::Impl {
   Status revive_parents(const std::unordered_map<std::string, std::shared_ptr<const ModelManifest>>& removed_as_was,
                         GcReport* report);
   std::mutex gc_run_mu_;  // one gc at a time: a second would meet this process's own lease (kBusy)
-  Result<FsckReport> fsck(bool verify_data) const;
+  Result<FsckReport> fsck(bool verify_data, OperationProgress* progress) const;
   // Deletes dead packs and punches the ranges of live packs that no chunk reference covers, in the
   // files no live writer is still appending to.
-  void reclaim(const std::vector<std::string>& dead, GcReport* report);
+  void reclaim(const std::vector<std::string>& dead, GcReport* report, OperationProgress* progress = nullptr);
   // Whether another writer of the repository is alive.
   bool others_alive() const;
   // Whether a file of packs/ or logs/ belongs to a writer that may still append to it.

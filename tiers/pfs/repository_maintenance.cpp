@@ -162,7 +162,7 @@ std::vector<Range> dead_ranges(std::vector<Range> live, uint64_t data_begin, uin
 
 }  // namespace
 
-void Repository::Impl::reclaim(const std::vector<std::string>& dead, GcReport* report) {
+void Repository::Impl::reclaim(const std::vector<std::string>& dead, GcReport* report, OperationProgress* progress) {
   bool unlinked = false;
   for (const std::string& pack : dead) {
     if (owner_may_append(pack)) continue;
@@ -260,7 +260,9 @@ void Repository::Impl::reclaim(const std::vector<std::string>& dead, GcReport* r
       plan.push_back(std::move(p));
     }
   }
+  if (progress) progress->begin_phase("reclaiming packs", ProgressUnit::kItems, plan.size());
   for (Plan& p : plan) {
+    if (progress) progress->add(1);
     std::string path = join_path(packs_dir_, p.pack);
     UniqueFd fd(::open(path.c_str(), O_RDWR | O_CLOEXEC));
     if (!fd.valid()) continue;
@@ -457,11 +459,11 @@ Result<GcReport> Repository::Impl::gc(const GcSteps& steps) {
                dead.end());
   }
   // 4. The bytes: only what no record references.
-  reclaim(dead, &report);
+  reclaim(dead, &report, steps.progress);
   return report;
 }
 
-Result<FsckReport> Repository::Impl::fsck(bool verify_data) const {
+Result<FsckReport> Repository::Impl::fsck(bool verify_data, OperationProgress* progress) const {
   FsckReport report;
   std::vector<std::shared_ptr<const ModelManifest>> models;
   std::unordered_map<std::string, uint64_t> data_begin;  // referenced pack -> start of its data
@@ -471,12 +473,21 @@ Result<FsckReport> Repository::Impl::fsck(bool verify_data) const {
     for (const auto& [name, info] : packs_) data_begin.emplace(name, info.data_begin);
   }
   report.models = models.size();
+  if (progress) {
+    uint64_t total = 0;
+    for (const auto& m : models)
+      for (const TensorManifest& t : m->tensors)
+        for (const ChunkRef& c : t.chunks) total += verify_data ? c.length : 1;
+    progress->begin_phase(verify_data ? "verifying chunks" : "checking chunk references",
+                          verify_data ? ProgressUnit::kBytes : ProgressUnit::kItems, total);
+  }
   std::unordered_map<std::string, std::vector<Range>> live;
   std::vector<uint8_t> buf;
   for (const auto& m : models) {
     for (const TensorManifest& t : m->tensors) {
       for (const ChunkRef& c : t.chunks) {
         ++report.chunks;
+        if (progress) progress->add(verify_data ? c.length : 1);
         live[c.pack].push_back({c.offset, c.offset + c.length});
         auto problem = [&](const std::string& detail) {
           report.dangling.push_back({m->id, t.name, c.pack, c.offset, c.length, detail});
@@ -507,7 +518,9 @@ Result<FsckReport> Repository::Impl::fsck(bool verify_data) const {
   std::vector<std::string> names;
   CAIRN_RETURN_IF_ERROR(list_dir(packs_dir_, &names));
   std::sort(names.begin(), names.end());
+  if (progress) progress->begin_phase("scanning packs for orphans", ProgressUnit::kItems, names.size());
   for (const std::string& name : names) {
+    if (progress) progress->add(1);
     if (!ends_with(name, kPackSuffix) && !ends_with(name, pfs::kSegmentSuffix)) continue;
     if (name != seg_name_ && owner_may_append(name)) continue;  // another writer's: it may be mid-commit
     std::string path = join_path(packs_dir_, name);

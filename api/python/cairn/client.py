@@ -16,6 +16,9 @@ from ._models import ModelReader, ModelWriter, TensorInfo, _converted_in_arena, 
 PathLike = Union[str, "os.PathLike[str]"]
 
 
+# With a progress callback, save_model copies runs of tensors of at most this many bytes at a time.
+_PROGRESS_BATCH = 64 << 20
+
 class Client:
     """A connection to the node's cairnd. Create one with :func:`cairn.connect`.
 
@@ -138,6 +141,7 @@ class Client:
         pipelined: bool = False,
         before_commit: Optional[Callable[[], None]] = None,
         copy_threads: int = 0,
+        on_bytes: Optional[Callable[[int], None]] = None,
     ) -> Ticket:
         """Commits model ``id`` and returns a :class:`Ticket` for its durability.
 
@@ -176,6 +180,8 @@ class Client:
                 an exception it raises aborts the model (nothing becomes visible; a part's writers
                 see it as a part that never arrived) and is raised from here.
             copy_threads: the threads the copy into the arena may use (0: one per core, at most 4).
+            on_bytes: called with the bytes of each batch of tensors once it is in the arena
+                (batches of at most 64 MiB when it is given), for a progress bar.
 
         Without ``wait`` the call returns once the model is visible (its bytes are in the daemon's
         memory); the daemon writes it to the repository behind the caller. At ``"memory"`` without
@@ -218,12 +224,17 @@ class Client:
             # copies (and hashes) all of a run's tensors on every core, not one at a time.
             run: Dict[str, np.ndarray] = {}
             run_dtypes: Dict[str, str] = {}
+            run_bytes = 0
 
             def add_run() -> None:
+                nonlocal run_bytes
                 if run:
                     w.add_many(run, run_dtypes)
                     run.clear()
                     run_dtypes.clear()
+                    if on_bytes is not None:
+                        on_bytes(run_bytes)
+                run_bytes = 0
 
             for name, step in steps:
                 if step is None:
@@ -231,10 +242,15 @@ class Client:
                     w.inherit(name)
                 elif not step[3]:
                     run[name], run_dtypes[name] = step[1], step[2]
+                    run_bytes += step[1].nbytes
+                    if on_bytes is not None and run_bytes >= _PROGRESS_BATCH:
+                        add_run()
                 else:
                     # Device-to-host, or converted once, straight into arena space.
                     add_run()
                     w.add(name, step[1], step[2])
+                    if on_bytes is not None:
+                        on_bytes(step[1].nbytes)
             add_run()
             if inherit_all:
                 w.inherit_all()

@@ -30,7 +30,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
 
-from . import _errors
+from . import _errors, _progress
 from ._errors import CairnError
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -153,7 +153,7 @@ def _from_json(value: Any) -> Any:
 
 
 def _import_torch(client: Any, id: str, path: str, parent: Optional[str], meta: Optional[Mapping[str, Any]],
-                  durability: str) -> None:
+                  durability: str, progress: bool = False) -> None:
     torch = _torch()
     if not os.path.isfile(path):
         raise _errors.error("CAIRN_ERR_NOT_FOUND", f"not found: '{path}' does not exist or is not a file")
@@ -207,11 +207,15 @@ def _import_torch(client: Any, id: str, path: str, parent: Optional[str], meta: 
         record["parameters"] = parameters
     metadata = dict(meta or {})
     metadata[RECORD_KEY] = record
-    client.save_model(id, tensors, parent=parent, meta=metadata, durability=durability, dtypes=dtypes,
-                      wait=True)
+    bar = _progress.bar(_progress.bytes_of(tensors.values()), f"import {id}", progress)
+    try:
+        client.save_model(id, tensors, parent=parent, meta=metadata, durability=durability, dtypes=dtypes,
+                          wait=True, on_bytes=bar.update if progress else None)
+    finally:
+        bar.close()
 
 
-def _export_torch(client: Any, id: str, path: str) -> None:
+def _export_torch(client: Any, id: str, path: str, progress: bool = False) -> None:
     torch = _torch()
     info = client.show(id)
     stored = {t["name"]: t["dtype"] for t in info.get("tensors", [])}
@@ -221,9 +225,11 @@ def _export_torch(client: Any, id: str, path: str) -> None:
     arrays = client.load_model(id, copy=True)
     parameters = set(record.get("parameters", []))
     tensors = collections.OrderedDict()
+    bar = _progress.bar(_progress.bytes_of(arrays.values()), f"export {id}", progress)
     for name, a in arrays.items():
         t = _from_numpy(torch, a, stored.get(name, ""), name)
         tensors[name] = torch.nn.Parameter(t, requires_grad=t.is_floating_point()) if name in parameters else t
+        bar.update(a.nbytes)
 
     def build(node: Mapping[str, Any]) -> Any:
         out: Any = collections.OrderedDict() if node.get("type") == "OrderedDict" else {}
@@ -249,6 +255,7 @@ def _export_torch(client: Any, id: str, path: str) -> None:
     except OSError as e:
         raise _errors.error("CAIRN_ERR_IO", f"I/O error: writing '{path}': {_one_line(e)}") from None
     finally:
+        bar.close()
         if os.path.exists(tmp):
             os.unlink(tmp)
 
@@ -256,18 +263,19 @@ def _export_torch(client: Any, id: str, path: str) -> None:
 # ---- the API ----
 
 def import_file(client: Any, id: str, path: PathLike, parent: Optional[str] = None,
-                meta: Optional[Mapping[str, Any]] = None, durability: str = "global") -> None:
+                meta: Optional[Mapping[str, Any]] = None, durability: str = "global", *, progress: bool = False) -> None:
     """Stores the model file ``path`` as model ``id`` (format from the extension).
 
     ``.pt``/``.pth``/``.bin``: loaded here with ``torch.load(weights_only=True)``; nested dicts are
     flattened with dots (``{"encoder": {"w": t}}`` -> ``encoder.w``). ``.safetensors`` and ``.h5``
     go through the ``cairn`` tool. ``meta`` is merged into the model's metadata (the import's own
     record is kept under ``"cairn.import"``). Returns once ``durability`` is reached.
+    ``progress=True`` shows a progress bar on stderr (off by default).
     """
     p = os.fspath(path)
     fmt = file_format(p)
     if fmt == "torch":
-        _import_torch(client, id, p, parent, meta, durability)
+        _import_torch(client, id, p, parent, meta, durability, progress)
         return
     if fmt == "safetensors":
         client.put_file(id, p, parent=parent, durability=durability, meta=meta)
@@ -280,13 +288,14 @@ def import_file(client: Any, id: str, path: PathLike, parent: Optional[str] = No
     _run_tool(client, args)
 
 
-def export_file(client: Any, id: str, path: PathLike) -> None:
+def export_file(client: Any, id: str, path: PathLike, *, progress: bool = False) -> None:
     """Writes model ``id`` to ``path`` in the format of its extension. A model imported from a file of
-    that format is written back with its recorded layout, so the framework loads the same values."""
+    that format is written back with its recorded layout, so the framework loads the same values.
+    ``progress=True`` shows a progress bar on stderr (off by default)."""
     p = os.fspath(path)
     fmt = file_format(p)
     if fmt == "torch":
-        _export_torch(client, id, p)
+        _export_torch(client, id, p, progress)
         return
     if fmt == "safetensors":
         client.get_file(id, p)
@@ -305,9 +314,11 @@ def _main(argv: Optional[List[str]] = None) -> int:
     imp.add_argument("--parent")
     imp.add_argument("--meta")
     imp.add_argument("--durability", default="global")
+    imp.add_argument("--progress", action="store_true")
     exp = sub.add_parser("export")
     exp.add_argument("id")
     exp.add_argument("file")
+    exp.add_argument("--progress", action="store_true")
     args = ap.parse_args(argv)
     from .client import connect  # noqa: PLC0415
 
@@ -322,9 +333,10 @@ def _main(argv: Optional[List[str]] = None) -> int:
                 raise _invalid("--meta must be a JSON object")
         with connect() as c:
             if args.cmd == "import":
-                import_file(c, args.id, args.file, parent=args.parent, meta=meta, durability=args.durability)
+                import_file(c, args.id, args.file, parent=args.parent, meta=meta, durability=args.durability,
+                            progress=args.progress)
             else:
-                export_file(c, args.id, args.file)
+                export_file(c, args.id, args.file, progress=args.progress)
     except CairnError as e:
         print(f"cairn: {_one_line(e)}", file=sys.stderr)
         return 1

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from . import _dtypes, _errors
+from . import _dtypes, _errors, _progress
 from . import _torch_dtypes as _td
 from .client import Client, DeviceArray, Ticket, connect, library_has_cuda
 from ._torch_graph import _architecture, architecture
@@ -93,6 +93,7 @@ def save(
     durability: str = "global",
     wait: bool = True,
     pipelined: bool = False,
+    progress: bool = False,
     _before_commit: Optional[Any] = None,
     _copy_threads: int = 0,
 ) -> Ticket:
@@ -107,6 +108,9 @@ def save(
     ``durability`` already. With ``wait=False, pipelined=True`` it returns as soon as the bytes are
     in the daemon's arena (see :meth:`cairn.Client.save_model`). bf16 (and, with a torch that has
     them, fp8) tensors are stored as BF16/FP8.
+
+    ``progress=True`` shows a progress bar on stderr (tqdm's when installed) over the bytes copied
+    into the daemon; off by default.
     """
     c = _client(client)
     module = module_or_state_dict if isinstance(module_or_state_dict, nn.Module) else None
@@ -152,9 +156,14 @@ def save(
     changed = {n: a for n, a in arrays.items() if n not in keep}
     raw = {n: cdtypes[n] for n in changed if cdtypes[n] in ("BF16", "F8_E4M3", "F8_E5M2")}
     def commit(tensors: Mapping[str, Any]) -> Ticket:
-        return c.save_model(id, tensors, parent=parent, arch=arch, meta=meta, durability=durability,
-                            inherit=inherited, dtypes=raw, wait=wait, order=list(arrays), pipelined=pipelined and not wait,
-                            before_commit=_before_commit, copy_threads=_copy_threads)
+        bar = _progress.bar(_progress.bytes_of(tensors.values()), f"save {id}", progress)
+        try:
+            return c.save_model(id, tensors, parent=parent, arch=arch, meta=meta, durability=durability,
+                                inherit=inherited, dtypes=raw, wait=wait, order=list(arrays),
+                                pipelined=pipelined and not wait, before_commit=_before_commit,
+                                copy_threads=_copy_threads, on_bytes=bar.update if progress else None)
+        finally:
+            bar.close()
 
     if on_device and not library_has_cuda():
         # This libcairn cannot copy from CUDA memory (built without CUDA): through host memory.
