@@ -270,9 +270,10 @@ std::string summary_table(const JobSummary& s) {
 std::string summary_line(const JobSummary& s) {
   char wait[64];
   std::snprintf(wait, sizeof wait, "%.3f s", s.wait_seconds);
-  return "summary: " + std::to_string(s.models_committed) + " models committed (" + human_bytes(s.stored_bytes) +
+  auto models = [](uint64_t n) { return std::to_string(n) + (n == 1 ? " model" : " models"); };
+  return "summary: " + models(s.models_committed) + " committed (" + human_bytes(s.stored_bytes) +
          " stored, " + human_bytes(s.deduplicated_bytes) + " deduplicated, " + human_bytes(s.inherited_bytes) +
-         " inherited: not written), " + std::to_string(s.models_loaded) + " models loaded (" +
+         " inherited: not written), " + models(s.models_loaded) + " loaded (" +
          human_bytes(s.loaded_bytes()) + ": " + human_bytes(s.loaded_from_dram) + " from DRAM, " +
          human_bytes(s.loaded_from_nvme) + " from NVMe, " + human_bytes(s.loaded_from_peers) + " from peers, " +
          human_bytes(s.loaded_from_repository) + " from the repository), " + human_bytes(s.repository_read_bytes) +
