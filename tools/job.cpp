@@ -18,10 +18,10 @@
 #include <fcntl.h>
 #include <ftw.h>
 #include <grp.h>
+#include <poll.h>
 #include <pwd.h>
 #include <signal.h>
 #include <sys/socket.h>
-#include <poll.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
