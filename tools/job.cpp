@@ -865,7 +865,7 @@ int cmd_env(JobArgs a) {
 }  // namespace
 
 void add_job_commands(CLI::App& app, int& rc) {
-  auto* job = app.add_subcommand("job", "start or stop this node's daemon for a batch job (the Slurm prolog and epilog run these; docs/slurm.md)");
+  auto* job = app.add_subcommand("job", "start or stop this node's daemon for a batch job, or show what it did for the job (the Slurm prolog and epilog run start and stop; docs/slurm.md)");
   job->require_subcommand(1);
   auto args = std::make_shared<JobArgs>();
   auto common = [&](CLI::App* c) {

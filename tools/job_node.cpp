@@ -83,7 +83,8 @@ Result<std::string> current_choice(const std::string& path) {
   bool missing = false;
   auto text = read_small_file(path, missing);
   if (!text.is_ok()) return text.status();
-  if (missing) return not_found("'" + path + "' does not exist (a kernel without shared-memory transparent huge pages?)");
+  if (missing)
+    return not_found("'" + path + "' does not exist (a kernel without shared-memory transparent huge pages?)");
   std::string trimmed = *text;
   while (!trimmed.empty() && (trimmed.back() == '\n' || trimmed.back() == ' ')) trimmed.pop_back();
   if (is_shmem_choice(trimmed)) return trimmed;
@@ -91,7 +92,8 @@ Result<std::string> current_choice(const std::string& path) {
   if (open == std::string::npos || close == std::string::npos)
     return invalid_argument("'" + path + "' names no selected value in brackets: '" + text->substr(0, 80) + "'");
   std::string word = text->substr(open + 1, close - open - 1);
-  if (!is_shmem_choice(word)) return invalid_argument("'" + path + "' selects '" + word + "', which cairn does not know");
+  if (!is_shmem_choice(word))
+    return invalid_argument("'" + path + "' selects '" + word + "', which cairn does not know");
   return word;
 }
 
@@ -161,7 +163,8 @@ Result<NodeState> parse_node_state(std::string_view text, const std::string& sou
     auto it = j.find(key);
     if (it == j.end()) return invalid_argument(what + ": field '" + key + "' is missing");
     if (!it->is_string() || !is_shmem_choice(it->get<std::string>()))
-      return invalid_argument(what + ": field '" + key + "' must be one of always, within_size, advise, never, deny, force");
+      return invalid_argument(what + ": field '" + key +
+                              "' must be one of always, within_size, advise, never, deny, force");
     (std::string(key) == "previous" ? s.previous : s.applied) = it->get<std::string>();
   }
   auto jobs = j.find("jobs");

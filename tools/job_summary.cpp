@@ -257,7 +257,8 @@ std::string summary_table(const JobSummary& s) {
   row("  served from NVMe", human_bytes(s.loaded_from_nvme) + pct(s.loaded_from_nvme, loaded));
   row("  served from peers", human_bytes(s.loaded_from_peers) + pct(s.loaded_from_peers, loaded));
   row("  read from the repository", human_bytes(s.loaded_from_repository) + pct(s.loaded_from_repository, loaded));
-  if (s.loaded_from_other) row("  served from elsewhere", human_bytes(s.loaded_from_other) + pct(s.loaded_from_other, loaded));
+  if (s.loaded_from_other)
+    row("  served from elsewhere", human_bytes(s.loaded_from_other) + pct(s.loaded_from_other, loaded));
   row("repository bytes read in all", human_bytes(s.repository_read_bytes) + " (prefetch included)");
   row("bytes prefetched", human_bytes(s.prefetched_bytes));
   char wait[96];

@@ -115,8 +115,10 @@ TEST_CASE("job summary: garbage is rejected naming what was wrong", "[job_summar
   rejected(edited([](json& j) { j["models"]["deleted"] = 1; }), "field 'models.deleted' is not a field");
   rejected(edited([](json& j) { j["models"].erase("loaded"); }), "field 'models.loaded' is missing");
   rejected(edited([](json& j) { j["models"] = 3; }), "field 'models' must be an object");
-  rejected(edited([](json& j) { j["loaded_bytes"]["dram"] = -5; }), "field 'loaded_bytes.dram' must be a non-negative integer");
-  rejected(edited([](json& j) { j["loaded_bytes"]["nvme"] = 1.5; }), "field 'loaded_bytes.nvme' must be a non-negative integer");
+  rejected(edited([](json& j) { j["loaded_bytes"]["dram"] = -5; }),
+           "field 'loaded_bytes.dram' must be a non-negative integer");
+  rejected(edited([](json& j) { j["loaded_bytes"]["nvme"] = 1.5; }),
+           "field 'loaded_bytes.nvme' must be a non-negative integer");
   rejected(edited([](json& j) { j["committed_bytes"]["stored"] = "12"; }), "field 'committed_bytes.stored'");
   rejected(edited([](json& j) { j["wait_seconds"] = -0.5; }), "field 'wait_seconds'");
   rejected(edited([](json& j) { j["wait_seconds"] = "slow"; }), "field 'wait_seconds'");
