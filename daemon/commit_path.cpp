@@ -217,13 +217,19 @@ Result<std::shared_ptr<ModelManifest>> CommitPath::build_and_register(
   bool all_parent = parent_manifest && !plan.empty() && plan.size() == parent_manifest->tensors.size();
   for (size_t pi = 0; all_parent && pi < plan.size(); ++pi)
     all_parent = plan[pi]->source == Planned::kInherit && plan[pi]->inherited == &parent_manifest->tensors[pi];
+  // The bytes of its tensors, for the usage counters: in chunks new here, in chunks this daemon
+  // already held (DRAM or repository), in tensors inherited from the parent.
+  uint64_t stored_bytes = 0, deduplicated_bytes = 0, inherited_bytes = 0;
   if (all_parent) m->tensors = parent_manifest->tensors;
   else m->tensors.reserve(plan.size());
+  if (all_parent)
+    for (const TensorManifest& t : m->tensors) inherited_bytes += t.nbytes;
   if (all_parent && p_.trace)
     for (const TensorManifest& t : m->tensors) p_.trace->inherit(id, t);
   for (size_t pi = 0; pi < plan.size() && !all_parent; ++pi) {
     const Planned& p = *plan[pi];
     if (p.source == Planned::kInherit) {
+      inherited_bytes += p.inherited->nbytes;
       m->tensors.push_back(*p.inherited);
       if (p_.trace) p_.trace->inherit(id, *p.inherited);
       continue;
@@ -239,13 +245,16 @@ Result<std::shared_ptr<ModelManifest>> CommitPath::build_and_register(
       uint64_t len = std::min(chunk_size, t.nbytes - off);
       ChunkHash h = p.hashes.empty() ? hashes[hash_index++] : p.hashes[k];
       bool dirty = p_.tiers.only_in_dram(h);
-      p_.dram.adopt(h, ext.offset + off, len, dirty);
+      // adopt answers the offset of the copy it keeps: another one when DRAM held the chunk already.
+      const bool resident = p_.dram.adopt(h, ext.offset + off, len, dirty) != ext.offset + off;
       pinned.push_back(h);
       if (p_.trace) p_.trace->commit(id, h, len);
       ChunkRef ref;
       ref.hash = h;
       ref.length = len;
-      if (auto stored = p_.repo.locate(h)) ref = *stored;
+      auto stored = p_.repo.locate(h);
+      if (stored) ref = *stored;
+      (resident || stored ? deduplicated_bytes : stored_bytes) += len;
       t.chunks.push_back(ref);
     }
     m->tensors.push_back(std::move(t));
@@ -274,6 +283,7 @@ Result<std::shared_ptr<ModelManifest>> CommitPath::build_and_register(
     return registered;
   }
   if (p_.committed) p_.committed(*m);
+  if (p_.usage) p_.usage->model_committed(stored_bytes, deduplicated_bytes, inherited_bytes);
   // The bytes this commit wrote into arena space: the demoter makes room for the next one now.
   uint64_t written = 0;
   for (const Planned* p : plan)

@@ -37,6 +37,7 @@
 #include "daemon/request.hpp"
 #include "daemon/session.hpp"
 #include "daemon/tickets.hpp"
+#include "daemon/usage_counters.hpp"
 #include "tiers/dram/dram_tier.hpp"
 #include "tiers/pfs/repository.hpp"
 #include "tiers/tier_manager.hpp"
@@ -62,6 +63,7 @@ class CommitPath {
     TraceRecorder* trace = nullptr;  // records the chunks each commit creates (policy.trace)
     // Called with each model once it is registered (visible): the peer group announces it.
     std::function<void(const ModelManifest&)> committed = {};
+    UsageCounters* usage = nullptr;  // counts each registered model and its bytes (null: none)
   };
   // Brings the catalog up to date with the repository now (the repository watch's refresh): a
   // parent that another daemon published since the last refresh is found by id on the spot, and

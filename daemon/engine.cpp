@@ -205,10 +205,13 @@ Engine::Engine(Config config, std::unique_ptr<FaultyFileSystem> faulty, std::chr
   models_ = std::make_unique<ModelDirectory>(*flusher_, *repo_, remote_);
   commits_ = std::make_unique<CommitPath>(CommitPath::Parts{*dram_, *tiers_, *repo_, catalog_, *flusher_, references_,
                                                             tickets_, *models_, gc_mu_, nvme_ != nullptr,
-                                                            trace_.get(), [this](const ModelManifest& m) {
+                                                            trace_.get(),
+                                                            [this](const ModelManifest& m) {
                                                               if (peers_) peers_->announce_model(m);
-                                                            }});
-  reads_ = std::make_unique<Reads>(Reads::Parts{*dram_, *tiers_, named_, *models_, gc_mu_, repo_->chunk_size()});
+                                                            },
+                                                            &usage_});
+  reads_ = std::make_unique<Reads>(
+      Reads::Parts{*dram_, *tiers_, named_, *models_, gc_mu_, repo_->chunk_size(), &usage_});
   const uint64_t budget =
       config_.policy.prefetch_budget ? config_.policy.prefetch_budget : dram_->arena_size() / 4;
   prefetcher_ = std::make_unique<Prefetcher>(
@@ -290,6 +293,8 @@ const std::vector<Engine::Op>& Engine::table() {
          out["compute"] = e.compute_->status();
          out["watchdog"] = e.watchdog_.stats();
          out["leases"] = e.reads_->lease_stats();
+         out["usage"] = e.usage_.to_json();
+         out["usage"]["started_unix_ns"] = e.started_unix_ns_;
          out["fault_injection"] = {{"enabled", e.faults_.enabled()},
                                    {"rules", e.faulty_fs_ ? e.faulty_fs_->rules().size() : 0},
                                    {"injected", e.faulty_fs_ ? e.faulty_fs_->injected() : 0}};
@@ -357,8 +362,7 @@ Result<json> Engine::dispatch(Session& s, size_t slot, const std::string& op, co
 }
 
 Response Engine::handle(Session& session, const json& request, std::vector<uint8_t>& blob) {
-  const auto started =
-      request_metrics_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
+  const auto started = std::chrono::steady_clock::now();
   Response r;
   std::string op;
   size_t slot = table().size();
@@ -381,8 +385,9 @@ Response Engine::handle(Session& session, const json& request, std::vector<uint8
       return internal_error(std::string("request '") + op + "' failed: " + e.what());
     }
   }();
-  if (request_metrics_)
-    record_request(slot, request, result.status().code(), std::chrono::steady_clock::now() - started);
+  const auto took = std::chrono::steady_clock::now() - started;
+  usage_.request_served(std::chrono::duration_cast<std::chrono::nanoseconds>(took));
+  if (request_metrics_) record_request(slot, request, result.status().code(), took);
   if (!result.is_ok()) {
     r.body = json{{"status", static_cast<int>(result.status().code())}, {"error", result.status().message()}};
     r.blob.clear();

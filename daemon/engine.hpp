@@ -60,6 +60,7 @@
 #include "daemon/references.hpp"
 #include "daemon/session.hpp"
 #include "daemon/tickets.hpp"
+#include "daemon/usage_counters.hpp"
 #include "daemon/watchdog.hpp"
 #include "tiers/dram/dram_tier.hpp"
 #include "tiers/nvme/nvme_tier.hpp"
@@ -156,6 +157,9 @@ class Engine {
   // Per-op latencies and errors, recorded by handle() (null when metrics are off). Destroyed last:
   // a request may be recorded until the engine is gone.
   std::unique_ptr<RequestMetrics> request_metrics_;
+  // What the daemon did for its clients (`stats` "usage", the job summary); always counted.
+  // Before the components that count into it.
+  UsageCounters usage_;
   const std::string metrics_job_;  // the job_id label's value ("" = none): the peer group's job
   const int64_t started_unix_ns_;  // when the engine was created (cairn_start_time_seconds)
   // Every request in flight, and the thread that reports stuck ones (the `watchdog` key).

@@ -24,6 +24,7 @@ Result<json> Reads::open(const json& req) {
   if (req.value("with_source_header", false) && m->source_header.size() > 8)
     out["source_header"] = m->source_header.substr(8);
   if (observer_) observer_->opened(*m);
+  if (p_.usage) p_.usage->model_opened();
   return out;
 }
 

@@ -29,6 +29,7 @@
 #include "daemon/models.hpp"
 #include "daemon/named_tensors.hpp"
 #include "daemon/session.hpp"
+#include "daemon/usage_counters.hpp"
 #include "tiers/dram/dram_tier.hpp"
 #include "tiers/hbm/hbm_tier.hpp"
 #include "tiers/tier_manager.hpp"
@@ -68,6 +69,7 @@ class Reads {
     const ModelDirectory& models;
     std::shared_mutex& gc_mu;
     uint64_t chunk_size;
+    UsageCounters* usage = nullptr;  // counts opens and the bytes leased to clients (null: none)
   };
   explicit Reads(Parts parts) : p_(parts) {}
 

@@ -207,6 +207,8 @@ Status Reads::pin_tensors(std::span<const TensorManifest* const> tensors, const 
     if (trace_)
       for (size_t i = 0; i < chunks.size(); ++i)
         trace_->access(model, chunks[i].hash, chunks[i].length, L.served[i], prefetch);
+    if (p_.usage && !prefetch)
+      for (size_t i = 0; i < chunks.size(); ++i) p_.usage->chunk_leased(L.served[i], chunks[i].length);
   }
   return Status::ok();
 }

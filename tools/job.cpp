@@ -1,4 +1,4 @@
-// `cairn job start|stop|env` (see job.hpp and docs/slurm.md).
+// `cairn job start|stop|env|summary` (see job.hpp and docs/slurm.md).
 //
 // As root (the prolog, the epilog, the PBS hook) the per-job directory <job_dir>/<job id> is made
 // for the job's user (mode 0700), the daemon runs as that user (never as root), and the pidfile is
@@ -6,12 +6,19 @@
 // after checking that it is a cairnd of that user. As a user, everything is the user's own: the
 // job directory is under the site's job_dir when the user may write there, else under
 // /tmp/cairn-<uid>/jobs, and the pidfile is inside it.
+//
+// `cairn job stop` asks the daemon for its stats before it flushes and stops it, and keeps the
+// job summary (tools/job_summary.hpp) beside the job directory as <base>/<job id>.summary.json:
+// as root, owned by the job's user and readable by them only (mode 0600) in the root-owned
+// job_dir; as a user, in their own base. `cairn job summary JOBID` reads it from there. As root,
+// the prolog applies the site's node settings and the epilog restores them (tools/job_node.hpp).
 #include "tools/job.hpp"
 
 #include <dirent.h>
 #include <fcntl.h>
 #include <ftw.h>
 #include <grp.h>
+#include <poll.h>
 #include <pwd.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -28,6 +35,7 @@
 #include <cstring>
 #include <ctime>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <sstream>
 #include <thread>
@@ -38,7 +46,9 @@
 
 #include "api/cpp/client.hpp"
 #include "core/config.hpp"
+#include "tools/job_node.hpp"
 #include "tools/job_site.hpp"
+#include "tools/job_summary.hpp"
 
 namespace cairn::tool {
 namespace {
@@ -49,6 +59,7 @@ using nlohmann::json;
 struct JobArgs {
   std::string job, user, comment, site, job_dir, batch;
   bool keep = false;
+  bool json = false;  // `summary --json`
 };
 
 struct User {
@@ -129,10 +140,22 @@ class JobLog {
   std::string action_, job_, file_;
 };
 
+// Runs a function when it goes out of scope.
+class AtExit {
+ public:
+  explicit AtExit(std::function<void()> f) : f_(std::move(f)) {}
+  ~AtExit() { f_(); }
+  AtExit(const AtExit&) = delete;
+  AtExit& operator=(const AtExit&) = delete;
+
+ private:
+  std::function<void()> f_;
+};
+
 // Where a job's files are. Root: <site job_dir>/<id>, pidfile beside it. A user: the site's
 // job_dir when writable, else /tmp/cairn-<uid>/jobs.
 struct JobPaths {
-  std::string base, dir, socket, config, log, pidfile, job_log;
+  std::string base, dir, socket, config, log, pidfile, job_log, summary;
 };
 
 JobPaths paths_for(const std::string& base, const std::string& id, bool root_mode) {
@@ -144,6 +167,7 @@ JobPaths paths_for(const std::string& base, const std::string& id, bool root_mod
   p.log = p.dir + "/cairnd.log";
   p.pidfile = root_mode ? base + "/" + id + ".pid" : p.dir + "/cairnd.pid";
   p.job_log = base + "/cairn-job.log";
+  p.summary = base + "/" + id + ".summary.json";
   return p;
 }
 
@@ -346,6 +370,18 @@ Result<StartResult> start_daemon(const SiteConfig& site, const JobArgs& a, const
   } else if (st.st_uid != u.uid) {
     return permission_denied("'" + p.dir + "' belongs to uid " + std::to_string(st.st_uid));
   }
+  // The node settings, before the daemon starts and after the job directory exists (which tells
+  // another job's epilog that this job runs).
+  if (!site.node_shmem_thp.empty()) {
+    if (!is_root()) {
+      log.info("node: the site config's node settings need root; not applied");
+    } else if (auto applied = apply_node_settings(p.base, id, site.node_shmem_thp); !applied.is_ok()) {
+      log.error("node: cannot apply node.shmem_thp '" + site.node_shmem_thp + "': " + applied.status().message() +
+                "; the job runs with the node as it is");
+    } else if (!applied->empty()) {
+      log.info(*applied);
+    }
+  }
   ::unlink(p.socket.c_str());  // a socket left by a crashed daemon of this job
 
   auto text = daemon_config(site, id, p, u);
@@ -488,61 +524,149 @@ int cmd_start(JobArgs a) {
   return 0;
 }
 
-// Flushes the daemon as its user (cairnd serves only its own uid). Returns a line for the log.
-std::string flush_as(const User& u, const std::string& socket, double timeout_s, bool& ok) {
+// What a child process that ran as the daemon's user answered.
+struct AsUser {
+  bool finished = false;  // false: it did not finish by the deadline and was killed
+  bool ok = false;        // it exited 0
+  std::string out;        // what it wrote
+};
+
+// Runs `work` in a child process as user u (cairnd serves only its own uid): the child connects to
+// `socket`, calls work with the client and writes what work returns to a pipe; it exits 0 when
+// work says ok. The parent reads the pipe as it comes and kills the child at the deadline.
+AsUser run_as_daemon_user(const User& u, const std::string& socket, double timeout_s,
+                          const std::function<bool(Client&, std::string&)>& work) {
+  AsUser r;
   int fds[2];
-  ok = false;
-  if (::pipe2(fds, O_CLOEXEC) != 0) return "cannot flush: pipe: " + std::string(std::strerror(errno));
+  if (::pipe2(fds, O_CLOEXEC) != 0) {
+    r.finished = true;
+    r.out = "pipe: " + std::string(std::strerror(errno));
+    return r;
+  }
   pid_t pid = ::fork();
-  if (pid < 0) return "cannot flush: fork: " + std::string(std::strerror(errno));
+  if (pid < 0) {
+    ::close(fds[0]);
+    ::close(fds[1]);
+    r.finished = true;
+    r.out = "fork: " + std::string(std::strerror(errno));
+    return r;
+  }
   if (pid == 0) {
     ::close(fds[0]);
     std::string out;
-    int rc = 1;
+    bool ok = false;
     if (auto s = drop_privileges(u); !s.is_ok()) {
       out = s.to_string();
     } else if (auto c = Client::connect(socket); !c.is_ok()) {
       out = c.status().to_string();
     } else {
-      json req{{"op", "flush"}, {"timeout_ms", static_cast<int64_t>(timeout_s * 1000)}};
-      auto r = (*c)->call(req);
-      if (!r.is_ok()) {
-        out = r.status().to_string();
-      } else {
-        char buf[160];
-        std::snprintf(buf, sizeof buf, "flushed %llu models to the repository in %.2f s",
-                      static_cast<unsigned long long>(r->value("flushed_models", uint64_t{0})), r->value("seconds", 0.0));
-        out = buf;
-        rc = 0;
-      }
+      ok = work(**c, out);
     }
-    if (::write(fds[1], out.data(), out.size()) < 0) rc = 1;
-    ::_exit(rc);
+    for (size_t done = 0; done < out.size();) {
+      ssize_t n = ::write(fds[1], out.data() + done, out.size() - done);
+      if (n <= 0) {
+        ok = false;
+        break;
+      }
+      done += static_cast<size_t>(n);
+    }
+    ::_exit(ok ? 0 : 1);
   }
   ::close(fds[1]);
-  // The flush is bounded by the daemon (timeout_ms); the extra margin covers a daemon that hangs.
-  const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s + 15);
+  const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s);
+  bool eof = false;
+  while (!eof && Clock::now() < deadline) {
+    struct pollfd pfd{fds[0], POLLIN, 0};
+    if (::poll(&pfd, 1, 50) <= 0) continue;
+    char buf[4096];
+    ssize_t n = ::read(fds[0], buf, sizeof buf);
+    if (n > 0) r.out.append(buf, static_cast<size_t>(n));
+    else if (n == 0 || errno != EINTR) eof = true;
+  }
+  ::close(fds[0]);
   int status = 0;
-  bool done = false;
   while (Clock::now() < deadline) {
     if (::waitpid(pid, &status, WNOHANG) == pid) {
-      done = true;
+      r.finished = true;
       break;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  if (!done) {
+  if (!r.finished) {
     ::kill(pid, SIGKILL);
     ::waitpid(pid, &status, 0);
+    return r;
   }
-  std::string out;
-  char buf[512];
-  ssize_t n;
-  while ((n = ::read(fds[0], buf, sizeof buf)) > 0) out.append(buf, static_cast<size_t>(n));
-  ::close(fds[0]);
-  if (!done) return "the flush did not finish within drain_timeout; stopping anyway (cairnd drains on SIGTERM)";
-  ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-  return ok ? out : "flush failed: " + out;
+  r.ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  return r;
+}
+
+// Flushes the daemon as its user. Returns a line for the log.
+std::string flush_as(const User& u, const std::string& socket, double timeout_s, bool& ok) {
+  // The flush is bounded by the daemon (timeout_ms); the extra margin covers a daemon that hangs.
+  AsUser r = run_as_daemon_user(u, socket, timeout_s + 15, [&](Client& c, std::string& out) {
+    json req{{"op", "flush"}, {"timeout_ms", static_cast<int64_t>(timeout_s * 1000)}};
+    auto reply = c.call(req);
+    if (!reply.is_ok()) {
+      out = reply.status().to_string();
+      return false;
+    }
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "flushed %llu models to the repository in %.2f s",
+                  static_cast<unsigned long long>(reply->value("flushed_models", uint64_t{0})),
+                  reply->value("seconds", 0.0));
+    out = buf;
+    return true;
+  });
+  ok = r.finished && r.ok;
+  if (!r.finished) return "the flush did not finish within drain_timeout; stopping anyway (cairnd drains on SIGTERM)";
+  return ok ? r.out : "flush failed: " + r.out;
+}
+
+std::string host_name() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof buf - 1) != 0) return "";
+  return buf;
+}
+
+// The daemon's summary for the job, from its stats, asked as its user (bounded: 30 s).
+Result<JobSummary> summary_as(const User& u, const std::string& socket, const std::string& job) {
+  AsUser r = run_as_daemon_user(u, socket, 30, [](Client& c, std::string& out) {
+    auto reply = c.call(json{{"op", "stats"}});
+    if (!reply.is_ok()) {
+      out = reply.status().to_string();
+      return false;
+    }
+    out = reply->dump();
+    return true;
+  });
+  if (!r.finished) return timed_out("the daemon did not answer `stats` within 30 s");
+  if (!r.ok) return unavailable("`stats` failed: " + r.out);
+  json stats = json::parse(r.out, nullptr, false);
+  if (stats.is_discarded()) return internal_error("the daemon's stats are not valid JSON");
+  return summary_from_stats(stats, job, u.name, host_name(),
+                            std::chrono::duration_cast<std::chrono::seconds>(
+                                std::chrono::system_clock::now().time_since_epoch())
+                                .count());
+}
+
+// Writes the summary file atomically: mode 0600, owned by the job's user (chown when root).
+Status write_summary(const JobPaths& p, const User& u, const JobSummary& summary) {
+  const std::string tmp = p.summary + ".tmp";
+  ::unlink(tmp.c_str());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0) return errno_status("cannot write '" + tmp + "'", errno);
+  const std::string text = summary_to_json(summary);
+  bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+  if (ok && is_root() && ::fchown(fd, u.uid, u.gid) != 0) ok = false;
+  int e = errno;
+  ::close(fd);
+  if (!ok || ::rename(tmp.c_str(), p.summary.c_str()) != 0) {
+    e = ok ? errno : e;
+    ::unlink(tmp.c_str());
+    return errno_status("cannot write the job summary '" + p.summary + "'", e);
+  }
+  return Status::ok();
 }
 
 // Removes a directory tree as the daemon's user (the burst buffer lies on a node-local disk the
@@ -588,6 +712,20 @@ int cmd_stop(JobArgs a) {
   const bool have_dir = ::lstat(p.dir.c_str(), &dst) == 0 && S_ISDIR(dst.st_mode);
   struct stat bst{};
   if (is_root() && ::stat(p.base.c_str(), &bst) == 0) log.set_file(p.job_log);
+  // The node settings a prolog applied: once this function is done with the job (whichever way it
+  // returns), this job no longer holds them; the last job restores them. Another job runs while its
+  // pidfile or its job directory exists (its prolog makes the directory before it applies).
+  AtExit restore_node([&] {
+    if (!is_root()) return;
+    auto running = [&](const std::string& other) {
+      JobPaths q = paths_for(p.base, other, true);
+      struct stat st{};
+      return ::lstat(q.pidfile.c_str(), &st) == 0 || ::lstat(q.dir.c_str(), &st) == 0;
+    };
+    auto line = restore_node_settings(p.base, a.job, running);
+    if (!line.is_ok()) log.error("node: " + line.status().message());
+    else if (!line->empty()) log.info(*line);
+  });
   pid_t pid = read_pidfile(p.pidfile);
   if (!have_dir && !pid) return 0;  // this job had no daemon here
   // The daemon's user: the owner of the job directory (root mode), else the caller.
@@ -620,8 +758,19 @@ int cmd_stop(JobArgs a) {
   }
   if (pid) {
     bool ok = false;
-    std::string flushed = socket_answers(p.socket) ? flush_as(u, p.socket, site.drain_timeout_s, ok)
-                                                   : "the socket does not answer; no flush";
+    const bool answers = socket_answers(p.socket);
+    // What the daemon did for the job, before the flush: the job log gets a line, the user a file.
+    if (answers) {
+      auto summary = summary_as(u, p.socket, a.job);
+      if (!summary.is_ok()) {
+        log.error("no job summary: " + summary.status().message());
+      } else {
+        log.info(summary_line(*summary));
+        if (auto w = write_summary(p, u, *summary); !w.is_ok()) log.error(w.message());
+      }
+    }
+    std::string flushed = answers ? flush_as(u, p.socket, site.drain_timeout_s, ok)
+                                  : "the socket does not answer; no flush";
     log.line(ok ? LOG_INFO : LOG_ERR, flushed);
     ::kill(pid, SIGTERM);
     auto deadline = Clock::now() + std::chrono::duration<double>(site.stop_timeout_s);
@@ -649,6 +798,50 @@ int cmd_stop(JobArgs a) {
   return 0;
 }
 
+// `cairn job summary JOBID`: the summary `cairn job stop` kept, as a table or (--json) as stored.
+int cmd_summary(JobArgs a) {
+  auto fail = [](const std::string& why) {
+    std::fprintf(stderr, "cairn job summary: %s\n", why.c_str());
+    return 1;
+  };
+  if (auto s = check_job_id(a.job); !s.is_ok()) return fail(s.message());
+  auto site_r = load_site_config(site_path(a));
+  if (!site_r.is_ok()) return fail(site_r.status().message());
+  std::vector<std::string> bases;
+  if (!a.job_dir.empty()) bases.push_back(a.job_dir);
+  else {
+    bases.push_back(site_r->job_dir);
+    if (!is_root()) bases.push_back(user_fallback_base());
+  }
+  std::string looked;
+  for (const auto& b : bases) {
+    JobPaths p = paths_for(b, a.job, is_root());
+    looked += (looked.empty() ? "" : ", ") + p.summary;
+    struct stat st{};
+    if (::lstat(p.summary.c_str(), &st) != 0) continue;
+    if (!S_ISREG(st.st_mode)) return fail("'" + p.summary + "' is not a regular file");
+    int fd = ::open(p.summary.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) {
+      if (errno == EACCES)
+        return fail("'" + p.summary + "' is not yours: a job's summary is readable by its user only");
+      return fail(errno_status("cannot read '" + p.summary + "'", errno).message());
+    }
+    std::string text;
+    char buf[8192];
+    ssize_t n;
+    while ((n = ::read(fd, buf, sizeof buf)) > 0 && text.size() <= (1u << 20)) text.append(buf, static_cast<size_t>(n));
+    ::close(fd);
+    auto summary = parse_job_summary(text, p.summary);
+    if (!summary.is_ok()) return fail(summary.status().message());
+    if (summary->job != a.job)
+      return fail("'" + p.summary + "' is the summary of job '" + summary->job + "', not of job '" + a.job + "'");
+    std::fputs(a.json ? summary_to_json(*summary).c_str() : summary_table(*summary).c_str(), stdout);
+    return 0;
+  }
+  return fail("no summary of job '" + a.job + "' on this node (looked for " + looked +
+              "); `cairn job stop` keeps one when it stops a job's daemon");
+}
+
 int cmd_env(JobArgs a) {
   fill_defaults(a);
   if (!check_job_id(a.job).is_ok()) return 0;
@@ -672,7 +865,7 @@ int cmd_env(JobArgs a) {
 }  // namespace
 
 void add_job_commands(CLI::App& app, int& rc) {
-  auto* job = app.add_subcommand("job", "start or stop this node's daemon for a batch job (the Slurm prolog and epilog run these; docs/slurm.md)");
+  auto* job = app.add_subcommand("job", "start or stop this node's daemon for a batch job, or show what it did for the job (the Slurm prolog and epilog run start and stop; docs/slurm.md)");
   job->require_subcommand(1);
   auto args = std::make_shared<JobArgs>();
   auto common = [&](CLI::App* c) {
@@ -692,6 +885,12 @@ void add_job_commands(CLI::App& app, int& rc) {
   stop->add_flag("--keep", args->keep, "keep the job directory (config, logs)");
   stop->add_option("--batch", args->batch, "called by the batch system's epilog (slurm, pbs)")->check(CLI::IsMember({"slurm", "pbs"}));
   stop->callback([&rc, args] { rc = cmd_stop(*args); });
+  auto* summary = job->add_subcommand("summary", "print what cairn did for a job whose daemon `cairn job stop` stopped on this node");
+  summary->add_option("jobid", args->job, "the job id")->required();
+  summary->add_option("--site", args->site, "site config (default: <prefix>/etc/cairn/site.yaml if present, else /etc/cairn/site.yaml)");
+  summary->add_option("--job-dir", args->job_dir, "where the job's daemon ran (default: the site's job_dir, then /tmp/cairn-<uid>/jobs)");
+  summary->add_flag("--json", args->json, "print the summary as JSON (as stored)");
+  summary->callback([&rc, args] { rc = cmd_summary(*args); });
   auto* env = job->add_subcommand("env", "print `export CAIRN_SOCKET=...` when the job has a daemon on this node (the task prolog)");
   common(env);
   env->callback([&rc, args] { rc = cmd_env(*args); });

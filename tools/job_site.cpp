@@ -123,10 +123,24 @@ Result<SiteConfig> parse_site_config(const std::string& text, const std::string&
         if (*s == "true" || *s == "yes") c.keep_job_dir = true;
         else if (*s == "false" || *s == "no") c.keep_job_dir = false;
         else return bad(source, key, "'" + *s + "' is not true or false");
+      } else if (key == "node") {
+        if (v.IsNull()) continue;
+        if (!v.IsMap()) return bad(source, key, "must be a mapping of node settings (known: shmem_thp)");
+        for (const auto& setting : v) {
+          if (!setting.first.IsScalar()) return bad(source, key, "a key is not a string");
+          const std::string name = key + "." + setting.first.Scalar();
+          if (setting.first.Scalar() != "shmem_thp")
+            return invalid_argument("site config " + source + ": unknown key '" + name + "' (known: node.shmem_thp)");
+          auto s = scalar(setting.second, source, name);
+          if (!s.is_ok()) return s.status();
+          if (*s != "always" && *s != "within_size" && *s != "advise" && *s != "never")
+            return bad(source, name, "'" + *s + "' is not one of always, within_size, advise, never");
+          c.node_shmem_thp = *s;
+        }
       } else {
         return invalid_argument("site config " + source + ": unknown key '" + key +
                                 "' (known: enable, repository, job_dir, daemon, drain_timeout, start_timeout, "
-                                "stop_timeout, on_failure, keep_job_dir)");
+                                "stop_timeout, on_failure, keep_job_dir, node)");
       }
     }
   } catch (const YAML::Exception& e) {

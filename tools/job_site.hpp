@@ -23,6 +23,10 @@ struct SiteConfig {
   double stop_timeout_s = 60;      // after SIGTERM, how long before SIGKILL
   OnFailure on_failure = OnFailure::kContinue;
   bool keep_job_dir = false;       // keep <job_dir>/<job id> after the job (logs, config)
+  // node.shmem_thp: the value the prolog writes to the kernel's shared-memory transparent huge
+  // pages setting (/sys/kernel/mm/transparent_hugepage/shmem_enabled) before the daemon starts,
+  // restored by the epilog of the node's last cairn job (tools/job_node.hpp). "" = leave it.
+  std::string node_shmem_thp;
   std::string source;              // the file it came from ("" = built-in defaults)
 };
 

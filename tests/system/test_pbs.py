@@ -124,3 +124,70 @@ def test_opt_in_by_comment_and_a_failed_start_does_not_reject_the_job(site):
     for j in ("4244.pbs-server", "4245.pbs-server"):
         assert pbs.run_hook(site["hook"], pbs.Event(pbs.EXECJOB_END, pbs.Job(j, USER))).accepted
         assert not os.path.exists(os.path.join(site["root"], "run", j))
+
+
+def test_end_keeps_the_job_summary_and_restores_the_node_setting(site, monkeypatch):
+    # The node setting goes to a file of the test's own (the CAIRN_TEST_SYSFS_ROOT test hook), which
+    # the hook's `cairn job` inherits from this process.
+    sysfs = os.path.join(site["root"], "sys")
+    thp = os.path.join(sysfs, "kernel", "mm", "transparent_hugepage", "shmem_enabled")
+    os.makedirs(os.path.dirname(thp), exist_ok=True)
+    with open(thp, "w") as f:
+        f.write("always within_size advise [never] deny force\n")
+    monkeypatch.setenv("CAIRN_TEST_SYSFS_ROOT", sysfs)
+    with open(site["site"]) as f:
+        good = f.read()
+    job = pbs.Job("4246.pbs-server", USER, comment="cairn")
+    cairn = os.path.join(site["prefix"], "bin", "cairn")
+    try:
+        with open(site["site"], "w") as f:
+            f.write(good + "node: {shmem_thp: advise}\n")
+        ev = pbs.run_hook(site["hook"], pbs.Event(pbs.EXECJOB_BEGIN, job))
+        assert ev.accepted, ev.reject_message
+        assert open(thp).read().strip() == "advise"
+        sock = os.path.join(site["root"], "run", job.id, "cairnd.sock")
+        uenv = dict(os.environ, CAIRN_SOCKET=sock)
+        p = as_user([cairn, "put", "sum-model", os.path.join(site["work"], "m.safetensors")], env=uenv)
+        assert p.returncode == 0, p.stdout
+        p = as_user([cairn, "get", "sum-model", "-o", os.path.join(site["work"], "sum.safetensors")], env=uenv)
+        assert p.returncode == 0, p.stdout
+        assert pbs.run_hook(site["hook"], pbs.Event(pbs.EXECJOB_END, job)).accepted
+    finally:
+        with open(site["site"], "w") as f:
+            f.write(good)
+    assert open(thp).read().strip() == "never"
+    assert not os.path.exists(os.path.join(site["root"], "run", "node-settings.json"))
+    with open(os.path.join(site["root"], "run", "cairn-job.log")) as f:
+        lines = [ln for ln in f if "job %s:" % job.id in ln]
+    assert any("node: shmem_enabled set to 'advise' (was 'never'" in ln for ln in lines), lines
+    assert any("node: shmem_enabled restored to 'never'" in ln for ln in lines), lines
+    assert any("summary: 1 model committed" in ln and "2 models loaded" in ln for ln in lines), lines
+    # The user reads it afterwards: a table, and the JSON as stored.
+    table = as_user([cairn, "job", "summary", job.id, "--site", site["site"]])
+    assert table.returncode == 0, table.stdout
+    assert "cairn job %s (user %s" % (job.id, USER) in table.stdout, table.stdout
+    got = as_user([cairn, "job", "summary", job.id, "--site", site["site"], "--json"])
+    assert got.returncode == 0, got.stdout
+    summary = json.loads(got.stdout)
+    nbytes = site["model"]["w"].nbytes
+    # `cairn get` opens the model twice: for its description and for the file's original header.
+    assert summary["models"] == {"committed": 1, "loaded": 2}, summary
+    # Stored, or deduplicated against the same bytes another test put into this repository.
+    assert summary["committed_bytes"]["stored"] + summary["committed_bytes"]["deduplicated"] == nbytes, summary
+    assert summary["committed_bytes"]["inherited"] == 0, summary
+    assert summary["loaded_bytes"]["dram"] == nbytes, summary
+    assert summary["requests"] > 0 and summary["wait_seconds"] > 0, summary
+    path = os.path.join(site["root"], "run", job.id + ".summary.json")
+    st = os.stat(path)
+    assert st.st_uid == slurm_cluster.ensure_user(USER).pw_uid and st.st_mode & 0o777 == 0o600
+    with open(path) as f:
+        assert json.load(f) == summary
+    # Bad, unknown and damaged ones are one-line errors.
+    bad = as_user([cairn, "job", "summary", "../x", "--site", site["site"]])
+    assert bad.returncode != 0 and "job id '../x'" in bad.stdout, bad.stdout
+    missing = as_user([cairn, "job", "summary", "999.nowhere", "--site", site["site"]])
+    assert missing.returncode != 0 and "no summary of job '999.nowhere'" in missing.stdout, missing.stdout
+    with open(path, "w") as f:
+        f.write('{"format": "cairn-job-summary", "version": 1}')
+    damaged = as_user([cairn, "job", "summary", job.id, "--site", site["site"]])
+    assert damaged.returncode != 0 and "field 'job' is missing" in damaged.stdout, damaged.stdout

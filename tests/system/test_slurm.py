@@ -1,8 +1,10 @@
 """The Slurm prolog, task prolog and epilog (workflow/slurm/) on a real one-node Slurm cluster
 (slurm_cluster.py), with cairn installed into a prefix as a site would install it and the site
 config at <prefix>/etc/cairn/site.yaml. Jobs run as two non-root test users."""
+import json
 import os
 import pwd
+import re
 import shutil
 import stat
 import subprocess
@@ -250,13 +252,23 @@ ls "%s/run/$SLURM_JOB_ID" 2>/dev/null && echo "a job directory exists"
 eval "$(srun --ntasks-per-node=1 --overlap cairn job start)"
 echo "own=$CAIRN_SOCKET"
 cairn put own-model m.safetensors --durability global && echo stored
-srun --ntasks-per-node=1 --overlap cairn job stop && echo stopped
+srun --ntasks-per-node=1 --overlap cairn job stop 2>stop.err && echo stopped
+grep -o "summary: 1 model committed" stop.err
+# The user's own daemon keeps its summary in the user's own place.
+cairn job summary $SLURM_JOB_ID --json > own-summary.json && echo summary-kept
 """ % env["root"])
     job = c.submit("cairnt2", script, env["work"]["cairnt2"])
     assert c.wait_ended(job) == "COMPLETED", job_output(env, "cairnt2", job)
     out = job_output(env, "cairnt2", job)
     assert "socket=none" in out and "a job directory exists" not in out, out
     assert "own=/" in out and "stored" in out and "stopped" in out, out
+    assert "summary: 1 model committed" in out and "summary-kept" in out, out
+    with open(os.path.join(env["work"]["cairnt2"], "own-summary.json")) as f:
+        own = json.load(f)
+    assert own["job"] == job and own["user"] == "cairnt2" and own["models"]["committed"] == 1, own
+    kept = "/tmp/cairn-%d/jobs/%s.summary.json" % (pwd.getpwnam("cairnt2").pw_uid, job)
+    assert os.stat(kept).st_mode & 0o777 == 0o600
+    os.unlink(kept)
     assert_job_cleaned(env, job)
     got = repository_models(env, "cairnt2", ["own-model"])["own-model"]
     assert isinstance(got, dict), got
@@ -278,3 +290,99 @@ def test_daemon_that_cannot_start_leaves_the_job_running_and_logs_why(env):
         lines = [ln for ln in f if "job %s:" % job in ln]
     assert any("capacity" in ln and "banana" in ln and "without cairn" in ln for ln in lines), lines
     assert_job_cleaned(env, job)
+
+
+def wrap_node_scripts(env, sysfs):
+    """Makes the installed prolog and epilog run with CAIRN_TEST_SYSFS_ROOT=sysfs (slurmd gives
+    them no environment of its own); returns a function that puts the originals back."""
+    slurm = os.path.join(env["prefix"], "share", "cairn", "slurm")
+    for name in ("prolog", "epilog"):
+        path = os.path.join(slurm, name)
+        os.rename(path, path + ".real")
+        with open(path, "w") as f:
+            f.write("#!/bin/sh\nCAIRN_TEST_SYSFS_ROOT=%s exec %s.real \"$@\"\n" % (sysfs, path))
+        os.chmod(path, 0o755)
+
+    def unwrap():
+        for name in ("prolog", "epilog"):
+            path = os.path.join(slurm, name)
+            os.rename(path + ".real", path)
+    return unwrap
+
+
+def test_a_job_ends_with_a_summary_for_its_user_and_the_node_setting_is_restored_by_the_last_job(env):
+    c = env["cluster"]
+    sysfs = os.path.join(env["root"], "sys")
+    thp = os.path.join(sysfs, "kernel", "mm", "transparent_hugepage", "shmem_enabled")
+    os.makedirs(os.path.dirname(thp), exist_ok=True)
+    with open(thp, "w") as f:
+        f.write("always within_size advise [never] deny force\n")
+    bin_dir = os.path.join(env["prefix"], "bin")
+    write_site(env["prefix"], env["root"], node="{shmem_thp: advise}")
+    unwrap = wrap_node_scripts(env, sysfs)
+    release = os.path.join(env["work"]["cairnt2"], "release-node")
+    holder = holder_state = None
+    try:
+        # cairnt2's job holds the node while cairnt1's job runs and ends.
+        hold = write_script(env, "cairnt2", "hold-node.sh", "while [ ! -e release-node ]; do sleep 0.1; done\n")
+        holder = c.submit("cairnt2", hold, env["work"]["cairnt2"], comment="cairn")
+        c.wait_state(holder, ("RUNNING",))
+        deadline = time.time() + 30  # RUNNING may come before the prolog is done
+        while open(thp).read().strip() != "advise" and time.time() < deadline:
+            time.sleep(0.1)
+        assert open(thp).read().strip() == "advise"
+        work = write_script(env, "cairnt1", "summary.sh", """
+cairn put sum-base m.safetensors --durability memory
+cairn put sum-child m.safetensors --parent sum-base --durability memory
+cairn get sum-base -o sum1.safetensors && cairn get sum-child -o sum2.safetensors && echo loaded
+""")
+        job = c.submit("cairnt1", work, env["work"]["cairnt1"], comment="cairn")
+        assert c.wait_ended(job) == "COMPLETED", job_output(env, "cairnt1", job)
+        assert "loaded" in job_output(env, "cairnt1", job)
+        assert open(thp).read().strip() == "advise", "restored while another cairn job still runs"
+    finally:
+        open(release, "w").close()
+        try:
+            if holder:
+                holder_state = c.wait_ended(holder)
+        finally:
+            unwrap()
+            write_site(env["prefix"], env["root"])
+            os.unlink(release)
+    assert holder_state == "COMPLETED", job_output(env, "cairnt2", holder)
+    assert open(thp).read().strip() == "never"
+    assert not os.path.exists(os.path.join(env["root"], "run", "node-settings.json"))
+    assert_job_cleaned(env, job)
+    assert_job_cleaned(env, holder)
+
+    # The job log: the summary of cairnt1's job, and the node setting applied and restored.
+    with open(os.path.join(env["root"], "run", "cairn-job.log")) as f:
+        log = f.readlines()
+    mine = [ln for ln in log if "job %s:" % job in ln]
+    assert any("summary: 2 models committed" in ln and "4 models loaded" in ln for ln in mine), mine
+    assert any("node: shmem_enabled set to 'advise' (was 'never'" in ln for ln in log if "job %s:" % holder in ln), log
+    assert any("node: shmem_enabled restored to 'never'" in ln for ln in log if "job %s:" % holder in ln), log
+
+    # The user reads it afterwards, as a table and as JSON; the other user cannot.
+    table = c.run_as("cairnt1", [bin_dir + "/cairn", "job", "summary", job])
+    assert table.returncode == 0, table.stdout
+    assert "cairn job %s (user cairnt1" % job in table.stdout, table.stdout
+    assert re.search(r"^ +models committed +2$", table.stdout, re.M), table.stdout
+    # Each `cairn get` opens its model twice (the description, and the file's original header).
+    assert re.search(r"^ +models loaded +4$", table.stdout, re.M), table.stdout
+    assert re.search(r"^ +time processes waited on cairn +\d+\.\d+ s over \d+ requests$", table.stdout, re.M), table.stdout
+    got = c.run_as("cairnt1", [bin_dir + "/cairn", "job", "summary", job, "--json"])
+    assert got.returncode == 0, got.stdout
+    summary = json.loads(got.stdout)
+    nbytes = sum(v.nbytes for v in env["model"].values())
+    assert summary["job"] == job and summary["user"] == "cairnt1", summary
+    assert summary["models"] == {"committed": 2, "loaded": 4}, summary
+    # The child repeats its parent's bytes: not written again, whether the tool inherits them or
+    # the daemon deduplicates them.
+    committed = summary["committed_bytes"]
+    assert committed["stored"] + committed["deduplicated"] + committed["inherited"] == 2 * nbytes, summary
+    assert committed["deduplicated"] + committed["inherited"] >= nbytes, summary
+    assert summary["loaded_bytes"]["dram"] == 2 * nbytes, summary
+    assert summary["requests"] > 0 and summary["wait_seconds"] > 0, summary
+    other = c.run_as("cairnt2", [bin_dir + "/cairn", "job", "summary", job])
+    assert other.returncode != 0 and "is not yours" in other.stdout, other.stdout
