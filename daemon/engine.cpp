@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <future>
+#include <mutex>
 #include <optional>
 
 #include "core/log.hpp"
@@ -456,10 +457,31 @@ Result<json> Engine::prefetch(const json& req, OperationProgress& progress) {
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::milliseconds(limit == req.end() ? uint64_t{600000} : limit->get<uint64_t>());
   auto t0 = std::chrono::steady_clock::now();
-  auto remote = std::async(std::launch::async, [this, &id, deadline] { return peers_->stage_all(id, deadline); });
+  // The other members' answers, counted while this member prefetches; shown once it has finished
+  // (its own bytes are the first phase).
+  struct Answers {
+    std::mutex mu;
+    size_t asked = 0, answered = 0;
+    bool shown = false;  // GUARDED_BY(mu)
+  } answers;
+  auto on_answer = [&answers, &progress](size_t asked, size_t answered) {
+    std::lock_guard lock(answers.mu);
+    answers.asked = asked;
+    answers.answered = answered;
+    if (!answers.shown) return;
+    progress.set_total(asked);
+    progress.set_done(answered);
+  };
+  auto remote = std::async(std::launch::async,
+                           [this, &id, deadline, &on_answer] { return peers_->stage_all(id, deadline, on_answer); });
   Result<json> local = reads_->prefetch(req, &progress);
   const double local_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  progress.begin_phase("waiting for the other members", ProgressUnit::kItems, 0);
+  {
+    std::lock_guard lock(answers.mu);
+    progress.begin_phase("other members prefetched", ProgressUnit::kItems, answers.asked);
+    progress.set_done(answers.answered);
+    answers.shown = true;
+  }
   {
     Watchdog::ClientWait waiting;  // for the other members, at most timeout_ms
     members = remote.get();

@@ -106,8 +106,10 @@ class PeerService {
   // `cairn prefetch ID --all`: asks every verified member to bring the model into its DRAM (each
   // through the group, so the chunks spread as a pipelined tree) and waits for their answers, at
   // most until deadline; a member that leaves meanwhile fails. One entry per member:
-  // {member, ok, bytes, seconds, error}.
-  nlohmann::json stage_all(const std::string& model, std::chrono::steady_clock::time_point deadline);
+  // {member, ok, bytes, seconds, error}. on_answer (when set) is called with how many members were
+  // asked and how many have answered: once when they have been asked, then after each answer.
+  nlohmann::json stage_all(const std::string& model, std::chrono::steady_clock::time_point deadline,
+                           const std::function<void(size_t asked, size_t answered)>& on_answer = {});
   // Refuses further stage requests and waits for those running (their on_stage calls return);
   // the engine calls it before it takes down what on_stage uses.
   void stop_staging();

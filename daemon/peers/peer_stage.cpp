@@ -55,7 +55,8 @@ void PeerService::Impl::stage_replied(const StageReplyBody& r) {
   cv.notify_all();
 }
 
-json PeerService::stage_all(const std::string& model, PClock::time_point deadline) {
+json PeerService::stage_all(const std::string& model, PClock::time_point deadline,
+                           const std::function<void(size_t, size_t)>& on_answer) {
   Impl& s = *impl_;
   std::vector<std::pair<std::string, uint64_t>> asked;
   std::vector<Outgoing> out;
@@ -69,10 +70,16 @@ json PeerService::stage_all(const std::string& model, PClock::time_point deadlin
     }
   }
   s.send(out);
+  if (on_answer) on_answer(asked.size(), 0);
   json answers = json::array();
   std::unique_lock lock(s.mu);
   for (const auto& [id, req] : asked) {
     auto p = s.wait(lock, req, deadline);
+    if (on_answer) {  // outside the service's lock: the caller may take its own
+      lock.unlock();
+      on_answer(asked.size(), answers.size() + 1);
+      lock.lock();
+    }
     json a{{"member", id}};
     if (!p) {
       a["ok"] = false;

@@ -22,6 +22,7 @@
 """
 import json
 import os
+import re
 import shutil
 import sys
 import threading
@@ -425,6 +426,13 @@ def test_prefetch_all_spreads_a_model_to_every_member(make_daemon, tmp):
     assert "on 3 other members" in text and text.count(" ok ") == 3, text
     r = ds[1].cairn("prefetch", "nosuch", "--all", check=False)
     assert r.returncode != 0 and "nosuch" in r.stderr
+    # With --progress on a pipe: plain lines, the members' answers counted out of the 3 asked, a summary.
+    r = ds[1].cairn("prefetch", "spread", "--all", "--progress")
+    lines = r.stderr.strip().splitlines()
+    assert lines and lines[-1].startswith("prefetch spread: ") and "\r" not in r.stderr, r.stderr
+    for line in lines:
+        if "other members prefetched: " in line:
+            assert re.search(r"other members prefetched: [0-3] / 3 ", line), line
 
 
 def test_reads_go_on_while_the_group_runs_gc_after_a_kill9(make_daemon, tmp):
