@@ -212,8 +212,9 @@ def test_rm_gc_fsck_reclaim_exactly_what_only_retired_models_use(make_daemon, tm
 
 def test_kill9_during_gc_loses_nothing_live(make_daemon, tmp):
     """A NAS-like tree of 60 models; half retired at random; gc killed with -9 at random moments,
-    restarted, until one gc completes. Every live model reads back exact; fsck finds nothing
-    dangling, and after the final gc nothing orphaned."""
+    restarted, until one gc completes. After each kill fsck finds nothing dangling and a random
+    sample of the live models reads back exact; after the final gc every live model does, and
+    nothing is orphaned."""
     d = make_daemon().start()
     rng = np.random.default_rng(3)
     pyrng = random.Random(3)
@@ -251,7 +252,7 @@ def test_kill9_during_gc_loses_nothing_live(make_daemon, tmp):
         assert fsck["dangling"] == [], fsck["dangling"]
         print("attempt", attempt, "models", len(json.loads(d.cairn("ls", "--all", "--json").stdout)),
               "orphaned", fsck["orphaned_bytes"], "physical", d.stats()["repository"]["physical_bytes"])
-        for mid in live:
+        for mid in (live if attempt == 5 else pyrng.sample(live, 6)):
             d.cairn("get", mid, "-o", tmp / "back.safetensors")
             assert (tmp / "back.safetensors").read_bytes() == files[mid].read_bytes(), mid
     assert completed

@@ -33,12 +33,12 @@ SEED = int(os.environ.get("CAIRN_TORTURE_SEED", "1001"))
 
 
 def test_short_run_one_daemon():
-    out = torture("--seed", SEED, "--duration", 35)
+    out = torture("--seed", SEED, "--duration", 25)
     assert "0 acknowledged models lost or wrong" in out
 
 
 def test_short_run_peer_group():
-    out = torture("--seed", SEED + 1, "--duration", 35, "--daemons", 3)
+    out = torture("--seed", SEED + 1, "--duration", 25, "--daemons", 3)
     assert "0 acknowledged models lost or wrong" in out
 
 
