@@ -29,6 +29,8 @@
 
 namespace {
 
+using cairn::tool::human_bytes;
+
 using cairn::Result;
 using cairn::Status;
 using nlohmann::json;
@@ -62,16 +64,6 @@ Result<json> read_json_file(const std::string& path, const char* what) {
   json j = json::parse(ss.str(), nullptr, false);
   if (j.is_discarded()) return cairn::invalid_argument(std::string(what) + " '" + path + "' is not valid JSON");
   return j;
-}
-
-std::string human_bytes(uint64_t b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(b);
-  int u = 0;
-  while (v >= 1024 && u < 4) v /= 1024, ++u;
-  char buf[32];
-  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", v, units[u]);
-  return buf;
 }
 
 // --quiet and --progress of the long commands (tools/progress_line.hpp).

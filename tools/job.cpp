@@ -16,14 +16,9 @@
 
 #include <dirent.h>
 #include <fcntl.h>
-#include <ftw.h>
-#include <grp.h>
-#include <poll.h>
 #include <pwd.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/un.h>
 #include <sys/wait.h>
 #include <syslog.h>
 #include <unistd.h>
@@ -34,10 +29,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
-#include <fstream>
 #include <functional>
 #include <map>
-#include <sstream>
 #include <thread>
 #include <vector>
 
@@ -47,6 +40,7 @@
 #include "api/cpp/client.hpp"
 #include "core/config.hpp"
 #include "tools/job_node.hpp"
+#include "tools/job_process.hpp"
 #include "tools/job_site.hpp"
 #include "tools/job_summary.hpp"
 
@@ -62,12 +56,6 @@ struct JobArgs {
   bool json = false;  // `summary --json`
 };
 
-struct User {
-  uid_t uid = 0;
-  gid_t gid = 0;
-  std::string name, home, shell;
-};
-
 std::string self_dir() {
   char buf[4096];
   ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
@@ -77,25 +65,9 @@ std::string self_dir() {
   return slash == std::string::npos ? "." : p.substr(0, slash);
 }
 
-std::string parent_of(const std::string& dir) {
-  auto slash = dir.rfind('/');
-  return slash == std::string::npos || slash == 0 ? "/" : dir.substr(0, slash);
-}
-
 std::string env_or(const char* name, const std::string& fallback = "") {
   const char* v = std::getenv(name);
   return v && *v ? std::string(v) : fallback;
-}
-
-bool is_root() { return ::geteuid() == 0; }
-
-Result<User> lookup_user(const std::string& name) {
-  struct passwd pw{}, *out = nullptr;
-  std::vector<char> buf(16384);
-  int rc = name.empty() ? ::getpwuid_r(::getuid(), &pw, buf.data(), buf.size(), &out)
-                        : ::getpwnam_r(name.c_str(), &pw, buf.data(), buf.size(), &out);
-  if (rc != 0 || !out) return not_found("user '" + (name.empty() ? std::to_string(::getuid()) : name) + "' is unknown on this node");
-  return User{pw.pw_uid, pw.pw_gid, pw.pw_name, pw.pw_dir ? pw.pw_dir : "/", pw.pw_shell ? pw.pw_shell : "/bin/sh"};
 }
 
 Status check_job_id(const std::string& id) {
@@ -173,22 +145,6 @@ JobPaths paths_for(const std::string& base, const std::string& id, bool root_mod
 
 std::string user_fallback_base() { return "/tmp/cairn-" + std::to_string(::getuid()) + "/jobs"; }
 
-Status make_dir(const std::string& path, mode_t mode) {
-  if (::mkdir(path.c_str(), mode) == 0 || errno == EEXIST) return Status::ok();
-  return errno_status("cannot create '" + path + "'", errno);
-}
-
-Status make_dirs(const std::string& path, mode_t mode) {
-  if (path.empty() || path == "/") return Status::ok();
-  struct stat st{};
-  if (::stat(path.c_str(), &st) == 0) {
-    if (!S_ISDIR(st.st_mode)) return invalid_argument("'" + path + "' exists and is not a directory");
-    return Status::ok();
-  }
-  if (auto s = make_dirs(parent_of(path), mode); !s.is_ok()) return s;
-  return make_dir(path, mode);
-}
-
 // The base directory for this caller: root uses the site's job_dir (made 0755 if missing); a user
 // uses it only when it exists and is writable.
 Result<std::string> job_base(const SiteConfig& site, const JobArgs& a, bool create) {
@@ -211,95 +167,6 @@ Result<std::string> job_base(const SiteConfig& site, const JobArgs& a, bool crea
       return permission_denied("'" + parent_of(fb) + "' belongs to uid " + std::to_string(st.st_uid) + ", not to you");
   }
   return fb;
-}
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-std::string last_lines(const std::string& path, size_t n) {
-  std::string text = read_text(path);
-  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
-  size_t pos = text.size();
-  for (size_t i = 0; i < n && pos != std::string::npos && pos > 0; ++i) pos = text.rfind('\n', pos - 1);
-  std::string tail = pos == std::string::npos ? text : text.substr(pos + 1);
-  for (auto& ch : tail)
-    if (ch == '\n') ch = ' ';
-  return tail.empty() ? "(the log is empty)" : tail;
-}
-
-bool socket_answers(const std::string& path) {
-  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return false;
-  sockaddr_un sa{};
-  sa.sun_family = AF_UNIX;
-  if (path.size() >= sizeof sa.sun_path) {
-    ::close(fd);
-    return false;
-  }
-  std::memcpy(sa.sun_path, path.c_str(), path.size() + 1);
-  bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0;
-  ::close(fd);
-  return ok;
-}
-
-pid_t read_pidfile(const std::string& path) {
-  std::string t = read_text(path);
-  long v = std::strtol(t.c_str(), nullptr, 10);
-  return v > 1 ? static_cast<pid_t>(v) : 0;
-}
-
-Status write_pidfile(const std::string& path, pid_t pid) {
-  std::string tmp = path + ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
-  if (fd < 0) return errno_status("cannot write pidfile '" + tmp + "'", errno);
-  std::string text = std::to_string(pid) + "\n";
-  bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
-  ::close(fd);
-  if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) return errno_status("cannot write pidfile '" + path + "'", errno);
-  return Status::ok();
-}
-
-// Whether pid is a live cairnd owned by uid (a pidfile may be stale and its pid reused).
-bool is_our_daemon(pid_t pid, uid_t uid) {
-  std::string proc = "/proc/" + std::to_string(pid);
-  struct stat st{};
-  if (::stat(proc.c_str(), &st) != 0 || st.st_uid != uid) return false;
-  std::string stat_text = read_text(proc + "/stat");
-  auto close_paren = stat_text.rfind(')');
-  if (close_paren != std::string::npos && close_paren + 2 < stat_text.size() && stat_text[close_paren + 2] == 'Z')
-    return false;
-  char buf[4096];
-  ssize_t n = ::readlink((proc + "/exe").c_str(), buf, sizeof buf - 1);
-  if (n <= 0) return false;
-  std::string exe(buf, static_cast<size_t>(n));
-  auto slash = exe.rfind('/');
-  std::string base = slash == std::string::npos ? exe : exe.substr(slash + 1);
-  return base.rfind("cairnd", 0) == 0;
-}
-
-bool alive(pid_t pid) {
-  if (::kill(pid, 0) != 0 && errno == ESRCH) return false;
-  std::string stat_text = read_text("/proc/" + std::to_string(pid) + "/stat");
-  auto close_paren = stat_text.rfind(')');
-  return !(close_paren != std::string::npos && close_paren + 2 < stat_text.size() && stat_text[close_paren + 2] == 'Z');
-}
-
-int remove_entry(const char* path, const struct stat*, int, struct FTW*) { return ::remove(path); }
-
-void remove_tree(const std::string& dir) { ::nftw(dir.c_str(), remove_entry, 16, FTW_DEPTH | FTW_PHYS); }
-
-Status drop_privileges(const User& u) {
-  if (!is_root()) return Status::ok();
-  if (u.uid == 0) return permission_denied("refusing to run as root");
-  if (::initgroups(u.name.c_str(), u.gid) != 0) return errno_status("initgroups", errno);
-  if (::setgid(u.gid) != 0) return errno_status("setgid", errno);
-  if (::setuid(u.uid) != 0) return errno_status("setuid", errno);
-  if (::getuid() != u.uid || ::geteuid() != u.uid) return permission_denied("could not drop root privileges");
-  return Status::ok();
 }
 
 // The cairnd config for the job: the site's `daemon` mapping with the socket, repository, peer
@@ -524,83 +391,6 @@ int cmd_start(JobArgs a) {
   return 0;
 }
 
-// What a child process that ran as the daemon's user answered.
-struct AsUser {
-  bool finished = false;  // false: it did not finish by the deadline and was killed
-  bool ok = false;        // it exited 0
-  std::string out;        // what it wrote
-};
-
-// Runs `work` in a child process as user u (cairnd serves only its own uid): the child connects to
-// `socket`, calls work with the client and writes what work returns to a pipe; it exits 0 when
-// work says ok. The parent reads the pipe as it comes and kills the child at the deadline.
-AsUser run_as_daemon_user(const User& u, const std::string& socket, double timeout_s,
-                          const std::function<bool(Client&, std::string&)>& work) {
-  AsUser r;
-  int fds[2];
-  if (::pipe2(fds, O_CLOEXEC) != 0) {
-    r.finished = true;
-    r.out = "pipe: " + std::string(std::strerror(errno));
-    return r;
-  }
-  pid_t pid = ::fork();
-  if (pid < 0) {
-    ::close(fds[0]);
-    ::close(fds[1]);
-    r.finished = true;
-    r.out = "fork: " + std::string(std::strerror(errno));
-    return r;
-  }
-  if (pid == 0) {
-    ::close(fds[0]);
-    std::string out;
-    bool ok = false;
-    if (auto s = drop_privileges(u); !s.is_ok()) {
-      out = s.to_string();
-    } else if (auto c = Client::connect(socket); !c.is_ok()) {
-      out = c.status().to_string();
-    } else {
-      ok = work(**c, out);
-    }
-    for (size_t done = 0; done < out.size();) {
-      ssize_t n = ::write(fds[1], out.data() + done, out.size() - done);
-      if (n <= 0) {
-        ok = false;
-        break;
-      }
-      done += static_cast<size_t>(n);
-    }
-    ::_exit(ok ? 0 : 1);
-  }
-  ::close(fds[1]);
-  const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s);
-  bool eof = false;
-  while (!eof && Clock::now() < deadline) {
-    struct pollfd pfd{fds[0], POLLIN, 0};
-    if (::poll(&pfd, 1, 50) <= 0) continue;
-    char buf[4096];
-    ssize_t n = ::read(fds[0], buf, sizeof buf);
-    if (n > 0) r.out.append(buf, static_cast<size_t>(n));
-    else if (n == 0 || errno != EINTR) eof = true;
-  }
-  ::close(fds[0]);
-  int status = 0;
-  while (Clock::now() < deadline) {
-    if (::waitpid(pid, &status, WNOHANG) == pid) {
-      r.finished = true;
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  if (!r.finished) {
-    ::kill(pid, SIGKILL);
-    ::waitpid(pid, &status, 0);
-    return r;
-  }
-  r.ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-  return r;
-}
-
 // Flushes the daemon as its user. Returns a line for the log.
 std::string flush_as(const User& u, const std::string& socket, double timeout_s, bool& ok) {
   // The flush is bounded by the daemon (timeout_ms); the extra margin covers a daemon that hangs.
@@ -667,18 +457,6 @@ Status write_summary(const JobPaths& p, const User& u, const JobSummary& summary
     return errno_status("cannot write the job summary '" + p.summary + "'", e);
   }
   return Status::ok();
-}
-
-// Removes a directory tree as the daemon's user (the burst buffer lies on a node-local disk the
-// user can write to; root does not follow anything the user may have placed there).
-void remove_tree_as(const User& u, const std::string& dir) {
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    if (!drop_privileges(u).is_ok()) ::_exit(1);
-    remove_tree(dir);
-    ::_exit(0);
-  }
-  if (pid > 0) ::waitpid(pid, nullptr, 0);
 }
 
 // The job's burst-buffer directory, from the config `cairn job start` wrote ("" when it is to be

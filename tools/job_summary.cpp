@@ -6,6 +6,8 @@
 #include <ctime>
 #include <set>
 
+#include "tools/progress_line.hpp"
+
 namespace cairn::tool {
 namespace {
 
@@ -14,16 +16,6 @@ using nlohmann::ordered_json;
 
 // A summary file is a few hundred bytes; anything much larger is not one.
 constexpr size_t kMaxSummaryBytes = 64 * 1024;
-
-std::string human_bytes(uint64_t b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-  double v = static_cast<double>(b);
-  int u = 0;
-  while (v >= 1024 && u < 5) v /= 1024, ++u;
-  char buf[32];
-  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", v, units[u]);
-  return buf;
-}
 
 std::string utc(int64_t unix_s) {
   std::time_t t = static_cast<std::time_t>(unix_s);
