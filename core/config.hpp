@@ -33,6 +33,7 @@ struct Config {
   uint64_t chunk_size = 16ull << 20;
   std::string repository_refresh = "1s";  // how often other daemons' commits are read: "250ms", "1s", "0"
   bool repository_direct_reads = true;    // packs read with O_DIRECT where the filesystem allows it
+  std::string repository_compression = "deltas";  // chunks coded as they reach the repository: deltas, planes, off
   struct {
     TierConfig hbm, dram, nvme;
   } tiers;

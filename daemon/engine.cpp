@@ -44,6 +44,8 @@ Result<std::unique_ptr<Engine>> Engine::create(const Config& config, EngineOptio
   const auto opening = std::chrono::steady_clock::now();
   RepositoryOptions repo_options;
   repo_options.direct_reads = config.repository_direct_reads;
+  repo_options.compress = config.repository_compression != "off";
+  repo_options.deltas = config.repository_compression == "deltas";
   CAIRN_ASSIGN_OR_RETURN(auto repo,
                          Repository::open(config.repository, config.chunk_size, options.repository_fs, repo_options));
   const auto opened_repo = std::chrono::steady_clock::now();

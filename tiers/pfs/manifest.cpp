@@ -133,6 +133,86 @@ Result<uint64_t> get_uint(const json& obj, const std::string& where, const char*
   return invalid_argument(field_path(where, field) + ": expected a non-negative integer");
 }
 
+// A chunk: {"hash", "length", "pack", "offset"}, and when coded "coding", "stored" and (a delta)
+// "base": {"hash", "pack", "offset"} with its own "coding" and "stored" when coded. A base has no
+// "length": it is the delta's (base_length).
+Result<ChunkRef> chunk_from_json(const json& c, const std::string& cw, bool is_base, uint64_t base_length) {
+  if (!c.is_object()) return invalid_argument(cw + ": expected a JSON object");
+  for (auto it = c.begin(); it != c.end(); ++it) {
+    const std::string& k = it.key();
+    bool known = k == "hash" || k == "pack" || k == "offset" || k == "coding" || k == "stored" ||
+                 (!is_base && (k == "length" || k == "base"));
+    if (!known) return invalid_argument(cw + ": unknown field " + quote(k));
+  }
+  for (const char* f : {"hash", "length", "pack", "offset"}) {
+    if (is_base && std::string_view(f) == "length") continue;
+    if (c.find(f) == c.end()) return invalid_argument(cw + ": missing field '" + f + "'");
+  }
+  ChunkRef r;
+  CAIRN_ASSIGN_OR_RETURN(std::string hex, get_string(c, cw, "hash"));
+  std::optional<ChunkHash> h = ChunkHash::from_hex(hex);
+  if (!h) return invalid_argument(cw + ".hash: expected 32 lowercase hex digits");
+  r.hash = *h;
+  if (is_base) {
+    r.length = base_length;
+  } else {
+    CAIRN_ASSIGN_OR_RETURN(r.length, get_uint(c, cw, "length"));
+  }
+  CAIRN_ASSIGN_OR_RETURN(r.pack, get_string(c, cw, "pack"));
+  CAIRN_ASSIGN_OR_RETURN(r.offset, get_uint(c, cw, "offset"));
+  if (auto it = c.find("coding"); it != c.end()) {
+    if (!it->is_string()) return invalid_argument(cw + ".coding: expected a string");
+    std::optional<ChunkCoding> coding = chunk_coding_from_name(it->get<std::string>());
+    if (!coding || *coding == ChunkCoding::kRaw)
+      return invalid_argument(cw + ".coding: " + quote(it->get<std::string>()) +
+                              " is not a coding (\"planes\" or \"delta\"; raw chunks have no \"coding\")");
+    r.coding = *coding;
+    if (c.find("stored") == c.end()) return invalid_argument(cw + ": a coded chunk needs 'stored'");
+    CAIRN_ASSIGN_OR_RETURN(r.stored, get_uint(c, cw, "stored"));
+  } else if (c.find("stored") != c.end()) {
+    return invalid_argument(cw + ".stored: only a coded chunk has one");
+  }
+  if (auto it = c.find("base"); it != c.end()) {
+    CAIRN_ASSIGN_OR_RETURN(ChunkRef b, chunk_from_json(*it, cw + ".base", /*is_base=*/true, r.length));
+    r.base = std::make_shared<const ChunkRef>(std::move(b));
+  }
+  return r;
+}
+
+json chunk_to_json(const ChunkRef& c, bool is_base) {
+  json jc = json::object();
+  jc["hash"] = c.hash.hex();
+  if (!is_base) jc["length"] = c.length;
+  jc["pack"] = c.pack;
+  jc["offset"] = c.offset;
+  if (c.coding != ChunkCoding::kRaw) {
+    jc["coding"] = std::string(chunk_coding_name(c.coding));
+    jc["stored"] = c.stored;
+  }
+  if (c.base && !is_base) jc["base"] = chunk_to_json(*c.base, /*is_base=*/true);
+  return jc;
+}
+
+// A chunk's coding fields agree with each other: raw has no stored size and no base; a coded chunk
+// has a stored size; a delta, and only a delta, has a base of its length, stored whole.
+std::string coding_problem(const ChunkRef& c) {
+  if (c.coding == ChunkCoding::kRaw) {
+    if (c.stored != 0) return "a raw chunk with a stored size";
+    if (c.base) return "a raw chunk with a base";
+    return "";
+  }
+  if (c.stored == 0) return "a coded chunk without its stored size";
+  if (c.stored > UINT32_MAX) return "a coded chunk of more than 4 GiB";
+  if (c.coding != ChunkCoding::kDelta) return c.base ? "a chunk coded without a delta, with a base" : "";
+  if (!c.base) return "a delta without a base";
+  const ChunkRef& b = *c.base;
+  if (b.coding == ChunkCoding::kDelta || b.base) return "a delta whose base is a delta";
+  if (b.length != c.length) return "a base of another length";
+  if (b.hash == ChunkHash{}) return "a base without a hash";
+  if (b.coding == ChunkCoding::kRaw ? b.stored != 0 : b.stored == 0) return "a base whose stored size disagrees with its coding";
+  return "";
+}
+
 Result<TensorManifest> tensor_from_json(const json& j, const std::string& where) {
   CAIRN_RETURN_IF_ERROR(check_object(j, where, {"name", "dtype", "shape", "nbytes", "chunks"}));
   TensorManifest t;
@@ -159,17 +239,8 @@ Result<TensorManifest> tensor_from_json(const json& j, const std::string& where)
   if (!chunks.is_array()) return invalid_argument(where + ".chunks: expected an array");
   t.chunks.reserve(chunks.size());
   for (size_t ci = 0; ci < chunks.size(); ++ci) {
-    const json& c = chunks[ci];
-    std::string cw = where + ".chunks[" + std::to_string(ci) + "]";
-    CAIRN_RETURN_IF_ERROR(check_object(c, cw, {"hash", "length", "pack", "offset"}));
-    ChunkRef r;
-    CAIRN_ASSIGN_OR_RETURN(std::string hex, get_string(c, cw, "hash"));
-    std::optional<ChunkHash> h = ChunkHash::from_hex(hex);
-    if (!h) return invalid_argument(cw + ".hash: expected 32 lowercase hex digits");
-    r.hash = *h;
-    CAIRN_ASSIGN_OR_RETURN(r.length, get_uint(c, cw, "length"));
-    CAIRN_ASSIGN_OR_RETURN(r.pack, get_string(c, cw, "pack"));
-    CAIRN_ASSIGN_OR_RETURN(r.offset, get_uint(c, cw, "offset"));
+    CAIRN_ASSIGN_OR_RETURN(ChunkRef r, chunk_from_json(chunks[ci], where + ".chunks[" + std::to_string(ci) + "]",
+                                                       /*is_base=*/false, 0));
     t.chunks.push_back(std::move(r));
   }
   return t;
@@ -224,9 +295,15 @@ Status validate_manifest(const ModelManifest& m, bool with_locations) {
       if (c.length > t.nbytes - sum)
         return bad(cw + ".length", "the chunks hold more than the tensor's " + std::to_string(t.nbytes) + " bytes");
       sum += c.length;
+      if (std::string p = coding_problem(c); !p.empty()) return bad(cw + ".coding", p);
       if (with_locations) {
         if (!valid_pack_name(c.pack)) return bad(cw + ".pack", quote(c.pack) + " is not a pack file name");
-        if (c.offset > UINT64_MAX - c.length) return bad(cw + ".offset", "too large");
+        if (c.offset > UINT64_MAX - c.stored_bytes()) return bad(cw + ".offset", "too large");
+        if (c.base) {
+          if (!valid_pack_name(c.base->pack))
+            return bad(cw + ".base.pack", quote(c.base->pack) + " is not a pack file name");
+          if (c.base->offset > UINT64_MAX - c.base->stored_bytes()) return bad(cw + ".base.offset", "too large");
+        }
       }
     }
     if (sum != t.nbytes)
@@ -276,12 +353,7 @@ json manifest_to_json(const ModelManifest& m) {
   for (const TensorManifest& t : m.tensors) {
     json chunks = json::array();
     for (const ChunkRef& c : t.chunks) {
-      json jc = json::object();
-      jc["hash"] = c.hash.hex();
-      jc["length"] = c.length;
-      jc["pack"] = c.pack;
-      jc["offset"] = c.offset;
-      chunks.push_back(std::move(jc));
+      chunks.push_back(chunk_to_json(c, /*is_base=*/false));
     }
     json jt = json::object();
     jt["name"] = t.name;

@@ -15,19 +15,33 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/chunk_coding.hpp"
 #include "core/dtype.hpp"
 #include "core/hash.hpp"
 #include "core/status.hpp"
 
 namespace cairn {
 
-// Where a chunk's bytes are in the repository.
+// Where a chunk's bytes are in the repository, and how they are stored there.
 struct ChunkRef {
-  ChunkHash hash;
-  uint64_t length = 0;
+  ChunkHash hash;       // xxh3-128 of the raw bytes, however they are stored
+  uint64_t length = 0;  // raw bytes
   std::string pack;     // file name under packs/ (filled in by commit)
   uint64_t offset = 0;  // absolute byte offset in the pack file
-  bool operator==(const ChunkRef&) const = default;
+  // How the bytes are stored (core/chunk_coding.hpp). Coded chunks take `stored` bytes in the pack;
+  // a delta is decoded with its base: a chunk of the same length, itself stored whole (raw or
+  // planes, never a delta), whose location it carries, so the base stays readable (and counted
+  // live) as long as the delta is, whatever happens to the model that stored it.
+  ChunkCoding coding = ChunkCoding::kRaw;
+  uint64_t stored = 0;                    // bytes in the pack when coded; 0 when raw
+  std::shared_ptr<const ChunkRef> base;   // kDelta only
+
+  // The bytes the chunk takes in its pack: [offset, offset + stored_bytes()).
+  uint64_t stored_bytes() const { return coding == ChunkCoding::kRaw ? length : stored; }
+  bool operator==(const ChunkRef& o) const {
+    return hash == o.hash && length == o.length && pack == o.pack && offset == o.offset && coding == o.coding &&
+           stored == o.stored && (base == o.base || (base && o.base && *base == *o.base));
+  }
 };
 
 struct TensorManifest {

@@ -37,6 +37,9 @@ inline constexpr const char* kManifestsDir = "manifests";          // version 1 
 // A pack segment starts with this many bytes: "cairn-pack-segment 2\n<wid>\n", padded with '\n'.
 inline constexpr uint64_t kSegmentHeaderBytes = 64;
 inline constexpr uint64_t kMaxChunkSize = 1ull << 32;  // 4 GiB: a chunk is read into memory whole
+// The repository format this cairn writes (FORMAT). Version 2 (no coded chunks) is read as it is and
+// marked 3 by the first process that may write it; version 1 is migrated (repository_migrate.cpp).
+inline constexpr int kFormatVersion = 3;
 
 // Owns a file descriptor (-1: none) and closes it.
 class UniqueFd {

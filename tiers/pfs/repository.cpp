@@ -9,6 +9,9 @@
 #include <filesystem>
 #include <memory>
 #include <shared_mutex>
+#include <string_view>
+#include <unordered_map>
+#include <unordered_set>
 #include <utility>
 
 #include "core/fs.hpp"
@@ -189,9 +192,54 @@ RepositoryStats Repository::stats() const {
   s.packs = impl_->packs_.size();
   s.logical_bytes = impl_->logical_bytes_;
   s.physical_bytes = impl_->physical_bytes_;
+  s.stored_bytes = impl_->stored_bytes_;
+  s.codings = impl_->codings_;
   s.chunks = impl_->chunks_.size();
   s.retired = impl_->retired_;
   return s;
+}
+
+Result<ModelUsage> Repository::usage(const std::string& id, Freshness fresh) const {
+  if (!find(id, fresh)) return not_found("model " + quote(id) + " is not in repository " + impl_->dir_);
+  std::shared_lock lock(impl_->mu_);
+  auto mit = impl_->models_.find(id);
+  if (mit == impl_->models_.end()) return not_found("model " + quote(id) + " is not in repository " + impl_->dir_);
+  // Locations as (pack, offset): the same bytes stored twice are two locations.
+  using Place = std::pair<std::string_view, uint64_t>;
+  struct PlaceHash {
+    size_t operator()(const Place& p) const { return std::hash<std::string_view>()(p.first) * 31 + p.second; }
+  };
+  auto places_of = [](const ModelManifest& m, std::unordered_map<Place, const ChunkRef*, PlaceHash>* into) {
+    for (const TensorManifest& t : m.tensors)
+      for (const ChunkRef& c : t.chunks)
+        for_each_location(c, [&](const ChunkRef& at) { into->emplace(Place{at.pack, at.offset}, &at); });
+  };
+  ModelUsage u;
+  u.id = id;
+  const ModelManifest& m = *mit->second;
+  u.logical_bytes = m.logical_bytes();
+  std::unordered_map<Place, const ChunkRef*, PlaceHash> own, ancestors;
+  places_of(m, &own);
+  std::unordered_set<std::string> seen{id};
+  for (std::string p = m.parent; !p.empty() && seen.insert(p).second;) {
+    auto pit = impl_->models_.find(p);
+    if (pit == impl_->models_.end()) break;
+    ++u.ancestors;
+    places_of(*pit->second, &ancestors);
+    p = pit->second->parent;
+  }
+  for (const auto& [place, c] : own) {
+    ++u.chunks;
+    u.raw_bytes += c->length;
+    u.stored_bytes += c->stored_bytes();
+    if (!ancestors.count(place)) {
+      u.own_raw_bytes += c->length;
+      u.own_stored_bytes += c->stored_bytes();
+    }
+  }
+  u.lineage_stored_bytes = u.own_stored_bytes;
+  for (const auto& [place, c] : ancestors) u.lineage_stored_bytes += c->stored_bytes();
+  return u;
 }
 
 }  // namespace cairn

@@ -22,6 +22,7 @@
 // commit); reads run in parallel with everything.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -46,12 +47,36 @@ struct RepositoryStats {
   uint64_t models = 0;
   uint64_t packs = 0;
   uint64_t logical_bytes = 0;   // sum over models of their tensor bytes
-  uint64_t physical_bytes = 0;  // chunk bytes held in pack files (each chunk stored once)
+  uint64_t physical_bytes = 0;  // raw bytes of the distinct chunks stored (each chunk counted once)
+  uint64_t stored_bytes = 0;    // what those chunks take in the pack files, coded (<= physical_bytes)
   uint64_t chunks = 0;          // distinct chunks stored
   uint64_t retired = 0;         // models retired and not yet deleted by gc (collected ones included)
   uint64_t files = 0;           // files under the repository directory (packs, logs, checkpoints, ...)
   uint64_t group_syncs = 0;     // group writes of records by this handle (each one fdatasync)
   uint64_t writers_alive = 0;   // writers registered and alive, this one included
+  // The stored chunk locations by coding (index: ChunkCoding): how many, their raw bytes, and the
+  // bytes they take in the packs. A chunk stored twice counts twice here.
+  struct Coding {
+    uint64_t chunks = 0;
+    uint64_t bytes = 0;
+    uint64_t stored = 0;
+  };
+  std::array<Coding, kChunkCodingCount> codings{};
+};
+
+// What one model costs in the repository (Repository::usage): the bytes of the distinct chunk
+// locations it references (a delta's base included), those that none of its ancestors references
+// (what it added), and those of it and all its ancestors together.
+struct ModelUsage {
+  std::string id;
+  uint64_t logical_bytes = 0;       // its tensors' bytes
+  uint64_t chunks = 0;              // distinct locations it references
+  uint64_t raw_bytes = 0;           // their raw bytes
+  uint64_t stored_bytes = 0;        // what they take in the packs
+  uint64_t own_raw_bytes = 0;       // of those, the ones no ancestor references: raw
+  uint64_t own_stored_bytes = 0;    // and stored
+  uint64_t lineage_stored_bytes = 0;  // it and all its ancestors together, stored
+  uint64_t ancestors = 0;           // how many ancestors that counted
 };
 
 // What Repository::gc did.
@@ -119,6 +144,13 @@ struct RepositoryOptions {
   // Packs are read with direct I/O where the filesystem allows it (repository_read.cpp); false:
   // through the page cache (config repository_direct_reads).
   bool direct_reads = true;
+  // Chunks are coded as they are written (core/chunk_coding.hpp; config repository_compression):
+  // compress: byte planes and zstd; deltas: also against the same chunk of the parent's tensor of
+  // the same name, dtype and shape. A chunk that codes to less than coding.min_saving is stored raw.
+  bool compress = true;
+  bool deltas = true;
+  CodingOptions coding;
+  size_t coding_threads = 0;  // chunks of a commit coded at once; 0: one per core
 };
 
 // What refresh() found: models other writers published, and models removed, since the last one.
@@ -238,6 +270,9 @@ class Repository {
   Result<FsckReport> fsck(bool verify_data, OperationProgress* progress = nullptr) const;
 
   RepositoryStats stats() const;
+  // What one model costs: its chunks' raw and stored bytes, what it added over its ancestors, and
+  // what it and its ancestors take together (ModelUsage). kNotFound names the id.
+  Result<ModelUsage> usage(const std::string& id, Freshness fresh = Freshness::kRefreshOnMiss) const;
 
  private:
   // The model, or nullptr; with kRefreshOnMiss, refreshing once when it is not in the catalog.

@@ -13,10 +13,14 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <map>
 #include <string>
+#include <string_view>
+#include <system_error>
+#include <thread>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
@@ -38,6 +42,7 @@ using pfs::RecordType;
 using pfs::starts_with;
 
 constexpr std::string_view kChunkEntryPrefix = "__chunk__.";
+constexpr std::string_view kCodedEntryPrefix = "__coded__.";
 
 std::string seq6(uint32_t v) {
   char buf[16];
@@ -284,6 +289,43 @@ Status Repository::Impl::commit_batch(std::vector<ModelManifest>& ms, const Repo
   return first;
 }
 
+void Repository::Impl::code_chunks(std::vector<NewChunk>& chunks, const Repository::ChunkSource& src) const {
+  // A base's bytes from the chunk source when it has them (the daemon's arena usually holds the
+  // parent), checked against the base's hash; the others are read from the repository by the
+  // worker that codes the chunk.
+  for (NewChunk& nc : chunks) {
+    if (!nc.base) continue;
+    Result<const void*> r = src(nc.base->hash, nc.length);
+    if (r.is_ok() && *r != nullptr && hash_bytes(*r, nc.length) == nc.base->hash) nc.base_data = *r;
+  }
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    std::vector<uint8_t> base;
+    for (size_t i; (i = next.fetch_add(1)) < chunks.size();) {
+      NewChunk& nc = chunks[i];
+      const void* b = nc.base_data;
+      if (nc.base && b == nullptr) {
+        base.resize(nc.length);
+        if (read_chunk(*nc.base, base.data()).is_ok()) b = base.data();
+      }
+      nc.coded = encode_chunk(nc.data, nc.length, nc.width, b, options_.coding);
+      if (nc.coded.coding == ChunkCoding::kDelta && b == nullptr) nc.coded = EncodedChunk{};
+    }
+  };
+  size_t threads = options_.coding_threads ? options_.coding_threads : std::thread::hardware_concurrency();
+  threads = std::max<size_t>(1, std::min(threads, chunks.size()));
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < threads; ++t) {
+    try {
+      pool.emplace_back(work);
+    } catch (const std::system_error&) {
+      break;  // fewer threads: this one codes the rest
+    }
+  }
+  work();
+  for (std::thread& t : pool) t.join();
+}
+
 Status Repository::Impl::stage(ModelManifest& in, const Repository::ChunkSource& src, std::string* record) {
   const std::string model = "model " + quote(in.id);
   {
@@ -309,21 +351,14 @@ Status Repository::Impl::stage(ModelManifest& in, const Repository::ChunkSource&
   ModelManifest m = in;
   std::shared_ptr<const ModelManifest> parent;
 
-  // Plan the pack: which chunks are new, and under which entries they go.
-  struct NewChunk {
-    ChunkHash hash;
-    uint64_t length = 0;
-    const void* data = nullptr;
-    uint64_t offset = 0;  // absolute, in the pack
-  };
-  struct Entry {
-    size_t first = 0;  // range of new_chunks
-    size_t count = 0;
-  };
+  // Plan: which chunks are new (each once, in the model's order) and, for each, the chunk it may be
+  // coded against: the same byte range of the parent's tensor of the same name, dtype and shape,
+  // where that is stored whole (a delta's own base otherwise), so a read costs one extra chunk at
+  // most.
   std::vector<NewChunk> new_chunks;
   std::unordered_map<ChunkHash, size_t, ChunkHashHasher> placed;  // hash -> index in new_chunks
-  std::vector<safetensors::TensorEntry> entries;
-  std::vector<Entry> entry_chunks;
+  std::vector<bool> whole_candidate;  // per tensor: every chunk new, none repeated
+  std::vector<size_t> tensor_first;   // per tensor: the new chunks it introduced, [first, next tensor's)
   {
     std::shared_lock lock(mu_);
     if (models_.count(m.id))
@@ -336,9 +371,29 @@ Status Repository::Impl::stage(ModelManifest& in, const Repository::ChunkSource&
                          "; commit the parent first");
       parent = pit->second;
     }
+    const bool deltas = options_.compress && options_.deltas && parent && !parent->tensors.empty();
+    std::unordered_map<std::string_view, const TensorManifest*> parent_by_name;
+    auto parent_tensor = [&](size_t ti, const TensorManifest& t) -> const TensorManifest* {
+      if (!deltas) return nullptr;
+      const TensorList& pts = parent->tensors;
+      const TensorManifest* pt = nullptr;
+      if (ti < pts.size() && pts[ti].name == t.name) {
+        pt = &pts[ti];
+      } else {
+        if (parent_by_name.empty())
+          for (const TensorManifest& x : pts) parent_by_name.emplace(x.name, &x);
+        auto it = parent_by_name.find(t.name);
+        if (it != parent_by_name.end()) pt = it->second;
+      }
+      return pt && pt->dtype == t.dtype && pt->shape == t.shape ? pt : nullptr;
+    };
     // Read-only walks go through a const reference: a tensor list shared with the parent stays shared.
     const TensorList& tensors = m.tensors;
-    for (const TensorManifest& t : tensors) {
+    whole_candidate.assign(tensors.size(), false);
+    tensor_first.assign(tensors.size() + 1, 0);
+    for (size_t ti = 0; ti < tensors.size(); ++ti) {
+      const TensorManifest& t = tensors[ti];
+      tensor_first[ti] = new_chunks.size();
       for (const ChunkRef& c : t.chunks) {
         auto it = chunks_.find(c.hash);
         if (it != chunks_.end() && it->second.ref.length != c.length)
@@ -346,7 +401,8 @@ Status Repository::Impl::stage(ModelManifest& in, const Repository::ChunkSource&
                                   " of " + std::to_string(c.length) + " bytes, but the repository holds it with " +
                                   std::to_string(it->second.ref.length));
       }
-      bool whole = t.nbytes > 0 && t.name != "__metadata__" && !starts_with(t.name, kChunkEntryPrefix);
+      bool whole = t.nbytes > 0 && t.name != "__metadata__" && !starts_with(t.name, kChunkEntryPrefix) &&
+                   !starts_with(t.name, kCodedEntryPrefix);
       if (whole) {
         std::unordered_set<ChunkHash, ChunkHashHasher> own;
         for (const ChunkRef& c : t.chunks)
@@ -355,31 +411,25 @@ Status Repository::Impl::stage(ModelManifest& in, const Repository::ChunkSource&
             break;
           }
       }
-      if (whole) {
-        safetensors::TensorEntry e;
-        e.name = t.name;
-        e.dtype = t.dtype;
-        e.shape = t.shape;
-        entries.push_back(std::move(e));
-        entry_chunks.push_back({new_chunks.size(), t.chunks.size()});
-        for (const ChunkRef& c : t.chunks) {
-          placed.emplace(c.hash, new_chunks.size());
-          new_chunks.push_back({c.hash, c.length, nullptr, 0});
-        }
-        continue;
-      }
-      for (const ChunkRef& c : t.chunks) {
+      whole_candidate[ti] = whole;
+      const TensorManifest* pt = parent_tensor(ti, t);
+      for (size_t ci = 0; ci < t.chunks.size(); ++ci) {
+        const ChunkRef& c = t.chunks[ci];
         if (chunks_.count(c.hash) || placed.count(c.hash)) continue;
-        safetensors::TensorEntry e;
-        e.name = std::string(kChunkEntryPrefix) + c.hash.hex();
-        e.dtype = DType::kU8;
-        e.shape = {static_cast<int64_t>(c.length)};
-        entries.push_back(std::move(e));
-        entry_chunks.push_back({new_chunks.size(), 1});
+        NewChunk nc;
+        nc.hash = c.hash;
+        nc.length = c.length;
+        nc.width = coding_width(t.dtype);
+        if (pt && ci < pt->chunks.size() && pt->chunks[ci].length == c.length) {
+          const ChunkRef& pc = pt->chunks[ci];
+          ChunkRef b = pc.coding == ChunkCoding::kDelta && pc.base ? *pc.base : pc;
+          if (!b.pack.empty() && b.coding != ChunkCoding::kDelta && !b.base) nc.base = std::move(b);
+        }
         placed.emplace(c.hash, new_chunks.size());
-        new_chunks.push_back({c.hash, c.length, nullptr, 0});
+        new_chunks.push_back(std::move(nc));
       }
     }
+    tensor_first[tensors.size()] = new_chunks.size();
     // Chunks the repository holds already (inherited ones among them) take its location; the
     // others get one in the new pack below, whatever the caller put there.
     auto located = [&](const ChunkRef& c) {
@@ -388,6 +438,9 @@ Status Repository::Impl::stage(ModelManifest& in, const Repository::ChunkSource&
       ChunkRef r = c;
       r.pack.clear();
       r.offset = 0;
+      r.coding = ChunkCoding::kRaw;
+      r.stored = 0;
+      r.base.reset();
       return r;
     };
     bool relocate = false;
@@ -402,7 +455,6 @@ Status Repository::Impl::stage(ModelManifest& in, const Repository::ChunkSource&
   if (!new_chunks.empty() && !src)
     return invalid_argument("committing " + model + ": " + std::to_string(new_chunks.size()) +
                             " chunks are new to the repository but no chunk source was given");
-  uint64_t data_bytes = 0;
   for (NewChunk& nc : new_chunks) {
     Result<const void*> r = src(nc.hash, nc.length);
     if (!r.is_ok()) return r.status().with_context("committing " + model + ": fetching chunk " + nc.hash.hex());
@@ -413,7 +465,48 @@ Status Repository::Impl::stage(ModelManifest& in, const Repository::ChunkSource&
       return invalid_argument("committing " + model + ": the bytes given for chunk " + nc.hash.hex() + " (" +
                               std::to_string(nc.length) +
                               " bytes) do not hash to it; the manifest and the data disagree");
-    data_bytes += nc.length;
+  }
+  if (options_.compress) code_chunks(new_chunks, src);
+
+  // The pack's entries: a tensor whose chunks are all new, unrepeated and stored raw is one entry
+  // under its own name; every other new chunk is an entry of its own (__chunk__.<hash> raw,
+  // __coded__.<hash> coded).
+  struct Entry {
+    size_t first = 0;  // range of new_chunks
+    size_t count = 0;
+  };
+  std::vector<safetensors::TensorEntry> entries;
+  std::vector<Entry> entry_chunks;
+  uint64_t data_bytes = 0;
+  for (const NewChunk& nc : new_chunks) data_bytes += nc.stored_bytes();
+  {
+    const TensorList& tensors = m.tensors;
+    for (size_t ti = 0; ti < tensors.size(); ++ti) {
+      const size_t first = tensor_first[ti], next = tensor_first[ti + 1];
+      if (first == next) continue;
+      bool whole = whole_candidate[ti];
+      for (size_t q = first; whole && q < next; ++q) whole = new_chunks[q].coded.coding == ChunkCoding::kRaw;
+      if (whole) {
+        const TensorManifest& t = tensors[ti];
+        safetensors::TensorEntry e;
+        e.name = t.name;
+        e.dtype = t.dtype;
+        e.shape = t.shape;
+        entries.push_back(std::move(e));
+        entry_chunks.push_back({first, next - first});
+        continue;
+      }
+      for (size_t q = first; q < next; ++q) {
+        const NewChunk& nc = new_chunks[q];
+        safetensors::TensorEntry e;
+        e.name = std::string(nc.coded.coding == ChunkCoding::kRaw ? kChunkEntryPrefix : kCodedEntryPrefix) +
+                 nc.hash.hex();
+        e.dtype = DType::kU8;
+        e.shape = {static_cast<int64_t>(nc.stored_bytes())};
+        entries.push_back(std::move(e));
+        entry_chunks.push_back({q, 1});
+      }
+    }
   }
 
   auto now =
@@ -435,7 +528,7 @@ Status Repository::Impl::stage(ModelManifest& in, const Repository::ChunkSource&
   std::string prefix;
   std::string pack_name;
   if (own_pack) {
-    std::map<std::string, std::string> meta{{"cairn.format", "2"},
+    std::map<std::string, std::string> meta{{"cairn.format", std::to_string(pfs::kFormatVersion)},
                                             {"cairn.model", m.id},
                                             {"cairn.parent", m.parent},
                                             {"cairn.chunk_size", std::to_string(chunk_size_)}};
@@ -447,7 +540,7 @@ Status Repository::Impl::stage(ModelManifest& in, const Repository::ChunkSource&
       const Entry& ec = entry_chunks[k];
       for (size_t q = ec.first; q < ec.first + ec.count; ++q) {
         new_chunks[q].offset = off;
-        off += new_chunks[q].length;
+        off += new_chunks[q].stored_bytes();
       }
       if (off != prefix.size() + entries[k].end)
         return internal_error("committing " + model + ": pack entry " + quote(entries[k].name) +
@@ -459,7 +552,7 @@ Status Repository::Impl::stage(ModelManifest& in, const Repository::ChunkSource&
     uint64_t off = seg_end_;
     for (NewChunk& nc : new_chunks) {
       nc.offset = off;
-      off += nc.length;
+      off += nc.stored_bytes();
     }
     pack_name = seg_name_;
   }
@@ -468,8 +561,12 @@ Status Repository::Impl::stage(ModelManifest& in, const Repository::ChunkSource&
       for (ChunkRef& c : t.chunks) {
         auto it = placed.find(c.hash);
         if (it == placed.end()) continue;
+        const NewChunk& nc = new_chunks[it->second];
         c.pack = pack_name;
-        c.offset = new_chunks[it->second].offset;
+        c.offset = nc.offset;
+        c.coding = nc.coded.coding;
+        c.stored = nc.coded.coding == ChunkCoding::kRaw ? 0 : nc.coded.bytes.size();
+        c.base = nc.coded.coding == ChunkCoding::kDelta ? std::make_shared<const ChunkRef>(*nc.base) : nullptr;
       }
   m.pack = pack_name;
   for (const TensorManifest& t : std::as_const(m.tensors))
@@ -490,14 +587,15 @@ Status Repository::Impl::stage(ModelManifest& in, const Repository::ChunkSource&
     std::vector<iovec> iov;
     iov.reserve(new_chunks.size() + 1);
     iov.push_back({prefix.data(), prefix.size()});
-    for (const NewChunk& nc : new_chunks) iov.push_back({const_cast<void*>(nc.data), static_cast<size_t>(nc.length)});
+    for (const NewChunk& nc : new_chunks)
+      iov.push_back({const_cast<void*>(nc.stored()), static_cast<size_t>(nc.stored_bytes())});
     Status s = AtomicFileWriter::publish(*fs_, packs_dir_, pack_name, iov, tmp_name());
     if (!s.is_ok()) return s.with_context("committing " + model + ": writing its pack");
   } else if (!new_chunks.empty()) {
     std::vector<IoRequest> reqs;
     reqs.reserve(new_chunks.size());
     for (const NewChunk& nc : new_chunks)
-      reqs.push_back({const_cast<void*>(nc.data), static_cast<size_t>(nc.length), nc.offset});
+      reqs.push_back({const_cast<void*>(nc.stored()), static_cast<size_t>(nc.stored_bytes()), nc.offset});
     Status s = seg_->write_many(reqs);
     if (!s.is_ok()) return s.with_context("committing " + model + ": writing to pack segment " + seg_name_);
     seg_end_ += data_bytes;

@@ -39,6 +39,7 @@
 
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -46,6 +47,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <shared_mutex>
 #include <string>
@@ -165,6 +167,9 @@ struct Repository::Impl {
   std::unordered_map<const void*, uint64_t> list_refs_;
   uint64_t logical_bytes_ = 0;
   uint64_t physical_bytes_ = 0;  // bytes of the distinct chunks some manifest references
+  uint64_t stored_bytes_ = 0;    // what their locations take in the packs (coded)
+  using CodingCount = RepositoryStats::Coding;
+  std::array<CodingCount, kChunkCodingCount> codings_{};  // locations by coding
   uint64_t retired_ = 0;
   int64_t last_created_ns_ = 0;      // the latest stamp of any model indexed (every writer's)
   int64_t own_last_created_ns_ = 0;  // the latest stamp this handle committed (or was given)
@@ -219,6 +224,8 @@ struct Repository::Impl {
   std::vector<std::string> drop_model(const std::string& id);
   // Drops m's chunk and pack references; appends packs nothing references any more to *dead.
   void release_data(const ModelManifest& m, std::vector<std::string>* dead);
+  // Adds (sign +1) or removes (-1) a stored location from the byte counters.
+  void count_location(const ChunkRef& c, int sign);
   // One more reference to the chunk stored at c (a new copy when it is stored elsewhere already).
   void add_chunk_ref(const ChunkRef& c);
   // One reference less to the copy at c; a copy nobody references leaves the index.
@@ -258,6 +265,21 @@ struct Repository::Impl {
   // ---- the write path (repository_commit.cpp) ----
 
   Status commit_batch(std::vector<ModelManifest>& ms, const Repository::ChunkSource& src, std::vector<Status>* results);
+  // A chunk a commit stores: its bytes, how they are coded, and where they go.
+  struct NewChunk {
+    ChunkHash hash;
+    uint64_t length = 0;
+    size_t width = 1;                 // the byte planes of its tensor's dtype (coding_width)
+    std::optional<ChunkRef> base;     // the chunk a delta may be coded against (stored whole)
+    const void* data = nullptr;       // its raw bytes (the chunk source's)
+    const void* base_data = nullptr;  // the base's bytes, when the chunk source had them
+    EncodedChunk coded;               // raw unless coding saved enough
+    uint64_t offset = 0;              // absolute, in the pack
+    const void* stored() const { return coded.coding == ChunkCoding::kRaw ? data : coded.bytes.data(); }
+    uint64_t stored_bytes() const { return coded.coding == ChunkCoding::kRaw ? length : coded.bytes.size(); }
+  };
+  // Codes the chunks (options_.coding), several at once; a chunk that does not code well stays raw.
+  void code_chunks(std::vector<NewChunk>& chunks, const Repository::ChunkSource& src) const;
   // Plans one model, writes its new chunks, adds it to the catalog and returns its record.
   Status stage(ModelManifest& m, const Repository::ChunkSource& src, std::string* record);
   // Opens this writer's log and segment (write_mu_ held), rolling over to new ones when full.
@@ -276,6 +298,8 @@ struct Repository::Impl {
   // ---- reads (repository_read.cpp) ----
 
   Status read_chunk(const ChunkRef& ref, void* dst) const;
+  // A coded chunk: its stored bytes (and a delta's base) read, decoded into dst and checked.
+  Status read_coded(File& file, const ChunkRef& ref, void* dst) const;
   Result<std::shared_ptr<File>> pack_file(const std::string& pack) const;
   // Drops pack from the open-pack cache (before the pack file is deleted).
   void forget_pack_file(const std::string& pack) const;
@@ -304,6 +328,13 @@ struct Repository::Impl {
   // Whether a file of packs/ or logs/ belongs to a writer that may still append to it.
   bool owner_may_append(const std::string& name) const;
 };
+
+// Calls f with each pack location a chunk reference keeps live: the chunk's own, and a delta's base.
+template <class F>
+void for_each_location(const ChunkRef& c, F&& f) {
+  f(c);
+  if (c.base) f(*c.base);
+}
 
 // The whole of a small file; kNotFound when absent, kCorruption beyond max_bytes.
 Status read_small_file(const std::string& path, uint64_t max_bytes, std::string* out);

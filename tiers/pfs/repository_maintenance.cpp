@@ -229,11 +229,11 @@ void Repository::Impl::reclaim(const std::vector<std::string>& dead, GcReport* r
     std::unordered_map<std::string, std::vector<Range>> live;
     std::set<std::tuple<std::string, uint64_t, uint64_t>> indexed;
     for (const auto& [h, info] : chunks_) {
-      live[info.ref.pack].push_back({info.ref.offset, info.ref.offset + info.ref.length});
-      indexed.emplace(info.ref.pack, info.ref.offset, info.ref.length);
+      live[info.ref.pack].push_back({info.ref.offset, info.ref.offset + info.ref.stored_bytes()});
+      indexed.emplace(info.ref.pack, info.ref.offset, info.ref.stored_bytes());
       for (const ChunkCopy& c : info.copies) {
-        live[c.ref.pack].push_back({c.ref.offset, c.ref.offset + c.ref.length});
-        indexed.emplace(c.ref.pack, c.ref.offset, c.ref.length);
+        live[c.ref.pack].push_back({c.ref.offset, c.ref.offset + c.ref.stored_bytes()});
+        indexed.emplace(c.ref.pack, c.ref.offset, c.ref.stored_bytes());
       }
     }
     std::unordered_set<const void*> lists;
@@ -242,12 +242,13 @@ void Repository::Impl::reclaim(const std::vector<std::string>& dead, GcReport* r
     for (const auto& [id, m] : models_) {
       if (const void* list = m->tensors.identity(); list && !lists.insert(list).second) continue;
       for (const TensorManifest& t : m->tensors)
-        for (const ChunkRef& c : t.chunks) {
-          if (indexed.count({c.pack, c.offset, c.length})) continue;
-          indexed.emplace(c.pack, c.offset, c.length);
-          live[c.pack].push_back({c.offset, c.offset + c.length});
-          if (missed++ == 0) example = "model " + quote(id) + ", pack " + c.pack + " at " + std::to_string(c.offset);
-        }
+        for (const ChunkRef& chunk : t.chunks)
+          for_each_location(chunk, [&](const ChunkRef& c) {
+            if (indexed.count({c.pack, c.offset, c.stored_bytes()})) return;
+            indexed.emplace(c.pack, c.offset, c.stored_bytes());
+            live[c.pack].push_back({c.offset, c.offset + c.stored_bytes()});
+            if (missed++ == 0) example = "model " + quote(id) + ", pack " + c.pack + " at " + std::to_string(c.offset);
+          });
     }
     if (missed > 0)
       CAIRN_LOG_ERROR("repository {}: gc: the chunk index lacked {} chunk location(s) that manifests name (e.g. {}); "
@@ -488,18 +489,23 @@ Result<FsckReport> Repository::Impl::fsck(bool verify_data, OperationProgress* p
       for (const ChunkRef& c : t.chunks) {
         ++report.chunks;
         if (progress) progress->add(verify_data ? c.length : 1);
-        live[c.pack].push_back({c.offset, c.offset + c.length});
         auto problem = [&](const std::string& detail) {
-          report.dangling.push_back({m->id, t.name, c.pack, c.offset, c.length, detail});
+          report.dangling.push_back({m->id, t.name, c.pack, c.offset, c.stored_bytes(), detail});
         };
-        std::string path = join_path(packs_dir_, c.pack);
-        struct stat st {};
-        if (::stat(path.c_str(), &st) != 0) {
-          problem("pack file " + path + " is missing");
-          continue;
-        }
-        if (c.offset + c.length > static_cast<uint64_t>(st.st_size)) {
-          problem("the chunk lies past the end of " + path + " (" + std::to_string(st.st_size) + " bytes)");
+        // The chunk's own range, and a delta's base's: both must be there.
+        std::string missing;
+        for_each_location(c, [&](const ChunkRef& at) {
+          live[at.pack].push_back({at.offset, at.offset + at.stored_bytes()});
+          if (!missing.empty()) return;
+          const std::string what = &at == &c ? "the chunk" : "its base " + at.hash.hex() + " at offset " + std::to_string(at.offset);
+          std::string path = join_path(packs_dir_, at.pack);
+          struct stat st {};
+          if (::stat(path.c_str(), &st) != 0) missing = "pack file " + path + " is missing" + (&at == &c ? "" : " (" + what + ")");
+          else if (at.offset + at.stored_bytes() > static_cast<uint64_t>(st.st_size))
+            missing = what + " lies past the end of " + path + " (" + std::to_string(st.st_size) + " bytes)";
+        });
+        if (!missing.empty()) {
+          problem(missing);
           continue;
         }
         if (!verify_data) continue;

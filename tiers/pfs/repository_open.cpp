@@ -36,7 +36,7 @@ using pfs::starts_with;
 using pfs::UniqueFd;
 
 constexpr std::string_view kFormatMagic = "cairn-repository";
-constexpr int kFormatVersion = 2;
+using pfs::kFormatVersion;
 constexpr const char* kFormatFile = "FORMAT";
 constexpr const char* kLockFile = "LOCK";  // version 1's writer lock: ignored
 
@@ -148,10 +148,10 @@ Status Repository::Impl::init_or_read_format(uint64_t chunk_size, int* version) 
   if (!take_line(&line1) || !starts_with(line1, magic_prefix)) return corruption(bad);
   uint64_t v = 0;
   if (!parse_u64(line1.substr(kFormatMagic.size() + 1), &v)) return corruption(bad);
-  if (v != 1 && v != static_cast<uint64_t>(kFormatVersion))
+  if (v < 1 || v > static_cast<uint64_t>(kFormatVersion))
     return invalid_argument("repository " + dir_ + " has format version " + std::to_string(v) +
                             "; this cairn reads version " + std::to_string(kFormatVersion) +
-                            " (and migrates version 1) only — use a matching cairn");
+                            " (and migrates versions 1 and 2) only — use a matching cairn");
   uint64_t cs = 0;
   if (!take_line(&line2) || !starts_with(line2, "chunk_size ") || !parse_u64(line2.substr(11), &cs) || cs == 0 ||
       cs > kMaxChunkSize || !rest.empty())
@@ -181,7 +181,12 @@ Status Repository::Impl::open(const std::string& dir, uint64_t chunk_size) {
                               " has format version 1 (a file per model) and this process cannot migrate it (the "
                               "directory is not writable); run `cairn migrate " + dir_ + "` as its owner");
     CAIRN_RETURN_IF_ERROR(migrate_v1());
+    version = 2;
   }
+  // Version 3 adds coded chunks and nothing else: a version-2 repository is a valid version 3, so
+  // migrating it is saying so (atomically). From then on an older cairn refuses it, rather than
+  // misreading a coded chunk. A process that cannot write reads it as it is.
+  if (version == 2 && writable_) CAIRN_RETURN_IF_ERROR(write_format(kFormatVersion).with_context("migrating " + dir_ + " to version 3"));
   if (writable_) {
     bool created = false;
     for (const std::string& sub : {packs_dir_, logs_dir_, ckpt_dir_, join_path(dir_, pfs::kWritersDir),
@@ -237,6 +242,8 @@ void Repository::Impl::clear_catalog() {
   packs_.clear();
   logical_bytes_ = 0;
   physical_bytes_ = 0;
+  stored_bytes_ = 0;
+  codings_ = {};
   retired_ = 0;
   last_created_ns_ = 0;
 }
@@ -283,7 +290,10 @@ Status Repository::Impl::add_model(std::shared_ptr<const ModelManifest> m) {
   if (!m->pack.empty()) CAIRN_RETURN_IF_ERROR(register_pack(m->pack));
   if (first)
     for (const TensorManifest& t : m->tensors)
-      for (const ChunkRef& c : t.chunks) CAIRN_RETURN_IF_ERROR(register_pack(c.pack));
+      for (const ChunkRef& c : t.chunks) {
+        CAIRN_RETURN_IF_ERROR(register_pack(c.pack));
+        if (c.base) CAIRN_RETURN_IF_ERROR(register_pack(c.base->pack));
+      }
   if (list) ++list_refs_[list];
   const std::string& id = m->id;
   order_.push_back(id);
@@ -292,8 +302,11 @@ Status Repository::Impl::add_model(std::shared_ptr<const ModelManifest> m) {
   if (!m->pack.empty()) packs_.at(m->pack).refs++;
   for (const TensorManifest& t : first ? m->tensors : TensorList()) {
     for (const ChunkRef& c : t.chunks) {
-      packs_.at(c.pack).refs++;
-      add_chunk_ref(c);
+      // A delta's base counts as one more reference of the model: it stays while the delta does.
+      for_each_location(c, [&](const ChunkRef& at) {
+        packs_.at(at.pack).refs++;
+        add_chunk_ref(at);
+      });
     }
   }
   if (m->retired_ns != 0) ++retired_;
@@ -329,6 +342,16 @@ bool same_place(const ChunkRef& a, const ChunkRef& b) { return a.offset == b.off
 
 }  // namespace
 
+void Repository::Impl::count_location(const ChunkRef& c, int sign) {
+  const auto d = static_cast<uint64_t>(static_cast<int64_t>(sign));  // +1 or -1 (mod 2^64)
+  physical_bytes_ += d * c.length;
+  stored_bytes_ += d * c.stored_bytes();
+  CodingCount& k = codings_[static_cast<size_t>(c.coding)];
+  k.chunks += d;
+  k.bytes += d * c.length;
+  k.stored += d * c.stored_bytes();
+}
+
 void Repository::Impl::add_chunk_ref(const ChunkRef& c) {
   auto [it, inserted] = chunks_.try_emplace(c.hash);
   ChunkInfo& info = it->second;
@@ -336,7 +359,7 @@ void Repository::Impl::add_chunk_ref(const ChunkRef& c) {
     info.ref = c;
     info.refs = 1;
     packs_.at(c.pack).indexed.push_back(c.hash);
-    physical_bytes_ += c.length;
+    count_location(c, +1);
     return;
   }
   if (same_place(info.ref, c)) {
@@ -350,7 +373,7 @@ void Repository::Impl::add_chunk_ref(const ChunkRef& c) {
     }
   info.copies.push_back({c, 1});
   packs_.at(c.pack).indexed.push_back(c.hash);
-  physical_bytes_ += c.length;
+  count_location(c, +1);
 }
 
 void Repository::Impl::release_chunk_ref(const ChunkRef& c) {
@@ -359,14 +382,14 @@ void Repository::Impl::release_chunk_ref(const ChunkRef& c) {
   ChunkInfo& info = it->second;
   if (same_place(info.ref, c)) {
     if (info.refs > 0 && --info.refs > 0) return;
-    physical_bytes_ -= info.ref.length;
+    count_location(info.ref, -1);
     if (!info.promote_copy()) chunks_.erase(it);
     return;
   }
   for (auto k = info.copies.begin(); k != info.copies.end(); ++k)
     if (same_place(k->ref, c)) {
       if (k->refs > 0 && --k->refs > 0) return;
-      physical_bytes_ -= k->ref.length;
+      count_location(k->ref, -1);
       info.copies.erase(k);
       return;
     }
@@ -386,14 +409,14 @@ void Repository::Impl::release_data(const ModelManifest& m, std::vector<std::str
       ChunkInfo& info = cit->second;
       for (auto k = info.copies.begin(); k != info.copies.end();) {
         if (k->ref.pack == name) {
-          physical_bytes_ -= k->ref.length;
+          count_location(k->ref, -1);
           k = info.copies.erase(k);
         } else {
           ++k;
         }
       }
       if (info.ref.pack == name) {
-        physical_bytes_ -= info.ref.length;
+        count_location(info.ref, -1);
         if (!info.promote_copy()) chunks_.erase(cit);
       }
     }
@@ -410,8 +433,10 @@ void Repository::Impl::release_data(const ModelManifest& m, std::vector<std::str
   if (last)
     for (const TensorManifest& t : m.tensors) {
       for (const ChunkRef& c : t.chunks) {
-        release_chunk_ref(c);
-        release_pack(c.pack);
+        for_each_location(c, [&](const ChunkRef& at) {
+          release_chunk_ref(at);
+          release_pack(at.pack);
+        });
       }
     }
   if (!m.pack.empty()) release_pack(m.pack);

@@ -19,6 +19,7 @@
 #include <string>
 #include <system_error>
 #include <thread>
+#include <vector>
 
 #include "tiers/pfs/repository_impl.hpp"
 
@@ -150,13 +151,68 @@ Status Repository::Impl::read_direct(File& file, const ChunkRef& ref, void* dst,
   return st;
 }
 
+Status Repository::Impl::read_coded(File& file, const ChunkRef& ref, void* dst) const {
+  const std::string path = join_path(packs_dir_, ref.pack);
+  const uint64_t n = ref.stored_bytes();
+  std::string where = "chunk " + ref.hash.hex() + " (" + std::string(chunk_coding_name(ref.coding)) + ", " +
+                      std::to_string(n) + " bytes stored) at offset " + std::to_string(ref.offset) + " of pack " + path;
+  // A delta's base first (itself checked against its hash).
+  thread_local std::vector<uint8_t> base;
+  if (ref.coding == ChunkCoding::kDelta) {
+    if (!ref.base) return corruption(where + ": a delta without its base");
+    base.resize(ref.length);
+    Status s = read_chunk(*ref.base, base.data());
+    if (!s.is_ok()) return s.with_context("reading the base of " + where);
+  }
+  // The stored bytes: through an aligned scratch buffer with direct I/O, else a buffer of this thread's.
+  std::unique_ptr<AlignedBuffer> scratch;
+  thread_local std::vector<uint8_t> plain;
+  const uint8_t* stored = nullptr;
+  size_t got = 0;
+  if (file.direct()) {
+    const uint64_t begin = round_down(ref.offset);
+    const uint64_t head = ref.offset - begin;
+    const uint64_t span = round_up(head + n);
+    scratch = take_scratch(span);
+    if (!scratch) return no_space("no memory for a " + std::to_string(span) + "-byte buffer to read " + where);
+    size_t in = 0;
+    Status s = file.pread(scratch->data(), span, begin, &in);
+    if (!s.is_ok()) {
+      give_back_scratch(std::move(scratch));
+      return s.with_context("reading " + where);
+    }
+    got = in > head ? std::min<uint64_t>(n, in - head) : 0;
+    stored = scratch->data() + head;
+  } else {
+    if (plain.size() < n) plain.resize(n);
+    CAIRN_RETURN_IF_ERROR(file.pread(plain.data(), n, ref.offset, &got).with_context("reading " + where));
+    stored = plain.data();
+  }
+  Status st;
+  if (got != n) {
+    st = corruption(where + ": the pack ends after " + std::to_string(got) +
+                    " of its bytes (truncated); restore the pack from a copy");
+  } else {
+    st = decode_chunk(ref.coding, stored, n, ref.coding == ChunkCoding::kDelta ? base.data() : nullptr, dst,
+                      ref.length);
+    if (!st.is_ok()) st = corruption(where + ": " + st.message() + "; restore the pack from a copy");
+  }
+  if (scratch) give_back_scratch(std::move(scratch));
+  CAIRN_RETURN_IF_ERROR(st);
+  if (hash_bytes(dst, ref.length) != ref.hash)
+    return corruption(where + ": the decoded bytes do not match the chunk's hash; restore the pack from a copy");
+  return Status::ok();
+}
+
 Status Repository::Impl::read_chunk(const ChunkRef& ref, void* dst) const {
   if (!valid_pack_name(ref.pack))
     return invalid_argument("reading chunk " + ref.hash.hex() + ": " + quote(ref.pack) + " is not a pack file name");
-  if (ref.length == 0 || ref.length > kMaxChunkSize || ref.offset > UINT64_MAX - ref.length)
+  if (ref.length == 0 || ref.length > kMaxChunkSize || ref.offset > UINT64_MAX - ref.stored_bytes() ||
+      ref.stored_bytes() > kMaxChunkSize + (1u << 20))
     return invalid_argument("reading chunk " + ref.hash.hex() + " from pack " + ref.pack + ": bad length " +
                             std::to_string(ref.length) + " or offset " + std::to_string(ref.offset));
   CAIRN_ASSIGN_OR_RETURN(std::shared_ptr<File> file, pack_file(ref.pack));
+  if (ref.coding != ChunkCoding::kRaw) return read_coded(*file, ref, dst);
   std::string path = join_path(packs_dir_, ref.pack);
   size_t got = 0;
   ChunkHash hash;

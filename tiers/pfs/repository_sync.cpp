@@ -458,7 +458,7 @@ Status Repository::Impl::check_packs_present() {
       const ModelManifest& m = *models_.at(id);
       bool uses = m.pack == name;
       for (const TensorManifest& t : m.tensors)
-        for (const ChunkRef& c : t.chunks) uses = uses || c.pack == name;
+        for (const ChunkRef& c : t.chunks) uses = uses || c.pack == name || (c.base && c.base->pack == name);
       if (uses)
         return corruption("model " + quote(id) + " references pack " + join_path(packs_dir_, name) +
                           ", which is missing; restore the pack from a copy");

@@ -321,7 +321,7 @@ TEST_CASE("config: unknown keys are rejected with their path and the valid keys"
 
   m = load_error("sockett: /x\n");
   CHECK(contains(m, "/etc/cairn.yaml: sockett: unknown key"));
-  CHECK(contains(m, "socket, repository, chunk_size, repository_refresh, repository_direct_reads, tiers, policy, peers, compute, log"));
+  CHECK(contains(m, "socket, repository, chunk_size, repository_refresh, repository_direct_reads, repository_compression, tiers, policy, peers, compute, log"));
 
   m = load_error("tiers: {ssd: {capacity: 1GiB}}");
   CHECK(contains(m, "tiers.ssd: unknown key (valid keys here: hbm, dram, nvme)"));
