@@ -82,8 +82,40 @@ Result<json> Admin::show(const json& req) {
            {"tensors", std::move(tensors)}};
   if (m->retired_ns != 0) out["retired_ns"] = m->retired_ns;
   if (m->collected) out["collected"] = true;
+  // What it costs in the repository (docs/repository-format.md, "Coded chunks"): absent while the
+  // model is not there yet.
+  if (!pending) {
+    if (auto u = p_.repo.usage(id, Freshness::kCached); u.is_ok()) {
+      json codings{{"raw", 0}, {"planes", 0}, {"delta", 0}};
+      for (const auto& t : m->tensors)
+        for (const auto& c : t.chunks) codings[std::string(chunk_coding_name(c.coding))] = codings[std::string(chunk_coding_name(c.coding))].get<uint64_t>() + 1;
+      out["storage"] = {{"chunks", u->chunks},
+                        {"raw_bytes", u->raw_bytes},
+                        {"stored_bytes", u->stored_bytes},
+                        {"own_raw_bytes", u->own_raw_bytes},
+                        {"own_stored_bytes", u->own_stored_bytes},
+                        {"lineage_stored_bytes", u->lineage_stored_bytes},
+                        {"ancestors", u->ancestors},
+                        {"codings", std::move(codings)}};
+    }
+  }
   return out;
 }
+
+namespace {
+
+// The repository's chunk locations by coding: {"raw": {chunks, bytes, stored}, "planes": ..., "delta": ...}.
+json codings_json(const RepositoryStats& rs) {
+  json out = json::object();
+  for (int i = 0; i < kChunkCodingCount; ++i) {
+    const auto& c = rs.codings[static_cast<size_t>(i)];
+    out[std::string(chunk_coding_name(static_cast<ChunkCoding>(i)))] = {
+        {"chunks", c.chunks}, {"bytes", c.bytes}, {"stored", c.stored}};
+  }
+  return out;
+}
+
+}  // namespace
 
 Result<json> Admin::stats(const json& /*req*/) {
   RepositoryStats rs = p_.repo.stats();
@@ -93,7 +125,7 @@ Result<json> Admin::stats(const json& /*req*/) {
   TierStats pfs;
   pfs.name = "pfs";
   pfs.enabled = true;
-  pfs.used_bytes = rs.physical_bytes;
+  pfs.used_bytes = rs.stored_bytes;
   pfs.chunks = rs.chunks;
   pfs.hits = moved["reads_from_repository"].get<uint64_t>();
   pfs.bytes_out = moved["bytes_from_repository"].get<uint64_t>();
@@ -122,6 +154,8 @@ Result<json> Admin::stats(const json& /*req*/) {
                 {"chunks", rs.chunks},
                 {"logical_bytes", rs.logical_bytes},
                 {"physical_bytes", rs.physical_bytes},
+                {"stored_bytes", rs.stored_bytes},
+                {"codings", codings_json(rs)},
                 // Sharing (docs/repository-format.md): files on the PFS, this daemon's writer id,
                 // the writers alive, and the group writes of records this daemon made.
                 {"files", rs.files},

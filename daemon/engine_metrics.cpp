@@ -142,6 +142,9 @@ std::string Engine::metrics_text(metrics::Format format) {
             count_of(repo, "logical_bytes"));
     w.gauge("cairn_repository_physical_bytes", "bytes", "Bytes the repository stores (each chunk once)",
             count_of(repo, "physical_bytes"));
+    w.gauge("cairn_repository_stored_bytes", "bytes",
+            "Bytes the repository's chunks take in its pack files, coded (each chunk once)",
+            count_of(repo, "stored_bytes"));
     const json& flush = field(s, "flush");
     w.gauge("cairn_flush_pending_models", "", "Models acknowledged and not yet in the repository",
             count_of(flush, "pending_models"));

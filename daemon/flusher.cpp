@@ -241,10 +241,15 @@ void Flusher::global_loop() {
     std::unordered_map<ChunkHash, uint64_t, ChunkHashHasher> fetched;  // new bytes, by chunk
     {
       TierManager::Source source(tiers_);
-      (void)repo_.commit_batch(copies, [&](const ChunkHash& h, uint64_t length) -> Result<const void*> {
-        fetched[h] = length;
-        return source.get(h, length);
-      }, &results);
+      (void)repo_.commit_batch(
+          copies,
+          [&](const ChunkHash& h, uint64_t length) -> Result<const void*> {
+            fetched[h] = length;
+            return source.get(h, length);
+          },
+          &results,
+          // The chunks deltas are coded against, where DRAM holds them (a parent usually).
+          [&](const ChunkHash& h, uint64_t length) { return source.resident(h, length); });
     }
     // The bytes each model wrote: its chunks that were fetched (the first model to name one pays).
     std::vector<std::string> retried;  // in commit order

@@ -132,6 +132,15 @@ TierManager::Source::~Source() {
   for (const auto& h : pinned_) tm_.dram_.unpin(h);
 }
 
+Result<const void*> TierManager::Source::resident(const ChunkHash& hash, uint64_t length) {
+  uint64_t held = 0;
+  if (auto off = tm_.dram_.pin_if_resident(hash, &held)) {
+    pinned_.push_back(hash);
+    if (held >= length) return static_cast<const void*>(tm_.dram_.base() + *off);
+  }
+  return not_found("chunk " + hash.hex() + " is not in DRAM");
+}
+
 Result<const void*> TierManager::Source::get(const ChunkHash& hash, uint64_t length) {
   bytes_ += length;
   if (auto off = tm_.dram_.pin_if_resident(hash)) {

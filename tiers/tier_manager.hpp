@@ -88,6 +88,8 @@ class TierManager {
     Source(const Source&) = delete;
     Source& operator=(const Source&) = delete;
     Result<const void*> get(const ChunkHash& hash, uint64_t length);
+    // The chunk's bytes when DRAM holds them (pinned like get's), else kNotFound: nothing is read.
+    Result<const void*> resident(const ChunkHash& hash, uint64_t length);
     uint64_t bytes() const { return bytes_; }
 
    private:

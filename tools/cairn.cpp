@@ -244,6 +244,49 @@ int cmd_simple(const json& request, bool print) {
   return 0;
 }
 
+// `cairn du [ID...]`: what each model costs in the repository on its own (the chunks none of its
+// ancestors has) and with its ancestors, after deduplication and coding. No ID: every live model.
+int cmd_du(std::vector<std::string> ids, bool as_json) {
+  auto client = connect();
+  if (!client.is_ok()) return fail(client.status());
+  if (ids.empty()) {
+    auto r = (*client)->call(json{{"op", "list"}});
+    if (!r.is_ok()) return fail(r.status());
+    for (const json& m : (*r)["models"]) ids.push_back(m["id"].get<std::string>());
+  }
+  json rows = json::array();
+  for (const std::string& id : ids) {
+    auto r = (*client)->call(json{{"op", "show"}, {"id", id}});
+    if (!r.is_ok()) return fail(r.status());
+    json row{{"id", id}, {"logical_bytes", (*r)["logical_bytes"]}};
+    if (r->contains("storage")) row["storage"] = (*r)["storage"];
+    rows.push_back(std::move(row));
+  }
+  if (as_json) {
+    std::cout << json{{"models", rows}}.dump(2) << "\n";
+    return 0;
+  }
+  std::printf("%-32s %10s %10s %10s %14s  %s\n", "ID", "LOGICAL", "STORED", "OWN", "WITH ANCESTORS", "CHUNKS (raw/planes/delta)");
+  for (const json& row : rows) {
+    const std::string id = row["id"].get<std::string>();
+    const std::string logical = human_bytes(row["logical_bytes"].get<uint64_t>());
+    if (!row.contains("storage")) {
+      std::printf("%-32s %10s %10s  not in the repository yet\n", id.c_str(), logical.c_str(), "-");
+      continue;
+    }
+    const json& s = row["storage"];
+    const json& k = s["codings"];
+    std::printf("%-32s %10s %10s %10s %14s  %llu/%llu/%llu\n", id.c_str(), logical.c_str(),
+                human_bytes(s["stored_bytes"].get<uint64_t>()).c_str(),
+                human_bytes(s["own_stored_bytes"].get<uint64_t>()).c_str(),
+                human_bytes(s["lineage_stored_bytes"].get<uint64_t>()).c_str(),
+                static_cast<unsigned long long>(k.value("raw", uint64_t{0})),
+                static_cast<unsigned long long>(k.value("planes", uint64_t{0})),
+                static_cast<unsigned long long>(k.value("delta", uint64_t{0})));
+  }
+  return 0;
+}
+
 // s with Graphviz's escapes ('"' and '\\'), newlines as spaces, for inside a quoted ID.
 std::string dot_escape(const std::string& s) {
   std::string out;
@@ -411,10 +454,23 @@ int cmd_stats(bool as_json) {
   }
   const json& repo = (*r)["repository"];
   uint64_t logical = repo["logical_bytes"].get<uint64_t>(), physical = repo["physical_bytes"].get<uint64_t>();
-  std::printf("repository %s: %llu models, logical %s, physical %s", repo["path"].get<std::string>().c_str(),
-              static_cast<unsigned long long>(repo["models"].get<uint64_t>()), human_bytes(logical).c_str(),
-              human_bytes(physical).c_str());
-  if (physical > 0) std::printf(" (%.2fx deduplication)", static_cast<double>(logical) / static_cast<double>(physical));
+  uint64_t stored = repo.value("stored_bytes", physical);
+  std::printf("repository %s: %llu models, logical %s, deduplicated %s, stored %s",
+              repo["path"].get<std::string>().c_str(), static_cast<unsigned long long>(repo["models"].get<uint64_t>()),
+              human_bytes(logical).c_str(), human_bytes(physical).c_str(), human_bytes(stored).c_str());
+  if (physical > 0 && stored > 0)
+    std::printf(" (%.2fx deduplication, %.2fx coding)", static_cast<double>(logical) / static_cast<double>(physical),
+                static_cast<double>(physical) / static_cast<double>(stored));
+  if (const json& k = repo.value("codings", json::object()); k.is_object() && !k.empty()) {
+    std::printf("\nchunks stored:");
+    const char* sep = " ";
+    for (const char* name : {"raw", "planes", "delta"}) {
+      const json& c = k.value(name, json::object());
+      std::printf("%s%s %llu (%s in %s)", sep, name, static_cast<unsigned long long>(c.value("chunks", uint64_t{0})),
+                  human_bytes(c.value("bytes", uint64_t{0})).c_str(), human_bytes(c.value("stored", uint64_t{0})).c_str());
+      sep = ", ";
+    }
+  }
   const json& f = (*r)["flush"];
   std::printf("\nnot yet in the repository: %llu models (%llu safe on the burst buffer); dirty %s in DRAM, %s on NVMe\n",
               static_cast<unsigned long long>(f["pending_models"].get<uint64_t>()),
@@ -558,7 +614,7 @@ int cmd_migrate(const std::string& dir, const ProgressFlags& pf) {
   if (!c.is_ok()) return fail(c.status());
   line.finish("migrate " + dir + ": done in " + cairn::tool::human_duration(line.elapsed()));
   auto st = (*repo)->stats();
-  std::printf("%s: repository format 2, %llu models, %llu files\n", dir.c_str(),
+  std::printf("%s: repository format 3, %llu models, %llu files\n", dir.c_str(),
               static_cast<unsigned long long>(st.models), static_cast<unsigned long long>(st.files));
   return 0;
 }
@@ -641,6 +697,13 @@ int main(int argc, char** argv) {
   match->add_option("--where", where, "metadata filter, e.g. '{\"score\": {\">=\": 0.9}}'");
   match->callback([&] { rc = cmd_match(file, where); });
 
+  std::vector<std::string> du_ids;
+  auto* du = app.add_subcommand("du", "what models cost in the repository: alone and with their ancestors, after "
+                                      "deduplication and coding");
+  du->add_option("ID", du_ids, "model ids (default: every live model)");
+  du->add_flag("--json", as_json, "print JSON");
+  du->callback([&] { rc = cmd_du(du_ids, as_json); });
+
   auto* stats = app.add_subcommand("stats", "per-tier and repository statistics");
   stats->add_flag("--json", as_json, "print JSON");
   stats->callback([&] { rc = cmd_stats(as_json); });
@@ -664,7 +727,7 @@ int main(int argc, char** argv) {
   peers->callback([&] { rc = cmd_peers(as_json); });
 
   std::string repo_dir;
-  auto* migrate = app.add_subcommand("migrate", "migrate a repository written by cairn 0.1 (format 1) to format 2, in place");
+  auto* migrate = app.add_subcommand("migrate", "migrate a repository of an older format (1: cairn 0.1, a file per model; 2: no coded chunks) to format 3, in place");
   migrate->add_option("DIR", repo_dir, "repository directory")->required();
   add_progress_flags(migrate, pf);
   migrate->callback([&] { rc = cmd_migrate(repo_dir, pf); });

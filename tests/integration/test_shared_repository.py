@@ -427,17 +427,19 @@ def test_gc_through_one_while_the_other_commits_and_reads(make_daemon, tmp):
     assert c.stop() == 0, log_of(c)
 
 
-def _v1_copy(tmp, name):
+def _v1_copy(tmp, name, fixture=FIXTURE):
     dst = tmp / name
-    shutil.copytree(FIXTURE, dst)
+    shutil.copytree(fixture, dst)
     return dst
 
 
-def test_version1_repository_opens_in_a_daemon(make_daemon, tmp):
+# repo-v2 is repo-v1 as cairn's format-2 release migrated it (`cairn migrate`): the same models.
+@pytest.mark.parametrize("fixture", ["repo-v1", "repo-v2"])
+def test_older_repository_opens_in_a_daemon(make_daemon, tmp, fixture):
     expected = json.loads(EXPECTED.read_text())
-    repo = _v1_copy(tmp, "v1")
+    repo = _v1_copy(tmp, "old", FIXTURE.parent / fixture)
     d = shared(make_daemon, "d", repo, chunk="64KiB").start()
-    assert (repo / "FORMAT").read_text().splitlines()[0] == "cairn-repository 2"
+    assert (repo / "FORMAT").read_text().splitlines()[0] == "cairn-repository 3"
     assert not (repo / "manifests").exists()
     listed = ls_ids(d, "--all")
     assert set(listed) == set(expected), (sorted(listed), sorted(expected))
@@ -508,7 +510,7 @@ def test_cairn_migrate_without_a_daemon(tmp):
     r = subprocess.run([str(CAIRN), "migrate", str(repo)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert f"{len(expected)} models" in r.stdout, r.stdout
-    assert (repo / "FORMAT").read_text().splitlines()[0] == "cairn-repository 2"
+    assert (repo / "FORMAT").read_text().splitlines()[0] == "cairn-repository 3"
     assert not (repo / "manifests").exists()
     assert list((repo / "checkpoints").glob("*.ckpt")), sorted(p.name for p in repo.rglob("*"))
     # Migrating again does nothing harmful.

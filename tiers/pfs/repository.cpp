@@ -50,17 +50,18 @@ const std::string& Repository::dir() const { return impl_->dir_; }
 bool Repository::writable() const { return impl_->writable_; }
 const std::string& Repository::writer_id() const { return impl_->wid(); }
 
-Status Repository::commit(ModelManifest& m, const ChunkSource& src) {
+Status Repository::commit(ModelManifest& m, const ChunkSource& src, const ChunkSource& resident) {
   std::vector<ModelManifest> one;
   one.push_back(std::move(m));
   std::vector<Status> results;
-  Status s = impl_->commit_batch(one, src, &results);
+  Status s = impl_->commit_batch(one, src, &results, resident);
   m = std::move(one[0]);
   return s;
 }
 
-Status Repository::commit_batch(std::vector<ModelManifest>& ms, const ChunkSource& src, std::vector<Status>* results) {
-  return impl_->commit_batch(ms, src, results);
+Status Repository::commit_batch(std::vector<ModelManifest>& ms, const ChunkSource& src, std::vector<Status>* results,
+                                const ChunkSource& resident) {
+  return impl_->commit_batch(ms, src, results, resident);
 }
 
 Status Repository::claim(const std::string& id) {

@@ -225,11 +225,16 @@ class Repository {
   // chunk_size (else kInvalidArgument). Chunks already stored are referenced, not written; the
   // others are taken from src and written, once each, to the model's new pack. On success m's
   // ChunkRefs, pack and created_ns are filled in. On failure nothing is visible.
-  Status commit(ModelManifest& m, const ChunkSource& src);
+  //
+  // New chunks are coded (RepositoryOptions::compress); a delta needs the bytes of the chunk it is
+  // coded against, a chunk the repository holds: `resident` (optional) gives them when the caller
+  // has them in memory (an error or nullptr: it has not), else they are read from the repository.
+  Status commit(ModelManifest& m, const ChunkSource& src, const ChunkSource& resident = nullptr);
   // Commits several models with one group write of their records (the flusher's batches). Each
   // model succeeds or fails on its own ((*results)[i]); a model may name an earlier one of the
   // batch as its parent. Returns the first failure, or OK.
-  Status commit_batch(std::vector<ModelManifest>& ms, const ChunkSource& src, std::vector<Status>* results);
+  Status commit_batch(std::vector<ModelManifest>& ms, const ChunkSource& src, std::vector<Status>* results,
+                      const ChunkSource& resident = nullptr);
 
   // The lookups of a model, each with its freshness (above).
   bool contains(const std::string& id, Freshness fresh = Freshness::kRefreshOnMiss) const;

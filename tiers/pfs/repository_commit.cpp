@@ -207,7 +207,7 @@ Status Repository::Impl::append_durable(const std::string& bytes, uint64_t count
 // ---- commit ----
 
 Status Repository::Impl::commit_batch(std::vector<ModelManifest>& ms, const Repository::ChunkSource& src,
-                                      std::vector<Status>* results) {
+                                      std::vector<Status>* results, const Repository::ChunkSource& resident) {
   results->assign(ms.size(), Status::ok());
   Status first;
   auto fail_all = [&](const Status& s) {
@@ -253,7 +253,7 @@ Status Repository::Impl::commit_batch(std::vector<ModelManifest>& ms, const Repo
         }
       }
       std::string rec;
-      if (s.is_ok()) s = stage(m, src, &rec);
+      if (s.is_ok()) s = stage(m, src, resident, &rec);
       if (!s.is_ok()) {
         (*results)[i] = s;
         if (first.is_ok()) first = s;
@@ -289,13 +289,13 @@ Status Repository::Impl::commit_batch(std::vector<ModelManifest>& ms, const Repo
   return first;
 }
 
-void Repository::Impl::code_chunks(std::vector<NewChunk>& chunks, const Repository::ChunkSource& src) const {
-  // A base's bytes from the chunk source when it has them (the daemon's arena usually holds the
-  // parent), checked against the base's hash; the others are read from the repository by the
+void Repository::Impl::code_chunks(std::vector<NewChunk>& chunks, const Repository::ChunkSource& resident) const {
+  // A base's bytes from the caller when it has them in memory (the daemon's arena usually holds
+  // the parent), checked against the base's hash; the others are read from the repository by the
   // worker that codes the chunk.
   for (NewChunk& nc : chunks) {
-    if (!nc.base) continue;
-    Result<const void*> r = src(nc.base->hash, nc.length);
+    if (!nc.base || !resident) continue;
+    Result<const void*> r = resident(nc.base->hash, nc.length);
     if (r.is_ok() && *r != nullptr && hash_bytes(*r, nc.length) == nc.base->hash) nc.base_data = *r;
   }
   std::atomic<size_t> next{0};
@@ -326,7 +326,8 @@ void Repository::Impl::code_chunks(std::vector<NewChunk>& chunks, const Reposito
   for (std::thread& t : pool) t.join();
 }
 
-Status Repository::Impl::stage(ModelManifest& in, const Repository::ChunkSource& src, std::string* record) {
+Status Repository::Impl::stage(ModelManifest& in, const Repository::ChunkSource& src,
+                               const Repository::ChunkSource& resident, std::string* record) {
   const std::string model = "model " + quote(in.id);
   {
     // A child that shares its parent's tensor list (a metadata-only commit) has tensors the
@@ -466,7 +467,7 @@ Status Repository::Impl::stage(ModelManifest& in, const Repository::ChunkSource&
                               std::to_string(nc.length) +
                               " bytes) do not hash to it; the manifest and the data disagree");
   }
-  if (options_.compress) code_chunks(new_chunks, src);
+  if (options_.compress) code_chunks(new_chunks, resident);
 
   // The pack's entries: a tensor whose chunks are all new, unrepeated and stored raw is one entry
   // under its own name; every other new chunk is an entry of its own (__chunk__.<hash> raw,

@@ -264,7 +264,8 @@ struct Repository::Impl {
 
   // ---- the write path (repository_commit.cpp) ----
 
-  Status commit_batch(std::vector<ModelManifest>& ms, const Repository::ChunkSource& src, std::vector<Status>* results);
+  Status commit_batch(std::vector<ModelManifest>& ms, const Repository::ChunkSource& src, std::vector<Status>* results,
+                      const Repository::ChunkSource& resident);
   // A chunk a commit stores: its bytes, how they are coded, and where they go.
   struct NewChunk {
     ChunkHash hash;
@@ -279,9 +280,11 @@ struct Repository::Impl {
     uint64_t stored_bytes() const { return coded.coding == ChunkCoding::kRaw ? length : coded.bytes.size(); }
   };
   // Codes the chunks (options_.coding), several at once; a chunk that does not code well stays raw.
-  void code_chunks(std::vector<NewChunk>& chunks, const Repository::ChunkSource& src) const;
+  // resident: the bases' bytes where the caller has them (else they are read from the repository).
+  void code_chunks(std::vector<NewChunk>& chunks, const Repository::ChunkSource& resident) const;
   // Plans one model, writes its new chunks, adds it to the catalog and returns its record.
-  Status stage(ModelManifest& m, const Repository::ChunkSource& src, std::string* record);
+  Status stage(ModelManifest& m, const Repository::ChunkSource& src, const Repository::ChunkSource& resident,
+               std::string* record);
   // Opens this writer's log and segment (write_mu_ held), rolling over to new ones when full.
   Status ensure_log();
   Status ensure_segment(uint64_t more_bytes);

@@ -6,7 +6,7 @@ TEST_CASE("a new repository has FORMAT, packs/, logs/ and checkpoints/", "[repos
   auto repo = open_repo(tmp.repo());
   CHECK(repo->chunk_size() == kChunk);
   CHECK(repo->writable());
-  CHECK(slurp(tmp.repo() + "/FORMAT") == "cairn-repository 2\nchunk_size 65536\n");
+  CHECK(slurp(tmp.repo() + "/FORMAT") == "cairn-repository 3\nchunk_size 65536\n");
   CHECK(fs::is_directory(tmp.repo() + "/packs"));
   CHECK(fs::is_directory(tmp.repo() + "/logs"));
   CHECK(fs::is_directory(tmp.repo() + "/checkpoints"));
@@ -35,11 +35,11 @@ TEST_CASE("open rejects what is not a cairn repository", "[repository]") {
   }
   SECTION("an unknown format version") {
     fs::create_directories(tmp.repo());
-    spit(tmp.repo() + "/FORMAT", "cairn-repository 3\nchunk_size 65536\n");
+    spit(tmp.repo() + "/FORMAT", "cairn-repository 4\nchunk_size 65536\n");
     auto r = Repository::open(tmp.repo(), kChunk);
     REQUIRE_FALSE(r.is_ok());
     CHECK(r.status().code() == StatusCode::kInvalidArgument);
-    CHECK_THAT(r.status().message(), Catch::Contains("version 3"));
+    CHECK_THAT(r.status().message(), Catch::Contains("version 4"));
   }
   SECTION("a garbled FORMAT") {
     fs::create_directories(tmp.repo());
@@ -208,13 +208,17 @@ TEST_CASE("repeated chunks inside one model are written once", "[repository]") {
   CHECK(repo->stats().physical_bytes == kChunk);
   CHECK(repo->stats().chunks == 1);
   require_model_bytes(*repo, "z", store);
-  // The pack holds one "__chunk__.<hex>" entry.
+  // The pack holds one entry, the chunk coded (zeros code to almost nothing): "__coded__.<hex>".
+  const ChunkRef& c = m.tensors[0].chunks[0];
+  CHECK(c.coding == ChunkCoding::kPlanes);
+  CHECK(c.stored < 1000);
+  CHECK(repo->stats().stored_bytes == c.stored);
   auto h = safetensors::read_header(tmp.repo() + "/packs/" + m.pack);
   REQUIRE(h.is_ok());
   REQUIRE(h->tensors.size() == 1);
-  CHECK(h->tensors[0].name == "__chunk__." + m.tensors[0].chunks[0].hash.hex());
+  CHECK(h->tensors[0].name == "__coded__." + c.hash.hex());
   CHECK(h->tensors[0].dtype == DType::kU8);
-  CHECK(h->tensors[0].shape == std::vector<int64_t>{static_cast<int64_t>(kChunk)});
+  CHECK(h->tensors[0].shape == std::vector<int64_t>{static_cast<int64_t>(c.stored)});
 }
 
 TEST_CASE("empty and 0-d tensors", "[repository]") {
@@ -310,7 +314,7 @@ TEST_CASE("a pack is an ordinary safetensors file", "[repository]") {
   auto h = safetensors::read_header(path);
   INFO(h.status().to_string());
   REQUIRE(h.is_ok());
-  CHECK(h->metadata.at("cairn.format") == "2");
+  CHECK(h->metadata.at("cairn.format") == "3");
   CHECK(h->metadata.at("cairn.model") == "child");
   CHECK(h->metadata.at("cairn.parent") == "parent");
   // Whole new tensors under their own names; the rest as chunk entries.

@@ -205,7 +205,7 @@ TEST_CASE("a format-1 repository is migrated on open, every model exact", "[repo
     auto repo = open_repo(tmp.repo(), kChunk, RepositoryOptions{});
     check(*repo);
   }
-  CHECK(slurp(tmp.repo() + "/FORMAT") == "cairn-repository 2\nchunk_size 65536\n");
+  CHECK(slurp(tmp.repo() + "/FORMAT") == "cairn-repository 3\nchunk_size 65536\n");
   CHECK_FALSE(fs::exists(tmp.repo() + "/manifests"));
   CHECK(files_in(tmp.repo() + "/packs") == packs_before);  // no byte of data moved
   auto repo = open_repo(tmp.repo(), kChunk, RepositoryOptions{});
