@@ -21,6 +21,10 @@
 
 #include <zstd.h>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #include <array>
 #include <cmath>
 #include <cstring>
@@ -102,33 +106,141 @@ U untransform(U d, U b, Transform t) {
 
 using Histograms = std::array<std::array<uint32_t, 256>, 8>;
 
-// Per-plane byte histograms of the transformed elements.
+// Elements sampled for the estimates: blocks of kSampleBlock elements spread evenly over the chunk,
+// kSampleElements in all (a chunk that small is read whole). The estimate chooses a transform and
+// which planes are worth coding; the coder itself sees every byte.
+constexpr size_t kSampleBlock = 4096;
+constexpr size_t kSampleElements = 64 * 1024;
+
+// Per-plane byte histograms of the transformed elements (a sample of them); returns how many.
 template <class U>
-void histogram(const uint8_t* raw, const uint8_t* base, size_t n, Transform t, Histograms* h) {
-  for (size_t i = 0; i < n; ++i) {
-    U v = transform<U>(load<U>(raw + i * sizeof(U)), base ? load<U>(base + i * sizeof(U)) : U{0}, t);
-    for (size_t k = 0; k < sizeof(U); ++k) ++(*h)[k][static_cast<uint8_t>(v >> (8 * k))];
+size_t histogram(const uint8_t* raw, const uint8_t* base, size_t n, Transform t, Histograms* h) {
+  auto count = [&](size_t from, size_t to) {
+    for (size_t i = from; i < to; ++i) {
+      U v = transform<U>(load<U>(raw + i * sizeof(U)), base ? load<U>(base + i * sizeof(U)) : U{0}, t);
+      for (size_t k = 0; k < sizeof(U); ++k) ++(*h)[k][static_cast<uint8_t>(v >> (8 * k))];
+    }
+  };
+  if (n <= kSampleElements) {
+    count(0, n);
+    return n;
   }
+  const size_t blocks = kSampleElements / kSampleBlock;
+  const size_t stride = (n - kSampleBlock) / (blocks - 1);
+  for (size_t b = 0; b < blocks; ++b) count(b * stride, b * stride + kSampleBlock);
+  return blocks * kSampleBlock;
 }
 
-// Estimated coded bytes of one plane of n bytes from its histogram (order-0 entropy).
-double plane_estimate(const std::array<uint32_t, 256>& h, size_t n) {
-  if (n == 0) return 0;
+// Estimated coded bytes of one plane of n bytes from its histogram over `sampled` of them
+// (order-0 entropy): n itself when it is close to random (stored as it is).
+double plane_estimate(const std::array<uint32_t, 256>& h, size_t sampled, size_t n) {
+  if (n == 0 || sampled == 0) return 0;
   double bits = 0;
   for (uint32_t c : h)
     if (c) {
-      double p = static_cast<double>(c) / static_cast<double>(n);
+      double p = static_cast<double>(c) / static_cast<double>(sampled);
       bits -= static_cast<double>(c) * std::log2(p);
     }
-  double per_byte = bits / static_cast<double>(n);
+  double per_byte = bits / static_cast<double>(sampled);
   if (per_byte > kStoreAboveBits) return static_cast<double>(n);
-  return bits / 8 + 16;  // and a zstd frame's overhead
+  return per_byte * static_cast<double>(n) / 8 + 16;  // and a zstd frame's overhead
 }
+
+#if defined(__SSE2__)
+// Transform 16 bytes of elements of U (SSE2).
+template <class U>
+__m128i transform16(__m128i x, __m128i b, Transform t) {
+  if (t == kXor) return _mm_xor_si128(x, b);
+  if (t == kSub) {
+    if constexpr (sizeof(U) == 2) return _mm_sub_epi16(x, b);
+    if constexpr (sizeof(U) == 4) return _mm_sub_epi32(x, b);
+    if constexpr (sizeof(U) == 8) return _mm_sub_epi64(x, b);
+    return _mm_sub_epi8(x, b);
+  }
+  return x;
+}
+template <class U>
+__m128i untransform16(__m128i d, __m128i b, Transform t) {
+  if (t == kXor) return _mm_xor_si128(d, b);
+  if (t == kSub) {
+    if constexpr (sizeof(U) == 2) return _mm_add_epi16(d, b);
+    if constexpr (sizeof(U) == 4) return _mm_add_epi32(d, b);
+    if constexpr (sizeof(U) == 8) return _mm_add_epi64(d, b);
+    return _mm_add_epi8(d, b);
+  }
+  return d;
+}
+__m128i load16(const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); }
+void store16(uint8_t* p, __m128i v) { _mm_storeu_si128(reinterpret_cast<__m128i*>(p), v); }
+
+// The first elements of group() 16 (w 2 and 4) at a time; returns how many it did.
+template <class U>
+size_t group_simd(const uint8_t* raw, const uint8_t* base, size_t n, Transform t, uint8_t* out) {
+  const __m128i zero = _mm_setzero_si128();
+  auto in = [&](size_t byte) { return transform16<U>(load16(raw + byte), base ? load16(base + byte) : zero, t); };
+  size_t i = 0;
+  if constexpr (sizeof(U) == 2) {
+    const __m128i lo = _mm_set1_epi16(0xFF);
+    for (; i + 16 <= n; i += 16) {
+      __m128i x0 = in(2 * i), x1 = in(2 * i + 16);
+      store16(out + i, _mm_packus_epi16(_mm_and_si128(x0, lo), _mm_and_si128(x1, lo)));
+      store16(out + n + i, _mm_packus_epi16(_mm_srli_epi16(x0, 8), _mm_srli_epi16(x1, 8)));
+    }
+  } else if constexpr (sizeof(U) == 4) {
+    const __m128i lo = _mm_set1_epi32(0xFF);
+    for (; i + 16 <= n; i += 16) {
+      __m128i x[4] = {in(4 * i), in(4 * i + 16), in(4 * i + 32), in(4 * i + 48)};
+      for (int k = 0; k < 4; ++k) {
+        __m128i v[4];
+        for (int j = 0; j < 4; ++j) v[j] = _mm_and_si128(_mm_srli_epi32(x[j], 8 * k), lo);
+        store16(out + static_cast<size_t>(k) * n + i,
+                _mm_packus_epi16(_mm_packs_epi32(v[0], v[1]), _mm_packs_epi32(v[2], v[3])));
+      }
+    }
+  }
+  return i;
+}
+
+// The first elements of ungroup() 16 (w 2 and 4) at a time; returns how many it did.
+template <class U>
+size_t ungroup_simd(const uint8_t* const* planes, const uint8_t* base, size_t n, Transform t, uint8_t* dst) {
+  const __m128i zero = _mm_setzero_si128();
+  auto out = [&](size_t byte, __m128i v) {
+    store16(dst + byte, t == kNone ? v : untransform16<U>(v, load16(base + byte), t));
+  };
+  (void)zero;
+  size_t i = 0;
+  if constexpr (sizeof(U) == 2) {
+    for (; i + 16 <= n; i += 16) {
+      __m128i a = load16(planes[0] + i), b = load16(planes[1] + i);
+      out(2 * i, _mm_unpacklo_epi8(a, b));
+      out(2 * i + 16, _mm_unpackhi_epi8(a, b));
+    }
+  } else if constexpr (sizeof(U) == 4) {
+    for (; i + 16 <= n; i += 16) {
+      __m128i a0 = load16(planes[0] + i), a1 = load16(planes[1] + i), a2 = load16(planes[2] + i),
+              a3 = load16(planes[3] + i);
+      __m128i t0 = _mm_unpacklo_epi8(a0, a1), t1 = _mm_unpackhi_epi8(a0, a1);
+      __m128i t2 = _mm_unpacklo_epi8(a2, a3), t3 = _mm_unpackhi_epi8(a2, a3);
+      out(4 * i, _mm_unpacklo_epi16(t0, t2));
+      out(4 * i + 16, _mm_unpackhi_epi16(t0, t2));
+      out(4 * i + 32, _mm_unpacklo_epi16(t1, t3));
+      out(4 * i + 48, _mm_unpackhi_epi16(t1, t3));
+    }
+  }
+  return i;
+}
+#else
+template <class U>
+size_t group_simd(const uint8_t*, const uint8_t*, size_t, Transform, uint8_t*) { return 0; }
+template <class U>
+size_t ungroup_simd(const uint8_t* const*, const uint8_t*, size_t, Transform, uint8_t*) { return 0; }
+#endif
 
 // Splits the transformed elements into planes (plane k at out + k * n).
 template <class U>
 void group(const uint8_t* raw, const uint8_t* base, size_t n, Transform t, uint8_t* out) {
-  for (size_t i = 0; i < n; ++i) {
+  for (size_t i = group_simd<U>(raw, base, n, t, out); i < n; ++i) {
     U v = transform<U>(load<U>(raw + i * sizeof(U)), base ? load<U>(base + i * sizeof(U)) : U{0}, t);
     for (size_t k = 0; k < sizeof(U); ++k) out[k * n + i] = static_cast<uint8_t>(v >> (8 * k));
   }
@@ -145,7 +257,7 @@ void ungroup(const uint8_t* const* planes, const uint8_t* base, size_t n, Transf
     }
     for (size_t i = 0; i < n; ++i) dst[i] = untransform<uint8_t>(p0[i], base[i], t);
   } else {
-    for (size_t i = 0; i < n; ++i) {
+    for (size_t i = ungroup_simd<U>(planes, base, n, t, dst); i < n; ++i) {
       U v = 0;
       for (size_t k = 0; k < sizeof(U); ++k) v |= static_cast<U>(static_cast<U>(planes[k][i]) << (8 * k));
       if (t != kNone) v = untransform<U>(v, load<U>(base + i * sizeof(U)), t);
@@ -210,10 +322,11 @@ EncodedChunk encode_chunk(const void* raw_v, size_t len, size_t width, const voi
   for (Transform t : candidates) {
     if (t != kNone && base == nullptr) break;
     Histograms h{};
-    by_width(width, [&](auto u) { histogram<decltype(u)>(raw, base, n, t, &h); });
+    size_t sampled = 0;
+    by_width(width, [&](auto u) { sampled = histogram<decltype(u)>(raw, base, n, t, &h); });
     std::array<double, 8> planes{};
     double total = 0;
-    for (size_t k = 0; k < width; ++k) total += planes[k] = plane_estimate(h[k], n);
+    for (size_t k = 0; k < width; ++k) total += planes[k] = plane_estimate(h[k], sampled, n);
     if (t == kNone || total < best_bytes) {
       best = t;
       best_bytes = total;
@@ -223,12 +336,29 @@ EncodedChunk encode_chunk(const void* raw_v, size_t len, size_t width, const voi
   const double budget = static_cast<double>(len) * (1.0 - options.min_saving);
   if (best_bytes + kHeaderBytes + width * kPlaneDescBytes + tail >= budget) return out;
 
-  std::vector<uint8_t> grouped(n * width);
-  by_width(width, [&](auto u) { group<decltype(u)>(raw, base, n, best, grouped.data()); });
-  std::vector<uint8_t>& f = out.bytes;
+  // Scratch of this thread's, kept between chunks (growing, never zeroed): the planes, and the
+  // frame before it is copied out at its final size.
+  thread_local std::unique_ptr<uint8_t[]> grouped_buf, frame_buf;
+  thread_local size_t grouped_cap = 0, frame_cap = 0;
+  auto reserve = [](std::unique_ptr<uint8_t[]>& b, size_t& cap, size_t want) {
+    if (cap < want) {
+      b.reset(new uint8_t[want]);
+      cap = want;
+    }
+    return b.get();
+  };
+  uint8_t* grouped = reserve(grouped_buf, grouped_cap, n * width);
+  by_width(width, [&](auto u) { group<decltype(u)>(raw, base, n, best, grouped); });
   size_t bound = kHeaderBytes + width * kPlaneDescBytes + tail;
   for (size_t k = 0; k < width; ++k) bound += ZSTD_compressBound(n);
-  f.resize(bound);
+  struct Frame {
+    uint8_t* p;
+    size_t cap;
+    uint8_t* data() { return p; }
+    size_t size() const { return cap; }
+    uint8_t& operator[](size_t i) { return p[i]; }
+  } f{reserve(frame_buf, frame_cap, bound), bound};
+  std::memset(f.data(), 0, kHeaderBytes + width * kPlaneDescBytes);
   f[0] = 'c';
   f[1] = 'z';
   f[2] = kFrameVersion;
@@ -238,7 +368,7 @@ EncodedChunk encode_chunk(const void* raw_v, size_t len, size_t width, const voi
   size_t at = kHeaderBytes + width * kPlaneDescBytes;
   for (size_t k = 0; k < width; ++k) {
     uint8_t* desc = f.data() + kHeaderBytes + k * kPlaneDescBytes;
-    const uint8_t* plane = grouped.data() + k * n;
+    const uint8_t* plane = grouped + k * n;
     size_t stored = n;
     uint8_t mode = kStored;
     if (best_planes[k] < static_cast<double>(n)) {
@@ -255,13 +385,8 @@ EncodedChunk encode_chunk(const void* raw_v, size_t len, size_t width, const voi
   }
   std::memcpy(f.data() + at, raw + n * width, tail);
   at += tail;
-  if (static_cast<double>(at) >= budget) {
-    out.bytes.clear();
-    out.bytes.shrink_to_fit();
-    return out;
-  }
-  f.resize(at);
-  f.shrink_to_fit();
+  if (static_cast<double>(at) >= budget) return out;
+  out.bytes.assign(f.data(), f.data() + at);
   out.coding = best == kNone ? ChunkCoding::kPlanes : ChunkCoding::kDelta;
   return out;
 }
