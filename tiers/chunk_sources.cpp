@@ -44,12 +44,17 @@ Status RepositorySource::read(const ChunkRef& ref, void* dst) {
 void RepositorySource::will_read(std::span<const ChunkRef* const> refs) {
   if (repo_.direct_reads()) return;  // the reads bypass the page cache: readahead would read twice
   std::map<std::string, int> fds;
+  auto advise = [&](const ChunkRef& c) {
+    auto [it, added] = fds.emplace(c.pack, -1);
+    if (added) it->second = ::open((repo_.dir() + "/packs/" + c.pack).c_str(), O_RDONLY | O_CLOEXEC);
+    if (it->second >= 0)
+      ::posix_fadvise(it->second, static_cast<off_t>(c.offset), static_cast<off_t>(c.stored_bytes()),
+                      POSIX_FADV_WILLNEED);
+  };
   for (const ChunkRef* c : refs) {
     if (c->pack.empty()) continue;
-    auto [it, added] = fds.emplace(c->pack, -1);
-    if (added) it->second = ::open((repo_.dir() + "/packs/" + c->pack).c_str(), O_RDONLY | O_CLOEXEC);
-    if (it->second >= 0)
-      ::posix_fadvise(it->second, static_cast<off_t>(c->offset), static_cast<off_t>(c->length), POSIX_FADV_WILLNEED);
+    advise(*c);
+    if (c->base) advise(*c->base);  // a delta is decoded with its base
   }
   for (const auto& [pack, fd] : fds)
     if (fd >= 0) ::close(fd);

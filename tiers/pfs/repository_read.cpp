@@ -195,7 +195,8 @@ Status Repository::Impl::read_coded(File& file, const ChunkRef& ref, void* dst) 
   } else {
     st = decode_chunk(ref.coding, stored, n, ref.coding == ChunkCoding::kDelta ? base.data() : nullptr, dst,
                       ref.length);
-    if (!st.is_ok()) st = corruption(where + ": " + st.message() + "; restore the pack from a copy");
+    if (!st.is_ok())
+      st = corruption(where + ": the stored bytes do not decode (" + st.message() + "); restore the pack from a copy");
   }
   if (scratch) give_back_scratch(std::move(scratch));
   CAIRN_RETURN_IF_ERROR(st);
