@@ -439,3 +439,56 @@ TEST_CASE("kill -9 while coded chunks are written: every acknowledged model read
   }
   WARN("models acknowledged before the kills: " << acked.size());
 }
+
+TEST_CASE("manifest JSON: coded chunks round-trip, inconsistent coding fields are rejected by name", "[repository][coding][manifest]") {
+  ChunkStore store;
+  ModelManifest m = make_model("m", "", {make_tensor(store, "w", DType::kF32, {20000}, f32_weights(20000, 1))});
+  m.created_ns = 1;
+  ChunkRef& c = m.tensors.mut()[0].chunks[0];
+  c.pack = "w0000000000000001-000001.pack";
+  c.offset = 64;
+  c.coding = ChunkCoding::kDelta;
+  c.stored = 100;
+  auto b = std::make_shared<ChunkRef>();
+  b->hash = hash_bytes("base", 4);
+  b->length = c.length;
+  b->pack = "w0000000000000001-000001.pack";
+  b->offset = 1000;
+  b->coding = ChunkCoding::kPlanes;
+  b->stored = 500;
+  c.base = b;
+  ChunkRef& c1 = m.tensors.mut()[0].chunks[1];
+  c1.pack = "w0000000000000001-000001.pack";
+  c1.offset = 2000;
+  nlohmann::json j = manifest_to_json(m);
+  Result<ModelManifest> back = manifest_from_json(j);
+  INFO(back.status().to_string());
+  REQUIRE(back.is_ok());
+  CHECK(*back == m);
+  CHECK_FALSE(j["tensors"][0]["chunks"][1].contains("coding"));  // raw: no coding fields
+  CHECK_FALSE(j["tensors"][0]["chunks"][0]["base"].contains("length"));
+
+  auto reject = [&](auto change, const std::string& says) {
+    nlohmann::json bad = j;
+    change(bad["tensors"][0]["chunks"][0]);
+    Result<ModelManifest> r = manifest_from_json(bad);
+    REQUIRE_FALSE(r.is_ok());
+    CHECK(r.status().code() == StatusCode::kInvalidArgument);
+    CHECK_THAT(r.status().message(), Catch::Contains("tensors[0].chunks[0]"));
+    CHECK_THAT(r.status().message(), Catch::Contains(says));
+  };
+  reject([](nlohmann::json& x) { x["coding"] = "zip"; }, "is not a coding");
+  reject([](nlohmann::json& x) { x["coding"] = "raw"; }, "is not a coding");
+  reject([](nlohmann::json& x) { x.erase("stored"); }, "needs 'stored'");
+  reject([](nlohmann::json& x) { x.erase("base"); }, "a delta without a base");
+  reject([](nlohmann::json& x) { x["coding"] = "planes"; }, "with a base");
+  reject([](nlohmann::json& x) { x["stored"] = 0; }, "without its stored size");
+  reject([](nlohmann::json& x) { x["base"]["length"] = 5; }, "unknown field");
+  reject([](nlohmann::json& x) { x["base"]["coding"] = "delta"; }, "whose base is a delta");
+  reject([](nlohmann::json& x) { x["base"].erase("stored"); }, "needs 'stored'");
+  reject([](nlohmann::json& x) { x["base"]["pack"] = "../x"; }, "base.pack");
+  reject([](nlohmann::json& x) {
+    x.erase("coding");
+    x.erase("base");
+  }, "only a coded chunk");
+}
