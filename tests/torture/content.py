@@ -19,9 +19,16 @@ def key_seed(key: str) -> int:
 
 
 def tensor_bytes(key: str, nbytes: int) -> np.ndarray:
-    """The bytes under content key `key`: nbytes of a generator seeded by the key (uint8)."""
+    """The bytes under content key `key`: nbytes of a generator seeded by the key (uint8). Half the
+    keys give the bytes of float32 weights, N(0, 0.02), which the repository stores coded (its byte
+    planes entropy-coded): the faults then also hit coded chunks, their flush and their reads."""
+    seed = key_seed(key)
+    rng = np.random.default_rng(seed)
+    if seed % 2:
+        a = rng.standard_normal((nbytes + 3) // 4, dtype=np.float32) * np.float32(0.02)
+        return a.view(np.uint8)[:nbytes]
     words = (nbytes + 7) // 8
-    a = np.random.default_rng(key_seed(key)).integers(0, 2**63 - 1, size=words, dtype=np.int64)
+    a = rng.integers(0, 2**63 - 1, size=words, dtype=np.int64)
     return a.view(np.uint8)[:nbytes]
 
 
