@@ -14,9 +14,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <map>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -289,41 +292,132 @@ Status Repository::Impl::commit_batch(std::vector<ModelManifest>& ms, const Repo
   return first;
 }
 
-void Repository::Impl::code_chunks(std::vector<NewChunk>& chunks, const Repository::ChunkSource& resident) const {
-  // A base's bytes from the caller when it has them in memory (the daemon's arena usually holds
-  // the parent), checked against the base's hash; the others are read from the repository by the
-  // worker that codes the chunk.
-  for (NewChunk& nc : chunks) {
-    if (!nc.base || !resident) continue;
-    Result<const void*> r = resident(nc.base->hash, nc.length);
-    if (r.is_ok() && *r != nullptr && hash_bytes(*r, nc.length) == nc.base->hash) nc.base_data = *r;
+namespace {
+
+using pfs::NewChunk;
+
+// Codes a commit's new chunks on worker threads (one per core, or options.coding_threads), in
+// order, while the committing thread writes those already coded (wait, ready). A chunk that does
+// not code well stays raw; off: every chunk is raw and ready at once.
+class ChunkCoder {
+ public:
+  using Reader = std::function<Status(const ChunkRef&, void*)>;
+  ChunkCoder(std::vector<NewChunk>& chunks, const Repository::ChunkSource& resident, Reader read,
+             const CodingOptions& options, size_t threads, bool on)
+      : read_(std::move(read)), options_(options), chunks_(chunks), done_(chunks.size(), on ? 0 : 1) {
+    if (!on || chunks.empty()) return;
+    // A base's bytes from the caller when it has them in memory (the daemon's arena usually holds
+    // the parent), checked against the base's hash; the others are read from the repository by the
+    // worker that codes the chunk.
+    if (resident)
+      for (NewChunk& nc : chunks) {
+        if (!nc.base) continue;
+        Result<const void*> r = resident(nc.base->hash, nc.length);
+        if (r.is_ok() && *r != nullptr && hash_bytes(*r, nc.length) == nc.base->hash) nc.base_data = *r;
+      }
+    if (threads == 0) threads = std::thread::hardware_concurrency();
+    threads = std::max<size_t>(1, std::min(threads, chunks.size()));
+    for (size_t t = 0; t < threads; ++t) {
+      try {
+        pool_.emplace_back([this] { work(); });
+      } catch (const std::system_error&) {
+        if (pool_.empty()) work();  // no thread to be had: code them all here
+        break;
+      }
+    }
   }
-  std::atomic<size_t> next{0};
-  auto work = [&] {
+  ~ChunkCoder() {
+    for (std::thread& t : pool_) t.join();
+  }
+  ChunkCoder(const ChunkCoder&) = delete;
+  ChunkCoder& operator=(const ChunkCoder&) = delete;
+
+  // Blocks until chunk i is coded.
+  void wait(size_t i) {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return done_[i] != 0; });
+  }
+  bool ready(size_t i) {
+    std::lock_guard lock(mu_);
+    return done_[i] != 0;
+  }
+
+ private:
+  void work() {
     std::vector<uint8_t> base;
-    for (size_t i; (i = next.fetch_add(1)) < chunks.size();) {
-      NewChunk& nc = chunks[i];
+    for (size_t i; (i = next_.fetch_add(1)) < chunks_.size();) {
+      NewChunk& nc = chunks_[i];
       const void* b = nc.base_data;
       if (nc.base && b == nullptr) {
         base.resize(nc.length);
-        if (read_chunk(*nc.base, base.data()).is_ok()) b = base.data();
+        if (read_(*nc.base, base.data()).is_ok()) b = base.data();
       }
-      nc.coded = encode_chunk(nc.data, nc.length, nc.width, b, options_.coding);
+      nc.coded = encode_chunk(nc.data, nc.length, nc.width, b, options_);
       if (nc.coded.coding == ChunkCoding::kDelta && b == nullptr) nc.coded = EncodedChunk{};
-    }
-  };
-  size_t threads = options_.coding_threads ? options_.coding_threads : std::thread::hardware_concurrency();
-  threads = std::max<size_t>(1, std::min(threads, chunks.size()));
-  std::vector<std::thread> pool;
-  for (size_t t = 1; t < threads; ++t) {
-    try {
-      pool.emplace_back(work);
-    } catch (const std::system_error&) {
-      break;  // fewer threads: this one codes the rest
+      std::lock_guard lock(mu_);
+      done_[i] = 1;
+      cv_.notify_all();
     }
   }
-  work();
-  for (std::thread& t : pool) t.join();
+
+  Reader read_;
+  CodingOptions options_;
+  std::vector<NewChunk>& chunks_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<char> done_;
+  std::atomic<size_t> next_{0};
+  std::vector<std::thread> pool_;
+};
+
+// A pack of its own's entries, once its chunks are coded: a tensor whose new chunks are all of it,
+// unrepeated and raw is one entry under its name; every other new chunk an entry of its own.
+// tensor_first[t] .. tensor_first[t + 1] are the new chunks tensor t introduced.
+std::vector<safetensors::TensorEntry> pack_entries(const ModelManifest& m, const std::vector<NewChunk>& chunks,
+                                                   const std::vector<size_t>& tensor_first,
+                                                   const std::vector<bool>& whole_candidate, bool bound = false) {
+  std::vector<safetensors::TensorEntry> entries;
+  const TensorList& tensors = m.tensors;
+  for (size_t ti = 0; ti < tensors.size(); ++ti) {
+    const size_t first = tensor_first[ti], next = tensor_first[ti + 1];
+    if (first == next) continue;
+    bool whole = whole_candidate[ti];
+    for (size_t q = first; whole && !bound && q < next; ++q) whole = chunks[q].coded.coding == ChunkCoding::kRaw;
+    if (whole) {
+      const TensorManifest& t = tensors[ti];
+      safetensors::TensorEntry e;
+      e.name = t.name;
+      e.dtype = t.dtype;
+      e.shape = t.shape;
+      entries.push_back(std::move(e));
+      if (!bound) continue;
+    }
+    for (size_t q = first; q < next; ++q) {
+      const NewChunk& nc = chunks[q];
+      const bool raw = nc.coded.coding == ChunkCoding::kRaw;
+      safetensors::TensorEntry e;
+      e.name = std::string(raw ? kChunkEntryPrefix : kCodedEntryPrefix) + nc.hash.hex();
+      e.dtype = DType::kU8;
+      e.shape = {static_cast<int64_t>(bound ? nc.length : nc.stored_bytes())};
+      entries.push_back(std::move(e));
+    }
+  }
+  return entries;
+}
+
+}  // namespace
+
+// The bytes a pack of its own keeps for its header before its data (a multiple of 8): the header
+// with every new chunk both in a whole-tensor entry (where it may be one) and in an entry of its
+// own, at its raw length, is longer than the one its coding will give.
+Result<uint64_t> Repository::Impl::header_room(const ModelManifest& m, const std::vector<NewChunk>& chunks,
+                                               const std::vector<size_t>& tensor_first,
+                                               const std::vector<bool>& whole_candidate,
+                                               const std::map<std::string, std::string>& meta) const {
+  std::vector<safetensors::TensorEntry> entries = pack_entries(m, chunks, tensor_first, whole_candidate, true);
+  Result<std::string> header = safetensors::build_header(entries, &meta);
+  if (!header.is_ok()) return header.status().with_context("committing model " + quote(m.id) + ": building the pack header");
+  return (header->size() + 7) / 8 * 8;
 }
 
 Status Repository::Impl::stage(ModelManifest& in, const Repository::ChunkSource& src,
@@ -467,48 +561,14 @@ Status Repository::Impl::stage(ModelManifest& in, const Repository::ChunkSource&
                               std::to_string(nc.length) +
                               " bytes) do not hash to it; the manifest and the data disagree");
   }
-  if (options_.compress) code_chunks(new_chunks, resident);
-
-  // The pack's entries: a tensor whose chunks are all new, unrepeated and stored raw is one entry
-  // under its own name; every other new chunk is an entry of its own (__chunk__.<hash> raw,
-  // __coded__.<hash> coded).
-  struct Entry {
-    size_t first = 0;  // range of new_chunks
-    size_t count = 0;
-  };
-  std::vector<safetensors::TensorEntry> entries;
-  std::vector<Entry> entry_chunks;
-  uint64_t data_bytes = 0;
-  for (const NewChunk& nc : new_chunks) data_bytes += nc.stored_bytes();
-  {
-    const TensorList& tensors = m.tensors;
-    for (size_t ti = 0; ti < tensors.size(); ++ti) {
-      const size_t first = tensor_first[ti], next = tensor_first[ti + 1];
-      if (first == next) continue;
-      bool whole = whole_candidate[ti];
-      for (size_t q = first; whole && q < next; ++q) whole = new_chunks[q].coded.coding == ChunkCoding::kRaw;
-      if (whole) {
-        const TensorManifest& t = tensors[ti];
-        safetensors::TensorEntry e;
-        e.name = t.name;
-        e.dtype = t.dtype;
-        e.shape = t.shape;
-        entries.push_back(std::move(e));
-        entry_chunks.push_back({first, next - first});
-        continue;
-      }
-      for (size_t q = first; q < next; ++q) {
-        const NewChunk& nc = new_chunks[q];
-        safetensors::TensorEntry e;
-        e.name = std::string(nc.coded.coding == ChunkCoding::kRaw ? kChunkEntryPrefix : kCodedEntryPrefix) +
-                 nc.hash.hex();
-        e.dtype = DType::kU8;
-        e.shape = {static_cast<int64_t>(nc.stored_bytes())};
-        entries.push_back(std::move(e));
-        entry_chunks.push_back({q, 1});
-      }
-    }
-  }
+  // Coding runs on worker threads (when on) while this thread writes the chunks already coded, in
+  // order: the pack's bytes are the new chunks' stored bytes in new_chunks order whatever its
+  // entries turn out to be, so a chunk's place is known once those before it are coded.
+  ChunkCoder coder(
+      new_chunks, resident, [this](const ChunkRef& ref, void* dst) { return read_chunk(ref, dst); }, options_.coding,
+      options_.coding_threads, options_.compress);
+  uint64_t raw_bytes = 0;
+  for (const NewChunk& nc : new_chunks) raw_bytes += nc.length;
 
   auto now =
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -521,42 +581,108 @@ Status Repository::Impl::stage(ModelManifest& in, const Repository::ChunkSource&
   // one this handle has seen or made.
   m.created_ns = in.created_ns > 0 ? in.created_ns
                                    : std::max<int64_t>(now, std::max(last_created_ns_, own_last_created_ns_) + 1);
-  own_last_created_ns_ = std::max(own_last_created_ns_, m.created_ns);
 
-  // Where the new chunks go: a pack of their own (a safetensors file with whole tensors under
-  // their names) when they are many bytes, else the end of this writer's segment.
-  const bool own_pack = !new_chunks.empty() && data_bytes >= options_.own_pack_bytes;
-  std::string prefix;
+  // Metadata that cannot be written as JSON fails the commit before any byte is written.
+  try {
+    (void)m.metadata.dump();
+    (void)m.architecture.dump();
+  } catch (const json::exception& e) {
+    return invalid_argument("committing " + model + ": metadata or architecture cannot be written as JSON (" +
+                            e.what() + "); strings must be valid UTF-8");
+  }
+
+  // Where the new chunks go: a pack of their own (a safetensors file) when their raw bytes are
+  // many, else the end of this writer's segment. A pack of its own is written under a temporary
+  // name with room for its header first, the header last (the entries depend on the coding), then
+  // synced and renamed into place.
+  const bool own_pack = !new_chunks.empty() && raw_bytes >= options_.own_pack_bytes;
+  std::map<std::string, std::string> meta{{"cairn.format", std::to_string(pfs::kFormatVersion)},
+                                          {"cairn.model", m.id},
+                                          {"cairn.parent", m.parent},
+                                          {"cairn.chunk_size", std::to_string(chunk_size_)}};
   std::string pack_name;
+  std::unique_ptr<File> own;
+  std::string tmp_path;
+  uint64_t data_at = 0;  // where the first new chunk goes
   if (own_pack) {
-    std::map<std::string, std::string> meta{{"cairn.format", std::to_string(pfs::kFormatVersion)},
-                                            {"cairn.model", m.id},
-                                            {"cairn.parent", m.parent},
-                                            {"cairn.chunk_size", std::to_string(chunk_size_)}};
-    Result<std::string> header = safetensors::build_header(entries, &meta);
-    if (!header.is_ok()) return header.status().with_context("committing " + model + ": building the pack header");
-    prefix = std::move(header).value();
-    for (size_t k = 0; k < entries.size(); ++k) {
-      uint64_t off = prefix.size() + entries[k].begin;
-      const Entry& ec = entry_chunks[k];
-      for (size_t q = ec.first; q < ec.first + ec.count; ++q) {
-        new_chunks[q].offset = off;
-        off += new_chunks[q].stored_bytes();
-      }
-      if (off != prefix.size() + entries[k].end)
-        return internal_error("committing " + model + ": pack entry " + quote(entries[k].name) +
-                              " laid out with a size other than its chunks'");
-    }
+    CAIRN_ASSIGN_OR_RETURN(data_at, header_room(m, new_chunks, tensor_first, whole_candidate, meta));
     pack_name = wid() + "-" + seq6(++file_seq_) + std::string(kPackSuffix);
+    tmp_path = join_path(packs_dir_, tmp_name());
+    Result<std::unique_ptr<File>> f = fs_->open(tmp_path, kCreate | kExclusive);
+    if (!f.is_ok()) return f.status().with_context("committing " + model + ": writing its pack");
+    own = std::move(f).value();
   } else if (!new_chunks.empty()) {
-    CAIRN_RETURN_IF_ERROR(ensure_segment(data_bytes).with_context("committing " + model));
-    uint64_t off = seg_end_;
-    for (NewChunk& nc : new_chunks) {
-      nc.offset = off;
-      off += nc.stored_bytes();
-    }
+    // Room for the raw bytes: the stored ones are no more.
+    CAIRN_RETURN_IF_ERROR(ensure_segment(raw_bytes).with_context("committing " + model));
+    data_at = seg_end_;
     pack_name = seg_name_;
   }
+  auto fail = [&](const Status& st, const std::string& doing) {
+    if (own) {
+      own.reset();
+      (void)fs_->unlink(tmp_path);  // best effort: the next open of the repository removes stray temporaries
+    }
+    return st.with_context("committing " + model + ": " + doing);
+  };
+  const std::string writing = own_pack ? "writing its pack" : "writing to pack segment " + seg_name_;
+  File* out = own_pack ? own.get() : seg_.get();
+  uint64_t off = data_at;
+  {
+    // Each run of chunks that are coded goes out as one batch.
+    std::vector<IoRequest> batch;
+    for (size_t i = 0; i < new_chunks.size(); ++i) {
+      coder.wait(i);
+      NewChunk& nc = new_chunks[i];
+      nc.offset = off;
+      off += nc.stored_bytes();
+      batch.push_back({const_cast<void*>(nc.stored()), static_cast<size_t>(nc.stored_bytes()), nc.offset});
+      if (i + 1 == new_chunks.size() || !coder.ready(i + 1)) {
+        Status st = out->write_many(batch);
+        if (!st.is_ok()) return fail(st, writing);
+        batch.clear();
+      }
+    }
+  }
+  const uint64_t data_bytes = off - data_at;
+
+  // The pack's entries: a tensor whose chunks are all new, unrepeated and stored raw is one entry
+  // under its own name; every other new chunk is an entry of its own (__chunk__.<hash> raw,
+  // __coded__.<hash> coded).
+  if (own_pack) {
+    std::vector<safetensors::TensorEntry> entries = pack_entries(m, new_chunks, tensor_first, whole_candidate);
+    Result<std::string> header = safetensors::build_header(entries, &meta);
+    if (!header.is_ok()) return fail(header.status(), "building the pack header");
+    std::string prefix = std::move(header).value();
+    if (prefix.size() > data_at)
+      return fail(internal_error("the pack header takes " + std::to_string(prefix.size()) + " bytes, more than the " +
+                                 std::to_string(data_at) + " left for it"),
+                  "building the pack header");
+    // Padded with spaces (as safetensors pads) to end where the data begins.
+    prefix.append(data_at - prefix.size(), ' ');
+    const uint64_t json_len = data_at - 8;
+    for (int b = 0; b < 8; ++b) prefix[static_cast<size_t>(b)] = static_cast<char>(json_len >> (8 * b));
+    if (!entries.empty() && data_at + entries.back().end != off)
+      return fail(internal_error("pack entries laid out with a size other than their chunks'"), "building the pack header");
+    Status st = own->pwrite(prefix.data(), prefix.size(), 0);
+    if (st.is_ok()) st = own->sync(/*data_only=*/false);
+    if (st.is_ok()) {
+      own.reset();
+      st = fs_->rename(tmp_path, join_path(packs_dir_, pack_name));
+      if (st.is_ok()) {
+        st = fs_->sync_dir(packs_dir_);
+        if (!st.is_ok()) (void)fs_->unlink(join_path(packs_dir_, pack_name));
+      } else {
+        (void)fs_->unlink(tmp_path);
+      }
+    }
+    if (!st.is_ok()) return fail(st, writing);
+  } else if (!new_chunks.empty()) {
+    seg_end_ += data_bytes;
+    std::lock_guard lock(sync_mu_);
+    seg_dirty_ = true;
+  }
+  own_last_created_ns_ = std::max(own_last_created_ns_, m.created_ns);
+
   if (!new_chunks.empty())
     for (TensorManifest& t : m.tensors.mut())
       for (ChunkRef& c : t.chunks) {
@@ -574,34 +700,13 @@ Status Repository::Impl::stage(ModelManifest& in, const Repository::ChunkSource&
     for (const ChunkRef& c : t.chunks)
       if (c.pack.empty()) return internal_error("committing " + model + ": a chunk has no location");
 
-  // Serialize the record before writing anything, so bad metadata leaves no bytes behind.
+  // The record (the bytes it names are written: a failure from here on leaves them inert).
   std::string payload;
   try {
     payload = encode_commit(m, parent.get());
   } catch (const json::exception& e) {
     return invalid_argument("committing " + model + ": metadata or architecture cannot be written as JSON (" +
                             e.what() + "); strings must be valid UTF-8");
-  }
-
-  // The bytes.
-  if (own_pack) {
-    std::vector<iovec> iov;
-    iov.reserve(new_chunks.size() + 1);
-    iov.push_back({prefix.data(), prefix.size()});
-    for (const NewChunk& nc : new_chunks)
-      iov.push_back({const_cast<void*>(nc.stored()), static_cast<size_t>(nc.stored_bytes())});
-    Status s = AtomicFileWriter::publish(*fs_, packs_dir_, pack_name, iov, tmp_name());
-    if (!s.is_ok()) return s.with_context("committing " + model + ": writing its pack");
-  } else if (!new_chunks.empty()) {
-    std::vector<IoRequest> reqs;
-    reqs.reserve(new_chunks.size());
-    for (const NewChunk& nc : new_chunks)
-      reqs.push_back({const_cast<void*>(nc.stored()), static_cast<size_t>(nc.stored_bytes()), nc.offset});
-    Status s = seg_->write_many(reqs);
-    if (!s.is_ok()) return s.with_context("committing " + model + ": writing to pack segment " + seg_name_);
-    seg_end_ += data_bytes;
-    std::lock_guard lock(sync_mu_);
-    seg_dirty_ = true;
   }
 
   // In the catalog (visible to this process) now; durable with its record.

@@ -63,6 +63,24 @@
 
 namespace cairn {
 
+namespace pfs {
+
+// A chunk a commit stores: its bytes, how they are coded, and where they go (repository_commit.cpp).
+struct NewChunk {
+  ChunkHash hash;
+  uint64_t length = 0;
+  size_t width = 1;                 // the byte planes of its tensor's dtype (coding_width)
+  std::optional<ChunkRef> base;     // the chunk a delta may be coded against (stored whole)
+  const void* data = nullptr;       // its raw bytes (the chunk source's)
+  const void* base_data = nullptr;  // the base's bytes, when the caller had them in memory
+  EncodedChunk coded;               // raw unless coding saved enough
+  uint64_t offset = 0;              // absolute, in the pack
+  const void* stored() const { return coded.coding == ChunkCoding::kRaw ? data : coded.bytes.data(); }
+  uint64_t stored_bytes() const { return coded.coding == ChunkCoding::kRaw ? length : coded.bytes.size(); }
+};
+
+}  // namespace pfs
+
 struct Repository::Impl {
   // What the catalog knows of one pack file that some model references.
   struct PackInfo {
@@ -266,22 +284,11 @@ struct Repository::Impl {
 
   Status commit_batch(std::vector<ModelManifest>& ms, const Repository::ChunkSource& src, std::vector<Status>* results,
                       const Repository::ChunkSource& resident);
-  // A chunk a commit stores: its bytes, how they are coded, and where they go.
-  struct NewChunk {
-    ChunkHash hash;
-    uint64_t length = 0;
-    size_t width = 1;                 // the byte planes of its tensor's dtype (coding_width)
-    std::optional<ChunkRef> base;     // the chunk a delta may be coded against (stored whole)
-    const void* data = nullptr;       // its raw bytes (the chunk source's)
-    const void* base_data = nullptr;  // the base's bytes, when the chunk source had them
-    EncodedChunk coded;               // raw unless coding saved enough
-    uint64_t offset = 0;              // absolute, in the pack
-    const void* stored() const { return coded.coding == ChunkCoding::kRaw ? data : coded.bytes.data(); }
-    uint64_t stored_bytes() const { return coded.coding == ChunkCoding::kRaw ? length : coded.bytes.size(); }
-  };
-  // Codes the chunks (options_.coding), several at once; a chunk that does not code well stays raw.
-  // resident: the bases' bytes where the caller has them (else they are read from the repository).
-  void code_chunks(std::vector<NewChunk>& chunks, const Repository::ChunkSource& resident) const;
+  using NewChunk = pfs::NewChunk;
+  // The bytes a pack of its own reserves for its header before the chunks' data (repository_commit.cpp).
+  Result<uint64_t> header_room(const ModelManifest& m, const std::vector<NewChunk>& chunks,
+                               const std::vector<size_t>& tensor_first, const std::vector<bool>& whole_candidate,
+                               const std::map<std::string, std::string>& meta) const;
   // Plans one model, writes its new chunks, adds it to the catalog and returns its record.
   Status stage(ModelManifest& m, const Repository::ChunkSource& src, const Repository::ChunkSource& resident,
                std::string* record);
