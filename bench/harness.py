@@ -583,6 +583,24 @@ def run_frameworks(quick: bool, work: Path) -> List[Dict[str, Any]]:
                   r.get("goal"), r.get("note", "")) for r in d["rows"]]
 
 
+def run_compression(quick: bool, work: Path) -> List[Dict[str, Any]]:
+    """Lossless chunk coding in the repository (bench/workloads/compression_bench.py): byte planes on
+    trained ResNet-50 and ViT-B/16 weights (F32, BF16) against the raw bytes and zstd alone, one
+    core's decode throughput, fine-tuning and training checkpoint series against torch.save files
+    and an uncoded repository, cold reads against a plain read, the flusher with and without coding."""
+    _need(module="torchvision", debian="none; PyPI torchvision in .venv")
+    if not (BIN / "cairn_bench_coding").exists():
+        raise Skipped(f"{BIN / 'cairn_bench_coding'} is missing (scripts/build builds it)")
+    out = work / "compression.json"
+    _run([PY, str(ROOT / "bench/workloads/compression_bench.py"), *(["--quick"] if quick else []),
+          "--json", str(out)], work / "compression.log", env=_cairn_env(), timeout=3600)
+    d = json.loads(out.read_text())
+    # compression_bench's rows say which way is better: bytes and seconds lower, throughputs and
+    # raw / coded ratios higher; each goal is on value / baseline_value.
+    return [ratio("compression", r["name"], r["value"], r["baseline"], r["baseline_value"], r["unit"],
+                  r.get("better", "lower"), r.get("goal"), r.get("note", "")) for r in d["rows"]]
+
+
 def run_coupled(quick: bool, work: Path) -> List[Dict[str, Any]]:
     """The coupled example (docs/coupled.md) over cairn and over Redis on 2 MPI ranks, same
     arguments (bench/workloads/coupled_bench.py): publish time per rank and publication, field
@@ -701,6 +719,9 @@ COMPONENTS: List[tuple] = [
     ("frameworks", run_frameworks, "the framework doors beside each framework's default: DeepSpeed checkpoint "
      "engine, Lightning CheckpointIO, transformers from_pretrained, a DeepHyper-style search transferring from the best "
      "ancestor (bench/workloads/frameworks_bench.py)"),
+    ("compression", run_compression, "lossless chunk coding in the repository (repository_compression): byte "
+     "planes on trained weights against raw and zstd, decode throughput, fine-tuning and training checkpoint series, "
+     "cold reads, the flusher with and without coding (bench/workloads/compression_bench.py)"),
     ("gpu", run_gpu, "the GPU tier: loads into device memory, HBM hits, checkpoints from the device "
      "(bench/workloads/gpu_bench.py; skipped without a GPU)"),
     ("coupled", run_coupled, "the coupled example (MPI heat simulation + online PyTorch trainer) over cairn and over "

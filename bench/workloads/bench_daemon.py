@@ -10,15 +10,16 @@ from pathlib import Path
 
 class Daemon:
     """A cairnd on its own socket and repository under root (cairnd.sock, repo/, cairnd.log);
-    `policy` is the YAML body of the config's policy section ("" = the defaults)."""
+    `policy` is the YAML body of the config's policy section ("" = the defaults); `extra`, top-level
+    YAML lines added to the config (e.g. "repository_compression: off\n")."""
 
-    def __init__(self, build: Path, root: Path, dram: str, policy: str = ""):
+    def __init__(self, build: Path, root: Path, dram: str, policy: str = "", extra: str = ""):
         self.build = build
         self.root = root
         self.socket = str(root / "cairnd.sock")
         self.config = root / "cairn.yaml"
-        self.config.write_text(f"socket: {self.socket}\nrepository: {root / 'repo'}\n"
-                               f"tiers:\n  dram:\n    capacity: {dram}\n"
+        self.config.write_text(f"socket: {self.socket}\nrepository: {root / 'repo'}\n" + extra
+                               + f"tiers:\n  dram:\n    capacity: {dram}\n"
                                + (f"policy:\n{policy}" if policy else "")
                                + f"log:\n  level: {os.environ.get('CAIRN_BENCH_LOG_LEVEL', 'warn')}\n"
                                + f"  file: {root / 'cairnd.log'}\n")
@@ -83,11 +84,13 @@ def wait_arena_backed(socket_path: str, timeout: float = 300.0) -> float:
     return time.time() - t0
 
 
-def drop_caches(files) -> str:
-    """Drops the page cache (as root: drop_caches; else posix_fadvise(DONTNEED) on each of `files`);
-    returns how."""
+def drop_caches(files, only_files: bool = False) -> str:
+    """Drops the page cache (as root: drop_caches; else, or with `only_files`,
+    posix_fadvise(DONTNEED) on each of `files`); returns how."""
     os.sync()
     try:
+        if only_files:
+            raise OSError("only the files")
         with open("/proc/sys/vm/drop_caches", "w") as f:
             f.write("3\n")
         return "drop_caches"
