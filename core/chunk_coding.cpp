@@ -29,6 +29,7 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <string>
 
 namespace cairn {
@@ -57,6 +58,52 @@ uint64_t get_u64(const uint8_t* p) {
   uint64_t v = 0;
   for (int i = 7; i >= 0; --i) v = v << 8 | p[i];
   return v;
+}
+
+// Scratch buffers shared by every thread (the daemon's readers and coders are short-lived threads:
+// buffers of their own would be allocated and faulted in again for every load). Never zeroed; a
+// few idle ones are kept.
+class BufferPool {
+ public:
+  struct Lease {
+    BufferPool* pool = nullptr;
+    std::unique_ptr<uint8_t[]> buf;
+    size_t cap = 0;
+    Lease() = default;
+    Lease(BufferPool* p, std::unique_ptr<uint8_t[]> b, size_t c) : pool(p), buf(std::move(b)), cap(c) {}
+    Lease(Lease&&) = default;
+    Lease& operator=(Lease&&) = default;
+    ~Lease() {
+      if (pool && buf) pool->give(std::move(buf), cap);
+    }
+    uint8_t* get() const { return buf.get(); }
+  };
+  Lease take(size_t n) {
+    {
+      std::lock_guard lock(mu_);
+      for (size_t i = 0; i < idle_.size(); ++i)
+        if (idle_[i].second >= n) {
+          auto b = std::move(idle_[i]);
+          idle_.erase(idle_.begin() + static_cast<std::ptrdiff_t>(i));
+          return Lease(this, std::move(b.first), b.second);
+        }
+    }
+    return Lease(this, std::unique_ptr<uint8_t[]>(new uint8_t[n]), n);
+  }
+
+ private:
+  void give(std::unique_ptr<uint8_t[]> b, size_t cap) {
+    std::lock_guard lock(mu_);
+    if (idle_.size() < kIdle && cap <= kKeepBytes) idle_.emplace_back(std::move(b), cap);
+  }
+  static constexpr size_t kIdle = 6;
+  static constexpr size_t kKeepBytes = size_t{160} << 20;
+  std::mutex mu_;
+  std::vector<std::pair<std::unique_ptr<uint8_t[]>, size_t>> idle_;
+};
+BufferPool& pool() {
+  static BufferPool* p = new BufferPool;  // never destroyed: threads may hold leases at exit
+  return *p;
 }
 
 struct CCtxFree {
@@ -336,18 +383,10 @@ EncodedChunk encode_chunk(const void* raw_v, size_t len, size_t width, const voi
   const double budget = static_cast<double>(len) * (1.0 - options.min_saving);
   if (best_bytes + kHeaderBytes + width * kPlaneDescBytes + tail >= budget) return out;
 
-  // Scratch of this thread's, kept between chunks (growing, never zeroed): the planes, and the
-  // frame before it is copied out at its final size.
-  thread_local std::unique_ptr<uint8_t[]> grouped_buf, frame_buf;
-  thread_local size_t grouped_cap = 0, frame_cap = 0;
-  auto reserve = [](std::unique_ptr<uint8_t[]>& b, size_t& cap, size_t want) {
-    if (cap < want) {
-      b.reset(new uint8_t[want]);
-      cap = want;
-    }
-    return b.get();
-  };
-  uint8_t* grouped = reserve(grouped_buf, grouped_cap, n * width);
+  // Scratch from the pool (never zeroed): the planes, and the frame before it is copied out at its
+  // final size.
+  BufferPool::Lease grouped_lease = pool().take(n * width);
+  uint8_t* grouped = grouped_lease.get();
   by_width(width, [&](auto u) { group<decltype(u)>(raw, base, n, best, grouped); });
   size_t bound = kHeaderBytes + width * kPlaneDescBytes + tail;
   for (size_t k = 0; k < width; ++k) bound += ZSTD_compressBound(n);
@@ -357,7 +396,9 @@ EncodedChunk encode_chunk(const void* raw_v, size_t len, size_t width, const voi
     uint8_t* data() { return p; }
     size_t size() const { return cap; }
     uint8_t& operator[](size_t i) { return p[i]; }
-  } f{reserve(frame_buf, frame_cap, bound), bound};
+  };
+  BufferPool::Lease frame_lease = pool().take(bound);
+  Frame f{frame_lease.get(), bound};
   std::memset(f.data(), 0, kHeaderBytes + width * kPlaneDescBytes);
   f[0] = 'c';
   f[1] = 'z';
@@ -436,15 +477,15 @@ Status decode_chunk(ChunkCoding coding, const void* stored_v, size_t stored_len,
   if (stored_len - at != tail)
     return bad(std::to_string(stored_len - at) + " bytes after the planes; expected " + std::to_string(tail));
   // zstd planes are decoded into scratch (w == 1 with no transform: straight into dst).
-  thread_local std::vector<uint8_t> scratch;
   size_t zplanes = 0;
   for (size_t k = 0; k < w; ++k) zplanes += modes[k] == kZstd;
   const bool direct = w == 1 && t == kNone;
-  if (!direct && scratch.size() < zplanes * n) scratch.resize(zplanes * n);
+  BufferPool::Lease scratch;
+  if (!direct && zplanes > 0) scratch = pool().take(zplanes * n);
   size_t zi = 0;
   for (size_t k = 0; k < w; ++k) {
     if (modes[k] != kZstd) continue;
-    uint8_t* into = direct ? dst : scratch.data() + zi++ * n;
+    uint8_t* into = direct ? dst : scratch.get() + zi++ * n;
     size_t got = ZSTD_decompressDCtx(dctx(), into, n, planes[k], sizes[k]);
     if (ZSTD_isError(got))
       return bad("plane " + std::to_string(k) + ": " + std::string(ZSTD_getErrorName(got)));

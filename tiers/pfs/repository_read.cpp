@@ -37,7 +37,7 @@ constexpr size_t kMaxOpenPacks = 64;  // read file descriptors kept open
 // read), and the scratch buffers kept for the next reads (a few, each up to kKeepScratch: one per
 // concurrent cold read).
 constexpr uint64_t kDirectPiece = 4ull << 20;
-constexpr size_t kIdleScratch = 8;
+constexpr size_t kIdleScratch = 12;
 constexpr uint64_t kKeepScratch = 64ull << 20;
 
 uint64_t round_down(uint64_t v) { return v / kDirectAlignment * kDirectAlignment; }
@@ -156,17 +156,23 @@ Status Repository::Impl::read_coded(File& file, const ChunkRef& ref, void* dst) 
   const uint64_t n = ref.stored_bytes();
   std::string where = "chunk " + ref.hash.hex() + " (" + std::string(chunk_coding_name(ref.coding)) + ", " +
                       std::to_string(n) + " bytes stored) at offset " + std::to_string(ref.offset) + " of pack " + path;
+  // Buffers from the pool of scratch buffers (never zeroed, reused by the next reads).
+  struct Scratch {
+    const Repository::Impl& impl;
+    std::unique_ptr<AlignedBuffer> b;
+    ~Scratch() { impl.give_back_scratch(std::move(b)); }
+  };
   // A delta's base first (itself checked against its hash).
-  thread_local std::vector<uint8_t> base;
+  Scratch base{*this, nullptr};
   if (ref.coding == ChunkCoding::kDelta) {
     if (!ref.base) return corruption(where + ": a delta without its base");
-    base.resize(ref.length);
-    Status s = read_chunk(*ref.base, base.data());
+    base.b = take_scratch(ref.length);
+    if (!base.b) return no_space("no memory for a " + std::to_string(ref.length) + "-byte buffer to read " + where);
+    Status s = read_chunk(*ref.base, base.b->data());
     if (!s.is_ok()) return s.with_context("reading the base of " + where);
   }
-  // The stored bytes: through an aligned scratch buffer with direct I/O, else a buffer of this thread's.
+  // The stored bytes, through a scratch buffer (aligned for direct I/O).
   std::unique_ptr<AlignedBuffer> scratch;
-  thread_local std::vector<uint8_t> plain;
   const uint8_t* stored = nullptr;
   size_t got = 0;
   if (file.direct()) {
@@ -184,17 +190,21 @@ Status Repository::Impl::read_coded(File& file, const ChunkRef& ref, void* dst) 
     got = in > head ? std::min<uint64_t>(n, in - head) : 0;
     stored = scratch->data() + head;
   } else {
-    if (plain.size() < n) plain.resize(n);
-    CAIRN_RETURN_IF_ERROR(file.pread(plain.data(), n, ref.offset, &got).with_context("reading " + where));
-    stored = plain.data();
+    scratch = take_scratch(n);
+    if (!scratch) return no_space("no memory for a " + std::to_string(n) + "-byte buffer to read " + where);
+    Status s = file.pread(scratch->data(), n, ref.offset, &got);
+    if (!s.is_ok()) {
+      give_back_scratch(std::move(scratch));
+      return s.with_context("reading " + where);
+    }
+    stored = scratch->data();
   }
   Status st;
   if (got != n) {
     st = corruption(where + ": the pack ends after " + std::to_string(got) +
                     " of its bytes (truncated); restore the pack from a copy");
   } else {
-    st = decode_chunk(ref.coding, stored, n, ref.coding == ChunkCoding::kDelta ? base.data() : nullptr, dst,
-                      ref.length);
+    st = decode_chunk(ref.coding, stored, n, base.b ? base.b->data() : nullptr, dst, ref.length);
     if (!st.is_ok())
       st = corruption(where + ": the stored bytes do not decode (" + st.message() + "); restore the pack from a copy");
   }
