@@ -239,8 +239,9 @@ void Repository::Impl::reclaim(const std::vector<std::string>& dead, GcReport* r
     std::unordered_set<const void*> lists;
     uint64_t missed = 0;
     std::string example;
-    for (const auto& [id, m] : models_) {
+    for (const auto& [model_id, m] : models_) {
       if (const void* list = m->tensors.identity(); list && !lists.insert(list).second) continue;
+      const std::string& id = model_id;  // a structured binding cannot be captured (clang 14)
       for (const TensorManifest& t : m->tensors)
         for (const ChunkRef& chunk : t.chunks)
           for_each_location(chunk, [&](const ChunkRef& c) {
