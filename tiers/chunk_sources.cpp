@@ -5,6 +5,9 @@
 
 #include <chrono>
 #include <map>
+#include <vector>
+
+#include "tiers/dram/dram_tier.hpp"
 
 namespace cairn {
 
@@ -36,7 +39,23 @@ Status RepositorySource::read(const ChunkRef& ref, void* dst) {
     if (!where) return corruption("chunk " + ref.hash.hex() + " has no intact copy in any tier");
   }
   auto t0 = std::chrono::steady_clock::now();
-  Status st = repo_.read_chunk(*where, dst);
+  Status st;
+  if (dram_ && where->coding == ChunkCoding::kDelta) {
+    // The base pinned while it is read from, unpinned after.
+    std::vector<ChunkHash> pinned;
+    Repository::ChunkSource resident = [&](const ChunkHash& h, uint64_t length) -> Result<const void*> {
+      uint64_t held = 0;
+      auto off = dram_->pin_if_resident(h, &held);
+      if (!off) return not_found("not in DRAM");
+      pinned.push_back(h);
+      if (held < length) return not_found("not whole in DRAM");
+      return static_cast<const void*>(dram_->base() + *off);
+    };
+    st = repo_.read_chunk(*where, dst, resident);
+    for (const ChunkHash& h : pinned) dram_->unpin(h);
+  } else {
+    st = repo_.read_chunk(*where, dst);
+  }
   if (st.is_ok()) bw_.sample(ref.length, seconds_since(t0));
   return st;
 }

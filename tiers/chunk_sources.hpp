@@ -9,6 +9,10 @@
 #include "tiers/tier.hpp"
 
 namespace cairn {
+class DramTier;
+}  // namespace cairn
+
+namespace cairn {
 
 // The burst buffer's copies (NvmeTier::read verifies each against its hash and drops a bad one).
 class NvmeSource final : public ChunkSource {
@@ -31,7 +35,9 @@ class NvmeSource final : public ChunkSource {
 // reads 0.4x -> ~1x a plain sequential read of the pack file, docs/benchmarks.md).
 class RepositorySource final : public ChunkSource {
  public:
-  explicit RepositorySource(Repository& repo) : repo_(repo) {}
+  // dram (optional): where a delta's base may be resident already (a parent loaded before its
+  // fine-tunes): read from there rather than from the repository again.
+  explicit RepositorySource(Repository& repo, DramTier* dram = nullptr) : repo_(repo), dram_(dram) {}
   const std::string& name() const override { return name_; }
   // A ref that names its pack, or a chunk the repository's index knows.
   bool has(const ChunkRef& ref) const override;
@@ -42,6 +48,7 @@ class RepositorySource final : public ChunkSource {
 
  private:
   Repository& repo_;
+  DramTier* dram_ = nullptr;
   const std::string name_ = "repository";
   MeasuredBandwidth bw_{5e8};
 };

@@ -13,7 +13,7 @@ namespace cairn {
 
 TierManager::TierManager(DramTier& dram, NvmeTier* nvme, Repository& repo, std::unique_ptr<AdmissionPolicy> admission)
     : dram_(dram), nvme_(nvme), repo_(repo), admission_(std::move(admission)) {
-  auto repository = std::make_unique<RepositorySource>(repo_);
+  auto repository = std::make_unique<RepositorySource>(repo_, &dram_);
   repository_source_ = repository.get();
   add_source(std::move(repository), 0);
   if (!nvme_) return;

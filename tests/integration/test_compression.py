@@ -77,6 +77,12 @@ def test_weights_and_a_fine_tune_are_stored_coded_and_read_back_exact(make_daemo
     assert (tmp / "cold.safetensors").read_bytes() == (tmp / "tune.safetensors").read_bytes()
     d.cairn("get", "base", "--output", tmp / "cold-base.safetensors")
     assert (tmp / "cold-base.safetensors").read_bytes() == (tmp / "base.safetensors").read_bytes()
+    # Cold again, the parent first: its chunks in DRAM are the fine-tune's deltas' bases.
+    d.stop()
+    d.start()
+    d.cairn("get", "base", "--output", tmp / "cold-base-2.safetensors")
+    d.cairn("get", "tune", "--output", tmp / "cold-2.safetensors")
+    assert (tmp / "cold-2.safetensors").read_bytes() == (tmp / "tune.safetensors").read_bytes()
     d.cairn("export", "tune", tmp / "exported.safetensors")
     check(tmp / "exported.safetensors", tune)
     f = json.loads(d.cairn("fsck", "--json").stdout)  # reads, decodes and checks every chunk

@@ -162,6 +162,9 @@ std::optional<ChunkRef> Repository::locate(const ChunkHash& hash, Freshness fres
 }
 
 Status Repository::read_chunk(const ChunkRef& ref, void* dst) const { return impl_->read_chunk(ref, dst); }
+Status Repository::read_chunk(const ChunkRef& ref, void* dst, const ChunkSource& resident) const {
+  return impl_->read_chunk(ref, dst, &resident);
+}
 bool Repository::direct_reads() const { return impl_->options_.direct_reads; }
 
 Status Repository::remove(const std::string& id) { return impl_->remove(id); }

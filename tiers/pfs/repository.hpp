@@ -251,6 +251,9 @@ class Repository {
   // is kCorruption naming the pack and offset, and dst's contents are then unspecified. Packs are
   // read with direct I/O where the filesystem allows it (repository_read.cpp).
   Status read_chunk(const ChunkRef& ref, void* dst) const;
+  // The same; a delta's base is taken from `resident` when the caller holds it in memory (checked
+  // against its hash; otherwise read from the repository like any chunk).
+  Status read_chunk(const ChunkRef& ref, void* dst, const ChunkSource& resident) const;
   // True when packs are opened for direct I/O (the page cache is bypassed where the filesystem
   // allows it, so asking the kernel to read ahead into it would only cost a second read).
   bool direct_reads() const;

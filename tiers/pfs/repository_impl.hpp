@@ -307,9 +307,10 @@ struct Repository::Impl {
 
   // ---- reads (repository_read.cpp) ----
 
-  Status read_chunk(const ChunkRef& ref, void* dst) const;
+  // resident (may be null): where a delta's base may already be in memory.
+  Status read_chunk(const ChunkRef& ref, void* dst, const Repository::ChunkSource* resident = nullptr) const;
   // A coded chunk: its stored bytes (and a delta's base) read, decoded into dst and checked.
-  Status read_coded(File& file, const ChunkRef& ref, void* dst) const;
+  Status read_coded(File& file, const ChunkRef& ref, void* dst, const Repository::ChunkSource* resident) const;
   Result<std::shared_ptr<File>> pack_file(const std::string& pack) const;
   // Drops pack from the open-pack cache (before the pack file is deleted).
   void forget_pack_file(const std::string& pack) const;

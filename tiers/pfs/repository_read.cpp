@@ -151,7 +151,8 @@ Status Repository::Impl::read_direct(File& file, const ChunkRef& ref, void* dst,
   return st;
 }
 
-Status Repository::Impl::read_coded(File& file, const ChunkRef& ref, void* dst) const {
+Status Repository::Impl::read_coded(File& file, const ChunkRef& ref, void* dst,
+                                    const Repository::ChunkSource* resident) const {
   const std::string path = join_path(packs_dir_, ref.pack);
   const uint64_t n = ref.stored_bytes();
   std::string where = "chunk " + ref.hash.hex() + " (" + std::string(chunk_coding_name(ref.coding)) + ", " +
@@ -162,14 +163,21 @@ Status Repository::Impl::read_coded(File& file, const ChunkRef& ref, void* dst) 
     std::unique_ptr<AlignedBuffer> b;
     ~Scratch() { impl.give_back_scratch(std::move(b)); }
   };
-  // A delta's base first (itself checked against its hash).
+  // A delta's base first (itself checked against its hash): from the caller's memory when it holds
+  // it, else read.
   Scratch base{*this, nullptr};
-  if (ref.coding == ChunkCoding::kDelta) {
-    if (!ref.base) return corruption(where + ": a delta without its base");
+  const void* base_bytes = nullptr;
+  if (ref.coding == ChunkCoding::kDelta && !ref.base) return corruption(where + ": a delta without its base");
+  if (ref.coding == ChunkCoding::kDelta && resident && *resident) {
+    Result<const void*> r = (*resident)(ref.base->hash, ref.length);
+    if (r.is_ok() && *r != nullptr && hash_bytes(*r, ref.length) == ref.base->hash) base_bytes = *r;
+  }
+  if (ref.coding == ChunkCoding::kDelta && base_bytes == nullptr) {
     base.b = take_scratch(ref.length);
     if (!base.b) return no_space("no memory for a " + std::to_string(ref.length) + "-byte buffer to read " + where);
     Status s = read_chunk(*ref.base, base.b->data());
     if (!s.is_ok()) return s.with_context("reading the base of " + where);
+    base_bytes = base.b->data();
   }
   // The stored bytes, through a scratch buffer (aligned for direct I/O).
   std::unique_ptr<AlignedBuffer> scratch;
@@ -204,7 +212,7 @@ Status Repository::Impl::read_coded(File& file, const ChunkRef& ref, void* dst) 
     st = corruption(where + ": the pack ends after " + std::to_string(got) +
                     " of its bytes (truncated); restore the pack from a copy");
   } else {
-    st = decode_chunk(ref.coding, stored, n, base.b ? base.b->data() : nullptr, dst, ref.length);
+    st = decode_chunk(ref.coding, stored, n, base_bytes, dst, ref.length);
     if (!st.is_ok())
       st = corruption(where + ": the stored bytes do not decode (" + st.message() + "); restore the pack from a copy");
   }
@@ -215,7 +223,7 @@ Status Repository::Impl::read_coded(File& file, const ChunkRef& ref, void* dst) 
   return Status::ok();
 }
 
-Status Repository::Impl::read_chunk(const ChunkRef& ref, void* dst) const {
+Status Repository::Impl::read_chunk(const ChunkRef& ref, void* dst, const Repository::ChunkSource* resident) const {
   if (!valid_pack_name(ref.pack))
     return invalid_argument("reading chunk " + ref.hash.hex() + ": " + quote(ref.pack) + " is not a pack file name");
   if (ref.length == 0 || ref.length > kMaxChunkSize || ref.offset > UINT64_MAX - ref.stored_bytes() ||
@@ -223,7 +231,7 @@ Status Repository::Impl::read_chunk(const ChunkRef& ref, void* dst) const {
     return invalid_argument("reading chunk " + ref.hash.hex() + " from pack " + ref.pack + ": bad length " +
                             std::to_string(ref.length) + " or offset " + std::to_string(ref.offset));
   CAIRN_ASSIGN_OR_RETURN(std::shared_ptr<File> file, pack_file(ref.pack));
-  if (ref.coding != ChunkCoding::kRaw) return read_coded(*file, ref, dst);
+  if (ref.coding != ChunkCoding::kRaw) return read_coded(*file, ref, dst, resident);
   std::string path = join_path(packs_dir_, ref.pack);
   size_t got = 0;
   ChunkHash hash;

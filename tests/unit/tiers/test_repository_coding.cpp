@@ -492,3 +492,51 @@ TEST_CASE("manifest JSON: coded chunks round-trip, inconsistent coding fields ar
     x.erase("base");
   }, "only a coded chunk");
 }
+
+TEST_CASE("a delta read takes its base from the caller's memory when it is there, checked", "[repository][coding]") {
+  TempDir tmp;
+  ChunkStore store;
+  auto repo = open_repo(tmp.repo());
+  Weights w0 = make_weights(1);
+  ModelManifest m0 = weights_model(store, "base", "", w0);
+  REQUIRE(repo->commit(m0, store.source()).is_ok());
+  Weights w1 = make_weights(2, &w0);
+  ModelManifest m1 = weights_model(store, "tune", "base", w1);
+  REQUIRE(repo->commit(m1, store.source()).is_ok());
+  const ChunkRef& c = m1.tensors[0].chunks[0];
+  REQUIRE(c.coding == ChunkCoding::kDelta);
+  const std::string want = w1.w1.substr(0, c.length);
+  const std::string base = w0.w1.substr(0, c.length);
+  std::string out(c.length, '\0');
+  int asked = 0;
+  SECTION("the base in memory") {
+    Repository::ChunkSource resident = [&](const ChunkHash& h, uint64_t n) -> Result<const void*> {
+      ++asked;
+      CHECK(h == c.base->hash);
+      CHECK(n == c.length);
+      return static_cast<const void*>(base.data());
+    };
+    REQUIRE(repo->read_chunk(c, out.data(), resident).is_ok());
+    CHECK(asked == 1);
+    CHECK(out == want);
+  }
+  SECTION("wrong bytes in memory: read from the repository instead") {
+    std::string wrong = base;
+    wrong[5] ^= 1;
+    Repository::ChunkSource resident = [&](const ChunkHash&, uint64_t) -> Result<const void*> {
+      ++asked;
+      return static_cast<const void*>(wrong.data());
+    };
+    REQUIRE(repo->read_chunk(c, out.data(), resident).is_ok());
+    CHECK(asked == 1);
+    CHECK(out == want);
+  }
+  SECTION("not in memory") {
+    Repository::ChunkSource resident = [&](const ChunkHash&, uint64_t) -> Result<const void*> {
+      ++asked;
+      return not_found("no");
+    };
+    REQUIRE(repo->read_chunk(c, out.data(), resident).is_ok());
+    CHECK(out == want);
+  }
+}
