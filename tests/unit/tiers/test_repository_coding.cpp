@@ -63,6 +63,22 @@ void require_exact(const Repository& repo, const Expected& e) {
   }
 }
 
+// A trained-looking model "base" and its fine-tune "tune", committed.
+struct BaseAndTune {
+  Weights w0, w1;
+  ModelManifest m0, m1;
+};
+BaseAndTune commit_base_and_tune(Repository& repo, ChunkStore& store) {
+  BaseAndTune b;
+  b.w0 = make_weights(1);
+  b.m0 = weights_model(store, "base", "", b.w0);
+  REQUIRE(repo.commit(b.m0, store.source()).is_ok());
+  b.w1 = make_weights(2, &b.w0);
+  b.m1 = weights_model(store, "tune", "base", b.w1);
+  REQUIRE(repo.commit(b.m1, store.source()).is_ok());
+  return b;
+}
+
 size_t count_coding(const ModelManifest& m, ChunkCoding c) {
   size_t n = 0;
   for (const TensorManifest& t : m.tensors)
@@ -175,12 +191,7 @@ TEST_CASE("a delta's base stays while the delta needs it: retire, collect, remov
   ChunkStore store;
   Expected want;
   auto repo = open_repo(tmp.repo());
-  Weights w0 = make_weights(1);
-  ModelManifest m0 = weights_model(store, "base", "", w0);
-  REQUIRE(repo->commit(m0, store.source()).is_ok());
-  Weights w1 = make_weights(2, &w0);
-  ModelManifest m1 = weights_model(store, "tune", "base", w1);
-  REQUIRE(repo->commit(m1, store.source()).is_ok());
+  auto [w0, w1, m0, m1] = commit_base_and_tune(*repo, store);
   expect(&want, "tune", w1);
   REQUIRE(count_coding(m1, ChunkCoding::kDelta) == 4);
   const uint64_t stored_both = repo->stats().stored_bytes;
@@ -223,12 +234,7 @@ TEST_CASE("a damaged coded chunk is detected, never served", "[repository][codin
   TempDir tmp;
   ChunkStore store;
   auto repo = open_repo(tmp.repo());
-  Weights w0 = make_weights(1);
-  ModelManifest m0 = weights_model(store, "base", "", w0);
-  REQUIRE(repo->commit(m0, store.source()).is_ok());
-  Weights w1 = make_weights(2, &w0);
-  ModelManifest m1 = weights_model(store, "tune", "base", w1);
-  REQUIRE(repo->commit(m1, store.source()).is_ok());
+  auto [w0, w1, m0, m1] = commit_base_and_tune(*repo, store);
   SECTION("the delta's own bytes") {
     const ChunkRef c = m1.tensors[0].chunks[1];
     REQUIRE(c.coding == ChunkCoding::kDelta);
@@ -497,12 +503,7 @@ TEST_CASE("a delta read takes its base from the caller's memory when it is there
   TempDir tmp;
   ChunkStore store;
   auto repo = open_repo(tmp.repo());
-  Weights w0 = make_weights(1);
-  ModelManifest m0 = weights_model(store, "base", "", w0);
-  REQUIRE(repo->commit(m0, store.source()).is_ok());
-  Weights w1 = make_weights(2, &w0);
-  ModelManifest m1 = weights_model(store, "tune", "base", w1);
-  REQUIRE(repo->commit(m1, store.source()).is_ok());
+  auto [w0, w1, m0, m1] = commit_base_and_tune(*repo, store);
   const ChunkRef& c = m1.tensors[0].chunks[0];
   REQUIRE(c.coding == ChunkCoding::kDelta);
   const std::string want = w1.w1.substr(0, c.length);
