@@ -102,3 +102,11 @@ def drop_caches(files, only_files: bool = False) -> str:
             finally:
                 os.close(fd)
         return "fadvise(DONTNEED)"
+
+
+def print_rows(rows) -> None:
+    """One line per row of a workload's JSON (name, value, baseline, ratio, goal, met)."""
+    for x in rows:
+        met = {True: "met", False: "MISSED", None: ""}[x["met"]]
+        print(f"{x['name']}: {x['value']:.4g} {x['unit']} vs {x['baseline']} {x['baseline_value']:.4g} {x['unit']}: "
+              f"ratio {x['ratio']:.3g} (goal {x['goal'] or '-'}) {met}")

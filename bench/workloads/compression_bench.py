@@ -619,10 +619,8 @@ def main():
         report["rows"] += timed("cold read", lambda: part_cold(a, tmp, kept, report))
         report["rows"] += timed("flush", lambda: part_flush(a, tmp, bases["vit"][0], kept, report))
     Path(a.json).write_text(json.dumps(report, indent=1))
-    for x in report["rows"]:
-        met = {True: "met", False: "MISSED", None: ""}[x["met"]]
-        print(f"{x['name']}: {x['value']:.4g} {x['unit']} vs {x['baseline']} {x['baseline_value']:.4g} {x['unit']}: "
-              f"ratio {x['ratio']:.3g} (goal {x['goal'] or '-'}) {met}")
+    from bench_daemon import print_rows
+    print_rows(report["rows"])
     return 0
 
 

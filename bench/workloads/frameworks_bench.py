@@ -752,10 +752,8 @@ def main():
         report["load_average"][part] = [round(load0, 2), round(os.getloadavg()[0], 2)]
         print(f"{part}: {report['seconds'][part]} s", flush=True)
     Path(a.json).write_text(json.dumps(report, indent=1))
-    for x in report["rows"]:
-        met = {True: "met", False: "MISSED", None: ""}[x["met"]]
-        print(f"{x['name']}: {x['value']:.4g} {x['unit']} vs {x['baseline']} {x['baseline_value']:.4g} {x['unit']}: "
-              f"ratio {x['ratio']:.3g} (goal {x['goal'] or '-'}) {met}")
+    from bench_daemon import print_rows
+    print_rows(report["rows"])
     return 0
 
 
