@@ -390,44 +390,37 @@ EncodedChunk encode_chunk(const void* raw_v, size_t len, size_t width, const voi
   by_width(width, [&](auto u) { group<decltype(u)>(raw, base, n, best, grouped); });
   size_t bound = kHeaderBytes + width * kPlaneDescBytes + tail;
   for (size_t k = 0; k < width; ++k) bound += ZSTD_compressBound(n);
-  struct Frame {
-    uint8_t* p;
-    size_t cap;
-    uint8_t* data() { return p; }
-    size_t size() const { return cap; }
-    uint8_t& operator[](size_t i) { return p[i]; }
-  };
   BufferPool::Lease frame_lease = pool().take(bound);
-  Frame f{frame_lease.get(), bound};
-  std::memset(f.data(), 0, kHeaderBytes + width * kPlaneDescBytes);
+  uint8_t* f = frame_lease.get();
+  std::memset(f, 0, kHeaderBytes + width * kPlaneDescBytes);
   f[0] = 'c';
   f[1] = 'z';
   f[2] = kFrameVersion;
   f[3] = best;
   f[4] = static_cast<uint8_t>(width);
-  put_u64(f.data() + 8, len);
+  put_u64(f + 8, len);
   size_t at = kHeaderBytes + width * kPlaneDescBytes;
   for (size_t k = 0; k < width; ++k) {
-    uint8_t* desc = f.data() + kHeaderBytes + k * kPlaneDescBytes;
+    uint8_t* desc = f + kHeaderBytes + k * kPlaneDescBytes;
     const uint8_t* plane = grouped + k * n;
     size_t stored = n;
     uint8_t mode = kStored;
     if (best_planes[k] < static_cast<double>(n)) {
-      size_t z = ZSTD_compressCCtx(cctx(), f.data() + at, f.size() - at, plane, n, options.level);
+      size_t z = ZSTD_compressCCtx(cctx(), f + at, bound - at, plane, n, options.level);
       if (!ZSTD_isError(z) && z < n) {
         stored = z;
         mode = kZstd;
       }
     }
-    if (mode == kStored) std::memcpy(f.data() + at, plane, n);
+    if (mode == kStored) std::memcpy(f + at, plane, n);
     desc[0] = mode;
     put_u32(desc + 4, static_cast<uint32_t>(stored));
     at += stored;
   }
-  std::memcpy(f.data() + at, raw + n * width, tail);
+  std::memcpy(f + at, raw + n * width, tail);
   at += tail;
   if (static_cast<double>(at) >= budget) return out;
-  out.bytes.assign(f.data(), f.data() + at);
+  out.bytes.assign(f, f + at);
   out.coding = best == kNone ? ChunkCoding::kPlanes : ChunkCoding::kDelta;
   return out;
 }

@@ -86,9 +86,12 @@ Result<json> Admin::show(const json& req) {
   // model is not there yet.
   if (!pending) {
     if (auto u = p_.repo.usage(id, Freshness::kCached); u.is_ok()) {
-      json codings{{"raw", 0}, {"planes", 0}, {"delta", 0}};
+      uint64_t by_coding[kChunkCodingCount] = {};
       for (const auto& t : m->tensors)
-        for (const auto& c : t.chunks) codings[std::string(chunk_coding_name(c.coding))] = codings[std::string(chunk_coding_name(c.coding))].get<uint64_t>() + 1;
+        for (const auto& c : t.chunks) ++by_coding[static_cast<size_t>(c.coding)];
+      json codings = json::object();
+      for (int i = 0; i < kChunkCodingCount; ++i)
+        codings[std::string(chunk_coding_name(static_cast<ChunkCoding>(i)))] = by_coding[i];
       out["storage"] = {{"chunks", u->chunks},
                         {"raw_bytes", u->raw_bytes},
                         {"stored_bytes", u->stored_bytes},
