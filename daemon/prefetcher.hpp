@@ -42,6 +42,7 @@
 #include "daemon/reads.hpp"
 #include "tiers/dram/dram_tier.hpp"
 #include "tiers/nvme/nvme_tier.hpp"
+#include "core/sync.hpp"
 
 namespace cairn {
 
@@ -86,8 +87,8 @@ class Prefetcher final : public ReadObserver {
   void hint_expected_use(const ChunkHash& hash, double seconds);
   void hint_population(const ChunkHash& hash, bool member);
   void hint_done(const ChunkHash& hash);
-  // What the cycle detector found, to the DRAM tier. REQUIRES: cycles_mu_ held (marks stay in order).
-  void apply_cycles_locked(const ReadCycles::Change& change);
+  // What the cycle detector found, to the DRAM tier (under cycles_mu_: marks stay in order).
+  void apply_cycles_locked(const ReadCycles::Change& change) CAIRN_REQUIRES(cycles_mu_);
   struct Job {
     std::string model;
     std::vector<std::string> tensors;  // empty: all
@@ -98,8 +99,8 @@ class Prefetcher final : public ReadObserver {
   void stage(const Job& job);
   void stage_device(const ModelManifest& m, const Job& job);
   void enqueue(Job job);
-  // Forgets staged chunks that left DRAM unread (counted wasted). REQUIRES: mu_ held.
-  void prune_locked();
+  // Forgets staged chunks that left DRAM unread (counted wasted).
+  void prune_locked() CAIRN_REQUIRES(mu_);
   // Applies fn to every chunk of the models that exist (of the named tensors only, when `tensors`
   // is not empty; names a model lacks are skipped); returns the ids that do not exist.
   std::vector<std::string> for_chunks(const std::vector<std::string>& ids,
@@ -109,22 +110,22 @@ class Prefetcher final : public ReadObserver {
   Parts p_;
   uint64_t reserve_;  // free arena bytes staging never goes under
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_, idle_cv_;
-  std::deque<Job> queue_;                                       // GUARDED_BY(mu_)
-  bool busy_ = false, stopping_ = false;                        // GUARDED_BY(mu_)
-  std::set<std::string> population_;                            // GUARDED_BY(mu_)
-  std::vector<std::string> sequence_;                           // GUARDED_BY(mu_)
-  uint32_t ahead_ = 2;                                          // GUARDED_BY(mu_)
-  size_t sequence_next_ = 0;                                    // GUARDED_BY(mu_) first not yet staged
-  std::unordered_map<ChunkHash, uint64_t, ChunkHashHasher> staged_;  // GUARDED_BY(mu_) staged, not yet read: bytes
-  uint64_t staged_bytes_ = 0;                                   // GUARDED_BY(mu_)
+  mutable cairn::Mutex mu_;
+  cairn::CondVar cv_, idle_cv_;
+  std::deque<Job> queue_ CAIRN_GUARDED_BY(mu_);
+  bool busy_ CAIRN_GUARDED_BY(mu_) = false, stopping_ = false;
+  std::set<std::string> population_ CAIRN_GUARDED_BY(mu_);
+  std::vector<std::string> sequence_ CAIRN_GUARDED_BY(mu_);
+  uint32_t ahead_ CAIRN_GUARDED_BY(mu_) = 2;
+  size_t sequence_next_ CAIRN_GUARDED_BY(mu_) = 0;  // first not yet staged
+  std::unordered_map<ChunkHash, uint64_t, ChunkHashHasher> staged_ CAIRN_GUARDED_BY(mu_);  // staged, not yet read: bytes
+  uint64_t staged_bytes_ CAIRN_GUARDED_BY(mu_) = 0;
   uint64_t hints_ = 0, unknown_ = 0, jobs_ = 0, chunks_staged_ = 0, bytes_staged_ = 0, chunks_used_ = 0,
-           chunks_wasted_ = 0, skipped_budget_ = 0, failures_ = 0, dropped_ = 0;  // GUARDED_BY(mu_)
-  uint64_t tensors_to_hbm_ = 0, hbm_skipped_ = 0;  // GUARDED_BY(mu_) will_load hints with tier hbm
+           chunks_wasted_ CAIRN_GUARDED_BY(mu_) = 0, skipped_budget_ = 0, failures_ = 0, dropped_ = 0;
+  uint64_t tensors_to_hbm_ CAIRN_GUARDED_BY(mu_) = 0, hbm_skipped_ = 0;  // will_load hints with tier hbm
   static constexpr size_t kMaxQueued = 4096;
-  std::mutex cycles_mu_;
-  ReadCycles cycles_;  // GUARDED_BY(cycles_mu_)
+  cairn::Mutex cycles_mu_;
+  ReadCycles cycles_ CAIRN_GUARDED_BY(cycles_mu_);
   std::thread thread_;
 };
 
