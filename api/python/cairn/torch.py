@@ -175,7 +175,7 @@ def _cuda_state(c: Client, id: str, device: torch.device) -> Dict[str, torch.Ten
     """Reads model ``id`` straight into new tensors on CUDA ``device`` with one request
     (cairn_model_read_tensors_device: one copy from the daemon's arena, or HBM tier, to the GPU)."""
     torch.cuda.current_stream(device).synchronize()  # the library's copies run outside torch's streams
-    with c.open_model(id) as r:
+    with c.model_open(id) as r:
         out: Dict[str, torch.Tensor] = {}
         targets = []
         for name, dt, shape, nbytes in r.tensors:
@@ -219,7 +219,7 @@ def _hbm_state(c: Client, id: str, device: torch.device) -> Dict[str, torch.Tens
     (cairn_model_map_tensors_device: every tensor leased with one request, zero-copy through CUDA
     IPC); the device leases last as long as the tensors (docs/gpu.md)."""
     out: Dict[str, torch.Tensor] = {}
-    with c.open_model(id) as r:
+    with c.model_open(id) as r:
         mapped = r.map_device(device=device.index)
         for name, dt, shape, nbytes in r.tensors:
             tdtype = _torch_dtype(dt, f"tensor {name!r}")
@@ -239,7 +239,7 @@ def _read_into_cuda_module(c: Client, id: str, module: nn.Module, device: torch.
     dtypes, shapes, contiguous on ``device``): the caller then loads through load_state_dict, which
     says what differs."""
     targets = module.state_dict(keep_vars=True)
-    with c.open_model(id) as r:
+    with c.model_open(id) as r:
         infos = r.tensors
         if len(infos) != len(targets):
             return False
