@@ -291,7 +291,7 @@ int main(int argc, char **argv) {
       void *dsts[2] = {bias_copy, weight_copy};
       size_t dst_bytes[2] = {sizeof bias_copy, n_w * sizeof(float)};
       CHECK(weight_copy != NULL);
-      CHECK_OK(cairn_model_read(r, 2, both, dsts, dst_bytes), NULL);
+      CHECK_OK(cairn_model_read(r, 2, both, dsts, dst_bytes, NULL));
       CHECK(memcmp(bias_copy, b1, 64) == 0 && memcmp(weight_copy, w1, n_w * sizeof(float)) == 0);
       dst_bytes[0] = 8;
       CHECK(cairn_model_read(r, 2, both, dsts, dst_bytes, NULL) == CAIRN_ERR_INVALID_ARGUMENT);
@@ -311,7 +311,7 @@ int main(int argc, char **argv) {
       ((float *)cow[0])[3] = -1.0f;
       CHECK(((const unsigned char *)cow[1])[sizes[1] - 1] == 0x5a && ((float *)cow[0])[3] == -1.0f);
       CHECK(memcmp(views[1], w1, sizes[1]) == 0 && memcmp(views[0], b1, 64) == 0);
-      CHECK_OK(cairn_model_read(r, 2, both, dsts, (size_t[2]){64, n_w * sizeof(float)}), NULL);
+      CHECK_OK(cairn_model_read(r, 2, both, dsts, (size_t[2]){64, n_w * sizeof(float)}, NULL));
       CHECK(memcmp(bias_copy, b1, 64) == 0 && memcmp(weight_copy, w1, n_w * sizeof(float)) == 0);
       CHECK(cairn_model_map(r, 2, missing, cow, sizes, &cow_opts) == CAIRN_ERR_NOT_FOUND);
       CHECK(cairn_model_map(r, 2, NULL, cow, sizes, &cow_opts) == CAIRN_ERR_INVALID_ARGUMENT);

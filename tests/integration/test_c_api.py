@@ -103,3 +103,22 @@ def test_deprecated_names_warn_naming_the_replacement(tmp):
     r = subprocess.run([*base, "-DCAIRN_WARN_SYNONYMS"], capture_output=True, text=True, env=env)
     for old, new in _SYNONYMS.items():
         assert f"'{old}' is deprecated: use {new}" in r.stderr, (old, r.stderr)
+
+
+def _c_calls():
+    """The calls of cairn.h, without the names kept for compatibility (after its marker)."""
+    import re
+    text = (SOURCE / "include" / "cairn" / "cairn.h").read_text()
+    current = text.split("/* ---- names the design fixes")[0]
+    return set(re.findall(r"CAIRN_EXPORT [^;]*?\b(cairn_\w+)\(", current))
+
+
+def test_cpp_wrapper_covers_the_whole_c_api():
+    """client.hpp calls every current C call (the options initialisers are its default arguments;
+    cairn_ticket_free is the Ticket's deleter)."""
+    import re
+    calls = _c_calls()
+    assert {"cairn_model_read", "cairn_model_map", "cairn_model_commit_opts", "cairn_tensor_put"} <= calls
+    wrapper = (SOURCE / "include" / "cairn" / "client.hpp").read_text()
+    missing = sorted(c for c in calls if not c.endswith("_options_init") and not re.search(rf"\b{c}\b", wrapper))
+    assert not missing, f"client.hpp has no method for {missing}"
