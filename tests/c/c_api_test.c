@@ -476,7 +476,7 @@ int main(int argc, char **argv) {
             {"release", "cairn_model_close"}, {"free", "cairn_model_abort"}, {"wait", "cairn_ticket_wait"}};
         size_t k;
         for (k = 0; k < sizeof refused / sizeof refused[0]; ++k) {
-          char req[128];
+          char req[320];
           snprintf(req, sizeof req, "{\"op\":\"%s\",\"id\":\"%s\"}", refused[k][0], base_id);
           CHECK(cairn_request(c, req, &result) == CAIRN_ERR_INVALID_ARGUMENT);
           CHECK(result == NULL && strstr(cairn_last_error(), refused[k][1]) != NULL);

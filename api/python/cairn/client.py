@@ -389,7 +389,7 @@ class Client:
 
     def read_into(self, id: str, arrays: Mapping[str, np.ndarray]) -> None:
         """Copies tensors of model ``id`` into the caller's arrays with one request
-        (``cairn_model_read_tensors``): ``arrays`` maps tensor names to writable, C-contiguous
+        (``cairn_model_read``): ``arrays`` maps tensor names to writable, C-contiguous
         arrays of exactly the tensor's size in bytes (any dtype). One copy, straight into that memory."""
         with self.model_open(id) as r:
             r.read_into(arrays)
