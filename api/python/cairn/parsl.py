@@ -168,7 +168,7 @@ def get_file(client: Any, model: str, path: str) -> None:
 
 def put_file(client: Any, model: str, path: str, parent: Optional[str] = None, durability: str = "global",
              meta: Optional[Dict[str, Any]] = None) -> None:
-    """Stores the safetensors file ``path`` as model ``model`` (:meth:`cairn.Client.put_file`), derived
+    """Stores the safetensors file ``path`` as model ``model`` (:meth:`cairn.Client.model_put_file`), derived
     from ``parent``; returns once ``durability`` is reached."""
     client.model_put_file(model, path, parent=parent, durability=durability, meta=meta)
 
