@@ -161,7 +161,7 @@ def _connect(address: Optional[str]) -> Any:
 
 
 def get_file(client: Any, model: str, path: str) -> None:
-    """Writes model ``model`` as the safetensors file ``path`` (:meth:`cairn.Client.get_file`: straight
+    """Writes model ``model`` as the safetensors file ``path`` (:meth:`cairn.Client.model_get_file`: straight
     from the daemon's arena into the file, atomically)."""
     client.model_get_file(model, path)
 
