@@ -1,5 +1,6 @@
 /* The C API, exercised from C99 against a running cairnd ($CAIRN_SOCKET). Run by
  * tests/integration/test_c_api.py, which starts and stops the daemon. Uses only cairn.h. */
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -653,6 +654,20 @@ int main(int argc, char **argv) {
     newer.newer_field = 1;
     CHECK(cairn_model_map(r, 2, names, views, sizes, &newer.known) == CAIRN_ERR_INVALID_ARGUMENT);
     CHECK(strstr(cairn_last_error(), "newer") != NULL);
+    /* A struct of an older header, without private_copy: that field keeps its default (read-only
+     * views), whatever follows the struct in memory. */
+    {
+      struct {
+        cairn_read_options opts;
+        int64_t after;
+      } older;
+      memset(&older, 0xff, sizeof older);
+      older.opts.size = offsetof(cairn_read_options, private_copy);
+      older.opts.kind = CAIRN_MEM_HOST;
+      older.opts.device = CAIRN_DEVICE_DEFAULT;
+      CHECK_OK(cairn_model_map(r, 2, names, views, sizes, &older.opts));
+      CHECK(memcmp(views[1], b, sizeof b) == 0);
+    }
     ro.size = 0;
     CHECK(cairn_model_read(r, 2, names, dsts, dst_bytes, &ro) == CAIRN_ERR_INVALID_ARGUMENT);
     ro = ro_init;
