@@ -186,7 +186,7 @@ def part_stream(tmp, repo, size, chunk, repeats, provider=PROVIDER):
                 user_times.append(time.perf_counter() - t0)
                 del view
                 t0 = time.perf_counter()
-                cb.prefetch(mids["staged"])
+                cb.model_prefetch(mids["staged"])
                 times.append(time.perf_counter() - t0)
                 after = b.movement()
                 for k in want:

@@ -416,11 +416,11 @@ def test_prefetch_all_spreads_a_model_to_every_member(make_daemon, tmp):
             assert_model(c, "spread", want)
         a = movement(d)
         assert a["bytes_from_peer"] == b["bytes_from_peer"] and a["bytes_from_repository"] == b["bytes_from_repository"]
-    # The C API / Python face of it (cairn_prefetch_all), from another member.
+    # The C API / Python face of it (cairn_model_prefetch with all), from another member.
     with cairn.connect(ds[2].socket) as c:
-        r = c.prefetch("spread", all=True)
+        r = c.model_prefetch("spread", all=True)
         assert r["all_ok"] and len(r["members"]) == 3 and all(m["bytes"] == nbytes for m in r["members"]), r
-        assert c.prefetch("spread") is None
+        assert c.model_prefetch("spread")["bytes"] == nbytes
     # The human form, and an unknown model (nobody is asked).
     text = ds[1].cairn("prefetch", "spread", "--all").stdout
     assert "on 3 other members" in text and text.count(" ok ") == 3, text

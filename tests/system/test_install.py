@@ -63,8 +63,8 @@ int main() {
   auto client = cairn::v1::Client::connect();
   if (!client) { std::fprintf(stderr, "connect: %s\n", client.status().message().c_str()); return 1; }
   std::vector<double> in{0.5, 1.5, 2.5, 3.5}, out(4);
-  if (!client->put_tensor("install/cpp", in.data(), CAIRN_DTYPE_F64, {4}) ||
-      !client->unpack_tensor("install/cpp", out.data(), out.size() * sizeof(double)) || in != out) {
+  if (!client->tensor_put("install/cpp", in.data(), CAIRN_DTYPE_F64, {4}) ||
+      !client->tensor_unpack("install/cpp", out.data(), out.size() * sizeof(double)) || in != out) {
     std::fprintf(stderr, "tensor round trip failed\n");
     return 1;
   }
