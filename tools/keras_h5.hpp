@@ -3,9 +3,8 @@
 // package reaches them through libcairn_keras_h5.so (keras_h5_c.cpp), never through the tool.
 #pragma once
 
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "api/cpp/client.hpp"
 #include "core/status.hpp"

@@ -10,9 +10,8 @@
 #include <cstddef>
 #include <cstring>
 #include <exception>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "api/cpp/client.hpp"
 #include "core/durability.hpp"
@@ -49,10 +48,10 @@ extern "C" {
 // Stores the Keras HDF5 file `file` as model `id` (keras_h5.hpp's import_keras_h5). `parent` may be
 // null or empty (none), `meta_json` null or a JSON object merged into the metadata, `durability`
 // "memory", "local" or "global".
-__attribute__((visibility("default"))) int cairn_keras_h5_import(const char* address, const char* id,
-                                                                 const char* file, const char* parent,
-                                                                 const char* meta_json, const char* durability,
-                                                                 char* message, size_t message_size) {
+__attribute__((visibility("default"))) int cairn_keras_h5_import(const char* address, const char* id, const char* file,
+                                                                 const char* parent, const char* meta_json,
+                                                                 const char* durability, char* message,
+                                                                 size_t message_size) {
   return guarded(message, message_size, [&]() -> cairn::Status {
     auto level = cairn::durability_from_name(str(durability));
     if (!level)
@@ -69,9 +68,8 @@ __attribute__((visibility("default"))) int cairn_keras_h5_import(const char* add
 }
 
 // Writes model `id` as the Keras HDF5 file `file` (keras_h5.hpp's export_keras_h5).
-__attribute__((visibility("default"))) int cairn_keras_h5_export(const char* address, const char* id,
-                                                                 const char* file, char* message,
-                                                                 size_t message_size) {
+__attribute__((visibility("default"))) int cairn_keras_h5_export(const char* address, const char* id, const char* file,
+                                                                 char* message, size_t message_size) {
   return guarded(message, message_size, [&]() -> cairn::Status {
     auto client = cairn::Client::connect(str(address));
     if (!client.is_ok()) return client.status();
