@@ -171,3 +171,12 @@ def test_every_format_imports_and_exports_without_running_the_cairn_tool(client,
         with pytest.raises(cairn.NotFound, match="notool-ghost"):
             cairn.export_file(client, "notool-ghost", tmp_path / "ghost.h5")
     assert not mark.exists(), "the cairn tool ran"
+
+
+def test_h5_without_the_converter_library_names_what_to_build(client, tmp_path, monkeypatch):
+    monkeypatch.setattr(cio, "_KERAS_H5_LIB", "libcairn_keras_h5_absent.so")
+    monkeypatch.setattr(cio, "_keras_h5_lib", None)
+    with pytest.raises(cairn.InvalidArgument, match=r"'.*m\.h5'.*CAIRN_WITH_HDF5.*libcairn_keras_h5_absent\.so"):
+        cairn.import_file(client, "io-noh5", tmp_path / "m.h5")
+    with pytest.raises(cairn.NotFound):
+        client.show("io-noh5")
