@@ -11,8 +11,6 @@
 
 namespace cairn::tool {
 
-// True when built with HDF5.
-bool have_hdf5();
 // OK when built with HDF5; otherwise the error to give for `file`.
 Status require_hdf5(const std::string& file);
 

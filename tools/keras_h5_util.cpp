@@ -15,8 +15,6 @@ using nlohmann::json;
 
 #ifndef CAIRN_HAVE_HDF5
 
-bool have_hdf5() { return false; }
-
 Status require_hdf5(const std::string& file) {
   return invalid_argument("'" + file + "': Keras HDF5 files need a cairn built with HDF5 support (CAIRN_WITH_HDF5; "
                           "Debian: libhdf5-dev); convert it to safetensors first");
@@ -24,7 +22,6 @@ Status require_hdf5(const std::string& file) {
 
 #else  // CAIRN_HAVE_HDF5
 
-bool have_hdf5() { return true; }
 Status require_hdf5(const std::string&) { return Status::ok(); }
 
 namespace h5 {
