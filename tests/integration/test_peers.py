@@ -272,10 +272,10 @@ def wait_for(what, timeout):
 @pytest.mark.parametrize("reader_drains", [True, False])
 def test_a_body_sent_after_its_reader_gave_up_holds_no_arena_space(make_daemon, tmp, reader_drains):
     """Over tcp;ofi_rxm a chunk body is a rendezvous send that completes only when the receiver takes
-    it. A reader that timed out (or died) never does: before the fix the holder kept the chunk pinned
-    for good (the torture run's "arena space still held with every client gone"). Now the reader
-    leaves a receive that takes a late body and drops it (late_bodies_drained), and a holder gives a
-    pin up 3 peer timeouts after the send started in any case (abandoned_sends)."""
+    it. A reader that timed out (or died) never does, and a holder that waited for it would keep the
+    chunk pinned for good ("arena space still held with every client gone"). So the reader leaves a
+    receive that takes a late body and drops it (late_bodies_drained), and a holder gives a pin up 3
+    peer timeouts after the send started in any case (abandoned_sends)."""
     repo = tmp / "repo"
     holder = member(make_daemon, "late", repo, 1, timeout="1s", extra_env={"CAIRN_PEERS_FAULT": "late_bodies"}).start()
     reader = member(make_daemon, "rd", repo, 2, timeout="1s",

@@ -756,3 +756,17 @@ def test_hints(client):
         client.hint("will_load", ["hinted"], when="tomorrow")
     assert np.array_equal(client.load_model("hinted", copy=True)["w"], w)
     assert client.stats()["prefetch"]["hints"] >= 4
+
+
+def test_the_package_version_is_the_project_version():
+    """pip's metadata (api/python/pyproject.toml) carries CMake's project version, which the
+    installed package's dist-info, the programs' --version and libcairn's soname take."""
+    import re
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    project = re.search(r"project\(cairn\s+VERSION\s+([0-9.]+)", (root / "CMakeLists.txt").read_text())
+    assert project, "no project(cairn VERSION ...) in CMakeLists.txt"
+    pyproject = tomllib.loads((root / "api" / "python" / "pyproject.toml").read_text())["project"]["version"]
+    assert pyproject == project.group(1)
