@@ -1,7 +1,7 @@
 """Import and export of model files, the format taken from the file's extension (docs/import-export.md).
 
 ==========================  ==========================================================================
-``.safetensors``            libcairn (``Client.put_file``/``get_file``: byte-exact, zero-copy)
+``.safetensors``            libcairn (``Client.model_put_file``/``model_get_file``: byte-exact, zero-copy)
 ``.h5`` / ``.hdf5``         libcairn_keras_h5 (cairn's HDF5 converter, built with HDF5; Keras 2 weight files, layout recorded)
 ``.pt`` / ``.pth`` / ``.bin``  here, with PyTorch: ``torch.load(weights_only=True)`` / ``torch.save``
 ==========================  ==========================================================================
@@ -305,7 +305,7 @@ def import_file(client: Any, id: str, path: PathLike, parent: Optional[str] = No
         _import_torch(client, id, p, parent, meta, durability, progress)
         return
     if fmt == "safetensors":
-        client.put_file(id, p, parent=parent, durability=durability, meta=meta)
+        client.model_put_file(id, p, parent=parent, durability=durability, meta=meta)
         return
     _import_keras_h5(client, id, p, parent, meta, durability)
 
@@ -320,7 +320,7 @@ def export_file(client: Any, id: str, path: PathLike, *, progress: bool = False)
         _export_torch(client, id, p, progress)
         return
     if fmt == "safetensors":
-        client.get_file(id, p)
+        client.model_get_file(id, p)
         return
     _export_keras_h5(client, id, p)
 
