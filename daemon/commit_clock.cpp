@@ -11,9 +11,8 @@ void CommitClock::observe(int64_t created_ns) {
 }
 
 int64_t CommitClock::next() {
-  const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                          std::chrono::system_clock::now().time_since_epoch())
-                          .count();
+  const int64_t now =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
   std::lock_guard lock(mu_);
   last_ns_ = std::max<int64_t>(now, last_ns_ + 1);
   return last_ns_;

@@ -93,8 +93,9 @@ Result<std::unique_ptr<Engine>> Engine::create(const Config& config, EngineOptio
     o.faulty = std::make_unique<FaultyFileSystem>(posix_fs());
     if (!options.repository_fs) options.repository_fs = o.faulty.get();
     if (!options.nvme_fs) options.nvme_fs = o.faulty.get();
-    CAIRN_LOG_WARN("fault injection is enabled (debug.fault_injection): `cairn fault add` can make the repository "
-                   "and the burst buffer fail, lose or corrupt data; never use this daemon for data you need");
+    CAIRN_LOG_WARN(
+        "fault injection is enabled (debug.fault_injection): `cairn fault add` can make the repository "
+        "and the burst buffer fail, lose or corrupt data; never use this daemon for data you need");
   }
   const auto opening = std::chrono::steady_clock::now();
   RepositoryOptions repo_options;
@@ -164,8 +165,9 @@ Result<std::unique_ptr<Engine>> Engine::create(const Config& config, EngineOptio
     if (!joined.is_ok()) return abandon(joined.status());
     o.peers = std::move(joined).value();
 #else
-    return abandon(unavailable("peers.job is '" + group.job +
-                       "' but this cairnd was built without libfabric (CAIRN_WITH_LIBFABRIC=OFF); set peers.job: none"));
+    return abandon(
+        unavailable("peers.job is '" + group.job +
+                    "' but this cairnd was built without libfabric (CAIRN_WITH_LIBFABRIC=OFF); set peers.job: none"));
 #endif
   }
 
@@ -182,16 +184,16 @@ Result<std::unique_ptr<Engine>> Engine::create(const Config& config, EngineOptio
   const auto catalogued = std::chrono::steady_clock::now();
   e.recovery_ = recover_from_nvme(parts);
   auto ms = [](auto d) { return std::chrono::duration_cast<std::chrono::milliseconds>(d).count(); };
-  CAIRN_LOG_INFO("start: repository opened in {} ms, tiers in {} ms, catalog of {} models built in {} ms, burst "
-                 "buffer recovered in {} ms",
-                 ms(opened_repo - opening), ms(cataloguing - opened_repo), e.catalog_.size(),
-                 ms(catalogued - cataloguing), ms(std::chrono::steady_clock::now() - catalogued));
+  CAIRN_LOG_INFO(
+      "start: repository opened in {} ms, tiers in {} ms, catalog of {} models built in {} ms, burst "
+      "buffer recovered in {} ms",
+      ms(opened_repo - opening), ms(cataloguing - opened_repo), e.catalog_.size(), ms(catalogued - cataloguing),
+      ms(std::chrono::steady_clock::now() - catalogued));
   e.watch_->start();
   // Metrics for monitoring: last, once every component they read is up.
   if (metrics_options) {
-    CAIRN_ASSIGN_OR_RETURN(e.metrics_, MetricsExporter::start(std::move(*metrics_options), [&e](metrics::Format f) {
-                             return e.metrics_text(f);
-                           }));
+    CAIRN_ASSIGN_OR_RETURN(e.metrics_, MetricsExporter::start(std::move(*metrics_options),
+                                                              [&e](metrics::Format f) { return e.metrics_text(f); }));
   }
   return engine;
 }
@@ -199,11 +201,11 @@ Result<std::unique_ptr<Engine>> Engine::create(const Config& config, EngineOptio
 Engine::Engine(Opened o)
     : config_(std::move(o.config)),
       request_metrics_(MetricsExporter::enabled(config_) ? std::make_unique<RequestMetrics>(ops_in_table_order())
-                                                          : nullptr),
+                                                         : nullptr),
       metrics_job_(resolve_peer_group(config_).job),
-      started_unix_ns_(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                           std::chrono::system_clock::now().time_since_epoch())
-                           .count()),
+      started_unix_ns_(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+              .count()),
       watchdog_(o.watchdog_bound),
       faulty_fs_(std::move(o.faulty)),
       faults_(faulty_fs_.get()),
@@ -299,8 +301,8 @@ Engine::Engine(Opened o)
           .hbm = hbm_.get(),
       })),
       queries_(std::make_unique<CatalogQueries>(catalog_, *models_, prefetcher_.get())),
-      compute_(std::make_unique<ComputeWorker>(
-          config_, config_.socket.empty() ? wire::default_socket_path() : config_.socket)),
+      compute_(std::make_unique<ComputeWorker>(config_,
+                                               config_.socket.empty() ? wire::default_socket_path() : config_.socket)),
       peer_events_(peers_ ? std::make_unique<RoutedPeerEvents>(peer_catalog_, *group_parts_, *reads_) : nullptr) {
   // The peer group's chunk source: after the burst buffer, before the repository (the last).
   if (peers_) tiers_->add_source(peers_->source(), tiers_->source_names().size() - 1);
@@ -310,8 +312,8 @@ Engine::Engine(Opened o)
 }
 
 Engine::~Engine() {
-  if (metrics_) metrics_->stop();  // first: its threads read every component
-  compute_->stop();  // the worker is a client of this daemon
+  if (metrics_) metrics_->stop();      // first: its threads read every component
+  compute_->stop();                    // the worker is a client of this daemon
   if (peers_) peers_->stop_staging();  // other members' `prefetch --all` read through reads_
   watch_->stop();
   prefetcher_->stop();

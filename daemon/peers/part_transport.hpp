@@ -3,10 +3,9 @@
 // cairnd's is PeerPartTransport (peer_service.hpp), over the PeerService.
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "core/status.hpp"
 #include "daemon/peers/peer_wire.hpp"

@@ -35,7 +35,7 @@ class PeerCatalog {
     ReferenceCounts& references;
     const Flusher& flusher;  // this daemon's own pending models
     Repository& repo;
-    CommitClock& clock;      // told the stamp of each model added
+    CommitClock& clock;  // told the stamp of each model added
   };
   explicit PeerCatalog(Parts parts) : p_(parts) {}
   PeerCatalog(const PeerCatalog&) = delete;

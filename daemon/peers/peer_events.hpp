@@ -5,9 +5,8 @@
 #pragma once
 
 #include <cstdint>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "core/status.hpp"
 #include "daemon/peers/peer_wire.hpp"

@@ -26,10 +26,9 @@ namespace {
 struct PeerCatalogFixture {
   testing::TempDir dir{"cairn-test-peer-catalog"};
   std::unique_ptr<Repository> repo = Repository::open(dir.path + "/repo", 64 * 1024, nullptr, {}).value();
-  std::unique_ptr<DramTier> dram =
-      DramTier::create(16ull << 20, make_eviction_policy("lru").value(),
-                       "cairn-test-peer-catalog-" + std::to_string(::getpid()))
-          .value();
+  std::unique_ptr<DramTier> dram = DramTier::create(16ull << 20, make_eviction_policy("lru").value(),
+                                                    "cairn-test-peer-catalog-" + std::to_string(::getpid()))
+                                       .value();
   TierManager tiers{*dram, nullptr, *repo, make_admission_policy("all").value()};
   TicketBook tickets;
   Catalog catalog;
@@ -78,10 +77,9 @@ TEST_CASE("peer catalog: a member that leaves takes its unflushed models with it
   CHECK(f.peers.remote().size() == 1);
 }
 
-TEST_CASE("peer catalog: an announcement of a model removed from the repository since is refused",
-          "[peers][catalog]") {
+TEST_CASE("peer catalog: an announcement of a model removed from the repository since is refused", "[peers][catalog]") {
   PeerCatalogFixture f;
-  f.peers.remote().removed("z", 200);  // the repository watch saw it removed at 200
+  f.peers.remote().removed("z", 200);      // the repository watch saw it removed at 200
   f.peers.add(announced("z", 150), "m1");  // committed before: a message that came late
   CHECK_FALSE(f.catalog.contains("z"));
   CHECK(f.peers.remote().size() == 0);
