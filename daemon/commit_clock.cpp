@@ -6,14 +6,14 @@
 namespace cairn {
 
 void CommitClock::observe(int64_t created_ns) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   last_ns_ = std::max(last_ns_, created_ns);
 }
 
 int64_t CommitClock::next() {
   const int64_t now =
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   last_ns_ = std::max<int64_t>(now, last_ns_ + 1);
   return last_ns_;
 }

@@ -8,7 +8,8 @@
 #pragma once
 
 #include <cstdint>
-#include <mutex>
+
+#include "core/sync.hpp"
 
 namespace cairn {
 
@@ -21,8 +22,8 @@ class CommitClock {
   int64_t next();
 
  private:
-  std::mutex mu_;
-  int64_t last_ns_ = 0;  // GUARDED_BY(mu_)
+  Mutex mu_;
+  int64_t last_ns_ CAIRN_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace cairn
