@@ -47,23 +47,6 @@ void CommitPath::end_session(Session& s) {
   s.tickets.clear();
 }
 
-// ---- stamps ----
-
-void CommitPath::observe_created(int64_t created_ns) {
-  std::lock_guard lock(stamp_mu_);
-  last_created_ns_ = std::max(last_created_ns_, created_ns);
-}
-
-int64_t CommitPath::next_stamp() {
-  // The model's identity for client manifest caches: unique per commit, even when an id that gc
-  // deleted is used again.
-  auto now = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                 std::chrono::system_clock::now().time_since_epoch()).count();
-  std::lock_guard lock(stamp_mu_);
-  last_created_ns_ = std::max<int64_t>(now, last_created_ns_ + 1);
-  return last_created_ns_;
-}
-
 // ---- commit ----
 
 // The chunk hashes a client computed while it copied a tensor into its staging space (the C++
@@ -272,7 +255,7 @@ Result<std::shared_ptr<ModelManifest>> CommitPath::build_and_register(
   Status registered = p_.flusher.enqueue(std::move(entry), [&]() -> Status {
     Status added = p_.catalog.add(id, parent, std::move(graph), m->metadata);
     if (!added.is_ok()) return added.with_context("registering model '" + id + "' in the catalog");
-    m->created_ns = next_stamp();
+    m->created_ns = p_.clock.next();
     p_.references.count(*m, +1);
     return Status::ok();
   });
@@ -362,7 +345,7 @@ Result<json> CommitPath::commit(Session& s, const json& req, std::vector<uint8_t
     if (!pm.is_ok()) return not_found("parent model '" + parent + "' of '" + id + "' does not exist");
     parent_manifest = *pm;
     // Published by another daemon since this one's last refresh: into the catalog first.
-    if (!p_.catalog.contains(parent) && refresh_catalog_) refresh_catalog_();
+    if (!p_.catalog.contains(parent) && p_.view) (void)p_.view->refresh();
   }
 
   // Pass 1: validate everything, touching nothing.

@@ -21,7 +21,10 @@ int64_t steady_ns() {
 }
 }  // namespace
 
-Prefetcher::Prefetcher(Parts parts) : p_(std::move(parts)), reserve_(p_.dram.arena_size() / 8) {
+Prefetcher::Prefetcher(Parts parts) : p_(std::move(parts)), reserve_(p_.dram.arena_size() / 8) {}
+
+void Prefetcher::start(Reads& reads) {
+  reads_ = &reads;
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -286,7 +289,7 @@ void Prefetcher::stage(const Job& job) {
         continue;
       }
     }
-    Status st = p_.reads.stage(job.model, t);
+    Status st = reads_->stage(job.model, t);
     cairn::MutexLock lock(mu_);
     if (!st.is_ok()) {
       ++failures_;
@@ -308,7 +311,7 @@ void Prefetcher::stage_device(const ModelManifest& m, const Job& job) {
   // Advice: without an HBM tier, or with its pool held, nothing happens but a count.
   for (const TensorManifest& t : m.tensors) {
     if (!job.tensors.empty() && std::find(job.tensors.begin(), job.tensors.end(), t.name) == job.tensors.end()) continue;
-    Status st = p_.reads.stage_device(m.id, t);
+    Status st = reads_->stage_device(m.id, t);
     cairn::MutexLock lock(mu_);
     if (st.is_ok()) ++tensors_to_hbm_;
     else ++hbm_skipped_;

@@ -4,11 +4,11 @@
 // what will_load and sequence announce), lineage (also a model's ancestors when it is opened and
 // the matching tensors of a best_ancestor answer).
 //
-// Staging runs on one background thread (nice 10, below every request), one tensor at a time,
-// through Reads::stage (the same verified fetch path a lease takes), and only within a budget:
-// bytes staged and not yet read stay under policy.prefetch_budget, and staging never takes the
-// arena's free space under its reserve, so it evicts nothing a request still needs and never
-// touches pinned or dirty data. A hint naming unknown models is accepted (advice), its unknown
+// Staging runs on one background thread (nice 10, below every request; started by start()), one
+// tensor at a time, through Reads::stage (the same verified fetch path a lease takes), and only
+// within a budget: bytes staged and not yet read stay under policy.prefetch_budget, and staging
+// never takes the arena's free space under its reserve, so it evicts nothing a request still needs
+// and never touches pinned or dirty data. A hint naming unknown models is accepted (advice), its unknown
 // ids listed in the answer and logged.
 //
 // Reads also tell it which models are read in a cycle that does not fit in DRAM (ReadCycles): it
@@ -52,13 +52,13 @@ class Prefetcher final : public ReadObserver {
  public:
   struct Parts {
     DramTier& dram;
-    Reads& reads;
     const ModelDirectory& models;
     std::string mode;       // none | hints | lineage
     uint64_t budget = 0;    // bytes staged and not yet read, at most
     TraceRecorder* trace;   // may be null
     NvmeTier* nvme = nullptr;  // the burst buffer, if any: its policy gets the eviction hints too
   };
+  // Idle until start(): hints are taken and reads observed, nothing is staged.
   explicit Prefetcher(Parts parts);
   ~Prefetcher() override;
   Prefetcher(const Prefetcher&) = delete;
@@ -77,6 +77,11 @@ class Prefetcher final : public ReadObserver {
 
   // Counters for `cairn stats` ("prefetch").
   nlohmann::json stats();
+  // Starts the staging thread, which stages through `reads` (the same verified fetch as a lease).
+  // Reads and the prefetcher know each other (reads tell it what they reveal, as its ReadObserver;
+  // it stages through them), so it is made first and started once reads are made. REQUIRES: called
+  // once, before requests are served; reads outlives stop().
+  void start(Reads& reads);
   // Blocks until the queue is empty and nothing is being staged (tests, benchmarks).
   void idle();
   // Drops queued work and joins the thread. Idempotent.
@@ -108,6 +113,7 @@ class Prefetcher final : public ReadObserver {
                                       const std::vector<std::string>& tensors = {});
 
   Parts p_;
+  Reads* reads_ = nullptr;  // set by start(), before the thread that uses it
   uint64_t reserve_;  // free arena bytes staging never goes under
 
   mutable cairn::Mutex mu_;
