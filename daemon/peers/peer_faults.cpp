@@ -71,7 +71,7 @@ void PeerService::Impl::send_faults(const Outgoing& o) {
     extra.push_back(std::move(raw));
   }
   if (fault_replay) {
-    std::lock_guard fl(fault_mu);
+    cairn::MutexLock fl(fault_mu);
     if (!fault_sent.empty()) {
       const Outgoing& old = fault_sent[fault_frames.load() % fault_sent.size()];
       extra.push_back(old);  // to the member it was for: seen before

@@ -15,8 +15,8 @@ using Pending = PeerService::Impl::Pending;
 using Outgoing = PeerService::Impl::Outgoing;
 
 // Waits for a pending request; returns it (removed) or nullopt on timeout (removed too).
-std::optional<Pending> PeerService::Impl::wait(std::unique_lock<std::mutex>& lock, uint64_t req, PClock::time_point deadline) {
-  bool ok = cv.wait_until(lock, deadline, [&] {
+std::optional<Pending> PeerService::Impl::wait(cairn::MutexLock& lock, uint64_t req, PClock::time_point deadline) {
+  bool ok = cv.wait_until(lock, deadline, [&]() CAIRN_REQUIRES(mu) {
     auto it = pendings.find(req);
     return it == pendings.end() || it->second.done;
   });
@@ -31,7 +31,7 @@ std::optional<Pending> PeerService::Impl::wait(std::unique_lock<std::mutex>& loc
 Status PeerService::Impl::fetch(const ChunkRef& ref, void* dst) {
   Status last = not_found("peer group: no other member holds chunk " + ref.hash.hex());
   for (int attempt = 0; attempt < 3; ++attempt) {
-    std::unique_lock lock(mu);
+    cairn::MutexLock lock(mu);
     const std::string home_id = home(ref.hash);
     if (home_id.empty()) return last;
     // 1. Ask the chunk's home (this member's own directory when it is the home).
@@ -87,8 +87,7 @@ Status PeerService::Impl::fetch(const ChunkRef& ref, void* dst) {
   return last;
 }
 
-// REQUIRES: lock held (released while waiting). One body from holder into dst, verified.
-Status PeerService::Impl::fetch_from(std::unique_lock<std::mutex>& lock, const std::string& holder, const ChunkRef& ref, void* dst) {
+Status PeerService::Impl::fetch_from(cairn::MutexLock& lock, const std::string& holder, const ChunkRef& ref, void* dst) {
   auto it = members.find(holder);
   if (it == members.end() || !it->second.reachable)
     return unavailable("peer group: holder " + holder + " of chunk " + ref.hash.hex() + " is gone");
@@ -106,7 +105,7 @@ Status PeerService::Impl::fetch_from(std::unique_lock<std::mutex>& lock, const s
   // The body's completion: the same pending entry as a get_reply refusal; the first one wins.
   auto body_done = std::make_shared<std::atomic<bool>>(false);
   Status posted = data->post_body_receive(tag, dst, ref.length, [this, req, body_done](const Status& s, size_t n) {
-    std::lock_guard g(mu);
+    cairn::MutexLock g(mu);
     body_done->store(true);
     auto p = pendings.find(req);
     if (p != pendings.end() && !p->second.done) {

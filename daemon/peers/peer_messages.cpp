@@ -28,10 +28,9 @@ const char* verdict_name(ChunkDirectory::Verdict v) {
   return "?";
 }
 
-// REQUIRES: s.mu held. A body's decoded value, or nullopt when its decoder refused it (counted
-// and logged as malformed).
+// A body's decoded value, or nullopt when its decoder refused it (counted and logged as malformed).
 template <class T>
-std::optional<T> readable(PeerService::Impl& s, const PeerMessage& m, Result<T> r) {
+std::optional<T> readable(PeerService::Impl& s, const PeerMessage& m, Result<T> r) CAIRN_REQUIRES(s.mu) {
   if (r.is_ok()) return std::move(r).value();
   s.malformed(m, r.status());
   return std::nullopt;
@@ -108,7 +107,7 @@ void PeerService::Impl::malformed(const PeerMessage& m, const Status& why) {
 void PeerService::Impl::on_message(std::span<const uint8_t> frame) {
   auto decoded = decode_peer_message(frame, secret);
   std::vector<Outgoing> out;
-  std::unique_lock lock(mu);
+  cairn::MutexLock lock(mu);
   if (!decoded.is_ok()) {
     ++refused_frames;
     auto now = PClock::now();
@@ -142,7 +141,7 @@ void PeerService::Impl::on_message(std::span<const uint8_t> frame) {
     out.back().via_data = true;
     if (mem.nonce.empty()) greet(mem, out);
     {
-      std::lock_guard al(announce_mu);
+      cairn::MutexLock al(announce_mu);
       rescan = true;
     }
     announce_cv.notify_all();
@@ -264,7 +263,7 @@ void PeerService::Impl::handle_verified(Member& mem, PeerMessage& m, std::vector
       if (!model) break;
       ++models_received;
       {
-        std::lock_guard al(announce_mu);
+        cairn::MutexLock al(announce_mu);
         incoming_models.emplace_back(std::move(*model), m.from);
       }
       announce_cv.notify_all();
@@ -282,7 +281,7 @@ void PeerService::Impl::handle_verified(Member& mem, PeerMessage& m, std::vector
     case PeerMsg::kPartAck: {
       // A multi-part model across the group: handled on the service thread, in order.
       {
-        std::lock_guard al(announce_mu);
+        cairn::MutexLock al(announce_mu);
         incoming_parts.push_back({m.type, std::move(m.body), m.from});
       }
       announce_cv.notify_all();
@@ -349,7 +348,7 @@ void PeerService::Impl::serve_get(Member& mem, const GetBody& g, std::vector<Out
 void PeerService::Impl::send_delayed_bodies() {
   std::vector<std::function<void()>> due;
   {
-    std::lock_guard lock(mu);
+    cairn::MutexLock lock(mu);
     const auto now = PClock::now();
     std::erase_if(delayed_bodies, [&](auto& d) {
       if (now < d.first) return false;
@@ -366,7 +365,7 @@ void PeerService::Impl::drain_late_body(uint64_t tag) {
   Status st = data->post_body_receive(tag, scratch->data(), scratch->size(), [this, scratch](const Status& s, size_t) {
     // A body longer than the scratch completes truncated: taken and dropped, as meant.
     if (s.is_ok() || s.message().find("cancelled") == std::string::npos) {
-      std::lock_guard g(mu);
+      cairn::MutexLock g(mu);
       ++late_bodies_drained;
     }
   });
@@ -374,7 +373,7 @@ void PeerService::Impl::drain_late_body(uint64_t tag) {
     CAIRN_LOG_DEBUG("peers: posting the drain of a late body: {}", st.to_string());
     return;
   }
-  std::lock_guard lock(mu);
+  cairn::MutexLock lock(mu);
   drains.push_back({tag, PClock::now() + kServeHoldTimeouts * opts.timeout});
 }
 
@@ -382,7 +381,7 @@ void PeerService::Impl::release_stale_sends() {
   std::vector<ChunkHash> stale;
   std::vector<uint64_t> expired;
   {
-    std::lock_guard lock(mu);
+    cairn::MutexLock lock(mu);
     const auto now = PClock::now();
     std::erase_if(drains, [&](const Drain& d) {
       if (now < d.give_up) return false;
@@ -430,7 +429,7 @@ void PeerService::Impl::forget(const std::string& id, std::vector<Outgoing>& out
     }
   cv.notify_all();
   {
-    std::lock_guard al(announce_mu);
+    cairn::MutexLock al(announce_mu);
     gone_members.push_back(id);
   }
   announce_cv.notify_all();

@@ -21,7 +21,7 @@ using Outgoing = PeerService::Impl::Outgoing;
 
 void PeerService::Impl::announce(const ChunkHash& h, bool resident) {
   {
-    std::lock_guard lock(announce_mu);
+    cairn::MutexLock lock(announce_mu);
     announcements.emplace_back(h, resident);
   }
   announce_cv.notify_all();
@@ -29,7 +29,7 @@ void PeerService::Impl::announce(const ChunkHash& h, bool resident) {
 
 void PeerService::Impl::flush_announcements(std::vector<std::pair<ChunkHash, bool>>& batch) {
   std::vector<Outgoing> out;
-  std::unique_lock lock(mu);
+  cairn::MutexLock lock(mu);
   std::map<std::string, std::pair<json, json>> per_home;  // home -> (have, drop)
   auto now = PClock::now();
   for (const auto& [h, resident] : batch) {
@@ -96,7 +96,7 @@ void PeerService::Impl::scan() {
   std::vector<Outgoing> out;
   std::vector<ChunkHash> reannounce;
   {
-    std::lock_guard lock(mu);
+    cairn::MutexLock lock(mu);
     std::vector<std::string> now_ids;
     for (const MemberInfo& m : live) now_ids.push_back(m.id);
     std::sort(now_ids.begin(), now_ids.end());
@@ -138,8 +138,8 @@ void PeerService::Impl::service_loop() {
   while (true) {
     bool do_scan = false;
     {
-      std::unique_lock lock(announce_mu);
-      announce_cv.wait_until(lock, next_scan, [&] {
+      cairn::MutexLock lock(announce_mu);
+      announce_cv.wait_until(lock, next_scan, [&]() CAIRN_REQUIRES(announce_mu) {
         return stopping || rescan || !announcements.empty() || !incoming_models.empty() || !gone_members.empty() ||
                !incoming_parts.empty();
       });
@@ -170,7 +170,7 @@ void PeerService::Impl::service_loop() {
       send_delayed_bodies();
       std::vector<Outgoing> out;
       {
-        std::lock_guard lock(mu);
+        cairn::MutexLock lock(mu);
         deliver_all(directory.expire(PClock::now()), out);
       }
       send(out);
@@ -220,7 +220,10 @@ Result<std::unique_ptr<PeerService>> PeerService::open(const Options& options, D
   impl->membership = std::move(joined).value();
   impl->self = impl->membership->self().id;
   impl->secret = impl->membership->secret();
-  impl->ids = {impl->self};
+  {
+    cairn::MutexLock lock(impl->mu);
+    impl->ids = {impl->self};
+  }
   Impl* raw = impl.get();
   raw->fabric->set_control_handler([raw](std::span<const uint8_t> frame) { raw->on_message(frame); });
   // (The data endpoint carries the hello replies too, which set its connections up early.)
@@ -237,15 +240,15 @@ Result<std::unique_ptr<PeerService>> PeerService::open(const Options& options, D
 void PeerService::start(PeerEvents& events) {
   Impl* raw = impl_.get();
   {
-    std::lock_guard sl(raw->stage_mu);
+    cairn::MutexLock sl(raw->stage_mu);
     raw->events = &events;
   }
   raw->service = std::thread([raw] { raw->service_loop(); });
   const Options& options = raw->opts;
   if (options.expect > 1) {
-    std::unique_lock lock(raw->mu);
+    cairn::MutexLock lock(raw->mu);
     auto deadline = PClock::now() + options.timeout;
-    raw->cv.wait_until(lock, deadline, [&] { return raw->verified_count() + 1 >= options.expect; });
+    raw->cv.wait_until(lock, deadline, [&]() CAIRN_REQUIRES(raw->mu) { return raw->verified_count() + 1 >= options.expect; });
     if (raw->verified_count() + 1 < options.expect)
       CAIRN_LOG_WARN("peers: {} of the {} expected members are there after {} ms; going on", raw->verified_count() + 1,
                      options.expect, options.timeout.count());
@@ -259,14 +262,14 @@ PeerService::~PeerService() {
   Impl& s = *impl_;
   s.dram.set_residency_hook({});
   {
-    std::lock_guard lock(s.announce_mu);
+    cairn::MutexLock lock(s.announce_mu);
     s.stopping = true;
   }
   s.announce_cv.notify_all();
   if (s.service.joinable()) s.service.join();
   std::vector<Impl::Outgoing> out;
   {
-    std::lock_guard lock(s.mu);
+    cairn::MutexLock lock(s.mu);
     for (auto& [id, m] : s.members)
       if (m.reachable && m.verified) out.push_back(s.make(id, m.handle, PeerMsg::kBye, json::object()));
   }
@@ -288,7 +291,7 @@ void PeerService::announce_model(const ModelManifest& model) {
   const json body{{"model", manifest_to_json(model)}};
   std::vector<Outgoing> out;
   {
-    std::lock_guard lock(s.mu);
+    cairn::MutexLock lock(s.mu);
     for (const auto& [id, m] : s.members) {
       if (!m.verified || !m.reachable) continue;
       Outgoing o = s.make(id, m.handle, PeerMsg::kCommit, body);
@@ -310,7 +313,7 @@ const std::string& PeerService::self() const { return impl_->self; }
 std::vector<std::string> PeerService::verified_members() const {
   const Impl& s = *impl_;
   std::vector<std::string> out;
-  std::lock_guard lock(s.mu);
+  cairn::MutexLock lock(s.mu);
   for (const auto& [mid, m] : s.members)
     if (m.verified && m.reachable) out.push_back(mid);
   return out;
@@ -326,7 +329,7 @@ Status PeerService::send_part_message(const std::string& member, PeerMsg type, j
   Impl& s = *impl_;
   std::vector<Outgoing> out;
   {
-    std::lock_guard lock(s.mu);
+    cairn::MutexLock lock(s.mu);
     auto it = s.members.find(member);
     if (it == s.members.end() || !it->second.verified || !it->second.reachable)
       return unavailable("peer " + member + " is not a verified member of the group (any more)");
@@ -343,13 +346,13 @@ Status PeerService::send_part_message(const std::string& member, PeerMsg type, j
 }
 
 bool PeerService::has_members() const {
-  std::lock_guard lock(impl_->mu);
+  cairn::MutexLock lock(impl_->mu);
   return impl_->verified_count() > 0;
 }
 
 json PeerService::status() const {
   const Impl& s = *impl_;
-  std::lock_guard lock(s.mu);
+  cairn::MutexLock lock(s.mu);
   json members = json::array();
   members.push_back({{"id", s.self},
                      {"self", true},

@@ -34,6 +34,7 @@
 #include "policy/placement.hpp"
 #include "tiers/peer/fabric.hpp"
 #include "tiers/pfs/manifest.hpp"
+#include "core/sync.hpp"
 
 namespace cairn {
 
@@ -91,21 +92,30 @@ struct PeerService::Impl {
   bool fault_no_drain = false;     // no_drain: a reader that timed out leaves no drain (drain_late_body),
                                    // as one that died: the holder's send never completes
 
-  mutable std::mutex mu;
-  std::condition_variable cv;           // pendings, expect
-  std::map<std::string, Member> members;  // GUARDED_BY(mu), without self
-  std::vector<std::string> ids;           // GUARDED_BY(mu): live member ids, self included, sorted
-  ChunkDirectory directory;               // GUARDED_BY(mu)
-  std::unordered_map<uint64_t, Pending> pendings;  // GUARDED_BY(mu)
-  uint64_t next_request = 1;              // GUARDED_BY(mu)
-  uint64_t refused_frames = 0;            // GUARDED_BY(mu): failed decode (MAC, malformed)
+  mutable cairn::Mutex mu;
+  cairn::CondVar cv;           // pendings, expect
+  std::map<std::string, Member> members CAIRN_GUARDED_BY(mu);  // without self
+  std::vector<std::string> ids CAIRN_GUARDED_BY(mu);  // live member ids, self included, sorted
+  ChunkDirectory directory CAIRN_GUARDED_BY(mu);
+  std::unordered_map<uint64_t, Pending> pendings CAIRN_GUARDED_BY(mu);
+  uint64_t next_request CAIRN_GUARDED_BY(mu) = 1;
+  uint64_t refused_frames CAIRN_GUARDED_BY(mu) = 0;  // failed decode (MAC, malformed)
   // Frames with a good MAC refused: seen before or too old (replay_window.hpp), addressed to another
   // member, or a body its decoder refuses (peer_bodies.hpp, part_messages.hpp).
-  uint64_t replayed_frames = 0, misaddressed_frames = 0, malformed_bodies = 0;  // GUARDED_BY(mu)
-  ReplayGuard replay;                     // GUARDED_BY(mu): per sender
-  uint64_t fetched_chunks = 0, fetched_bytes = 0, served_chunks = 0, served_bytes = 0, bad_bodies = 0,
-           loads_assigned = 0, peer_timeouts = 0;  // GUARDED_BY(mu)
-  PClock::time_point last_refusal_log{}, last_replay_log{}, last_malformed_log{};  // GUARDED_BY(mu)
+  uint64_t replayed_frames CAIRN_GUARDED_BY(mu) = 0;
+  uint64_t misaddressed_frames CAIRN_GUARDED_BY(mu) = 0;
+  uint64_t malformed_bodies CAIRN_GUARDED_BY(mu) = 0;
+  ReplayGuard replay CAIRN_GUARDED_BY(mu);  // per sender
+  uint64_t fetched_chunks CAIRN_GUARDED_BY(mu) = 0;
+  uint64_t fetched_bytes CAIRN_GUARDED_BY(mu) = 0;
+  uint64_t served_chunks CAIRN_GUARDED_BY(mu) = 0;
+  uint64_t served_bytes CAIRN_GUARDED_BY(mu) = 0;
+  uint64_t bad_bodies CAIRN_GUARDED_BY(mu) = 0;
+  uint64_t loads_assigned CAIRN_GUARDED_BY(mu) = 0;
+  uint64_t peer_timeouts CAIRN_GUARDED_BY(mu) = 0;
+  PClock::time_point last_refusal_log CAIRN_GUARDED_BY(mu){};
+  PClock::time_point last_replay_log CAIRN_GUARDED_BY(mu){};
+  PClock::time_point last_malformed_log CAIRN_GUARDED_BY(mu){};
   // Chunk bodies being sent from the arena, each pinning its chunk until its send completes. Over
   // tcp;ofi_rxm a body past the eager size is a rendezvous that completes only when the receiver
   // matches it, and a receiver that gave up (its timeout, then a cancel) or died never does: the
@@ -119,8 +129,8 @@ struct PeerService::Impl {
     std::shared_ptr<std::atomic<bool>> released;
   };
   static constexpr int kServeHoldTimeouts = 3;
-  std::vector<ServedBody> serving;     // GUARDED_BY(mu)
-  uint64_t abandoned_sends = 0;        // GUARDED_BY(mu): pins given up by release_stale_sends
+  std::vector<ServedBody> serving CAIRN_GUARDED_BY(mu);
+  uint64_t abandoned_sends CAIRN_GUARDED_BY(mu) = 0;  // pins given up by release_stale_sends
   // The receiving side of the same: a reader that timed out leaves a small receive posted for its
   // request's tag, which takes a body that comes late and discards it, so the holder's send
   // completes. Cancelled once past its give_up, with the sends.
@@ -128,30 +138,33 @@ struct PeerService::Impl {
     uint64_t tag;
     PClock::time_point give_up;
   };
-  std::vector<Drain> drains;           // GUARDED_BY(mu)
-  uint64_t late_bodies_drained = 0;    // GUARDED_BY(mu)
+  std::vector<Drain> drains CAIRN_GUARDED_BY(mu);
+  uint64_t late_bodies_drained CAIRN_GUARDED_BY(mu) = 0;
 
   // Holder announcements from the DRAM tier's hook, sent by the service thread.
-  std::mutex announce_mu;
-  std::condition_variable announce_cv;
-  std::vector<std::pair<ChunkHash, bool>> announcements;  // GUARDED_BY(announce_mu)
-  bool rescan = false, stopping = false;                   // GUARDED_BY(announce_mu)
+  cairn::Mutex announce_mu;
+  cairn::CondVar announce_cv;
+  std::vector<std::pair<ChunkHash, bool>> announcements CAIRN_GUARDED_BY(announce_mu);
+  bool rescan CAIRN_GUARDED_BY(announce_mu) = false;
+  bool stopping CAIRN_GUARDED_BY(announce_mu) = false;
   // The job's catalog, handed to PeerEvents::model_announced / member_left on the service thread.
-  std::vector<std::pair<ModelManifest, std::string>> incoming_models;  // GUARDED_BY(announce_mu)
-  std::vector<std::string> gone_members;                                // GUARDED_BY(announce_mu)
+  std::vector<std::pair<ModelManifest, std::string>> incoming_models CAIRN_GUARDED_BY(announce_mu);
+  std::vector<std::string> gone_members CAIRN_GUARDED_BY(announce_mu);
   // Multi-part messages, handed to PeerEvents::part_message on the service thread.
   struct IncomingPart {
     PeerMsg type;
     json body;
     std::string member;
   };
-  std::vector<IncomingPart> incoming_parts;  // GUARDED_BY(announce_mu)
-  uint64_t models_announced = 0, models_received = 0, models_too_large = 0;  // GUARDED_BY(mu)
+  std::vector<IncomingPart> incoming_parts CAIRN_GUARDED_BY(announce_mu);
+  uint64_t models_announced CAIRN_GUARDED_BY(mu) = 0;
+  uint64_t models_received CAIRN_GUARDED_BY(mu) = 0;
+  uint64_t models_too_large CAIRN_GUARDED_BY(mu) = 0;
   std::thread service;
   // The next seq of the frames to each member (from 1; the receiver's anti-replay window is per
   // sender, and per-receiver numbering keeps the reordering it must absorb to that pair's).
-  std::mutex seq_mu;
-  std::unordered_map<std::string, uint64_t> next_seq;  // GUARDED_BY(seq_mu)
+  cairn::Mutex seq_mu;
+  std::unordered_map<std::string, uint64_t> next_seq CAIRN_GUARDED_BY(seq_mu);
 
   // One upload of a chunk per holder at a time: each finished fetch adds a holder, so a chunk that
   // every member wants spreads as a tree (directory.hpp).
@@ -171,7 +184,7 @@ struct PeerService::Impl {
     PeerMessage m;
     m.type = type;
     {
-      std::lock_guard sl(seq_mu);
+      cairn::MutexLock sl(seq_mu);
       m.seq = ++next_seq[to];
     }
     m.from = self;
@@ -179,8 +192,8 @@ struct PeerService::Impl {
     m.body = std::move(body);
     return Outgoing{handle, to, encode_peer_message(m, secret)};
   }
-  // REQUIRES: mu held. An outgoing message to a member, or nothing if it is not reachable.
-  std::optional<Outgoing> to_member(const std::string& id, PeerMsg type, json body) {
+  // An outgoing message to a member, or nothing if it is not reachable.
+  std::optional<Outgoing> to_member(const std::string& id, PeerMsg type, json body) CAIRN_REQUIRES(mu) {
     auto it = members.find(id);
     if (it == members.end() || !it->second.reachable) return std::nullopt;
     return make(id, it->second.handle, type, std::move(body));
@@ -200,68 +213,68 @@ struct PeerService::Impl {
   void send_faults(const Outgoing& o);
   // Reads CAIRN_PEERS_FAULT; a warning for each hook set. kInvalidArgument for an unknown one.
   Status set_faults(const char* spec);
-  std::mutex fault_mu;
-  std::vector<Outgoing> fault_sent;        // GUARDED_BY(fault_mu): the last frames sent, for replay
+  cairn::Mutex fault_mu;
+  std::vector<Outgoing> fault_sent CAIRN_GUARDED_BY(fault_mu);  // the last frames sent, for replay
   std::atomic<uint64_t> fault_frames = 0;  // frames sent by the replay, forge and garbage_bodies hooks
 
-  // REQUIRES: mu held. An answer of the directory goes to its requester: this member's own
+  // An answer of the directory goes to its requester: this member's own
   // pending request, or a lookup_reply message.
-  void deliver(const ChunkDirectory::Answer& a, std::vector<Outgoing>& out);
-  void deliver_all(const std::vector<ChunkDirectory::Answer>& answers, std::vector<Outgoing>& out) {
+  void deliver(const ChunkDirectory::Answer& a, std::vector<Outgoing>& out) CAIRN_REQUIRES(mu);
+  void deliver_all(const std::vector<ChunkDirectory::Answer>& answers, std::vector<Outgoing>& out) CAIRN_REQUIRES(mu) {
     for (const auto& a : answers) deliver(a, out);
   }
 
-  std::string home(const ChunkHash& h) const { return home_of(h, ids); }
+  std::string home(const ChunkHash& h) const CAIRN_REQUIRES(mu) { return home_of(h, ids); }
 
   // The address a member publishes (membership file, hello): both endpoints' addresses,
   // u16 LE length of the control address | control | data.
   std::string published_address() const;
-  // REQUIRES: mu held. Makes a member reachable on both endpoints from its published address;
+  // Makes a member reachable on both endpoints from its published address;
   // false (and a log line) when the address is not one or the fabric refuses it.
-  bool reach(Member& mem, const std::string& published);
+  bool reach(Member& mem, const std::string& published) CAIRN_REQUIRES(mu);
 
   // ---- receiving (on the fabric's progress thread; never blocks) ----
 
   void on_message(std::span<const uint8_t> frame);
-  // REQUIRES: mu held. Whether a frame that passed its MAC is addressed to this member and new
+  // Whether a frame that passed its MAC is addressed to this member and new
   // (counted and logged at a bounded rate when not).
-  bool admit(const PeerMessage& m);
-  // REQUIRES: mu held. Counts and logs (at a bounded rate) a body its decoder refused.
-  void malformed(const PeerMessage& m, const Status& why);
+  bool admit(const PeerMessage& m) CAIRN_REQUIRES(mu);
+  // Counts and logs (at a bounded rate) a body its decoder refused.
+  void malformed(const PeerMessage& m, const Status& why) CAIRN_REQUIRES(mu);
 
-  // REQUIRES: mu held. A verified member asks for a chunk's body: send it from the arena, pinned
+  // A verified member asks for a chunk's body: send it from the arena, pinned
   // until the send completes.
-  void serve_get(Member& mem, const GetBody& get, std::vector<Outgoing>& out);
+  void serve_get(Member& mem, const GetBody& get, std::vector<Outgoing>& out) CAIRN_REQUIRES(mu);
   // Unpins the chunks of body sends still pending past their give_up (ServedBody), forgets the
   // completed ones, and cancels the drains past theirs; on the service thread, each scan.
   void release_stale_sends();
   // Without mu. After a fetch timed out: a receive for tag that discards a body arriving late.
   void drain_late_body(uint64_t tag);
-  // REQUIRES: mu held; m's body passed check_peer_body. A message from a verified member.
-  void handle_verified(Member& mem, PeerMessage& m, std::vector<Outgoing>& out);
-  std::vector<std::function<void()>> bodies;  // GUARDED_BY(mu): body sends queued by serve_get
-  // GUARDED_BY(mu): with late_bodies, the body sends and when they are due.
-  std::vector<std::pair<PClock::time_point, std::function<void()>>> delayed_bodies;
+  // M's body passed check_peer_body. A message from a verified member.
+  void handle_verified(Member& mem, PeerMessage& m, std::vector<Outgoing>& out) CAIRN_REQUIRES(mu);
+  std::vector<std::function<void()>> bodies CAIRN_GUARDED_BY(mu);  // body sends queued by serve_get
+  // With late_bodies, the body sends and when they are due.
+  std::vector<std::pair<PClock::time_point, std::function<void()>>> delayed_bodies CAIRN_GUARDED_BY(mu);
   // Without mu. Runs the delayed body sends that are due (the service thread, each scan).
   void send_delayed_bodies();
 
-  // REQUIRES: mu held. Greets a member: a challenge it must answer with the secret.
-  void greet(Member& mem, std::vector<Outgoing>& out);
+  // Greets a member: a challenge it must answer with the secret.
+  void greet(Member& mem, std::vector<Outgoing>& out) CAIRN_REQUIRES(mu);
 
-  // REQUIRES: mu held. A member is gone: out of the directory, its readers' waits end.
-  void forget(const std::string& id, std::vector<Outgoing>& out);
+  // A member is gone: out of the directory, its readers' waits end.
+  void forget(const std::string& id, std::vector<Outgoing>& out) CAIRN_REQUIRES(mu);
 
   // ---- staging for another member (peer_stage.cpp) ----
-  std::mutex stage_mu;
-  std::condition_variable stage_cv;
-  size_t stages_running = 0;       // GUARDED_BY(stage_mu)
-  bool stages_stopped = false;     // GUARDED_BY(stage_mu)
-  uint64_t stages_served = 0;      // GUARDED_BY(mu)
-  // REQUIRES: mu held. A member asks this one to stage a model: runs PeerEvents::stage on a thread
+  cairn::Mutex stage_mu;
+  cairn::CondVar stage_cv;
+  size_t stages_running CAIRN_GUARDED_BY(stage_mu) = 0;
+  bool stages_stopped CAIRN_GUARDED_BY(stage_mu) = false;
+  uint64_t stages_served CAIRN_GUARDED_BY(mu) = 0;
+  // A member asks this one to stage a model: runs PeerEvents::stage on a thread
   // of its own, then answers with a stage_reply.
-  void serve_stage(Member& mem, const StageBody& stage);
-  // REQUIRES: mu held. A stage_reply ends the requester's pending wait.
-  void stage_replied(const StageReplyBody& reply);
+  void serve_stage(Member& mem, const StageBody& stage) CAIRN_REQUIRES(mu);
+  // A stage_reply ends the requester's pending wait.
+  void stage_replied(const StageReplyBody& reply) CAIRN_REQUIRES(mu);
 
   // ---- the service thread: announcements, membership ----
 
@@ -276,23 +289,26 @@ struct PeerService::Impl {
 
   // ---- reading ----
 
-  // REQUIRES: mu held.
-  uint64_t add_pending(const std::string& target) {
+  uint64_t add_pending(const std::string& target) CAIRN_REQUIRES(mu) {
     uint64_t req = next_request++;
     pendings[req].target = target;
     return req;
   }
   // Waits for a pending request; returns it (removed) or nullopt on timeout (removed too).
-  std::optional<Pending> wait(std::unique_lock<std::mutex>& lock, uint64_t req, PClock::time_point deadline);
+  // Waits on cv with `lock` (on mu); the analysis checks the callers, not the body (see fetch_from).
+  std::optional<Pending> wait(cairn::MutexLock& lock, uint64_t req, PClock::time_point deadline) CAIRN_REQUIRES(mu)
+      CAIRN_NO_THREAD_SAFETY_ANALYSIS;
 
   // PeerService::fetch: ask the home, then fetch from the holder it names (peer_service.hpp).
   Status fetch(const ChunkRef& ref, void* dst);
 
 
-  // REQUIRES: lock held (released while waiting). One body from holder into dst, verified.
-  Status fetch_from(std::unique_lock<std::mutex>& lock, const std::string& holder, const ChunkRef& ref, void* dst);
+  // One body from holder into dst, verified. It drops `lock` (on mu) while it waits and takes it again,
+  // which the analysis cannot follow through a lock passed in: its callers are checked, its body is not.
+  Status fetch_from(cairn::MutexLock& lock, const std::string& holder, const ChunkRef& ref, void* dst)
+      CAIRN_REQUIRES(mu) CAIRN_NO_THREAD_SAFETY_ANALYSIS;
 
-  size_t verified_count() const {
+  size_t verified_count() const CAIRN_REQUIRES(mu) {
     size_t n = 0;
     for (const auto& [id, m] : members) n += m.verified;
     return n;

@@ -19,7 +19,7 @@ void PeerService::Impl::serve_stage(Member& mem, const StageBody& stage) {
   const std::string model = stage.model;
   const std::string from = mem.info.id;
   {
-    std::lock_guard sl(stage_mu);
+    cairn::MutexLock sl(stage_mu);
     // Not started yet, or closing: the requester sees this member leave.
     if (stages_stopped || !events) return;
     ++stages_running;
@@ -35,12 +35,12 @@ void PeerService::Impl::serve_stage(Member& mem, const StageBody& stage) {
     else reply["error"] = r.status().to_string().substr(0, 4000);  // peer_bodies.hpp: at most kMaxErrorBytes
     std::vector<Outgoing> out;
     {
-      std::lock_guard lock(mu);
+      cairn::MutexLock lock(mu);
       if (auto o = to_member(from, PeerMsg::kStageReply, std::move(reply))) out.push_back(std::move(*o));
     }
     send(out);
     // Notified under the lock: once stop_staging sees zero, this thread touches nothing more.
-    std::lock_guard sl(stage_mu);
+    cairn::MutexLock sl(stage_mu);
     --stages_running;
     stage_cv.notify_all();
   }).detach();
@@ -62,7 +62,7 @@ json PeerService::stage_all(const std::string& model, PClock::time_point deadlin
   std::vector<std::pair<std::string, uint64_t>> asked;
   std::vector<Outgoing> out;
   {
-    std::lock_guard lock(s.mu);
+    cairn::MutexLock lock(s.mu);
     for (auto& [id, m] : s.members) {
       if (!m.verified || !m.reachable) continue;
       const uint64_t req = s.add_pending(id);
@@ -73,7 +73,7 @@ json PeerService::stage_all(const std::string& model, PClock::time_point deadlin
   s.send(out);
   if (on_answer) on_answer(asked.size(), 0);
   json answers = json::array();
-  std::unique_lock lock(s.mu);
+  cairn::MutexLock lock(s.mu);
   for (const auto& [id, req] : asked) {
     auto p = s.wait(lock, req, deadline);
     if (on_answer) {  // outside the service's lock: the caller may take its own
@@ -100,9 +100,9 @@ json PeerService::stage_all(const std::string& model, PClock::time_point deadlin
 
 void PeerService::stop_staging() {
   Impl& s = *impl_;
-  std::unique_lock sl(s.stage_mu);
+  cairn::MutexLock sl(s.stage_mu);
   s.stages_stopped = true;
-  s.stage_cv.wait(sl, [&] { return s.stages_running == 0; });
+  s.stage_cv.wait(sl, [&]() CAIRN_REQUIRES(s.stage_mu) { return s.stages_running == 0; });
 }
 
 }  // namespace cairn
