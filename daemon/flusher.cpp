@@ -179,6 +179,10 @@ void Flusher::local_loop() {
   }
 }
 
+bool Flusher::stored_list(const TensorList& tensors) const {
+  return last_stored_ && !tensors.empty() && tensors.shares_with(last_stored_->tensors);
+}
+
 void Flusher::abandon_locked(const ModelManifest& m) {
   std::set<ChunkHash> still_needed;
   for (const auto& [id, p] : pending_)
@@ -225,9 +229,13 @@ void Flusher::global_loop() {
         const std::string id = flush_order_.front();
         const Pending& p = pending_[id];
         uint64_t new_bytes = 0;
-        for (const auto& t : p.manifest->tensors)
-          for (const auto& c : t.chunks)
-            if (!repo_.locate(c.hash)) new_bytes += c.length;
+        // A tensor list stored already (a metadata-only child shares its parent's), or counted for
+        // an earlier model of this batch, brings no new bytes: no chunk needs looking up.
+        if (!stored_list(p.manifest->tensors) &&
+            (batch.empty() || !p.manifest->tensors.shares_with(batch.back().m->tensors)))
+          for (const auto& t : p.manifest->tensors)
+            for (const auto& c : t.chunks)
+              if (!repo_.locate(c.hash)) new_bytes += c.length;
         if (!batch.empty() && batch_bytes + new_bytes > kMaxBatchBytes) break;
         batch_bytes += new_bytes;
         flush_order_.pop_front();
@@ -267,7 +275,9 @@ void Flusher::global_loop() {
               fetched.erase(f);
             }
           }
-        tiers_.stored_globally(all_chunks(copy));
+        // The chunks of a list stored before were marked clean then.
+        if (!stored_list(batch[i].m->tensors)) tiers_.stored_globally(all_chunks(copy));
+        last_stored_ = batch[i].m;
       } else if ((batch[i].retry && may_pass(st)) || (!copy.parent.empty() && retried_ids.count(copy.parent))) {
         // A child whose parent (earlier in this batch) is written again fails for want of the
         // parent: it waits for it, it is not dropped (the torture harness lost acknowledged

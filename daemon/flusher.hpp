@@ -117,6 +117,9 @@ class Flusher {
   // After a failed repository write of m: its chunks no pending model needs may be evicted again.
   // REQUIRES: mu_ held.
   void abandon_locked(const ModelManifest& m);
+  // Whether `tensors` is the list of the model the global stage stored last (the same vector, not
+  // equal contents): its chunks are in the repository and marked clean. Global thread only.
+  bool stored_list(const TensorList& tensors) const;
 
   Repository& repo_;
   TierManager& tiers_;
@@ -134,6 +137,9 @@ class Flusher {
   uint64_t bytes_written_ = 0;              // GUARDED_BY(mu_)
   uint64_t write_retries_ = 0;              // GUARDED_BY(mu_) repository writes retried
   bool stopping_ = false;                   // GUARDED_BY(mu_)
+  // The last model the global stage wrote to the repository, held so that its tensor list's
+  // identity stays its own (stored_list). Global thread only.
+  std::shared_ptr<const ModelManifest> last_stored_;
   std::thread local_thread_, global_thread_;
 };
 
