@@ -33,6 +33,7 @@
 #include "daemon/catalog.hpp"
 #include "daemon/flusher.hpp"
 #include "daemon/models.hpp"
+#include "daemon/part_sink.hpp"
 #include "daemon/references.hpp"
 #include "daemon/request.hpp"
 #include "daemon/session.hpp"
@@ -47,7 +48,7 @@ namespace cairn {
 class GroupParts;
 class TraceRecorder;
 
-class CommitPath {
+class CommitPath : public PartSink {
  public:
   struct Parts {
     DramTier& dram;
@@ -70,7 +71,7 @@ class CommitPath {
   // must be in the catalog before its child is registered. Set at assembly.
   void set_catalog_refresh(std::function<void()> refresh) { refresh_catalog_ = std::move(refresh); }
   explicit CommitPath(Parts parts) : p_(parts) {}
-  ~CommitPath();
+  ~CommitPath() override;
   CommitPath(const CommitPath&) = delete;
   CommitPath& operator=(const CommitPath&) = delete;
 
@@ -88,15 +89,10 @@ class CommitPath {
   // (daemon/peers/group_parts.hpp): set at assembly when the daemon is in a group. While another
   // verified member is there, every part goes through it (commit_parts.cpp).
   void set_group_parts(GroupParts* group) { group_parts_ = group; }
-  // For GroupParts: reserves the id of a model assembled here (kExists when it is a model, or is
-  // being committed, also by another daemon of the repository), and gives it back (the
-  // repository's claim stays once the model is pending).
-  Status reserve_assembly(const std::string& id, const std::string& parent);
-  void release_assembly(const std::string& id) { unreserve(id); }
-  // For GroupParts: registers a model assembled from parts that members of the group hold (their
-  // chunks stay where they were written) as one commit with `ticket`, without a local stage here
-  // (each holder writes its own parts to its burst buffer). REQUIRES: reserve_assembly(model.id).
-  Status register_assembled(const ModelManifest& model, uint64_t ticket);
+  // PartSink, for GroupParts.
+  Status reserve_assembly(const std::string& id, const std::string& parent) override;
+  void release_assembly(const std::string& id) override { unreserve(id); }
+  Status register_assembled(const ModelManifest& model, uint64_t ticket) override;
   // Gives back the session's staging space and forgets its tickets.
   void end_session(Session& s);
 

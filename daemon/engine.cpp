@@ -302,11 +302,26 @@ const std::vector<Engine::Op>& Engine::table() {
          return encoded(e.commits_->wait(q));
        }},
       // named tensors (named_tensors.cpp)
-      {"put_tensor", [](Engine& e, Session& s, const json& r, B& b) { return e.named_.put(s, r, b); }},
-      {"tensor_info", [](Engine& e, Session&, const json& r, B&) { return e.named_.info(r); }},
-      {"lease_tensor", [](Engine& e, Session& s, const json& r, B&) { return e.named_.lease(s, r); }},
-      {"poll_tensor", [](Engine& e, Session&, const json& r, B&) { return e.named_.poll(r); }},
-      {"delete_tensor", [](Engine& e, Session&, const json& r, B&) { return e.named_.remove(r); }},
+      {"put_tensor", [](Engine& e, Session& s, const json& r, B& b) -> Result<json> {
+         CAIRN_ASSIGN_OR_RETURN(auto q, request::decode_put_tensor(r));
+         return encoded(e.named_.put(s, q, b));
+       }},
+      {"tensor_info", [](Engine& e, Session&, const json& r, B&) -> Result<json> {
+         CAIRN_ASSIGN_OR_RETURN(auto q, request::decode_tensor_key(r));
+         return encoded(e.named_.info(q));
+       }},
+      {"lease_tensor", [](Engine& e, Session& s, const json& r, B&) -> Result<json> {
+         CAIRN_ASSIGN_OR_RETURN(auto q, request::decode_tensor_key(r));
+         return encoded(e.named_.lease(s, q));
+       }},
+      {"poll_tensor", [](Engine& e, Session&, const json& r, B&) -> Result<json> {
+         CAIRN_ASSIGN_OR_RETURN(auto q, request::decode_poll_tensor(r));
+         return request::encode(e.named_.poll(q));
+       }},
+      {"delete_tensor", [](Engine& e, Session&, const json& r, B&) -> Result<json> {
+         CAIRN_ASSIGN_OR_RETURN(auto q, request::decode_tensor_key(r));
+         return encoded(e.named_.remove(q));
+       }},
       // reads (reads.cpp)
       {"open", [](Engine& e, Session&, const json& r, B&) -> Result<json> {
          CAIRN_ASSIGN_OR_RETURN(auto q, request::decode_open(r));

@@ -359,4 +359,40 @@ json encode(const SyncReply& r) {
               {"models", r.models}};
 }
 
+Result<PutTensor> decode_put_tensor(const json& req) {
+  PutTensor p;
+  CAIRN_ASSIGN_OR_RETURN(p.key, get_name(req, "key", "a tensor key"));
+  CAIRN_ASSIGN_OR_RETURN(p.desc, get_tensor_desc(req, "tensor '" + p.key + "'"));
+  if (req.contains("space")) {
+    CAIRN_ASSIGN_OR_RETURN(p.space, get_u64(req, "space"));
+  }
+  return p;
+}
+
+Result<TensorKey> decode_tensor_key(const json& req) {
+  TensorKey k;
+  CAIRN_ASSIGN_OR_RETURN(k.key, get_name(req, "key", "a tensor key"));
+  return k;
+}
+
+Result<PollTensor> decode_poll_tensor(const json& req) {
+  PollTensor p;
+  CAIRN_ASSIGN_OR_RETURN(p.key, get_name(req, "key", "a tensor key"));
+  p.timeout_ms = get_i64_or(req, "timeout_ms", 0);
+  return p;
+}
+
+json encode(const TensorInfoReply& r) {
+  return json{{"dtype", dtype_name(r.dtype)}, {"shape", shape_json(r.shape)}, {"nbytes", r.nbytes}};
+}
+
+json encode(const TensorLeaseReply& r) {
+  json out = encode(r.info);
+  out["lease"] = r.lease;
+  out["offset"] = r.offset;
+  return out;
+}
+
+json encode(const PollTensorReply& r) { return json{{"found", r.found}}; }
+
 }  // namespace cairn::request

@@ -207,6 +207,44 @@ nlohmann::json encode(const LeaseReply& r);
 nlohmann::json encode(const LeaseDeviceReply& r);
 nlohmann::json encode(const PrefetchReply& r);
 
+// ---- named tensors (NamedTensors) ----
+
+// `put_tensor`: a tensor under a key, from a staging space or the frame's payload.
+struct PutTensor {
+  std::string key;
+  TensorDesc desc{DType::kU8, {}, 0};
+  std::optional<uint64_t> space;       // absent: the payload holds the bytes
+};
+// `tensor_info`, `lease_tensor`, `delete_tensor`: the tensor under a key.
+struct TensorKey {
+  std::string key;
+};
+// `poll_tensor`: until a tensor is under the key.
+struct PollTensor {
+  std::string key;
+  int64_t timeout_ms = 0;              // negative: forever
+};
+struct TensorInfoReply {
+  DType dtype = DType::kU8;
+  std::vector<int64_t> shape;
+  uint64_t nbytes = 0;
+};
+struct TensorLeaseReply {
+  uint64_t lease = 0;
+  uint64_t offset = 0;                 // in the arena
+  TensorInfoReply info;
+};
+struct PollTensorReply {
+  bool found = false;
+};
+
+Result<PutTensor> decode_put_tensor(const nlohmann::json& req);
+Result<TensorKey> decode_tensor_key(const nlohmann::json& req);
+Result<PollTensor> decode_poll_tensor(const nlohmann::json& req);
+nlohmann::json encode(const TensorInfoReply& r);
+nlohmann::json encode(const TensorLeaseReply& r);
+nlohmann::json encode(const PollTensorReply& r);
+
 // ---- the repository watch (RepositoryWatch) ----
 
 // `sync`'s reply: what reading the other daemons' records changed.
