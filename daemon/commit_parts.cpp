@@ -154,7 +154,7 @@ Result<CommitPath::PlacedPart> CommitPath::place_part(Session& s, const std::vec
     placed.parent = *pm;
     if (!p_.catalog.contains(parent) && refresh_catalog_) refresh_catalog_();
   }
-  auto planned = plan(s, id, r.tensors, false, placed.parent.get());
+  auto planned = plan(s, id, r.tensors, false, placed.parent.get(), blob);
   if (!planned.is_ok())
     return planned.status().with_context("part " + std::to_string(r.part->index) + " of " + std::to_string(r.part->of));
   placed.plan = std::move(planned).value();

@@ -69,7 +69,8 @@ int64_t CommitPath::next_stamp() {
 // from storage verify them as always.
 Result<std::vector<CommitPath::Planned>> CommitPath::plan(Session& s, const std::string& id,
                                                          std::vector<CommitTensor>& tensors, bool inherit_all,
-                                                         const ModelManifest* parent) {
+                                                         const ModelManifest* parent,
+                                                         const std::vector<uint8_t>& blob) {
   std::vector<Planned> plan;
   plan.reserve(tensors.size());
   std::set<uint64_t> spaces;
@@ -96,11 +97,17 @@ Result<std::vector<CommitPath::Planned>> CommitPath::plan(Session& s, const std:
         p.hashes = std::move(t.hashes);
         break;
       }
-      case CommitTensor::Source::kInline:
+      case CommitTensor::Source::kInline: {
         p.desc = std::move(t.desc);
         p.source = Planned::kInline;
         p.blob_offset = t.inline_offset;
+        const uint64_t len = t.inline_length;
+        if (len != p.desc.nbytes || p.blob_offset > blob.size() || len > blob.size() - p.blob_offset)
+          return invalid_argument(what() + ": inline bytes [" + std::to_string(p.blob_offset) + ", +" +
+                                  std::to_string(len) + ") do not match the payload of " + std::to_string(blob.size()) +
+                                  " bytes or the " + std::to_string(p.desc.nbytes) + " bytes dtype and shape need");
         break;
+      }
     }
     plan.push_back(std::move(p));
   }
@@ -308,7 +315,7 @@ Result<CommitReply> CommitPath::commit(Session& s, Commit r, const std::vector<u
   }
 
   // Pass 1: validate everything, touching nothing.
-  CAIRN_ASSIGN_OR_RETURN(std::vector<Planned> plan, this->plan(s, id, r.tensors, r.inherit_all, parent_manifest.get()));
+  CAIRN_ASSIGN_OR_RETURN(std::vector<Planned> plan, this->plan(s, id, r.tensors, r.inherit_all, parent_manifest.get(), blob));
 
   // Pass 2: copy inline bytes into the arena (the only step that can still fail before chunks move).
   std::vector<Extent> inline_extents;

@@ -113,10 +113,10 @@ class CommitPath : public PartSink {
     const TensorManifest* inherited = nullptr;
     std::vector<ChunkHash> hashes;  // a staging space's chunk hashes, when the client sent them
   };
-  // Pass 1 of a commit: every tensor checked against the connection's spaces and the parent,
-  // nothing touched. Takes the tensors' names and hashes.
+  // Pass 1 of a commit: every tensor checked against the connection's spaces, the parent and the
+  // frame's payload (`blob`), nothing touched. Takes the tensors' names and hashes.
   Result<std::vector<Planned>> plan(Session& s, const std::string& id, std::vector<request::CommitTensor>& tensors,
-                                    bool inherit_all, const ModelManifest* parent);
+                                    bool inherit_all, const ModelManifest* parent, const std::vector<uint8_t>& blob);
 
   // What build_and_register turns into a registered model.
   struct Build {

@@ -294,7 +294,7 @@ const std::vector<Engine::Op>& Engine::table() {
          return encoded(e.commits_->free(s, q));
        }},
       {"commit", [](Engine& e, Session& s, const json& r, B& b) -> Result<json> {
-         CAIRN_ASSIGN_OR_RETURN(auto q, request::decode_commit(r, {b.size(), e.repo_->chunk_size()}));
+         CAIRN_ASSIGN_OR_RETURN(auto q, request::decode_commit(r, {e.repo_->chunk_size()}));
          return encoded(e.commits_->commit(s, std::move(q), b));
        }},
       {"wait", [](Engine& e, Session&, const json& r, B&) -> Result<json> {

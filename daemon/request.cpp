@@ -137,11 +137,7 @@ Result<CommitTensor> decode_commit_tensor(const json& tj, const std::string& id,
       return invalid_argument(what + ": 'inline' must be [offset, length] into the frame's payload");
     t.source = CommitTensor::Source::kInline;
     t.inline_offset = (*in)[0].get<uint64_t>();
-    const uint64_t len = (*in)[1].get<uint64_t>();
-    if (len != t.desc.nbytes || t.inline_offset > edge.blob_bytes || len > edge.blob_bytes - t.inline_offset)
-      return invalid_argument(what + ": inline bytes [" + std::to_string(t.inline_offset) + ", +" + std::to_string(len) +
-                              ") do not match the payload of " + std::to_string(edge.blob_bytes) + " bytes or the " +
-                              std::to_string(t.desc.nbytes) + " bytes dtype and shape need");
+    t.inline_length = (*in)[1].get<uint64_t>();
     return t;
   }
   return invalid_argument(what + ": give one of 'space', 'inline' or 'inherit'");

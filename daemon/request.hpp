@@ -72,7 +72,8 @@ struct CommitTensor {
   Source source = Source::kSpace;
   TensorDesc desc{DType::kU8, {}, 0};  // kSpace and kInline (kInherit: the parent's)
   uint64_t space = 0;                  // kSpace: the connection's staging space
-  uint64_t inline_offset = 0;          // kInline: [inline_offset, +desc.nbytes) of the frame's payload
+  uint64_t inline_offset = 0;          // kInline: [inline_offset, +inline_length) of the frame's
+  uint64_t inline_length = 0;          // payload (checked against it by the commit path)
   std::vector<ChunkHash> hashes;       // kSpace: the chunk hashes the client computed (empty: none)
 };
 
@@ -94,7 +95,7 @@ struct Commit {
   nlohmann::json metadata = nlohmann::json::object();
   nlohmann::json architecture;         // null when none was given
   std::optional<Graph> graph;          // `architecture`, parsed
-  std::vector<CommitTensor> tensors;   // names unique; inline ranges inside the payload
+  std::vector<CommitTensor> tensors;   // names unique
   bool inherit_all = false;            // every parent tensor not named, after the named ones
   std::string source_header;           // the safetensors header the model was stored from ("" = none)
   std::optional<Part> part;            // one part of a multi-part model
@@ -118,7 +119,6 @@ struct WaitReply {
 
 // What decoding a request needs to know besides its JSON.
 struct Edge {
-  uint64_t blob_bytes = 0;   // the frame's payload
   uint64_t chunk_size = 0;   // the repository's: the number of client chunk hashes per tensor
 };
 
