@@ -162,12 +162,15 @@ void Flusher::local_loop() {
       seq = pending_[id].seq;
     }
     // The chunks only DRAM holds go to the burst buffer, then the model's record: after both are on
-    // the device the model survives a crash of the daemon.
-    Status st = tiers_.write_local(all_chunks(*m));
+    // the device the model survives a crash of the daemon. The chunks of the tensor list the last
+    // model written here had (a metadata-only child shares its parent's) are there already.
+    const bool written = last_local_ && !m->tensors.empty() && m->tensors.shares_with(last_local_->tensors);
+    Status st = written ? Status::ok() : tiers_.write_local(all_chunks(*m));
     if (st.is_ok()) st = nvme_->put_model(seq, m->id, manifest_to_json(*m).dump());
     if (!st.is_ok())
       CAIRN_LOG_WARN("model '{}': the burst buffer did not take it ({}); it goes to the repository directly", m->id,
                      st.to_string());
+    last_local_ = st.is_ok() ? m : nullptr;
     {
       std::lock_guard lock(mu_);
       Pending& p = pending_[m->id];

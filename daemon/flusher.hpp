@@ -140,6 +140,9 @@ class Flusher {
   // The last model the global stage wrote to the repository, held so that its tensor list's
   // identity stays its own (stored_list). Global thread only.
   std::shared_ptr<const ModelManifest> last_stored_;
+  // The last model the local stage wrote to the burst buffer (chunks and record), held for the same
+  // reason. Local thread only.
+  std::shared_ptr<const ModelManifest> last_local_;
   std::thread local_thread_, global_thread_;
 };
 
