@@ -51,7 +51,8 @@ void Flusher::stop() {
     std::lock_guard lock(mu_);
     stopping_ = true;
   }
-  work_cv_.notify_all();
+  local_cv_.notify_all();
+  global_cv_.notify_all();
   progress_cv_.notify_all();
   if (local_thread_.joinable()) local_thread_.join();
   if (global_thread_.joinable()) global_thread_.join();
@@ -74,7 +75,10 @@ Status Flusher::enqueue(Entry entry, const std::function<Status()>& admit) {
     flush_order_.push_back(id);
     if (p.needs_local) local_queue_.push_back(id);
   }
-  work_cv_.notify_all();
+  // Only the stage that has work is woken (a thread woken for nothing takes a core from the
+  // committing client on a small node); the local stage wakes the global one when it is done.
+  if (entry.needs_local) local_cv_.notify_one();
+  else global_cv_.notify_one();
   return Status::ok();
 }
 
@@ -154,7 +158,7 @@ void Flusher::local_loop() {
     uint64_t seq = 0;
     {
       std::unique_lock lock(mu_);
-      work_cv_.wait(lock, [&] { return stopping_ || !local_queue_.empty(); });
+      local_cv_.wait(lock, [&] { return stopping_ || !local_queue_.empty(); });
       if (local_queue_.empty()) return;  // stopping and drained
       const std::string id = local_queue_.front();
       local_queue_.pop_front();
@@ -178,7 +182,7 @@ void Flusher::local_loop() {
       p.on_nvme = st.is_ok();
       if (st.is_ok() && p.ticket) tickets_.reach(p.ticket, Durability::kLocal);
     }
-    work_cv_.notify_all();
+    global_cv_.notify_one();  // its model may be ready for the global stage
   }
 }
 
@@ -223,7 +227,7 @@ void Flusher::global_loop() {
         const Pending& p = pending_[flush_order_.front()];
         return !p.needs_local || p.local_done;
       };
-      work_cv_.wait(lock, [&] { return (stopping_ && flush_order_.empty()) || ready(); });
+      global_cv_.wait(lock, [&] { return (stopping_ && flush_order_.empty()) || ready(); });
       if (flush_order_.empty()) return;  // stopping and drained
       // A batch pins the bytes it writes until the repository has them: bound them (metadata-only
       // commits cost none), so a batch never crowds readers out of the arena.
@@ -319,11 +323,10 @@ void Flusher::global_loop() {
       std::unique_lock lock(mu_);
       for (auto it = retried.rbegin(); it != retried.rend(); ++it) flush_order_.push_front(*it);
       backoff = std::min(backoff * 2, kMaxBackoff);
-      work_cv_.wait_for(lock, backoff, [&] { return stopping_; });
+      global_cv_.wait_for(lock, backoff, [&] { return stopping_; });
     } else {
       backoff = kMinBackoff;
     }
-    work_cv_.notify_all();
     progress_cv_.notify_all();
   }
 }

@@ -128,7 +128,8 @@ class Flusher {
   ForgetFailed forget_failed_;
 
   mutable std::mutex mu_;
-  std::condition_variable work_cv_;      // queued work, or stopping
+  std::condition_variable local_cv_;     // work for the local stage, or stopping
+  std::condition_variable global_cv_;    // work for the global stage, or stopping
   std::condition_variable progress_cv_;  // a model left pending_
   std::map<std::string, Pending> pending_;  // GUARDED_BY(mu_)
   std::deque<std::string> flush_order_;     // GUARDED_BY(mu_) pending models in commit order
