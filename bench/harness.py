@@ -905,8 +905,8 @@ def render_doc(results: Dict[str, Any], img_dir: Path, doc_dir: Path) -> str:
             if rm and (rm.get("cpu"), rm.get("kernel")) != (m.get("cpu"), m.get("kernel")):
                 thp += (f"; on another machine: {rm.get('cpu')}, {rm.get('cores')} cores, "
                         f"{rm.get('memory_bytes', 0) / (1 << 30):.1f} GiB memory, kernel {rm.get('kernel')}")
-            again.append(f"- measured again on {run['started']} with `bench/run --only {parts} --update "
-                         f"{run['base']}` (results `{run['results']}`{thp}): {parts}")
+            again.append(f"- measured again on {run['started']} with `bench/run --only {parts} --update` "
+                         f"(results `{run['results']}`{thp}): {parts}")
         again[-1] += "; every other figure is from the full run above (a part measured twice: the later run)"
         lines[-1:-1] = again
     goals = [r for r in results["ratios"] if "error" not in r and r.get("goal")]

@@ -323,6 +323,22 @@ Result<Config> load_config_text(const std::string& yaml_text, const std::string&
   }
 }
 
+Status check_config(const Config& config) {
+  Config copy = config;  // the schema's accessors take a mutable config; nothing is written
+  for (const Key& key : schema()) {
+    Field field = key.field(copy);
+    auto* text = std::get_if<std::string*>(&field);
+    if (!text) continue;
+    Status checked;
+    if (key.duration != Key::Duration::kNo || !key.choices.empty())
+      checked = parse_string_for(key, **text, Env{}).status();
+    else if (key.host_port && !(*text)->empty())
+      checked = parse_host_port(**text).status();
+    if (!checked.is_ok()) return checked.with_context(std::string(key.path));
+  }
+  return Status::ok();
+}
+
 Result<Config> load_config(const std::string& path, const std::map<std::string, std::string>& env) {
   if (path.empty()) return load_config_text("", "", env);
   const std::string what = "config file '" + path + "'";

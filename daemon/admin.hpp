@@ -52,10 +52,9 @@ class Admin {
     std::shared_mutex& gc_mu;
     Prefetcher* prefetcher = nullptr;  // its counters in stats
     const RemoteModels* remote = nullptr;  // models committed on other members of the job
+    const HbmTier* hbm = nullptr;          // the GPU tier, reported by stats (null: none)
   };
-  explicit Admin(Parts parts) : p_(parts) {}
-  // The GPU tier, reported by stats (null: none). Set at assembly.
-  void set_hbm(const HbmTier* hbm) { hbm_ = hbm; }
+  explicit Admin(Parts parts) : p_(parts), hbm_(parts.hbm) {}
 
   Result<nlohmann::json> list(const nlohmann::json& req);
   Result<nlohmann::json> show(const nlohmann::json& req);
@@ -74,7 +73,7 @@ class Admin {
   bool drain_reporting(OperationProgress& progress, int64_t timeout_ms);
 
   Parts p_;
-  const HbmTier* hbm_ = nullptr;
+  const HbmTier* const hbm_;
 };
 
 }  // namespace cairn

@@ -152,7 +152,7 @@ Result<CommitPath::PlacedPart> CommitPath::place_part(Session& s, const std::vec
     auto pm = p_.models.find(parent);
     if (!pm.is_ok()) return not_found("parent model '" + parent + "' of '" + id + "' does not exist");
     placed.parent = *pm;
-    if (!p_.catalog.contains(parent) && refresh_catalog_) refresh_catalog_();
+    if (!p_.catalog.contains(parent) && p_.view) (void)p_.view->refresh();
   }
   auto planned = plan(s, id, r.tensors, false, placed.parent.get(), blob);
   if (!planned.is_ok())
@@ -354,7 +354,7 @@ Status CommitPath::register_assembled(const ModelManifest& model, uint64_t ticke
     auto pm = p_.models.find(model.parent);
     if (!pm.is_ok()) return not_found("its parent '" + model.parent + "' does not exist here");
     parent_manifest = *pm;
-    if (!p_.catalog.contains(model.parent) && refresh_catalog_) refresh_catalog_();
+    if (!p_.catalog.contains(model.parent) && p_.view) (void)p_.view->refresh();
   }
   // Every tensor as it is (chunks hashed by their holders): nothing to hash or adopt here.
   std::vector<Planned> plan(model.tensors.size(), Planned{std::string(), {}, Planned::kInherit});

@@ -45,23 +45,6 @@ void CommitPath::end_session(Session& s) {
   s.tickets.clear();
 }
 
-// ---- stamps ----
-
-void CommitPath::observe_created(int64_t created_ns) {
-  std::lock_guard lock(stamp_mu_);
-  last_created_ns_ = std::max(last_created_ns_, created_ns);
-}
-
-int64_t CommitPath::next_stamp() {
-  // The model's identity for client manifest caches: unique per commit, even when an id that gc
-  // deleted is used again.
-  auto now = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                 std::chrono::system_clock::now().time_since_epoch()).count();
-  std::lock_guard lock(stamp_mu_);
-  last_created_ns_ = std::max<int64_t>(now, last_created_ns_ + 1);
-  return last_created_ns_;
-}
-
 // ---- commit ----
 
 // The client's chunk hashes (decoded with the request) are trusted as the client's bytes are
@@ -249,7 +232,7 @@ Result<std::shared_ptr<ModelManifest>> CommitPath::build_and_register(Build b) {
   Status registered = p_.flusher.enqueue(std::move(entry), [&]() -> Status {
     Status added = p_.catalog.add(id, m->parent, std::move(graph), m->metadata);
     if (!added.is_ok()) return added.with_context("registering model '" + id + "' in the catalog");
-    m->created_ns = next_stamp();
+    m->created_ns = p_.clock.next();
     p_.references.count(*m, +1);
     return Status::ok();
   });
@@ -311,7 +294,7 @@ Result<CommitReply> CommitPath::commit(Session& s, Commit r, const std::vector<u
     if (!pm.is_ok()) return not_found("parent model '" + parent + "' of '" + id + "' does not exist");
     parent_manifest = *pm;
     // Published by another daemon since this one's last refresh: into the catalog first.
-    if (!p_.catalog.contains(parent) && refresh_catalog_) refresh_catalog_();
+    if (!p_.catalog.contains(parent) && p_.view) (void)p_.view->refresh();
   }
 
   // Pass 1: validate everything, touching nothing.

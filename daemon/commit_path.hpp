@@ -7,13 +7,14 @@
 // which makes it visible (catalog, lookups) and queues it as one step. A commit that waits blocks
 // on its ticket until the durability it asked for.
 //
-// Owns: the ids being committed (so two commits of one id cannot both succeed), the commit stamps
-// (created_ns, increasing), and the tickets it hands out (in the ticket book). Never writes to the
+// Owns: the ids being committed (so two commits of one id cannot both succeed) and the tickets it
+// hands out (in the ticket book); stamps each model from the commit clock (commit_clock.hpp). Never writes to the
 // burst buffer or the repository (the flusher does) and never reads chunks for clients.
 //
 // Thread-safety: every method may be called from any thread; a Session by one thread at a time.
 // Lock order: the gc lock (shared) is held across a commit until the model is registered; mu_ is a
-// leaf; stamp_mu_ is taken under the flusher's lock (in its admit step).
+// leaf; the commit clock's lock is taken under the flusher's lock (in its admit step), so stamps
+// follow the flush (and repository) order.
 #pragma once
 
 #include <cstdint>
@@ -31,10 +32,12 @@
 #include "core/graph.hpp"
 #include "core/status.hpp"
 #include "daemon/catalog.hpp"
+#include "daemon/commit_clock.hpp"
 #include "daemon/flusher.hpp"
 #include "daemon/models.hpp"
 #include "daemon/part_sink.hpp"
 #include "daemon/references.hpp"
+#include "daemon/repository_view.hpp"
 #include "daemon/request.hpp"
 #include "daemon/session.hpp"
 #include "daemon/tickets.hpp"
@@ -59,17 +62,18 @@ class CommitPath : public PartSink {
     ReferenceCounts& references;
     TicketBook& tickets;
     const ModelDirectory& models;
+    CommitClock& clock;         // stamps each registered model (created_ns)
     std::shared_mutex& gc_mu;   // held shared until a commit's chunks are referenced by a registered model
     bool burst_buffer = false;  // memory and local commits go through the local stage
     TraceRecorder* trace = nullptr;  // records the chunks each commit creates (policy.trace)
     // Called with each model once it is registered (visible): the peer group announces it.
     std::function<void(const ModelManifest&)> committed = {};
     UsageCounters* usage = nullptr;  // counts each registered model and its bytes (null: none)
+    // Brings the catalog up to date with the repository now (the repository watch; null: never):
+    // a parent that another daemon published since the last refresh is found by id on the spot,
+    // and must be in the catalog before its child is registered.
+    RepositoryView* view = nullptr;
   };
-  // Brings the catalog up to date with the repository now (the repository watch's refresh): a
-  // parent that another daemon published since the last refresh is found by id on the spot, and
-  // must be in the catalog before its child is registered. Set at assembly.
-  void set_catalog_refresh(std::function<void()> refresh) { refresh_catalog_ = std::move(refresh); }
   explicit CommitPath(Parts parts) : p_(parts) {}
   ~CommitPath() override;
   CommitPath(const CommitPath&) = delete;
@@ -95,12 +99,6 @@ class CommitPath : public PartSink {
   Status register_assembled(const ModelManifest& model, uint64_t ticket) override;
   // Gives back the session's staging space and forgets its tickets.
   void end_session(Session& s);
-
-  // A model loaded or recovered at start was stamped created_ns: later stamps follow it.
-  void observe_created(int64_t created_ns);
-  // The next commit stamp: wall clock, strictly after every earlier one. Called in the flusher's
-  // admit step, so stamps follow the flush (and repository) order.
-  int64_t next_stamp();
 
  private:
   // One tensor of a commit request, validated (plan), before anything is touched.
@@ -164,7 +162,6 @@ class CommitPath : public PartSink {
   void unreserve(const std::string& id);
   void reap_loop();
 
-  std::function<void()> refresh_catalog_;
   GroupParts* group_parts_ = nullptr;
   Parts p_;
   mutable std::mutex mu_;
@@ -173,8 +170,6 @@ class CommitPath : public PartSink {
   std::condition_variable reap_cv_;
   std::thread reaper_;                             // started with the first assembly
   bool stopping_ = false;                          // GUARDED_BY(mu_)
-  std::mutex stamp_mu_;
-  int64_t last_created_ns_ = 0;                    // GUARDED_BY(stamp_mu_)
 };
 
 }  // namespace cairn

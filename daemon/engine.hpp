@@ -1,8 +1,9 @@
 // The engine: everything cairnd does, as a library. The server (server.hpp) only moves frames
 // between sockets and Engine::handle; tests run an Engine in-process.
 //
-// The engine is a router over components that each own their state and lock (docs/architecture.md
-// has the picture, the threads and the locks):
+// The engine is a router over components that each own their state and lock. Engine::create
+// (engine_open.cpp) assembles them from the config, each from what it needs, in dependency order;
+// docs/architecture.md has the picture, the order, the threads and the locks:
 //   NamedTensors (named_tensors.hpp)  put/info/lease/poll/delete of named tensors
 //   CommitPath   (commit_path.hpp)    staging space, commit (validate, hash, manifest), tickets
 //   Flusher      (flusher.hpp)        the local and global stages, their queues and threads, drain
@@ -10,6 +11,9 @@
 //   Admin        (admin.hpp)          list, show, stats, remove, gc, fsck, flush
 //   CatalogQueries (queries.hpp)      the catalog's queries
 //   Prefetcher   (prefetcher.hpp)     hints, staging ahead of need (its own thread)
+//   RepositoryWatch (repository_watch.hpp) other daemons' commits to the shared repository; sync
+//   PeerService, PeerCatalog, GroupParts (peers/) the job's peer group, the models its other
+//                                     members committed, multi-part models across members
 //   Watchdog     (watchdog.hpp)       requests in flight; reports stuck ones with every thread's stack
 //   FaultInjection (fault_injection.hpp) the `fault` request (debug.fault_injection only)
 //   RequestMetrics, MetricsExporter (request_metrics.hpp, metrics_exporter.hpp) metrics for
@@ -43,6 +47,7 @@
 #include "core/status.hpp"
 #include "daemon/admin.hpp"
 #include "daemon/catalog.hpp"
+#include "daemon/commit_clock.hpp"
 #include "daemon/commit_path.hpp"
 #include "daemon/compute.hpp"
 #include "daemon/fault_injection.hpp"
@@ -51,8 +56,9 @@
 #include "daemon/models.hpp"
 #include "daemon/named_tensors.hpp"
 #include "daemon/peers/group_parts.hpp"
+#include "daemon/peers/peer_catalog.hpp"
+#include "daemon/peers/peer_events.hpp"
 #include "daemon/peers/peer_service.hpp"
-#include "daemon/peers/remote_models.hpp"
 #include "daemon/prefetcher.hpp"
 #include "daemon/progress_board.hpp"
 #include "daemon/queries.hpp"
@@ -82,13 +88,16 @@ struct EngineOptions {
 
 class Engine {
  public:
-  // Opens the repository, creates the DRAM arena and opens the burst buffer (when
-  // tiers.nvme.capacity > 0) from config, then recovers what a crashed daemon left on the burst
-  // buffer: models committed `local` are registered again and written to the repository. Fails
-  // with the component's error.
+  // Opens the engine (engine_open.cpp): checks the config (check_config), opens the repository,
+  // creates the DRAM arena, opens the GPU tier and the burst buffer (when their capacity is > 0)
+  // and joins the peer group (when there is one), makes the components, loads the catalog, then
+  // recovers what a crashed daemon left on the burst buffer: models committed `local` are
+  // registered again and written to the repository. Fails with the config key's or the
+  // component's error.
   static Result<std::unique_ptr<Engine>> create(const Config& config, EngineOptions options = {});
-  // Drains pending flushes (drain()), stops the flushers, and closes the burst buffer (removing
-  // its files unless tiers.nvme.persistent).
+  // Stops the threads that serve others (metrics, compute worker, peers' staging, repository
+  // watch, prefetcher), drains pending flushes (drain()), stops the flushers, leaves the peer
+  // group, and closes the burst buffer (removing its files unless tiers.nvme.persistent).
   ~Engine();
 
   // Serves one request. Never throws; errors become error responses.
@@ -130,9 +139,10 @@ class Engine {
   struct Op;
   static const std::vector<Op>& table();
 
-  Engine(Config config, std::unique_ptr<FaultyFileSystem> faulty, std::chrono::milliseconds watchdog_bound,
-         std::unique_ptr<Repository> repo, std::unique_ptr<DramTier> dram, std::unique_ptr<NvmeTier> nvme,
-         std::unique_ptr<AdmissionPolicy> admission, std::unique_ptr<TraceRecorder> trace);
+  // What create opens before the components are made (engine_open.cpp).
+  struct Opened;
+  // Makes every component from `opened` and the ones made before it (engine_open.cpp).
+  explicit Engine(Opened opened);
   // The index of `op` in table(); table().size() for an unknown op.
   static size_t op_slot(const std::string& op);
   // The ops of table(), in its order (RequestMetrics' slots).
@@ -143,19 +153,13 @@ class Engine {
   Result<nlohmann::json> dispatch(Session& s, size_t slot, const std::string& op, const nlohmann::json& req,
                                   std::vector<uint8_t>& blob);
   Result<nlohmann::json> hello(Session& s);
-  // The job's catalog (peer_service.hpp): a model another member committed joins the catalog and
-  // the remote models; the unflushed models of a member that left are gone.
-  void add_peer_model(ModelManifest model, const std::string& member);
-  void drop_peer_models(const std::string& member);
-  // One model `member` committed and announced, gone before it reached the repository (a member
-  // that left; a multi-part model whose flush failed there).
-  void drop_peer_model(const std::string& id, const std::string& member, const std::string& why);
   // `prefetch`: into this daemon's DRAM; with "all": true, into every member's of the peer group at
   // once (docs/peers.md, "cairn prefetch --all").
   Result<nlohmann::json> prefetch(const request::Prefetch& req, OperationProgress& progress);
 
-  // Declaration order is construction order: each component after what it uses, so destruction
-  // stops the users (the flusher's threads) before what they use.
+  // Declaration order is construction order (engine_open.cpp makes each from the ones above it),
+  // so destruction stops the users (the flusher's threads) before what they use; ~Engine stops
+  // the threads that reach across components first.
   const Config config_;
   // Per-op latencies and errors, recorded by handle() (null when metrics are off). Destroyed last:
   // a request may be recorded until the engine is gone.
@@ -172,39 +176,50 @@ class Engine {
   // null). Before them: it outlives their files.
   std::unique_ptr<FaultyFileSystem> faulty_fs_;
   FaultInjection faults_;
+  // ---- opened by create, in this order ----
   std::unique_ptr<Repository> repo_;
   std::unique_ptr<DramTier> dram_;
   // The GPU tier (null when tiers.hbm.capacity is 0). After dram_, whose arena it registers.
   std::unique_ptr<HbmTier> hbm_;
   std::unique_ptr<NvmeTier> nvme_;
-  // Multi-part models whose parts are on several members (null without a peer group). Before
-  // peers_, whose service thread calls it: stopped in ~Engine, destroyed after peers_.
-  std::unique_ptr<GroupParts> group_parts_;
-  // The job's peer group (null when the daemon is alone). Before tiers_, which holds its chunk
-  // source: that source goes first.
+  // The job's peer group (null when the daemon is alone): opened by create, delivering to
+  // peer_events_ once started; left in ~Engine, before the components its events reach go.
   std::unique_ptr<PeerService> peers_;
-  std::unique_ptr<TierManager> tiers_;
+  std::unique_ptr<PeerPartTransport> part_transport_;  // over peers_ (null without a group)
   std::unique_ptr<TraceRecorder> trace_;  // null unless policy.trace
+  // ---- made by the constructor, in this order ----
+  // The sources below DRAM: the burst buffer, the peer group, the repository. After peers_, whose
+  // chunk source it holds: that source goes first.
+  std::unique_ptr<TierManager> tiers_;
   Catalog catalog_;
-  RemoteModels remote_;  // models committed on other members of the job, not yet in the repository
   // gc holds it exclusively; commits and reads of repository data hold it shared, so gc never
   // frees a chunk that a commit is about to reference or a reader is about to read.
   std::shared_mutex gc_mu_;
   ReferenceCounts references_;
   TicketBook tickets_;
+  CommitClock clock_;  // every model's created_ns
   NamedTensors named_;
   RecoveryReport recovery_;
   std::unique_ptr<Flusher> flusher_;
+  // Models committed on other members of the job, not yet in the repository.
+  PeerCatalog peer_catalog_;
+  // Other daemons' commits to the shared repository; its thread starts once the catalog is loaded.
+  std::unique_ptr<RepositoryWatch> watch_;
   std::unique_ptr<ModelDirectory> models_;
   std::unique_ptr<CommitPath> commits_;
-  std::unique_ptr<Reads> reads_;
+  // Multi-part models whose parts are on several members (null without a peer group).
+  std::unique_ptr<GroupParts> group_parts_;
+  // Made before reads_, whose observer it is; started once reads_ is made (it stages through it).
   std::unique_ptr<Prefetcher> prefetcher_;
+  std::unique_ptr<Reads> reads_;
   std::unique_ptr<Admin> admin_;
   std::unique_ptr<CatalogQueries> queries_;
-  std::unique_ptr<RepositoryWatch> watch_;
   std::unique_ptr<ComputeWorker> compute_;  // the near-data worker's supervisor (compute.enabled)
-  // The metrics endpoint and textfile (null when metrics are off). Last: stopped first in ~Engine,
-  // its threads render from every component above.
+  // What the peer group tells this daemon, routed to peer_catalog_, group_parts_ and reads_ (null
+  // without a peer group).
+  std::unique_ptr<PeerEvents> peer_events_;
+  // The metrics endpoint and textfile (null when metrics are off). Started by create once every
+  // component is up; stopped first in ~Engine, its threads render from every component above.
   std::unique_ptr<MetricsExporter> metrics_;
   std::atomic<uint64_t> next_session_{1};
 };

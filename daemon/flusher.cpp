@@ -48,7 +48,7 @@ Flusher::~Flusher() { stop(); }
 
 void Flusher::stop() {
   {
-    std::lock_guard lock(mu_);
+    cairn::MutexLock lock(mu_);
     stopping_ = true;
   }
   local_cv_.notify_all();
@@ -60,7 +60,7 @@ void Flusher::stop() {
 
 Status Flusher::enqueue(Entry entry, const std::function<Status()>& admit) {
   {
-    std::lock_guard lock(mu_);
+    cairn::MutexLock lock(mu_);
     CAIRN_RETURN_IF_ERROR(admit());
     const std::string id = entry.manifest->id;
     Pending p;
@@ -83,18 +83,18 @@ Status Flusher::enqueue(Entry entry, const std::function<Status()>& admit) {
 }
 
 std::shared_ptr<const ModelManifest> Flusher::find(const std::string& id) const {
-  std::lock_guard lock(mu_);
+  cairn::MutexLock lock(mu_);
   auto it = pending_.find(id);
   return it == pending_.end() ? nullptr : it->second.manifest;
 }
 
 bool Flusher::contains(const std::string& id) const {
-  std::lock_guard lock(mu_);
+  cairn::MutexLock lock(mu_);
   return pending_.count(id) > 0;
 }
 
 std::vector<std::shared_ptr<const ModelManifest>> Flusher::pending() const {
-  std::lock_guard lock(mu_);
+  cairn::MutexLock lock(mu_);
   std::vector<std::shared_ptr<const ModelManifest>> out;
   out.reserve(pending_.size());
   for (const auto& [id, p] : pending_) out.push_back(p.manifest);
@@ -102,13 +102,13 @@ std::vector<std::shared_ptr<const ModelManifest>> Flusher::pending() const {
 }
 
 void Flusher::wait_until_flushed(const std::string& id) {
-  std::unique_lock lock(mu_);
-  progress_cv_.wait(lock, [&] { return stopping_ || !pending_.count(id); });
+  cairn::MutexLock lock(mu_);
+  progress_cv_.wait(lock, [&]() CAIRN_REQUIRES(mu_) { return stopping_ || !pending_.count(id); });
 }
 
 void Flusher::wait_until_descendants_flushed(const std::string& id) {
-  std::unique_lock lock(mu_);
-  auto descends = [&](const Pending& p) {
+  cairn::MutexLock lock(mu_);
+  auto descends = [&](const Pending& p) CAIRN_REQUIRES(mu_) {
     // Up the chain of pending parents (a parent already in the repository ends it).
     std::string parent = p.manifest->parent;
     for (size_t steps = 0; !parent.empty() && steps <= pending_.size(); ++steps) {
@@ -119,7 +119,7 @@ void Flusher::wait_until_descendants_flushed(const std::string& id) {
     }
     return false;
   };
-  progress_cv_.wait(lock, [&] {
+  progress_cv_.wait(lock, [&]() CAIRN_REQUIRES(mu_) {
     if (stopping_) return true;
     for (const auto& [pid, p] : pending_)
       if (descends(p)) return false;
@@ -128,17 +128,17 @@ void Flusher::wait_until_descendants_flushed(const std::string& id) {
 }
 
 void Flusher::drain() {
-  std::unique_lock lock(mu_);
-  progress_cv_.wait(lock, [&] { return pending_.empty(); });
+  cairn::MutexLock lock(mu_);
+  progress_cv_.wait(lock, [&]() CAIRN_REQUIRES(mu_) { return pending_.empty(); });
 }
 
 bool Flusher::drain_for(std::chrono::milliseconds timeout) {
-  std::unique_lock lock(mu_);
-  return progress_cv_.wait_for(lock, timeout, [&] { return pending_.empty(); });
+  cairn::MutexLock lock(mu_);
+  return progress_cv_.wait_for(lock, timeout, [&]() CAIRN_REQUIRES(mu_) { return pending_.empty(); });
 }
 
 Flusher::Stats Flusher::stats() const {
-  std::lock_guard lock(mu_);
+  cairn::MutexLock lock(mu_);
   Stats s;
   s.pending_models = pending_.size();
   s.repository_bytes_written = bytes_written_;
@@ -157,8 +157,8 @@ void Flusher::local_loop() {
     std::shared_ptr<const ModelManifest> m;
     uint64_t seq = 0;
     {
-      std::unique_lock lock(mu_);
-      local_cv_.wait(lock, [&] { return stopping_ || !local_queue_.empty(); });
+      cairn::MutexLock lock(mu_);
+      local_cv_.wait(lock, [&]() CAIRN_REQUIRES(mu_) { return stopping_ || !local_queue_.empty(); });
       if (local_queue_.empty()) return;  // stopping and drained
       const std::string id = local_queue_.front();
       local_queue_.pop_front();
@@ -176,7 +176,7 @@ void Flusher::local_loop() {
                      st.to_string());
     last_local_ = st.is_ok() ? m : nullptr;
     {
-      std::lock_guard lock(mu_);
+      cairn::MutexLock lock(mu_);
       Pending& p = pending_[m->id];
       p.local_done = true;
       p.on_nvme = st.is_ok();
@@ -221,13 +221,13 @@ void Flusher::global_loop() {
       // Commit order, so that a parent always reaches the repository before its children; a model
       // still in its local stage holds back the ones after it. Every ready model at the front goes
       // in one batch (the repository writes their records with one sync).
-      std::unique_lock lock(mu_);
-      auto ready = [&] {
+      cairn::MutexLock lock(mu_);
+      auto ready = [&]() CAIRN_REQUIRES(mu_) {
         if (flush_order_.empty()) return false;
         const Pending& p = pending_[flush_order_.front()];
         return !p.needs_local || p.local_done;
       };
-      global_cv_.wait(lock, [&] { return (stopping_ && flush_order_.empty()) || ready(); });
+      global_cv_.wait(lock, [&]() CAIRN_REQUIRES(mu_) { return (stopping_ && flush_order_.empty()) || ready(); });
       if (flush_order_.empty()) return;  // stopping and drained
       // A batch pins the bytes it writes until the repository has them: bound them (metadata-only
       // commits cost none), so a batch never crowds readers out of the arena.
@@ -291,7 +291,7 @@ void Flusher::global_loop() {
         // children this way while repository writes failed). Also a child committed at `global`
         // whose client waits: its failure was the parent's, which is still pending (the
         // 1,000-kill-point run: the client was told the acknowledged parent was not there).
-        std::lock_guard lock(mu_);
+        cairn::MutexLock lock(mu_);
         if (!stopping_) {
           CAIRN_LOG_ERROR("flushing model '{}' to the repository failed: {}; it stays pending and is written again",
                           copy.id, st.to_string());
@@ -305,7 +305,7 @@ void Flusher::global_loop() {
       // A failed model's record stays on the burst buffer: the next start recovers it.
       if (batch[i].on_nvme && st.is_ok()) (void)nvme_->model_done(copy.id);
       {
-        std::lock_guard lock(mu_);
+        cairn::MutexLock lock(mu_);
         bytes_written_ += new_bytes;
         pending_.erase(copy.id);
         if (!st.is_ok()) {
@@ -320,10 +320,10 @@ void Flusher::global_loop() {
     }
     if (!retried.empty()) {
       // Back to the front of the queue, in commit order, after a back-off.
-      std::unique_lock lock(mu_);
+      cairn::MutexLock lock(mu_);
       for (auto it = retried.rbegin(); it != retried.rend(); ++it) flush_order_.push_front(*it);
       backoff = std::min(backoff * 2, kMaxBackoff);
-      global_cv_.wait_for(lock, backoff, [&] { return stopping_; });
+      global_cv_.wait_for(lock, backoff, [&]() CAIRN_REQUIRES(mu_) { return stopping_; });
     } else {
       backoff = kMinBackoff;
     }

@@ -42,6 +42,7 @@
 #include "tiers/nvme/nvme_tier.hpp"
 #include "tiers/pfs/repository.hpp"
 #include "tiers/tier_manager.hpp"
+#include "core/sync.hpp"
 
 namespace cairn {
 
@@ -116,7 +117,7 @@ class Flusher {
   void global_loop();
   // After a failed repository write of m: its chunks no pending model needs may be evicted again.
   // REQUIRES: mu_ held.
-  void abandon_locked(const ModelManifest& m);
+  void abandon_locked(const ModelManifest& m) CAIRN_REQUIRES(mu_);
   // Whether `tensors` is the list of the model the global stage stored last (the same vector, not
   // equal contents): its chunks are in the repository and marked clean. Global thread only.
   bool stored_list(const TensorList& tensors) const;
@@ -127,17 +128,17 @@ class Flusher {
   TicketBook& tickets_;
   ForgetFailed forget_failed_;
 
-  mutable std::mutex mu_;
-  std::condition_variable local_cv_;     // work for the local stage, or stopping
-  std::condition_variable global_cv_;    // work for the global stage, or stopping
-  std::condition_variable progress_cv_;  // a model left pending_
-  std::map<std::string, Pending> pending_;  // GUARDED_BY(mu_)
-  std::deque<std::string> flush_order_;     // GUARDED_BY(mu_) pending models in commit order
-  std::deque<std::string> local_queue_;     // GUARDED_BY(mu_) those waiting for the local stage
-  uint64_t next_seq_ = 1;                   // GUARDED_BY(mu_)
-  uint64_t bytes_written_ = 0;              // GUARDED_BY(mu_)
-  uint64_t write_retries_ = 0;              // GUARDED_BY(mu_) repository writes retried
-  bool stopping_ = false;                   // GUARDED_BY(mu_)
+  mutable cairn::Mutex mu_;
+  cairn::CondVar local_cv_;     // work for the local stage, or stopping
+  cairn::CondVar global_cv_;    // work for the global stage, or stopping
+  cairn::CondVar progress_cv_;  // a model left pending_
+  std::map<std::string, Pending> pending_ CAIRN_GUARDED_BY(mu_);
+  std::deque<std::string> flush_order_ CAIRN_GUARDED_BY(mu_);  // pending models in commit order
+  std::deque<std::string> local_queue_ CAIRN_GUARDED_BY(mu_);  // those waiting for the local stage
+  uint64_t next_seq_ CAIRN_GUARDED_BY(mu_) = 1;
+  uint64_t bytes_written_ CAIRN_GUARDED_BY(mu_) = 0;
+  uint64_t write_retries_ CAIRN_GUARDED_BY(mu_) = 0;  // repository writes retried
+  bool stopping_ CAIRN_GUARDED_BY(mu_) = false;
   // The last model the global stage wrote to the repository, held so that its tensor list's
   // identity stays its own (stored_list). Global thread only.
   std::shared_ptr<const ModelManifest> last_stored_;

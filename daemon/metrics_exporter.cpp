@@ -84,7 +84,7 @@ Result<std::unique_ptr<MetricsExporter>> MetricsExporter::start(Options options,
 
 void MetricsExporter::stop() {
   {
-    std::lock_guard lock(mu_);
+    cairn::MutexLock lock(mu_);
     if (stopping_) return;
     stopping_ = true;
   }
@@ -114,8 +114,8 @@ Status MetricsExporter::write_textfile() {
 }
 
 void MetricsExporter::textfile_loop() {
-  std::unique_lock lock(mu_);
-  while (!cv_.wait_for(lock, options_.interval, [this] { return stopping_; })) {
+  cairn::MutexLock lock(mu_);
+  while (!cv_.wait_for(lock, options_.interval, [this]() CAIRN_REQUIRES(mu_) { return stopping_; })) {
     lock.unlock();
     Status st = write_textfile();
     if (!st.is_ok() && !write_failing_)

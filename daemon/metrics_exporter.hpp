@@ -23,6 +23,7 @@
 #include "core/config.hpp"
 #include "core/metrics.hpp"
 #include "core/status.hpp"
+#include "core/sync.hpp"
 
 namespace cairn {
 
@@ -67,9 +68,9 @@ class MetricsExporter {
   const Options options_;
   const Render render_;
   std::unique_ptr<MetricsHttp> http_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stopping_ = false;        // GUARDED_BY(mu_)
+  cairn::Mutex mu_;
+  cairn::CondVar cv_;
+  bool stopping_ CAIRN_GUARDED_BY(mu_) = false;
   bool write_failing_ = false;   // textfile thread only: the last write failed (logged once)
   // The textfile was written at least once (stop() removes it only then). Written by start() and
   // the textfile thread, read by stop() after joining it.

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "core/log.hpp"
+#include "core/sync.hpp"
 
 namespace cairn {
 namespace {
@@ -84,8 +85,8 @@ struct MetricsHttp::Impl {
   tcp::acceptor acceptor{ioc};
   asio::steady_timer retry{ioc};  // after a failed accept (out of descriptors): try again later
   std::thread thread;
-  std::mutex stop_mu;
-  bool stopped = false;  // GUARDED_BY(stop_mu)
+  cairn::Mutex stop_mu;
+  bool stopped CAIRN_GUARDED_BY(stop_mu) = false;
 };
 
 namespace {
@@ -227,7 +228,7 @@ Result<std::unique_ptr<MetricsHttp>> MetricsHttp::start(const HostPort& at, Rend
 }
 
 void MetricsHttp::stop() {
-  std::lock_guard lock(impl_->stop_mu);
+  cairn::MutexLock lock(impl_->stop_mu);
   if (impl_->stopped) return;
   impl_->stopped = true;
   impl_->ioc.stop();

@@ -13,8 +13,8 @@ Result<std::shared_ptr<const ModelManifest>> ModelDirectory::find(const std::str
 }
 
 Result<std::shared_ptr<const ModelManifest>> ModelDirectory::find_fresh(const std::string& id) const {
-  if (refresh_) {
-    Status viewed = refresh_();
+  if (view_) {
+    Status viewed = view_->refresh();
     if (!viewed.is_ok()) return viewed.with_context("model '" + id + "': reading the repository's logs");
   }
   return find(id);

@@ -21,7 +21,10 @@ int64_t steady_ns() {
 }
 }  // namespace
 
-Prefetcher::Prefetcher(Parts parts) : p_(std::move(parts)), reserve_(p_.dram.arena_size() / 8) {
+Prefetcher::Prefetcher(Parts parts) : p_(std::move(parts)), reserve_(p_.dram.arena_size() / 8) {}
+
+void Prefetcher::start(Reads& reads) {
+  reads_ = &reads;
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -29,7 +32,7 @@ Prefetcher::~Prefetcher() { stop(); }
 
 void Prefetcher::stop() {
   {
-    std::lock_guard lock(mu_);
+    cairn::MutexLock lock(mu_);
     stopping_ = true;
     queue_.clear();
   }
@@ -39,8 +42,8 @@ void Prefetcher::stop() {
 }
 
 void Prefetcher::idle() {
-  std::unique_lock lock(mu_);
-  idle_cv_.wait(lock, [&] { return stopping_ || (queue_.empty() && !busy_); });
+  cairn::MutexLock lock(mu_);
+  idle_cv_.wait(lock, [&]() CAIRN_REQUIRES(mu_) { return stopping_ || (queue_.empty() && !busy_); });
 }
 
 std::vector<std::string> Prefetcher::for_chunks(const std::vector<std::string>& ids,
@@ -65,7 +68,7 @@ std::vector<std::string> Prefetcher::for_chunks(const std::vector<std::string>& 
 void Prefetcher::enqueue(Job job) {
   if (p_.mode == "none") return;
   {
-    std::lock_guard lock(mu_);
+    cairn::MutexLock lock(mu_);
     if (stopping_) return;
     // Advice, bounded: past kMaxQueued jobs the oldest is dropped (a newer hint knows better).
     if (queue_.size() >= kMaxQueued) {
@@ -100,7 +103,7 @@ void Prefetcher::apply_cycles_locked(const ReadCycles::Change& change) {
 }
 
 void Prefetcher::retired(const std::string& id) {
-  std::lock_guard lock(cycles_mu_);
+  cairn::MutexLock lock(cycles_mu_);
   apply_cycles_locked(cycles_.forget(id));
 }
 
@@ -135,7 +138,7 @@ Result<json> Prefetcher::hint(const json& req) {
     case Hint::Kind::kPopulation: {
       std::set<std::string> now(h.models.begin(), h.models.end()), before;
       {
-        std::lock_guard lock(mu_);
+        cairn::MutexLock lock(mu_);
         before.swap(population_);
         population_ = now;
       }
@@ -156,7 +159,7 @@ Result<json> Prefetcher::hint(const json& req) {
       }
       std::vector<Job> first;
       {
-        std::lock_guard lock(mu_);
+        cairn::MutexLock lock(mu_);
         sequence_ = h.models;
         ahead_ = h.ahead;
         sequence_next_ = std::min<size_t>(h.ahead, sequence_.size());
@@ -172,12 +175,12 @@ Result<json> Prefetcher::hint(const json& req) {
       // Chunks a live population model still uses are kept.
       std::set<std::string> population;
       {
-        std::lock_guard lock(mu_);
+        cairn::MutexLock lock(mu_);
         population = population_;
       }
       {
         // A model declared done is not read in a cycle any more.
-        std::lock_guard lock(cycles_mu_);
+        cairn::MutexLock lock(cycles_mu_);
         for (const std::string& id : h.models) apply_cycles_locked(cycles_.forget(id));
       }
       std::unordered_set<ChunkHash, ChunkHashHasher> keep;
@@ -190,7 +193,7 @@ Result<json> Prefetcher::hint(const json& req) {
     }
   }
   {
-    std::lock_guard lock(mu_);
+    cairn::MutexLock lock(mu_);
     ++hints_;
     unknown_ += unknown.size();
   }
@@ -219,7 +222,7 @@ void Prefetcher::leased(const ModelManifest& m, const std::vector<const TensorMa
                         const LeasedRead& read) {
   {
     // A model read again after its chunks left DRAM is read in a cycle that does not fit.
-    std::lock_guard lock(cycles_mu_);
+    cairn::MutexLock lock(cycles_mu_);
     apply_cycles_locked(cycles_.read(m, tensors, read.loaded, read.started_ns, steady_ns()));
   }
   // Each chunk read fulfils one announced read of it (a later reader's announcement stays).
@@ -227,7 +230,7 @@ void Prefetcher::leased(const ModelManifest& m, const std::vector<const TensorMa
     for (const ChunkRef& c : t->chunks) p_.dram.hint_read(c.hash);
   std::vector<Job> next;
   {
-    std::lock_guard lock(mu_);
+    cairn::MutexLock lock(mu_);
     if (!staged_.empty())
       for (const TensorManifest* t : tensors)
         for (const ChunkRef& c : t->chunks)
@@ -253,10 +256,10 @@ void Prefetcher::loop() {
   for (;;) {
     Job job;
     {
-      std::unique_lock lock(mu_);
+      cairn::MutexLock lock(mu_);
       busy_ = false;
       idle_cv_.notify_all();
-      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      cv_.wait(lock, [&]() CAIRN_REQUIRES(mu_) { return stopping_ || !queue_.empty(); });
       if (stopping_) return;
       job = std::move(queue_.front());
       queue_.pop_front();
@@ -278,7 +281,7 @@ void Prefetcher::stage(const Job& job) {
       if (!p_.dram.offset_of(c.hash)) missing.push_back(&c), missing_bytes += c.length;
     if (missing.empty()) continue;
     {
-      std::lock_guard lock(mu_);
+      cairn::MutexLock lock(mu_);
       if (stopping_) return;
       if (staged_bytes_ + missing_bytes > p_.budget) prune_locked();
       if (staged_bytes_ + missing_bytes > p_.budget || p_.dram.free_bytes() < missing_bytes + reserve_) {
@@ -286,8 +289,8 @@ void Prefetcher::stage(const Job& job) {
         continue;
       }
     }
-    Status st = p_.reads.stage(job.model, t);
-    std::lock_guard lock(mu_);
+    Status st = reads_->stage(job.model, t);
+    cairn::MutexLock lock(mu_);
     if (!st.is_ok()) {
       ++failures_;
       CAIRN_LOG_WARN("prefetch of model '{}' ({}): {}", job.model, job.reason, st.to_string());
@@ -308,8 +311,8 @@ void Prefetcher::stage_device(const ModelManifest& m, const Job& job) {
   // Advice: without an HBM tier, or with its pool held, nothing happens but a count.
   for (const TensorManifest& t : m.tensors) {
     if (!job.tensors.empty() && std::find(job.tensors.begin(), job.tensors.end(), t.name) == job.tensors.end()) continue;
-    Status st = p_.reads.stage_device(m.id, t);
-    std::lock_guard lock(mu_);
+    Status st = reads_->stage_device(m.id, t);
+    cairn::MutexLock lock(mu_);
     if (st.is_ok()) ++tensors_to_hbm_;
     else ++hbm_skipped_;
   }
@@ -332,12 +335,12 @@ json Prefetcher::stats() {
   size_t cyclic_models = 0;
   uint64_t cycles_found = 0;
   {
-    std::lock_guard lock(cycles_mu_);
+    cairn::MutexLock lock(cycles_mu_);
     apply_cycles_locked(cycles_.expire(steady_ns()));
     cyclic_models = cycles_.cyclic_models();
     cycles_found = cycles_.found();
   }
-  std::lock_guard lock(mu_);
+  cairn::MutexLock lock(mu_);
   prune_locked();
   return json{{"mode", p_.mode},
               {"budget_bytes", p_.budget},

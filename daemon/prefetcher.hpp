@@ -4,11 +4,11 @@
 // what will_load and sequence announce), lineage (also a model's ancestors when it is opened and
 // the matching tensors of a best_ancestor answer).
 //
-// Staging runs on one background thread (nice 10, below every request), one tensor at a time,
-// through Reads::stage (the same verified fetch path a lease takes), and only within a budget:
-// bytes staged and not yet read stay under policy.prefetch_budget, and staging never takes the
-// arena's free space under its reserve, so it evicts nothing a request still needs and never
-// touches pinned or dirty data. A hint naming unknown models is accepted (advice), its unknown
+// Staging runs on one background thread (nice 10, below every request; started by start()), one
+// tensor at a time, through Reads::stage (the same verified fetch path a lease takes), and only
+// within a budget: bytes staged and not yet read stay under policy.prefetch_budget, and staging
+// never takes the arena's free space under its reserve, so it evicts nothing a request still needs
+// and never touches pinned or dirty data. A hint naming unknown models is accepted (advice), its unknown
 // ids listed in the answer and logged.
 //
 // Reads also tell it which models are read in a cycle that does not fit in DRAM (ReadCycles): it
@@ -42,6 +42,7 @@
 #include "daemon/reads.hpp"
 #include "tiers/dram/dram_tier.hpp"
 #include "tiers/nvme/nvme_tier.hpp"
+#include "core/sync.hpp"
 
 namespace cairn {
 
@@ -51,13 +52,13 @@ class Prefetcher final : public ReadObserver {
  public:
   struct Parts {
     DramTier& dram;
-    Reads& reads;
     const ModelDirectory& models;
     std::string mode;       // none | hints | lineage
     uint64_t budget = 0;    // bytes staged and not yet read, at most
     TraceRecorder* trace;   // may be null
     NvmeTier* nvme = nullptr;  // the burst buffer, if any: its policy gets the eviction hints too
   };
+  // Idle until start(): hints are taken and reads observed, nothing is staged.
   explicit Prefetcher(Parts parts);
   ~Prefetcher() override;
   Prefetcher(const Prefetcher&) = delete;
@@ -76,6 +77,11 @@ class Prefetcher final : public ReadObserver {
 
   // Counters for `cairn stats` ("prefetch").
   nlohmann::json stats();
+  // Starts the staging thread, which stages through `reads` (the same verified fetch as a lease).
+  // Reads and the prefetcher know each other (reads tell it what they reveal, as its ReadObserver;
+  // it stages through them), so it is made first and started once reads are made. REQUIRES: called
+  // once, before requests are served; reads outlives stop().
+  void start(Reads& reads);
   // Blocks until the queue is empty and nothing is being staged (tests, benchmarks).
   void idle();
   // Drops queued work and joins the thread. Idempotent.
@@ -86,8 +92,8 @@ class Prefetcher final : public ReadObserver {
   void hint_expected_use(const ChunkHash& hash, double seconds);
   void hint_population(const ChunkHash& hash, bool member);
   void hint_done(const ChunkHash& hash);
-  // What the cycle detector found, to the DRAM tier. REQUIRES: cycles_mu_ held (marks stay in order).
-  void apply_cycles_locked(const ReadCycles::Change& change);
+  // What the cycle detector found, to the DRAM tier (under cycles_mu_: marks stay in order).
+  void apply_cycles_locked(const ReadCycles::Change& change) CAIRN_REQUIRES(cycles_mu_);
   struct Job {
     std::string model;
     std::vector<std::string> tensors;  // empty: all
@@ -98,8 +104,8 @@ class Prefetcher final : public ReadObserver {
   void stage(const Job& job);
   void stage_device(const ModelManifest& m, const Job& job);
   void enqueue(Job job);
-  // Forgets staged chunks that left DRAM unread (counted wasted). REQUIRES: mu_ held.
-  void prune_locked();
+  // Forgets staged chunks that left DRAM unread (counted wasted).
+  void prune_locked() CAIRN_REQUIRES(mu_);
   // Applies fn to every chunk of the models that exist (of the named tensors only, when `tensors`
   // is not empty; names a model lacks are skipped); returns the ids that do not exist.
   std::vector<std::string> for_chunks(const std::vector<std::string>& ids,
@@ -107,24 +113,25 @@ class Prefetcher final : public ReadObserver {
                                       const std::vector<std::string>& tensors = {});
 
   Parts p_;
+  Reads* reads_ = nullptr;  // set by start(), before the thread that uses it
   uint64_t reserve_;  // free arena bytes staging never goes under
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_, idle_cv_;
-  std::deque<Job> queue_;                                       // GUARDED_BY(mu_)
-  bool busy_ = false, stopping_ = false;                        // GUARDED_BY(mu_)
-  std::set<std::string> population_;                            // GUARDED_BY(mu_)
-  std::vector<std::string> sequence_;                           // GUARDED_BY(mu_)
-  uint32_t ahead_ = 2;                                          // GUARDED_BY(mu_)
-  size_t sequence_next_ = 0;                                    // GUARDED_BY(mu_) first not yet staged
-  std::unordered_map<ChunkHash, uint64_t, ChunkHashHasher> staged_;  // GUARDED_BY(mu_) staged, not yet read: bytes
-  uint64_t staged_bytes_ = 0;                                   // GUARDED_BY(mu_)
+  mutable cairn::Mutex mu_;
+  cairn::CondVar cv_, idle_cv_;
+  std::deque<Job> queue_ CAIRN_GUARDED_BY(mu_);
+  bool busy_ CAIRN_GUARDED_BY(mu_) = false, stopping_ = false;
+  std::set<std::string> population_ CAIRN_GUARDED_BY(mu_);
+  std::vector<std::string> sequence_ CAIRN_GUARDED_BY(mu_);
+  uint32_t ahead_ CAIRN_GUARDED_BY(mu_) = 2;
+  size_t sequence_next_ CAIRN_GUARDED_BY(mu_) = 0;  // first not yet staged
+  std::unordered_map<ChunkHash, uint64_t, ChunkHashHasher> staged_ CAIRN_GUARDED_BY(mu_);  // staged, not yet read: bytes
+  uint64_t staged_bytes_ CAIRN_GUARDED_BY(mu_) = 0;
   uint64_t hints_ = 0, unknown_ = 0, jobs_ = 0, chunks_staged_ = 0, bytes_staged_ = 0, chunks_used_ = 0,
-           chunks_wasted_ = 0, skipped_budget_ = 0, failures_ = 0, dropped_ = 0;  // GUARDED_BY(mu_)
-  uint64_t tensors_to_hbm_ = 0, hbm_skipped_ = 0;  // GUARDED_BY(mu_) will_load hints with tier hbm
+           chunks_wasted_ CAIRN_GUARDED_BY(mu_) = 0, skipped_budget_ = 0, failures_ = 0, dropped_ = 0;
+  uint64_t tensors_to_hbm_ CAIRN_GUARDED_BY(mu_) = 0, hbm_skipped_ = 0;  // will_load hints with tier hbm
   static constexpr size_t kMaxQueued = 4096;
-  std::mutex cycles_mu_;
-  ReadCycles cycles_;  // GUARDED_BY(cycles_mu_)
+  cairn::Mutex cycles_mu_;
+  ReadCycles cycles_ CAIRN_GUARDED_BY(cycles_mu_);
   std::thread thread_;
 };
 

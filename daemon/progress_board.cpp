@@ -14,14 +14,14 @@ Result<ProgressBoard::Entry> ProgressBoard::track(const json& req) {
   auto p = std::make_shared<OperationProgress>();
   if (!req.contains("progress")) return Entry(nullptr, "", std::move(p));
   CAIRN_ASSIGN_OR_RETURN(std::string token, request::get_name(req, "progress", "a progress token"));
-  std::lock_guard lock(mu_);
+  cairn::MutexLock lock(mu_);
   if (!running_.emplace(token, p).second)
     return already_exists("progress token '" + token + "' is in use by another request in flight; choose another");
   return Entry(this, std::move(token), std::move(p));
 }
 
 void ProgressBoard::end(const std::string& token) {
-  std::lock_guard lock(mu_);
+  cairn::MutexLock lock(mu_);
   running_.erase(token);
 }
 
@@ -29,7 +29,7 @@ Result<json> ProgressBoard::query(const json& req) const {
   CAIRN_ASSIGN_OR_RETURN(std::string token, request::get_name(req, "id", "a progress token"));
   std::shared_ptr<OperationProgress> p;
   {
-    std::lock_guard lock(mu_);
+    cairn::MutexLock lock(mu_);
     auto it = running_.find(token);
     if (it == running_.end()) return not_found("no request with progress token '" + token + "' is running");
     p = it->second;

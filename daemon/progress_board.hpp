@@ -19,6 +19,7 @@
 
 #include "core/progress.hpp"
 #include "core/status.hpp"
+#include "core/sync.hpp"
 
 namespace cairn {
 
@@ -55,8 +56,8 @@ class ProgressBoard {
  private:
   void end(const std::string& token);
 
-  mutable std::mutex mu_;
-  std::map<std::string, std::shared_ptr<OperationProgress>> running_;  // GUARDED_BY(mu_)
+  mutable cairn::Mutex mu_;
+  std::map<std::string, std::shared_ptr<OperationProgress>> running_ CAIRN_GUARDED_BY(mu_);
 };
 
 }  // namespace cairn

@@ -72,8 +72,11 @@ class Reads {
     std::shared_mutex& gc_mu;
     uint64_t chunk_size;
     UsageCounters* usage = nullptr;  // counts opens and the bytes leased to clients (null: none)
+    HbmTier* hbm = nullptr;            // the GPU tier (null: none; device leases fail kUnavailable)
+    ReadObserver* observer = nullptr;  // told what each read reveals (null: nobody listens)
+    TraceRecorder* trace = nullptr;    // records each chunk access (policy.trace; null: none)
   };
-  explicit Reads(Parts parts) : p_(parts) {}
+  explicit Reads(Parts parts) : p_(parts), hbm_(parts.hbm), observer_(parts.observer), trace_(parts.trace) {}
 
   // `open`: the model (kNotFound names the id).
   Result<request::OpenReply> open(const request::Open& r);
@@ -97,21 +100,16 @@ class Reads {
   // One tensor into the HBM tier of the first device, nothing left pinned (the prefetcher's path for
   // will_load hints with tier hbm). kUnavailable without an HBM tier.
   Status stage_device(const std::string& model, const TensorManifest& t);
-  // Set at assembly when the daemon has an HBM tier (null: none).
-  void set_hbm(HbmTier* hbm) { hbm_ = hbm; }
   // Ends every lease of the session.
   void end_session(Session& s);
 
   // Makes every chunk of t resident without leasing it (the prefetcher's path: the same verified
   // fetch as a lease, nothing stays pinned). Holds the gc lock shared while it reads.
   Status stage(const std::string& model, const TensorManifest& t);
-  // Set at assembly, before requests are served (null: nobody listens / no trace).
   // What the clients' leases hold of the arena now: {"leases", "chunk_pins", "owned_bytes"} (the
   // leases that hold chunks or a contiguous copy; `stats` reports it as "leases"). With every
   // client gone all three are 0; arena space pinned beyond them is held by something else.
   nlohmann::json lease_stats() const;
-  void set_observer(ReadObserver* observer) { observer_ = observer; }
-  void set_trace(TraceRecorder* trace) { trace_ = trace; }
 
  private:
   // The chunks of one tensor, pinned, and where they are (one extent per chunk, in order).
@@ -148,9 +146,9 @@ class Reads {
                          bool pin, std::vector<HbmTier::Placement>& out);
 
   Parts p_;
-  HbmTier* hbm_ = nullptr;
-  ReadObserver* observer_ = nullptr;
-  TraceRecorder* trace_ = nullptr;
+  HbmTier* const hbm_;
+  ReadObserver* const observer_;
+  TraceRecorder* const trace_;
   std::atomic<int64_t> arena_leases_{0}, lease_chunk_pins_{0}, lease_owned_bytes_{0};
 };
 

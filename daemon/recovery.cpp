@@ -41,7 +41,7 @@ Status load_catalog(const RecoveryParts& p) {
     }
     CAIRN_RETURN_IF_ERROR(p.catalog.add(m->id, m->parent, graph_for(p.catalog, *m, nullptr, parent.get()), m->metadata,
                                         m->retired_ns != 0));
-    p.commits.observe_created(m->created_ns);
+    p.clock.observe(m->created_ns);
     if (m->retired_ns == 0) live.push_back(std::move(m));
   }
   p.references.count_all(live);
@@ -92,7 +92,7 @@ RecoveryReport recover_from_nvme(const RecoveryParts& p) {
     Flusher::Entry entry{m, 0, false, true, true};
     Status added = p.flusher.enqueue(std::move(entry), [&]() -> Status {
       CAIRN_RETURN_IF_ERROR(p.catalog.add(m->id, m->parent, graph_for(p.catalog, *m, nullptr, parent.get()), m->metadata));
-      p.commits.observe_created(m->created_ns);
+      p.clock.observe(m->created_ns);
       p.references.count(*m, +1);
       return Status::ok();
     });

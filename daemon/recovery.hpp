@@ -3,13 +3,13 @@
 //   recover_from_nvme — models a crashed daemon acknowledged `local` are on the burst buffer: each
 //                    whose record and chunks pass their checks is registered again and queued for
 //                    the repository; the others are reported lost (never half-registered).
-// Runs once, in Engine::create, before any request is served.
+// Runs once, while the engine is opened (engine_open.cpp), before any request is served.
 #pragma once
 
 #include "core/status.hpp"
 #include "daemon/admin.hpp"
 #include "daemon/catalog.hpp"
-#include "daemon/commit_path.hpp"
+#include "daemon/commit_clock.hpp"
 #include "daemon/flusher.hpp"
 #include "daemon/models.hpp"
 #include "daemon/references.hpp"
@@ -23,7 +23,7 @@ struct RecoveryParts {
   Catalog& catalog;
   ReferenceCounts& references;
   Flusher& flusher;
-  CommitPath& commits;   // told the newest commit stamp found
+  CommitClock& clock;    // told the stamp of every model found
   const ModelDirectory& models;
   NvmeTier* nvme;        // null without a burst buffer
 };

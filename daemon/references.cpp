@@ -3,7 +3,7 @@
 namespace cairn {
 
 void ReferenceCounts::count(const ModelManifest& m, int delta) {
-  std::lock_guard lock(mu_);
+  cairn::MutexLock lock(mu_);
   for (const auto& t : m.tensors)
     for (const auto& c : t.chunks) {
       uint32_t& n = refs_[c.hash];
@@ -24,9 +24,9 @@ void ReferenceCounts::count_all(const std::vector<std::shared_ptr<const ModelMan
       unshared.push_back(m.get());
     }
   }
-  std::lock_guard lock(mu_);
+  cairn::MutexLock lock(mu_);
   std::unordered_map<ChunkHash, uint32_t, ChunkHashHasher> touched;
-  auto add = [&](const ModelManifest& m, uint32_t times) {
+  auto add = [&](const ModelManifest& m, uint32_t times) CAIRN_REQUIRES(mu_) {
     for (const auto& t : m.tensors)
       for (const auto& c : t.chunks) {
         uint32_t& n = refs_[c.hash];

@@ -17,6 +17,7 @@
 #include "core/hash.hpp"
 #include "tiers/dram/dram_tier.hpp"
 #include "tiers/pfs/repository.hpp"
+#include "core/sync.hpp"
 
 namespace cairn {
 
@@ -32,8 +33,8 @@ class ReferenceCounts {
 
  private:
   DramTier& dram_;
-  std::mutex mu_;
-  std::unordered_map<ChunkHash, uint32_t, ChunkHashHasher> refs_;  // GUARDED_BY(mu_)
+  cairn::Mutex mu_;
+  std::unordered_map<ChunkHash, uint32_t, ChunkHashHasher> refs_ CAIRN_GUARDED_BY(mu_);
 };
 
 }  // namespace cairn

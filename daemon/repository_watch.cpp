@@ -4,16 +4,19 @@
 #include <optional>
 
 #include "core/log.hpp"
-#include "daemon/commit_path.hpp"
 #include "daemon/model_graph.hpp"
 
 namespace cairn {
 
 using nlohmann::json;
 
-RepositoryWatch::RepositoryWatch(Parts parts, std::chrono::milliseconds interval) : p_(parts), interval_(interval) {
+RepositoryWatch::RepositoryWatch(Parts parts, std::chrono::milliseconds interval) : p_(parts), interval_(interval) {}
+
+void RepositoryWatch::start() {
   if (interval_.count() > 0) thread_ = std::thread([this] { loop(); });
 }
+
+Status RepositoryWatch::refresh() { return refresh_once().status(); }
 
 RepositoryWatch::~RepositoryWatch() { stop(); }
 
@@ -72,7 +75,7 @@ Result<RefreshReport> RepositoryWatch::refresh_once() {
       CAIRN_LOG_WARN("model '{}' of another daemon: {}", m->id, s.to_string());
       continue;
     }
-    p_.commits.observe_created(m->created_ns);
+    p_.clock.observe(m->created_ns);
     if (m->retired_ns == 0) p_.references.count(*m, +1);
     ++models_added_;
   }

@@ -7,8 +7,11 @@
 //
 // Owns: the thread and its stop flag, and the counters it reports. Never writes the repository.
 //
-// Thread-safety: every method may be called from any thread; apply() runs under its own mutex, so
-// the thread and a `sync` never interleave. Lock order: mu_ before the catalog's and the reference
+// Its thread starts with start(), once the catalog is loaded (recovery.hpp); until then, and with
+// repository_refresh 0, only `sync` and refresh() refresh.
+//
+// Thread-safety: every method may be called from any thread; a refresh runs under mu_, so the
+// thread, a `sync` and a refresh() never interleave. Lock order: mu_ before the catalog's and the reference
 // counts' locks.
 #pragma once
 
@@ -22,31 +25,35 @@
 
 #include "core/status.hpp"
 #include "daemon/catalog.hpp"
+#include "daemon/commit_clock.hpp"
 #include "daemon/peers/remote_models.hpp"
 #include "daemon/references.hpp"
+#include "daemon/repository_view.hpp"
 #include "daemon/request.hpp"
 #include "tiers/pfs/repository.hpp"
 
 namespace cairn {
 
-class CommitPath;
-
-class RepositoryWatch {
+class RepositoryWatch final : public RepositoryView {
  public:
   struct Parts {
     Repository& repo;
     Catalog& catalog;
     ReferenceCounts& references;
-    CommitPath& commits;
+    CommitClock& clock;              // told the stamp of each model learnt
     RemoteModels* remote = nullptr;  // the job's models from peers: dropped once published here
   };
-  // interval 0: no thread (only `sync`).
+  // interval: the period of the thread start() starts (0: none).
   RepositoryWatch(Parts parts, std::chrono::milliseconds interval);
-  ~RepositoryWatch();
+  ~RepositoryWatch() override;
   RepositoryWatch(const RepositoryWatch&) = delete;
   RepositoryWatch& operator=(const RepositoryWatch&) = delete;
 
+  // Starts the periodic refresh (nothing with interval 0). REQUIRES: called once, the catalog loaded.
+  void start();
   void stop();
+  // RepositoryView: refresh now.
+  Status refresh() override;
   // `sync`: refresh now (also what a commit of a parent this daemon has not seen, and a read that
   // missed bytes, ask for).
   Result<request::SyncReply> sync();

@@ -3,7 +3,7 @@
 namespace cairn {
 
 uint64_t TicketBook::create(Durability target, bool assembling) {
-  std::lock_guard lock(mu_);
+  cairn::MutexLock lock(mu_);
   uint64_t id = next_++;
   tickets_[id] = Ticket{target, Durability::kMemory, Status::ok(), assembling};
   return id;
@@ -11,8 +11,8 @@ uint64_t TicketBook::create(Durability target, bool assembling) {
 
 void TicketBook::reach(uint64_t id, Durability level) {
   {
-    std::lock_guard lock(mu_);
-    auto apply = [&](uint64_t t) {
+    cairn::MutexLock lock(mu_);
+    auto apply = [&](uint64_t t) CAIRN_REQUIRES(mu_) {
       auto it = tickets_.find(t);
       if (it == tickets_.end()) return;
       it->second.reached = std::max(it->second.reached, level);
@@ -27,8 +27,8 @@ void TicketBook::reach(uint64_t id, Durability level) {
 
 void TicketBook::finish(uint64_t id, Durability level, const Status& error) {
   {
-    std::lock_guard lock(mu_);
-    auto apply = [&](uint64_t t) {
+    cairn::MutexLock lock(mu_);
+    auto apply = [&](uint64_t t) CAIRN_REQUIRES(mu_) {
       auto it = tickets_.find(t);
       if (it == tickets_.end()) return;
       it->second.reached = level;
@@ -45,15 +45,15 @@ void TicketBook::finish(uint64_t id, Durability level, const Status& error) {
 }
 
 void TicketBook::follow(uint64_t leader, std::vector<uint64_t> followers) {
-  std::lock_guard lock(mu_);
+  cairn::MutexLock lock(mu_);
   auto& f = followers_[leader];
   f.insert(f.end(), followers.begin(), followers.end());
 }
 
 Result<TicketBook::Outcome> TicketBook::wait(uint64_t id, std::chrono::milliseconds timeout) {
-  std::unique_lock lock(mu_);
+  cairn::MutexLock lock(mu_);
   if (!tickets_.count(id)) return not_found("no ticket " + std::to_string(id) + " (already waited for?)");
-  auto done = [&] {
+  auto done = [&]() CAIRN_REQUIRES(mu_) {
     const Ticket& t = tickets_[id];
     return stopping_ || (!t.assembling && t.reached >= t.target) || !t.error.is_ok();
   };
@@ -66,13 +66,13 @@ Result<TicketBook::Outcome> TicketBook::wait(uint64_t id, std::chrono::milliseco
 }
 
 void TicketBook::forget(const std::set<uint64_t>& ids) {
-  std::lock_guard lock(mu_);
+  cairn::MutexLock lock(mu_);
   for (uint64_t t : ids) tickets_.erase(t);
 }
 
 void TicketBook::stop() {
   {
-    std::lock_guard lock(mu_);
+    cairn::MutexLock lock(mu_);
     stopping_ = true;
   }
   cv_.notify_all();

@@ -21,6 +21,7 @@
 
 #include "core/durability.hpp"
 #include "core/status.hpp"
+#include "core/sync.hpp"
 
 namespace cairn {
 
@@ -59,12 +60,12 @@ class TicketBook {
     Status error;
     bool assembling = false;  // a part: not even memory until the model is registered
   };
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::unordered_map<uint64_t, Ticket> tickets_;  // GUARDED_BY(mu_)
-  std::unordered_map<uint64_t, std::vector<uint64_t>> followers_;  // GUARDED_BY(mu_) leader -> part tickets
-  uint64_t next_ = 1;                             // GUARDED_BY(mu_)
-  bool stopping_ = false;                         // GUARDED_BY(mu_)
+  cairn::Mutex mu_;
+  cairn::CondVar cv_;
+  std::unordered_map<uint64_t, Ticket> tickets_ CAIRN_GUARDED_BY(mu_);
+  std::unordered_map<uint64_t, std::vector<uint64_t>> followers_ CAIRN_GUARDED_BY(mu_);  // leader -> part tickets
+  uint64_t next_ CAIRN_GUARDED_BY(mu_) = 1;
+  bool stopping_ CAIRN_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace cairn

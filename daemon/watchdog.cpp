@@ -20,7 +20,7 @@ Watchdog::Watchdog(std::chrono::milliseconds bound) : bound_(bound) {
 
 Watchdog::~Watchdog() {
   {
-    std::lock_guard lock(mu_);
+    cairn::MutexLock lock(mu_);
     stopping_ = true;
   }
   cv_.notify_all();
@@ -28,7 +28,7 @@ Watchdog::~Watchdog() {
 }
 
 Watchdog::Request::Request(Watchdog& w, std::string op, Client client) : w_(w), outer_(tl_request) {
-  std::lock_guard lock(w_.mu_);
+  cairn::MutexLock lock(w_.mu_);
   id_ = w_.next_id_++;
   w_.in_flight_.emplace(id_, Entry{std::move(op), client, Clock::now()});
   tl_request = this;
@@ -36,20 +36,20 @@ Watchdog::Request::Request(Watchdog& w, std::string op, Client client) : w_(w), 
 
 Watchdog::Request::~Request() {
   tl_request = outer_;
-  std::lock_guard lock(w_.mu_);
+  cairn::MutexLock lock(w_.mu_);
   w_.in_flight_.erase(id_);
 }
 
 Watchdog::ClientWait::ClientWait() : request_(tl_request) {
   if (request_ == nullptr) return;
-  std::lock_guard lock(request_->w_.mu_);
+  cairn::MutexLock lock(request_->w_.mu_);
   auto it = request_->w_.in_flight_.find(request_->id_);
   if (it != request_->w_.in_flight_.end()) it->second.waiting = true;
 }
 
 Watchdog::ClientWait::~ClientWait() {
   if (request_ == nullptr) return;
-  std::lock_guard lock(request_->w_.mu_);
+  cairn::MutexLock lock(request_->w_.mu_);
   auto it = request_->w_.in_flight_.find(request_->id_);
   if (it == request_->w_.in_flight_.end()) return;
   it->second.waiting = false;
@@ -58,7 +58,7 @@ Watchdog::ClientWait::~ClientWait() {
 
 nlohmann::json Watchdog::stats() const {
   const auto now = Clock::now();
-  std::lock_guard lock(mu_);
+  cairn::MutexLock lock(mu_);
   uint64_t waiting = 0, stuck = 0;
   Clock::duration oldest{0};
   for (const auto& [id, e] : in_flight_) {
@@ -78,7 +78,7 @@ nlohmann::json Watchdog::stats() const {
 }
 
 uint64_t Watchdog::reported() const {
-  std::lock_guard lock(mu_);
+  cairn::MutexLock lock(mu_);
   return reported_;
 }
 
@@ -86,9 +86,9 @@ void Watchdog::loop() {
   // Often enough that a request is reported within a quarter of the bound past it.
   const auto tick = std::clamp<std::chrono::milliseconds>(bound_ / 4, std::chrono::milliseconds(10),
                                                           std::chrono::milliseconds(1000));
-  std::unique_lock lock(mu_);
+  cairn::MutexLock lock(mu_);
   while (!stopping_) {
-    cv_.wait_for(lock, tick, [&] { return stopping_; });
+    cv_.wait_for(lock, tick, [&]() CAIRN_REQUIRES(mu_) { return stopping_; });
     if (stopping_) break;
     lock.unlock();
     (void)check(Clock::now());
@@ -99,7 +99,7 @@ void Watchdog::loop() {
 size_t Watchdog::check(Clock::time_point now) {
   std::vector<std::string> stuck;
   {
-    std::lock_guard lock(mu_);
+    cairn::MutexLock lock(mu_);
     for (auto& [id, e] : in_flight_) {
       if (e.waiting || e.reported || now - e.start <= bound_) continue;
       e.reported = true;

@@ -24,6 +24,7 @@
 #include <thread>
 
 #include <nlohmann/json.hpp>
+#include "core/sync.hpp"
 
 namespace cairn {
 
@@ -92,12 +93,12 @@ class Watchdog {
   size_t check(Clock::time_point now);
 
   const std::chrono::milliseconds bound_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::map<uint64_t, Entry> in_flight_;  // GUARDED_BY(mu_)
-  uint64_t next_id_ = 1;                 // GUARDED_BY(mu_)
-  uint64_t reported_ = 0;                // GUARDED_BY(mu_)
-  bool stopping_ = false;                // GUARDED_BY(mu_)
+  mutable cairn::Mutex mu_;
+  cairn::CondVar cv_;
+  std::map<uint64_t, Entry> in_flight_ CAIRN_GUARDED_BY(mu_);
+  uint64_t next_id_ CAIRN_GUARDED_BY(mu_) = 1;
+  uint64_t reported_ CAIRN_GUARDED_BY(mu_) = 0;
+  bool stopping_ CAIRN_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 

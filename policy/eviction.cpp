@@ -34,30 +34,32 @@ Clock& steady_clock() {
 // ---- LruPolicy ----
 
 void LruPolicy::track(const ChunkHash& key, uint64_t /*bytes*/) {
-  auto it = index_.find(key);
-  if (it != index_.end()) {
-    order_.splice(order_.begin(), order_, it->second);
-    return;
+  auto [it, fresh] = index_.try_emplace(key);
+  if (!fresh) {
+    order_.erase(order_.iterator_to(it->second));
+  } else {
+    it->second.key = key;
   }
-  order_.push_front(key);
-  index_.emplace(key, order_.begin());
+  order_.push_front(it->second);
 }
 
 void LruPolicy::touch(const ChunkHash& key) {
   auto it = index_.find(key);
-  if (it != index_.end()) order_.splice(order_.begin(), order_, it->second);
+  if (it == index_.end()) return;
+  order_.erase(order_.iterator_to(it->second));
+  order_.push_front(it->second);
 }
 
 void LruPolicy::remove(const ChunkHash& key) {
   auto it = index_.find(key);
   if (it == index_.end()) return;
-  order_.erase(it->second);
+  order_.erase(order_.iterator_to(it->second));
   index_.erase(it);
 }
 
 std::optional<ChunkHash> LruPolicy::pick_victim(const std::function<bool(const ChunkHash&)>& evictable) {
   for (auto it = order_.rbegin(); it != order_.rend(); ++it)
-    if (evictable(*it)) return *it;
+    if (evictable(it->key)) return it->key;
   return std::nullopt;
 }
 

@@ -13,6 +13,8 @@
 #include <string>
 #include <unordered_map>
 
+#include <boost/intrusive/list.hpp>
+
 #include "core/hash.hpp"
 #include "core/status.hpp"
 
@@ -88,9 +90,15 @@ class EvictionPolicy {
   virtual const char* name() const = 0;
 };
 
-// Least recently used: the baseline every other policy is measured against.
+// Least recently used: the baseline every other policy is measured against. The recency order is a
+// Boost.Intrusive list threaded through the index's nodes: one allocation per chunk, and a touch
+// moves a node without allocating (bench/workloads/boost_bench.cpp measures it against a std::list
+// of keys beside an index of iterators).
 class LruPolicy final : public EvictionPolicy {
  public:
+  LruPolicy() = default;
+  LruPolicy(const LruPolicy&) = delete;
+  LruPolicy& operator=(const LruPolicy&) = delete;
   void track(const ChunkHash& key, uint64_t bytes) override;
   void touch(const ChunkHash& key) override;
   void remove(const ChunkHash& key) override;
@@ -99,8 +107,11 @@ class LruPolicy final : public EvictionPolicy {
   size_t size() const { return index_.size(); }
 
  private:
-  std::list<ChunkHash> order_;  // front = most recent
-  std::unordered_map<ChunkHash, std::list<ChunkHash>::iterator, ChunkHashHasher> index_;
+  struct Node : boost::intrusive::list_base_hook<boost::intrusive::link_mode<boost::intrusive::normal_link>> {
+    ChunkHash key;
+  };
+  std::unordered_map<ChunkHash, Node, ChunkHashHasher> index_;
+  boost::intrusive::list<Node, boost::intrusive::constant_time_size<false>> order_;  // front = most recent
 };
 
 // The lineage-aware scorer (GreedyDual-Size-Frequency with lineage weight). Each chunk's priority

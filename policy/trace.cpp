@@ -343,7 +343,7 @@ TraceWriter::~TraceWriter() { (void)close(); }
 Status TraceWriter::append(const TraceEvent& e) {
   CAIRN_RETURN_IF_ERROR(validate_trace_event(e));
   std::string line;
-  std::lock_guard<std::mutex> lock(mu_);
+  cairn::MutexLock lock(mu_);
   if (!file_) return io_error("policy.trace " + path_ + ": the writer is closed");
   if (e.time_ns < last_time_ns_) {
     TraceEvent clamped = e;
@@ -364,7 +364,7 @@ Status TraceWriter::append(const TraceEvent& e) {
 }
 
 Status TraceWriter::flush() {
-  std::lock_guard<std::mutex> lock(mu_);
+  cairn::MutexLock lock(mu_);
   if (!file_) return io_error("policy.trace " + path_ + ": the writer is closed");
   if (std::fflush(file_) != 0) {
     const int err = errno;
@@ -375,7 +375,7 @@ Status TraceWriter::flush() {
 }
 
 Status TraceWriter::close() {
-  std::lock_guard<std::mutex> lock(mu_);
+  cairn::MutexLock lock(mu_);
   if (!file_) return Status::ok();
   const int rc = std::fclose(file_);
   file_ = nullptr;
@@ -384,7 +384,7 @@ Status TraceWriter::close() {
 }
 
 uint64_t TraceWriter::events_written() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  cairn::MutexLock lock(mu_);
   return events_written_;
 }
 

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/status.hpp"
+#include "core/sync.hpp"
 
 namespace cairn {
 
@@ -125,10 +126,10 @@ class TraceWriter {
   TraceWriter(std::string path, std::FILE* file);
 
   const std::string path_;
-  mutable std::mutex mu_;
-  std::FILE* file_;              // GUARDED_BY(mu_); null once closed
-  int64_t last_time_ns_ = 0;     // GUARDED_BY(mu_)
-  uint64_t events_written_ = 0;  // GUARDED_BY(mu_)
+  mutable cairn::Mutex mu_;
+  std::FILE* file_ CAIRN_GUARDED_BY(mu_);  // ; null once closed
+  int64_t last_time_ns_ CAIRN_GUARDED_BY(mu_) = 0;
+  uint64_t events_written_ CAIRN_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace cairn

@@ -243,8 +243,6 @@ void TierManager::demoter_loop() {
   }
 }
 
-void TierManager::demote_now() { demote(target_.load()); }
-
 void TierManager::demote(uint64_t target_free) {
   std::lock_guard one(demote_mu_);
   while (dram_.free_bytes() < target_free) {

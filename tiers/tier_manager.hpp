@@ -114,8 +114,6 @@ class TierManager {
 
   // Per-source read counters and the demoter's work, for `cairn stats`.
   nlohmann::json stats() const;
-  // Runs the demoter once, now (tests; the thread does the same when woken).
-  void demote_now();
 
  private:
   static constexpr size_t kRecentCommits = 4;

@@ -23,9 +23,10 @@
 #include "tools/daemon_progress.hpp"
 #include "tools/fault.hpp"
 #include "tools/job.hpp"
+#include "tools/keras_h5.hpp"
 #include "tools/lineage_picture.hpp"
-#include "tools/model_files.hpp"
 #include "tools/progress_line.hpp"
+#include "tools/python_io.hpp"
 #include "tools/usage_report.hpp"
 
 namespace {
@@ -36,17 +37,9 @@ using cairn::Result;
 using cairn::Status;
 using nlohmann::json;
 
-// Prints the error and returns the exit status 1. With CAIRN_TOOL_ERRORS=json (what the Python
-// package sets when it runs the tool) the line is a JSON object {"status", "message"}: the caller
-// gets the status by name, never by parsing the message.
+// Prints the error ("cairn: <message>") and returns the exit status 1.
 int fail(const Status& s) {
-  const char* format = std::getenv("CAIRN_TOOL_ERRORS");
-  if (format != nullptr && std::string(format) == "json") {
-    const char* name = cairn::status_code_name(static_cast<int>(s.code()));
-    std::fprintf(stderr, "%s\n", json{{"status", name ? name : "CAIRN_ERR_INTERNAL"}, {"message", s.to_string()}}.dump().c_str());
-  } else {
-    std::fprintf(stderr, "cairn: %s\n", s.to_string().c_str());
-  }
+  std::fprintf(stderr, "cairn: %s\n", s.to_string().c_str());
   return 1;
 }
 

@@ -26,7 +26,7 @@ void DaemonProgress::start() {
 void DaemonProgress::stop() {
   if (!thread_.joinable()) return;
   {
-    std::lock_guard lock(mu_);
+    cairn::MutexLock lock(mu_);
     stopping_ = true;
   }
   cv_.notify_all();
@@ -37,9 +37,9 @@ void DaemonProgress::poll() {
   auto client = Client::connect("");
   if (!client.is_ok()) return;  // the request itself reports a daemon that is not there
   const nlohmann::json ask{{"op", "progress"}, {"id", token_}};
-  std::unique_lock lock(mu_);
+  cairn::MutexLock lock(mu_);
   for (;;) {
-    if (cv_.wait_for(lock, std::chrono::milliseconds(100), [&] { return stopping_; })) return;
+    if (cv_.wait_for(lock, std::chrono::milliseconds(100), [&]() CAIRN_REQUIRES(mu_) { return stopping_; })) return;
     lock.unlock();
     auto r = (*client)->call(ask);
     lock.lock();

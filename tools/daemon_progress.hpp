@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tools/progress_line.hpp"
+#include "core/sync.hpp"
 
 namespace cairn::tool {
 
@@ -41,9 +42,9 @@ class DaemonProgress {
   ProgressLine& line_;
   std::string token_;
   std::thread thread_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stopping_ = false;  // GUARDED_BY(mu_)
+  cairn::Mutex mu_;
+  cairn::CondVar cv_;
+  bool stopping_ CAIRN_GUARDED_BY(mu_) = false;
   std::atomic<int> snapshots_{0};
 };
 

@@ -2,6 +2,7 @@
 // the thread-local last error.
 #include "cairn/cairn.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -83,6 +84,42 @@ cairn_status make_shape(int ndim, const int64_t* shape, std::vector<int64_t>& ou
 #define CAIRN_REQUIRE_ARG(cond, what) \
   if (!(cond)) return fail(CAIRN_ERR_INVALID_ARGUMENT, what)
 
+// The versioned options structs (cairn.h, "Options structs"): `out` starts from the defaults and
+// takes the first in->size bytes of *in; a larger struct (a newer header) is accepted when every
+// byte past what this library knows is zero, as Linux's copy_struct_from_user does.
+template <typename Options>
+cairn_status read_options(const Options* in, const Options& defaults, const char* type, Options& out) {
+  out = defaults;
+  if (!in) return CAIRN_OK;
+  const size_t size = in->size;
+  if (size < sizeof(size_t))
+    return fail(CAIRN_ERR_INVALID_ARGUMENT, std::string(type) + ".size is " + std::to_string(size) +
+                                                ": initialise the struct with its _INIT macro or _init call first");
+  const auto* bytes = reinterpret_cast<const unsigned char*>(in);
+  for (size_t i = sizeof(Options); i < size; ++i)
+    if (bytes[i] != 0)
+      return fail(CAIRN_ERR_INVALID_ARGUMENT, std::string(type) + " sets a field at byte " + std::to_string(i) +
+                                                  " that this libcairn does not know (a newer cairn.h than the "
+                                                  "library): link the library of that release");
+  std::memcpy(&out, in, std::min(size, sizeof(Options)));
+  out.size = sizeof(Options);
+  return CAIRN_OK;
+}
+
+constexpr cairn_read_options kReadDefaults = CAIRN_READ_OPTIONS_INIT;
+constexpr cairn_commit_options kCommitDefaults = CAIRN_COMMIT_OPTIONS_INIT;
+constexpr cairn_prefetch_options kPrefetchDefaults = CAIRN_PREFETCH_OPTIONS_INIT;
+
+// The memory kind of read options: host or CUDA, anything else an error naming the value.
+cairn_status read_kind(const cairn_read_options& o, bool& device) {
+  const int k = raw_enum(o.kind);
+  CAIRN_REQUIRE_ARG(k == CAIRN_MEM_HOST || k == CAIRN_MEM_CUDA, "cairn_read_options.kind: unknown memkind " + std::to_string(k));
+  device = k == CAIRN_MEM_CUDA;
+  CAIRN_REQUIRE_ARG(o.private_copy == 0 || o.private_copy == 1,
+                    "cairn_read_options.private_copy must be 0 or 1, not " + std::to_string(o.private_copy));
+  return CAIRN_OK;
+}
+
 // cairn_model_map_tensors and cairn_model_map_tensors_private: the names checked and listed, one
 // request through `map` (a ModelReader member), the views written out.
 template <typename View, typename MapMany>
@@ -140,7 +177,7 @@ void cairn_disconnect(cairn_client* c) { delete c; }
 
 const char* cairn_client_address(const cairn_client* c) { return c ? c->impl->address().c_str() : ""; }
 
-cairn_status cairn_put_tensor(cairn_client* c, const char* key, const void* data, cairn_dtype dtype, int ndim,
+cairn_status cairn_tensor_put(cairn_client* c, const char* key, const void* data, cairn_dtype dtype, int ndim,
                               const int64_t* shape) {
   return guarded([&] {
     CAIRN_REQUIRE_ARG(c && key, "client and key must not be NULL");
@@ -151,7 +188,7 @@ cairn_status cairn_put_tensor(cairn_client* c, const char* key, const void* data
   });
 }
 
-cairn_status cairn_get_tensor_info(cairn_client* c, const char* key, cairn_dtype* dtype, int* ndim,
+cairn_status cairn_tensor_info(cairn_client* c, const char* key, cairn_dtype* dtype, int* ndim,
                                    int64_t shape[CAIRN_MAX_DIMS], size_t* nbytes) {
   return guarded([&] {
     CAIRN_REQUIRE_ARG(c && key, "client and key must not be NULL");
@@ -166,7 +203,7 @@ cairn_status cairn_get_tensor_info(cairn_client* c, const char* key, cairn_dtype
   });
 }
 
-cairn_status cairn_unpack_tensor(cairn_client* c, const char* key, void* dst, size_t dst_bytes) {
+cairn_status cairn_tensor_unpack(cairn_client* c, const char* key, void* dst, size_t dst_bytes) {
   return guarded([&] {
     CAIRN_REQUIRE_ARG(c && key, "client and key must not be NULL");
     CAIRN_REQUIRE_ARG(dst || dst_bytes == 0, "dst is NULL");
@@ -174,7 +211,7 @@ cairn_status cairn_unpack_tensor(cairn_client* c, const char* key, void* dst, si
   });
 }
 
-cairn_status cairn_unpack_tensor_alloc(cairn_client* c, const char* key, cairn_alloc_fn alloc, void* ctx) {
+cairn_status cairn_tensor_unpack_alloc(cairn_client* c, const char* key, cairn_alloc_fn alloc, void* ctx) {
   return guarded([&] {
     CAIRN_REQUIRE_ARG(c && key && alloc, "client, key and alloc must not be NULL");
     return done(c->impl->unpack_tensor_to(key, [&](const cairn::TensorInfo& t) -> cairn::Result<void*> {
@@ -184,7 +221,7 @@ cairn_status cairn_unpack_tensor_alloc(cairn_client* c, const char* key, cairn_a
   });
 }
 
-cairn_status cairn_poll_tensor(cairn_client* c, const char* key, int timeout_ms, int* found) {
+cairn_status cairn_tensor_poll(cairn_client* c, const char* key, int timeout_ms, int* found) {
   return guarded([&] {
     CAIRN_REQUIRE_ARG(c && key && found, "client, key and found must not be NULL");
     auto r = c->impl->poll_tensor(key, timeout_ms);
@@ -194,12 +231,31 @@ cairn_status cairn_poll_tensor(cairn_client* c, const char* key, int timeout_ms,
   });
 }
 
-cairn_status cairn_delete_tensor(cairn_client* c, const char* key) {
+cairn_status cairn_tensor_delete(cairn_client* c, const char* key) {
   return guarded([&] {
     CAIRN_REQUIRE_ARG(c && key, "client and key must not be NULL");
     return done(c->impl->delete_tensor(key));
   });
 }
+
+cairn_status cairn_put_tensor(cairn_client* c, const char* key, const void* data, cairn_dtype dtype, int ndim,
+                              const int64_t* shape) {
+  return cairn_tensor_put(c, key, data, dtype, ndim, shape);
+}
+cairn_status cairn_get_tensor_info(cairn_client* c, const char* key, cairn_dtype* dtype, int* ndim,
+                                   int64_t shape[CAIRN_MAX_DIMS], size_t* nbytes) {
+  return cairn_tensor_info(c, key, dtype, ndim, shape, nbytes);
+}
+cairn_status cairn_unpack_tensor(cairn_client* c, const char* key, void* dst, size_t dst_bytes) {
+  return cairn_tensor_unpack(c, key, dst, dst_bytes);
+}
+cairn_status cairn_unpack_tensor_alloc(cairn_client* c, const char* key, cairn_alloc_fn alloc, void* ctx) {
+  return cairn_tensor_unpack_alloc(c, key, alloc, ctx);
+}
+cairn_status cairn_poll_tensor(cairn_client* c, const char* key, int timeout_ms, int* found) {
+  return cairn_tensor_poll(c, key, timeout_ms, found);
+}
+cairn_status cairn_delete_tensor(cairn_client* c, const char* key) { return cairn_tensor_delete(c, key); }
 
 cairn_status cairn_model_create(cairn_client* c, const char* id, const char* parent, cairn_model_writer** out) {
   return guarded([&] {
@@ -335,6 +391,47 @@ static cairn_status set_json(cairn_model_writer* w, const char* text, bool arch)
 cairn_status cairn_model_set_architecture(cairn_model_writer* w, const char* graph_json) { return set_json(w, graph_json, true); }
 cairn_status cairn_model_set_metadata(cairn_model_writer* w, const char* meta_json) { return set_json(w, meta_json, false); }
 
+void cairn_read_options_init(cairn_read_options* o) {
+  if (o) *o = kReadDefaults;
+}
+void cairn_commit_options_init(cairn_commit_options* o) {
+  if (o) *o = kCommitDefaults;
+}
+void cairn_prefetch_options_init(cairn_prefetch_options* o) {
+  if (o) *o = kPrefetchDefaults;
+}
+
+cairn_status cairn_model_commit_opts(cairn_model_writer* w, const cairn_commit_options* opts, cairn_ticket** ticket) {
+  if (!w) return fail(CAIRN_ERR_INVALID_ARGUMENT, "writer is NULL");
+  cairn_status st = guarded([&] {
+    if (ticket) *ticket = nullptr;
+    cairn_commit_options o;
+    if (cairn_status e = read_options(opts, kCommitDefaults, "cairn_commit_options", o); e != CAIRN_OK) return e;
+    const int level = raw_enum(o.durability);
+    CAIRN_REQUIRE_ARG(level >= CAIRN_DURABILITY_MEMORY && level <= CAIRN_DURABILITY_GLOBAL,
+                      "cairn_commit_options.durability: unknown durability " + std::to_string(level));
+    CAIRN_REQUIRE_ARG(o.wait == 0 || o.wait == 1, "cairn_commit_options.wait must be 0 or 1, not " + std::to_string(o.wait));
+    CAIRN_REQUIRE_ARG(o.pipelined == 0 || o.pipelined == 1,
+                      "cairn_commit_options.pipelined must be 0 or 1, not " + std::to_string(o.pipelined));
+    CAIRN_REQUIRE_ARG(!(o.wait && o.pipelined),
+                      "cairn_commit_options: a pipelined commit does not wait (set wait = 0 and wait on the ticket)");
+    const auto d = static_cast<cairn::Durability>(level);
+    if (o.wait) {
+      auto r = w->impl->commit(d, true);
+      if (!r.is_ok()) return fail(r.status());
+      return done(cairn::Status::ok());
+    }
+    CAIRN_REQUIRE_ARG(ticket, "ticket is NULL: a commit with wait = 0 hands its outcome to a ticket");
+    auto r = o.pipelined ? w->impl->commit_pipelined(d) : w->impl->commit_visible(d);
+    if (!r.is_ok()) return fail(r.status());
+    // The ticket is answered by the client the writer came from.
+    *ticket = new cairn_ticket{w->client, std::move(r).value()};
+    return done(cairn::Status::ok());
+  });
+  delete w;
+  return st;
+}
+
 cairn_status cairn_model_commit(cairn_model_writer* w, cairn_durability d, cairn_ticket** ticket) {
   if (!w) return fail(CAIRN_ERR_INVALID_ARGUMENT, "writer is NULL");
   cairn_status st = guarded([&] {
@@ -347,10 +444,9 @@ cairn_status cairn_model_commit(cairn_model_writer* w, cairn_durability d, cairn
       if (!r.is_ok()) return fail(r.status());
       return done(cairn::Status::ok());
     }
-    // At memory: pipelined (returns once the request is written; the outcome is the ticket's).
+    // At memory (not a part): pipelined; otherwise visible, the ticket waiting for the level.
     auto r = w->impl->commit_async(static_cast<cairn::Durability>(level));
     if (!r.is_ok()) return fail(r.status());
-    // The ticket is answered by the client the writer came from.
     *ticket = new cairn_ticket{w->client, std::move(r).value()};
     return done(cairn::Status::ok());
   });
@@ -359,31 +455,24 @@ cairn_status cairn_model_commit(cairn_model_writer* w, cairn_durability d, cairn
 }
 
 cairn_status cairn_model_commit_pipelined(cairn_model_writer* w, cairn_durability d, cairn_ticket** ticket) {
-  if (!w) return fail(CAIRN_ERR_INVALID_ARGUMENT, "writer is NULL");
-  cairn_status st = guarded([&] {
-    if (ticket) *ticket = nullptr;
-    const int level = raw_enum(d);
-    CAIRN_REQUIRE_ARG(ticket, "ticket is NULL (a pipelined commit's outcome is its ticket's)");
-    CAIRN_REQUIRE_ARG(level >= CAIRN_DURABILITY_MEMORY && level <= CAIRN_DURABILITY_GLOBAL,
-                      "unknown durability " + std::to_string(level));
-    auto r = w->impl->commit_pipelined(static_cast<cairn::Durability>(level));
-    if (!r.is_ok()) return fail(r.status());
-    *ticket = new cairn_ticket{w->client, std::move(r).value()};
-    return done(cairn::Status::ok());
-  });
-  delete w;
-  return st;
+  cairn_commit_options o = CAIRN_COMMIT_OPTIONS_INIT;
+  o.durability = d;
+  o.wait = 0;
+  o.pipelined = 1;
+  return cairn_model_commit_opts(w, &o, ticket);
 }
 
 void cairn_model_abort(cairn_model_writer* w) { delete w; }
 
-cairn_status cairn_wait(cairn_ticket* t, int timeout_ms) {
+cairn_status cairn_ticket_wait(cairn_ticket* t, int timeout_ms) {
   return guarded([&] {
     CAIRN_REQUIRE_ARG(t, "ticket is NULL");
     if (!t->ticket || t->client == nullptr) return done(cairn::Status::ok());
     return done(t->client->impl->wait(t->ticket, timeout_ms));
   });
 }
+
+cairn_status cairn_wait(cairn_ticket* t, int timeout_ms) { return cairn_ticket_wait(t, timeout_ms); }
 
 cairn_status cairn_pipeline_flush(cairn_client* c) {
   return guarded([&] {
@@ -430,116 +519,146 @@ cairn_status cairn_model_tensor_info(cairn_model_reader* r, size_t index, const 
   return done(cairn::Status::ok());
 }
 
-cairn_status cairn_model_read_tensor(cairn_model_reader* r, const char* name, void* dst, size_t dst_bytes,
-                                     cairn_memkind kind) {
-  return guarded([&] {
-    CAIRN_REQUIRE_ARG(r && name, "reader and name must not be NULL");
-    CAIRN_REQUIRE_ARG(dst || dst_bytes == 0, "dst is NULL");
-    const int k = raw_enum(kind);
-    if (k == CAIRN_MEM_CUDA) return done(r->impl->read_to_device(name, dst, dst_bytes));
-    CAIRN_REQUIRE_ARG(k == CAIRN_MEM_HOST, "unknown memkind " + std::to_string(k));
-    return done(r->impl->read(name, dst, dst_bytes));
-  });
-}
-
-cairn_status cairn_model_map_tensor(cairn_model_reader* r, const char* name, const void** data, size_t* nbytes) {
-  return guarded([&] {
-    CAIRN_REQUIRE_ARG(r && name && data, "reader, name and data must not be NULL");
-    auto v = r->impl->map(name);
-    if (!v.is_ok()) return fail(v.status());
-    *data = v->data();
-    if (nbytes) *nbytes = v->size();
-    return done(cairn::Status::ok());
-  });
-}
-
-cairn_status cairn_model_map_tensor_device(cairn_model_reader* r, const char* name, int device, const void** ptr,
-                                           size_t* nbytes) {
-  return guarded([&] {
-    CAIRN_REQUIRE_ARG(r && name && ptr, "reader, name and ptr must not be NULL");
-    auto v = r->impl->map_device(name, device);
-    if (!v.is_ok()) return fail(v.status());
-    *ptr = v->data();
-    if (nbytes) *nbytes = v->size();
-    return done(cairn::Status::ok());
-  });
-}
-
-cairn_status cairn_model_map_tensors(cairn_model_reader* r, size_t count, const char* const* names,
-                                     const void** data, size_t* nbytes) {
-  return map_tensors(r, count, names, data, nbytes, &cairn::ModelReader::map_many);
-}
-
-cairn_status cairn_model_map_tensors_private(cairn_model_reader* r, size_t count, const char* const* names,
-                                             void** data, size_t* nbytes) {
-  return map_tensors(r, count, names, data, nbytes, &cairn::ModelReader::map_many_private);
-}
-
-cairn_status cairn_model_read_tensors(cairn_model_reader* r, size_t count, const char* const* names, void* const* dsts,
-                                      const size_t* dst_bytes) {
+cairn_status cairn_model_read(cairn_model_reader* r, size_t count, const char* const* names, void* const* dsts,
+                             const size_t* dst_bytes, const cairn_read_options* opts) {
   return guarded([&] {
     CAIRN_REQUIRE_ARG(r && (count == 0 || (names && dsts && dst_bytes)),
                       "reader, names, dsts and dst_bytes must not be NULL");
+    cairn_read_options o;
+    if (cairn_status e = read_options(opts, kReadDefaults, "cairn_read_options", o); e != CAIRN_OK) return e;
+    bool device = false;
+    if (cairn_status e = read_kind(o, device); e != CAIRN_OK) return e;
+    CAIRN_REQUIRE_ARG(!o.private_copy, "cairn_read_options.private_copy is for cairn_model_map (a copy is the caller's already)");
     std::vector<std::string> list;
-    std::vector<std::span<uint8_t>> spans;
+    list.reserve(count);
     for (size_t i = 0; i < count; ++i) {
       CAIRN_REQUIRE_ARG(names[i], "names[" + std::to_string(i) + "] must not be NULL");
       CAIRN_REQUIRE_ARG(dsts[i] || dst_bytes[i] == 0, "dsts[" + std::to_string(i) + "] must not be NULL");
       list.emplace_back(names[i]);
-      spans.emplace_back(static_cast<uint8_t*>(dsts[i]), dst_bytes[i]);
     }
     if (count == 0) return done(cairn::Status::ok());
+    if (device) {
+      std::vector<void*> ptrs(dsts, dsts + count);
+      std::vector<uint64_t> sizes(dst_bytes, dst_bytes + count);
+      // One tensor: the single-tensor path (it needs no HBM tier lease batch).
+      if (count == 1) return done(r->impl->read_to_device(list[0], ptrs[0], dst_bytes[0]));
+      return done(r->impl->read_many_to_device(list, ptrs, sizes));
+    }
+    if (count == 1) return done(r->impl->read(list[0], dsts[0], dst_bytes[0]));
+    std::vector<std::span<uint8_t>> spans;
+    spans.reserve(count);
+    for (size_t i = 0; i < count; ++i) spans.emplace_back(static_cast<uint8_t*>(dsts[i]), dst_bytes[i]);
     return done(r->impl->read_many(list, spans));
   });
 }
 
-cairn_status cairn_model_map_tensors_device(cairn_model_reader* r, size_t count, const char* const* names, int device,
-                                            const void** ptrs, size_t* nbytes) {
+cairn_status cairn_model_map(cairn_model_reader* r, size_t count, const char* const* names, void** data,
+                            size_t* nbytes, const cairn_read_options* opts) {
   return guarded([&] {
-    CAIRN_REQUIRE_ARG(r && (count == 0 || (names && ptrs)), "reader, names and ptrs must not be NULL");
+    CAIRN_REQUIRE_ARG(r && (count == 0 || (names && data)), "reader, names and data must not be NULL");
+    cairn_read_options o;
+    if (cairn_status e = read_options(opts, kReadDefaults, "cairn_read_options", o); e != CAIRN_OK) return e;
+    bool device = false;
+    if (cairn_status e = read_kind(o, device); e != CAIRN_OK) return e;
+    CAIRN_REQUIRE_ARG(!(device && o.private_copy),
+                      "cairn_read_options.private_copy maps host memory only (device views are read-only)");
     std::vector<std::string> list;
+    list.reserve(count);
     for (size_t i = 0; i < count; ++i) {
       CAIRN_REQUIRE_ARG(names[i], "names[" + std::to_string(i) + "] must not be NULL");
       list.emplace_back(names[i]);
     }
     if (count == 0) return done(cairn::Status::ok());
-    auto v = r->impl->map_many_device(list, device);
-    if (!v.is_ok()) return fail(v.status());
-    for (size_t i = 0; i < count; ++i) {
-      ptrs[i] = (*v)[i].data();
-      if (nbytes) nbytes[i] = (*v)[i].size();
+    auto put = [&](size_t i, const void* p, size_t n) {
+      data[i] = const_cast<void*>(p);  // read-only unless private_copy (cairn.h)
+      if (nbytes) nbytes[i] = n;
+    };
+    if (device) {
+      if (count == 1) {
+        auto v = r->impl->map_device(list[0], o.device);
+        if (!v.is_ok()) return fail(v.status());
+        put(0, v->data(), v->size());
+        return done(cairn::Status::ok());
+      }
+      auto v = r->impl->map_many_device(list, o.device);
+      if (!v.is_ok()) return fail(v.status());
+      for (size_t i = 0; i < count; ++i) put(i, (*v)[i].data(), (*v)[i].size());
+      return done(cairn::Status::ok());
     }
+    if (o.private_copy) {
+      auto v = r->impl->map_many_private(list);
+      if (!v.is_ok()) return fail(v.status());
+      for (size_t i = 0; i < count; ++i) put(i, (*v)[i].data(), (*v)[i].size());
+      return done(cairn::Status::ok());
+    }
+    if (count == 1) {
+      auto v = r->impl->map(list[0]);
+      if (!v.is_ok()) return fail(v.status());
+      put(0, v->data(), v->size());
+      return done(cairn::Status::ok());
+    }
+    auto v = r->impl->map_many(list);
+    if (!v.is_ok()) return fail(v.status());
+    for (size_t i = 0; i < count; ++i) put(i, (*v)[i].data(), (*v)[i].size());
     return done(cairn::Status::ok());
   });
 }
 
+cairn_status cairn_model_read_tensor(cairn_model_reader* r, const char* name, void* dst, size_t dst_bytes,
+                                     cairn_memkind kind) {
+  CAIRN_REQUIRE_ARG(name, "reader and name must not be NULL");
+  cairn_read_options o = CAIRN_READ_OPTIONS_INIT;
+  o.kind = kind;
+  return cairn_model_read(r, 1, &name, &dst, &dst_bytes, &o);
+}
+
+cairn_status cairn_model_map_tensor(cairn_model_reader* r, const char* name, const void** data, size_t* nbytes) {
+  CAIRN_REQUIRE_ARG(name && data, "reader, name and data must not be NULL");
+  return cairn_model_map(r, 1, &name, const_cast<void**>(data), nbytes, nullptr);
+}
+
+cairn_status cairn_model_map_tensor_device(cairn_model_reader* r, const char* name, int device, const void** ptr,
+                                           size_t* nbytes) {
+  CAIRN_REQUIRE_ARG(name && ptr, "reader, name and ptr must not be NULL");
+  cairn_read_options o = CAIRN_READ_OPTIONS_INIT;
+  o.kind = CAIRN_MEM_CUDA;
+  o.device = device;
+  return cairn_model_map(r, 1, &name, const_cast<void**>(ptr), nbytes, &o);
+}
+
+cairn_status cairn_model_map_tensors(cairn_model_reader* r, size_t count, const char* const* names,
+                                     const void** data, size_t* nbytes) {
+  return cairn_model_map(r, count, names, const_cast<void**>(data), nbytes, nullptr);
+}
+
+cairn_status cairn_model_map_tensors_private(cairn_model_reader* r, size_t count, const char* const* names,
+                                             void** data, size_t* nbytes) {
+  cairn_read_options o = CAIRN_READ_OPTIONS_INIT;
+  o.private_copy = 1;
+  return cairn_model_map(r, count, names, data, nbytes, &o);
+}
+
+cairn_status cairn_model_read_tensors(cairn_model_reader* r, size_t count, const char* const* names, void* const* dsts,
+                                      const size_t* dst_bytes) {
+  return cairn_model_read(r, count, names, dsts, dst_bytes, nullptr);
+}
+
+cairn_status cairn_model_map_tensors_device(cairn_model_reader* r, size_t count, const char* const* names, int device,
+                                            const void** ptrs, size_t* nbytes) {
+  cairn_read_options o = CAIRN_READ_OPTIONS_INIT;
+  o.kind = CAIRN_MEM_CUDA;
+  o.device = device;
+  return cairn_model_map(r, count, names, const_cast<void**>(ptrs), nbytes, &o);
+}
+
 cairn_status cairn_model_read_tensors_device(cairn_model_reader* r, size_t count, const char* const* names,
                                              void* const* dsts, const size_t* dst_bytes) {
-  return guarded([&] {
-    CAIRN_REQUIRE_ARG(r && (count == 0 || (names && dsts && dst_bytes)),
-                      "reader, names, dsts and dst_bytes must not be NULL");
-    std::vector<std::string> list;
-    std::vector<void*> ptrs;
-    std::vector<uint64_t> sizes;
-    for (size_t i = 0; i < count; ++i) {
-      CAIRN_REQUIRE_ARG(names[i], "names[" + std::to_string(i) + "] must not be NULL");
-      CAIRN_REQUIRE_ARG(dsts[i] || dst_bytes[i] == 0, "dsts[" + std::to_string(i) + "] must not be NULL");
-      list.emplace_back(names[i]);
-      ptrs.push_back(dsts[i]);
-      sizes.push_back(dst_bytes[i]);
-    }
-    return done(r->impl->read_many_to_device(list, ptrs, sizes));
-  });
+  cairn_read_options o = CAIRN_READ_OPTIONS_INIT;
+  o.kind = CAIRN_MEM_CUDA;
+  return cairn_model_read(r, count, names, dsts, dst_bytes, &o);
 }
 
 void cairn_model_close(cairn_model_reader* r) { delete r; }
-
-cairn_status cairn_prefetch(cairn_client* c, const char* id) {
-  return guarded([&] {
-    CAIRN_REQUIRE_ARG(c && id, "client and id must not be NULL");
-    return done(c->impl->prefetch(id));
-  });
-}
 
 // A malloc'ed copy of j's text (freed by cairn_free), or nullptr when out of memory.
 static char* dump_c(const nlohmann::json& j) {
@@ -549,12 +668,28 @@ static char* dump_c(const nlohmann::json& j) {
   return out;
 }
 
-cairn_status cairn_prefetch_all(cairn_client* c, const char* id, char** result_json) {
+cairn_status cairn_model_prefetch(cairn_client* c, const char* id, const cairn_prefetch_options* opts,
+                                  char** result_json) {
   return guarded([&] {
     CAIRN_REQUIRE_ARG(c && id, "client and id must not be NULL");
     if (result_json) *result_json = nullptr;
-    auto r = c->impl->prefetch_all(id);
+    cairn_prefetch_options o;
+    if (cairn_status e = read_options(opts, kPrefetchDefaults, "cairn_prefetch_options", o); e != CAIRN_OK) return e;
+    const int k = raw_enum(o.kind);
+    CAIRN_REQUIRE_ARG(k == CAIRN_MEM_HOST || k == CAIRN_MEM_CUDA,
+                      "cairn_prefetch_options.kind: unknown memkind " + std::to_string(k));
+    CAIRN_REQUIRE_ARG(o.all == 0 || o.all == 1, "cairn_prefetch_options.all must be 0 or 1, not " + std::to_string(o.all));
+    CAIRN_REQUIRE_ARG(o.timeout_ms >= 0, "cairn_prefetch_options.timeout_ms must not be negative");
+    nlohmann::json req{{"op", "prefetch"}, {"id", id}};
+    if (k == CAIRN_MEM_CUDA) {
+      req["tier"] = "hbm";
+      if (o.device >= 0) req["device"] = o.device;
+    }
+    if (o.all) req["all"] = true;
+    if (o.all && o.timeout_ms > 0) req["timeout_ms"] = o.timeout_ms;
+    auto r = c->impl->call(req);
     if (!r.is_ok()) return fail(r.status());
+    r->erase("status");
     if (result_json) {
       char* out = dump_c(*r);
       if (!out) return fail(CAIRN_ERR_NO_SPACE, "out of memory");
@@ -562,6 +697,14 @@ cairn_status cairn_prefetch_all(cairn_client* c, const char* id, char** result_j
     }
     return done(cairn::Status::ok());
   });
+}
+
+cairn_status cairn_prefetch(cairn_client* c, const char* id) { return cairn_model_prefetch(c, id, nullptr, nullptr); }
+
+cairn_status cairn_prefetch_all(cairn_client* c, const char* id, char** result_json) {
+  cairn_prefetch_options o = CAIRN_PREFETCH_OPTIONS_INIT;
+  o.all = 1;
+  return cairn_model_prefetch(c, id, &o, result_json);
 }
 
 cairn_status cairn_hint(cairn_client* c, const char* hint_json, char** result_json) {
@@ -622,18 +765,26 @@ cairn_status cairn_query(cairn_client* c, const char* request_json, char** resul
   });
 }
 
-// Ops whose arena space or leases the library tracks itself, and the call to use instead.
+// Ops that have a call of their own (cairn.h, cairn_request), and that call.
 static const char* dedicated_call(const std::string& op) {
   static const std::pair<const char*, const char*> kOps[] = {
       {"hello", "cairn_connect"},
       {"allocate", "cairn_model_add_tensor_space"},
-      {"lease", "cairn_model_open and cairn_model_map_tensor or cairn_model_read_tensor"},
-      {"lease_device", "cairn_model_map_tensor_device or cairn_model_read_tensor with CAIRN_MEM_CUDA"},
-      {"lease_tensor", "cairn_unpack_tensor"},
-      {"put_tensor", "cairn_put_tensor"},
-      {"commit", "cairn_model_create and cairn_model_commit"},
       {"free", "cairn_model_abort"},
+      {"put_tensor", "cairn_tensor_put"},
+      {"tensor_info", "cairn_tensor_info"},
+      {"lease_tensor", "cairn_tensor_unpack"},
+      {"poll_tensor", "cairn_tensor_poll"},
+      {"delete_tensor", "cairn_tensor_delete"},
+      {"commit", "cairn_model_create and cairn_model_commit_opts"},
+      {"open", "cairn_model_open"},
+      {"lease", "cairn_model_open and cairn_model_map or cairn_model_read"},
+      {"lease_device", "cairn_model_map or cairn_model_read with kind CAIRN_MEM_CUDA"},
       {"release", "cairn_model_close"},
+      {"prefetch", "cairn_model_prefetch"},
+      {"hint", "cairn_hint"},
+      {"query", "cairn_query"},
+      {"wait", "cairn_ticket_wait"},
   };
   for (const auto& [name, call] : kOps)
     if (op == name) return call;

@@ -272,6 +272,9 @@ class ModelWriter {
   // (Client::wait). Above memory it returns once the model is visible, as commit(d, false) does.
   // An error returned here means nothing was sent (or, above memory, the commit failed).
   Result<Ticket> commit_async(Durability d);
+  // Commits without waiting for durability d, not pipelined at any level: returns once the model is
+  // visible (or with the commit's error); the ticket, resolved already, waits for d.
+  Result<Ticket> commit_visible(Durability d);
   // Commits without waiting for anything, at any durability and for a part: returns once the
   // request is written (the tensors are already in the arena); the commit's own outcome and then
   // durability d come from Client::wait on the ticket. commit_async at memory is this.

@@ -257,16 +257,18 @@ Result<uint64_t> ModelWriter::commit(Durability d, bool wait) {
 Result<Ticket> ModelWriter::commit_async(Durability d) {
   // A part's ticket is the daemon's, which follows the whole model (it fails when another part
   // never arrives); above memory the call returns once the model is visible.
-  if (d != Durability::kMemory || !part_.is_null()) {
-    if (done_) return invalid_argument("model '" + id_ + "' was already committed or aborted");
-    auto t = std::make_shared<CommitTicket>();
-    t->id = id_;
-    t->target = d;
-    CAIRN_ASSIGN_OR_RETURN(t->daemon_ticket, commit(d, false));
-    t->resolved = true;
-    return t;
-  }
+  if (d != Durability::kMemory || !part_.is_null()) return commit_visible(d);
   return commit_pipelined(d);
+}
+
+Result<Ticket> ModelWriter::commit_visible(Durability d) {
+  if (done_) return invalid_argument("model '" + id_ + "' was already committed or aborted");
+  auto t = std::make_shared<CommitTicket>();
+  t->id = id_;
+  t->target = d;
+  CAIRN_ASSIGN_OR_RETURN(t->daemon_ticket, commit(d, false));
+  t->resolved = true;
+  return t;
 }
 
 Result<Ticket> ModelWriter::commit_pipelined(Durability d) {

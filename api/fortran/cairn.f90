@@ -5,8 +5,11 @@
 !!  - Every procedure that can fail is a function returning an integer(enum_kind) status code:
 !!    CAIRN_OK (0) on success, else one of the CAIRN_ERR_* constants (the C API's, same values).
 !!    cairn_last_error() then describes the failure (thread-local, until the next cairn call).
-!!  - Names follow SmartRedis's Fortran client where the job is the same: client_type with
-!!    initialize, destructor, put_tensor(name, data, dims), unpack_tensor(name, result, dims),
+!!  - Names follow the C API's rule (cairn.h): the C name without "cairn_" and without the object
+!!    the type stands for (cairn_tensor_put -> client%tensor_put, cairn_model_commit_opts ->
+!!    writer%commit, cairn_ticket_wait -> ticket%wait). The named-tensor calls also keep the names of
+!!    SmartRedis's Fortran client, as the same procedures: client_type with initialize, destructor,
+!!    put_tensor(name, data, dims), unpack_tensor(name, result, dims), get_tensor_info,
 !!    poll_tensor(name, poll_frequency_ms, num_tries, exists), tensor_exists, delete_tensor.
 !!  - Layout: a Fortran array of shape (n1, n2, ..., nk) is stored, without a copy, as the row-major
 !!    tensor of shape (nk, ..., n2, n1) -- the same bytes in the same order. C and numpy see the
@@ -74,6 +77,18 @@ module cairn
     !> code = client%tensor_exists(name, exists)
     generic :: tensor_exists => tensor_exists_logical, tensor_exists_c_bool
     procedure :: delete_tensor => client_delete_tensor
+    !> The names of the C API's rule (cairn_tensor_put -> client%tensor_put, ...), the same
+    !! procedures as the SmartRedis names above: tensor_put, tensor_unpack, tensor_info, tensor_poll,
+    !! tensor_delete.
+    generic :: tensor_put => put_tensor_float, put_tensor_double, put_tensor_i32, put_tensor_i64
+    generic :: tensor_unpack => unpack_tensor_float, unpack_tensor_double, unpack_tensor_i32, &
+         unpack_tensor_i64
+    procedure :: tensor_info => client_get_tensor_info
+    generic :: tensor_poll => poll_tensor_logical, poll_tensor_c_bool
+    procedure :: tensor_delete => client_delete_tensor
+    !> code = client%model_prefetch(id [, all]): cairn_model_prefetch; all: every member of the
+    !! job's peer group too. prefetch(id) is the same without all.
+    procedure :: model_prefetch => client_model_prefetch
     procedure :: prefetch => client_prefetch
     procedure :: pipeline_flush => client_pipeline_flush
     procedure :: query => client_query
@@ -135,6 +150,17 @@ module cairn
     procedure, private :: read_tensor_i32 => reader_read_tensor_i32
     procedure, private :: read_tensor_i64 => reader_read_tensor_i64
   end type model_reader_type
+
+  !> cairn_commit_options and cairn_prefetch_options (cairn.h), as the C library sees them; filled by
+  !! their _init calls and changed by writer%commit and client%model_prefetch from their arguments.
+  type, bind(C) :: cairn_commit_options
+    integer(c_size_t) :: size
+    integer(c_int) :: durability, wait, pipelined
+  end type cairn_commit_options
+  type, bind(C) :: cairn_prefetch_options
+    integer(c_size_t) :: size
+    integer(c_int) :: kind, device, all, timeout_ms
+  end type cairn_prefetch_options
 
   ! The C API (include/cairn/cairn.h) and cairn_fortran_error.c, as bind(C) interfaces.
   include 'cairn_c_api.inc'
@@ -291,6 +317,21 @@ contains
     if (code == CAIRN_OK) code = c_prefetch(self%handle, c_str(id))
   end function client_prefetch
 
+  function client_model_prefetch(self, id, all) result(code)
+    class(client_type), intent(in) :: self
+    character(len=*), intent(in) :: id
+    logical, optional, intent(in) :: all
+    integer(enum_kind) :: code
+    type(cairn_prefetch_options) :: opts
+    code = need(self%handle, 'client%model_prefetch', 'client')
+    if (code /= CAIRN_OK) return
+    call c_prefetch_options_init(opts)
+    if (present(all)) then
+      if (all) opts%all = 1
+    end if
+    code = c_model_prefetch(self%handle, c_str(id), opts, c_null_ptr)
+  end function client_model_prefetch
+
   !> code = client%pipeline_flush(): collects the replies of pipelined (MEMORY + ticket) commits.
   function client_pipeline_flush(self) result(code)
     class(client_type), intent(in) :: self
@@ -400,29 +441,40 @@ contains
     if (code == CAIRN_OK) code = c_model_set_architecture(self%handle, c_str(json))
   end function writer_set_architecture
 
-  !> code = writer%commit(durability [, ticket]): commits and ends the writer, whatever the result.
-  !! Without a ticket the call returns once `durability` is reached, with the commit's error. With
-  !! one, see cairn_model_commit in cairn.h: MEMORY is pipelined (ticket%wait returns the commit's
-  !! outcome), LOCAL/GLOBAL return once the model is visible and the ticket tracks the durability.
-  function writer_commit(self, durability, ticket) result(code)
+  !> code = writer%commit(durability [, ticket] [, pipelined]): commits and ends the writer, whatever
+  !! the result (cairn_model_commit_opts). Without a ticket the call returns once `durability` is
+  !! reached, with the commit's error. With one it does not wait: pipelined (default: durability is
+  !! CAIRN_DURABILITY_MEMORY) returns as soon as the request is written and ticket%wait returns the
+  !! commit's outcome, then the durability; otherwise it returns once the model is visible and the
+  !! ticket waits for the durability. pipelined without a ticket is CAIRN_ERR_INVALID_ARGUMENT.
+  function writer_commit(self, durability, ticket, pipelined) result(code)
     class(model_writer_type), intent(inout) :: self
     integer(enum_kind), intent(in) :: durability
     type(ticket_type), optional, intent(inout) :: ticket
+    logical, optional, intent(in) :: pipelined
     integer(enum_kind) :: code
     type(c_ptr), target :: t
+    type(cairn_commit_options) :: opts
     code = need(self%handle, 'writer%commit', 'writer')
     if (code /= CAIRN_OK) return
+    call c_commit_options_init(opts)
+    opts%durability = durability
     if (present(ticket)) then
       if (c_associated(ticket%handle)) then
         code = fail(CAIRN_ERR_INVALID_ARGUMENT, 'writer%commit: the ticket still holds an earlier commit''s '// &
              'ticket; call ticket%free() first (the writer is still open)')
         return
       end if
+      opts%wait = 0
+      opts%pipelined = merge(1, 0, durability == CAIRN_DURABILITY_MEMORY)
+      if (present(pipelined)) opts%pipelined = merge(1, 0, pipelined)
       t = c_null_ptr
-      code = c_model_commit(self%handle, durability, c_loc(t))
+      code = c_model_commit_opts(self%handle, opts, c_loc(t))
       ticket%handle = t
     else
-      code = c_model_commit(self%handle, durability, c_null_ptr)
+      if (present(pipelined)) opts%wait = merge(0, 1, pipelined)
+      if (present(pipelined)) opts%pipelined = merge(1, 0, pipelined)
+      code = c_model_commit_opts(self%handle, opts, c_null_ptr)
     end if
     self%handle = c_null_ptr
   end function writer_commit

@@ -111,7 +111,13 @@ cairn_status cairn_mpi_checkpoint(MPI_Comm comm, cairn_client *c, const char *id
   }
   /* Returns once this rank's share is in the arena and the request is written (pipelined): the
    * daemon hashes and registers it behind the caller; the ticket follows the whole model. */
-  return cairn_model_commit_pipelined(w, d, ticket);
+  {
+    cairn_commit_options opts = CAIRN_COMMIT_OPTIONS_INIT;
+    opts.durability = d;
+    opts.wait = 0;
+    opts.pipelined = 1;
+    return cairn_model_commit_opts(w, &opts, ticket);
+  }
 }
 
 /* Reads the tensors with want[i] set from the daemon into their buffers. */

@@ -218,7 +218,7 @@ def worker(a):
             dist.barrier()
             if r == rank:
                 t0 = time.perf_counter()
-                with c.writer(f"map-arena-{rank}") as w:  # never committed: dropped at the end
+                with c.model_create(f"map-arena-{rank}") as w:  # never committed: dropped at the end
                     w.reserve([64 << 20] * int(0.9 * cap // (64 << 20)))
                 c.stats()  # the dropped reservation goes back to the daemon with this client's next request
                 out["map_arena_s"] = time.perf_counter() - t0

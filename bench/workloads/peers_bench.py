@@ -17,9 +17,9 @@ tcp;ofi_rxm), and the measured costs fed to the simulation for 16 to 4,096 nodes
 - simulation: bench/workloads/peers_sim.py with link_Bps = the measured stream bandwidth,
   pfs_per_client_Bps = one daemon alone's repository load bandwidth, the link latency and lookup
   round trip from fi_pingpong's small-message round trip, an assumed PFS aggregate bandwidth, BERT-base;
-  both directory rules: "eager" (every waiter answered at once: the directory as first built) and
-  "late" (waiters queued until a holder has a free upload slot: the directory since it limits each
-  holder to one upload of a chunk at a time), nodes 16 .. 4096.
+  both directory rules: "eager" (every waiter answered at once, with no upload-slot limit) and
+  "late" (waiters queued until a holder has a free upload slot: daemon/peers/directory.hpp's rule, one
+  upload of a chunk per holder at a time), nodes 16 .. 4096.
 
 Every load is checked against the bytes that were stored (a mismatch: exit 1). Every daemon is
 stopped by pid at the end, also on errors.
@@ -186,7 +186,7 @@ def part_stream(tmp, repo, size, chunk, repeats, provider=PROVIDER):
                 user_times.append(time.perf_counter() - t0)
                 del view
                 t0 = time.perf_counter()
-                cb.prefetch(mids["staged"])
+                cb.model_prefetch(mids["staged"])
                 times.append(time.perf_counter() - t0)
                 after = b.movement()
                 for k in want:
@@ -350,7 +350,7 @@ def part_simulation(out_dir, stem, stream_Bps, alone_Bps, rtt_s, rtt_from, chunk
                                  "fetch of a chunk per holder at a time: daemon/peers/directory.hpp with its "
                                  "upload-slot limit)"),
                         ("eager", "eager: every waiter is answered as soon as a holder exists, however loaded "
-                                  "(daemon/peers/directory.hpp as first built)")):
+                                  "(daemon/peers/directory.hpp without its upload-slot limit)")):
         pfile = out_dir / f"{stem}-sim-{rule}-params.json"
         ofile = out_dir / f"{stem}-sim-{rule}.json"
         pfile.write_text(json.dumps(dict(params, dispatch=rule)) + "\n")

@@ -46,7 +46,7 @@ def part_prefetch_all(tmp, repo, size, chunk, ns):
                         wait_visible(c, mid)
                 before = [m.movement() for m in ms]
                 t0 = time.perf_counter()
-                report = c0.prefetch(mid, all=True)
+                report = c0.model_prefetch(mid, all=True)
                 wall = time.perf_counter() - t0
             staged = [m.movement() for m in ms]
             if not report.get("all_ok"):

@@ -48,7 +48,7 @@ def main() -> int:
             c.save_model(mid, {}, parent="base" if i % 100 == 0 else prev, inherit_all=True, durability="memory",
                          meta={"score": i})
             prev = mid
-        c.flush_pipeline()
+        c.pipeline_flush()
         commit_s = time.time() - t0
         subprocess.run([str(BUILD / "bin" / "cairn"), "flush"], env=env, check=True, capture_output=True)
         flushed_s = time.time() - t0

@@ -49,7 +49,7 @@ Status GroupParts::failed_because(const std::string& id, const Status& why) {
   return Status(why.code(), quoted(id) + " was not created: " + why.message());
 }
 
-GroupParts::GroupParts(Parts parts, Transport transport) : p_(parts), t_(std::move(transport)) {
+GroupParts::GroupParts(Parts parts, PartTransport& transport) : p_(parts), t_(transport) {
   worker_ = std::thread([this] { worker_loop(); });
   io_ = std::thread([this] {
     std::unique_lock lock(mu_);

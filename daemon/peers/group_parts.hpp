@@ -48,6 +48,7 @@
 
 #include "core/status.hpp"
 #include "daemon/peers/part_messages.hpp"
+#include "daemon/peers/part_transport.hpp"
 #include "daemon/tickets.hpp"
 #include "tiers/pfs/manifest.hpp"
 
@@ -56,38 +57,32 @@ namespace cairn {
 class CommitPath;
 class DramTier;
 class Flusher;
+class PeerCatalog;
 class TierManager;
 
 class GroupParts {
  public:
-  // What it needs of the peer group (the PeerService in cairnd; fakes in tests).
-  struct Transport {
-    std::function<bool()> active;  // another verified member is there: parts go through the group
-    std::function<std::string()> self;
-    std::function<std::string(const std::string& model)> home;  // PeerService::model_home
-    std::function<Status(const std::string& member, PeerMsg type, nlohmann::json body)> send;
-    std::function<std::vector<std::string>()> members;  // the verified members, this one not included
-  };
   struct Parts {
     CommitPath& commits;
     TicketBook& tickets;
     DramTier& dram;
     TierManager& tiers;
     const Flusher& flusher;
+    // A model a member registered and announced failed to reach the repository: out of this
+    // member's view of the job's catalog.
+    PeerCatalog& peer_catalog;
     bool burst_buffer = false;
     std::chrono::milliseconds peer_timeout{10000};  // a member silent this long is gone
-    // A model `member` registered and announced failed to reach the repository: out of this
-    // member's view of the job's catalog (Engine::drop_peer_model).
-    std::function<void(const std::string& model, const std::string& member)> drop_remote = {};
   };
-  GroupParts(Parts parts, Transport transport);
+  // transport: the peer group (PeerPartTransport in cairnd); outlives this object.
+  GroupParts(Parts parts, PartTransport& transport);
   // REQUIRES: stop() was called.
   ~GroupParts();
   GroupParts(const GroupParts&) = delete;
   GroupParts& operator=(const GroupParts&) = delete;
 
   // Whether parts go through the group now (another verified member is there).
-  bool active() const { return t_.active && t_.active(); }
+  bool active() const { return t_.active(); }
 
   // A writer's part arrives here (the holder role), on its request thread: reserves (id, index) on
   // this member before the part is placed. kExists when this member holds parts of a model of that
@@ -99,9 +94,9 @@ class GroupParts {
   // the part to the model's home. REQUIRES: reserve_part(part.id, index) succeeded.
   void hold(PartMessage part, uint64_t ticket, std::vector<ChunkRef> pinned);
 
-  // A part message from a member (PeerService::Options::on_parts): decoded and handled in order.
+  // A part message from a member (PeerEvents::part_message): decoded and handled in order.
   void on_message(PeerMsg type, nlohmann::json body, const std::string& member);
-  // A member left the group (Options::on_member_gone).
+  // A member left the group (PeerEvents::member_left).
   void member_gone(const std::string& member);
 
   // Blocks until this member holds no part of a model that is not in the repository yet (each one
@@ -195,7 +190,7 @@ class GroupParts {
   void check_deadlines();
 
   Parts p_;
-  Transport t_;
+  PartTransport& t_;
   mutable std::mutex mu_;
   std::condition_variable cv_;                         // tasks, stopping, drained
   std::deque<std::function<void()>> tasks_;            // GUARDED_BY(mu_)

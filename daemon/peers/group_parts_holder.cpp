@@ -9,6 +9,7 @@
 
 #include "core/log.hpp"
 #include "daemon/flusher.hpp"
+#include "daemon/peers/peer_catalog.hpp"
 #include "tiers/dram/dram_tier.hpp"
 #include "tiers/tier_manager.hpp"
 
@@ -77,7 +78,9 @@ void GroupParts::on_state(const PartStateMessage& m, const std::string& from) {
   if (m.phase == PartPhase::kFailed) {
     // A model the sender registered and announced is gone from the job's catalog (harmless when
     // it never was: only an entry of that member is dropped).
-    if (m.parts.empty() && p_.drop_remote) p_.drop_remote(m.model, from);
+    if (m.parts.empty())
+      p_.peer_catalog.drop(m.model, from,
+                           "which assembled it from parts, could not write it to the repository: it is gone");
     return fail_held(m.model, m.error, m.parts);
   }
   if (m.phase == PartPhase::kCheck) {

@@ -154,15 +154,15 @@ void PeerService::Impl::service_loop() {
     if (!batch.empty()) flush_announcements(batch);
     // The job's catalog, in the order the messages came.
     for (auto& [model, member] : models)
-      if (opts.on_model) opts.on_model(std::move(model), member);
+      events->model_announced(std::move(model), member);
     models.clear();
     // Multi-part models across the group: after the models announced before them (a holder told
     // that a model is registered finds it in its catalog), before a goodbye that followed them.
     for (IncomingPart& p : parts)
-      if (opts.on_parts) opts.on_parts(p.type, std::move(p.body), p.member);
+      events->part_message(p.type, std::move(p.body), p.member);
     parts.clear();
     for (const std::string& member : gone)
-      if (opts.on_member_gone) opts.on_member_gone(member);
+      events->member_left(member);
     gone.clear();
     if (do_scan) {
       scan();
@@ -202,7 +202,7 @@ class PeerSource final : public ChunkSource {
 
 }  // namespace
 
-Result<std::unique_ptr<PeerService>> PeerService::start(const Options& options, DramTier& dram) {
+Result<std::unique_ptr<PeerService>> PeerService::open(const Options& options, DramTier& dram) {
   auto impl = std::make_unique<Impl>(options, dram);
   CAIRN_RETURN_IF_ERROR(impl->set_faults(std::getenv("CAIRN_PEERS_FAULT")));
   FabricOptions fo;
@@ -229,9 +229,19 @@ Result<std::unique_ptr<PeerService>> PeerService::start(const Options& options, 
   dram.set_residency_hook([raw](const ChunkHash& h, bool resident) { raw->announce(h, resident); });
   raw->scan();
   // Chunks already resident (none at a normal start) are announced by the scan's re-announcement.
-  raw->service = std::thread([raw] { raw->service_loop(); });
   CAIRN_LOG_INFO("peers: member {} of job {} at {} ({}), rendezvous {}", raw->self, options.job,
                  raw->fabric->address_text(), raw->fabric->provider(), raw->membership->directory());
+  return service;
+}
+
+void PeerService::start(PeerEvents& events) {
+  Impl* raw = impl_.get();
+  {
+    std::lock_guard sl(raw->stage_mu);
+    raw->events = &events;
+  }
+  raw->service = std::thread([raw] { raw->service_loop(); });
+  const Options& options = raw->opts;
   if (options.expect > 1) {
     std::unique_lock lock(raw->mu);
     auto deadline = PClock::now() + options.timeout;
@@ -240,7 +250,6 @@ Result<std::unique_ptr<PeerService>> PeerService::start(const Options& options, 
       CAIRN_LOG_WARN("peers: {} of the {} expected members are there after {} ms; going on", raw->verified_count() + 1,
                      options.expect, options.timeout.count());
   }
-  return service;
 }
 
 PeerService::PeerService(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

@@ -16,8 +16,9 @@
 // peers.timeout; the membership scan (every timeout/4) then drops it everywhere.
 //
 // Threads: the fabric's progress thread runs the message handlers (never blocking); one service
-// thread sends the batched holder announcements and runs the membership scan; readers block in
-// fetch() on their own threads.
+// thread (from start()) sends the batched holder announcements, runs the membership scan and
+// delivers the group's events (PeerEvents, peer_events.hpp); readers block in fetch() on their own
+// threads.
 #pragma once
 
 #include <chrono>
@@ -31,6 +32,8 @@
 
 #include "core/config.hpp"
 #include "core/status.hpp"
+#include "daemon/peers/part_transport.hpp"
+#include "daemon/peers/peer_events.hpp"
 #include "daemon/peers/peer_wire.hpp"
 #include "tiers/dram/dram_tier.hpp"
 #include "tiers/pfs/manifest.hpp"
@@ -57,21 +60,14 @@ class PeerService {
     std::string address;
     uint64_t expect = 0;
     std::chrono::milliseconds timeout{10000};
-    // The job's catalog: a model another member committed (called on the service thread, in the
-    // order that member committed them), and a member that left (its unflushed models are gone).
-    std::function<void(ModelManifest model, const std::string& member)> on_model = {};
-    std::function<void(const std::string& member)> on_member_gone = {};
-    // `cairn prefetch --all` from another member: bring this model into DRAM (called on a thread
-    // of its own per request); the bytes of the model now resident.
-    std::function<Result<uint64_t>(const std::string& model)> on_stage = {};
-    // A message about a multi-part model assembled across the group (part, part_state, assemble,
-    // part_local: group_parts.hpp), its body as it came: called on the service thread, after the
-    // models announced before it and before a member_gone that follows it.
-    std::function<void(PeerMsg type, nlohmann::json body, const std::string& member)> on_parts = {};
   };
-  // Opens the fabric, registers the arena, joins the group, greets the members there and (with
-  // expect > 0) waits up to the timeout for that many verified members.
-  static Result<std::unique_ptr<PeerService>> start(const Options& options, DramTier& dram);
+  // Opens the fabric, registers the arena, joins the group and greets the members there. What
+  // they send is queued until start(); another member's stage request is refused until then.
+  static Result<std::unique_ptr<PeerService>> open(const Options& options, DramTier& dram);
+  // Delivers what the group says to `events` from now on (the service thread) and, with
+  // expect > 0, waits up to the timeout for that many verified members. REQUIRES: called once;
+  // events outlives this service.
+  void start(PeerEvents& events);
   // Says goodbye, leaves the rendezvous directory, stops the threads, closes the fabric.
   ~PeerService();
   PeerService(const PeerService&) = delete;
@@ -110,8 +106,8 @@ class PeerService {
   // asked and how many have answered: once when they have been asked, then after each answer.
   nlohmann::json stage_all(const std::string& model, std::chrono::steady_clock::time_point deadline,
                            const std::function<void(size_t asked, size_t answered)>& on_answer = {});
-  // Refuses further stage requests and waits for those running (their on_stage calls return);
-  // the engine calls it before it takes down what on_stage uses.
+  // Refuses further stage requests and waits for those running (their PeerEvents::stage calls
+  // return); the engine calls it before it takes down what staging uses.
   void stop_staging();
 
   // `cairn peers`: the group, each member with its state and bytes exchanged, the directory.
@@ -122,6 +118,22 @@ class PeerService {
  private:
   explicit PeerService(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
+};
+
+// The multi-part models' transport (group_parts.hpp) over a peer service.
+class PeerPartTransport final : public PartTransport {
+ public:
+  explicit PeerPartTransport(PeerService& peers) : peers_(peers) {}
+  bool active() const override { return peers_.has_members(); }
+  std::string self() const override { return peers_.self(); }
+  std::string home(const std::string& model) const override { return peers_.model_home(model); }
+  Status send(const std::string& member, PeerMsg type, nlohmann::json body) override {
+    return peers_.send_part_message(member, type, std::move(body));
+  }
+  std::vector<std::string> members() const override { return peers_.verified_members(); }
+
+ private:
+  PeerService& peers_;
 };
 
 }  // namespace cairn

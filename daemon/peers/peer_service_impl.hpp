@@ -67,6 +67,9 @@ struct PeerService::Impl {
 
   Options opts;
   DramTier& dram;
+  // Where the group's events go (PeerService::start; null until then). Written under stage_mu
+  // before the service thread starts; read by that thread and, under stage_mu, by serve_stage.
+  PeerEvents* events = nullptr;
   // Two endpoints: control messages and chunk bodies travel on separate connections, so that a
   // lookup's answer never waits behind megabytes of bodies on one TCP stream (over tcp;ofi_rxm that
   // cost a reader milliseconds per chunk). The arena is registered with the data endpoint.
@@ -133,10 +136,10 @@ struct PeerService::Impl {
   std::condition_variable announce_cv;
   std::vector<std::pair<ChunkHash, bool>> announcements;  // GUARDED_BY(announce_mu)
   bool rescan = false, stopping = false;                   // GUARDED_BY(announce_mu)
-  // The job's catalog, handed to Options::on_model / on_member_gone on the service thread.
+  // The job's catalog, handed to PeerEvents::model_announced / member_left on the service thread.
   std::vector<std::pair<ModelManifest, std::string>> incoming_models;  // GUARDED_BY(announce_mu)
   std::vector<std::string> gone_members;                                // GUARDED_BY(announce_mu)
-  // Multi-part messages, handed to Options::on_parts on the service thread.
+  // Multi-part messages, handed to PeerEvents::part_message on the service thread.
   struct IncomingPart {
     PeerMsg type;
     json body;
@@ -254,7 +257,7 @@ struct PeerService::Impl {
   size_t stages_running = 0;       // GUARDED_BY(stage_mu)
   bool stages_stopped = false;     // GUARDED_BY(stage_mu)
   uint64_t stages_served = 0;      // GUARDED_BY(mu)
-  // REQUIRES: mu held. A member asks this one to stage a model: runs Options::on_stage on a thread
+  // REQUIRES: mu held. A member asks this one to stage a model: runs PeerEvents::stage on a thread
   // of its own, then answers with a stage_reply.
   void serve_stage(Member& mem, const StageBody& stage);
   // REQUIRES: mu held. A stage_reply ends the requester's pending wait.

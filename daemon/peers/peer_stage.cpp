@@ -20,14 +20,15 @@ void PeerService::Impl::serve_stage(Member& mem, const StageBody& stage) {
   const std::string from = mem.info.id;
   {
     std::lock_guard sl(stage_mu);
-    if (stages_stopped || !opts.on_stage) return;  // closing: the requester sees this member leave
+    // Not started yet, or closing: the requester sees this member leave.
+    if (stages_stopped || !events) return;
     ++stages_running;
   }
   ++stages_served;
   // Its own thread: a stage reads for seconds, and the progress thread must keep delivering.
   std::thread([this, req, model, from] {
     const auto t0 = PClock::now();
-    Result<uint64_t> r = opts.on_stage(model);
+    Result<uint64_t> r = events->stage(model);
     const double seconds = std::chrono::duration<double>(PClock::now() - t0).count();
     json reply{{"req", req}, {"ok", r.is_ok()}, {"seconds", seconds}};
     if (r.is_ok()) reply["bytes"] = *r;

@@ -33,11 +33,11 @@ CAIRN_EXPORT cairn_status cairn_mpi_assign(const cairn_tensor_ref *tensors, size
 /* Collective over comm: every rank passes the same tensor list (names, dtypes, shapes; the bytes of
  * the tensors it owns must be the state to save). Each rank commits its share as one part of model
  * `id` (cairn_model_create_part, derived from parent when not NULL) and returns as soon as its share
- * is in the daemon's arena (cairn_model_commit_pipelined: the daemon hashes and registers it behind
+ * is in the daemon's arena (cairn_model_commit_opts, pipelined: the daemon hashes and registers it behind
  * the caller); *ticket resolves when the whole model reaches durability d, or fails -- on every
  * rank -- when the commit failed (e.g. CAIRN_ERR_EXISTS) or some rank's part did not arrive within
  * timeout_ms (<= 0: 60 s). With one rank it is a plain commit. The
- * ranks' daemons must be the same daemon (one node) in this version. Wait with cairn_wait and free
+ * ranks' daemons must be the same daemon (one node) in this version. Wait with cairn_ticket_wait and free
  * with cairn_ticket_free. */
 CAIRN_EXPORT cairn_status cairn_mpi_checkpoint(MPI_Comm comm, cairn_client *c, const char *id, const char *parent,
                                                const cairn_tensor_ref *tensors, size_t n, cairn_durability d,

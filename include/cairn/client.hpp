@@ -1,22 +1,29 @@
 // cairn/client.hpp — the C++ interface: RAII handles over the C API (cairn.h), header-only, so it
 // needs nothing but libcairn.so and works with any C++17 compiler and standard library.
 //
-// Conventions: errors are values. Every call returns cairn::Status (or cairn::Result<T>); nothing
+// Conventions: errors are values. Every call returns cairn::v1::Status (or Result<T>); nothing
 // throws. A Status carries the cairn_status code and the message cairn_last_error() gave.
 // Handles are move-only and free themselves; a Reader or Writer must not outlive its Client.
-// Every call of cairn.h has its method here (the header names which): the C names are
-// <object>_<verb> (cairn_model_create), the C++ ones the verb on its object (Client::create_model,
-// Writer::commit).
+// Every call of cairn.h has its method here, named by one rule: the C name without "cairn_" and
+// without the object the class stands for -- Client is the connection (cairn_tensor_put ->
+// Client::tensor_put, cairn_model_open -> Client::model_open, cairn_pipeline_flush ->
+// Client::pipeline_flush), Writer the model being written (cairn_model_add_tensor ->
+// Writer::add_tensor, cairn_model_commit_opts -> Writer::commit), Reader the open model
+// (cairn_model_read -> Reader::read, cairn_model_map -> Reader::map), Ticket the ticket
+// (cairn_ticket_wait -> Ticket::wait). Options are cairn.h's structs (cairn_read_options,
+// cairn_commit_options, cairn_prefetch_options), defaulted to their *_INIT values. Older method
+// names are [[deprecated]] for one release (docs/api.md lists them).
 //
 //   namespace cn = cairn::v1;
 //   auto client = cn::Client::connect();             // $CAIRN_SOCKET, then the default socket
 //   if (!client) { std::cerr << client.status().message() << "\n"; return 1; }
-//   auto w = client->create_model("cand-17", "cand-9");
-//   w->inherit("layer1.0.conv1.weight");
-//   w->add("fc.weight", fc.data(), CAIRN_DTYPE_F32, {1000, 512});
-//   w->commit(CAIRN_DURABILITY_GLOBAL);
-//   auto r = client->open_model("cand-17");
-//   auto view = r->map("fc.weight");                     // zero-copy, valid while r lives
+//   auto w = client->model_create("cand-17", "cand-9");
+//   w->inherit_tensor("layer1.0.conv1.weight");
+//   w->add_tensor("fc.weight", fc.data(), CAIRN_DTYPE_F32, {1000, 512});
+//   cairn_commit_options opts = CAIRN_COMMIT_OPTIONS_INIT;  // global, waited
+//   w->commit(opts);
+//   auto r = client->model_open("cand-17");
+//   auto views = r->map({"fc.weight"});                       // zero-copy, valid while r lives
 #ifndef CAIRN_CLIENT_HPP
 #define CAIRN_CLIENT_HPP
 
@@ -25,6 +32,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <type_traits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -88,8 +96,11 @@ class Ticket {
  public:
   Ticket() = default;
   explicit Ticket(cairn_ticket* t) : t_(t, cairn_ticket_free) {}
-  // Waits for the durability the commit asked for (-1: forever).
-  Status wait(int timeout_ms = -1) { return t_ ? Status::from(cairn_wait(t_.get(), timeout_ms)) : Status(); }
+  // cairn_ticket_wait: waits up to timeout_ms (-1: forever) for the commit's outcome and then the
+  // durability it asked for. An empty ticket (a commit that waited) is done: ok.
+  Status wait(int timeout_ms = -1) {
+    return t_ ? Status::from(cairn_ticket_wait(t_.get(), timeout_ms)) : Status();
+  }
 
  private:
   std::unique_ptr<cairn_ticket, void (*)(cairn_ticket*)> t_{nullptr, cairn_ticket_free};
@@ -106,79 +117,116 @@ class Writer {
     }
     return *this;
   }
-  ~Writer() {
-    if (w_) cairn_model_abort(w_);
-  }
+  ~Writer() { abort(); }
 
-  Status add(const std::string& name, const void* data, cairn_dtype dtype, const std::vector<int64_t>& shape) {
+  // cairn_model_add_tensor: the bytes are copied into the daemon's arena before it returns.
+  Status add_tensor(const std::string& name, const void* data, cairn_dtype dtype, const std::vector<int64_t>& shape) {
     return Status::from(cairn_model_add_tensor(w_, name.c_str(), data, dtype, static_cast<int>(shape.size()),
                                                shape.data()));
   }
-  // Many tensors in one call (cairn_model_add_tensors): all copied, on every core, before it
-  // returns; an error adds none of them.
+  // One tensor of add_tensors.
   struct In {
     std::string name;
     const void* data;
     cairn_dtype dtype;
     std::vector<int64_t> shape;
   };
-  Status add_many(const std::vector<In>& tensors) {
+  // cairn_model_add_tensors: many tensors in one call, all copied, on every core, before it
+  // returns; an error adds none of them.
+  Status add_tensors(const std::vector<In>& tensors) {
     std::vector<cairn_tensor_in> in;
     in.reserve(tensors.size());
     for (const In& t : tensors)
       in.push_back(cairn_tensor_in{t.name.c_str(), t.data, t.dtype, static_cast<int>(t.shape.size()), t.shape.data()});
     return Status::from(cairn_model_add_tensors(w_, in.data(), in.size()));
   }
-  // From device memory (cairn_model_add_tensor_device): copied before it returns.
-  Status add_device(const std::string& name, const void* data, cairn_dtype dtype, const std::vector<int64_t>& shape) {
+  // cairn_model_add_tensor_device: from device memory, copied before it returns.
+  Status add_tensor_device(const std::string& name, const void* data, cairn_dtype dtype,
+                           const std::vector<int64_t>& shape) {
     return Status::from(cairn_model_add_tensor_device(w_, name.c_str(), data, dtype, static_cast<int>(shape.size()),
                                                       shape.data()));
   }
-  Status inherit(const std::string& name) { return Status::from(cairn_model_inherit_tensor(w_, name.c_str())); }
-  // cairn_model_inherit_all: every parent tensor not added or inherited by name.
-  Status inherit_all() { return Status::from(cairn_model_inherit_all(w_)); }
   // cairn_model_add_tensor_space: writable arena bytes for the tensor, to fill before commit (no copy).
-  Result<void*> add_space(const std::string& name, cairn_dtype dtype, const std::vector<int64_t>& shape) {
+  Result<void*> add_tensor_space(const std::string& name, cairn_dtype dtype, const std::vector<int64_t>& shape) {
     void* data = nullptr;
     Status s = Status::from(cairn_model_add_tensor_space(w_, name.c_str(), dtype, static_cast<int>(shape.size()),
                                                          shape.data(), &data));
     if (!s) return s;
     return data;
   }
-  // cairn_model_seal_tensor: a tensor added with add_space holds its final bytes (hashed now).
-  Status seal(const std::string& name) { return Status::from(cairn_model_seal_tensor(w_, name.c_str())); }
+  // cairn_model_seal_tensor: a tensor added with add_tensor_space holds its final bytes (hashed now).
+  Status seal_tensor(const std::string& name) { return Status::from(cairn_model_seal_tensor(w_, name.c_str())); }
   // cairn_model_reserve: the sizes of the large tensors about to be added, allocated in one round trip.
   Status reserve(const std::vector<size_t>& nbytes) {
     return Status::from(cairn_model_reserve(w_, nbytes.size(), nbytes.data()));
   }
   // cairn_model_set_copy_threads: the threads this writer's copies may use (0: one per core, at most 4).
   Status set_copy_threads(unsigned threads) { return Status::from(cairn_model_set_copy_threads(w_, threads)); }
+  // cairn_model_inherit_tensor: keeps the parent's tensor unchanged (no bytes, no hashing).
+  Status inherit_tensor(const std::string& name) { return Status::from(cairn_model_inherit_tensor(w_, name.c_str())); }
+  // cairn_model_inherit_all: every parent tensor not added or inherited by name.
+  Status inherit_all() { return Status::from(cairn_model_inherit_all(w_)); }
+  // cairn_model_set_architecture: the architecture graph as JSON text (docs/graph-format.md).
   Status set_architecture(const std::string& graph_json) {
     return Status::from(cairn_model_set_architecture(w_, graph_json.c_str()));
   }
+  // cairn_model_set_metadata: a JSON object as text.
   Status set_metadata(const std::string& meta_json) {
     return Status::from(cairn_model_set_metadata(w_, meta_json.c_str()));
   }
-  // Commits and waits for durability d.
+  // cairn_model_commit_opts: commits as opts say and ends this writer. With opts.wait the ticket is
+  // empty (the durability is reached); otherwise it waits for the commit's outcome (pipelined) and
+  // the durability.
+  Result<Ticket> commit(const cairn_commit_options& opts) {
+    cairn_ticket* t = nullptr;
+    Status s = Status::from(cairn_model_commit_opts(std::exchange(w_, nullptr), &opts, opts.wait ? nullptr : &t));
+    if (!s) return s;
+    return Ticket(t);
+  }
+  // cairn_model_commit with no ticket: commits and waits for durability d.
   Status commit(cairn_durability d = CAIRN_DURABILITY_GLOBAL) {
     return Status::from(cairn_model_commit(std::exchange(w_, nullptr), d, nullptr));
   }
-  // Commits; the ticket waits for durability d later. At CAIRN_DURABILITY_MEMORY the commit is
-  // pipelined: this returns once the request is written, and the commit's own error (kExists, a
-  // missing parent, ...) comes from ticket.wait() (cairn.h, cairn_model_commit).
-  Result<Ticket> commit_async(cairn_durability d) {
+  // cairn_model_abort: drops the uncommitted model (the destructor does it too). Nothing once committed.
+  void abort() {
+    if (w_) cairn_model_abort(std::exchange(w_, nullptr));
+  }
+
+  [[deprecated("use add_tensor (docs/api.md)")]] Status add(const std::string& name, const void* data,
+                                                            cairn_dtype dtype, const std::vector<int64_t>& shape) {
+    return add_tensor(name, data, dtype, shape);
+  }
+  [[deprecated("use add_tensors (docs/api.md)")]] Status add_many(const std::vector<In>& tensors) {
+    return add_tensors(tensors);
+  }
+  [[deprecated("use add_tensor_device (docs/api.md)")]] Status add_device(const std::string& name, const void* data,
+                                                                          cairn_dtype dtype,
+                                                                          const std::vector<int64_t>& shape) {
+    return add_tensor_device(name, data, dtype, shape);
+  }
+  [[deprecated("use inherit_tensor (docs/api.md)")]] Status inherit(const std::string& name) {
+    return inherit_tensor(name);
+  }
+  [[deprecated("use add_tensor_space (docs/api.md)")]] Result<void*> add_space(const std::string& name,
+                                                                               cairn_dtype dtype,
+                                                                               const std::vector<int64_t>& shape) {
+    return add_tensor_space(name, dtype, shape);
+  }
+  [[deprecated("use seal_tensor (docs/api.md)")]] Status seal(const std::string& name) { return seal_tensor(name); }
+  // cairn_model_commit with a ticket: pipelined at memory (not a part), else once visible.
+  [[deprecated("use commit(cairn_commit_options) (docs/api.md)")]] Result<Ticket> commit_async(cairn_durability d) {
     cairn_ticket* t = nullptr;
     Status s = Status::from(cairn_model_commit(std::exchange(w_, nullptr), d, &t));
     if (!s) return s;
     return Ticket(t);
   }
-  // Commits pipelined at any durability: returns once the request is written; the commit's own
-  // error and then durability d come from ticket.wait() (cairn.h, cairn_model_commit_pipelined).
-  Result<Ticket> commit_pipelined(cairn_durability d) {
-    cairn_ticket* t = nullptr;
-    Status s = Status::from(cairn_model_commit_pipelined(std::exchange(w_, nullptr), d, &t));
-    if (!s) return s;
-    return Ticket(t);
+  [[deprecated("use commit(cairn_commit_options) with pipelined = 1, wait = 0 (docs/api.md)")]] Result<Ticket>
+  commit_pipelined(cairn_durability d) {
+    cairn_commit_options opts = CAIRN_COMMIT_OPTIONS_INIT;
+    opts.durability = d;
+    opts.wait = 0;
+    opts.pipelined = 1;
+    return commit(opts);
   }
 
  private:
@@ -196,109 +244,134 @@ class Reader {
     }
     return *this;
   }
-  ~Reader() {
-    if (r_) cairn_model_close(r_);
-  }
+  ~Reader() { close(); }
 
-  Result<std::vector<TensorInfo>> tensors() {
+  // cairn_model_tensor_count.
+  Result<size_t> tensor_count() {
     size_t n = 0;
     Status s = Status::from(cairn_model_tensor_count(r_, &n));
     if (!s) return s;
-    std::vector<TensorInfo> out(n);
-    for (size_t i = 0; i < n; ++i) {
-      const char* name = nullptr;
-      int ndim = 0;
-      int64_t shape[CAIRN_MAX_DIMS];
-      s = Status::from(cairn_model_tensor_info(r_, i, &name, &out[i].dtype, &ndim, shape, &out[i].nbytes));
-      if (!s) return s;
-      out[i].name = name;
-      out[i].shape.assign(shape, shape + ndim);
+    return n;
+  }
+  // cairn_model_tensor_info: tensor number index (0 .. tensor_count() - 1).
+  Result<TensorInfo> tensor_info(size_t index) {
+    TensorInfo t;
+    const char* name = nullptr;
+    int ndim = 0;
+    int64_t shape[CAIRN_MAX_DIMS];
+    Status s = Status::from(cairn_model_tensor_info(r_, index, &name, &t.dtype, &ndim, shape, &t.nbytes));
+    if (!s) return s;
+    t.name = name;
+    t.shape.assign(shape, shape + ndim);
+    return t;
+  }
+  // Every tensor_info, in the model's order.
+  Result<std::vector<TensorInfo>> tensors() {
+    auto n = tensor_count();
+    if (!n) return n.status();
+    std::vector<TensorInfo> out;
+    out.reserve(*n);
+    for (size_t i = 0; i < *n; ++i) {
+      auto t = tensor_info(i);
+      if (!t) return t.status();
+      out.push_back(std::move(*t));
     }
     return out;
   }
-  Status read(const std::string& name, void* dst, size_t dst_bytes, cairn_memkind kind = CAIRN_MEM_HOST) {
-    return Status::from(cairn_model_read_tensor(r_, name.c_str(), dst, dst_bytes, kind));
+  // cairn_model_read: copies names[i] into dsts[i] (dst_bytes[i] must equal its size) with one
+  // request; opts.kind says whether the buffers are host or device memory.
+  Status read(const std::vector<std::string>& names, const std::vector<void*>& dsts,
+              const std::vector<size_t>& dst_bytes, const cairn_read_options& opts = CAIRN_READ_OPTIONS_INIT) {
+    if (dsts.size() != names.size() || dst_bytes.size() != names.size())
+      return Status(CAIRN_ERR_INVALID_ARGUMENT, "read: names, dsts and dst_bytes differ in length");
+    std::vector<const char*> c_names = c_strings(names);
+    return Status::from(cairn_model_read(r_, names.size(), c_names.data(), dsts.data(), dst_bytes.data(), &opts));
   }
+  // A view of one tensor: read-only, unless mapped with opts.private_copy (then copy-on-write).
   struct View {
-    const void* data = nullptr;
-    size_t nbytes = 0;
-  };
-  // A read-only view into the daemon's arena, valid while this Reader lives.
-  Result<View> map(const std::string& name) {
-    View v;
-    Status s = Status::from(cairn_model_map_tensor(r_, name.c_str(), &v.data, &v.nbytes));
-    if (!s) return s;
-    return v;
-  }
-  // A read-only device pointer into the daemon's HBM tier (cairn_model_map_tensor_device), valid
-  // while this Reader lives; device -1: the daemon's first.
-  Result<View> map_device(const std::string& name, int device = -1) {
-    View v;
-    Status s = Status::from(cairn_model_map_tensor_device(r_, name.c_str(), device, &v.data, &v.nbytes));
-    if (!s) return s;
-    return v;
-  }
-  // cairn_model_map_tensors: views of many tensors with one request; all or nothing.
-  Result<std::vector<View>> map_many(const std::vector<std::string>& names) {
-    return views(names, [&](size_t n, const char* const* c_names, const void** data, size_t* nbytes) {
-      return cairn_model_map_tensors(r_, n, c_names, data, nbytes);
-    });
-  }
-  // cairn_model_map_tensors_device: device views of many tensors with one request (device -1: the first).
-  Result<std::vector<View>> map_device_many(const std::vector<std::string>& names, int device = -1) {
-    return views(names, [&](size_t n, const char* const* c_names, const void** data, size_t* nbytes) {
-      return cairn_model_map_tensors_device(r_, n, c_names, device, data, nbytes);
-    });
-  }
-  struct PrivateView {
     void* data = nullptr;
     size_t nbytes = 0;
   };
-  // cairn_model_map_tensors_private: writable copy-on-write views, valid while this Reader lives.
-  Result<std::vector<PrivateView>> map_private(const std::vector<std::string>& names) {
+  // cairn_model_map: zero-copy views of the tensors with one request, valid while this Reader
+  // lives; all or nothing. opts: host (read-only, or copy-on-write with private_copy) or device.
+  Result<std::vector<View>> map(const std::vector<std::string>& names,
+                                const cairn_read_options& opts = CAIRN_READ_OPTIONS_INIT) {
     std::vector<const char*> c_names = c_strings(names);
     std::vector<void*> data(names.size());
     std::vector<size_t> nbytes(names.size());
-    Status s = Status::from(cairn_model_map_tensors_private(r_, names.size(), c_names.data(), data.data(), nbytes.data()));
+    Status s = Status::from(cairn_model_map(r_, names.size(), c_names.data(), data.data(), nbytes.data(), &opts));
     if (!s) return s;
-    std::vector<PrivateView> out(names.size());
-    for (size_t i = 0; i < names.size(); ++i) out[i] = PrivateView{data[i], nbytes[i]};
+    std::vector<View> out(names.size());
+    for (size_t i = 0; i < names.size(); ++i) out[i] = View{data[i], nbytes[i]};
     return out;
   }
-  // cairn_model_read_tensors: many tensors into host buffers with one request (sizes must match).
-  Status read_many(const std::vector<std::string>& names, const std::vector<void*>& dsts,
-                   const std::vector<size_t>& dst_bytes) {
-    if (dsts.size() != names.size() || dst_bytes.size() != names.size())
-      return Status(CAIRN_ERR_INVALID_ARGUMENT, "read_many: names, dsts and dst_bytes differ in length");
-    std::vector<const char*> c_names = c_strings(names);
-    return Status::from(cairn_model_read_tensors(r_, names.size(), c_names.data(), dsts.data(), dst_bytes.data()));
+  // cairn_model_read_tensor: one tensor into dst (host or device memory by kind).
+  Status read_tensor(const std::string& name, void* dst, size_t dst_bytes, cairn_memkind kind = CAIRN_MEM_HOST) {
+    return Status::from(cairn_model_read_tensor(r_, name.c_str(), dst, dst_bytes, kind));
   }
-  // cairn_model_read_tensors_device: many tensors into device buffers with one request.
-  Status read_many_device(const std::vector<std::string>& names, const std::vector<void*>& dsts,
-                          const std::vector<size_t>& dst_bytes) {
-    if (dsts.size() != names.size() || dst_bytes.size() != names.size())
-      return Status(CAIRN_ERR_INVALID_ARGUMENT, "read_many_device: names, dsts and dst_bytes differ in length");
-    std::vector<const char*> c_names = c_strings(names);
-    return Status::from(
-        cairn_model_read_tensors_device(r_, names.size(), c_names.data(), dsts.data(), dst_bytes.data()));
+  // cairn_model_map_tensor: a read-only view of one tensor in the daemon's arena.
+  Result<View> map_tensor(const std::string& name) {
+    const void* data = nullptr;
+    size_t nbytes = 0;
+    Status s = Status::from(cairn_model_map_tensor(r_, name.c_str(), &data, &nbytes));
+    if (!s) return s;
+    return View{const_cast<void*>(data), nbytes};
+  }
+  // cairn_model_close: ends the reader and its views (the destructor does it too).
+  void close() {
+    if (r_) cairn_model_close(std::exchange(r_, nullptr));
+  }
+
+  // The single-tensor forms take any string (not a braced list, which is map's and read's).
+  template <typename S, typename = std::enable_if_t<std::is_convertible_v<const S&, std::string>>>
+  [[deprecated("use read_tensor, or read with cairn_read_options (docs/api.md)")]] Status read(
+      const S& name, void* dst, size_t dst_bytes, cairn_memkind kind = CAIRN_MEM_HOST) {
+    return read_tensor(name, dst, dst_bytes, kind);
+  }
+  template <typename S, typename = std::enable_if_t<std::is_convertible_v<const S&, std::string>>>
+  [[deprecated("use map_tensor, or map (docs/api.md)")]] Result<View> map(const S& name) {
+    return map_tensor(name);
+  }
+  [[deprecated("use map with kind = CAIRN_MEM_CUDA (docs/api.md)")]] Result<View> map_device(const std::string& name,
+                                                                                             int device = -1) {
+    auto v = map({name}, device_options(device));
+    if (!v) return v.status();
+    return (*v)[0];
+  }
+  [[deprecated("use map (docs/api.md)")]] Result<std::vector<View>> map_many(const std::vector<std::string>& names) {
+    return map(names);
+  }
+  [[deprecated("use map with kind = CAIRN_MEM_CUDA (docs/api.md)")]] Result<std::vector<View>> map_device_many(
+      const std::vector<std::string>& names, int device = -1) {
+    return map(names, device_options(device));
+  }
+  [[deprecated("use map with private_copy = 1 (docs/api.md)")]] Result<std::vector<View>> map_private(
+      const std::vector<std::string>& names) {
+    cairn_read_options opts = CAIRN_READ_OPTIONS_INIT;
+    opts.private_copy = 1;
+    return map(names, opts);
+  }
+  [[deprecated("use read (docs/api.md)")]] Status read_many(const std::vector<std::string>& names,
+                                                            const std::vector<void*>& dsts,
+                                                            const std::vector<size_t>& dst_bytes) {
+    return read(names, dsts, dst_bytes);
+  }
+  [[deprecated("use read with kind = CAIRN_MEM_CUDA (docs/api.md)")]] Status read_many_device(
+      const std::vector<std::string>& names, const std::vector<void*>& dsts, const std::vector<size_t>& dst_bytes) {
+    return read(names, dsts, dst_bytes, device_options(-1));
   }
 
  private:
+  static cairn_read_options device_options(int device) {
+    cairn_read_options opts = CAIRN_READ_OPTIONS_INIT;
+    opts.kind = CAIRN_MEM_CUDA;
+    opts.device = device;
+    return opts;
+  }
   static std::vector<const char*> c_strings(const std::vector<std::string>& names) {
     std::vector<const char*> out;
     out.reserve(names.size());
     for (const std::string& n : names) out.push_back(n.c_str());
-    return out;
-  }
-  template <typename Map>
-  Result<std::vector<View>> views(const std::vector<std::string>& names, Map map) {
-    std::vector<const char*> c_names = c_strings(names);
-    std::vector<const void*> data(names.size());
-    std::vector<size_t> nbytes(names.size());
-    Status s = Status::from(map(names.size(), c_names.data(), data.data(), nbytes.data()));
-    if (!s) return s;
-    std::vector<View> out(names.size());
-    for (size_t i = 0; i < names.size(); ++i) out[i] = View{data[i], nbytes[i]};
     return out;
   }
 
@@ -307,7 +380,7 @@ class Reader {
 
 class Client {
  public:
-  // address: a socket path; empty: $CAIRN_SOCKET, then the default.
+  // cairn_connect. address: a socket path; empty: $CAIRN_SOCKET, then the default.
   static Result<Client> connect(const std::string& address = "") {
     cairn_client* c = nullptr;
     Status s = Status::from(cairn_connect(address.empty() ? nullptr : address.c_str(), &c));
@@ -323,34 +396,36 @@ class Client {
     }
     return *this;
   }
+  // cairn_disconnect.
   ~Client() { cairn_disconnect(c_); }
 
-  Status put_tensor(const std::string& key, const void* data, cairn_dtype dtype, const std::vector<int64_t>& shape) {
-    return Status::from(cairn_put_tensor(c_, key.c_str(), data, dtype, static_cast<int>(shape.size()), shape.data()));
+  // cairn_client_address: the socket path this client is connected to.
+  std::string address() const { return cairn_client_address(c_); }
+
+  // ---- named tensors ----
+
+  // cairn_tensor_put.
+  Status tensor_put(const std::string& key, const void* data, cairn_dtype dtype, const std::vector<int64_t>& shape) {
+    return Status::from(cairn_tensor_put(c_, key.c_str(), data, dtype, static_cast<int>(shape.size()), shape.data()));
   }
+  // cairn_tensor_info.
   Result<TensorInfo> tensor_info(const std::string& key) {
     TensorInfo t;
     int ndim = 0;
     int64_t shape[CAIRN_MAX_DIMS];
-    Status s = Status::from(cairn_get_tensor_info(c_, key.c_str(), &t.dtype, &ndim, shape, &t.nbytes));
+    Status s = Status::from(cairn_tensor_info(c_, key.c_str(), &t.dtype, &ndim, shape, &t.nbytes));
     if (!s) return s;
     t.name = key;
     t.shape.assign(shape, shape + ndim);
     return t;
   }
-  Status unpack_tensor(const std::string& key, void* dst, size_t dst_bytes) {
-    return Status::from(cairn_unpack_tensor(c_, key.c_str(), dst, dst_bytes));
+  // cairn_tensor_unpack: dst_bytes must be the tensor's size.
+  Status tensor_unpack(const std::string& key, void* dst, size_t dst_bytes) {
+    return Status::from(cairn_tensor_unpack(c_, key.c_str(), dst, dst_bytes));
   }
-  Result<bool> poll_tensor(const std::string& key, int timeout_ms) {
-    int found = 0;
-    Status s = Status::from(cairn_poll_tensor(c_, key.c_str(), timeout_ms, &found));
-    if (!s) return s;
-    return found != 0;
-  }
-  Status delete_tensor(const std::string& key) { return Status::from(cairn_delete_tensor(c_, key.c_str())); }
-  // cairn_unpack_tensor_alloc: the tensor in one round trip into the buffer `alloc` returns for its
+  // cairn_tensor_unpack_alloc: the tensor in one round trip into the buffer `alloc` returns for its
   // description (nullptr: CAIRN_ERR_NO_SPACE).
-  Status unpack_tensor_to(const std::string& key, const std::function<void*(const TensorInfo&)>& alloc) {
+  Status tensor_unpack_alloc(const std::string& key, const std::function<void*(const TensorInfo&)>& alloc) {
     struct Ctx {
       const std::string* key;
       const std::function<void*(const TensorInfo&)>* alloc;
@@ -360,18 +435,22 @@ class Client {
       TensorInfo t{*c->key, dtype, std::vector<int64_t>(shape, shape + ndim), nbytes};
       return (*c->alloc)(t);
     };
-    return Status::from(cairn_unpack_tensor_alloc(c_, key.c_str(), trampoline, &ctx));
+    return Status::from(cairn_tensor_unpack_alloc(c_, key.c_str(), trampoline, &ctx));
   }
-  // cairn_client_address: the socket path this client is connected to.
-  std::string address() const { return cairn_client_address(c_); }
+  // cairn_tensor_poll: waits up to timeout_ms (0: not at all, -1: forever); whether the key exists.
+  Result<bool> tensor_poll(const std::string& key, int timeout_ms) {
+    int found = 0;
+    Status s = Status::from(cairn_tensor_poll(c_, key.c_str(), timeout_ms, &found));
+    if (!s) return s;
+    return found != 0;
+  }
+  // cairn_tensor_delete.
+  Status tensor_delete(const std::string& key) { return Status::from(cairn_tensor_delete(c_, key.c_str())); }
 
-  // Collects the replies of every pipelined commit in flight (cairn_pipeline_flush): the first error
-  // of a commit whose ticket was dropped unwaited, or kUnavailable when the connection was lost.
-  Status flush_pipeline() { return Status::from(cairn_pipeline_flush(c_)); }
-  size_t in_flight() const { return cairn_pipeline_in_flight(c_); }
+  // ---- models ----
 
-  // parent: "" for none.
-  Result<Writer> create_model(const std::string& id, const std::string& parent = "") {
+  // cairn_model_create. parent: "" for none.
+  Result<Writer> model_create(const std::string& id, const std::string& parent = "") {
     cairn_model_writer* w = nullptr;
     Status s = Status::from(cairn_model_create(c_, id.c_str(), parent.empty() ? nullptr : parent.c_str(), &w));
     if (!s) return s;
@@ -379,70 +458,126 @@ class Client {
   }
   // cairn_model_create_part: part `index` of `count` of model `id`, written by as many writers at once
   // (timeout_ms <= 0: 60 s for the missing parts).
-  Result<Writer> create_part(const std::string& id, const std::string& parent, int index, int count,
-                             int timeout_ms = 0) {
+  Result<Writer> model_create_part(const std::string& id, const std::string& parent, int index, int count,
+                                   int timeout_ms = 0) {
     cairn_model_writer* w = nullptr;
     Status s = Status::from(cairn_model_create_part(c_, id.c_str(), parent.empty() ? nullptr : parent.c_str(), index,
                                                     count, timeout_ms, &w));
     if (!s) return s;
     return Writer(w);
   }
-  // cairn_model_put_file: the safetensors file at `path` as model `id` (parent, metadata JSON: "" for none).
-  Status put_file(const std::string& id, const std::string& path, const std::string& parent = "",
-                  cairn_durability d = CAIRN_DURABILITY_GLOBAL, const std::string& meta_json = "") {
-    return Status::from(cairn_model_put_file(c_, id.c_str(), path.c_str(), parent.empty() ? nullptr : parent.c_str(), d,
-                                             meta_json.empty() ? nullptr : meta_json.c_str()));
-  }
-  // cairn_model_get_file: model `id` written as the safetensors file `path`.
-  Status get_file(const std::string& id, const std::string& path) {
-    return Status::from(cairn_model_get_file(c_, id.c_str(), path.c_str()));
-  }
-  Result<Reader> open_model(const std::string& id) {
+  // cairn_model_open.
+  Result<Reader> model_open(const std::string& id) {
     cairn_model_reader* r = nullptr;
     Status s = Status::from(cairn_model_open(c_, id.c_str(), &r));
     if (!s) return s;
     return Reader(r);
   }
-  Status prefetch(const std::string& id) { return Status::from(cairn_prefetch(c_, id.c_str())); }
-  // cairn_prefetch_all: into every peer group member's DRAM, waiting; the per-member result as JSON text.
-  Result<std::string> prefetch_all(const std::string& id) {
-    char* out = nullptr;
-    Status s = Status::from(cairn_prefetch_all(c_, id.c_str(), &out));
-    if (!s) return s;
-    std::string result(out ? out : "{}");
-    cairn_free(out);
-    return result;
+  // cairn_model_put_file: the safetensors file at `path` as model `id` (parent, metadata JSON: "" for none).
+  Status model_put_file(const std::string& id, const std::string& path, const std::string& parent = "",
+                        cairn_durability d = CAIRN_DURABILITY_GLOBAL, const std::string& meta_json = "") {
+    return Status::from(cairn_model_put_file(c_, id.c_str(), path.c_str(), parent.empty() ? nullptr : parent.c_str(),
+                                             d, meta_json.empty() ? nullptr : meta_json.c_str()));
   }
-  // cairn_request: any other request of docs/protocol.md as JSON text; the answer as JSON text.
-  Result<std::string> request(const std::string& request_json) {
-    char* out = nullptr;
-    Status s = Status::from(cairn_request(c_, request_json.c_str(), &out));
-    if (!s) return s;
-    std::string result(out ? out : "{}");
-    cairn_free(out);
-    return result;
+  // cairn_model_get_file: model `id` written as the safetensors file `path`.
+  Status model_get_file(const std::string& id, const std::string& path) {
+    return Status::from(cairn_model_get_file(c_, id.c_str(), path.c_str()));
   }
-  // A hint (docs/policy.md), e.g. {"kind":"will_load","models":["m7"]}; the answer as JSON text.
+  // cairn_model_prefetch: stages the model as opts say; the daemon's answer as JSON text.
+  Result<std::string> model_prefetch(const std::string& id,
+                                     const cairn_prefetch_options& opts = CAIRN_PREFETCH_OPTIONS_INIT) {
+    return json_call([&](char** out) { return cairn_model_prefetch(c_, id.c_str(), &opts, out); });
+  }
+
+  // ---- the pipeline of commits ----
+
+  // cairn_pipeline_flush: collects the replies of every pipelined commit in flight: the first error
+  // of a commit whose ticket was dropped unwaited, or kUnavailable when the connection was lost.
+  Status pipeline_flush() { return Status::from(cairn_pipeline_flush(c_)); }
+  // cairn_pipeline_in_flight: requests sent and not yet answered.
+  size_t pipeline_in_flight() const { return cairn_pipeline_in_flight(c_); }
+
+  // ---- hints, queries, other requests ----
+
+  // cairn_hint: a hint (docs/policy.md), e.g. {"kind":"will_load","models":["m7"]}; the answer as JSON text.
   Result<std::string> hint(const std::string& hint_json) {
-    char* out = nullptr;
-    Status s = Status::from(cairn_hint(c_, hint_json.c_str(), &out));
-    if (!s) return s;
-    std::string result(out ? out : "{}");
-    cairn_free(out);
-    return result;
+    return json_call([&](char** out) { return cairn_hint(c_, hint_json.c_str(), out); });
   }
-  // A JSON query ({"op":"ancestors","model":id}, ...); the answer as JSON text.
+  // cairn_query: a catalog query ({"op":"ancestors","model":id}, ...); the answer as JSON text.
   Result<std::string> query(const std::string& request_json) {
-    char* out = nullptr;
-    Status s = Status::from(cairn_query(c_, request_json.c_str(), &out));
-    if (!s) return s;
-    std::string result(out);
-    cairn_free(out);
-    return result;
+    return json_call([&](char** out) { return cairn_query(c_, request_json.c_str(), out); });
   }
+  // cairn_request: a request of docs/protocol.md that has no call of its own ("list", "show",
+  // "stats", "gc", ...); the answer as JSON text.
+  Result<std::string> request(const std::string& request_json) {
+    return json_call([&](char** out) { return cairn_request(c_, request_json.c_str(), out); });
+  }
+
+  [[deprecated("use tensor_put (docs/api.md)")]] Status put_tensor(const std::string& key, const void* data,
+                                                                   cairn_dtype dtype,
+                                                                   const std::vector<int64_t>& shape) {
+    return tensor_put(key, data, dtype, shape);
+  }
+  [[deprecated("use tensor_unpack (docs/api.md)")]] Status unpack_tensor(const std::string& key, void* dst,
+                                                                         size_t dst_bytes) {
+    return tensor_unpack(key, dst, dst_bytes);
+  }
+  [[deprecated("use tensor_unpack_alloc (docs/api.md)")]] Status unpack_tensor_to(
+      const std::string& key, const std::function<void*(const TensorInfo&)>& alloc) {
+    return tensor_unpack_alloc(key, alloc);
+  }
+  [[deprecated("use tensor_poll (docs/api.md)")]] Result<bool> poll_tensor(const std::string& key, int timeout_ms) {
+    return tensor_poll(key, timeout_ms);
+  }
+  [[deprecated("use tensor_delete (docs/api.md)")]] Status delete_tensor(const std::string& key) {
+    return tensor_delete(key);
+  }
+  [[deprecated("use model_create (docs/api.md)")]] Result<Writer> create_model(const std::string& id,
+                                                                               const std::string& parent = "") {
+    return model_create(id, parent);
+  }
+  [[deprecated("use model_create_part (docs/api.md)")]] Result<Writer> create_part(const std::string& id,
+                                                                                   const std::string& parent,
+                                                                                   int index, int count,
+                                                                                   int timeout_ms = 0) {
+    return model_create_part(id, parent, index, count, timeout_ms);
+  }
+  [[deprecated("use model_open (docs/api.md)")]] Result<Reader> open_model(const std::string& id) {
+    return model_open(id);
+  }
+  [[deprecated("use model_put_file (docs/api.md)")]] Status put_file(const std::string& id, const std::string& path,
+                                                                     const std::string& parent = "",
+                                                                     cairn_durability d = CAIRN_DURABILITY_GLOBAL,
+                                                                     const std::string& meta_json = "") {
+    return model_put_file(id, path, parent, d, meta_json);
+  }
+  [[deprecated("use model_get_file (docs/api.md)")]] Status get_file(const std::string& id, const std::string& path) {
+    return model_get_file(id, path);
+  }
+  [[deprecated("use model_prefetch (docs/api.md)")]] Status prefetch(const std::string& id) {
+    return model_prefetch(id).status();
+  }
+  [[deprecated("use model_prefetch with all = 1 (docs/api.md)")]] Result<std::string> prefetch_all(
+      const std::string& id) {
+    cairn_prefetch_options opts = CAIRN_PREFETCH_OPTIONS_INIT;
+    opts.all = 1;
+    return model_prefetch(id, opts);
+  }
+  [[deprecated("use pipeline_flush (docs/api.md)")]] Status flush_pipeline() { return pipeline_flush(); }
+  [[deprecated("use pipeline_in_flight (docs/api.md)")]] size_t in_flight() const { return pipeline_in_flight(); }
 
  private:
   explicit Client(cairn_client* c) : c_(c) {}
+  // A C call that returns malloc'ed JSON text: the text (freed), "{}" when the call gave none.
+  template <typename Call>
+  static Result<std::string> json_call(Call call) {
+    char* out = nullptr;
+    Status s = Status::from(call(&out));
+    if (!s) return s;
+    std::string result(out ? out : "{}");
+    cairn_free(out);
+    return result;
+  }
   cairn_client* c_ = nullptr;
 };
 

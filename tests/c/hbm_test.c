@@ -18,6 +18,19 @@
 
 #include "cairn/cairn.h"
 
+
+/* One tensor's device view: cairn_model_map with CAIRN_MEM_CUDA on `device`. */
+static cairn_status map_device(cairn_model_reader *r, const char *name, int device, const void **ptr, size_t *n) {
+  cairn_read_options o = CAIRN_READ_OPTIONS_INIT;
+  void *view = NULL;
+  cairn_status st;
+  o.kind = CAIRN_MEM_CUDA;
+  o.device = device;
+  st = cairn_model_map(r, 1, &name, &view, n, &o);
+  *ptr = view;
+  return st;
+}
+
 static int checks = 0;
 static int failures = 0;
 
@@ -138,11 +151,11 @@ static void suite(const char *backend) {
   const void *p = NULL;
   size_t n = 0;
   CHECK_OK(cairn_model_open(c, "big", &r1));
-  CHECK_OK(cairn_model_map_tensor_device(r1, "t0", 0, &p, &n));
-  CHECK_OK(cairn_model_map_tensor_device(r1, "t1", 0, &p, &n));
+  CHECK_OK(map_device(r1, "t0", 0, &p, &n));
+  CHECK_OK(map_device(r1, "t1", 0, &p, &n));
   cairn_client *c2 = connect_or_die();
   CHECK_OK(cairn_model_open(c2, "big", &r2));
-  CHECK(cairn_model_map_tensor_device(r2, "t2", 0, &p, &n) == CAIRN_ERR_NO_SPACE);
+  CHECK(map_device(r2, "t2", 0, &p, &n) == CAIRN_ERR_NO_SPACE);
   CHECK(strstr(cairn_last_error(), "device leases") != NULL);
   {
     /* A copy into a device buffer still works while the pool is held: from the arena instead. */
@@ -157,7 +170,7 @@ static void suite(const char *backend) {
     dev_free(d2);
   }
   cairn_model_close(r1);
-  CHECK_OK(cairn_model_map_tensor_device(r2, "t2", 0, &p, &n));
+  CHECK_OK(map_device(r2, "t2", 0, &p, &n));
   if (p && n == 409600) {
     uint8_t *want = malloc(n), *seen = download(p, n);
     fill(want, n, 12);
@@ -194,7 +207,7 @@ static void suite(const char *backend) {
   CHECK(memcmp(host, w_host, wn) == 0);
 
   /* A zero-copy device view, and the same tensor copied into a device buffer. */
-  CHECK_OK(cairn_model_map_tensor_device(r, "w", -1, &p, &n));
+  CHECK_OK(map_device(r, "w", -1, &p, &n));
   CHECK(n == wn);
   if (p && n == wn) {
     uint8_t *seen = download(p, n);
@@ -202,10 +215,10 @@ static void suite(const char *backend) {
     free(seen);
   }
   const void *p2 = NULL;
-  CHECK_OK(cairn_model_map_tensor_device(r, "w", 0, &p2, &n));
+  CHECK_OK(map_device(r, "w", 0, &p2, &n));
   CHECK(p2 == p); /* one slab mapping per connection, the same entry */
   const void *pb = NULL;
-  CHECK_OK(cairn_model_map_tensor_device(r, "b", 0, &pb, &n));
+  CHECK_OK(map_device(r, "b", 0, &pb, &n));
   CHECK(n == bn);
   if (pb) {
     uint8_t *seen = download(pb, bn);
@@ -220,8 +233,8 @@ static void suite(const char *backend) {
     free(seen);
   }
   CHECK(cairn_model_read_tensor(r, "w", dst, wn - 1, CAIRN_MEM_CUDA) == CAIRN_ERR_INVALID_ARGUMENT);
-  CHECK(cairn_model_map_tensor_device(r, "nope", 0, &p, &n) == CAIRN_ERR_NOT_FOUND);
-  CHECK(cairn_model_map_tensor_device(r, "w", 7, &p, &n) == CAIRN_ERR_INVALID_ARGUMENT);
+  CHECK(map_device(r, "nope", 0, &p, &n) == CAIRN_ERR_NOT_FOUND);
+  CHECK(map_device(r, "w", 7, &p, &n) == CAIRN_ERR_INVALID_ARGUMENT);
   CHECK(strstr(cairn_last_error(), "tiers.hbm.devices") != NULL);
   cairn_model_close(r);
 
@@ -246,7 +259,7 @@ static int map_one(const char *id, const char *name, int hold_forever, int count
     const char *t = names ? names[i] : name;
     const void *p = NULL;
     size_t n = 0;
-    if (cairn_model_map_tensor_device(r, t, -1, &p, &n) != CAIRN_OK) {
+    if (map_device(r, t, -1, &p, &n) != CAIRN_OK) {
       fprintf(stderr, "map %s: %s\n", t, cairn_last_error());
       return 1;
     }
@@ -277,7 +290,7 @@ static int no_hbm(void) {
   CHECK_OK(cairn_model_open(c, "plain", &r));
   const void *p = NULL;
   size_t n = 0;
-  CHECK(cairn_model_map_tensor_device(r, "x", -1, &p, &n) == CAIRN_ERR_UNAVAILABLE);
+  CHECK(map_device(r, "x", -1, &p, &n) == CAIRN_ERR_UNAVAILABLE);
   CHECK(strstr(cairn_last_error(), "no HBM tier") != NULL);
   /* No HBM tier. Without a GPU in this process either: a clear error naming both. With one: copies
    * between the arena and device memory. */

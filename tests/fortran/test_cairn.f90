@@ -23,6 +23,7 @@ program test_cairn
     call test_int32()
     call test_int64()
     call test_named_tensor_errors()
+    call test_rule_names()
     call test_layout()
     call test_models()
     call check_code(client%destructor(), CAIRN_OK, 'disconnect')
@@ -224,6 +225,25 @@ contains
 
   ! Values with full bit patterns (reals that are not short binary fractions, integers past 2**32),
   ! different in every element, on non-square shapes so that a transposition would show.
+
+  !> The names of the C API's rule reach the same procedures as the SmartRedis names.
+  subroutine test_rule_names()
+    real(c_float) :: a(3, 2), b(3, 2)
+    integer(enum_kind) :: dtype
+    integer(c_int64_t), allocatable :: dims(:)
+    logical :: exists
+    a = reshape([1.5_c_float, 2.5_c_float, 3.5_c_float, 4.5_c_float, 5.5_c_float, 6.5_c_float], [3, 2])
+    b = 0
+    call check_code(client%tensor_put('fortran/rule', a), CAIRN_OK, 'tensor_put')
+    call check_code(client%tensor_info('fortran/rule', dtype, dims), CAIRN_OK, 'tensor_info')
+    call check(dtype == CAIRN_DTYPE_F32 .and. size(dims) == 2, 'tensor_info: dtype and rank')
+    call check_code(client%tensor_unpack('fortran/rule', b), CAIRN_OK, 'tensor_unpack')
+    call check(all(a == b), 'tensor_put/tensor_unpack round trip')
+    call check_code(client%tensor_poll('fortran/rule', 10, 1, exists), CAIRN_OK, 'tensor_poll')
+    call check(exists, 'tensor_poll finds the tensor')
+    call check_code(client%tensor_delete('fortran/rule'), CAIRN_OK, 'tensor_delete')
+    call check_code(client%tensor_delete('fortran/rule'), CAIRN_ERR_NOT_FOUND, 'tensor_delete twice')
+  end subroutine test_rule_names
 
   subroutine test_real32()
     real(c_float) :: a1(7), a2(3, 5), a3(2, 3, 4), a4(2, 3, 2, 3)
@@ -471,6 +491,19 @@ contains
     call check(all(steps_back == steps) .and. saw_w2, 'model round trip int32 and inherited real64 exact')
     call reader%close()
     call check_code(client%prefetch(grand), CAIRN_OK, 'prefetch')
+    call check_code(client%model_prefetch(grand), CAIRN_OK, 'model_prefetch')
+    call check_code(client%model_prefetch('f-no-such-model'), CAIRN_ERR_NOT_FOUND, 'model_prefetch an unknown model')
+
+    ! Commit options: with a ticket at MEMORY but not pipelined, the error comes from the call; with
+    ! pipelined, from the ticket.
+    call check_code(writer%create(client, grand, child), CAIRN_OK, 'model create ' // grand // ' again')
+    call check_code(writer%commit(CAIRN_DURABILITY_MEMORY, ticket, pipelined=.false.), CAIRN_ERR_EXISTS, &
+         'commit not pipelined: the error is the call''s')
+    call check_code(writer%create(client, grand, child), CAIRN_OK, 'model create ' // grand // ' once more')
+    call check_code(writer%commit(CAIRN_DURABILITY_GLOBAL, ticket, pipelined=.true.), CAIRN_OK, &
+         'commit pipelined at global')
+    call check_code(ticket%wait(-1), CAIRN_ERR_EXISTS, 'the pipelined commit''s error is the ticket''s')
+    call ticket%free()
 
     ! Errors.
     call check_code(writer%create(client, base), CAIRN_OK, 'model create an existing id')

@@ -272,10 +272,10 @@ def wait_for(what, timeout):
 @pytest.mark.parametrize("reader_drains", [True, False])
 def test_a_body_sent_after_its_reader_gave_up_holds_no_arena_space(make_daemon, tmp, reader_drains):
     """Over tcp;ofi_rxm a chunk body is a rendezvous send that completes only when the receiver takes
-    it. A reader that timed out (or died) never does: before the fix the holder kept the chunk pinned
-    for good (the torture run's "arena space still held with every client gone"). Now the reader
-    leaves a receive that takes a late body and drops it (late_bodies_drained), and a holder gives a
-    pin up 3 peer timeouts after the send started in any case (abandoned_sends)."""
+    it. A reader that timed out (or died) never does, and a holder that waited for it would keep the
+    chunk pinned for good ("arena space still held with every client gone"). So the reader leaves a
+    receive that takes a late body and drops it (late_bodies_drained), and a holder gives a pin up 3
+    peer timeouts after the send started in any case (abandoned_sends)."""
     repo = tmp / "repo"
     holder = member(make_daemon, "late", repo, 1, timeout="1s", extra_env={"CAIRN_PEERS_FAULT": "late_bodies"}).start()
     reader = member(make_daemon, "rd", repo, 2, timeout="1s",
@@ -416,11 +416,11 @@ def test_prefetch_all_spreads_a_model_to_every_member(make_daemon, tmp):
             assert_model(c, "spread", want)
         a = movement(d)
         assert a["bytes_from_peer"] == b["bytes_from_peer"] and a["bytes_from_repository"] == b["bytes_from_repository"]
-    # The C API / Python face of it (cairn_prefetch_all), from another member.
+    # The C API / Python face of it (cairn_model_prefetch with all), from another member.
     with cairn.connect(ds[2].socket) as c:
-        r = c.prefetch("spread", all=True)
+        r = c.model_prefetch("spread", all=True)
         assert r["all_ok"] and len(r["members"]) == 3 and all(m["bytes"] == nbytes for m in r["members"]), r
-        assert c.prefetch("spread") is None
+        assert c.model_prefetch("spread")["bytes"] == nbytes
     # The human form, and an unknown model (nobody is asked).
     text = ds[1].cairn("prefetch", "spread", "--all").stdout
     assert "on 3 other members" in text and text.count(" ok ") == 3, text

@@ -490,15 +490,15 @@ def test_model_writer_hands_out_arena_space_and_abort_leaves_nothing(client):
     used = client.stats()["tiers"]["dram"]["used_bytes"]
     rng = np.random.default_rng(3)
     w0 = rng.standard_normal((256, 512)).astype(np.float32)
-    with client.writer("mw-a") as w:
-        space = w.space("w0", "F32", (256, 512))
+    with client.model_create("mw-a") as w:
+        space = w.add_tensor_space("w0", "F32", (256, 512))
         assert space.flags.writeable and space.shape == (256, 512)
         space[...] = w0
-        w.seal("w0")
-        w.add("b", np.arange(10, dtype=np.int64))
-        w.add_many({"t": w0.T, "bf": np.full(8, 0x3F80, np.uint16)}, {"bf": "BF16"})
+        w.seal_tensor("w0")
+        w.add_tensor("b", np.arange(10, dtype=np.int64))
+        w.add_tensors({"t": w0.T, "bf": np.full(8, 0x3F80, np.uint16)}, {"bf": "BF16"})
         with pytest.raises(cairn.AlreadyExists):
-            w.add("b", np.zeros(1))
+            w.add_tensor("b", np.zeros(1))
         w.set_metadata({"k": 1})
         w.commit("memory").wait(timeout=60)
         assert not w.open
@@ -509,20 +509,20 @@ def test_model_writer_hands_out_arena_space_and_abort_leaves_nothing(client):
 
     # An exception in the with block, an explicit abort, a writer dropped, a client closed: nothing stays.
     with pytest.raises(RuntimeError):
-        with client.writer("mw-b") as w:
-            w.space("x", np.float32, (1024, 1024))[...] = 1
+        with client.model_create("mw-b") as w:
+            w.add_tensor_space("x", np.float32, (1024, 1024))[...] = 1
             raise RuntimeError("training crashed")
-    w = client.writer("mw-c")
-    w.space("x", np.float32, (1024, 1024))
+    w = client.model_create("mw-c")
+    w.add_tensor_space("x", np.float32, (1024, 1024))
     w.abort()
     with pytest.raises(cairn.InvalidArgument, match="committed or aborted"):
-        w.add("y", np.zeros(1))
-    w = client.writer("mw-d")
-    w.space("x", np.float32, (1024, 1024))
+        w.add_tensor("y", np.zeros(1))
+    w = client.model_create("mw-d")
+    w.add_tensor_space("x", np.float32, (1024, 1024))
     del w
     other = cairn.connect(client.address)
-    ow = other.writer("mw-e")
-    ow.space("x", np.float32, (1024, 1024))
+    ow = other.model_create("mw-e")
+    ow.add_tensor_space("x", np.float32, (1024, 1024))
     other.close()
     assert not ow.open
     for m in ("mw-b", "mw-c", "mw-d", "mw-e"):

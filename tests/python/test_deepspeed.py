@@ -180,7 +180,7 @@ def test_two_ranks_save_two_tags_and_resume(daemon, client, tmp_path):
     shown = client.show(t2["model"])
     assert shown.get("parent") == t1["model"], shown
     assert shown["metadata"]["cairn.deepspeed"]["ranks"] == 2
-    with client.open_model(t2["model"]) as r:
+    with client.model_open(t2["model"]) as r:
         files = {t[0].split("/")[0] for t in r.tensors}
     assert files == {"mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt",
                      "zero_pp_rank_1_mp_rank_00_optim_states.pt"}, files

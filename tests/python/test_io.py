@@ -1,7 +1,8 @@
 """cairn.io: import_file / export_file from Python (PyTorch natively, safetensors through libcairn,
-Keras HDF5 through the `cairn` tool of the same build)."""
+Keras HDF5 through the build's libcairn_keras_h5), never through the `cairn` tool."""
 import collections
 import os
+import subprocess
 
 import numpy as np
 import pytest
@@ -91,7 +92,7 @@ def test_not_a_state_dict(client, tmp_path):
     assert not (tmp_path / "ghost.pt").exists()
 
 
-def test_safetensors_through_the_library_and_h5_through_the_tool(client, tmp_path):
+def test_safetensors_through_libcairn_and_h5_through_the_converter_library(client, tmp_path):
     st = pytest.importorskip("safetensors.numpy")
     rng = np.random.default_rng(0)
     w = {"a.w": rng.standard_normal((4, 4)).astype(np.float32), "a.b": np.arange(4, dtype=np.int32)}
@@ -114,8 +115,68 @@ def test_safetensors_through_the_library_and_h5_through_the_tool(client, tmp_pat
     cairn.export_file(client, "io-h5", tmp_path / "o.pt")
     back = torch.load(tmp_path / "o.pt", weights_only=True)
     assert torch.equal(back["a.w"], torch.from_numpy(w["a.w"]))
-    # The tool's failures arrive as their status (its JSON error line), not parsed from the message.
+    # The converter's failures arrive as their status code, not parsed from the message.
     with pytest.raises(cairn.AlreadyExists, match="io-h5"):
         cairn.import_file(client, "io-h5", tmp_path / "o.h5")
     with pytest.raises(cairn.NotFound, match="no-such-model"):
         cairn.export_file(client, "no-such-model", tmp_path / "n.h5")
+
+
+def hdf5_built():
+    cache = os.path.join(os.environ.get("CAIRN_BUILD_DIR") or os.path.join(os.path.dirname(__file__), "..", "..", "build"),
+                         "CMakeCache.txt")
+    return os.path.exists(cache) and "CAIRN_WITH_HDF5:BOOL=ON" in open(cache).read()
+
+
+def test_every_format_imports_and_exports_without_running_the_cairn_tool(client, tmp_path, monkeypatch):
+    """cairn.io goes through libraries only: with a `cairn` first on PATH and in CAIRN_TOOL that fails
+    and leaves a mark, and with every way of starting a process from Python refused, safetensors,
+    PyTorch and Keras HDF5 files still go in and come back out."""
+    st = pytest.importorskip("safetensors.numpy")
+    tool = tmp_path / "bin" / "cairn"
+    tool.parent.mkdir()
+    mark = tmp_path / "the-tool-ran"
+    tool.write_text(f"#!/bin/sh\ntouch '{mark}'\nexit 3\n")
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tool.parent))
+    monkeypatch.setenv("CAIRN_TOOL", str(tool))
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"cairn.io started a process: {args[:2]}")
+
+    monkeypatch.setattr(subprocess, "Popen", refuse)  # subprocess.run, call, check_output
+    for name in ("system", "popen", "posix_spawn", "posix_spawnp", "fork", "execv", "execve", "execvp", "execvpe"):
+        if hasattr(os, name):
+            monkeypatch.setattr(os, name, refuse)
+
+    w = {"l.w": np.arange(12, dtype=np.float32).reshape(3, 4), "l.b": np.ones(4, dtype=np.float32)}
+    st.save_file(w, str(tmp_path / "in.safetensors"))
+    cairn.import_file(client, "notool-st", tmp_path / "in.safetensors")
+    cairn.export_file(client, "notool-st", tmp_path / "out.safetensors")
+    assert (tmp_path / "out.safetensors").read_bytes() == (tmp_path / "in.safetensors").read_bytes()
+
+    torch.save({k: torch.from_numpy(v) for k, v in w.items()}, tmp_path / "in.pt")
+    cairn.import_file(client, "notool-pt", tmp_path / "in.pt")
+    cairn.export_file(client, "notool-pt", tmp_path / "out.pt")
+    back = torch.load(tmp_path / "out.pt", weights_only=True)
+    assert list(back) == list(w) and all(torch.equal(back[k], torch.from_numpy(v)) for k, v in w.items())
+
+    if hdf5_built():
+        cairn.export_file(client, "notool-st", tmp_path / "out.h5")
+        cairn.import_file(client, "notool-h5", tmp_path / "out.h5", meta={"from": "h5"})
+        assert client.show("notool-h5")["metadata"]["from"] == "h5"
+        cairn.export_file(client, "notool-h5", tmp_path / "again.h5")
+        loaded = client.load_model("notool-h5", copy=True)
+        assert all(np.array_equal(loaded[k], v) for k, v in w.items())
+        with pytest.raises(cairn.NotFound, match="notool-ghost"):
+            cairn.export_file(client, "notool-ghost", tmp_path / "ghost.h5")
+    assert not mark.exists(), "the cairn tool ran"
+
+
+def test_h5_without_the_converter_library_names_what_to_build(client, tmp_path, monkeypatch):
+    monkeypatch.setattr(cio, "_KERAS_H5_LIB", "libcairn_keras_h5_absent.so")
+    monkeypatch.setattr(cio, "_keras_h5_lib", None)
+    with pytest.raises(cairn.InvalidArgument, match=r"'.*m\.h5'.*CAIRN_WITH_HDF5.*libcairn_keras_h5_absent\.so"):
+        cairn.import_file(client, "io-noh5", tmp_path / "m.h5")
+    with pytest.raises(cairn.NotFound):
+        client.show("io-noh5")

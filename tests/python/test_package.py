@@ -91,14 +91,14 @@ def test_named_tensor_roundtrip_every_dtype(client, name):
         got = client.get_tensor(key)
         same(got, a)
         assert got.flags.writeable and got.flags.owndata
-        client.delete_tensor(key)
+        client.tensor_delete(key)
 
 
 def test_named_tensor_replace_and_delete(client):
     client.put_tensor("nt-r", np.arange(10, dtype=np.int64))
     client.put_tensor("nt-r", np.ones((2, 2), np.float16))
     same(client.get_tensor("nt-r"), np.ones((2, 2), np.float16))
-    client.delete_tensor("nt-r")
+    client.tensor_delete("nt-r")
     with pytest.raises(cairn.NotFound) as e:
         client.get_tensor("nt-r")
     assert e.value.status == "CAIRN_ERR_NOT_FOUND" and "nt-r" in e.value.message
@@ -163,9 +163,9 @@ def test_large_noncontiguous_arrays_are_copied_straight_into_arena_space(client,
 
 def test_poll_tensor_with_a_timeout(client, daemon):
     t0 = time.monotonic()
-    assert client.poll_tensor("poll-never", timeout=0.3) is False
+    assert client.tensor_poll("poll-never", timeout=0.3) is False
     assert time.monotonic() - t0 >= 0.25
-    assert client.poll_tensor("poll-never") is False  # timeout 0: do not wait
+    assert client.tensor_poll("poll-never") is False  # timeout 0: do not wait
 
     def put_later():
         time.sleep(1.3)  # past the first 1 s slice of the wait
@@ -176,12 +176,12 @@ def test_poll_tensor_with_a_timeout(client, daemon):
     t0 = time.monotonic()
     th.start()
     try:
-        assert client.poll_tensor("poll-later", timeout=30) is True
+        assert client.tensor_poll("poll-later", timeout=30) is True
     finally:
         th.join()
     assert time.monotonic() - t0 < 20
     assert client.get_tensor("poll-later") == np.float32(1.5)
-    assert client.poll_tensor("poll-later", timeout=None) is True
+    assert client.tensor_poll("poll-later", timeout=None) is True
 
 
 # ---- models ----
@@ -278,14 +278,14 @@ def test_zero_copy_lease_lives_exactly_as_long_as_the_arrays(make_daemon):
         c.put_tensor("filler", filler)  # the lease is gone: "big" was evicted to make room
         assert c._conn.open_readers == set()
         assert c.stats()["leases"] == {"leases": 0, "chunk_pins": 0, "owned_bytes": 0}
-        c.delete_tensor("filler")
+        c.tensor_delete("filler")
 
         # copy=True: owned arrays, nothing stays pinned.
         owned = c.load_model("big", copy=True)
         assert owned["w"].flags.writeable and owned["w"].flags.owndata
         owned["w"][0, 0, 0] ^= 1
         c.put_tensor("filler", filler)  # the copy's leases ended with the load
-        c.delete_tensor("filler")
+        c.tensor_delete("filler")
         assert np.array_equal(c.load_model("big", copy=True)["w"], big)  # the stored model is unchanged
         assert d.alive()
 
@@ -447,8 +447,8 @@ def test_pipelined_commits(client, daemon):
             parent = "pl149"
         tickets.append(client.save_model(mid, {}, parent=parent, inherit_all=True, meta={"i": i},
                                          durability="memory"))
-        assert client.in_flight <= 256
-    assert client.in_flight > 0  # nothing waited for the replies yet
+        assert client.pipeline_in_flight <= 256
+    assert client.pipeline_in_flight > 0  # nothing waited for the replies yet
     for i, t in enumerate(tickets):
         if i == 100:
             with pytest.raises(cairn.AlreadyExists, match="pl-base"):
@@ -460,7 +460,7 @@ def test_pipelined_commits(client, daemon):
                 t.wait()
         else:
             assert t.wait() == "memory", i
-    assert client.in_flight == 0
+    assert client.pipeline_in_flight == 0
     import cairn as _c
     with _c.connect(daemon.socket) as other:
         m = other.load_model("pl299")
@@ -473,15 +473,15 @@ def test_pipelined_commits(client, daemon):
     del t
     gc.collect()
     with pytest.raises(cairn.AlreadyExists):
-        client.flush_pipeline()
-    client.flush_pipeline()
+        client.pipeline_flush()
+    client.pipeline_flush()
 
 
 def test_errors_carry_status_and_message(client):
     client.save_model("dup", {"w": np.zeros(3)}, wait=True)
     cases = [
         (lambda: client.get_tensor("no-such-key"), cairn.NotFound, "CAIRN_ERR_NOT_FOUND", "no-such-key"),
-        (lambda: client.delete_tensor("no-such-key"), cairn.NotFound, "CAIRN_ERR_NOT_FOUND", "no-such-key"),
+        (lambda: client.tensor_delete("no-such-key"), cairn.NotFound, "CAIRN_ERR_NOT_FOUND", "no-such-key"),
         (lambda: client.load_model("no-such-model"), cairn.NotFound, "CAIRN_ERR_NOT_FOUND", "no-such-model"),
         (lambda: client.show("no-such-model"), cairn.NotFound, "CAIRN_ERR_NOT_FOUND", "no-such-model"),
         (lambda: client.lineage("no-such-model"), cairn.NotFound, "CAIRN_ERR_NOT_FOUND", "no-such-model"),
@@ -504,7 +504,7 @@ def test_errors_carry_status_and_message(client):
         (lambda: client.put_tensor("a\0b", np.zeros(1)), cairn.InvalidArgument, "CAIRN_ERR_INVALID_ARGUMENT",
          "NUL"),
         (lambda: client.query({"op": "siblings"}), cairn.InvalidArgument, "CAIRN_ERR_INVALID_ARGUMENT", "siblings"),
-        (lambda: client.poll_tensor("k", timeout=-1), cairn.InvalidArgument, "CAIRN_ERR_INVALID_ARGUMENT", "timeout"),
+        (lambda: client.tensor_poll("k", timeout=-1), cairn.InvalidArgument, "CAIRN_ERR_INVALID_ARGUMENT", "timeout"),
     ]
     for call, cls, status, needle in cases:
         with pytest.raises(cls) as e:
@@ -541,7 +541,7 @@ def test_model_reader_reads_every_way(client):
     want = {"a": rng.standard_normal((64, 33)).astype(np.float32), "b": np.arange(10, dtype=np.int64),
             "e": np.zeros((0, 4), np.float16)}
     client.save_model("reader-m", want, wait=True)
-    with client.open_model("reader-m") as r:
+    with client.model_open("reader-m") as r:
         assert [(n, d, s, b) for n, d, s, b in r.tensors] == [
             ("a", "F32", (64, 33), 64 * 33 * 4), ("b", "I64", (10,), 80), ("e", "F16", (0, 4), 0)]
         assert r.info("b")[3] == 80
@@ -568,7 +568,7 @@ def test_model_reader_reads_every_way(client):
     del views, cow
     gc.collect()
     with pytest.raises(cairn.NotFound, match="no-such"):
-        client.open_model("no-such")
+        client.model_open("no-such")
     assert isinstance(cairn.library_has_cuda(), bool)
 
 
@@ -577,15 +577,15 @@ def test_safetensors_files_through_the_library(client, tmp_path):
 
     src = tmp_path / "m.safetensors"
     save_file({"w": np.arange(12, dtype=np.float32).reshape(3, 4)}, str(src), metadata={"k": "v"})
-    client.put_file("file-m", src, durability="memory", meta={"from": "file"})
+    client.model_put_file("file-m", src, durability="memory", meta={"from": "file"})
     assert client.show("file-m")["metadata"] == {"from": "file"}
     out = tmp_path / "back.safetensors"
-    client.get_file("file-m", out)
+    client.model_get_file("file-m", out)
     assert out.read_bytes() == src.read_bytes()
     bad = tmp_path / "bad.safetensors"
     bad.write_bytes(b"\xff" * 16)
     with pytest.raises(cairn.InvalidArgument, match="bad.safetensors"):
-        client.put_file("file-bad", bad)
+        client.model_put_file("file-bad", bad)
     assert "file-bad" not in [m["id"] for m in client.list()]
 
 
@@ -756,3 +756,17 @@ def test_hints(client):
         client.hint("will_load", ["hinted"], when="tomorrow")
     assert np.array_equal(client.load_model("hinted", copy=True)["w"], w)
     assert client.stats()["prefetch"]["hints"] >= 4
+
+
+def test_the_package_version_is_the_project_version():
+    """pip's metadata (api/python/pyproject.toml) carries CMake's project version, which the
+    installed package's dist-info, the programs' --version and libcairn's soname take."""
+    import re
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    project = re.search(r"project\(cairn\s+VERSION\s+([0-9.]+)", (root / "CMakeLists.txt").read_text())
+    assert project, "no project(cairn VERSION ...) in CMakeLists.txt"
+    pyproject = tomllib.loads((root / "api" / "python" / "pyproject.toml").read_text())["project"]["version"]
+    assert pyproject == project.group(1)

@@ -41,7 +41,7 @@ def test_daemon_dying_mid_pipeline_fails_tickets_without_hanging(make_daemon):
         try:
             tickets = [c.save_model(f"m{i}", {}, parent="base", inherit_all=True, meta={"i": i},
                                     durability="memory") for i in range(50)]
-            assert c.in_flight == 50
+            assert c.pipeline_in_flight == 50
         finally:
             d.proc.kill()  # SIGKILL works on a stopped process
             d.proc.wait()
@@ -52,7 +52,7 @@ def test_daemon_dying_mid_pipeline_fails_tickets_without_hanging(make_daemon):
             assert t.reached == "sent"
         assert time.monotonic() - start < 20
         with pytest.raises(cairn.Unavailable):
-            c.flush_pipeline()
+            c.pipeline_flush()
         with pytest.raises(cairn.Unavailable):
             c.save_model("late", {}, parent="base", inherit_all=True, durability="memory")
     finally:

@@ -12,7 +12,8 @@ PKG_CONFIG_PATH, CAIRN_BUILD_DIR):
     installed tree (by pid, its socket in a temp directory, stopped by pid);
   - the installed Python package imports from its installed location and loads the installed
     libcairn.so; the installed `cairn import` of a .pt file runs the Python it was told to
-    ($CAIRN_PYTHON) with the installed package.
+    ($CAIRN_PYTHON) with the installed package; the installed package imports and exports Keras
+    HDF5 files through the installed libcairn_keras_h5.so (built with HDF5), with no `cairn` on PATH.
 """
 import os
 import re
@@ -63,8 +64,8 @@ int main() {
   auto client = cairn::v1::Client::connect();
   if (!client) { std::fprintf(stderr, "connect: %s\n", client.status().message().c_str()); return 1; }
   std::vector<double> in{0.5, 1.5, 2.5, 3.5}, out(4);
-  if (!client->put_tensor("install/cpp", in.data(), CAIRN_DTYPE_F64, {4}) ||
-      !client->unpack_tensor("install/cpp", out.data(), out.size() * sizeof(double)) || in != out) {
+  if (!client->tensor_put("install/cpp", in.data(), CAIRN_DTYPE_F64, {4}) ||
+      !client->tensor_unpack("install/cpp", out.data(), out.size() * sizeof(double)) || in != out) {
     std::fprintf(stderr, "tensor round trip failed\n");
     return 1;
   }
@@ -193,6 +194,7 @@ def test_installed_layout_is_complete_and_names_no_build_path(prefix):
                 f"{PYTHONDIR}/cairn/__init__.py", f"{PYTHONDIR}/cairn/io.py", f"{PYTHONDIR}/cairn/_installed.py"):
         assert (prefix / rel).is_file(), rel
     assert (lib / "libcairn.so").exists() and (lib / "libcairn.so.0").exists()
+    assert (lib / "libcairn_keras_h5.so").exists() == (cache("CAIRN_WITH_HDF5") == "ON")
     assert not list((prefix / PYTHONDIR / "cairn").glob("__pycache__"))
     # The batch-system integrations, executable as in the source tree.
     for rel in ("share/cairn/slurm/prolog", "share/cairn/slurm/task_prolog", "share/cairn/slurm/epilog"):
@@ -211,7 +213,8 @@ def test_installed_layout_is_complete_and_names_no_build_path(prefix):
     assert m and "INTERFACE_LINK_LIBRARIES" not in m.group(1), targets
 
     # Every installed program and the library resolve their shared libraries without help.
-    for rel in ("bin/cairnd", "bin/cairn", "bin/cairn-sim", f"{LIBDIR}/libcairn.so.0"):
+    for rel in ("bin/cairnd", "bin/cairn", "bin/cairn-sim", f"{LIBDIR}/libcairn.so.0",
+                *([f"{LIBDIR}/libcairn_keras_h5.so"] if cache("CAIRN_WITH_HDF5") == "ON" else [])):
         ldd = run(["ldd", prefix / rel]).stdout
         assert "not found" not in ldd and str(BUILD) not in ldd, f"{rel}:\n{ldd}"
     readelf = shutil.which("readelf")
@@ -280,6 +283,25 @@ def test_installed_python_package_loads_the_installed_library(prefix, daemon, tm
     package, library = Path(out[0]), Path(out[1])
     assert package == prefix / PYTHONDIR / "cairn" / "__init__.py", out
     assert library.resolve().parent == (prefix / LIBDIR).resolve(), out
+
+
+@pytest.mark.skipif(cache("CAIRN_WITH_HDF5") != "ON", reason="cairn built without HDF5 (CAIRN_WITH_HDF5=OFF)")
+def test_installed_python_package_does_keras_h5_through_the_installed_converter(prefix, daemon, tmp):
+    pytest.importorskip("numpy")
+    script = ("import os, cairn, numpy as np\n"
+              "c = cairn.connect()\n"
+              "c.save_model('install-h5', {'dense.kernel': np.arange(6, dtype=np.float32).reshape(2, 3)})\n"
+              "cairn.export_file(c, 'install-h5', 'm.h5')\n"
+              "cairn.import_file(c, 'install-h5-back', 'm.h5')\n"
+              "back = c.load_model('install-h5-back', copy=True)\n"
+              "assert (back['dense.kernel'] == np.arange(6).reshape(2, 3)).all(), back\n"
+              "print(cairn.io._keras_h5_lib._name)\n")
+    # No `cairn` on PATH: the package reaches HDF5 through the library only.
+    bare = tmp / "bare-bin"
+    bare.mkdir(exist_ok=True)
+    env = dict(daemon.env, PYTHONPATH=str(prefix / PYTHONDIR), PATH=str(bare))
+    out = run([sys.executable, "-c", script], env=env, cwd=tmp).stdout.splitlines()
+    assert Path(out[-1]).resolve() == (prefix / LIBDIR / "libcairn_keras_h5.so").resolve(), out
 
 
 def test_installed_tool_imports_pt_with_the_python_it_is_given_and_the_installed_package(prefix, daemon, tmp):

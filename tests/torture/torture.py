@@ -360,7 +360,7 @@ class Run:
         for n in self.live_nodes():
             for key in sorted(o.named.get(n.index, ())):
                 try:
-                    n.call(lambda c: c.delete_tensor(key))
+                    n.call(lambda c: c.tensor_delete(key))
                 except cairn.NotFound:
                     pass
             t = time.monotonic()

@@ -218,7 +218,7 @@ class Loop:
                 emit("violation", who=self.me, what=f"named tensor {key!r}: {diff}")
         elif key in self.named:
             try:
-                self.client.delete_tensor(key)
+                self.client.tensor_delete(key)
             except cairn.NotFound:
                 pass
             del self.named[key]

@@ -39,7 +39,7 @@ DramTier::~DramTier() {
 }
 
 bool DramTier::evict_one_locked() {
-  auto victim = policy_->pick_victim([this](const ChunkHash& h) {
+  auto victim = policy_->pick_victim([this](const ChunkHash& h) CAIRN_REQUIRES(mu_) {
     auto it = chunks_.find(h);
     return it != chunks_.end() && it->second.pins == 0 && !it->second.dirty;
   });
@@ -55,7 +55,7 @@ bool DramTier::evict_one_locked() {
 }
 
 Result<uint64_t> DramTier::allocate(uint64_t nbytes) {
-  std::unique_lock lock(mu_);
+  cairn::MutexLock lock(mu_);
   auto deadline = std::chrono::steady_clock::now() + backpressure_timeout_;
   bool waited = false;
   for (;;) {
@@ -96,26 +96,26 @@ Result<uint64_t> DramTier::allocate(uint64_t nbytes) {
 
 void DramTier::release(uint64_t offset, uint64_t nbytes) {
   {
-    std::lock_guard lock(mu_);
+    cairn::MutexLock lock(mu_);
     alloc_.free(offset, nbytes);
   }
   space_cv_.notify_all();
 }
 
 void DramTier::set_pressure_hook(uint64_t low_water, std::function<void()> hook) {
-  std::lock_guard lock(mu_);
+  cairn::MutexLock lock(mu_);
   low_water_ = low_water;
   pressure_hook_ = std::move(hook);
 }
 
 uint64_t DramTier::free_bytes() const {
-  std::lock_guard lock(mu_);
+  cairn::MutexLock lock(mu_);
   return alloc_.free_bytes();
 }
 
 std::optional<DramTier::Victim> DramTier::take_victim() {
-  std::lock_guard lock(mu_);
-  auto victim = policy_->pick_victim([this](const ChunkHash& h) {
+  cairn::MutexLock lock(mu_);
+  auto victim = policy_->pick_victim([this](const ChunkHash& h) CAIRN_REQUIRES(mu_) {
     auto it = chunks_.find(h);
     return it != chunks_.end() && it->second.pins == 0 && !it->second.dirty;
   });
@@ -127,7 +127,7 @@ std::optional<DramTier::Victim> DramTier::take_victim() {
 
 void DramTier::finish_demotion(const ChunkHash& hash) {
   {
-    std::lock_guard lock(mu_);
+    cairn::MutexLock lock(mu_);
     auto it = chunks_.find(hash);
     if (it == chunks_.end()) return;
     if (--it->second.pins > 0 || it->second.dirty) return;
@@ -142,7 +142,7 @@ void DramTier::finish_demotion(const ChunkHash& hash) {
 }
 
 std::optional<uint64_t> DramTier::pin_if_resident(const ChunkHash& hash, uint64_t* length) {
-  std::lock_guard lock(mu_);
+  cairn::MutexLock lock(mu_);
   auto it = chunks_.find(hash);
   if (it == chunks_.end()) return std::nullopt;
   ++it->second.pins;
@@ -151,13 +151,13 @@ std::optional<uint64_t> DramTier::pin_if_resident(const ChunkHash& hash, uint64_
 }
 
 void DramTier::hint_references(const ChunkHash& hash, uint32_t live_models) {
-  std::lock_guard lock(mu_);
+  cairn::MutexLock lock(mu_);
   if (auto it = chunks_.find(hash); it != chunks_.end()) it->second.references = live_models;
   policy_->set_references(hash, live_models);
 }
 
 void DramTier::hint_refetch_cost(const ChunkHash& hash, double seconds) {
-  std::lock_guard lock(mu_);
+  cairn::MutexLock lock(mu_);
   policy_->set_refetch_cost(hash, seconds);
 }
 
@@ -171,7 +171,7 @@ const double kExpectedGraceS = HintAwarePolicy::Options{}.expected_use_grace_s;
 }  // namespace
 
 void DramTier::hint_expected_use(const ChunkHash& hash, double seconds) {
-  std::lock_guard lock(mu_);
+  cairn::MutexLock lock(mu_);
   auto it = hint_entry_locked(hash);
   std::vector<int64_t>& at = it->second.expected_at_ns;
   if (std::isfinite(seconds)) {
@@ -188,7 +188,7 @@ void DramTier::hint_expected_use(const ChunkHash& hash, double seconds) {
 }
 
 void DramTier::hint_read(const ChunkHash& hash) {
-  std::lock_guard lock(mu_);
+  cairn::MutexLock lock(mu_);
   auto it = hinted_.find(hash);
   if (it == hinted_.end() || it->second.expected_at_ns.empty()) return;
   it->second.expected_at_ns.erase(it->second.expected_at_ns.begin());
@@ -208,7 +208,7 @@ void DramTier::pass_expected_locked(const ChunkHash& hash, HintTerms& t) {
 }
 
 void DramTier::hint_population(const ChunkHash& hash, bool member) {
-  std::lock_guard lock(mu_);
+  cairn::MutexLock lock(mu_);
   auto it = hint_entry_locked(hash);
   it->second.population = member;
   policy_->set_population(hash, member);
@@ -216,14 +216,14 @@ void DramTier::hint_population(const ChunkHash& hash, bool member) {
 }
 
 void DramTier::hint_done(const ChunkHash& hash) {
-  std::lock_guard lock(mu_);
+  cairn::MutexLock lock(mu_);
   auto it = hint_entry_locked(hash);
   it->second.done = true;
   policy_->set_done(hash, true);
 }
 
 void DramTier::hint_cyclic(const ChunkHash& hash, bool cyclic) {
-  std::lock_guard lock(mu_);
+  cairn::MutexLock lock(mu_);
   auto it = hint_entry_locked(hash);
   it->second.cyclic = cyclic;
   policy_->set_cyclic(hash, cyclic);
@@ -257,7 +257,7 @@ void DramTier::reapply_hints_locked(const ChunkHash& hash) {
 }
 
 DramTier::Claim DramTier::claim(const ChunkHash& hash) {
-  std::lock_guard lock(mu_);
+  cairn::MutexLock lock(mu_);
   auto it = chunks_.find(hash);
   if (it != chunks_.end()) {
     ++it->second.pins;
@@ -276,7 +276,7 @@ DramTier::Claim DramTier::claim(const ChunkHash& hash) {
 
 void DramTier::finish_load(const ChunkHash& hash, uint64_t offset, uint64_t length) {
   {
-    std::lock_guard lock(mu_);
+    cairn::MutexLock lock(mu_);
     loading_.erase(hash);
     chunks_[hash] = Resident{offset, length, 1, false};
     chunk_bytes_ += length;
@@ -290,15 +290,15 @@ void DramTier::finish_load(const ChunkHash& hash, uint64_t offset, uint64_t leng
 
 void DramTier::abort_load(const ChunkHash& hash) {
   {
-    std::lock_guard lock(mu_);
+    cairn::MutexLock lock(mu_);
     loading_.erase(hash);
   }
   loaded_cv_.notify_all();
 }
 
 std::optional<uint64_t> DramTier::wait_pin(const ChunkHash& hash) {
-  std::unique_lock lock(mu_);
-  loaded_cv_.wait(lock, [&] { return !loading_.count(hash); });
+  cairn::MutexLock lock(mu_);
+  loaded_cv_.wait(lock, [&]() CAIRN_REQUIRES(mu_) { return !loading_.count(hash); });
   auto it = chunks_.find(hash);
   if (it == chunks_.end()) return std::nullopt;
   ++it->second.pins;
@@ -309,11 +309,11 @@ std::optional<uint64_t> DramTier::wait_pin(const ChunkHash& hash) {
 }
 
 uint64_t DramTier::adopt(const ChunkHash& hash, uint64_t offset, uint64_t length, bool dirty) {
-  std::unique_lock lock(mu_);
+  cairn::MutexLock lock(mu_);
   // Another caller is loading the same bytes: wait for it, so that its finish_load does not
   // replace this copy (leaking it and losing its pin); then share its copy, or keep ours if the
   // load failed.
-  loaded_cv_.wait(lock, [&] { return !loading_.count(hash); });
+  loaded_cv_.wait(lock, [&]() CAIRN_REQUIRES(mu_) { return !loading_.count(hash); });
   auto it = chunks_.find(hash);
   if (it != chunks_.end()) {
     alloc_.free(offset, length);
@@ -336,7 +336,7 @@ uint64_t DramTier::adopt(const ChunkHash& hash, uint64_t offset, uint64_t length
 }
 
 void DramTier::unpin(const ChunkHash& hash) {
-  std::lock_guard lock(mu_);
+  cairn::MutexLock lock(mu_);
   auto it = chunks_.find(hash);
   if (it == chunks_.end() || it->second.pins == 0) {
     std::fprintf(stderr, "cairn: internal error: unpin of chunk %s that is not pinned\n", hash.hex().c_str());
@@ -346,7 +346,7 @@ void DramTier::unpin(const ChunkHash& hash) {
 }
 
 void DramTier::mark_clean(const ChunkHash& hash) {
-  std::lock_guard lock(mu_);
+  cairn::MutexLock lock(mu_);
   auto it = chunks_.find(hash);
   if (it != chunks_.end() && it->second.dirty) {
     it->second.dirty = false;
@@ -356,14 +356,14 @@ void DramTier::mark_clean(const ChunkHash& hash) {
 }
 
 std::optional<uint64_t> DramTier::offset_of(const ChunkHash& hash) const {
-  std::lock_guard lock(mu_);
+  cairn::MutexLock lock(mu_);
   auto it = chunks_.find(hash);
   if (it == chunks_.end()) return std::nullopt;
   return it->second.offset;
 }
 
 TierStats DramTier::stats() const {
-  std::lock_guard lock(mu_);
+  cairn::MutexLock lock(mu_);
   TierStats s;
   s.name = "dram";
   s.enabled = true;
@@ -388,12 +388,12 @@ TierStats DramTier::stats() const {
 }
 
 void DramTier::set_residency_hook(std::function<void(const ChunkHash&, bool)> hook) {
-  std::lock_guard lock(mu_);
+  cairn::MutexLock lock(mu_);
   residency_hook_ = std::move(hook);
 }
 
 std::vector<ChunkHash> DramTier::resident_chunks() const {
-  std::lock_guard lock(mu_);
+  cairn::MutexLock lock(mu_);
   std::vector<ChunkHash> out;
   out.reserve(chunks_.size());
   for (const auto& [h, r] : chunks_) out.push_back(h);

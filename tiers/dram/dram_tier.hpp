@@ -30,6 +30,7 @@
 #include "policy/eviction.hpp"
 #include "tiers/dram/arena.hpp"
 #include "tiers/tier.hpp"
+#include "core/sync.hpp"
 
 namespace cairn {
 
@@ -144,24 +145,24 @@ class DramTier {
     uint32_t references = 0;  // live models using it, as last hinted
   };
   DramTier(std::unique_ptr<SharedArena> arena, std::unique_ptr<EvictionPolicy> policy);
-  // REQUIRES: mu_ held. Evicts one victim; false when none can go.
-  bool evict_one_locked();
+  // Evicts one victim; false when none can go.
+  bool evict_one_locked() CAIRN_REQUIRES(mu_);
 
   std::unique_ptr<SharedArena> arena_;
   std::atomic<bool> stop_prefault_{false};
   std::atomic<uint64_t> prefaulted_{0};
   std::atomic<bool> prefault_done_{false};
   std::thread prefault_;
-  mutable std::mutex mu_;
-  std::condition_variable loaded_cv_;
-  std::condition_variable space_cv_;  // space may have become free
+  mutable cairn::Mutex mu_;
+  cairn::CondVar loaded_cv_;
+  cairn::CondVar space_cv_;  // space may have become free
   std::chrono::milliseconds backpressure_timeout_{0};  // 0: no waiting (kNoSpace at once)
   uint64_t low_water_ = 0;
   std::function<void()> pressure_hook_;
-  std::function<void(const ChunkHash&, bool)> residency_hook_;  // GUARDED_BY(mu_)
-  ArenaAllocator alloc_;                                                    // GUARDED_BY(mu_)
-  std::unique_ptr<EvictionPolicy> policy_;                                  // GUARDED_BY(mu_)
-  std::unordered_map<ChunkHash, Resident, ChunkHashHasher> chunks_;         // GUARDED_BY(mu_)
+  std::function<void(const ChunkHash&, bool)> residency_hook_ CAIRN_GUARDED_BY(mu_);
+  ArenaAllocator alloc_ CAIRN_GUARDED_BY(mu_);
+  std::unique_ptr<EvictionPolicy> policy_ CAIRN_GUARDED_BY(mu_);
+  std::unordered_map<ChunkHash, Resident, ChunkHashHasher> chunks_ CAIRN_GUARDED_BY(mu_);
   // What hints said of chunks, resident or not: passed to the policy again when a chunk enters (the
   // policy ignores hints on chunks it does not track). Neutral entries are dropped.
   struct HintTerms {
@@ -170,17 +171,19 @@ class DramTier {
     bool cyclic = false;
     std::vector<int64_t> expected_at_ns;  // the announced reads not yet made, soonest first (steady clock)
   };
-  std::unordered_map<ChunkHash, HintTerms, ChunkHashHasher> hinted_;  // GUARDED_BY(mu_)
-  // REQUIRES: mu_ held. Passes the chunk's hint terms, if any, to the policy (after track()).
-  void reapply_hints_locked(const ChunkHash& hash);
-  // REQUIRES: mu_ held. Tells the policy the chunk's soonest announced read (or none), after
+  std::unordered_map<ChunkHash, HintTerms, ChunkHashHasher> hinted_ CAIRN_GUARDED_BY(mu_);
+  // Passes the chunk's hint terms, if any, to the policy (after track()).
+  void reapply_hints_locked(const ChunkHash& hash) CAIRN_REQUIRES(mu_);
+  // Tells the policy the chunk's soonest announced read (or none), after
   // dropping the ones overdue by more than a minute (the policy's grace: reads that never came).
-  void pass_expected_locked(const ChunkHash& hash, HintTerms& t);
-  // REQUIRES: mu_ held. The chunk's entry, created if missing (bounded: see the .cpp).
-  std::unordered_map<ChunkHash, HintTerms, ChunkHashHasher>::iterator hint_entry_locked(const ChunkHash& hash);
-  // REQUIRES: mu_ held. Drops the entry when it says nothing.
-  void prune_hint_locked(std::unordered_map<ChunkHash, HintTerms, ChunkHashHasher>::iterator it);
-  std::unordered_set<ChunkHash, ChunkHashHasher> loading_;                  // GUARDED_BY(mu_)
+  void pass_expected_locked(const ChunkHash& hash, HintTerms& t) CAIRN_REQUIRES(mu_);
+  // The chunk's entry, created if missing (bounded: see the .cpp).
+  std::unordered_map<ChunkHash, HintTerms, ChunkHashHasher>::iterator hint_entry_locked(const ChunkHash& hash)
+      CAIRN_REQUIRES(mu_);
+  // Drops the entry when it says nothing.
+  void prune_hint_locked(std::unordered_map<ChunkHash, HintTerms, ChunkHashHasher>::iterator it)
+      CAIRN_REQUIRES(mu_);
+  std::unordered_set<ChunkHash, ChunkHashHasher> loading_ CAIRN_GUARDED_BY(mu_);
   uint64_t hits_ = 0, misses_ = 0, bytes_in_ = 0, bytes_out_ = 0, dirty_bytes_ = 0, chunk_bytes_ = 0;
   uint64_t backpressure_waits_ = 0;
 };

@@ -18,6 +18,7 @@
 
 #include "tiers/hbm/device.hpp"
 #include "tiers/hbm/device_internal.hpp"
+#include "core/sync.hpp"
 
 namespace cairn::hbm {
 
@@ -27,8 +28,8 @@ constexpr char kPrefix[] = "cairn-hbm-";  // segment names: /cairn-hbm-<pid>-<or
 
 // The shared state of one copy: done once the copy thread ran it.
 struct CopyState {
-  std::mutex mu;
-  std::condition_variable cv;
+  cairn::Mutex mu;
+  cairn::CondVar cv;
   bool done = false;
   Status result;
 };
@@ -38,12 +39,12 @@ class EmulatedCompletion final : public Completion {
   explicit EmulatedCompletion(std::shared_ptr<CopyState> s) : s_(std::move(s)) {}
   ~EmulatedCompletion() override { (void)wait(); }
   Status wait() override {
-    std::unique_lock lock(s_->mu);
+    cairn::MutexLock lock(s_->mu);
     s_->cv.wait(lock, [&] { return s_->done; });
     return s_->result;
   }
   bool done() override {
-    std::lock_guard lock(s_->mu);
+    cairn::MutexLock lock(s_->mu);
     return s_->done;
   }
 
@@ -56,7 +57,7 @@ class EmulatedDevice final : public Device {
   explicit EmulatedDevice(int ordinal) : ordinal_(ordinal), worker_([this] { run(); }) {}
   ~EmulatedDevice() override {
     {
-      std::lock_guard lock(mu_);
+      cairn::MutexLock lock(mu_);
       stop_ = true;
     }
     cv_.notify_all();
@@ -102,10 +103,10 @@ class EmulatedDevice final : public Device {
   Result<std::unique_ptr<Completion>> copy_async(void* dst, const void* src, uint64_t n, CopyKind) override {
     auto state = std::make_shared<CopyState>();
     {
-      std::lock_guard lock(mu_);
+      cairn::MutexLock lock(mu_);
       queue_.push_back([state, dst, src, n] {
         if (n) std::memcpy(dst, src, n);
-        std::lock_guard l(state->mu);
+        cairn::MutexLock l(state->mu);
         state->done = true;
         state->cv.notify_all();
       });
@@ -122,8 +123,8 @@ class EmulatedDevice final : public Device {
     for (;;) {
       std::function<void()> job;
       {
-        std::unique_lock lock(mu_);
-        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        cairn::MutexLock lock(mu_);
+        cv_.wait(lock, [&]() CAIRN_REQUIRES(mu_) { return stop_ || !queue_.empty(); });
         if (queue_.empty()) return;  // stop_, nothing left
         job = std::move(queue_.front());
         queue_.pop_front();
@@ -134,10 +135,10 @@ class EmulatedDevice final : public Device {
 
   const int ordinal_;
   std::atomic<uint64_t> next_slab_{1};
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;  // GUARDED_BY(mu_)
-  bool stop_ = false;                        // GUARDED_BY(mu_)
+  cairn::Mutex mu_;
+  cairn::CondVar cv_;
+  std::deque<std::function<void()>> queue_ CAIRN_GUARDED_BY(mu_);
+  bool stop_ CAIRN_GUARDED_BY(mu_) = false;
   std::thread worker_;                       // last: started once the rest is constructed
 };
 

@@ -121,7 +121,7 @@ Result<std::pair<size_t, uint64_t>> HbmTier::allocate_locked(Pool& p, uint64_t l
       p.allocators.emplace_back(options_.slab_size, kAlignment);
       continue;
     }
-    auto victim = p.policy->pick_victim([&p](const ChunkHash& h) {
+    auto victim = p.policy->pick_victim([&p](const ChunkHash& h) CAIRN_REQUIRES(mu_) {
       auto it = p.entries.find(h);
       return it != p.entries.end() && it->second.pins == 0 && !it->second.loading;
     });
@@ -145,7 +145,7 @@ Result<std::pair<size_t, uint64_t>> HbmTier::allocate_locked(Pool& p, uint64_t l
 std::optional<HbmTier::Placement> HbmTier::pin_if_resident(int device, const ChunkHash& key) {
   Pool* p = pool_of(device);
   if (!p) return std::nullopt;
-  std::unique_lock lock(mu_);
+  cairn::MutexLock lock(mu_);
   for (;;) {
     auto it = p->entries.find(key);
     if (it == p->entries.end()) return std::nullopt;
@@ -168,7 +168,7 @@ Result<HbmTier::Placement> HbmTier::acquire(int device, const ChunkHash& key, co
   if (auto hit = pin_if_resident(device, key)) return *hit;
   Entry e;
   {
-    std::unique_lock lock(mu_);
+    cairn::MutexLock lock(mu_);
     // Loaded by someone else since the look above: pin theirs.
     while (p->entries.count(key)) {
       Entry& other = p->entries[key];
@@ -190,7 +190,7 @@ Result<HbmTier::Placement> HbmTier::acquire(int device, const ChunkHash& key, co
   // The copy, outside the lock: every extent started at once, then waited for.
   uint8_t* dst;
   {
-    std::lock_guard lock(mu_);
+    cairn::MutexLock lock(mu_);
     dst = p->slabs[e.slab].base + e.offset;
   }
   Status st;
@@ -209,7 +209,7 @@ Result<HbmTier::Placement> HbmTier::acquire(int device, const ChunkHash& key, co
     Status w = c->wait();
     if (st.is_ok()) st = w;
   }
-  std::lock_guard lock(mu_);
+  cairn::MutexLock lock(mu_);
   auto it = p->entries.find(key);
   if (!st.is_ok()) {
     p->allocators[it->second.slab].free(it->second.offset, it->second.length);
@@ -228,7 +228,7 @@ Result<HbmTier::Placement> HbmTier::acquire(int device, const ChunkHash& key, co
 void HbmTier::unpin(int device, const ChunkHash& key) {
   Pool* p = pool_of(device);
   if (!p) return;
-  std::lock_guard lock(mu_);
+  cairn::MutexLock lock(mu_);
   auto it = p->entries.find(key);
   if (it == p->entries.end() || it->second.pins == 0) return;  // a broken pairing would show in the tests
   if (--it->second.pins == 0) p->pinned_bytes -= it->second.length;
@@ -237,7 +237,7 @@ void HbmTier::unpin(int device, const ChunkHash& key) {
 bool HbmTier::resident(int device, const ChunkHash& key) const {
   Pool* p = pool_of(device);
   if (!p) return false;
-  std::lock_guard lock(mu_);
+  cairn::MutexLock lock(mu_);
   auto it = p->entries.find(key);
   return it != p->entries.end() && !it->second.loading;
 }
@@ -259,7 +259,7 @@ TierStats HbmTier::stats() const {
   TierStats s;
   s.name = "hbm";
   s.enabled = true;
-  std::lock_guard lock(mu_);
+  cairn::MutexLock lock(mu_);
   for (const auto& p : pools_) {
     s.capacity_bytes += options_.capacity;
     for (const auto& a : p->allocators) s.used_bytes += a.used();
@@ -274,7 +274,7 @@ TierStats HbmTier::stats() const {
 
 nlohmann::json HbmTier::device_stats() const {
   nlohmann::json out = nlohmann::json::array();
-  std::lock_guard lock(mu_);
+  cairn::MutexLock lock(mu_);
   for (const auto& p : pools_) {
     uint64_t used = 0;
     for (const auto& a : p->allocators) used += a.used();

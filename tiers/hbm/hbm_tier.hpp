@@ -35,6 +35,7 @@
 #include "tiers/dram/arena.hpp"
 #include "tiers/hbm/device.hpp"
 #include "tiers/tier.hpp"
+#include "core/sync.hpp"
 
 namespace cairn {
 
@@ -104,26 +105,28 @@ class HbmTier {
     uint32_t pins = 0;
     bool loading = false;
   };
+  // A device's state. Everything but `device` is read and written under the tier's mu_ (a member
+  // of a nested struct cannot name the outer object's lock for the analysis).
   struct Pool {
     std::unique_ptr<hbm::Device> device;
-    std::unique_ptr<EvictionPolicy> policy;                         // GUARDED_BY(mu_)
-    std::vector<hbm::Slab> slabs;                                   // GUARDED_BY(mu_)
-    std::vector<ArenaAllocator> allocators;                         // one per slab, GUARDED_BY(mu_)
-    std::unordered_map<ChunkHash, Entry, ChunkHashHasher> entries;  // GUARDED_BY(mu_)
+    std::unique_ptr<EvictionPolicy> policy;
+    std::vector<hbm::Slab> slabs;
+    std::vector<ArenaAllocator> allocators;  // one per slab
+    std::unordered_map<ChunkHash, Entry, ChunkHashHasher> entries;
     uint64_t pinned_bytes = 0, hits = 0, misses = 0, bytes_in = 0, bytes_out = 0, evictions = 0;
     bool host_registered = false;  // the DRAM arena is pinned for DMA with this device
   };
   explicit HbmTier(Options options) : options_(std::move(options)) {}
   Pool* pool_of(int device) const;
-  // REQUIRES: mu_ held. Space for length bytes: (slab, offset), or kNoSpace.
-  Result<std::pair<size_t, uint64_t>> allocate_locked(Pool& p, uint64_t length);
-  Placement placement_locked(const Pool& p, const Entry& e, bool hit) const;
+  // Space for length bytes: (slab, offset), or kNoSpace.
+  Result<std::pair<size_t, uint64_t>> allocate_locked(Pool& p, uint64_t length) CAIRN_REQUIRES(mu_);
+  Placement placement_locked(const Pool& p, const Entry& e, bool hit) const CAIRN_REQUIRES(mu_);
 
   Options options_;
   void* arena_ = nullptr;
   std::vector<std::unique_ptr<Pool>> pools_;  // one per device, in options_.devices order
-  mutable std::mutex mu_;
-  std::condition_variable loaded_cv_;
+  mutable cairn::Mutex mu_;
+  cairn::CondVar loaded_cv_;
 };
 
 // tiers.hbm.devices resolved: the configured list, else $CUDA_VISIBLE_DEVICES's count (as ordinals

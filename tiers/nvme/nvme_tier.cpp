@@ -27,27 +27,27 @@ NvmeTier::~NvmeTier() {
 bool NvmeTier::direct_io() const { return impl_->data->direct(); }
 
 bool NvmeTier::contains(const ChunkHash& hash) const {
-  std::lock_guard l(impl_->mu);
+  cairn::MutexLock l(impl_->mu);
   return impl_->entries.count(hash) && !impl_->doomed.count(hash);
 }
 
 void NvmeTier::hint_expected_use(const ChunkHash& hash, double seconds) {
-  std::lock_guard l(impl_->mu);
+  cairn::MutexLock l(impl_->mu);
   impl_->policy->set_expected_use(hash, seconds);
 }
 
 void NvmeTier::hint_population(const ChunkHash& hash, bool member) {
-  std::lock_guard l(impl_->mu);
+  cairn::MutexLock l(impl_->mu);
   impl_->policy->set_population(hash, member);
 }
 
 void NvmeTier::hint_done(const ChunkHash& hash) {
-  std::lock_guard l(impl_->mu);
+  cairn::MutexLock l(impl_->mu);
   impl_->policy->set_done(hash, true);
 }
 
 bool NvmeTier::is_dirty(const ChunkHash& hash) const {
-  std::lock_guard l(impl_->mu);
+  cairn::MutexLock l(impl_->mu);
   auto it = impl_->entries.find(hash);
   return it != impl_->entries.end() && it->second.dirty;
 }
@@ -56,7 +56,7 @@ Status NvmeTier::read(const ChunkHash& hash, void* dst, uint64_t length) {
   Impl& im = *impl_;
   uint64_t offset;
   {
-    std::lock_guard l(im.mu);
+    cairn::MutexLock l(im.mu);
     auto it = im.entries.find(hash);
     if (it == im.entries.end() || im.doomed.count(hash)) {
       ++im.misses;
@@ -83,7 +83,7 @@ Status NvmeTier::read(const ChunkHash& hash, void* dst, uint64_t length) {
   bool drop = false;
   bool bad_and_dropped = false;
   {
-    std::lock_guard l(im.mu);
+    cairn::MutexLock l(im.mu);
     auto it = im.entries.find(hash);
     --it->second.pins;
     bool dropping = false;
@@ -105,10 +105,10 @@ Status NvmeTier::read(const ChunkHash& hash, void* dst, uint64_t length) {
   if (drop) {
     // The last reader of a removed or corrupt chunk drops it (with jmu, so that its DEL record is
     // journalled in order; a put or remove in between may have settled it already).
-    std::lock_guard jl(im.jmu);
+    cairn::MutexLock jl(im.jmu);
     std::string records;
     {
-      std::lock_guard l(im.mu);
+      cairn::MutexLock l(im.mu);
       auto it = im.entries.find(hash);
       if (it != im.entries.end() && it->second.pins == 0 && im.doomed.count(hash)) {
         im.doomed.erase(hash);
@@ -130,9 +130,9 @@ Status NvmeTier::read(const ChunkHash& hash, void* dst, uint64_t length) {
 
 void NvmeTier::mark_clean(const ChunkHash& hash) {
   std::string rec;
-  std::lock_guard jl(impl_->jmu);
+  cairn::MutexLock jl(impl_->jmu);
   {
-    std::lock_guard l(impl_->mu);
+    cairn::MutexLock l(impl_->mu);
     auto it = impl_->entries.find(hash);
     if (it == impl_->entries.end() || !it->second.dirty) return;
     it->second.dirty = false;
@@ -146,9 +146,9 @@ void NvmeTier::mark_clean(const ChunkHash& hash) {
 
 void NvmeTier::remove(const ChunkHash& hash) {
   std::string rec;
-  std::lock_guard jl(impl_->jmu);
+  cairn::MutexLock jl(impl_->jmu);
   {
-    std::lock_guard l(impl_->mu);
+    cairn::MutexLock l(impl_->mu);
     auto it = impl_->entries.find(hash);
     if (it == impl_->entries.end()) return;
     if (it->second.pins) {
@@ -161,7 +161,7 @@ void NvmeTier::remove(const ChunkHash& hash) {
 }
 
 std::vector<ChunkHash> NvmeTier::dirty_chunks() const {
-  std::lock_guard l(impl_->mu);
+  cairn::MutexLock l(impl_->mu);
   std::vector<ChunkHash> out;
   for (const auto& [h, e] : impl_->entries)
     if (e.dirty) out.push_back(h);
@@ -169,7 +169,7 @@ std::vector<ChunkHash> NvmeTier::dirty_chunks() const {
 }
 
 TierStats NvmeTier::stats() const {
-  std::lock_guard l(impl_->mu);
+  cairn::MutexLock l(impl_->mu);
   TierStats s;
   s.name = "nvme";
   s.enabled = true;

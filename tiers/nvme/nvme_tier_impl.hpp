@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "tiers/nvme/nvme_tier.hpp"
+#include "core/sync.hpp"
 
 namespace cairn {
 
@@ -41,28 +42,28 @@ struct NvmeTier::Impl {
   int lock_fd = -1;
 
   // The journal: appends are serialized; jsize is where the next record goes. Lock order: jmu, then mu.
-  std::mutex jmu;
+  cairn::Mutex jmu;
   std::unique_ptr<File> journal;
   uint64_t jsize = 0;
   uint64_t jlive_hint = 0;  // journal bytes of the state at the last compaction
   // An append failed: what the journal holds past its last good record is unknown (a torn record,
   // or whole records that were never made durable and may name extents given out again since). The
-  // next append rewrites the journal from the state first.  GUARDED_BY(jmu)
-  bool broken = false;
+  // next append rewrites the journal from the state first.
+  bool broken CAIRN_GUARDED_BY(jmu) = false;
 
-  mutable std::mutex mu;
-  std::condition_variable unpinned;  // an entry's pins dropped to 0
-  std::condition_variable landed;    // a put finished with its chunks (inflight shrank)
+  mutable cairn::Mutex mu;
+  cairn::CondVar unpinned;  // an entry's pins dropped to 0
+  cairn::CondVar landed;    // a put finished with its chunks (inflight shrank)
   // Chunks a put is storing right now (between planning and recording): a second put of the same
   // chunk waits for the first instead of storing it twice.
-  std::unordered_set<ChunkHash, ChunkHashHasher> inflight;  // GUARDED_BY(mu)
-  std::unordered_map<ChunkHash, Entry, ChunkHashHasher> entries;  // GUARDED_BY(mu)
+  std::unordered_set<ChunkHash, ChunkHashHasher> inflight CAIRN_GUARDED_BY(mu);
+  std::unordered_map<ChunkHash, Entry, ChunkHashHasher> entries CAIRN_GUARDED_BY(mu);
   std::unordered_map<ChunkHash, bool, ChunkHashHasher> doomed;     // pinned entries to drop at unpin (true: corrupt)
-  std::unique_ptr<ArenaAllocator> alloc;                           // GUARDED_BY(mu)
+  std::unique_ptr<ArenaAllocator> alloc CAIRN_GUARDED_BY(mu);
   // Extents freed since the last journal sync: reused only once their DEL records are durable.
-  std::vector<std::pair<uint64_t, uint64_t>> quarantine;           // GUARDED_BY(mu)
-  std::map<std::string, PendingModel> models;                      // GUARDED_BY(mu)
-  std::unique_ptr<EvictionPolicy> policy;                          // GUARDED_BY(mu)
+  std::vector<std::pair<uint64_t, uint64_t>> quarantine CAIRN_GUARDED_BY(mu);
+  std::map<std::string, PendingModel> models CAIRN_GUARDED_BY(mu);
+  std::unique_ptr<EvictionPolicy> policy CAIRN_GUARDED_BY(mu);
   uint64_t hits = 0, misses = 0, bytes_in = 0, bytes_out = 0, dirty_bytes = 0, corrupt = 0;
 
   // ---- the journal, in step with the state (nvme_tier_journal.cpp) ----
@@ -76,19 +77,18 @@ struct NvmeTier::Impl {
   // so the journal's order is the state's order (a DEL never lands after a later PUT of the same
   // chunk) and a sync releases only quarantined extents whose DEL records are already written.
   Status append(const std::string& records, bool sync, const std::function<void()>& on_durable = {});
-  // REQUIRES: jmu held.
-  Status append_locked(const std::string& records, bool sync, const std::function<void()>& on_durable = {});
+  Status append_locked(const std::string& records, bool sync, const std::function<void()>& on_durable = {})
+      CAIRN_REQUIRES(jmu);
 
-  // REQUIRES: mu held. Drops an entry (its extent goes to the quarantine) and returns its DEL record.
-  void drop_locked(const ChunkHash& h, std::string& records);
+  // Drops an entry (its extent goes to the quarantine) and returns its DEL record.
+  void drop_locked(const ChunkHash& h, std::string& records) CAIRN_REQUIRES(mu);
 
-  // The whole state as journal records (for compaction). REQUIRES: mu held.
-  std::string snapshot_locked() const;
+  // The whole state as journal records (for compaction).
+  std::string snapshot_locked() const CAIRN_REQUIRES(mu);
 
   // Rewrites the journal as the current state: journal.tmp, sync, rename, directory sync.
   Status compact();
-  // REQUIRES: jmu held.
-  Status compact_locked();
+  Status compact_locked() CAIRN_REQUIRES(jmu);
   // Compacts when the journal is at least 64 MiB and 8 times the state it held at the last
   // compaction.
   Status maybe_compact();

@@ -25,7 +25,7 @@ using nvme::put_payload;
 using nvme::round_up;
 
 Status NvmeTier::Impl::append(const std::string& records, bool sync, const std::function<void()>& on_durable) {
-  std::lock_guard jl(jmu);
+  cairn::MutexLock jl(jmu);
   return append_locked(records, sync, on_durable);
 }
 
@@ -42,18 +42,18 @@ Status NvmeTier::Impl::append_locked(const std::string& records, bool sync, cons
   }
   if (sync) {
     {
-      std::lock_guard l(mu);
+      cairn::MutexLock l(mu);
       released.swap(quarantine);
     }
     Status st = journal->sync(true);
     if (!st.is_ok()) {
       broken = true;
-      std::lock_guard l(mu);
+      cairn::MutexLock l(mu);
       quarantine.insert(quarantine.end(), released.begin(), released.end());
       return st;
     }
   }
-  std::lock_guard l(mu);
+  cairn::MutexLock l(mu);
   for (auto [off, len] : released) alloc->free(off, len);
   if (on_durable) on_durable();
   return Status::ok();
@@ -79,7 +79,7 @@ std::string NvmeTier::Impl::snapshot_locked() const {
 }
 
 Status NvmeTier::Impl::compact() {
-  std::lock_guard jl(jmu);
+  cairn::MutexLock jl(jmu);
   return compact_locked();
 }
 
@@ -87,13 +87,13 @@ Status NvmeTier::Impl::compact_locked() {
   std::string snap;
   std::vector<std::pair<uint64_t, uint64_t>> released;
   {
-    std::lock_guard l(mu);
+    cairn::MutexLock l(mu);
     snap = snapshot_locked();
     released.swap(quarantine);  // the new journal has no record of them
   }
   std::string tmp = journal_path + ".tmp";
   auto fail = [&](Status st) {
-    std::lock_guard l(mu);
+    cairn::MutexLock l(mu);
     quarantine.insert(quarantine.end(), released.begin(), released.end());
     (void)fs->unlink(tmp);
     return st;
@@ -109,7 +109,7 @@ Status NvmeTier::Impl::compact_locked() {
   jsize = snap.size();
   jlive_hint = snap.size();
   broken = false;
-  std::lock_guard l(mu);
+  cairn::MutexLock l(mu);
   for (auto [off, len] : released) alloc->free(off, len);
   return Status::ok();
 }
@@ -117,7 +117,7 @@ Status NvmeTier::Impl::compact_locked() {
 Status NvmeTier::Impl::maybe_compact() {
   uint64_t size, live;
   {
-    std::lock_guard jl(jmu);
+    cairn::MutexLock jl(jmu);
     size = jsize;
     live = jlive_hint;
   }

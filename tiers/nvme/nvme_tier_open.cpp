@@ -25,6 +25,7 @@
 #include "tiers/nvme/extent_io.hpp"
 #include "tiers/nvme/journal.hpp"
 #include "tiers/nvme/nvme_tier_impl.hpp"
+#include "core/sync.hpp"
 
 namespace cairn {
 
@@ -38,6 +39,9 @@ Result<std::unique_ptr<NvmeTier>> NvmeTier::open(Options options) {
   if (capacity < (1ull << 20))
     return invalid_argument("tiers.nvme.capacity: " + std::to_string(options.capacity) +
                             " bytes is less than the 1MiB the burst buffer needs (0 disables it)");
+  // Nothing else sees the tier until it is returned; the state is built under its lock all the same
+  // (so the lock annotations hold), and the lock is dropped before the compaction takes it again.
+  cairn::MutexLock state_lock(impl->mu);
   if (!options.policy) options.policy = std::make_unique<LruPolicy>();
   impl->policy = std::move(options.policy);
   impl->opt = std::move(options);
@@ -171,6 +175,7 @@ Result<std::unique_ptr<NvmeTier>> NvmeTier::open(Options options) {
             [](const PendingModel& a, const PendingModel& b) { return a.seq < b.seq; });
 
   // Start from a compact journal that says exactly what the tier holds.
+  state_lock.unlock();
   CAIRN_RETURN_IF_ERROR(impl->compact().with_context("rewriting the burst buffer journal"));
   std::unique_ptr<NvmeTier> tier(new NvmeTier(std::move(impl)));
   tier->report_ = std::move(report);

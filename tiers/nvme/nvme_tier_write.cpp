@@ -34,9 +34,9 @@ Status NvmeTier::put(std::span<const Put> chunks) {
   Status st = im.put_batch(chunks, later);
   while (st.is_ok() && !later.empty()) {
     {
-      std::unique_lock l(im.mu);
+      cairn::MutexLock l(im.mu);
       im.landed.wait(l, [&] {
-        return std::none_of(later.begin(), later.end(), [&](const Put& p) { return im.inflight.count(p.hash) > 0; });
+        return std::none_of(later.begin(), later.end(), [&](const Put& p) CAIRN_REQUIRES(im.mu) { return im.inflight.count(p.hash) > 0; });
       });
     }
     std::vector<Put> again;
@@ -57,7 +57,7 @@ Status NvmeTier::Impl::put_batch(std::span<const Put> chunks, std::vector<Put>& 
   std::vector<ChunkHash> redirty;  // held clean, asked for dirty
   uint64_t need = 0;
   {
-    std::unique_lock l(im.mu);
+    cairn::MutexLock l(im.mu);
     std::unordered_set<ChunkHash, ChunkHashHasher> seen;
     for (const Put& p : chunks) {
       if (!seen.insert(p.hash).second) continue;
@@ -94,7 +94,7 @@ Status NvmeTier::Impl::put_batch(std::span<const Put> chunks, std::vector<Put>& 
     const std::vector<Planned>& planned;
     ~Landing() {
       {
-        std::lock_guard l(im.mu);
+        cairn::MutexLock l(im.mu);
         for (const auto& pl : planned) im.inflight.erase(pl.put->hash);
       }
       im.landed.notify_all();
@@ -102,10 +102,10 @@ Status NvmeTier::Impl::put_batch(std::span<const Put> chunks, std::vector<Put>& 
   } landing{im, planned};
   if (!redirty.empty()) {
     // The repository lost them (gc) and a new commit brought them back: their only copy is here.
-    std::lock_guard jl(im.jmu);
+    cairn::MutexLock jl(im.jmu);
     std::string rec;
     {
-      std::lock_guard l(im.mu);
+      cairn::MutexLock l(im.mu);
       for (const ChunkHash& h : redirty) {
         auto it = im.entries.find(h);
         if (it == im.entries.end() || it->second.dirty) continue;
@@ -116,7 +116,7 @@ Status NvmeTier::Impl::put_batch(std::span<const Put> chunks, std::vector<Put>& 
     }
     CAIRN_RETURN_IF_ERROR(im.append_locked(rec, false).with_context("writing the burst buffer journal"));
   }
-  auto give_back_locked = [&] {
+  auto give_back_locked = [&]() CAIRN_REQUIRES(im.mu) {
     for (auto& pl : planned)
       if (pl.placed) im.alloc->free(pl.offset, round_up(pl.put->length));
   };
@@ -128,9 +128,9 @@ Status NvmeTier::Impl::put_batch(std::span<const Put> chunks, std::vector<Put>& 
   for (;;) {
     bool release = false, stuck = false;
     {
-      std::lock_guard jl(im.jmu);
+      cairn::MutexLock jl(im.jmu);
       std::string dels;  // of the evictions
-      std::unique_lock l(im.mu);
+      cairn::MutexLock l(im.mu);
       for (size_t i = 0; i < planned.size() && !release && !stuck; ++i) {
         Planned& pl = planned[i];
         if (pl.placed) continue;
@@ -148,7 +148,7 @@ Status NvmeTier::Impl::put_batch(std::span<const Put> chunks, std::vector<Put>& 
             release = true;
             break;
           }
-          auto victim = im.policy->pick_victim([&](const ChunkHash& h) {
+          auto victim = im.policy->pick_victim([&](const ChunkHash& h) CAIRN_REQUIRES(im.mu) {
             auto it = im.entries.find(h);
             return it != im.entries.end() && !it->second.dirty && it->second.pins == 0 && !im.doomed.count(h);
           });
@@ -171,7 +171,7 @@ Status NvmeTier::Impl::put_batch(std::span<const Put> chunks, std::vector<Put>& 
     if (release) continue;
     uint64_t dirty = 0, reading = 0;
     {
-      std::lock_guard l(im.mu);
+      cairn::MutexLock l(im.mu);
       give_back_locked();
       dirty = im.dirty_bytes;
       for (const auto& [h, e] : im.entries)
@@ -195,7 +195,7 @@ Status NvmeTier::Impl::put_batch(std::span<const Put> chunks, std::vector<Put>& 
   if (st.is_ok() && !planned.empty()) st = im.data->sync(true);
   if (!st.is_ok()) {
     {
-      std::lock_guard l(im.mu);
+      cairn::MutexLock l(im.mu);
       give_back_locked();  // nothing names these bytes
     }
     return st.with_context("writing to the burst buffer " + im.data_path);
@@ -203,7 +203,7 @@ Status NvmeTier::Impl::put_batch(std::span<const Put> chunks, std::vector<Put>& 
   std::string records;
   for (const auto& pl : planned)
     append_record(records, nvme::kPut, put_payload(pl.put->hash, pl.offset, pl.put->length, pl.put->dirty));
-  Status js = im.append(records, true, [&] {
+  Status js = im.append(records, true, [&]() CAIRN_REQUIRES(im.mu) {
     for (const auto& pl : planned) {
       im.entries[pl.put->hash] = Entry{pl.offset, pl.put->length, pl.put->dirty, 0};
       im.policy->track(pl.put->hash, pl.put->length);
@@ -215,7 +215,7 @@ Status NvmeTier::Impl::put_batch(std::span<const Put> chunks, std::vector<Put>& 
     // The bytes are written but their records may or may not be in the journal. The append marked
     // the journal broken, so it is rewritten from the state (which lacks these chunks) before any
     // other record: the extents can be given out again.
-    std::lock_guard l(im.mu);
+    cairn::MutexLock l(im.mu);
     give_back_locked();
     return js.with_context("writing the burst buffer journal");
   }
@@ -228,9 +228,9 @@ Status NvmeTier::put_model(uint64_t seq, const std::string& id, const std::strin
     return invalid_argument("model '" + id + "': its manifest is larger than a burst buffer record may be");
   std::string rec;
   append_record(rec, nvme::kModel, p);
-  std::lock_guard jl(impl_->jmu);
+  cairn::MutexLock jl(impl_->jmu);
   {
-    std::lock_guard l(impl_->mu);
+    cairn::MutexLock l(impl_->mu);
     impl_->models[id] = PendingModel{seq, id, manifest_json};
   }
   return impl_->append_locked(rec, true).with_context("recording model '" + id + "' in the burst buffer");
@@ -238,9 +238,9 @@ Status NvmeTier::put_model(uint64_t seq, const std::string& id, const std::strin
 
 Status NvmeTier::model_done(const std::string& id) {
   std::string rec;
-  std::lock_guard jl(impl_->jmu);
+  cairn::MutexLock jl(impl_->jmu);
   {
-    std::lock_guard l(impl_->mu);
+    cairn::MutexLock l(impl_->mu);
     if (!impl_->models.erase(id)) return Status::ok();
   }
   append_record(rec, nvme::kDone, id);

@@ -93,7 +93,7 @@ int main(int argc, char **argv) {
   blocked = now() - t0;
   if (stall >= 0 && stall < size) {
     int failed = 0, any_failed = 0;
-    if (st == CAIRN_OK) st = cairn_wait(ticket, -1);
+    if (st == CAIRN_OK) st = cairn_ticket_wait(ticket, -1);
     if (st != CAIRN_OK) {
       printf("rank %d: the checkpoint failed: %s\n", rank, cairn_last_error());
       failed = 1;
@@ -109,7 +109,7 @@ int main(int argc, char **argv) {
     MPI_Abort(MPI_COMM_WORLD, 3);
   }
   t0 = now();
-  st = cairn_wait(ticket, -1);
+  st = cairn_ticket_wait(ticket, -1);
   waited = now() - t0;
   cairn_ticket_free(ticket);
   if (st != CAIRN_OK) {

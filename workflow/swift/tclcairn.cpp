@@ -233,7 +233,7 @@ int PutBlob(ClientData, Tcl_Interp* interp, int objc, Tcl_Obj* const objv[]) {
   int64_t shape[1] = {static_cast<int64_t>(len)};
   static const unsigned char kEmpty = 0;
   const void* data = len ? reinterpret_cast<const void*>(static_cast<intptr_t>(ptr)) : &kEmpty;
-  if (cairn_put_tensor(c, Tcl_GetString(objv[1]), data, CAIRN_DTYPE_U8, 1, shape) != CAIRN_OK)
+  if (cairn_tensor_put(c, Tcl_GetString(objv[1]), data, CAIRN_DTYPE_U8, 1, shape) != CAIRN_OK)
     return cairn_error(interp, "put_blob " + arg(objv, 1));
   Tcl_SetObjResult(interp, Tcl_NewWideIntObj(len));
   return TCL_OK;
@@ -250,12 +250,12 @@ int GetBlob(ClientData, Tcl_Interp* interp, int objc, Tcl_Obj* const objv[]) {
   int ndim = 0;
   int64_t shape[CAIRN_MAX_DIMS];
   size_t nbytes = 0;
-  if (cairn_get_tensor_info(c, Tcl_GetString(objv[1]), &dt, &ndim, shape, &nbytes) != CAIRN_OK)
+  if (cairn_tensor_info(c, Tcl_GetString(objv[1]), &dt, &ndim, shape, &nbytes) != CAIRN_OK)
     return cairn_error(interp, "get_blob " + arg(objv, 1));
   // Turbine copies the blob into its store and then free()s this pointer.
   void* buf = std::malloc(nbytes ? nbytes : 1);
   if (!buf) return error(interp, "out of memory");
-  if (cairn_unpack_tensor(c, Tcl_GetString(objv[1]), buf, nbytes) != CAIRN_OK) {
+  if (cairn_tensor_unpack(c, Tcl_GetString(objv[1]), buf, nbytes) != CAIRN_OK) {
     std::free(buf);
     return cairn_error(interp, "get_blob " + arg(objv, 1));
   }
@@ -274,7 +274,7 @@ int Poll(ClientData, Tcl_Interp* interp, int objc, Tcl_Obj* const objv[]) {
   if (Tcl_GetIntFromObj(interp, objv[2], &timeout) != TCL_OK) return TCL_ERROR;
   cairn_client* c = client(interp);
   if (!c) return TCL_ERROR;
-  if (cairn_poll_tensor(c, Tcl_GetString(objv[1]), timeout, &found) != CAIRN_OK)
+  if (cairn_tensor_poll(c, Tcl_GetString(objv[1]), timeout, &found) != CAIRN_OK)
     return cairn_error(interp, "poll " + arg(objv, 1));
   Tcl_SetObjResult(interp, Tcl_NewIntObj(found ? 1 : 0));
   return TCL_OK;
@@ -287,7 +287,7 @@ int Delete(ClientData, Tcl_Interp* interp, int objc, Tcl_Obj* const objv[]) {
   }
   cairn_client* c = client(interp);
   if (!c) return TCL_ERROR;
-  if (cairn_delete_tensor(c, Tcl_GetString(objv[1])) != CAIRN_OK) return cairn_error(interp, "delete " + arg(objv, 1));
+  if (cairn_tensor_delete(c, Tcl_GetString(objv[1])) != CAIRN_OK) return cairn_error(interp, "delete " + arg(objv, 1));
   Tcl_ResetResult(interp);
   return TCL_OK;
 }

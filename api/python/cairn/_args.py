@@ -6,6 +6,7 @@ import ctypes
 import json
 import math
 import time
+import warnings
 from typing import Any, Deque, Iterator, Optional, Tuple
 
 import numpy as np
@@ -13,6 +14,12 @@ import numpy as np
 from . import _errors, _ffi
 
 _INT_MAX = 2**31 - 1
+
+
+def _deprecated(old: str, new: str) -> None:
+    """Warns that ``old`` (a name kept for one release) is deprecated, naming its replacement
+    (docs/api.md); the warning points at the caller of ``old``."""
+    warnings.warn(f"cairn: {old} is deprecated; use {new} (docs/api.md)", DeprecationWarning, stacklevel=3)
 
 
 def _name(value: object, what: str) -> bytes:

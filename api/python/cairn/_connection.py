@@ -163,10 +163,10 @@ class Ticket:
     commit's own outcome (AlreadyExists, a missing parent, ...) is raised by ``wait()`` -- never by
     another call. Until then ``reached`` is ``"sent"``. Later calls of the same client see the model
     (requests are served in order); other clients see it once its reply was collected (``wait()``,
-    :meth:`Client.flush_pipeline`, or any later call of this client that needs a reply).
+    :meth:`Client.pipeline_flush`, or any later call of this client that needs a reply).
     Tickets belong to their client's connection: a ticket that is not waited for before the client
     closes is forgotten (the daemon still flushes the model; a pipelined commit's error then comes
-    from :meth:`Client.flush_pipeline`).
+    from :meth:`Client.pipeline_flush`).
     """
 
     def __init__(self, conn: _Connection, handle: Optional[ctypes.c_void_p], model_id: str, durability: str,
@@ -207,7 +207,7 @@ class Ticket:
         err: Optional[CairnError] = None
         for ms in _slices(_timeout_ms(timeout)):
             with self._conn.op():
-                st = self._conn.lib.cairn_wait(self._handle, ms)
+                st = self._conn.lib.cairn_ticket_wait(self._handle, ms)
                 err = _errors.last_error(st) if st != 0 else None
             if not isinstance(err, _errors.Timeout):
                 break

@@ -27,6 +27,54 @@ class TensorIn(ctypes.Structure):
                 ("ndim", ctypes.c_int), ("shape", ctypes.POINTER(ctypes.c_int64))]
 
 
+class ReadOptions(ctypes.Structure):
+    """cairn_read_options (cairn.h): how cairn_model_read and cairn_model_map deliver tensors."""
+
+    _fields_ = [("size", ctypes.c_size_t), ("kind", ctypes.c_int), ("device", ctypes.c_int),
+                ("private_copy", ctypes.c_int)]
+
+
+class CommitOptions(ctypes.Structure):
+    """cairn_commit_options (cairn.h): how cairn_model_commit_opts commits."""
+
+    _fields_ = [("size", ctypes.c_size_t), ("durability", ctypes.c_int), ("wait", ctypes.c_int),
+                ("pipelined", ctypes.c_int)]
+
+
+class PrefetchOptions(ctypes.Structure):
+    """cairn_prefetch_options (cairn.h): what cairn_model_prefetch stages, and where."""
+
+    _fields_ = [("size", ctypes.c_size_t), ("kind", ctypes.c_int), ("device", ctypes.c_int), ("all", ctypes.c_int),
+                ("timeout_ms", ctypes.c_int)]
+
+
+def read_options(**fields: int) -> ReadOptions:
+    """A cairn_read_options with the library's defaults (cairn_read_options_init), then ``fields``."""
+    o = ReadOptions()
+    library().cairn_read_options_init(ctypes.byref(o))
+    for k, v in fields.items():
+        setattr(o, k, v)
+    return o
+
+
+def commit_options(**fields: int) -> CommitOptions:
+    """A cairn_commit_options with the library's defaults, then ``fields``."""
+    o = CommitOptions()
+    library().cairn_commit_options_init(ctypes.byref(o))
+    for k, v in fields.items():
+        setattr(o, k, v)
+    return o
+
+
+def prefetch_options(**fields: int) -> PrefetchOptions:
+    """A cairn_prefetch_options with the library's defaults, then ``fields``."""
+    o = PrefetchOptions()
+    library().cairn_prefetch_options_init(ctypes.byref(o))
+    for k, v in fields.items():
+        setattr(o, k, v)
+    return o
+
+
 # ---- enums (values are the ABI of cairn.h) ----
 
 #: cairn_dtype names, by value (the safetensors dtypes, in cairn.h's order).
@@ -37,6 +85,7 @@ DTYPE_NAMES: List[str] = [
 
 DURABILITY = {"memory": 0, "local": 1, "global": 2}
 MEM_HOST = 0
+MEM_CUDA = 1
 MAX_DIMS = 8
 
 _c_void_p_p = ctypes.POINTER(ctypes.c_void_p)
@@ -51,6 +100,23 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     c_int, c_size_t, c_char_p, c_void_p = ctypes.c_int, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_void_p
     st = ctypes.c_int  # cairn_status
     decl = {
+        "cairn_read_options_init": (None, [ctypes.POINTER(ReadOptions)]),
+        "cairn_commit_options_init": (None, [ctypes.POINTER(CommitOptions)]),
+        "cairn_prefetch_options_init": (None, [ctypes.POINTER(PrefetchOptions)]),
+        "cairn_tensor_put": (st, [c_void_p, c_char_p, c_void_p, c_int, c_int, _i64_p]),
+        "cairn_tensor_info": (st, [c_void_p, c_char_p, ctypes.POINTER(c_int), ctypes.POINTER(c_int), _i64_p,
+                                   ctypes.POINTER(c_size_t)]),
+        "cairn_tensor_unpack": (st, [c_void_p, c_char_p, c_void_p, c_size_t]),
+        "cairn_tensor_unpack_alloc": (st, [c_void_p, c_char_p, ALLOC_FN, c_void_p]),
+        "cairn_tensor_poll": (st, [c_void_p, c_char_p, c_int, ctypes.POINTER(c_int)]),
+        "cairn_tensor_delete": (st, [c_void_p, c_char_p]),
+        "cairn_model_commit_opts": (st, [c_void_p, ctypes.POINTER(CommitOptions), _c_void_p_p]),
+        "cairn_model_read": (st, [c_void_p, c_size_t, ctypes.POINTER(c_char_p), ctypes.POINTER(c_void_p),
+                                  ctypes.POINTER(c_size_t), ctypes.POINTER(ReadOptions)]),
+        "cairn_model_map": (st, [c_void_p, c_size_t, ctypes.POINTER(c_char_p), _c_void_p_p, ctypes.POINTER(c_size_t),
+                                 ctypes.POINTER(ReadOptions)]),
+        "cairn_model_prefetch": (st, [c_void_p, c_char_p, ctypes.POINTER(PrefetchOptions), _c_void_p_p]),
+        "cairn_ticket_wait": (st, [c_void_p, c_int]),
         "cairn_status_string": (c_char_p, [c_int]),
         "cairn_status_name": (c_char_p, [c_int]),
         "cairn_library_has_cuda": (c_int, []),

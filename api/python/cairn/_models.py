@@ -1,5 +1,5 @@
-"""Writing and reading one model in steps: ModelWriter (cairn_model_create .. commit) and ModelReader
-(cairn_model_open .. close), which Client.save_model and Client.load_model are built on."""
+"""Writing and reading one model in steps: ModelWriter (cairn_model_create .. cairn_model_commit_opts)
+and ModelReader (cairn_model_open .. close), which Client.save_model and Client.load_model are built on."""
 from __future__ import annotations
 
 import contextlib
@@ -10,7 +10,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Seque
 import numpy as np
 
 from . import _dtypes, _errors, _ffi
-from ._args import _arena_array, _check, _durability, _json, _name, _shape_arg
+from ._args import _arena_array, _check, _deprecated, _durability, _json, _name, _shape_arg
 from ._connection import _INLINE_LIMIT, DeviceArray, Ticket, _Connection, _Lease, _View
 
 
@@ -24,13 +24,13 @@ class ModelWriter:
     """A model being written: tensors go into the daemon's shared arena as they are added, and
     nothing of the model is visible to anyone until :meth:`commit`. :meth:`abort` -- or leaving a
     ``with`` block on an exception, or dropping the writer uncommitted -- drops the model and frees
-    its arena space. Get one from :meth:`Client.writer`.
+    its arena space. Get one from :meth:`Client.model_create`.
 
-    Besides copying arrays in (:meth:`add`, :meth:`add_many`), a writer hands out arena space to
-    fill in place (:meth:`space`): the caller writes the tensor's bytes straight into the memory
+    Besides copying arrays in (:meth:`add_tensor`, :meth:`add_tensors`), a writer hands out arena
+    space to fill in place (:meth:`add_tensor_space`): the caller writes the tensor's bytes straight into the memory
     the model is committed from, with no copy of its own (what an asynchronous checkpoint stages
     into). Such space is writable until the commit or abort returns, and must not be written after
-    :meth:`seal` or the commit -- the stored model would no longer match its hashes.
+    :meth:`seal_tensor` or the commit -- the stored model would no longer match its hashes.
 
     Calls on one writer hold its client's lock one at a time; a writer is not for use by several
     threads at once. Its client must stay open until it is committed or aborted (closing the client
@@ -71,7 +71,7 @@ class ModelWriter:
             raise _errors.error("CAIRN_ERR_EXISTS", f"already exists: model {self.id!r}: tensor {name!r} was already added")
         return b
 
-    def add(self, name: str, array: Any, dtype: _dtypes.DTypeLike = None) -> None:
+    def add_tensor(self, name: str, array: Any, dtype: _dtypes.DTypeLike = None) -> None:
         """Adds tensor ``name``: its bytes are copied into the arena (and hashed) before this returns,
         so the caller may change ``array`` afterwards. ``array``: anything numpy takes (a
         non-contiguous or big-endian array is converted on its way into arena space, without a copy
@@ -89,15 +89,15 @@ class ModelWriter:
         dt = _dtypes.cairn_dtype(a.dtype, dtype, what)
         if _converted_in_arena(a):
             # Copied (and converted) once, straight into arena space, then hashed by the library.
-            dst = self.space(name, dt, a.shape)
+            dst = self.add_tensor_space(name, dt, a.shape)
             np.copyto(dst.view(a.dtype.newbyteorder("<") if a.dtype.byteorder == ">" else a.dtype), a, casting="equiv")
-            self.seal(name)
+            self.seal_tensor(name)
             return
-        self.add_many({name: a}, {name: dt})
+        self.add_tensors({name: a}, {name: dt})
 
-    def add_many(self, tensors: Mapping[str, Any], dtypes: Optional[Mapping[str, _dtypes.DTypeLike]] = None) -> None:
+    def add_tensors(self, tensors: Mapping[str, Any], dtypes: Optional[Mapping[str, _dtypes.DTypeLike]] = None) -> None:
         """Adds several tensors with one call (``cairn_model_add_tensors``): their copies into the
-        arena, and the hashing, are shared among up to 4 threads (see :meth:`Client.writer`'s
+        arena, and the hashing, are shared among up to 4 threads (see :meth:`Client.model_create`'s
         ``copy_threads``). Arrays are made C-contiguous and little-endian first where they are not
         (a copy); every argument is checked before anything is added."""
         dtypes = dtypes or {}
@@ -120,11 +120,11 @@ class ModelWriter:
             _check(self._conn.lib.cairn_model_add_tensors(w, arr, len(run)))
         self._names.update(seen)
 
-    def space(self, name: str, dtype: _dtypes.DTypeLike, shape: Sequence[int]) -> np.ndarray:
+    def add_tensor_space(self, name: str, dtype: _dtypes.DTypeLike, shape: Sequence[int]) -> np.ndarray:
         """Adds tensor ``name`` of cairn dtype (or numpy dtype) ``dtype`` and ``shape`` and returns
         its arena space as a writable, C-contiguous array (BF16 and FP8 as raw uint16/uint8 bits):
         fill it before the commit; its bytes are what is committed. NoSpace when the arena cannot
-        hold it. Valid until the commit or abort returns; :meth:`seal` it once filled."""
+        hold it. Valid until the commit or abort returns; :meth:`seal_tensor` it once filled."""
         nb = self._new_name(name)
         if isinstance(dtype, str) and dtype.upper() in _dtypes.ITEMSIZE:
             dt = dtype.upper()
@@ -145,14 +145,14 @@ class ModelWriter:
             return np.empty(dims, npdt)  # an empty tensor has no bytes to fill
         return _arena_array(p.value, dims, npdt)
 
-    def seal(self, name: str) -> None:
-        """Says that the space of tensor ``name`` (from :meth:`space`) holds its final bytes: the
+    def seal_tensor(self, name: str) -> None:
+        """Says that the space of tensor ``name`` (from :meth:`add_tensor_space`) holds its final bytes: the
         library hashes them now on its threads, while the caller goes on, so the commit need not.
         Optional; the bytes must not change afterwards."""
         with self._op() as w:
             _check(self._conn.lib.cairn_model_seal_tensor(w, _name(name, "tensor name")))
 
-    def inherit(self, names: Union[str, Iterable[str]]) -> None:
+    def inherit_tensor(self, names: Union[str, Iterable[str]]) -> None:
         """Keeps the parent's tensors ``names`` unchanged: no bytes, no hashing."""
         for name in [names] if isinstance(names, str) else list(names):
             nb = self._new_name(name)
@@ -168,7 +168,7 @@ class ModelWriter:
 
     def reserve(self, sizes: Sequence[int]) -> None:
         """Allocates the arena space of tensors over 64 KiB about to be added, ``sizes`` in bytes,
-        with one request (each later add or :meth:`space` of such a size takes one; what is left is
+        with one request (each later add or :meth:`add_tensor_space` of such a size takes one; what is left is
         freed at the commit). NoSpace when the arena cannot hold them all."""
         n = len(sizes)
         if n:
@@ -195,19 +195,44 @@ class ModelWriter:
         the commit's own errors then coming from the ticket's ``wait()``. A part's ticket follows
         the whole model: its ``wait()`` raises when another part is missing after the part timeout."""
         level = _durability(durability)
+        # Not waited at "memory" (not a part), the commit is pipelined: there is nothing to wait for
+        # beyond the reply.
+        sent = not wait and (pipelined or (durability == "memory" and self.part is None))
+        opts = _ffi.commit_options(durability=level, wait=int(bool(wait)), pipelined=int(sent))
         with self._op() as w:
             self._conn.open_writers.discard(w)  # the commit frees the C writer, whatever its result
             self._end.detach()
             if wait:
-                _check(self._conn.lib.cairn_model_commit(w, level, None))
+                _check(self._conn.lib.cairn_model_commit_opts(w, ctypes.byref(opts), None))
                 return Ticket(self._conn, None, self.id, durability, durability)
             t = ctypes.c_void_p()
-            if pipelined:
-                _check(self._conn.lib.cairn_model_commit_pipelined(w, level, ctypes.byref(t)))
-            else:
-                _check(self._conn.lib.cairn_model_commit(w, level, ctypes.byref(t)))
-        sent = pipelined or (durability == "memory" and self.part is None)
+            _check(self._conn.lib.cairn_model_commit_opts(w, ctypes.byref(opts), ctypes.byref(t)))
         return Ticket(self._conn, t, self.id, durability, "sent" if sent else "memory")
+
+    def add(self, name: str, array: Any, dtype: _dtypes.DTypeLike = None) -> None:
+        """Deprecated: :meth:`add_tensor`."""
+        _deprecated("ModelWriter.add", "ModelWriter.add_tensor")
+        self.add_tensor(name, array, dtype)
+
+    def add_many(self, tensors: Mapping[str, Any], dtypes: Optional[Mapping[str, _dtypes.DTypeLike]] = None) -> None:
+        """Deprecated: :meth:`add_tensors`."""
+        _deprecated("ModelWriter.add_many", "ModelWriter.add_tensors")
+        self.add_tensors(tensors, dtypes)
+
+    def space(self, name: str, dtype: _dtypes.DTypeLike, shape: Sequence[int]) -> np.ndarray:
+        """Deprecated: :meth:`add_tensor_space`."""
+        _deprecated("ModelWriter.space", "ModelWriter.add_tensor_space")
+        return self.add_tensor_space(name, dtype, shape)
+
+    def seal(self, name: str) -> None:
+        """Deprecated: :meth:`seal_tensor`."""
+        _deprecated("ModelWriter.seal", "ModelWriter.seal_tensor")
+        self.seal_tensor(name)
+
+    def inherit(self, names: Union[str, Iterable[str]]) -> None:
+        """Deprecated: :meth:`inherit_tensor`."""
+        _deprecated("ModelWriter.inherit", "ModelWriter.inherit_tensor")
+        self.inherit_tensor(names)
 
     def abort(self) -> None:
         """Drops the model (nothing of it becomes visible; for a part, the other parts' tickets fail
@@ -237,7 +262,7 @@ class ModelReader:
     """An open model (``cairn_model_open``): its tensor list, and reads of its tensors into this
     process's memory (zero-copy views, copies, the caller's arrays) or into device memory.
 
-    Get one from :meth:`Client.open_model`; close it (or use it as a context manager) when done.
+    Get one from :meth:`Client.model_open`; close it (or use it as a context manager) when done.
     Zero-copy arrays from :meth:`map` keep the model's tensors leased past ``close()``: the reader
     behind them ends when the last of them is garbage collected. Not for use by several threads at
     once (the calls on one connection are serialised anyway)."""
@@ -293,7 +318,7 @@ class ModelReader:
 
     def map(self, names: Optional[Iterable[str]] = None, writable: bool = False) -> Dict[str, np.ndarray]:
         """Tensors (all, or ``names``) as zero-copy views of the daemon's arena, leased with one
-        request (``cairn_model_map_tensors``). Read-only, or with ``writable=True`` copy-on-write
+        request (``cairn_model_map``). Read-only, or with ``writable=True`` copy-on-write
         views (a write copies the touched page into this process and never changes the stored model).
         BF16 and FP8 come back as raw uint16/uint8 bits. The views keep the tensors leased while
         any of them (or a view of one) is alive, past :meth:`close`."""
@@ -304,9 +329,9 @@ class ModelReader:
         with self._op() as r:
             lease = self._lease
             if count:
-                lib = self._conn.lib
-                mapper = lib.cairn_model_map_tensors_private if writable else lib.cairn_model_map_tensors
-                _check(mapper(r, count, _names_array([t[0] for t in infos]), ptrs, lens))
+                opts = _ffi.read_options(private_copy=int(bool(writable)))
+                _check(self._conn.lib.cairn_model_map(r, count, _names_array([t[0] for t in infos]), ptrs, lens,
+                                                      ctypes.byref(opts)))
         out: Dict[str, np.ndarray] = {}
         for i, (name, dt, shape, nbytes) in enumerate(infos):
             if lens[i] != nbytes or (nbytes and not ptrs[i]):
@@ -328,7 +353,7 @@ class ModelReader:
         return out
 
     def read_into(self, arrays: Mapping[str, np.ndarray]) -> None:
-        """Copies tensors into the caller's arrays with one request (``cairn_model_read_tensors``):
+        """Copies tensors into the caller's arrays with one request (``cairn_model_read``):
         ``arrays`` maps tensor names to writable, C-contiguous arrays of exactly the tensor's size in
         bytes (any dtype). One copy, straight into that memory."""
         items = list(arrays.items())
@@ -341,19 +366,22 @@ class ModelReader:
                 raise _errors.error("CAIRN_ERR_INVALID_ARGUMENT",
                                     f"invalid argument: tensor {name!r} of model {self.id!r} has {info[3]} bytes, "
                                     f"the array {a.nbytes}")
-        self._read(self._conn.lib.cairn_model_read_tensors, [(n, a.ctypes.data, a.nbytes) for n, a in items])
+        self._read(_ffi.MEM_HOST, [(n, a.ctypes.data, a.nbytes) for n, a in items])
 
-    def _read(self, fn: Any, targets: Sequence[Tuple[str, int, int]]) -> None:
+    def _read(self, kind: int, targets: Sequence[Tuple[str, int, int]]) -> None:
         if not targets:
             return
         count = len(targets)
+        opts = _ffi.read_options(kind=kind)
         with self._op() as r:
-            _check(fn(r, count, _names_array([t[0] for t in targets]),
-                      (ctypes.c_void_p * count)(*[t[1] for t in targets]),
-                      (ctypes.c_size_t * count)(*[t[2] for t in targets])))
+            _check(self._conn.lib.cairn_model_read(r, count, _names_array([t[0] for t in targets]),
+                                                   (ctypes.c_void_p * count)(*[t[1] for t in targets]),
+                                                   (ctypes.c_size_t * count)(*[t[2] for t in targets]),
+                                                   ctypes.byref(opts)))
 
     def read_device(self, targets: Sequence[Tuple[str, int, int]]) -> None:
-        """Copies tensors into device memory with one request (``cairn_model_read_tensors_device``):
+        """Copies tensors into device memory with one request (``cairn_model_read`` with
+        ``CAIRN_MEM_CUDA``):
         ``targets`` are ``(name, device address, nbytes)``, each exactly the tensor's size. With the
         daemon's HBM tier the copies are device-to-device, back to back; otherwise a library built
         with CUDA (:func:`library_has_cuda`) copies from the arena. Unavailable when neither can."""
@@ -362,12 +390,12 @@ class ModelReader:
                 raise _errors.error("CAIRN_ERR_INVALID_ARGUMENT",
                                     f"invalid argument: tensor {name!r} of model {self.id!r} has "
                                     f"{self.info(name)[3]} bytes, the device buffer {nbytes}")
-        self._read(self._conn.lib.cairn_model_read_tensors_device, targets)
+        self._read(_ffi.MEM_CUDA, targets)
 
     def map_device(self, names: Optional[Iterable[str]] = None, device: int = -1) -> Dict[str, Tuple[int, int, Any]]:
         """Tensors (all non-empty ones, or ``names``) as zero-copy views of the daemon's copies in its
         HBM tier on ``device`` (-1: its first), leased with one request
-        (``cairn_model_map_tensors_device``, CUDA IPC): name -> ``(device address, nbytes, keeper)``.
+        (``cairn_model_map`` with ``CAIRN_MEM_CUDA``, CUDA IPC): name -> ``(device address, nbytes, keeper)``.
         The leases last while any ``keeper`` is referenced (hold it as long as the memory is used).
         Unavailable when the daemon has no HBM tier."""
         infos = [t for t in self._select(names) if t[3]]
@@ -377,8 +405,9 @@ class ModelReader:
         with self._op() as r:
             lease = self._lease
             if count:
-                _check(self._conn.lib.cairn_model_map_tensors_device(r, count, _names_array([t[0] for t in infos]),
-                                                                     int(device), ptrs, sizes))
+                opts = _ffi.read_options(kind=_ffi.MEM_CUDA, device=int(device))
+                _check(self._conn.lib.cairn_model_map(r, count, _names_array([t[0] for t in infos]), ptrs, sizes,
+                                                      ctypes.byref(opts)))
         return {t[0]: (ptrs[i] or 0, sizes[i], lease) for i, t in enumerate(infos)}
 
     def close(self) -> None:

@@ -50,7 +50,7 @@ def assign_state(module: nn.Module, state: Dict[str, torch.Tensor], strict: bool
 
 def read_into_module(c: Client, id: str, module: nn.Module, strict: bool) -> None:
     """load(copy=True) into a module on the host: one copy, straight into the parameters' and
-    buffers' own memory (cairn_model_read_tensors) where the dtype matches and the memory is
+    buffers' own memory (cairn_model_read) where the dtype matches and the memory is
     contiguous; the rest through load_model(copy=True) and copy_."""
     stored = {t["name"]: t for t in c.show(id).get("tensors", [])}
     own = module.state_dict(keep_vars=True)

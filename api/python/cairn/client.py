@@ -9,7 +9,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 import numpy as np
 
 from . import _dtypes, _errors, _ffi
-from ._args import _check, _durability, _json, _name, _shape_arg, _slices, _timeout_ms
+from ._args import _check, _deprecated, _durability, _json, _name, _shape_arg, _slices, _timeout_ms
 from ._connection import _INLINE_LIMIT, DeviceArray, Ticket, _Connection  # noqa: F401 (re-exported)
 from ._models import ModelReader, ModelWriter, TensorInfo, _converted_in_arena, library_has_cuda  # noqa: F401
 
@@ -21,6 +21,14 @@ _PROGRESS_BATCH = 64 << 20
 
 class Client:
     """A connection to the node's cairnd. Create one with :func:`cairn.connect`.
+
+    Method names follow the C API's (cairn.h): the C name without ``cairn_`` and without the object
+    the class stands for -- ``cairn_tensor_put`` is :meth:`tensor_put`, ``cairn_model_open``
+    :meth:`model_open`, ``cairn_pipeline_flush`` :meth:`pipeline_flush`; a :class:`ModelWriter`
+    has ``add_tensor``, ``commit``, a :class:`ModelReader` ``read``, ``map``. :meth:`save_model`,
+    :meth:`load_model`, :meth:`put_tensor` and :meth:`get_tensor` are the whole-model and
+    named-tensor calls the design fixes. Older names warn (DeprecationWarning) for one release
+    (docs/api.md).
 
     Every method raises :class:`cairn.CairnError` (a subclass per status) on failure. A client may be
     shared by threads (calls are serialised), but one client per thread is faster. Use it as a
@@ -61,14 +69,18 @@ class Client:
 
     # ---- named tensors ----
 
-    def put_tensor(self, key: str, array: Any, dtype: _dtypes.DTypeLike = None) -> None:
+    def tensor_put(self, key: str, array: Any, dtype: _dtypes.DTypeLike = None) -> None:
         """Stores (or replaces) ``array`` under ``key`` (a named tensor, kept in the daemon's DRAM
         until deleted or replaced; not a model). ``dtype``: a cairn dtype name to store raw bits as
         (``"BF16"`` for uint16 bits, ``"F8_E4M3"``/``"F8_E5M2"`` for uint8 bits)."""
         k = _name(key, "key")
         a, dt = _dtypes.prepare(array, dtype, f"tensor {key!r}")
         with self._conn.op() as h:
-            _check(self._lib.cairn_put_tensor(h, k, a.ctypes.data, _dtypes.code(dt), a.ndim, _shape_arg(a.shape)))
+            _check(self._lib.cairn_tensor_put(h, k, a.ctypes.data, _dtypes.code(dt), a.ndim, _shape_arg(a.shape)))
+
+    def put_tensor(self, key: str, array: Any, dtype: _dtypes.DTypeLike = None) -> None:
+        """:meth:`tensor_put` under the name the design fixes."""
+        self.tensor_put(key, array, dtype)
 
     def tensor_info(self, key: str) -> Tuple[str, Tuple[int, ...], int]:
         """(cairn dtype name, shape, nbytes) of the named tensor ``key``."""
@@ -79,17 +91,17 @@ class Client:
     def _info(self, h: ctypes.c_void_p, k: bytes) -> Tuple[str, Tuple[int, ...], int]:
         dt, nd, n = ctypes.c_int(), ctypes.c_int(), ctypes.c_size_t()
         shape = (ctypes.c_int64 * _ffi.MAX_DIMS)()
-        _check(self._lib.cairn_get_tensor_info(h, k, ctypes.byref(dt), ctypes.byref(nd), shape, ctypes.byref(n)))
+        _check(self._lib.cairn_tensor_info(h, k, ctypes.byref(dt), ctypes.byref(nd), shape, ctypes.byref(n)))
         return _dtypes.name_of_code(dt.value), tuple(shape[: nd.value]), n.value
 
-    def get_tensor(self, key: str) -> np.ndarray:
-        """A copy of the named tensor ``key`` as a new, writable array (BF16 and FP8 come back as
-        raw uint16/uint8 bits; see :data:`cairn.RAW_DTYPES`)."""
+    def tensor_get(self, key: str) -> np.ndarray:
+        """A copy of the named tensor ``key`` as a new, writable array (``cairn_tensor_unpack_alloc``:
+        one round trip; BF16 and FP8 come back as raw uint16/uint8 bits, see :data:`cairn.RAW_DTYPES`)."""
         k = _name(key, "key")
         got: List[np.ndarray] = []
 
         def alloc(_ctx: Any, dtype: int, ndim: int, shape: Any, nbytes: int) -> int:
-            # Called by cairn_unpack_tensor_alloc with the tensor's description: one round trip.
+            # Called by cairn_tensor_unpack_alloc with the tensor's description: one round trip.
             try:
                 a = np.empty(tuple(shape[i] for i in range(ndim)), _dtypes.numpy_dtype(_dtypes.name_of_code(dtype)))
             except Exception:  # an unknown dtype: no buffer (CAIRN_ERR_NO_SPACE) rather than a crash
@@ -99,26 +111,40 @@ class Client:
             got.append(a)
             return a.ctypes.data or 1  # not NULL, also for an empty tensor
         with self._conn.op() as h:
-            _check(self._lib.cairn_unpack_tensor_alloc(h, k, _ffi.ALLOC_FN(alloc), None))
+            _check(self._lib.cairn_tensor_unpack_alloc(h, k, _ffi.ALLOC_FN(alloc), None))
         return got[0]
 
-    def poll_tensor(self, key: str, timeout: Optional[float] = 0.0) -> bool:
+    def get_tensor(self, key: str) -> np.ndarray:
+        """:meth:`tensor_get` under the name the design fixes."""
+        return self.tensor_get(key)
+
+    def tensor_poll(self, key: str, timeout: Optional[float] = 0.0) -> bool:
         """Waits up to ``timeout`` seconds (0: do not wait, None: forever) for ``key`` to exist; returns
         whether it does."""
         k = _name(key, "key")
         found = ctypes.c_int()
         for ms in _slices(_timeout_ms(timeout)):
             with self._conn.op() as h:
-                _check(self._lib.cairn_poll_tensor(h, k, ms, ctypes.byref(found)))
+                _check(self._lib.cairn_tensor_poll(h, k, ms, ctypes.byref(found)))
             if found.value:
                 break
         return bool(found.value)
 
-    def delete_tensor(self, key: str) -> None:
+    def tensor_delete(self, key: str) -> None:
         """Deletes the named tensor ``key`` (NotFound if there is none)."""
         k = _name(key, "key")
         with self._conn.op() as h:
-            _check(self._lib.cairn_delete_tensor(h, k))
+            _check(self._lib.cairn_tensor_delete(h, k))
+
+    def poll_tensor(self, key: str, timeout: Optional[float] = 0.0) -> bool:
+        """Deprecated: :meth:`tensor_poll`."""
+        _deprecated("Client.poll_tensor", "Client.tensor_poll")
+        return self.tensor_poll(key, timeout)
+
+    def delete_tensor(self, key: str) -> None:
+        """Deprecated: :meth:`tensor_delete`."""
+        _deprecated("Client.delete_tensor", "Client.tensor_delete")
+        self.tensor_delete(key)
 
     # ---- models ----
 
@@ -215,7 +241,7 @@ class Client:
             _json(dict(arch), "arch")  # checked before any byte is copied
         if meta is not None:
             _json(dict(meta), "meta")
-        with self.writer(id, parent, part=part, part_timeout=part_timeout, copy_threads=copy_threads) as w:
+        with self.model_create(id, parent, part=part, part_timeout=part_timeout, copy_threads=copy_threads) as w:
             # The arena space of every big tensor in one round trip.
             big = [p[1].nbytes for _, p in steps if p is not None and p[1].nbytes > _INLINE_LIMIT]
             if len(big) > 1:
@@ -229,7 +255,7 @@ class Client:
             def add_run() -> None:
                 nonlocal run_bytes
                 if run:
-                    w.add_many(run, run_dtypes)
+                    w.add_tensors(run, run_dtypes)
                     run.clear()
                     run_dtypes.clear()
                     if on_bytes is not None:
@@ -239,7 +265,7 @@ class Client:
             for name, step in steps:
                 if step is None:
                     add_run()
-                    w.inherit(name)
+                    w.inherit_tensor(name)
                 elif not step[3]:
                     run[name], run_dtypes[name] = step[1], step[2]
                     run_bytes += step[1].nbytes
@@ -248,7 +274,7 @@ class Client:
                 else:
                     # Device-to-host, or converted once, straight into arena space.
                     add_run()
-                    w.add(name, step[1], step[2])
+                    w.add_tensor(name, step[1], step[2])
                     if on_bytes is not None:
                         on_bytes(step[1].nbytes)
             add_run()
@@ -262,9 +288,10 @@ class Client:
                 before_commit()
             return w.commit(durability, wait=wait, pipelined=pipelined)
 
-    def writer(self, id: str, parent: Optional[str] = None, *, part: Optional[Tuple[int, int]] = None,
-               part_timeout: Optional[float] = None, copy_threads: int = 0) -> "ModelWriter":
-        """Starts model ``id`` (derived from ``parent``) and returns its :class:`ModelWriter`: add
+    def model_create(self, id: str, parent: Optional[str] = None, *, part: Optional[Tuple[int, int]] = None,
+                     part_timeout: Optional[float] = None, copy_threads: int = 0) -> "ModelWriter":
+        """Starts model ``id`` (derived from ``parent``; ``cairn_model_create``, or
+        ``cairn_model_create_part`` with ``part``) and returns its :class:`ModelWriter`: add
         tensors (copied in, or written in place into arena space), then commit -- nothing is visible
         before. What :meth:`save_model` does in one call, for callers that fill the arena themselves
         (an asynchronous checkpoint staging a state dict) or add tensors as they come.
@@ -291,7 +318,13 @@ class Client:
                 _check(lib.cairn_model_set_copy_threads(wh, int(copy_threads)))
         return writer
 
-    def flush_pipeline(self) -> None:
+    def writer(self, id: str, parent: Optional[str] = None, *, part: Optional[Tuple[int, int]] = None,
+               part_timeout: Optional[float] = None, copy_threads: int = 0) -> "ModelWriter":
+        """Deprecated: :meth:`model_create`."""
+        _deprecated("Client.writer", "Client.model_create")
+        return self.model_create(id, parent, part=part, part_timeout=part_timeout, copy_threads=copy_threads)
+
+    def pipeline_flush(self) -> None:
         """Collects the replies of every pipelined commit (``save_model`` at ``"memory"`` without
         ``wait``) still in flight, resolving their tickets; afterwards every commit of this client is
         visible to every client. Raises the first error of a pipelined commit whose ticket was
@@ -301,12 +334,23 @@ class Client:
             _check(self._lib.cairn_pipeline_flush(h))
 
     @property
-    def in_flight(self) -> int:
+    def pipeline_in_flight(self) -> int:
         """Requests sent and not yet answered (pipelined commits)."""
         with self._conn.op() as h:
             return int(self._lib.cairn_pipeline_in_flight(h))
 
-    def open_model(self, id: str) -> ModelReader:
+    def flush_pipeline(self) -> None:
+        """Deprecated: :meth:`pipeline_flush`."""
+        _deprecated("Client.flush_pipeline", "Client.pipeline_flush")
+        self.pipeline_flush()
+
+    @property
+    def in_flight(self) -> int:
+        """Deprecated: :attr:`pipeline_in_flight`."""
+        _deprecated("Client.in_flight", "Client.pipeline_in_flight")
+        return self.pipeline_in_flight
+
+    def model_open(self, id: str) -> ModelReader:
         """Opens model ``id`` for reading (``cairn_model_open``): a :class:`ModelReader` with its
         tensor list and every way of reading its tensors. NotFound names a missing model."""
         mid = _name(id, "model id")
@@ -319,6 +363,11 @@ class Client:
                 if r.value not in self._conn.open_readers:
                     self._lib.cairn_model_close(r)
                 raise
+
+    def open_model(self, id: str) -> ModelReader:
+        """Deprecated: :meth:`model_open`."""
+        _deprecated("Client.open_model", "Client.model_open")
+        return self.model_open(id)
 
     def load_model(self, id: str, names: Optional[Iterable[str]] = None, copy: bool = False,
                    writable: bool = False) -> Dict[str, np.ndarray]:
@@ -335,22 +384,22 @@ class Client:
 
         BF16 and FP8 tensors come back as raw uint16/uint8 bits (see :data:`cairn.RAW_DTYPES`).
         """
-        with self.open_model(id) as r:
+        with self.model_open(id) as r:
             return r.read(names) if copy else r.map(names, writable=writable)
 
     def read_into(self, id: str, arrays: Mapping[str, np.ndarray]) -> None:
         """Copies tensors of model ``id`` into the caller's arrays with one request
-        (``cairn_model_read_tensors``): ``arrays`` maps tensor names to writable, C-contiguous
+        (``cairn_model_read``): ``arrays`` maps tensor names to writable, C-contiguous
         arrays of exactly the tensor's size in bytes (any dtype). One copy, straight into that memory."""
-        with self.open_model(id) as r:
+        with self.model_open(id) as r:
             r.read_into(arrays)
 
-    def put_file(self, id: str, path: PathLike, parent: Optional[str] = None, durability: str = "global",
-                 meta: Optional[Mapping[str, Any]] = None) -> None:
+    def model_put_file(self, id: str, path: PathLike, parent: Optional[str] = None, durability: str = "global",
+                       meta: Optional[Mapping[str, Any]] = None) -> None:
         """Stores the safetensors file ``path`` as model ``id`` (``cairn_model_put_file``: the file's
-        tensors straight into the daemon's arena, its header kept so :meth:`get_file` gives the same
-        bytes back), derived from ``parent``; returns once ``durability`` is reached. A file that is
-        not valid safetensors is InvalidArgument naming what is wrong."""
+        tensors straight into the daemon's arena, its header kept so :meth:`model_get_file` gives the
+        same bytes back), derived from ``parent``; returns once ``durability`` is reached. A file that
+        is not valid safetensors is InvalidArgument naming what is wrong."""
         mid = _name(id, "model id")
         par = _name(parent, "parent id") if parent is not None else None
         level = _durability(durability)
@@ -358,30 +407,60 @@ class Client:
         with self._conn.op() as h:
             _check(self._lib.cairn_model_put_file(h, mid, os.fsencode(path), par, level, meta_json))
 
-    def get_file(self, id: str, path: PathLike) -> None:
+    def model_get_file(self, id: str, path: PathLike) -> None:
         """Writes model ``id`` as the safetensors file ``path`` (``cairn_model_get_file``: straight
         from the daemon's arena into a temporary file renamed into place)."""
         mid = _name(id, "model id")
         with self._conn.op() as h:
             _check(self._lib.cairn_model_get_file(h, mid, os.fsencode(path)))
 
-    def prefetch(self, id: str, all: bool = False) -> Optional[Dict[str, Any]]:
-        """Asks the daemon to bring model ``id`` into DRAM ahead of need. With ``all=True``, into the
-        DRAM of every member of the job's peer group at once (docs/peers.md); waits until all have
-        it and returns the report: ``{"bytes", "seconds", "all_seconds", "all_ok", "members": [{"member",
-        "ok", "bytes", "seconds", "error"}]}`` (a member that failed is listed, not raised)."""
+    def model_prefetch(self, id: str, *, all: bool = False, device: Optional[int] = None,
+                       timeout: Optional[float] = None) -> Dict[str, Any]:
+        """Stages model ``id`` ahead of need (``cairn_model_prefetch``) and returns the daemon's
+        answer: into this node's DRAM (``{"bytes"}``), or with ``device`` (an HBM device, -1: the
+        daemon's first) into its HBM tier. ``all=True``: into every member of the job's peer group
+        at once (docs/peers.md), waiting until all have it (``timeout`` seconds, default the
+        daemon's 600); the answer is ``{"bytes", "seconds", "all_seconds", "all_ok", "members":
+        [{"member", "ok", "bytes", "seconds", "error"}]}`` (a member that failed is listed, not
+        raised)."""
         mid = _name(id, "model id")
-        if all:
-            return self._json_call("cairn_prefetch_all", mid)
+        opts = _ffi.prefetch_options(all=int(bool(all)))
+        if device is not None:
+            opts.kind = _ffi.MEM_CUDA
+            opts.device = int(device)
+        if timeout is not None:
+            opts.timeout_ms = max(1, int(timeout * 1000))
+        out = ctypes.c_void_p()
         with self._conn.op() as h:
-            _check(self._lib.cairn_prefetch(h, mid))
-        return None
+            _check(self._lib.cairn_model_prefetch(h, mid, ctypes.byref(opts), ctypes.byref(out)))
+            try:
+                text = ctypes.string_at(out.value) if out.value else b"{}"
+            finally:
+                self._lib.cairn_free(out)
+        return json.loads(text)
+
+    def put_file(self, id: str, path: PathLike, parent: Optional[str] = None, durability: str = "global",
+                 meta: Optional[Mapping[str, Any]] = None) -> None:
+        """Deprecated: :meth:`model_put_file`."""
+        _deprecated("Client.put_file", "Client.model_put_file")
+        self.model_put_file(id, path, parent, durability, meta)
+
+    def get_file(self, id: str, path: PathLike) -> None:
+        """Deprecated: :meth:`model_get_file`."""
+        _deprecated("Client.get_file", "Client.model_get_file")
+        self.model_get_file(id, path)
+
+    def prefetch(self, id: str, all: bool = False) -> Optional[Dict[str, Any]]:
+        """Deprecated: :meth:`model_prefetch` (which returns the answer also without ``all``)."""
+        _deprecated("Client.prefetch", "Client.model_prefetch")
+        answer = self.model_prefetch(id, all=all)
+        return answer if all else None
 
     # ---- catalog and queries ----
 
     def _json_call(self, function: str, payload: bytes) -> Dict[str, Any]:
         """Calls a C function taking (client, JSON text, char **result) and returns the parsed
-        result, freeing it (cairn_request, cairn_query). A failure raises its CairnError."""
+        result, freeing it (cairn_request, cairn_query, cairn_hint). A failure raises its CairnError."""
         out = ctypes.c_void_p()
         with self._conn.op() as h:
             _check(getattr(self._lib, function)(h, payload, ctypes.byref(out)))
@@ -392,8 +471,8 @@ class Client:
         return json.loads(text)
 
     def _request(self, request: Dict[str, Any]) -> Dict[str, Any]:
-        """Sends one catalog/administration request (``cairn_request``); returns the response's
-        fields (without ``status``). A failed response raises its CairnError."""
+        """Sends one request that has no call of its own (``cairn_request``: list, show, stats, ...);
+        returns the response's fields (without ``status``). A failed response raises its CairnError."""
         return self._json_call("cairn_request", _json(request, "request"))
 
     def list(self) -> List[Dict[str, Any]]:

@@ -305,7 +305,7 @@ class CairnWriter(_OnCairn, StorageWriter, AsyncStager):
         else:
             unused = None
         try:
-            w = staged.writer if staged is not None else self.client.writer(
+            w = staged.writer if staged is not None else self.client.model_create(
                 self._id, self.parent, part=(part.index, part.count), part_timeout=self.part_timeout)
             try:
                 results = self._write_items(w, plan, planner, staged)
@@ -333,7 +333,7 @@ class CairnWriter(_OnCairn, StorageWriter, AsyncStager):
         def flush() -> None:
             nonlocal pending
             if batch:
-                w.add_many(batch, batch_dtypes)
+                w.add_tensors(batch, batch_dtypes)
             batch.clear()
             batch_dtypes.clear()
             held.clear()
@@ -368,7 +368,7 @@ class CairnWriter(_OnCairn, StorageWriter, AsyncStager):
                             held.append(t)
                             pending += nbytes
                         else:
-                            w.add(key, arr, cname)  # converted once, straight into arena space
+                            w.add_tensor(key, arr, cname)  # converted once, straight into arena space
                 results.append(WriteResult(index=item.index, size_in_bytes=nbytes, storage_data=key))
             if pending >= _BATCH_BYTES:
                 flush()
@@ -376,7 +376,7 @@ class CairnWriter(_OnCairn, StorageWriter, AsyncStager):
         if staged is not None:
             # Hashed now, on the library's threads: behind the training, not during the staging copy.
             for name, _, _ in staged.names.values():
-                w.seal(name)
+                w.seal_tensor(name)
         return results
 
     @staticmethod
@@ -387,10 +387,10 @@ class CairnWriter(_OnCairn, StorageWriter, AsyncStager):
         cname = _td.cairn_dtype(src.dtype)
         torch.cuda.current_stream(src.device).synchronize()  # the library's copy runs outside torch's streams
         try:
-            w.add(key, DeviceArray(src.data_ptr(), tuple(src.shape), cname, owner=src))
+            w.add_tensor(key, DeviceArray(src.data_ptr(), tuple(src.shape), cname, owner=src))
         except _errors.Unavailable:
             arr, cname = _td.to_numpy(key, src)
-            w.add(key, arr, cname)
+            w.add_tensor(key, arr, cname)
 
     def finish(self, metadata: Metadata, results: List[List[WriteResult]]) -> None:
         """On the coordinator: commits the last part (DCP's metadata, with where each item is
@@ -406,8 +406,8 @@ class CairnWriter(_OnCairn, StorageWriter, AsyncStager):
         blob = pickle.dumps(metadata, protocol=pickle.HIGHEST_PROTOCOL)
         n = len(results)
         try:
-            with self.client.writer(self._id, self.parent, part=(n, n + 1), part_timeout=self.part_timeout) as w:
-                w.add(METADATA_TENSOR, np.frombuffer(blob, np.uint8))
+            with self.client.model_create(self._id, self.parent, part=(n, n + 1), part_timeout=self.part_timeout) as w:
+                w.add_tensor(METADATA_TENSOR, np.frombuffer(blob, np.uint8))
                 w.set_metadata({**self.meta, "format": FORMAT, "ranks": n, "torch": torch.__version__})
                 ticket = w.commit(self.durability)
             ticket.wait()
@@ -447,7 +447,7 @@ class CairnWriter(_OnCairn, StorageWriter, AsyncStager):
         else:
             rank, size = 0, 1
         try:
-            w = self.client.writer(self._id, self.parent, part=(rank, size + 1), part_timeout=self.part_timeout)
+            w = self.client.model_create(self._id, self.parent, part=(rank, size + 1), part_timeout=self.part_timeout)
         except _errors.CairnError as e:
             raise _in_checkpoint(e, self._id, "staging it") from None
         staged = _Staged(w, rank, size + 1)
@@ -460,7 +460,7 @@ class CairnWriter(_OnCairn, StorageWriter, AsyncStager):
             for path, t in big:
                 name = f"{path}@rank{rank}"
                 cname = _td.cairn_dtype(t.dtype)
-                arr = w.space(name, cname, tuple(t.shape))
+                arr = w.add_tensor_space(name, cname, tuple(t.shape))
                 dst = _td.from_numpy(name, arr, cname)
                 dst.copy_(t.detach())
                 staged.names[dst.data_ptr()] = (name, dst.numel() * dst.element_size(), dst.dtype)
@@ -564,7 +564,7 @@ class CairnReader(_OnCairn, StorageReader):
 
     def _open(self) -> ModelReader:
         try:
-            return self.client.open_model(self._id)
+            return self.client.model_open(self._id)
         except _errors.NotFound:
             raise _errors.error("CAIRN_ERR_NOT_FOUND",
                                 f"not found: checkpoint {self._id!r} does not exist (no model of that id on the "

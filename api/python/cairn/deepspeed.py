@@ -307,7 +307,7 @@ class CairnCheckpointEngine(CheckpointEngine):
                                     "engine.save_checkpoint")
             rank, size = _rank_and_size()
             part = (rank, size) if size > 1 else None
-            self._writer = self.client().writer(self._model, self._parent, part=part, part_timeout=self.part_timeout)
+            self._writer = self.client().model_create(self._model, self._parent, part=part, part_timeout=self.part_timeout)
         return self._writer
 
     def save(self, state_dict: Any, path: str) -> None:
@@ -333,7 +333,7 @@ class CairnCheckpointEngine(CheckpointEngine):
                 batch[name], dtypes[name] = arr, cname
             batch[f"{file}/{PICKLE_TENSOR}"] = np.frombuffer(buf.getbuffer(), np.uint8)
             dtypes[f"{file}/{PICKLE_TENSOR}"] = "U8"
-            w.add_many(batch, dtypes)
+            w.add_tensors(batch, dtypes)
         except _errors.Unavailable as e:
             self._abort()
             raise _in_checkpoint(e, doing) from None
@@ -373,7 +373,7 @@ class CairnCheckpointEngine(CheckpointEngine):
     def _load(c: Client, model: str, file: str, map_location: Any) -> Any:
         prefix = f"{file}/"
         blob_name = prefix + PICKLE_TENSOR
-        with c.open_model(model) as r:
+        with c.model_open(model) as r:
             names = [t[0] for t in r.tensors if t[0].startswith(prefix)]
             if blob_name not in names:
                 raise _errors.error("CAIRN_ERR_NOT_FOUND", f"not found: model {model!r} holds no file {file!r}")

@@ -1,8 +1,8 @@
 """Import and export of model files, the format taken from the file's extension (docs/import-export.md).
 
 ==========================  ==========================================================================
-``.safetensors``            libcairn (``Client.put_file``/``get_file``: byte-exact, zero-copy)
-``.h5`` / ``.hdf5``         the ``cairn`` tool built with HDF5 (Keras 2 weight files, layout recorded)
+``.safetensors``            libcairn (``Client.model_put_file``/``model_get_file``: byte-exact, zero-copy)
+``.h5`` / ``.hdf5``         libcairn_keras_h5 (cairn's HDF5 converter, built with HDF5; Keras 2 weight files, layout recorded)
 ``.pt`` / ``.pth`` / ``.bin``  here, with PyTorch: ``torch.load(weights_only=True)`` / ``torch.save``
 ==========================  ==========================================================================
 
@@ -15,22 +15,22 @@
 
 ``python3 -m cairn.io import ID FILE [--parent P] [--meta JSON] [--durability D]`` and
 ``python3 -m cairn.io export ID FILE`` do the same from a shell (``cairn import`` runs this for
-PyTorch files).
+PyTorch files). Every format goes through libraries (libcairn, libcairn_keras_h5, PyTorch); this
+module never runs the ``cairn`` tool.
 """
 from __future__ import annotations
 
 import collections
+import ctypes
 import json
 import os
-import shutil
-import subprocess
 import sys
-from pathlib import Path
+import threading
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
 
-from . import _errors, _progress
+from . import _errors, _ffi, _progress
 from ._errors import CairnError
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -62,44 +62,71 @@ def file_format(path: PathLike) -> str:
     return _FORMATS[ext]
 
 
-# ---- the cairn tool, for safetensors and HDF5 ----
+# ---- Keras HDF5: libcairn_keras_h5.so ----
 
-def _tool() -> str:
-    """The ``cairn`` executable: $CAIRN_TOOL, the build tree ($CAIRN_BUILD_DIR, <repo>/build), then $PATH."""
-    env = os.environ.get("CAIRN_TOOL")
-    if env:
-        return env
-    candidates = []
+_KERAS_H5_LIB = "libcairn_keras_h5.so"
+_keras_h5_lib: Optional[ctypes.CDLL] = None
+_keras_h5_lock = threading.Lock()
+_MESSAGE_BYTES = 4096
+
+
+def _keras_h5_candidates() -> List[str]:
+    """Where libcairn_keras_h5.so is looked for, first match wins: beside the loaded libcairn.so (an
+    install or a build tree puts both in one directory), ``$CAIRN_BUILD_DIR/lib``, then the dynamic
+    loader's search."""
+    out: List[str] = []
+    _ffi.library()
+    loaded = _ffi.library_path()
+    if loaded and os.sep in loaded:
+        out.append(os.path.join(os.path.dirname(os.path.abspath(loaded)), _KERAS_H5_LIB))
     if os.environ.get("CAIRN_BUILD_DIR"):
-        candidates.append(Path(os.environ["CAIRN_BUILD_DIR"]) / "bin" / "cairn")
-    candidates.append(Path(__file__).resolve().parents[3] / "build" / "bin" / "cairn")
-    for c in candidates:
-        if c.is_file() and os.access(c, os.X_OK):
-            return str(c)
-    found = shutil.which("cairn")
-    if found:
-        return found
-    raise _errors.error("CAIRN_ERR_UNAVAILABLE", "daemon unavailable: the `cairn` tool (which reads and writes "
-                        ".safetensors and .h5 files) was not found; set CAIRN_TOOL or put it on PATH")
+        out.append(os.path.join(os.environ["CAIRN_BUILD_DIR"], "lib", _KERAS_H5_LIB))
+    return [p for p in out if os.path.exists(p)] + [_KERAS_H5_LIB]
 
 
-def _run_tool(client: Any, args: List[str]) -> None:
-    """Runs the ``cairn`` tool (Keras HDF5 files); a failure raises the tool's status, which it
-    reports as JSON on its last line of stderr (CAIRN_TOOL_ERRORS=json)."""
-    env = dict(os.environ, CAIRN_SOCKET=client.address, CAIRN_TOOL_ERRORS="json")
-    r = subprocess.run([_tool(), *args], env=env, capture_output=True, text=True)
-    if r.returncode == 0:
-        return
-    lines = r.stderr.strip().splitlines()
-    try:
-        report = json.loads(lines[-1]) if lines else None
-    except ValueError:
-        report = None
-    if isinstance(report, dict) and isinstance(report.get("status"), str):
-        raise _errors.error(report["status"], str(report.get("message", "")))
-    # Not a status report: the tool refused its command line (a usage error names what was wrong).
-    detail = lines[-1] if lines else f"exit status {r.returncode}"
-    raise _invalid(f"`cairn {args[0]}` failed: {detail}")
+def _keras_h5(path: str) -> ctypes.CDLL:
+    """The loaded HDF5 converter (tools/keras_h5_c.cpp); InvalidArgument naming ``path`` when this cairn
+    was built without HDF5."""
+    global _keras_h5_lib
+    with _keras_h5_lock:
+        if _keras_h5_lib is not None:
+            return _keras_h5_lib
+        tried: List[str] = []
+        for cand in _keras_h5_candidates():
+            try:
+                lib = ctypes.CDLL(cand)
+            except OSError as e:
+                tried.append(f"{cand}: {_one_line(e)}")
+                continue
+            c, sz = ctypes.c_char_p, ctypes.c_size_t
+            lib.cairn_keras_h5_import.argtypes = [c, c, c, c, c, c, c, sz]
+            lib.cairn_keras_h5_import.restype = ctypes.c_int
+            lib.cairn_keras_h5_export.argtypes = [c, c, c, c, sz]
+            lib.cairn_keras_h5_export.restype = ctypes.c_int
+            _keras_h5_lib = lib
+            return lib
+    raise _invalid(f"'{path}': Keras HDF5 files need a cairn built with HDF5 support (CAIRN_WITH_HDF5; Debian: "
+                   f"libhdf5-dev), whose {_KERAS_H5_LIB} this Python could not load ({'; '.join(tried)}); "
+                   f"convert the file to safetensors first")
+
+
+def _keras_h5_call(fn: Any, *args: Optional[str]) -> None:
+    """Calls one of the converter's functions; a failure raises its status with its message."""
+    message = ctypes.create_string_buffer(_MESSAGE_BYTES)
+    code = fn(*[a.encode() if a is not None else None for a in args], message, len(message))
+    if code != 0:
+        raise _errors.make_error(code, message.value.decode("utf-8", "replace"))
+
+
+def _import_keras_h5(client: Any, id: str, path: str, parent: Optional[str], meta: Optional[Mapping[str, Any]],
+                     durability: str) -> None:
+    lib = _keras_h5(path)
+    meta_json = json.dumps(dict(meta)) if meta is not None else None
+    _keras_h5_call(lib.cairn_keras_h5_import, client.address, id, path, parent, meta_json, durability)
+
+
+def _export_keras_h5(client: Any, id: str, path: str) -> None:
+    _keras_h5_call(_keras_h5(path).cairn_keras_h5_export, client.address, id, path)
 
 
 # ---- PyTorch ----
@@ -267,8 +294,8 @@ def import_file(client: Any, id: str, path: PathLike, parent: Optional[str] = No
     """Stores the model file ``path`` as model ``id`` (format from the extension).
 
     ``.pt``/``.pth``/``.bin``: loaded here with ``torch.load(weights_only=True)``; nested dicts are
-    flattened with dots (``{"encoder": {"w": t}}`` -> ``encoder.w``). ``.safetensors`` and ``.h5``
-    go through the ``cairn`` tool. ``meta`` is merged into the model's metadata (the import's own
+    flattened with dots (``{"encoder": {"w": t}}`` -> ``encoder.w``). ``.safetensors`` goes through
+    libcairn, ``.h5`` through libcairn_keras_h5. ``meta`` is merged into the model's metadata (the import's own
     record is kept under ``"cairn.import"``). Returns once ``durability`` is reached.
     ``progress=True`` shows a progress bar on stderr (off by default).
     """
@@ -278,14 +305,9 @@ def import_file(client: Any, id: str, path: PathLike, parent: Optional[str] = No
         _import_torch(client, id, p, parent, meta, durability, progress)
         return
     if fmt == "safetensors":
-        client.put_file(id, p, parent=parent, durability=durability, meta=meta)
+        client.model_put_file(id, p, parent=parent, durability=durability, meta=meta)
         return
-    args = ["import", id, p, "--durability", durability]
-    if parent is not None:
-        args += ["--parent", parent]
-    if meta is not None:
-        args += ["--meta", json.dumps(dict(meta))]
-    _run_tool(client, args)
+    _import_keras_h5(client, id, p, parent, meta, durability)
 
 
 def export_file(client: Any, id: str, path: PathLike, *, progress: bool = False) -> None:
@@ -298,9 +320,9 @@ def export_file(client: Any, id: str, path: PathLike, *, progress: bool = False)
         _export_torch(client, id, p, progress)
         return
     if fmt == "safetensors":
-        client.get_file(id, p)
+        client.model_get_file(id, p)
         return
-    _run_tool(client, ["export", id, p])
+    _export_keras_h5(client, id, p)
 
 
 def _main(argv: Optional[List[str]] = None) -> int:

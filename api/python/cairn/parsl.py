@@ -161,16 +161,16 @@ def _connect(address: Optional[str]) -> Any:
 
 
 def get_file(client: Any, model: str, path: str) -> None:
-    """Writes model ``model`` as the safetensors file ``path`` (:meth:`cairn.Client.get_file`: straight
+    """Writes model ``model`` as the safetensors file ``path`` (:meth:`cairn.Client.model_get_file`: straight
     from the daemon's arena into the file, atomically)."""
-    client.get_file(model, path)
+    client.model_get_file(model, path)
 
 
 def put_file(client: Any, model: str, path: str, parent: Optional[str] = None, durability: str = "global",
              meta: Optional[Dict[str, Any]] = None) -> None:
-    """Stores the safetensors file ``path`` as model ``model`` (:meth:`cairn.Client.put_file`), derived
+    """Stores the safetensors file ``path`` as model ``model`` (:meth:`cairn.Client.model_put_file`), derived
     from ``parent``; returns once ``durability`` is reached."""
-    client.put_file(model, path, parent=parent, durability=durability, meta=meta)
+    client.model_put_file(model, path, parent=parent, durability=durability, meta=meta)
 
 
 def _write_safetensors(arrays: Dict[str, np.ndarray], dtypes: Dict[str, str], path: str) -> None:

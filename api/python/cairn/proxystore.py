@@ -315,7 +315,7 @@ class CairnConnector:
             if key.kind == "model":
                 c.remove(key.name)
             else:
-                c.delete_tensor(key.name)
+                c.tensor_delete(key.name)
         except _errors.NotFound:
             pass
         self._mine.discard(key)

@@ -173,9 +173,9 @@ def save(
 
 def _cuda_state(c: Client, id: str, device: torch.device) -> Dict[str, torch.Tensor]:
     """Reads model ``id`` straight into new tensors on CUDA ``device`` with one request
-    (cairn_model_read_tensors_device: one copy from the daemon's arena, or HBM tier, to the GPU)."""
+    (cairn_model_read with CAIRN_MEM_CUDA: one copy from the daemon's arena, or HBM tier, to the GPU)."""
     torch.cuda.current_stream(device).synchronize()  # the library's copies run outside torch's streams
-    with c.open_model(id) as r:
+    with c.model_open(id) as r:
         out: Dict[str, torch.Tensor] = {}
         targets = []
         for name, dt, shape, nbytes in r.tensors:
@@ -216,10 +216,10 @@ def _hbm_backend(c: Client) -> Optional[str]:
 
 def _hbm_state(c: Client, id: str, device: torch.device) -> Dict[str, torch.Tensor]:
     """Model ``id`` as tensors that alias the daemon's copies in its HBM tier on ``device``
-    (cairn_model_map_tensors_device: every tensor leased with one request, zero-copy through CUDA
+    (cairn_model_map with CAIRN_MEM_CUDA: every tensor leased with one request, zero-copy through CUDA
     IPC); the device leases last as long as the tensors (docs/gpu.md)."""
     out: Dict[str, torch.Tensor] = {}
-    with c.open_model(id) as r:
+    with c.model_open(id) as r:
         mapped = r.map_device(device=device.index)
         for name, dt, shape, nbytes in r.tensors:
             tdtype = _torch_dtype(dt, f"tensor {name!r}")
@@ -234,12 +234,12 @@ def _hbm_state(c: Client, id: str, device: torch.device) -> Dict[str, torch.Tens
 
 def _read_into_cuda_module(c: Client, id: str, module: nn.Module, device: torch.device) -> bool:
     """Fills ``module``'s parameters and buffers on ``device`` straight from the daemon's HBM copies
-    (cairn_model_read_tensors_device: one request, device-to-device copies back to back). False,
+    (cairn_model_read with CAIRN_MEM_CUDA: one request, device-to-device copies back to back). False,
     having changed nothing, when the module's tensors do not match the model's one for one (names,
     dtypes, shapes, contiguous on ``device``): the caller then loads through load_state_dict, which
     says what differs."""
     targets = module.state_dict(keep_vars=True)
-    with c.open_model(id) as r:
+    with c.model_open(id) as r:
         infos = r.tensors
         if len(infos) != len(targets):
             return False

@@ -406,7 +406,7 @@ def _read_tensors(c: Client, id: str, wanted: Dict[str, Tuple[torch.device, torc
     direct = torch.cuda.is_available() and library_has_cuda()
     for name, (dev, _) in wanted.items():
         (on_cuda.setdefault(dev, []) if dev.type == "cuda" and direct else on_host).append(name)
-    with c.open_model(id) as r:
+    with c.model_open(id) as r:
         if on_host:
             views = r.map(on_host, writable=True)
             for name in on_host:

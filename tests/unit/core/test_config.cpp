@@ -414,6 +414,28 @@ TEST_CASE("config: bad enum values list the allowed ones", "[config]") {
   CHECK(load_ok("log: {level: off}").log.level == "off");
 }
 
+TEST_CASE("config: check_config checks a config built in code as a file's", "[config]") {
+  CHECK(check_config(Config{}).is_ok());
+  CHECK(check_config(load_ok("watchdog: 90s\npeers: {timeout: 2s}\n")).is_ok());
+  Config c;
+  c.watchdog = "banana";
+  CHECK(check_config(c).message() ==
+        "watchdog: 'banana' is not a duration (a number and ms, s or m: 500ms, 10s, 10m; 0 = off)");
+  c = Config{};
+  c.peers.timeout = "0";
+  CHECK(contains(check_config(c).message(), "peers.timeout: '0' is not a positive duration"));
+  c = Config{};
+  c.policy.eviction = "fifo";
+  CHECK(contains(check_config(c).message(), "policy.eviction: 'fifo' is not one of: lru, lineage, hints"));
+  c = Config{};
+  c.metrics.listen = "localhost";
+  CHECK(check_config(c).message().rfind("metrics.listen: 'localhost' has no port", 0) == 0);
+  // Free text is taken as it is: a path may hold a '$' once the config's references are expanded.
+  c = Config{};
+  c.repository = "/scratch/$odd";
+  CHECK(check_config(c).is_ok());
+}
+
 TEST_CASE("config: bad sizes give examples", "[config]") {
   std::string m = load_error("tiers:\n  dram:\n    capacity: 12 parsecs\n");
   CHECK(m ==

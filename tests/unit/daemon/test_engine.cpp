@@ -55,6 +55,33 @@ struct Fixture {
 
 }  // namespace
 
+TEST_CASE("engine: create checks a config built in code before it opens anything", "[engine]") {
+  TempDir dir;
+  Config c;
+  c.repository = dir.path + "/repo";
+  c.chunk_size = kChunk;
+  c.tiers.dram.capacity = kArenaBytes;
+  c.watchdog = "banana";
+  auto r = Engine::create(c);
+  REQUIRE_FALSE(r.is_ok());
+  CHECK(r.status().code() == StatusCode::kInvalidArgument);
+  CHECK(r.status().message() ==
+        "watchdog: 'banana' is not a duration (a number and ms, s or m: 500ms, 10s, 10m; 0 = off)");
+  CHECK_FALSE(fs::exists(c.repository));  // nothing was opened
+  c.watchdog = "10m";
+  c.repository_refresh = "1h";
+  r = Engine::create(c);
+  REQUIRE_FALSE(r.is_ok());
+  CHECK(r.status().message().rfind("repository_refresh: '1h' is not a duration", 0) == 0);
+  c.repository_refresh = "1s";
+  c.compute.start_timeout = "0";
+  r = Engine::create(c);
+  REQUIRE_FALSE(r.is_ok());
+  CHECK(r.status().message().rfind("compute.start_timeout: '0' is not a positive duration", 0) == 0);
+  c.compute.start_timeout = "60s";
+  CHECK(Engine::create(c).is_ok());
+}
+
 TEST_CASE("engine: hello, ping, and ops it does not know", "[engine]") {
   Fixture f;
   json h = ok(f.e(), f.session, {{"op", "hello"}});

@@ -248,7 +248,7 @@ TEST_CASE("metrics: an address in use or a textfile that cannot be written fails
   c.metrics.interval = "0";
   r = Engine::create(c);
   REQUIRE_FALSE(r.is_ok());
-  CHECK(r.status().message() == "metrics.interval: '0' is not a positive duration (such as 15s or 1m)");
+  CHECK(r.status().message() == "metrics.interval: '0' is not a positive duration (such as 500ms, 10s or 2m)");
   c.metrics.interval = "15s";
   c.metrics.listen = "localhost";
   r = Engine::create(c);

@@ -112,7 +112,7 @@ static void put_field(store* st, const char* key, const float* f, int rows, int 
     return;
   }
 #endif
-  CHECK(cairn_put_tensor(st->cairn, key, f, CAIRN_DTYPE_F32, 2, shape));
+  CHECK(cairn_tensor_put(st->cairn, key, f, CAIRN_DTYPE_F32, 2, shape));
 }
 
 static void put_flag(store* st, const char* key) {
@@ -123,7 +123,7 @@ static void put_flag(store* st, const char* key) {
     return;
   }
 #endif
-  CHECK(cairn_put_tensor(st->cairn, key, &one, CAIRN_DTYPE_I64, 0, NULL));
+  CHECK(cairn_tensor_put(st->cairn, key, &one, CAIRN_DTYPE_I64, 0, NULL));
 }
 
 static int poll_key(store* st, const char* key, int timeout_ms) {
@@ -134,7 +134,7 @@ static int poll_key(store* st, const char* key, int timeout_ms) {
     return found;
   }
 #endif
-  CHECK(cairn_poll_tensor(st->cairn, key, timeout_ms, &found));
+  CHECK(cairn_tensor_poll(st->cairn, key, timeout_ms, &found));
   return found;
 }
 
@@ -148,7 +148,7 @@ static int64_t read_counter(store* st, const char* key) {
     return value;
   }
 #endif
-  CHECK(cairn_unpack_tensor(st->cairn, key, &value, sizeof value));
+  CHECK(cairn_tensor_unpack(st->cairn, key, &value, sizeof value));
   return value;
 }
 
@@ -191,7 +191,7 @@ static int load_surrogate(store* st, int64_t* version, float** w, float* bias) {
     return k;
   }
 #endif
-  CHECK(cairn_unpack_tensor(st->cairn, "surrogate/latest", version, sizeof *version));
+  CHECK(cairn_tensor_unpack(st->cairn, "surrogate/latest", version, sizeof *version));
   snprintf(id, sizeof id, "surrogate-v%lld", (long long)*version);
   {
     cairn_model_reader* r = NULL;
@@ -215,7 +215,7 @@ static int load_surrogate(store* st, int64_t* version, float** w, float* bias) {
       const char* names[2] = {"conv.weight", "conv.bias"};
       void* dsts[2] = {*w, bias};
       size_t sizes[2] = {w_bytes, sizeof *bias};
-      CHECK(cairn_model_read_tensors(r, 2, names, dsts, sizes));
+      CHECK(cairn_model_read(r, 2, names, dsts, sizes, NULL));
     }
     cairn_model_close(r);
   }

@@ -129,17 +129,17 @@ def main():
     t0 = time.monotonic()
     while time.monotonic() < deadline:
         keys = ["heat/%d/%d" % (step, r) for r in range(a.ranks)]
-        if not c.poll_tensor(keys[-1], timeout=0.2):
-            if c.poll_tensor("heat/done", timeout=0) and not c.poll_tensor(keys[0], timeout=0):
+        if not c.tensor_poll(keys[-1], timeout=0.2):
+            if c.tensor_poll("heat/done", timeout=0) and not c.tensor_poll(keys[0], timeout=0):
                 break  # the simulation ended and every field it published was read
             continue
         parts, get_s = [], 0.0
         for k in keys:
-            c.poll_tensor(k, timeout=10)
+            c.tensor_poll(k, timeout=10)
             g0 = time.perf_counter()
             parts.append(c.get_tensor(k))
             get_s += time.perf_counter() - g0
-            c.delete_tensor(k)
+            c.tensor_delete(k)
         stats["get_s"].append(get_s)
         stats["bytes_read"] += sum(p.nbytes for p in parts)
         field = torch.from_numpy(np.concatenate(parts)).float()[None, None]

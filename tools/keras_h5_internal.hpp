@@ -1,5 +1,5 @@
-// Internal to the cairn tool: the small helpers over the HDF5 C API that model_files.cpp defines and
-// model_import.cpp and model_export.cpp share (only when built with CAIRN_WITH_HDF5).
+// Internal to the Keras HDF5 converter: the small helpers over the HDF5 C API that keras_h5_util.cpp
+// defines and keras_h5_import.cpp and keras_h5_export.cpp share (only when built with CAIRN_WITH_HDF5).
 #pragma once
 
 #ifdef CAIRN_HAVE_HDF5

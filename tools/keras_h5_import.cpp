@@ -1,6 +1,6 @@
 // Keras HDF5 import (`cairn import` of .h5): a Keras 2 weights file as a model, with the file's
 // HDF5 layout recorded for export (docs/import-export.md).
-#include "tools/model_files.hpp"
+#include "tools/keras_h5.hpp"
 
 #include <unistd.h>
 
@@ -11,7 +11,7 @@
 
 #include "core/dtype.hpp"
 #include "core/wire.hpp"
-#include "tools/model_files_internal.hpp"
+#include "tools/keras_h5_internal.hpp"
 
 namespace cairn::tool {
 

@@ -1,6 +1,6 @@
 // Keras HDF5 export (`cairn export` to .h5): a model as a Keras weights file, in the layout recorded
 // at import or a Keras 2 weights-only one (docs/import-export.md).
-#include "tools/model_files.hpp"
+#include "tools/keras_h5.hpp"
 
 #include <unistd.h>
 
@@ -10,7 +10,7 @@
 #include <optional>
 
 #include "core/dtype.hpp"
-#include "tools/model_files_internal.hpp"
+#include "tools/keras_h5_internal.hpp"
 
 namespace cairn::tool {
 
