@@ -46,7 +46,8 @@ Result<TensorDesc> get_tensor_desc(const json& j, const std::string& what) {
   auto s = j.find("shape");
   if (s == j.end() || !s->is_array()) return invalid_argument(what + ": missing array field 'shape'");
   if (s->size() > static_cast<size_t>(kMaxDims))
-    return invalid_argument(what + ": " + std::to_string(s->size()) + " dimensions, at most " + std::to_string(kMaxDims));
+    return invalid_argument(what + ": " + std::to_string(s->size()) + " dimensions, at most " +
+                            std::to_string(kMaxDims));
   TensorDesc t{*dt, {}, 0};
   for (const auto& v : *s) {
     if (!v.is_number_integer() || v.get<int64_t>() < 0)
@@ -107,7 +108,8 @@ Result<Part> decode_part(const json& pj, const std::string& what) {
     return invalid_argument(what + ": part.of is " + std::to_string(of) + "; a multi-part model has 2 to " +
                             std::to_string(kMaxModelParts) + " parts");
   if (index >= of)
-    return invalid_argument(what + ": part.index " + std::to_string(index) + " is not below part.of " + std::to_string(of));
+    return invalid_argument(what + ": part.index " + std::to_string(index) + " is not below part.of " +
+                            std::to_string(of));
   if (timeout_ms == 0 || timeout_ms > kMaxPartTimeoutMs)
     return invalid_argument(what + ": part.timeout_ms must be 1 to " + std::to_string(kMaxPartTimeoutMs));
   return Part{static_cast<uint32_t>(index), static_cast<uint32_t>(of), timeout_ms};
@@ -211,7 +213,8 @@ Result<Commit> decode_commit(const json& req, const Edge& edge) {
   CAIRN_ASSIGN_OR_RETURN(c.inherit_all, get_bool_or(req, "inherit_all", false, what));
   if (auto p = req.find("part"); p != req.end()) {
     CAIRN_ASSIGN_OR_RETURN(c.part, decode_part(*p, what));
-    if (c.inherit_all) return invalid_argument(what + ": inherit_all cannot be used in a part (name each inherited tensor)");
+    if (c.inherit_all)
+      return invalid_argument(what + ": inherit_all cannot be used in a part (name each inherited tensor)");
   }
   c.tensors.reserve(tensors->size());
   for (const auto& tj : *tensors) {
@@ -298,9 +301,10 @@ Result<Prefetch> decode_prefetch(const json& req) {
       p.tier = Prefetch::Tier::kHbm;
       CAIRN_ASSIGN_OR_RETURN(p.device, get_device(req, "prefetch"));
     } else if (*tier != "dram") {
-      return invalid_argument("prefetch --tier " + tier->get<std::string>() +
-                              ": cairn prefetches into dram or hbm (the burst buffer is filled by commits at durability "
-                              "local and by DRAM evictions)");
+      return invalid_argument(
+          "prefetch --tier " + tier->get<std::string>() +
+          ": cairn prefetches into dram or hbm (the burst buffer is filled by commits at durability "
+          "local and by DRAM evictions)");
     }
   }
   CAIRN_ASSIGN_OR_RETURN(p.id, get_name(req, "id", "a model id"));
@@ -311,7 +315,8 @@ json encode(const OpenReply& r) {
   const ModelManifest& m = *r.model;
   json tensors = json::array();
   for (const auto& t : m.tensors)
-    tensors.push_back({{"name", t.name}, {"dtype", dtype_name(t.dtype)}, {"shape", shape_json(t.shape)}, {"nbytes", t.nbytes}});
+    tensors.push_back(
+        {{"name", t.name}, {"dtype", dtype_name(t.dtype)}, {"shape", shape_json(t.shape)}, {"nbytes", t.nbytes}});
   json out{{"id", m.id}, {"tensors", std::move(tensors)}, {"metadata", m.metadata}, {"created_ns", m.created_ns}};
   out["parent"] = m.parent.empty() ? json() : json(m.parent);
   if (r.with_source_header && m.source_header.size() > 8) out["source_header"] = m.source_header.substr(8);
@@ -351,7 +356,10 @@ json encode(const PrefetchReply& r) {
 }
 
 json encode(const SyncReply& r) {
-  return json{{"added", r.added}, {"removed", r.removed}, {"retired", r.retired}, {"reloaded", r.reloaded},
+  return json{{"added", r.added},
+              {"removed", r.removed},
+              {"retired", r.retired},
+              {"reloaded", r.reloaded},
               {"models", r.models}};
 }
 

@@ -10,14 +10,13 @@
 
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
-#include "core/durability.hpp"
 #include "core/dtype.hpp"
+#include "core/durability.hpp"
 #include "core/graph.hpp"
 #include "core/hash.hpp"
 #include "core/status.hpp"
@@ -88,30 +87,30 @@ struct Part {
 // `commit`: a model from tensors in staging spaces, inline bytes and the parent's tensors.
 struct Commit {
   std::string id;
-  std::string parent;                  // "" = none
+  std::string parent;  // "" = none
   Durability durability = Durability::kGlobal;
-  bool wait = true;                    // reply once `durability` is reached
-  bool want_ticket = true;             // false: a commit that does not wait keeps no ticket
+  bool wait = true;         // reply once `durability` is reached
+  bool want_ticket = true;  // false: a commit that does not wait keeps no ticket
   nlohmann::json metadata = nlohmann::json::object();
-  nlohmann::json architecture;         // null when none was given
-  std::optional<Graph> graph;          // `architecture`, parsed
-  std::vector<CommitTensor> tensors;   // names unique
-  bool inherit_all = false;            // every parent tensor not named, after the named ones
-  std::string source_header;           // the safetensors header the model was stored from ("" = none)
-  std::optional<Part> part;            // one part of a multi-part model
+  nlohmann::json architecture;        // null when none was given
+  std::optional<Graph> graph;         // `architecture`, parsed
+  std::vector<CommitTensor> tensors;  // names unique
+  bool inherit_all = false;           // every parent tensor not named, after the named ones
+  std::string source_header;          // the safetensors header the model was stored from ("" = none)
+  std::optional<Part> part;           // one part of a multi-part model
 };
 struct CommitReply {
   std::string id;
-  std::optional<Durability> reached;   // the level reached (a commit that waited, or memory)
-  uint64_t ticket = 0;                 // 0: none (waited, or no ticket asked for)
-  std::optional<Part> part;            // a part's index and count
-  bool assembled = false;              // a part: it completed the model
+  std::optional<Durability> reached;  // the level reached (a commit that waited, or memory)
+  uint64_t ticket = 0;                // 0: none (waited, or no ticket asked for)
+  std::optional<Part> part;           // a part's index and count
+  bool assembled = false;             // a part: it completed the model
 };
 
 // `wait`: until the ticket's commit reached its durability.
 struct Wait {
   uint64_t ticket = 0;
-  int64_t timeout_ms = -1;             // negative: forever
+  int64_t timeout_ms = -1;  // negative: forever
 };
 struct WaitReply {
   Durability reached = Durability::kMemory;
@@ -119,7 +118,7 @@ struct WaitReply {
 
 // What decoding a request needs to know besides its JSON.
 struct Edge {
-  uint64_t chunk_size = 0;   // the repository's: the number of client chunk hashes per tensor
+  uint64_t chunk_size = 0;  // the repository's: the number of client chunk hashes per tensor
 };
 
 Result<Allocate> decode_allocate(const nlohmann::json& req);
@@ -147,8 +146,8 @@ struct OpenReply {
 struct Lease {
   std::string id;
   std::vector<std::string> tensors;
-  bool contiguous = false;             // `lease`: one extent per tensor (assembled when scattered)
-  std::optional<int> device;           // `lease_device`: the HBM device (absent: the first)
+  bool contiguous = false;    // `lease`: one extent per tensor (assembled when scattered)
+  std::optional<int> device;  // `lease_device`: the HBM device (absent: the first)
 };
 struct LeaseReply {
   struct Granted {
@@ -157,22 +156,22 @@ struct LeaseReply {
     uint64_t nbytes = 0;
   };
   std::vector<Granted> leases;
-  int64_t created_ns = 0;              // the model's commit stamp
+  int64_t created_ns = 0;  // the model's commit stamp
 };
 
 struct LeaseDeviceReply {
   struct Granted {
     uint64_t lease = 0;
     int device = 0;
-    std::string handle;                // the slab's handle the client maps
+    std::string handle;  // the slab's handle the client maps
     uint64_t slab_bytes = 0;
-    uint64_t offset = 0;               // in the slab
+    uint64_t offset = 0;  // in the slab
     uint64_t nbytes = 0;
-    bool hit = false;                  // was resident on the device
+    bool hit = false;  // was resident on the device
   };
   std::vector<Granted> leases;
   int64_t created_ns = 0;
-  std::string backend;                 // the HBM tier's backend (cuda, emulated)
+  std::string backend;  // the HBM tier's backend (cuda, emulated)
 };
 
 // `release`: leases the client is done with (unknown ids are ignored). Also the `release` field
@@ -187,13 +186,13 @@ struct Prefetch {
   enum class Tier { kDram, kHbm };
   std::string id;
   Tier tier = Tier::kDram;
-  std::optional<int> device;           // kHbm
+  std::optional<int> device;  // kHbm
   bool all = false;
   std::optional<uint64_t> timeout_ms;  // all: how long to wait for the other members
 };
 struct PrefetchReply {
   uint64_t bytes = 0;
-  std::optional<int> device;           // into the HBM tier of this device
+  std::optional<int> device;  // into the HBM tier of this device
 };
 
 Result<Open> decode_open(const nlohmann::json& req);
@@ -213,7 +212,7 @@ nlohmann::json encode(const PrefetchReply& r);
 struct PutTensor {
   std::string key;
   TensorDesc desc{DType::kU8, {}, 0};
-  std::optional<uint64_t> space;       // absent: the payload holds the bytes
+  std::optional<uint64_t> space;  // absent: the payload holds the bytes
 };
 // `tensor_info`, `lease_tensor`, `delete_tensor`: the tensor under a key.
 struct TensorKey {
@@ -222,7 +221,7 @@ struct TensorKey {
 // `poll_tensor`: until a tensor is under the key.
 struct PollTensor {
   std::string key;
-  int64_t timeout_ms = 0;              // negative: forever
+  int64_t timeout_ms = 0;  // negative: forever
 };
 struct TensorInfoReply {
   DType dtype = DType::kU8;
@@ -231,7 +230,7 @@ struct TensorInfoReply {
 };
 struct TensorLeaseReply {
   uint64_t lease = 0;
-  uint64_t offset = 0;                 // in the arena
+  uint64_t offset = 0;  // in the arena
   TensorInfoReply info;
 };
 struct PollTensorReply {

@@ -30,7 +30,10 @@ TEST_CASE("request: a commit decodes into its fields, in order", "[request]") {
            {"metadata", {{"score", 1}}},
            {"tensors",
             {{{"name", "w"}, {"dtype", "F32"}, {"shape", {2, 3}}, {"inline", {4, 24}}},
-             {{"name", "s"}, {"dtype", "U8"}, {"shape", {40}}, {"space", 7},
+             {{"name", "s"},
+              {"dtype", "U8"},
+              {"shape", {40}},
+              {"space", 7},
               {"hashes", {std::string(32, 'a'), std::string(32, 'b'), std::string(32, 'c')}}},
              {{"name", "b"}, {"inherit", true}}}}};
   auto c = rq::decode_commit(wire(req), {16});
@@ -87,8 +90,10 @@ TEST_CASE("request: a malformed commit is refused naming the field", "[request]"
   refused(commit({{"tensors", {{{"name", "w"}, {"inherit", true}}, {{"name", "w"}, {"inherit", true}}}}}),
           "tensor 'w' is given twice");
   refused(commit({{"tensors", {{{"name", "w"}, {"inherit", "yes"}}}}}), "tensor 'w': 'inherit' must be true or false");
-  refused(commit({{"tensors", {{{"name", "w"}, {"dtype", "F99"}, {"shape", {1}}, {"space", 1}}}}}), "unknown dtype 'F99'");
-  refused(commit({{"tensors", {{{"name", "w"}, {"dtype", "U8"}, {"shape", {1}}}}}}), "give one of 'space', 'inline' or 'inherit'");
+  refused(commit({{"tensors", {{{"name", "w"}, {"dtype", "F99"}, {"shape", {1}}, {"space", 1}}}}}),
+          "unknown dtype 'F99'");
+  refused(commit({{"tensors", {{{"name", "w"}, {"dtype", "U8"}, {"shape", {1}}}}}}),
+          "give one of 'space', 'inline' or 'inherit'");
   refused(commit({{"tensors", {{{"name", "w"}, {"dtype", "U8"}, {"shape", {1}}, {"inline", {1}}}}}}),
           "'inline' must be [offset, length]");
   refused(commit({{"tensors", {{{"name", "w"}, {"dtype", "U8"}, {"shape", {40}}, {"space", 1}, {"hashes", {"ab"}}}}}}),
@@ -102,18 +107,19 @@ TEST_CASE("request: reads and named tensors decode, and refuse naming the op and
   REQUIRE(lease.is_ok());
   CHECK(lease->tensors == std::vector<std::string>{"a", "b"});
   CHECK(lease->contiguous);
-  refused(rq::decode_lease(json{{"op", "lease"}, {"id", "m"}}).status(), "request 'lease': missing array field 'tensors'");
+  refused(rq::decode_lease(json{{"op", "lease"}, {"id", "m"}}).status(),
+          "request 'lease': missing array field 'tensors'");
   refused(rq::decode_lease(json{{"op", "lease"}, {"id", "m"}, {"tensors", {1}}}).status(),
           "request 'lease': tensor names must be strings");
-  refused(rq::decode_lease_device(json{{"op", "lease_device"}, {"id", "m"}, {"tensors", {"a"}}, {"device", "x"}})
-              .status(),
-          "request 'lease_device': field 'device' must be an integer");
+  refused(
+      rq::decode_lease_device(json{{"op", "lease_device"}, {"id", "m"}, {"tensors", {"a"}}, {"device", "x"}}).status(),
+      "request 'lease_device': field 'device' must be an integer");
   json rel = wire({1, -2});
   refused(rq::decode_release(&rel).status(), "request 'release': lease ids must be non-negative integers");
   refused(rq::decode_release(nullptr).status(), "request 'release': missing array field 'leases'");
 
-  auto p = rq::decode_prefetch(wire({{"op", "prefetch"}, {"id", "m"}, {"tier", "hbm"}, {"device", 1}, {"all", true},
-                                    {"timeout_ms", 5}}));
+  auto p = rq::decode_prefetch(
+      wire({{"op", "prefetch"}, {"id", "m"}, {"tier", "hbm"}, {"device", 1}, {"all", true}, {"timeout_ms", 5}}));
   REQUIRE(p.is_ok());
   CHECK(p->tier == rq::Prefetch::Tier::kHbm);
   CHECK(p->device == 1);
@@ -127,7 +133,8 @@ TEST_CASE("request: reads and named tensors decode, and refuse naming the op and
   REQUIRE(put.is_ok());
   CHECK(put->desc.nbytes == 12);
   CHECK_FALSE(put->space);
-  refused(rq::decode_tensor_key(json{{"op", "tensor_info"}}).status(), "request 'tensor_info': missing string field 'key'");
+  refused(rq::decode_tensor_key(json{{"op", "tensor_info"}}).status(),
+          "request 'tensor_info': missing string field 'key'");
 }
 
 TEST_CASE("request: replies encode as the protocol documents them", "[request]") {
