@@ -31,6 +31,7 @@
 namespace cairn {
 
 using nlohmann::json;
+using namespace request;
 using SteadyClock = std::chrono::steady_clock;
 
 struct CommitPath::Assembly {
@@ -53,11 +54,6 @@ struct CommitPath::Assembly {
   bool failed = false;  // GUARDED_BY(CommitPath::mu_) the reaper took it
   Status error;
 };
-
-namespace {
-constexpr uint64_t kMaxParts = kMaxModelParts;
-constexpr uint64_t kDefaultPartTimeoutMs = 60000;
-}  // namespace
 
 CommitPath::~CommitPath() {
   std::vector<std::shared_ptr<Assembly>> left;
@@ -147,9 +143,9 @@ Status CommitPath::reserve_locked(const std::string& id, const std::string& pare
   return Status::ok();
 }
 
-Result<CommitPath::PlacedPart> CommitPath::place_part(Session& s, const std::vector<uint8_t>& blob,
-                                                      const std::string& id, const std::string& parent,
-                                                      const json& tensors, uint64_t index, uint64_t of) {
+Result<CommitPath::PlacedPart> CommitPath::place_part(Session& s, const std::vector<uint8_t>& blob, Commit& r) {
+  const std::string& id = r.id;
+  const std::string& parent = r.parent;
   // Validated against the parent, touching nothing; then its inline bytes placed.
   PlacedPart placed;
   if (!parent.empty()) {
@@ -158,9 +154,9 @@ Result<CommitPath::PlacedPart> CommitPath::place_part(Session& s, const std::vec
     placed.parent = *pm;
     if (!p_.catalog.contains(parent) && p_.view) (void)p_.view->refresh();
   }
-  auto planned = plan(s, id, tensors, false, placed.parent.get(), blob);
+  auto planned = plan(s, id, r.tensors, false, placed.parent.get(), blob);
   if (!planned.is_ok())
-    return planned.status().with_context("part " + std::to_string(index) + " of " + std::to_string(of));
+    return planned.status().with_context("part " + std::to_string(r.part->index) + " of " + std::to_string(r.part->of));
   placed.plan = std::move(planned).value();
   placed.ext.resize(placed.plan.size());
   for (size_t i = 0; i < placed.plan.size(); ++i) {
@@ -184,42 +180,28 @@ Result<CommitPath::PlacedPart> CommitPath::place_part(Session& s, const std::vec
   return placed;
 }
 
-Result<json> CommitPath::part_reply(Session& s, json out, uint64_t ticket, bool wait) {
+Result<CommitReply> CommitPath::part_reply(Session& s, CommitReply out, uint64_t ticket, bool wait) {
   if (!wait) {
     s.tickets.insert(ticket);
-    out["ticket"] = ticket;
+    out.ticket = ticket;
     return out;
   }
   Watchdog::ClientWait waiting;  // for the durability asked for (only the reply follows)
   CAIRN_ASSIGN_OR_RETURN(TicketBook::Outcome t, p_.tickets.wait(ticket, std::chrono::milliseconds(-1)));
   if (!t.error.is_ok()) return t.error;
-  out["reached"] = durability_name(t.reached);
+  out.reached = t.reached;
   return out;
 }
 
-Result<json> CommitPath::commit_part(Session& s, const json& req, std::vector<uint8_t>& blob, const std::string& id,
-                                     const std::string& parent, Durability target, bool wait, const json& metadata,
-                                     const json& architecture, const json& tensors, bool inherit_all) {
-  const json& pj = req["part"];
+// REQUIRES: r.part (validated by request::decode_commit: index below of, a count and timeout in range,
+// no inherit_all).
+Result<CommitReply> CommitPath::commit_part(Session& s, Commit& r, const std::vector<uint8_t>& blob) {
+  const std::string& id = r.id;
+  const std::string& parent = r.parent;
+  const uint32_t index = r.part->index, of = r.part->of;
   const std::string what = "model '" + id + "'";
-  if (!pj.is_object()) return invalid_argument(what + ": 'part' must be an object {index, of, timeout_ms}");
-  CAIRN_ASSIGN_OR_RETURN(uint64_t index, request::get_u64(pj, "index"));
-  CAIRN_ASSIGN_OR_RETURN(uint64_t of, request::get_u64(pj, "of"));
-  uint64_t timeout_ms = kDefaultPartTimeoutMs;
-  if (pj.contains("timeout_ms")) {
-    CAIRN_ASSIGN_OR_RETURN(timeout_ms, request::get_u64(pj, "timeout_ms"));
-  }
-  if (of < 2 || of > kMaxParts)
-    return invalid_argument(what + ": part.of is " + std::to_string(of) + "; a multi-part model has 2 to " +
-                            std::to_string(kMaxParts) + " parts");
-  if (index >= of)
-    return invalid_argument(what + ": part.index " + std::to_string(index) + " is not below part.of " + std::to_string(of));
-  if (timeout_ms == 0 || timeout_ms > kMaxPartTimeoutMs)
-    return invalid_argument(what + ": part.timeout_ms must be 1 to " + std::to_string(kMaxPartTimeoutMs));
-  if (inherit_all) return invalid_argument(what + ": inherit_all cannot be used in a part (name each inherited tensor)");
   // Another member of the peer group is there: the parts may be on several members.
-  if (group_parts_ && group_parts_->active())
-    return commit_group_part(s, blob, id, parent, target, wait, metadata, architecture, tensors, index, of, timeout_ms);
+  if (group_parts_ && group_parts_->active()) return commit_group_part(s, blob, r);
   const std::string part_name = what + ", part " + std::to_string(index) + " of " + std::to_string(of);
 
   std::shared_ptr<Assembly> a;
@@ -242,7 +224,7 @@ Result<json> CommitPath::commit_part(Session& s, const json& req, std::vector<ui
       a->id = id;
       a->parent = parent;
       a->of = static_cast<uint32_t>(of);
-      a->timeout = std::chrono::milliseconds(timeout_ms);
+      a->timeout = std::chrono::milliseconds(r.part->timeout_ms);
       a->deadline = SteadyClock::now() + a->timeout;
       a->parts.resize(of);
       assemblies_[id] = a;
@@ -251,7 +233,7 @@ Result<json> CommitPath::commit_part(Session& s, const json& req, std::vector<ui
     }
     a->parts[index].arriving = true;
   }
-  auto placed = place_part(s, blob, id, parent, tensors, index, of);
+  auto placed = place_part(s, blob, r);
   if (!placed.is_ok()) {
     std::lock_guard lock(mu_);
     a->parts[index].arriving = false;
@@ -275,22 +257,25 @@ Result<json> CommitPath::commit_part(Session& s, const json& req, std::vector<ui
     part.arrived = true;
     part.plan = std::move(part_plan);
     part.ext = std::move(ext);
-    part.target = target;
-    part.ticket = ticket = p_.tickets.create(target, true);
-    if (metadata.is_object()) a->metadata.update(metadata);
-    if (!architecture.is_null() && a->architecture.is_null()) a->architecture = architecture;
+    part.target = r.durability;
+    part.ticket = ticket = p_.tickets.create(r.durability, true);
+    a->metadata.update(r.metadata);
+    if (!r.architecture.is_null() && a->architecture.is_null()) a->architecture = std::move(r.architecture);
     complete = ++a->arrived == a->of;
     if (complete) assemblies_.erase(id);
   }
   if (complete) (void)complete_assembly(*a);  // its outcome reaches every part's ticket
 
-  return part_reply(s, json{{"id", id}, {"part", index}, {"of", of}, {"assembled", complete}}, ticket, wait);
+  CommitReply out;
+  out.id = id;
+  out.part = r.part;
+  out.assembled = complete;
+  return part_reply(s, std::move(out), ticket, r.wait);
 }
 
-Result<json> CommitPath::commit_group_part(Session& s, std::vector<uint8_t>& blob, const std::string& id,
-                                           const std::string& parent, Durability target, bool wait,
-                                           const json& metadata, const json& architecture, const json& tensors,
-                                           uint64_t index, uint64_t of, uint64_t timeout_ms) {
+Result<CommitReply> CommitPath::commit_group_part(Session& s, const std::vector<uint8_t>& blob, Commit& r) {
+  const std::string& id = r.id;
+  const uint64_t index = r.part->index, of = r.part->of;
   const std::string what = "model '" + id + "'";
   // A model of that id here (pending, announced by a member, or in the repository): refused at
   // once. A commit of it going on elsewhere is found by the home's claim, and fails the ticket.
@@ -298,7 +283,7 @@ Result<json> CommitPath::commit_group_part(Session& s, std::vector<uint8_t>& blo
     return already_exists(what + " already exists (model ids are immutable; choose a new id)");
   const auto i32 = static_cast<uint32_t>(index);
   CAIRN_RETURN_IF_ERROR(group_parts_->reserve_part(id, i32, static_cast<uint32_t>(of)));
-  auto placed = place_part(s, blob, id, parent, tensors, index, of);
+  auto placed = place_part(s, blob, r);
   if (!placed.is_ok()) {
     group_parts_->unreserve_part(id, i32);
     return placed.status();
@@ -317,13 +302,13 @@ Result<json> CommitPath::commit_group_part(Session& s, std::vector<uint8_t>& blo
   const std::vector<ChunkHash> hashes = hash_ranges(p_.dram.base(), to_hash);
   PartMessage part;
   part.part.id = id;
-  part.part.parent = parent;
-  part.part.metadata = metadata.is_object() ? metadata : json::object();
-  part.part.architecture = architecture;
+  part.part.parent = r.parent;
+  part.part.metadata = std::move(r.metadata);
+  part.part.architecture = std::move(r.architecture);
   part.index = i32;
   part.of = static_cast<uint32_t>(of);
-  part.timeout_ms = timeout_ms;
-  part.durability = target;
+  part.timeout_ms = r.part->timeout_ms;
+  part.durability = r.durability;
   std::vector<ChunkRef> pinned;
   size_t k = 0;
   for (size_t i = 0; i < plan.size(); ++i) {
@@ -348,9 +333,12 @@ Result<json> CommitPath::commit_group_part(Session& s, std::vector<uint8_t>& blo
     }
     part.part.tensors.push_back(std::move(t));
   }
-  const uint64_t ticket = p_.tickets.create(target, true);
+  const uint64_t ticket = p_.tickets.create(r.durability, true);
   group_parts_->hold(std::move(part), ticket, std::move(pinned));
-  return part_reply(s, json{{"id", id}, {"part", index}, {"of", of}, {"assembled", false}}, ticket, wait);
+  CommitReply out;
+  out.id = id;
+  out.part = r.part;
+  return part_reply(s, std::move(out), ticket, r.wait);
 }
 
 Status CommitPath::register_assembled(const ModelManifest& model, uint64_t ticket) {
@@ -373,10 +361,17 @@ Status CommitPath::register_assembled(const ModelManifest& model, uint64_t ticke
   for (size_t i = 0; i < plan.size(); ++i) plan[i].inherited = &model.tensors[i];
   const std::vector<Extent> ext(plan.size());
   // Registered as global: no local stage here, which would gather every holder's chunks.
-  auto registered = build_and_register(model.id, model.parent, parent_manifest.get(), model.metadata,
-                                       model.architecture, graph ? &*graph : nullptr, {{&plan, &ext}}, "", ticket,
-                                       Durability::kGlobal, true);
-  return registered.status();
+  Build build;
+  build.id = model.id;
+  build.parent = model.parent;
+  build.parent_manifest = parent_manifest.get();
+  build.metadata = model.metadata;
+  build.architecture = model.architecture;
+  build.graph = graph ? &*graph : nullptr;
+  build.parts = {{&plan, &ext}};
+  build.ticket = ticket;
+  build.target = Durability::kGlobal;
+  return build_and_register(std::move(build)).status();
 }
 
 Status CommitPath::complete_assembly(Assembly& a) {
@@ -416,9 +411,18 @@ Status CommitPath::complete_assembly(Assembly& a) {
   p_.tickets.follow(a.parts[leader].ticket, followers);
   std::vector<std::pair<const std::vector<Planned>*, const std::vector<Extent>*>> parts;
   for (const auto& p : a.parts) parts.emplace_back(&p.plan, &p.ext);
-  auto registered = build_and_register(a.id, a.parent, parent_manifest.get(), a.metadata, a.architecture,
-                                       graph ? &*graph : nullptr, parts, "", a.parts[leader].ticket,
-                                       a.parts[leader].target, false);
+  Build build;
+  build.id = a.id;
+  build.parent = a.parent;
+  build.parent_manifest = parent_manifest.get();
+  build.metadata = a.metadata;
+  build.architecture = a.architecture;
+  build.graph = graph ? &*graph : nullptr;
+  build.parts = std::move(parts);
+  build.ticket = a.parts[leader].ticket;
+  build.target = a.parts[leader].target;
+  build.forget_ticket_on_error = false;
+  auto registered = build_and_register(std::move(build));
   gc_lock.unlock();
   if (!registered.is_ok()) {
     // Its bytes were adopted (as a failed plain commit's are); the tickets learn why.

@@ -20,24 +20,22 @@ using namespace request;
 
 // ---- staging space ----
 
-Result<json> CommitPath::allocate(Session& s, const json& req) {
-  CAIRN_ASSIGN_OR_RETURN(uint64_t n, get_u64(req, "nbytes"));
-  if (n > p_.dram.arena_size())
-    return no_space("a tensor of " + std::to_string(n) + " bytes does not fit the DRAM arena of " +
+Result<AllocateReply> CommitPath::allocate(Session& s, const Allocate& r) {
+  if (r.nbytes > p_.dram.arena_size())
+    return no_space("a tensor of " + std::to_string(r.nbytes) + " bytes does not fit the DRAM arena of " +
                     std::to_string(p_.dram.arena_size()) + " bytes (raise tiers.dram.capacity)");
-  CAIRN_ASSIGN_OR_RETURN(uint64_t off, p_.dram.allocate(n));
+  CAIRN_ASSIGN_OR_RETURN(uint64_t off, p_.dram.allocate(r.nbytes));
   uint64_t id = s.next_id++;
-  s.staging[id] = Extent{off, n};
-  return json{{"space", id}, {"offset", off}};
+  s.staging[id] = Extent{off, r.nbytes};
+  return AllocateReply{id, off};
 }
 
-Result<json> CommitPath::free(Session& s, const json& req) {
-  CAIRN_ASSIGN_OR_RETURN(uint64_t id, get_u64(req, "space"));
-  auto it = s.staging.find(id);
-  if (it == s.staging.end()) return not_found("no staging space " + std::to_string(id) + " in this connection");
+Status CommitPath::free(Session& s, const Free& r) {
+  auto it = s.staging.find(r.space);
+  if (it == s.staging.end()) return not_found("no staging space " + std::to_string(r.space) + " in this connection");
   p_.dram.release(it->second.offset, it->second.length);
   s.staging.erase(it);
-  return json::object();
+  return Status::ok();
 }
 
 void CommitPath::end_session(Session& s) {
@@ -49,70 +47,49 @@ void CommitPath::end_session(Session& s) {
 
 // ---- commit ----
 
-// The chunk hashes a client computed while it copied a tensor into its staging space (the C++
-// writer does for tensors of several chunks): exactly one per chunk, each 32 lowercase hex digits.
-// The daemon trusts them as it trusts the client's bytes (docs/decisions/0001-chunk-hash.md: the
-// users of one daemon and repository are one job's); reads from storage verify them as always.
-Result<std::vector<ChunkHash>> CommitPath::client_hashes(const json& j, uint64_t nbytes, const std::string& what) const {
-  const uint64_t chunk_size = p_.repo.chunk_size();
-  const uint64_t want = chunk_count(nbytes, chunk_size);
-  if (!j.is_array() || j.size() != want)
-    return invalid_argument(what + ": 'hashes' must be an array of " + std::to_string(want) + " chunk hashes (" +
-                            std::to_string(nbytes) + " bytes in chunks of " + std::to_string(chunk_size) + ")");
-  std::vector<ChunkHash> out;
-  out.reserve(want);
-  for (size_t i = 0; i < j.size(); ++i) {
-    auto h = j[i].is_string() ? ChunkHash::from_hex(j[i].get_ref<const std::string&>()) : std::nullopt;
-    if (!h) return invalid_argument(what + ": hashes[" + std::to_string(i) + "] is not 32 lowercase hex digits");
-    out.push_back(*h);
-  }
-  return out;
-}
-
-Result<std::vector<CommitPath::Planned>> CommitPath::plan(Session& s, const std::string& id, const json& tensors,
-                                                         bool inherit_all, const ModelManifest* parent,
+// The client's chunk hashes (decoded with the request) are trusted as the client's bytes are
+// (docs/decisions/0001-chunk-hash.md: the users of one daemon and repository are one job's); reads
+// from storage verify them as always.
+Result<std::vector<CommitPath::Planned>> CommitPath::plan(Session& s, const std::string& id,
+                                                         std::vector<CommitTensor>& tensors, bool inherit_all,
+                                                         const ModelManifest* parent,
                                                          const std::vector<uint8_t>& blob) {
   std::vector<Planned> plan;
-  std::set<std::string> names;
+  plan.reserve(tensors.size());
   std::set<uint64_t> spaces;
-  for (const auto& tj : tensors) {
-    if (!tj.is_object()) return invalid_argument("model '" + id + "': each entry of 'tensors' must be an object");
-    CAIRN_ASSIGN_OR_RETURN(std::string name, get_name(tj, "name", "a tensor name"));
-    if (!names.insert(name).second) return invalid_argument("model '" + id + "': tensor '" + name + "' is given twice");
-    Planned p{name, {}, Planned::kSpace};
-    std::string what = "model '" + id + "', tensor '" + name + "'";
-    if (tj.value("inherit", false)) {
-      if (!parent) return invalid_argument(what + ": inherited, but the model has no parent");
-      p.inherited = parent->find(name);
-      if (!p.inherited) return not_found(what + ": inherited, but parent '" + parent->id + "' has no such tensor");
-      p.source = Planned::kInherit;
-      p.desc = TensorDesc{p.inherited->dtype, p.inherited->shape, p.inherited->nbytes};
-    } else {
-      CAIRN_ASSIGN_OR_RETURN(p.desc, get_tensor_desc(tj, what));
-      if (tj.contains("space")) {
-        CAIRN_ASSIGN_OR_RETURN(p.space, get_u64(tj, "space"));
+  for (CommitTensor& t : tensors) {
+    Planned p{std::move(t.name), {}, Planned::kSpace};
+    auto what = [&] { return "model '" + id + "', tensor '" + p.name + "'"; };
+    switch (t.source) {
+      case CommitTensor::Source::kInherit:
+        if (!parent) return invalid_argument(what() + ": inherited, but the model has no parent");
+        p.inherited = parent->find(p.name);
+        if (!p.inherited) return not_found(what() + ": inherited, but parent '" + parent->id + "' has no such tensor");
+        p.source = Planned::kInherit;
+        p.desc = TensorDesc{p.inherited->dtype, p.inherited->shape, p.inherited->nbytes};
+        break;
+      case CommitTensor::Source::kSpace: {
+        p.desc = std::move(t.desc);
+        p.space = t.space;
         auto it = s.staging.find(p.space);
         if (it == s.staging.end() || !spaces.insert(p.space).second)
-          return not_found(what + ": no staging space " + std::to_string(p.space) + " in this connection");
+          return not_found(what() + ": no staging space " + std::to_string(p.space) + " in this connection");
         if (it->second.length != p.desc.nbytes)
-          return invalid_argument(what + ": staging space holds " + std::to_string(it->second.length) +
+          return invalid_argument(what() + ": staging space holds " + std::to_string(it->second.length) +
                                   " bytes but dtype and shape need " + std::to_string(p.desc.nbytes));
-        if (tj.contains("hashes")) {
-          CAIRN_ASSIGN_OR_RETURN(p.hashes, client_hashes(tj["hashes"], p.desc.nbytes, what));
-        }
-      } else if (tj.contains("inline")) {
-        const json& in = tj["inline"];
-        if (!in.is_array() || in.size() != 2 || !in[0].is_number_unsigned() || !in[1].is_number_unsigned())
-          return invalid_argument(what + ": 'inline' must be [offset, length] into the frame's payload");
+        p.hashes = std::move(t.hashes);
+        break;
+      }
+      case CommitTensor::Source::kInline: {
+        p.desc = std::move(t.desc);
         p.source = Planned::kInline;
-        p.blob_offset = in[0].get<uint64_t>();
-        uint64_t len = in[1].get<uint64_t>();
+        p.blob_offset = t.inline_offset;
+        const uint64_t len = t.inline_length;
         if (len != p.desc.nbytes || p.blob_offset > blob.size() || len > blob.size() - p.blob_offset)
-          return invalid_argument(what + ": inline bytes [" + std::to_string(p.blob_offset) + ", +" + std::to_string(len) +
-                                  ") do not match the payload of " + std::to_string(blob.size()) + " bytes or the " +
-                                  std::to_string(p.desc.nbytes) + " bytes dtype and shape need");
-      } else {
-        return invalid_argument(what + ": give one of 'space', 'inline' or 'inherit'");
+          return invalid_argument(what() + ": inline bytes [" + std::to_string(p.blob_offset) + ", +" +
+                                  std::to_string(len) + ") do not match the payload of " + std::to_string(blob.size()) +
+                                  " bytes or the " + std::to_string(p.desc.nbytes) + " bytes dtype and shape need");
+        break;
       }
     }
     plan.push_back(std::move(p));
@@ -123,9 +100,11 @@ Result<std::vector<CommitPath::Planned>> CommitPath::plan(Session& s, const std:
     if (!parent) return invalid_argument("model '" + id + "': 'inherit_all' needs a parent");
     // An inherited entry only points at the parent's tensor: its name, dtype and shape are the
     // parent's, copied once into the manifest (no per-tensor copies here).
-    plan.reserve(plan.size() + parent->tensors.size());
+    plan.reserve(plan.size() + parent->tensors.size());  // before the views of the names below
+    std::set<std::string_view> named;
+    for (const Planned& p : plan) named.insert(p.name);
     for (const TensorManifest& t : parent->tensors) {
-      if (!names.empty() && names.count(t.name)) continue;
+      if (!named.empty() && named.count(t.name)) continue;
       Planned p{std::string(), TensorDesc{}, Planned::kInherit};
       p.inherited = &t;
       plan.push_back(std::move(p));
@@ -160,20 +139,18 @@ std::vector<ChunkHash> CommitPath::hash_ranges(const uint8_t* base,
 // and hands it to the flusher (visible from now on). The caller holds the gc lock (shared) and the
 // id's reservation. On error nothing is registered and `ticket` is forgotten (or, for a multi-part
 // model whose parts wait on it, finished with the error).
-Result<std::shared_ptr<ModelManifest>> CommitPath::build_and_register(
-    const std::string& id, const std::string& parent, const ModelManifest* parent_manifest, const json& metadata,
-    const json& architecture, const Graph* parsed_graph,
-    const std::vector<std::pair<const std::vector<Planned>*, const std::vector<Extent>*>>& parts,
-    const std::string& source_header, uint64_t ticket, Durability target, bool forget_ticket_on_error,
-    bool acknowledged_early) {
+Result<std::shared_ptr<ModelManifest>> CommitPath::build_and_register(Build b) {
   // Pass 3: hash in place and adopt the chunks into the DRAM tier (deduplicating).
+  const std::string& id = b.id;
+  const ModelManifest* parent_manifest = b.parent_manifest;
+  const uint64_t ticket = b.ticket;
   auto m = std::make_shared<ModelManifest>();
-  m->id = id;
-  m->parent = parent;
-  m->metadata = metadata;
-  m->architecture = architecture;
-  if (!source_header.empty()) {
-    const std::string& js = source_header;
+  m->id = b.id;
+  m->parent = b.parent;
+  m->metadata = std::move(b.metadata);
+  m->architecture = std::move(b.architecture);
+  if (!b.source_header.empty()) {
+    const std::string& js = b.source_header;
     std::string prefix(8, '\0');
     uint64_t n = js.size();
     for (int i = 0; i < 8; ++i) prefix[static_cast<size_t>(i)] = static_cast<char>((n >> (8 * i)) & 0xff);
@@ -183,7 +160,7 @@ Result<std::shared_ptr<ModelManifest>> CommitPath::build_and_register(
   // The parts' plans, in order, as one list (a plain commit is one part).
   std::vector<const Planned*> plan;
   std::vector<Extent> tensor_ext;
-  for (const auto& [pp, ext] : parts)
+  for (const auto& [pp, ext] : b.parts)
     for (size_t i = 0; i < pp->size(); ++i) plan.push_back(&(*pp)[i]), tensor_ext.push_back((*ext)[i]);
   // Every new chunk hashed (but those the client hashed while it copied them).
   std::vector<std::pair<uint64_t, uint64_t>> to_hash;  // (arena offset, length)
@@ -247,13 +224,13 @@ Result<std::shared_ptr<ModelManifest>> CommitPath::build_and_register(
   // order so that a parent always reaches the repository before its children. memory and local
   // commits go through the burst buffer (DeepFreeze's levels); a global commit's caller waits for
   // the repository anyway, so its bytes go there directly.
-  GraphHandle graph = graph_for(p_.catalog, *m, parsed_graph, parent_manifest);
+  GraphHandle graph = graph_for(p_.catalog, *m, b.graph, parent_manifest);
   // A model acknowledged before the repository has it (durability memory or local, or a commit that
   // does not wait) is retried there, never dropped (flusher.hpp).
-  Flusher::Entry entry{m, ticket, p_.burst_buffer && target < Durability::kGlobal, false,
-                       acknowledged_early || target < Durability::kGlobal};
+  Flusher::Entry entry{m, ticket, p_.burst_buffer && b.target < Durability::kGlobal, false,
+                       b.acknowledged_early || b.target < Durability::kGlobal};
   Status registered = p_.flusher.enqueue(std::move(entry), [&]() -> Status {
-    Status added = p_.catalog.add(id, parent, std::move(graph), m->metadata);
+    Status added = p_.catalog.add(id, m->parent, std::move(graph), m->metadata);
     if (!added.is_ok()) return added.with_context("registering model '" + id + "' in the catalog");
     m->created_ns = p_.clock.next();
     p_.references.count(*m, +1);
@@ -261,7 +238,7 @@ Result<std::shared_ptr<ModelManifest>> CommitPath::build_and_register(
   });
   for (const auto& h : pinned) p_.dram.unpin(h);
   if (!registered.is_ok()) {
-    if (ticket && forget_ticket_on_error) p_.tickets.forget({ticket});
+    if (ticket && b.forget_ticket_on_error) p_.tickets.forget({ticket});
     else if (ticket) p_.tickets.finish(ticket, Durability::kMemory, registered);
     return registered;
   }
@@ -275,39 +252,11 @@ Result<std::shared_ptr<ModelManifest>> CommitPath::build_and_register(
   return m;
 }
 
-Result<json> CommitPath::commit(Session& s, const json& req, std::vector<uint8_t>& blob) {
-  CAIRN_ASSIGN_OR_RETURN(std::string id, get_name(req, "id", "a model id"));
-  std::string parent;
-  if (req.contains("parent") && !req["parent"].is_null()) {
-    CAIRN_ASSIGN_OR_RETURN(parent, get_name(req, "parent", "a parent model id"));
-  }
-  std::string durability = req.value("durability", std::string("global"));
-  auto target = durability_from_name(durability);
-  if (!target) return invalid_argument("durability '" + durability + "' is not one of memory, local, global");
-  bool wait = req.value("wait", true);
-  // "ticket": false (with wait false) keeps no ticket: a pipelining client that has nothing to wait
-  // for beyond the reply (durability memory) does not leave one per commit in the ticket book.
-  bool want_ticket = true;
-  if (auto it = req.find("ticket"); it != req.end()) {
-    if (!it->is_boolean()) return invalid_argument("model '" + id + "': 'ticket' must be true or false");
-    want_ticket = wait || it->get<bool>();
-  }
-  json metadata = req.contains("metadata") ? req["metadata"] : json::object();
-  if (!metadata.is_object()) return invalid_argument("model '" + id + "': metadata must be a JSON object");
-  json architecture = req.contains("architecture") ? req["architecture"] : json();
-  std::optional<Graph> parsed_graph;
-  if (!architecture.is_null()) {
-    auto graph = parse_graph(architecture);
-    if (!graph.is_ok()) return graph.status().with_context("model '" + id + "'");
-    parsed_graph = std::move(graph).value();
-  }
-  auto tensors_it = req.find("tensors");
-  if (tensors_it == req.end() || !tensors_it->is_array())
-    return invalid_argument("model '" + id + "': missing array field 'tensors'");
-  const bool inherit_all = req.value("inherit_all", false);
+Result<CommitReply> CommitPath::commit(Session& s, Commit r, const std::vector<uint8_t>& blob) {
   // One part of a model written by several clients (daemon/commit_parts.cpp).
-  if (req.contains("part"))
-    return commit_part(s, req, blob, id, parent, *target, wait, metadata, architecture, *tensors_it, inherit_all);
+  if (r.part) return commit_part(s, r, blob);
+  const std::string& id = r.id;
+  const std::string& parent = r.parent;
   // Until the model is registered: gc must not free a chunk this commit references.
   std::shared_lock gc_lock(p_.gc_mu);
 
@@ -349,8 +298,7 @@ Result<json> CommitPath::commit(Session& s, const json& req, std::vector<uint8_t
   }
 
   // Pass 1: validate everything, touching nothing.
-  CAIRN_ASSIGN_OR_RETURN(std::vector<Planned> plan,
-                         this->plan(s, id, *tensors_it, inherit_all, parent_manifest.get(), blob));
+  CAIRN_ASSIGN_OR_RETURN(std::vector<Planned> plan, this->plan(s, id, r.tensors, r.inherit_all, parent_manifest.get(), blob));
 
   // Pass 2: copy inline bytes into the arena (the only step that can still fail before chunks move).
   std::vector<Extent> inline_extents;
@@ -376,42 +324,55 @@ Result<json> CommitPath::commit(Session& s, const json& req, std::vector<uint8_t
       if (p.source == Planned::kSpace) s.staging.erase(p.space);
     }
   }
-  std::string source_header;
-  if (req.contains("source_header") && req["source_header"].is_string()) source_header = req["source_header"].get<std::string>();
-  const uint64_t ticket = want_ticket ? p_.tickets.create(*target) : 0;
-  auto registered = build_and_register(id, parent, parent_manifest.get(), metadata, architecture,
-                                       parsed_graph ? &*parsed_graph : nullptr, {{&plan, &tensor_ext}}, source_header,
-                                       ticket, *target, true, /*acknowledged_early=*/!wait);
+  // A waited commit at memory is done once registered: it needs no ticket.
+  const bool done_when_registered = r.wait && r.durability == Durability::kMemory;
+  const uint64_t ticket = r.want_ticket && !done_when_registered ? p_.tickets.create(r.durability) : 0;
+  Build build;
+  build.id = id;
+  build.parent = parent;
+  build.parent_manifest = parent_manifest.get();
+  build.metadata = std::move(r.metadata);
+  build.architecture = std::move(r.architecture);
+  build.graph = r.graph ? &*r.graph : nullptr;
+  build.parts = {{&plan, &tensor_ext}};
+  build.source_header = std::move(r.source_header);
+  build.ticket = ticket;
+  build.target = r.durability;
+  build.acknowledged_early = !r.wait;
+  auto registered = build_and_register(std::move(build));
   if (!registered.is_ok()) return registered.status();
   gc_lock.unlock();
 
-  json out{{"id", id}};
-  if (!wait) {
+  CommitReply out;
+  out.id = id;
+  if (!r.wait) {
     // The caller waits later with the ticket; it is forgotten when the connection ends.
     if (ticket) {
       s.tickets.insert(ticket);
-      out["ticket"] = ticket;
+      out.ticket = ticket;
     }
-    out["reached"] = durability_name(Durability::kMemory);
+    out.reached = Durability::kMemory;
+    return out;
+  }
+  if (done_when_registered) {
+    out.reached = Durability::kMemory;
     return out;
   }
   Watchdog::ClientWait waiting;  // for the durability asked for (only the reply follows)
   CAIRN_ASSIGN_OR_RETURN(TicketBook::Outcome t, p_.tickets.wait(ticket, std::chrono::milliseconds(-1)));
   if (!t.error.is_ok()) return t.error;
-  out["reached"] = durability_name(t.reached);
+  out.reached = t.reached;
   return out;
 }
 
-Result<json> CommitPath::wait(const json& req) {
-  CAIRN_ASSIGN_OR_RETURN(uint64_t id, get_u64(req, "ticket"));
-  int64_t timeout_ms = get_i64_or(req, "timeout_ms", -1);
+Result<WaitReply> CommitPath::wait(const Wait& r) {
   Watchdog::ClientWait waiting;  // the client asked to wait (only the reply follows)
-  CAIRN_ASSIGN_OR_RETURN(TicketBook::Outcome t, p_.tickets.wait(id, std::chrono::milliseconds(timeout_ms)));
+  CAIRN_ASSIGN_OR_RETURN(TicketBook::Outcome t, p_.tickets.wait(r.ticket, std::chrono::milliseconds(r.timeout_ms)));
   if (!t.done)
-    return timed_out("ticket " + std::to_string(id) + " has reached '" + durability_name(t.reached) + "', not '" +
-                     durability_name(t.target) + "', after " + std::to_string(timeout_ms) + " ms");
+    return timed_out("ticket " + std::to_string(r.ticket) + " has reached '" + durability_name(t.reached) + "', not '" +
+                     durability_name(t.target) + "', after " + std::to_string(r.timeout_ms) + " ms");
   if (!t.error.is_ok()) return t.error;
-  return json{{"reached", durability_name(t.reached)}};
+  return WaitReply{t.reached};
 }
 
 }  // namespace cairn

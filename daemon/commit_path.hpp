@@ -35,6 +35,7 @@
 #include "daemon/commit_clock.hpp"
 #include "daemon/flusher.hpp"
 #include "daemon/models.hpp"
+#include "daemon/part_sink.hpp"
 #include "daemon/references.hpp"
 #include "daemon/repository_view.hpp"
 #include "daemon/request.hpp"
@@ -50,7 +51,7 @@ namespace cairn {
 class GroupParts;
 class TraceRecorder;
 
-class CommitPath {
+class CommitPath : public PartSink {
  public:
   struct Parts {
     DramTier& dram;
@@ -74,28 +75,28 @@ class CommitPath {
     RepositoryView* view = nullptr;
   };
   explicit CommitPath(Parts parts) : p_(parts) {}
-  ~CommitPath();
+  ~CommitPath() override;
   CommitPath(const CommitPath&) = delete;
   CommitPath& operator=(const CommitPath&) = delete;
 
-  Result<nlohmann::json> allocate(Session& s, const nlohmann::json& req);
-  Result<nlohmann::json> free(Session& s, const nlohmann::json& req);
-  Result<nlohmann::json> commit(Session& s, const nlohmann::json& req, std::vector<uint8_t>& blob);
-  Result<nlohmann::json> wait(const nlohmann::json& req);
+  // `allocate`: arena space for a tensor of r.nbytes, the connection's until committed or freed.
+  Result<request::AllocateReply> allocate(Session& s, const request::Allocate& r);
+  // `free`: kNotFound for a space the connection does not hold.
+  Status free(Session& s, const request::Free& r);
+  // `commit`: the model registered (visible) as one step, or nothing of it. With r.wait, returns
+  // once r.durability is reached. `blob` is the frame's payload (r's inline tensors).
+  Result<request::CommitReply> commit(Session& s, request::Commit r, const std::vector<uint8_t>& blob);
+  // `wait`: kTimeout when the ticket's durability was not reached within r.timeout_ms.
+  Result<request::WaitReply> wait(const request::Wait& r);
 
   // Multi-part models whose parts are committed on several members of a peer group
   // (daemon/peers/group_parts.hpp): set at assembly when the daemon is in a group. While another
   // verified member is there, every part goes through it (commit_parts.cpp).
   void set_group_parts(GroupParts* group) { group_parts_ = group; }
-  // For GroupParts: reserves the id of a model assembled here (kExists when it is a model, or is
-  // being committed, also by another daemon of the repository), and gives it back (the
-  // repository's claim stays once the model is pending).
-  Status reserve_assembly(const std::string& id, const std::string& parent);
-  void release_assembly(const std::string& id) { unreserve(id); }
-  // For GroupParts: registers a model assembled from parts that members of the group hold (their
-  // chunks stay where they were written) as one commit with `ticket`, without a local stage here
-  // (each holder writes its own parts to its burst buffer). REQUIRES: reserve_assembly(model.id).
-  Status register_assembled(const ModelManifest& model, uint64_t ticket);
+  // PartSink, for GroupParts.
+  Status reserve_assembly(const std::string& id, const std::string& parent) override;
+  void release_assembly(const std::string& id) override { unreserve(id); }
+  Status register_assembled(const ModelManifest& model, uint64_t ticket) override;
   // Gives back the session's staging space and forgets its tickets.
   void end_session(Session& s);
 
@@ -110,26 +111,35 @@ class CommitPath {
     const TensorManifest* inherited = nullptr;
     std::vector<ChunkHash> hashes;  // a staging space's chunk hashes, when the client sent them
   };
-  Result<std::vector<ChunkHash>> client_hashes(const nlohmann::json& j, uint64_t nbytes, const std::string& what) const;
-  // Pass 1 of a commit: every field and tensor checked, nothing touched.
-  Result<std::vector<Planned>> plan(Session& s, const std::string& id, const nlohmann::json& tensors,
+  // Pass 1 of a commit: every tensor checked against the connection's spaces, the parent and the
+  // frame's payload (`blob`), nothing touched. Takes the tensors' names and hashes.
+  Result<std::vector<Planned>> plan(Session& s, const std::string& id, std::vector<request::CommitTensor>& tensors,
                                     bool inherit_all, const ModelManifest* parent, const std::vector<uint8_t>& blob);
 
-  Result<std::shared_ptr<ModelManifest>> build_and_register(
-      const std::string& id, const std::string& parent, const ModelManifest* parent_manifest,
-      const nlohmann::json& metadata, const nlohmann::json& architecture, const Graph* parsed_graph,
-      const std::vector<std::pair<const std::vector<Planned>*, const std::vector<Extent>*>>& parts,
-      const std::string& source_header, uint64_t ticket, Durability target, bool forget_ticket_on_error = true,
-      bool acknowledged_early = false);
+  // What build_and_register turns into a registered model.
+  struct Build {
+    std::string id;
+    std::string parent;
+    const ModelManifest* parent_manifest = nullptr;
+    nlohmann::json metadata = nlohmann::json::object();
+    nlohmann::json architecture;    // null when none
+    const Graph* graph = nullptr;   // the architecture parsed (null: derived or the parent's)
+    // The parts' plans and where each planned tensor's bytes are, in order (a plain commit is one).
+    std::vector<std::pair<const std::vector<Planned>*, const std::vector<Extent>*>> parts;
+    std::string source_header;      // the safetensors header, as the request gave it ("" = none)
+    uint64_t ticket = 0;            // 0: none
+    Durability target = Durability::kGlobal;
+    // On error the ticket is forgotten; false: finished with the error (parts follow it).
+    bool forget_ticket_on_error = true;
+    bool acknowledged_early = false;  // the client is answered before the repository has it
+  };
+  Result<std::shared_ptr<ModelManifest>> build_and_register(Build b);
 
   // Multi-part models (daemon/commit_parts.cpp): each part is planned and its bytes placed in the
   // arena when it arrives; the model is built and registered, as one commit, when the last arrives;
   // the reaper fails an assembly whose parts did not all arrive within its timeout.
   struct Assembly;
-  Result<nlohmann::json> commit_part(Session& s, const nlohmann::json& req, std::vector<uint8_t>& blob,
-                                     const std::string& id, const std::string& parent, Durability target,
-                                     bool wait, const nlohmann::json& metadata, const nlohmann::json& architecture,
-                                     const nlohmann::json& tensors, bool inherit_all);
+  Result<request::CommitReply> commit_part(Session& s, request::Commit& r, const std::vector<uint8_t>& blob);
   // REQUIRES: mu_ held. reserve_assembly's work.
   Status reserve_locked(const std::string& id, const std::string& parent);
   // A part's parent found, its tensors planned, its inline bytes copied into the arena and its
@@ -139,16 +149,11 @@ class CommitPath {
     std::vector<Extent> ext;
     std::shared_ptr<const ModelManifest> parent;
   };
-  Result<PlacedPart> place_part(Session& s, const std::vector<uint8_t>& blob, const std::string& id,
-                                const std::string& parent, const nlohmann::json& tensors, uint64_t index, uint64_t of);
+  Result<PlacedPart> place_part(Session& s, const std::vector<uint8_t>& blob, request::Commit& r);
   // A part through the peer group: placed, hashed and adopted here, handed to group_parts_.
-  Result<nlohmann::json> commit_group_part(Session& s, std::vector<uint8_t>& blob, const std::string& id,
-                                           const std::string& parent, Durability target, bool wait,
-                                           const nlohmann::json& metadata, const nlohmann::json& architecture,
-                                           const nlohmann::json& tensors, uint64_t index, uint64_t of,
-                                           uint64_t timeout_ms);
+  Result<request::CommitReply> commit_group_part(Session& s, const std::vector<uint8_t>& blob, request::Commit& r);
   // A part's reply: at once with its ticket, or once the model reached the part's durability.
-  Result<nlohmann::json> part_reply(Session& s, nlohmann::json out, uint64_t ticket, bool wait);
+  Result<request::CommitReply> part_reply(Session& s, request::CommitReply out, uint64_t ticket, bool wait);
   // Hashes each (arena offset, length) range of base, on several threads when there is much to hash.
   static std::vector<ChunkHash> hash_ranges(const uint8_t* base, const std::vector<std::pair<uint64_t, uint64_t>>& ranges);
   Status complete_assembly(Assembly& a);

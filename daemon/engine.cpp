@@ -34,6 +34,23 @@ struct Engine::Op {
   Handler handler;
 };
 
+namespace {
+
+// A typed reply encoded for the wire (request.hpp); a Status alone answers an empty object.
+template <class Reply>
+Result<json> encoded(Result<Reply> reply) {
+  if (!reply.is_ok()) return reply.status();
+  return request::encode(*reply);
+}
+Result<json> encoded(const Status& st) {
+  if (!st.is_ok()) return st;
+  return json::object();
+}
+
+}  // namespace
+
+// Each typed op is decode (request.hpp) -> the component's method -> encode; the others still hand
+// the component the request's JSON.
 const std::vector<Engine::Op>& Engine::table() {
   using B = std::vector<uint8_t>;
   static const std::vector<Op> kOps = {
@@ -41,24 +58,66 @@ const std::vector<Engine::Op>& Engine::table() {
       {"hello", [](Engine& e, Session& s, const json&, B&) { return e.hello(s); }},
       {"ping", [](Engine&, Session&, const json&, B&) -> Result<json> { return json::object(); }},
       // staging space and commits (commit_path.cpp)
-      {"allocate", [](Engine& e, Session& s, const json& r, B&) { return e.commits_->allocate(s, r); }},
-      {"free", [](Engine& e, Session& s, const json& r, B&) { return e.commits_->free(s, r); }},
-      {"commit", [](Engine& e, Session& s, const json& r, B& b) { return e.commits_->commit(s, r, b); }},
-      {"wait", [](Engine& e, Session&, const json& r, B&) { return e.commits_->wait(r); }},
+      {"allocate", [](Engine& e, Session& s, const json& r, B&) -> Result<json> {
+         CAIRN_ASSIGN_OR_RETURN(auto q, request::decode_allocate(r));
+         return encoded(e.commits_->allocate(s, q));
+       }},
+      {"free", [](Engine& e, Session& s, const json& r, B&) -> Result<json> {
+         CAIRN_ASSIGN_OR_RETURN(auto q, request::decode_free(r));
+         return encoded(e.commits_->free(s, q));
+       }},
+      {"commit", [](Engine& e, Session& s, const json& r, B& b) -> Result<json> {
+         CAIRN_ASSIGN_OR_RETURN(auto q, request::decode_commit(r, {e.repo_->chunk_size()}));
+         return encoded(e.commits_->commit(s, std::move(q), b));
+       }},
+      {"wait", [](Engine& e, Session&, const json& r, B&) -> Result<json> {
+         CAIRN_ASSIGN_OR_RETURN(auto q, request::decode_wait(r));
+         return encoded(e.commits_->wait(q));
+       }},
       // named tensors (named_tensors.cpp)
-      {"put_tensor", [](Engine& e, Session& s, const json& r, B& b) { return e.named_.put(s, r, b); }},
-      {"tensor_info", [](Engine& e, Session&, const json& r, B&) { return e.named_.info(r); }},
-      {"lease_tensor", [](Engine& e, Session& s, const json& r, B&) { return e.named_.lease(s, r); }},
-      {"poll_tensor", [](Engine& e, Session&, const json& r, B&) { return e.named_.poll(r); }},
-      {"delete_tensor", [](Engine& e, Session&, const json& r, B&) { return e.named_.remove(r); }},
+      {"put_tensor", [](Engine& e, Session& s, const json& r, B& b) -> Result<json> {
+         CAIRN_ASSIGN_OR_RETURN(auto q, request::decode_put_tensor(r));
+         return encoded(e.named_.put(s, q, b));
+       }},
+      {"tensor_info", [](Engine& e, Session&, const json& r, B&) -> Result<json> {
+         CAIRN_ASSIGN_OR_RETURN(auto q, request::decode_tensor_key(r));
+         return encoded(e.named_.info(q));
+       }},
+      {"lease_tensor", [](Engine& e, Session& s, const json& r, B&) -> Result<json> {
+         CAIRN_ASSIGN_OR_RETURN(auto q, request::decode_tensor_key(r));
+         return encoded(e.named_.lease(s, q));
+       }},
+      {"poll_tensor", [](Engine& e, Session&, const json& r, B&) -> Result<json> {
+         CAIRN_ASSIGN_OR_RETURN(auto q, request::decode_poll_tensor(r));
+         return request::encode(e.named_.poll(q));
+       }},
+      {"delete_tensor", [](Engine& e, Session&, const json& r, B&) -> Result<json> {
+         CAIRN_ASSIGN_OR_RETURN(auto q, request::decode_tensor_key(r));
+         return encoded(e.named_.remove(q));
+       }},
       // reads (reads.cpp)
-      {"open", [](Engine& e, Session&, const json& r, B&) { return e.reads_->open(r); }},
-      {"lease", [](Engine& e, Session& s, const json& r, B&) { return e.reads_->lease(s, r); }},
-      {"release", [](Engine& e, Session& s, const json& r, B&) { return e.reads_->release(s, r); }},
-      {"lease_device", [](Engine& e, Session& s, const json& r, B&) { return e.reads_->lease_device(s, r); }},
+      {"open", [](Engine& e, Session&, const json& r, B&) -> Result<json> {
+         CAIRN_ASSIGN_OR_RETURN(auto q, request::decode_open(r));
+         return encoded(e.reads_->open(q));
+       }},
+      {"lease", [](Engine& e, Session& s, const json& r, B&) -> Result<json> {
+         CAIRN_ASSIGN_OR_RETURN(auto q, request::decode_lease(r));
+         return encoded(e.reads_->lease(s, q));
+       }},
+      {"release", [](Engine& e, Session& s, const json& r, B&) -> Result<json> {
+         auto leases = r.find("leases");
+         CAIRN_ASSIGN_OR_RETURN(auto q, request::decode_release(leases == r.end() ? nullptr : &*leases));
+         e.reads_->release(s, q);
+         return json::object();
+       }},
+      {"lease_device", [](Engine& e, Session& s, const json& r, B&) -> Result<json> {
+         CAIRN_ASSIGN_OR_RETURN(auto q, request::decode_lease_device(r));
+         return encoded(e.reads_->lease_device(s, q));
+       }},
       {"prefetch", [](Engine& e, Session&, const json& r, B&) -> Result<json> {
+         CAIRN_ASSIGN_OR_RETURN(auto q, request::decode_prefetch(r));
          CAIRN_ASSIGN_OR_RETURN(auto tracked, e.progress_.track(r));
-         return e.prefetch(r, tracked.progress());
+         return e.prefetch(q, tracked.progress());
        }},
       // administration (admin.cpp) and queries (queries.cpp)
       {"list", [](Engine& e, Session&, const json& r, B&) { return e.admin_->list(r); }},
@@ -93,7 +152,7 @@ const std::vector<Engine::Op>& Engine::table() {
       {"sync", [](Engine& e, Session&, const json& r, B&) -> Result<json> {
          CAIRN_ASSIGN_OR_RETURN(auto tracked, e.progress_.track(r));
          tracked.progress().begin_phase("reading the records of other daemons", ProgressUnit::kItems, 0);
-         return e.watch_->sync(r);
+         return encoded(e.watch_->sync());
        }},
       {"progress", [](Engine& e, Session&, const json& r, B&) { return e.progress_.query(r); }},
       {"peers", [](Engine& e, Session&, const json&, B&) -> Result<json> {
@@ -151,8 +210,8 @@ Response Engine::handle(Session& session, const json& request, std::vector<uint8
       slot = op_slot(op);
       // Any request may carry leases the client is done with (saving it a round trip).
       if (auto rel = request.find("release"); rel != request.end() && op != "release") {
-        auto released = reads_->release(session, json{{"op", "release"}, {"leases", *rel}});
-        if (!released.is_ok()) return released.status();
+        CAIRN_ASSIGN_OR_RETURN(auto released, request::decode_release(&*rel));
+        reads_->release(session, released);
       }
       Watchdog::Request tracked(watchdog_, op, {session.id, session.client_pid});
       return dispatch(session, slot, op, request, blob);
@@ -191,25 +250,20 @@ Result<json> Engine::hello(Session& s) {
   return out;
 }
 
-Result<json> Engine::prefetch(const json& req, OperationProgress& progress) {
-  auto all = req.find("all");
-  if (all == req.end() || (all->is_boolean() && !all->get<bool>())) return reads_->prefetch(req, &progress);
-  if (!all->is_boolean()) return invalid_argument("request 'prefetch': field 'all' must be true or false");
-  auto limit = req.find("timeout_ms");
-  if (limit != req.end() && !limit->is_number_unsigned())
-    return invalid_argument("request 'prefetch': field 'timeout_ms' must be a non-negative integer");
-  CAIRN_ASSIGN_OR_RETURN(std::string id, request::get_name(req, "id", "a model id"));
+Result<json> Engine::prefetch(const request::Prefetch& req, OperationProgress& progress) {
+  if (!req.all) return encoded(reads_->prefetch(req, &progress));
+  const std::string& id = req.id;
   CAIRN_RETURN_IF_ERROR(models_->find(id).status());  // unknown here: nobody is asked
   json members = json::array();
   if (!peers_) {
-    CAIRN_ASSIGN_OR_RETURN(json local, reads_->prefetch(req, &progress));
+    CAIRN_ASSIGN_OR_RETURN(json local, encoded(reads_->prefetch(req, &progress)));
     local["members"] = std::move(members);
     local["peers"] = false;
     return local;
   }
   // The others and this daemon at once: they fetch from each other as the chunks arrive.
   const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::milliseconds(limit == req.end() ? uint64_t{600000} : limit->get<uint64_t>());
+                        std::chrono::milliseconds(req.timeout_ms.value_or(uint64_t{600000}));
   auto t0 = std::chrono::steady_clock::now();
   // The other members' answers, counted while this member prefetches; shown once it has finished
   // (its own bytes are the first phase).
@@ -228,7 +282,7 @@ Result<json> Engine::prefetch(const json& req, OperationProgress& progress) {
   };
   auto remote = std::async(std::launch::async,
                            [this, &id, deadline, &on_answer] { return peers_->stage_all(id, deadline, on_answer); });
-  Result<json> local = reads_->prefetch(req, &progress);
+  Result<json> local = encoded(reads_->prefetch(req, &progress));
   const double local_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   {
     std::lock_guard lock(answers.mu);

@@ -20,8 +20,10 @@
 //                                     monitoring (metrics.listen, metrics.textfile); rendered by
 //                                     metrics_text() (engine_metrics.cpp)
 // with the tiers below them (tiers/: DRAM, NVMe, the repository, the tier manager). Requests are
-// dispatched through one table from op name to handler (Engine::ops(), engine.cpp); every op it
-// names is documented in docs/protocol.md, and a test checks the two against each other.
+// dispatched through one table from op name to handler (Engine::table(), engine.cpp; Engine::ops()
+// lists its names): a handler decodes the request into the op's struct (request.hpp), calls the
+// component that serves it and encodes the typed reply. Every op the table names is documented in
+// docs/protocol.md, and a test checks the two against each other.
 //
 // Each connection has a Session that owns its leases (pinned chunks and named tensors) and its
 // staging allocations; end_session releases both, so a client that dies leaks nothing.
@@ -61,6 +63,7 @@
 #include "daemon/progress_board.hpp"
 #include "daemon/queries.hpp"
 #include "daemon/repository_watch.hpp"
+#include "daemon/request.hpp"
 #include "daemon/reads.hpp"
 #include "daemon/request_metrics.hpp"
 #include "daemon/references.hpp"
@@ -152,7 +155,7 @@ class Engine {
   Result<nlohmann::json> hello(Session& s);
   // `prefetch`: into this daemon's DRAM; with "all": true, into every member's of the peer group at
   // once (docs/peers.md, "cairn prefetch --all").
-  Result<nlohmann::json> prefetch(const nlohmann::json& req, OperationProgress& progress);
+  Result<nlohmann::json> prefetch(const request::Prefetch& req, OperationProgress& progress);
 
   // Declaration order is construction order (engine_open.cpp makes each from the ones above it),
   // so destruction stops the users (the flusher's threads) before what they use; ~Engine stops

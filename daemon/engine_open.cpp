@@ -64,10 +64,7 @@ class RoutedPeerEvents final : public PeerEvents {
     catalog_.drop_member(member);
     parts_.member_gone(member);
   }
-  Result<uint64_t> stage(const std::string& model) override {
-    CAIRN_ASSIGN_OR_RETURN(json r, reads_.prefetch(json{{"id", model}}));
-    return r.value("bytes", uint64_t{0});
-  }
+  Result<uint64_t> stage(const std::string& model) override { return reads_.stage_model(model); }
 
  private:
   PeerCatalog& catalog_;

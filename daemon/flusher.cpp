@@ -51,7 +51,8 @@ void Flusher::stop() {
     cairn::MutexLock lock(mu_);
     stopping_ = true;
   }
-  work_cv_.notify_all();
+  local_cv_.notify_all();
+  global_cv_.notify_all();
   progress_cv_.notify_all();
   if (local_thread_.joinable()) local_thread_.join();
   if (global_thread_.joinable()) global_thread_.join();
@@ -74,7 +75,10 @@ Status Flusher::enqueue(Entry entry, const std::function<Status()>& admit) {
     flush_order_.push_back(id);
     if (p.needs_local) local_queue_.push_back(id);
   }
-  work_cv_.notify_all();
+  // Only the stage that has work is woken (a thread woken for nothing takes a core from the
+  // committing client on a small node); the local stage wakes the global one when it is done.
+  if (entry.needs_local) local_cv_.notify_one();
+  else global_cv_.notify_one();
   return Status::ok();
 }
 
@@ -154,7 +158,7 @@ void Flusher::local_loop() {
     uint64_t seq = 0;
     {
       cairn::MutexLock lock(mu_);
-      work_cv_.wait(lock, [&]() CAIRN_REQUIRES(mu_) { return stopping_ || !local_queue_.empty(); });
+      local_cv_.wait(lock, [&]() CAIRN_REQUIRES(mu_) { return stopping_ || !local_queue_.empty(); });
       if (local_queue_.empty()) return;  // stopping and drained
       const std::string id = local_queue_.front();
       local_queue_.pop_front();
@@ -162,12 +166,15 @@ void Flusher::local_loop() {
       seq = pending_[id].seq;
     }
     // The chunks only DRAM holds go to the burst buffer, then the model's record: after both are on
-    // the device the model survives a crash of the daemon.
-    Status st = tiers_.write_local(all_chunks(*m));
+    // the device the model survives a crash of the daemon. The chunks of the tensor list the last
+    // model written here had (a metadata-only child shares its parent's) are there already.
+    const bool written = last_local_ && !m->tensors.empty() && m->tensors.shares_with(last_local_->tensors);
+    Status st = written ? Status::ok() : tiers_.write_local(all_chunks(*m));
     if (st.is_ok()) st = nvme_->put_model(seq, m->id, manifest_to_json(*m).dump());
     if (!st.is_ok())
       CAIRN_LOG_WARN("model '{}': the burst buffer did not take it ({}); it goes to the repository directly", m->id,
                      st.to_string());
+    last_local_ = st.is_ok() ? m : nullptr;
     {
       cairn::MutexLock lock(mu_);
       Pending& p = pending_[m->id];
@@ -175,8 +182,12 @@ void Flusher::local_loop() {
       p.on_nvme = st.is_ok();
       if (st.is_ok() && p.ticket) tickets_.reach(p.ticket, Durability::kLocal);
     }
-    work_cv_.notify_all();
+    global_cv_.notify_one();  // its model may be ready for the global stage
   }
+}
+
+bool Flusher::stored_list(const TensorList& tensors) const {
+  return last_stored_ && !tensors.empty() && tensors.shares_with(last_stored_->tensors);
 }
 
 void Flusher::abandon_locked(const ModelManifest& m) {
@@ -216,7 +227,7 @@ void Flusher::global_loop() {
         const Pending& p = pending_[flush_order_.front()];
         return !p.needs_local || p.local_done;
       };
-      work_cv_.wait(lock, [&]() CAIRN_REQUIRES(mu_) { return (stopping_ && flush_order_.empty()) || ready(); });
+      global_cv_.wait(lock, [&]() CAIRN_REQUIRES(mu_) { return (stopping_ && flush_order_.empty()) || ready(); });
       if (flush_order_.empty()) return;  // stopping and drained
       // A batch pins the bytes it writes until the repository has them: bound them (metadata-only
       // commits cost none), so a batch never crowds readers out of the arena.
@@ -225,9 +236,13 @@ void Flusher::global_loop() {
         const std::string id = flush_order_.front();
         const Pending& p = pending_[id];
         uint64_t new_bytes = 0;
-        for (const auto& t : p.manifest->tensors)
-          for (const auto& c : t.chunks)
-            if (!repo_.locate(c.hash)) new_bytes += c.length;
+        // A tensor list stored already (a metadata-only child shares its parent's), or counted for
+        // an earlier model of this batch, brings no new bytes: no chunk needs looking up.
+        if (!stored_list(p.manifest->tensors) &&
+            (batch.empty() || !p.manifest->tensors.shares_with(batch.back().m->tensors)))
+          for (const auto& t : p.manifest->tensors)
+            for (const auto& c : t.chunks)
+              if (!repo_.locate(c.hash)) new_bytes += c.length;
         if (!batch.empty() && batch_bytes + new_bytes > kMaxBatchBytes) break;
         batch_bytes += new_bytes;
         flush_order_.pop_front();
@@ -267,7 +282,9 @@ void Flusher::global_loop() {
               fetched.erase(f);
             }
           }
-        tiers_.stored_globally(all_chunks(copy));
+        // The chunks of a list stored before were marked clean then.
+        if (!stored_list(batch[i].m->tensors)) tiers_.stored_globally(all_chunks(copy));
+        last_stored_ = batch[i].m;
       } else if ((batch[i].retry && may_pass(st)) || (!copy.parent.empty() && retried_ids.count(copy.parent))) {
         // A child whose parent (earlier in this batch) is written again fails for want of the
         // parent: it waits for it, it is not dropped (the torture harness lost acknowledged
@@ -306,11 +323,10 @@ void Flusher::global_loop() {
       cairn::MutexLock lock(mu_);
       for (auto it = retried.rbegin(); it != retried.rend(); ++it) flush_order_.push_front(*it);
       backoff = std::min(backoff * 2, kMaxBackoff);
-      work_cv_.wait_for(lock, backoff, [&]() CAIRN_REQUIRES(mu_) { return stopping_; });
+      global_cv_.wait_for(lock, backoff, [&]() CAIRN_REQUIRES(mu_) { return stopping_; });
     } else {
       backoff = kMinBackoff;
     }
-    work_cv_.notify_all();
     progress_cv_.notify_all();
   }
 }

@@ -118,6 +118,9 @@ class Flusher {
   // After a failed repository write of m: its chunks no pending model needs may be evicted again.
   // REQUIRES: mu_ held.
   void abandon_locked(const ModelManifest& m) CAIRN_REQUIRES(mu_);
+  // Whether `tensors` is the list of the model the global stage stored last (the same vector, not
+  // equal contents): its chunks are in the repository and marked clean. Global thread only.
+  bool stored_list(const TensorList& tensors) const;
 
   Repository& repo_;
   TierManager& tiers_;
@@ -126,7 +129,8 @@ class Flusher {
   ForgetFailed forget_failed_;
 
   mutable cairn::Mutex mu_;
-  cairn::CondVar work_cv_;      // queued work, or stopping
+  cairn::CondVar local_cv_;     // work for the local stage, or stopping
+  cairn::CondVar global_cv_;    // work for the global stage, or stopping
   cairn::CondVar progress_cv_;  // a model left pending_
   std::map<std::string, Pending> pending_ CAIRN_GUARDED_BY(mu_);
   std::deque<std::string> flush_order_ CAIRN_GUARDED_BY(mu_);  // pending models in commit order
@@ -135,6 +139,12 @@ class Flusher {
   uint64_t bytes_written_ CAIRN_GUARDED_BY(mu_) = 0;
   uint64_t write_retries_ CAIRN_GUARDED_BY(mu_) = 0;  // repository writes retried
   bool stopping_ CAIRN_GUARDED_BY(mu_) = false;
+  // The last model the global stage wrote to the repository, held so that its tensor list's
+  // identity stays its own (stored_list). Global thread only.
+  std::shared_ptr<const ModelManifest> last_stored_;
+  // The last model the local stage wrote to the burst buffer (chunks and record), held for the same
+  // reason. Local thread only.
+  std::shared_ptr<const ModelManifest> last_local_;
   std::thread local_thread_, global_thread_;
 };
 

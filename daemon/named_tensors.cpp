@@ -8,7 +8,6 @@
 
 namespace cairn {
 
-using nlohmann::json;
 using namespace request;
 
 void NamedTensors::drop_locked(std::unordered_map<std::string, Tensor>::iterator it) {
@@ -17,12 +16,12 @@ void NamedTensors::drop_locked(std::unordered_map<std::string, Tensor>::iterator
   named_.erase(it);
 }
 
-Result<json> NamedTensors::put(Session& s, const json& req, std::vector<uint8_t>& blob) {
-  CAIRN_ASSIGN_OR_RETURN(std::string key, get_name(req, "key", "a tensor key"));
-  CAIRN_ASSIGN_OR_RETURN(TensorDesc d, get_tensor_desc(req, "tensor '" + key + "'"));
+Status NamedTensors::put(Session& s, const PutTensor& r, const std::vector<uint8_t>& blob) {
+  const std::string& key = r.key;
+  const TensorDesc& d = r.desc;
   Extent ext;
-  if (req.contains("space")) {
-    CAIRN_ASSIGN_OR_RETURN(uint64_t id, get_u64(req, "space"));
+  if (r.space) {
+    const uint64_t id = *r.space;
     auto it = s.staging.find(id);
     if (it == s.staging.end()) return not_found("no staging space " + std::to_string(id) + " in this connection");
     if (it->second.length != d.nbytes)
@@ -45,19 +44,18 @@ Result<json> NamedTensors::put(Session& s, const json& req, std::vector<uint8_t>
     named_.emplace(key, Tensor{d.dtype, d.shape, d.nbytes, ext, 0, ++generation_});
   }
   cv_.notify_all();
-  return json::object();
+  return Status::ok();
 }
 
-Result<json> NamedTensors::info(const json& req) {
-  CAIRN_ASSIGN_OR_RETURN(std::string key, get_name(req, "key", "a tensor key"));
+Result<TensorInfoReply> NamedTensors::info(const TensorKey& r) {
   std::lock_guard lock(mu_);
-  auto it = named_.find(key);
-  if (it == named_.end()) return not_found("no tensor under key '" + key + "'");
-  return json{{"dtype", dtype_name(it->second.dtype)}, {"shape", shape_json(it->second.shape)}, {"nbytes", it->second.nbytes}};
+  auto it = named_.find(r.key);
+  if (it == named_.end()) return not_found("no tensor under key '" + r.key + "'");
+  return TensorInfoReply{it->second.dtype, it->second.shape, it->second.nbytes};
 }
 
-Result<json> NamedTensors::lease(Session& s, const json& req) {
-  CAIRN_ASSIGN_OR_RETURN(std::string key, get_name(req, "key", "a tensor key"));
+Result<TensorLeaseReply> NamedTensors::lease(Session& s, const TensorKey& r) {
+  const std::string& key = r.key;
   std::lock_guard lock(mu_);
   auto it = named_.find(key);
   if (it == named_.end()) return not_found("no tensor under key '" + key + "'");
@@ -67,31 +65,26 @@ Result<json> NamedTensors::lease(Session& s, const json& req) {
   lease.named_key = key;
   lease.named_generation = it->second.generation;
   s.leases[id] = std::move(lease);
-  return json{{"lease", id},
-              {"offset", it->second.extent.offset},
-              {"nbytes", it->second.nbytes},
-              {"dtype", dtype_name(it->second.dtype)},
-              {"shape", shape_json(it->second.shape)}};
+  return TensorLeaseReply{id, it->second.extent.offset, {it->second.dtype, it->second.shape, it->second.nbytes}};
 }
 
-Result<json> NamedTensors::poll(const json& req) {
-  CAIRN_ASSIGN_OR_RETURN(std::string key, get_name(req, "key", "a tensor key"));
-  int64_t timeout_ms = get_i64_or(req, "timeout_ms", 0);
+PollTensorReply NamedTensors::poll(const PollTensor& r) {
+  const std::string& key = r.key;
+  const int64_t timeout_ms = r.timeout_ms;
   Watchdog::ClientWait waiting;  // the client asked to wait
   std::unique_lock lock(mu_);
   auto present = [&] { return stopping_ || named_.count(key) > 0; };
   if (timeout_ms < 0) cv_.wait(lock, present);
   else cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms), present);
-  return json{{"found", named_.count(key) > 0}};
+  return PollTensorReply{named_.count(key) > 0};
 }
 
-Result<json> NamedTensors::remove(const json& req) {
-  CAIRN_ASSIGN_OR_RETURN(std::string key, get_name(req, "key", "a tensor key"));
+Status NamedTensors::remove(const TensorKey& r) {
   std::lock_guard lock(mu_);
-  auto it = named_.find(key);
-  if (it == named_.end()) return not_found("no tensor under key '" + key + "'");
+  auto it = named_.find(r.key);
+  if (it == named_.end()) return not_found("no tensor under key '" + r.key + "'");
   drop_locked(it);
-  return json::object();
+  return Status::ok();
 }
 
 void NamedTensors::unpin(const std::string& key, uint64_t generation) {

@@ -23,6 +23,7 @@
 
 #include "core/dtype.hpp"
 #include "core/status.hpp"
+#include "daemon/request.hpp"
 #include "daemon/session.hpp"
 #include "tiers/dram/dram_tier.hpp"
 
@@ -34,11 +35,17 @@ class NamedTensors {
 
   // The requests (docs/protocol.md, "Named tensors"). put_tensor takes the bytes from a staging
   // space of the session or from blob; replacing a key keeps the old bytes for its leases.
-  Result<nlohmann::json> put(Session& s, const nlohmann::json& req, std::vector<uint8_t>& blob);
-  Result<nlohmann::json> info(const nlohmann::json& req);
-  Result<nlohmann::json> lease(Session& s, const nlohmann::json& req);
-  Result<nlohmann::json> poll(const nlohmann::json& req);
-  Result<nlohmann::json> remove(const nlohmann::json& req);
+  // `put_tensor`: replaces what was under the key (a leased tensor stays readable until released).
+  // `blob` is the frame's payload (the bytes when r.space is absent).
+  Status put(Session& s, const request::PutTensor& r, const std::vector<uint8_t>& blob);
+  // `tensor_info`; kNotFound when nothing is under the key.
+  Result<request::TensorInfoReply> info(const request::TensorKey& r);
+  // `lease_tensor`: the tensor pinned in the arena until the session releases the lease.
+  Result<request::TensorLeaseReply> lease(Session& s, const request::TensorKey& r);
+  // `poll_tensor`: waits up to r.timeout_ms for a tensor under the key.
+  request::PollTensorReply poll(const request::PollTensor& r);
+  // `delete_tensor`; kNotFound when nothing is under the key.
+  Status remove(const request::TensorKey& r);
 
   // Ends a lease_tensor pin (the reads component calls it when a lease is released).
   void unpin(const std::string& key, uint64_t generation);

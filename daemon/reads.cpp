@@ -13,19 +13,11 @@ namespace cairn {
 using nlohmann::json;
 using namespace request;
 
-Result<json> Reads::open(const json& req) {
-  CAIRN_ASSIGN_OR_RETURN(std::string id, get_name(req, "id", "a model id"));
-  CAIRN_ASSIGN_OR_RETURN(auto m, p_.models.find(id));
-  json tensors = json::array();
-  for (const auto& t : m->tensors)
-    tensors.push_back({{"name", t.name}, {"dtype", dtype_name(t.dtype)}, {"shape", shape_json(t.shape)}, {"nbytes", t.nbytes}});
-  json out{{"id", m->id}, {"tensors", std::move(tensors)}, {"metadata", m->metadata}, {"created_ns", m->created_ns}};
-  out["parent"] = m->parent.empty() ? json() : json(m->parent);
-  if (req.value("with_source_header", false) && m->source_header.size() > 8)
-    out["source_header"] = m->source_header.substr(8);
+Result<OpenReply> Reads::open(const Open& r) {
+  CAIRN_ASSIGN_OR_RETURN(auto m, p_.models.find(r.id));
   if (observer_) observer_->opened(*m);
   if (p_.usage) p_.usage->model_opened();
-  return out;
+  return OpenReply{std::move(m), r.with_source_header};
 }
 
 void Reads::readahead(const std::vector<const TensorManifest*>& tensors) {
@@ -35,34 +27,29 @@ void Reads::readahead(const std::vector<const TensorManifest*>& tensors) {
   p_.tiers.readahead(refs);
 }
 
-Result<json> Reads::lease(Session& s, const json& req) {
-  CAIRN_ASSIGN_OR_RETURN(std::string id, get_name(req, "id", "a model id"));
+Result<LeaseReply> Reads::lease(Session& s, const Lease& r) {
+  const std::string& id = r.id;
   std::shared_lock gc_lock(p_.gc_mu);
   CAIRN_ASSIGN_OR_RETURN(auto m, p_.models.find(id));
-  bool contiguous = req.value("contiguous", false);
-  auto names = req.find("tensors");
-  if (names == req.end() || !names->is_array()) return invalid_argument("request 'lease': missing array field 'tensors'");
-  std::vector<const TensorManifest*> wanted;
-  for (const auto& nj : *names)
-    if (nj.is_string())
-      if (const TensorManifest* t = m->find(nj.get<std::string>())) wanted.push_back(t);
-  readahead(wanted);
-  json leases = json::array();
-  std::vector<uint64_t> granted;
-  auto undo = [&] {
-    for (uint64_t l : granted) {
-      drop_lease(s.leases[l]);
-      s.leases.erase(l);
-    }
-  };
   // Every named tensor first, then all of them pinned at once (one stream of reads), then a lease each.
   std::vector<const TensorManifest*> order;
-  for (const auto& nj : *names) {
-    if (!nj.is_string()) return invalid_argument("request 'lease': tensor names must be strings");
-    const TensorManifest* t = m->find(nj.get<std::string>());
-    if (!t) return not_found("model '" + id + "' has no tensor '" + nj.get<std::string>() + "'");
+  order.reserve(r.tensors.size());
+  for (const std::string& name : r.tensors) {
+    const TensorManifest* t = m->find(name);
+    if (!t) return not_found("model '" + id + "' has no tensor '" + name + "'");
     order.push_back(t);
   }
+  readahead(order);
+  LeaseReply out;
+  out.leases.reserve(order.size());
+  out.created_ns = m->created_ns;
+  auto undo = [&] {
+    for (const auto& g : out.leases) {
+      drop_lease(s.leases[g.lease]);
+      s.leases.erase(g.lease);
+    }
+  };
+  const bool contiguous = r.contiguous;
   std::vector<PinnedTensor> pins;
   LeasedRead read;
   read.started_ns =
@@ -99,16 +86,17 @@ Result<json> Reads::lease(Session& s, const json& req) {
       extents = {Extent{*off, t->nbytes}};
     }
     if (contiguous && consecutive && extents.size() > 1) extents = {Extent{extents.front().offset, t->nbytes}};
-    json ex = json::array();
-    for (const auto& e : extents) ex.push_back({e.offset, e.length});
-    uint64_t lid = s.next_id++;
+    LeaseReply::Granted g;
+    g.extents.reserve(extents.size());
+    for (const auto& e : extents) g.extents.emplace_back(e.offset, e.length);
+    g.lease = s.next_id++;
+    g.nbytes = t->nbytes;
     count_lease(lease, +1);
-    s.leases[lid] = std::move(lease);
-    granted.push_back(lid);
-    leases.push_back({{"lease", lid}, {"extents", std::move(ex)}, {"nbytes", t->nbytes}});
+    s.leases[g.lease] = std::move(lease);
+    out.leases.push_back(std::move(g));
   }
   if (observer_) observer_->leased(*m, order, read);
-  return json{{"leases", std::move(leases)}, {"created_ns", m->created_ns}};
+  return out;
 }
 
 void Reads::release_lease(Session::Lease& lease) {
@@ -144,17 +132,13 @@ json Reads::lease_stats() const {
               {"owned_bytes", lease_owned_bytes_.load()}};
 }
 
-Result<json> Reads::release(Session& s, const json& req) {
-  auto ids = req.find("leases");
-  if (ids == req.end() || !ids->is_array()) return invalid_argument("request 'release': missing array field 'leases'");
-  for (const auto& v : *ids) {
-    if (!v.is_number_unsigned()) return invalid_argument("request 'release': lease ids must be non-negative integers");
-    auto it = s.leases.find(v.get<uint64_t>());
+void Reads::release(Session& s, const Release& r) {
+  for (uint64_t id : r.leases) {
+    auto it = s.leases.find(id);
     if (it == s.leases.end()) continue;  // released twice: harmless
     drop_lease(it->second);
     s.leases.erase(it);
   }
-  return json::object();
 }
 
 void Reads::end_session(Session& s) {
@@ -171,16 +155,13 @@ Status Reads::stage(const std::string& model, const TensorManifest& t) {
   return Status::ok();
 }
 
-Result<json> Reads::prefetch(const json& req, OperationProgress* progress) {
-  if (auto tier = req.find("tier"); tier != req.end()) {
-    if (!tier->is_string()) return invalid_argument("request 'prefetch': field 'tier' must be a string");
-    if (*tier == "hbm") return prefetch_device(req);
-    if (*tier != "dram")
-      return invalid_argument("prefetch --tier " + tier->get<std::string>() +
-                              ": cairn prefetches into dram or hbm (the burst buffer is filled by commits at durability "
-                              "local and by DRAM evictions)");
-  }
-  CAIRN_ASSIGN_OR_RETURN(std::string id, get_name(req, "id", "a model id"));
+Result<PrefetchReply> Reads::prefetch(const Prefetch& r, OperationProgress* progress) {
+  if (r.tier == Prefetch::Tier::kHbm) return prefetch_device(r.id, r.device);
+  CAIRN_ASSIGN_OR_RETURN(uint64_t bytes, stage_model(r.id, progress));
+  return PrefetchReply{bytes, std::nullopt};
+}
+
+Result<uint64_t> Reads::stage_model(const std::string& id, OperationProgress* progress) {
   std::shared_lock gc_lock(p_.gc_mu);
   CAIRN_ASSIGN_OR_RETURN(auto m, p_.models.find(id));
   uint64_t bytes = 0;
@@ -203,7 +184,7 @@ Result<json> Reads::prefetch(const json& req, OperationProgress* progress) {
     if (progress) progress->add(sum);
     first = last;
   }
-  return json{{"bytes", bytes}};
+  return bytes;
 }
 
 }  // namespace cairn

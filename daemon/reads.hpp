@@ -16,6 +16,7 @@
 #pragma once
 
 #include <atomic>
+#include <optional>
 #include <cstdint>
 #include <shared_mutex>
 #include <span>
@@ -28,6 +29,7 @@
 #include "core/status.hpp"
 #include "daemon/models.hpp"
 #include "daemon/named_tensors.hpp"
+#include "daemon/request.hpp"
 #include "daemon/session.hpp"
 #include "daemon/usage_counters.hpp"
 #include "tiers/dram/dram_tier.hpp"
@@ -76,19 +78,25 @@ class Reads {
   };
   explicit Reads(Parts parts) : p_(parts), hbm_(parts.hbm), observer_(parts.observer), trace_(parts.trace) {}
 
-  Result<nlohmann::json> open(const nlohmann::json& req);
-  Result<nlohmann::json> lease(Session& s, const nlohmann::json& req);
-  Result<nlohmann::json> release(Session& s, const nlohmann::json& req);
-  // With "tier": "hbm", into the HBM tier (prefetch_device).
-  // progress (optional): the model's bytes made resident against its size.
-  Result<nlohmann::json> prefetch(const nlohmann::json& req, OperationProgress* progress = nullptr);
+  // `open`: the model (kNotFound names the id).
+  Result<request::OpenReply> open(const request::Open& r);
+  // `lease`: every tensor of r pinned in DRAM, one lease each, recorded in the session.
+  Result<request::LeaseReply> lease(Session& s, const request::Lease& r);
+  // `release` (and the `release` field of any request): ends the session's leases of those ids.
+  void release(Session& s, const request::Release& r);
+  // `prefetch` (r.all aside: the engine asks the peer group): into DRAM, or with Tier::kHbm into
+  // the HBM tier (prefetch_device). progress (optional): the model's bytes made resident against
+  // its size.
+  Result<request::PrefetchReply> prefetch(const request::Prefetch& r, OperationProgress* progress = nullptr);
+  // Every chunk of the model resident in DRAM, nothing left pinned; the model's bytes.
+  Result<uint64_t> stage_model(const std::string& id, OperationProgress* progress = nullptr);
   // Device leases (daemon/reads_device.cpp, docs/gpu.md): tensors resident in the HBM tier, pinned
   // there until released; the reply names each tensor's slab handle and offset, which the client
   // maps (zero-copy, through CUDA IPC or the emulated device's segments). kUnavailable without an
   // HBM tier.
-  Result<nlohmann::json> lease_device(Session& s, const nlohmann::json& req);
-  // Every tensor of a model into the HBM tier of one device, nothing left pinned.
-  Result<nlohmann::json> prefetch_device(const nlohmann::json& req);
+  Result<request::LeaseDeviceReply> lease_device(Session& s, const request::Lease& r);
+  // Every tensor of a model into the HBM tier of `device` (absent: the first), nothing left pinned.
+  Result<request::PrefetchReply> prefetch_device(const std::string& id, std::optional<int> device);
   // One tensor into the HBM tier of the first device, nothing left pinned (the prefetcher's path for
   // will_load hints with tier hbm). kUnavailable without an HBM tier.
   Status stage_device(const std::string& model, const TensorManifest& t);
@@ -129,8 +137,9 @@ class Reads {
   // (drop_lease: count, then release_lease, which counts nothing as it also undoes leases never stored).
   void count_lease(const Session::Lease& lease, int sign);
   void drop_lease(Session::Lease& lease);
-  // The device lease_device/prefetch_device name ("device", default the first of tiers.hbm.devices).
-  Result<int> device_of(const nlohmann::json& req, const char* op) const;
+  // The device a request names (absent: the first of tiers.hbm.devices); `op` names the request in
+  // errors.
+  Result<int> device_of(std::optional<int> device, const char* op) const;
   // Makes `tensors` resident on `device`; for each, its placement (pinned there when pin, else left
   // unpinned). All or nothing when pin.
   Status place_on_device(const std::string& model, std::span<const TensorManifest* const> tensors, int device,

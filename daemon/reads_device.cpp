@@ -28,17 +28,14 @@ std::string device_list(const std::vector<int>& d) {
 
 }  // namespace
 
-Result<int> Reads::device_of(const json& req, const char* op) const {
+Result<int> Reads::device_of(std::optional<int> d, const char* op) const {
   if (!hbm_)
     return unavailable(std::string("request '") + op +
                        "': this daemon has no HBM tier (tiers.hbm.capacity is 0), so nothing is kept in device "
                        "memory; set tiers.hbm.capacity (and tiers.hbm.backend: emulated on a machine without a GPU), "
                        "or read into host memory");
-  auto d = req.find("device");
-  if (d == req.end() || d->is_null()) return hbm_->devices().front();
-  if (!d->is_number_integer())
-    return invalid_argument(std::string("request '") + op + "': field 'device' must be an integer");
-  const int device = d->get<int>();
+  if (!d) return hbm_->devices().front();
+  const int device = *d;
   if (!hbm_->has_device(device))
     return invalid_argument("device " + std::to_string(device) + " is not one of this daemon's HBM devices (" +
                             device_list(hbm_->devices()) + "; tiers.hbm.devices)");
@@ -83,45 +80,38 @@ Status Reads::place_on_device(const std::string& model, std::span<const TensorMa
   return st;
 }
 
-Result<json> Reads::lease_device(Session& s, const json& req) {
-  CAIRN_ASSIGN_OR_RETURN(int device, device_of(req, "lease_device"));
-  CAIRN_ASSIGN_OR_RETURN(std::string id, get_name(req, "id", "a model id"));
+Result<LeaseDeviceReply> Reads::lease_device(Session& s, const request::Lease& r) {
+  CAIRN_ASSIGN_OR_RETURN(int device, device_of(r.device, "lease_device"));
   std::shared_lock gc_lock(p_.gc_mu);
-  CAIRN_ASSIGN_OR_RETURN(auto m, p_.models.find(id));
-  auto names = req.find("tensors");
-  if (names == req.end() || !names->is_array())
-    return invalid_argument("request 'lease_device': missing array field 'tensors'");
+  CAIRN_ASSIGN_OR_RETURN(auto m, p_.models.find(r.id));
   std::vector<const TensorManifest*> order;
-  for (const auto& nj : *names) {
-    if (!nj.is_string()) return invalid_argument("request 'lease_device': tensor names must be strings");
-    const TensorManifest* t = m->find(nj.get<std::string>());
-    if (!t) return not_found("model '" + id + "' has no tensor '" + nj.get<std::string>() + "'");
+  order.reserve(r.tensors.size());
+  for (const std::string& name : r.tensors) {
+    const TensorManifest* t = m->find(name);
+    if (!t) return not_found("model '" + r.id + "' has no tensor '" + name + "'");
     order.push_back(t);
   }
   std::vector<HbmTier::Placement> placed;
   CAIRN_RETURN_IF_ERROR(place_on_device(m->id, order, device, true, placed));
-  json leases = json::array();
+  LeaseDeviceReply out;
+  out.leases.reserve(order.size());
+  out.created_ns = m->created_ns;
+  out.backend = hbm_->backend();
   for (size_t i = 0; i < order.size(); ++i) {
     Session::Lease lease;
     lease.hbm_device = device;
     lease.hbm_key = HbmTier::key_of(hashes_of(*order[i]));
     const uint64_t lid = s.next_id++;
     s.leases[lid] = std::move(lease);
-    leases.push_back({{"lease", lid},
-                      {"device", device},
-                      {"handle", placed[i].handle},
-                      {"slab_bytes", placed[i].slab_size},
-                      {"offset", placed[i].offset},
-                      {"nbytes", order[i]->nbytes},
-                      {"hit", placed[i].hit}});
+    out.leases.push_back(LeaseDeviceReply::Granted{lid, device, placed[i].handle, placed[i].slab_size,
+                                                   placed[i].offset, order[i]->nbytes, placed[i].hit});
   }
   if (observer_) observer_->leased(*m, order, LeasedRead{});  // says nothing of what DRAM held
-  return json{{"leases", std::move(leases)}, {"created_ns", m->created_ns}, {"backend", hbm_->backend()}};
+  return out;
 }
 
-Result<json> Reads::prefetch_device(const json& req) {
-  CAIRN_ASSIGN_OR_RETURN(int device, device_of(req, "prefetch"));
-  CAIRN_ASSIGN_OR_RETURN(std::string id, get_name(req, "id", "a model id"));
+Result<PrefetchReply> Reads::prefetch_device(const std::string& id, std::optional<int> d) {
+  CAIRN_ASSIGN_OR_RETURN(int device, device_of(d, "prefetch"));
   std::shared_lock gc_lock(p_.gc_mu);
   CAIRN_ASSIGN_OR_RETURN(auto m, p_.models.find(id));
   uint64_t bytes = 0;
@@ -132,11 +122,11 @@ Result<json> Reads::prefetch_device(const json& req) {
     CAIRN_RETURN_IF_ERROR(place_on_device(m->id, one, device, false, placed));
     bytes += t.nbytes;
   }
-  return json{{"bytes", bytes}, {"tier", "hbm"}, {"device", device}};
+  return PrefetchReply{bytes, device};
 }
 
 Status Reads::stage_device(const std::string& model, const TensorManifest& t) {
-  CAIRN_ASSIGN_OR_RETURN(int device, device_of(json::object(), "hint"));
+  CAIRN_ASSIGN_OR_RETURN(int device, device_of(std::nullopt, "hint"));
   std::shared_lock gc_lock(p_.gc_mu);
   const TensorManifest* one[] = {&t};
   std::vector<HbmTier::Placement> placed;

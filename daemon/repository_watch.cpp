@@ -97,13 +97,9 @@ Result<RefreshReport> RepositoryWatch::refresh_once() {
   return r;
 }
 
-Result<json> RepositoryWatch::sync(const json& /*req*/) {
+Result<request::SyncReply> RepositoryWatch::sync() {
   CAIRN_ASSIGN_OR_RETURN(RefreshReport r, refresh_once());
-  return json{{"added", r.added.size()},
-              {"removed", r.removed.size()},
-              {"retired", r.retired.size()},
-              {"reloaded", r.reloaded},
-              {"models", p_.repo.stats().models}};
+  return request::SyncReply{r.added.size(), r.removed.size(), r.retired.size(), r.reloaded, p_.repo.stats().models};
 }
 
 json RepositoryWatch::stats() const {

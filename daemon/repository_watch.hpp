@@ -29,6 +29,7 @@
 #include "daemon/peers/remote_models.hpp"
 #include "daemon/references.hpp"
 #include "daemon/repository_view.hpp"
+#include "daemon/request.hpp"
 #include "tiers/pfs/repository.hpp"
 
 namespace cairn {
@@ -53,8 +54,9 @@ class RepositoryWatch final : public RepositoryView {
   void stop();
   // RepositoryView: refresh now.
   Status refresh() override;
-  // `sync`: refresh now. Replies {added, removed, retired, models}.
-  Result<nlohmann::json> sync(const nlohmann::json& req);
+  // `sync`: refresh now (also what a commit of a parent this daemon has not seen, and a read that
+  // missed bytes, ask for).
+  Result<request::SyncReply> sync();
   // For `cairn stats`: refreshes done, models learnt from other daemons, the interval.
   nlohmann::json stats() const;
 

@@ -5,6 +5,8 @@
 // Two ways to commit at durability memory: blocking (each commit waits for its reply: what a
 // first-time user writing `commit(kMemory, true)` gets) and pipelined (commit_async: the client
 // sends the next commit without waiting for the reply; the time includes collecting every reply).
+// The blocking way also through the C API as a C program writes it (libcairn: cairn_model_create,
+// cairn_model_inherit_all, cairn_model_set_metadata, cairn_model_commit with no ticket).
 //
 // Runs a real engine and server in-process on a temporary repository and talks to it through the
 // client library over the Unix socket, as an application does. Baselines in the same run: a bare
@@ -33,6 +35,7 @@
 #include <nlohmann/json.hpp>
 
 #include "api/cpp/client.hpp"
+#include "cairn/cairn.h"
 #include "core/config.hpp"
 #include "daemon/engine.hpp"
 #include "daemon/server.hpp"
@@ -43,6 +46,13 @@ using Clock = std::chrono::steady_clock;
 namespace fs = std::filesystem;
 
 double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+void check_c(cairn_status s, const char* what) {
+  if (s != CAIRN_OK) {
+    std::fprintf(stderr, "cairn_bench_metadata: %s: %s: %s\n", what, cairn_status_string(s), cairn_last_error());
+    std::exit(1);
+  }
+}
 
 void check(const cairn::Status& s, const char* what) {
   if (!s.is_ok()) {
@@ -139,7 +149,7 @@ int main(int argc, char** argv) {
       check(w.commit(cairn::Durability::kGlobal, true).status(), "commit base");
     }
 
-    // Baseline 1: a bare round trip (stats is the cheapest request that touches the engine).
+    // Baseline 1: a bare round trip (hello: a request that touches the engine).
     const size_t rt_n = std::min<size_t>(models, 5000);
     auto t0 = Clock::now();
     for (size_t i = 0; i < rt_n; ++i) check((*client)->call({{"op", "hello"}}).status(), "hello");
@@ -160,6 +170,27 @@ int main(int argc, char** argv) {
     (*engine)->drain();
     double drain_s = seconds(Clock::now() - t0);
     double manifests_per_s = static_cast<double>(models) / (commit_s + drain_s);
+
+    // The same through the C API, on a connection of its own, as a C program writes it.
+    double c_commits_per_s = 0;
+    {
+      cairn_client* c = nullptr;
+      check_c(cairn_connect(config.socket.c_str(), &c), "cairn_connect");
+      t0 = Clock::now();
+      for (size_t i = 0; i < models; ++i) {
+        const std::string id = "c" + std::to_string(i), parent = i ? "c" + std::to_string(i - 1) : "base";
+        const std::string meta = "{\"score\": " + std::to_string(static_cast<double>(i % 1000) / 1000.0) +
+                                 ", \"step\": " + std::to_string(i) + "}";
+        cairn_model_writer* w = nullptr;
+        check_c(cairn_model_create(c, id.c_str(), parent.c_str(), &w), "cairn_model_create");
+        check_c(cairn_model_inherit_all(w), "cairn_model_inherit_all");
+        check_c(cairn_model_set_metadata(w, meta.c_str()), "cairn_model_set_metadata");
+        check_c(cairn_model_commit(w, CAIRN_DURABILITY_MEMORY, nullptr), "cairn_model_commit");
+      }
+      c_commits_per_s = static_cast<double>(models) / seconds(Clock::now() - t0);
+      cairn_disconnect(c);
+    }
+    (*engine)->drain();
 
     // Pipelined: each commit returns once its request is written; every ticket is waited at the
     // end, so the time covers all replies (each commit's outcome known).
@@ -243,6 +274,8 @@ int main(int argc, char** argv) {
                 tensors);
     std::printf("  %-44s %10.0f /s   (%.2fx the round trip)\n", "commit, durability memory, blocking", commits_per_s,
                 commits_per_s / rt_per_s);
+    std::printf("  %-44s %10.0f /s   (%.2fx the round trip)\n", "commit, durability memory, blocking, C API",
+                c_commits_per_s, c_commits_per_s / rt_per_s);
     std::printf("  %-44s %10.0f /s   (%.2fx the round trip)\n", "commit, durability memory, pipelined",
                 pipelined_per_s, pipelined_per_s / rt_per_s);
     std::printf("  %-44s %10.0f /s\n", "bare request round trip (floor)", rt_per_s);
@@ -258,6 +291,7 @@ int main(int argc, char** argv) {
     std::printf("  %-44s %10.2f us  (%llu requests for %zu opens)\n", "open, manifest cached in the client",
                 cached_open_us, static_cast<unsigned long long>(req2 - req1), open_n);
     out["commits_per_s_memory"] = commits_per_s;
+    out["commits_per_s_memory_c"] = c_commits_per_s;
     out["commits_per_s_memory_pipelined"] = pipelined_per_s;
     out["round_trips_per_s"] = rt_per_s;
     out["manifests_per_s_to_repository"] = manifests_per_s;
