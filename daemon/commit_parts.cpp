@@ -58,7 +58,7 @@ struct CommitPath::Assembly {
 CommitPath::~CommitPath() {
   std::vector<std::shared_ptr<Assembly>> left;
   {
-    std::lock_guard lock(mu_);
+    cairn::MutexLock lock(mu_);
     stopping_ = true;
     for (auto& [id, a] : assemblies_) left.push_back(a);
     assemblies_.clear();
@@ -69,7 +69,7 @@ CommitPath::~CommitPath() {
 }
 
 void CommitPath::unreserve(const std::string& id) {
-  std::lock_guard lock(mu_);
+  cairn::MutexLock lock(mu_);
   committing_.erase(id);
   if (!p_.flusher.contains(id) && !p_.repo.contains(id, Freshness::kCached)) p_.repo.release_claim(id);
 }
@@ -91,7 +91,7 @@ void CommitPath::fail_assembly(Assembly& a, const Status& error) {
 }
 
 void CommitPath::reap_loop() {
-  std::unique_lock lock(mu_);
+  cairn::MutexLock lock(mu_);
   while (!stopping_) {
     const auto now = SteadyClock::now();
     auto next = SteadyClock::time_point::max();
@@ -127,7 +127,7 @@ void CommitPath::reap_loop() {
 }
 
 Status CommitPath::reserve_assembly(const std::string& id, const std::string& parent) {
-  std::lock_guard lock(mu_);
+  cairn::MutexLock lock(mu_);
   return reserve_locked(id, parent);
 }
 
@@ -206,7 +206,7 @@ Result<CommitReply> CommitPath::commit_part(Session& s, Commit& r, const std::ve
 
   std::shared_ptr<Assembly> a;
   {
-    std::lock_guard lock(mu_);
+    cairn::MutexLock lock(mu_);
     if (stopping_) return unavailable("the daemon is stopping");
     auto it = assemblies_.find(id);
     if (it != assemblies_.end()) {
@@ -235,7 +235,7 @@ Result<CommitReply> CommitPath::commit_part(Session& s, Commit& r, const std::ve
   }
   auto placed = place_part(s, blob, r);
   if (!placed.is_ok()) {
-    std::lock_guard lock(mu_);
+    cairn::MutexLock lock(mu_);
     a->parts[index].arriving = false;
     return placed.status();
   }
@@ -245,7 +245,7 @@ Result<CommitReply> CommitPath::commit_part(Session& s, Commit& r, const std::ve
   uint64_t ticket = 0;
   bool complete = false;
   {
-    std::lock_guard lock(mu_);
+    cairn::MutexLock lock(mu_);
     if (a->failed) {  // the reaper took it while this part was being validated
       Status error = a->error;
       a->parts[index].arriving = false;

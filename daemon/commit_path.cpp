@@ -268,7 +268,7 @@ Result<CommitReply> CommitPath::commit(Session& s, Commit r, const std::vector<u
   // committing it. The claim is the repository's until the model is there; a commit that fails
   // before the flusher has it gives it back.
   {
-    std::lock_guard lock(mu_);
+    cairn::MutexLock lock(mu_);
     if (committing_.count(id) || p_.flusher.contains(id))
       return already_exists("model '" + id + "' already exists (model ids are immutable; choose a new id)");
     Status claimed = p_.repo.claim(id);
@@ -282,7 +282,7 @@ Result<CommitReply> CommitPath::commit(Session& s, Commit r, const std::vector<u
     CommitPath* c;
     std::string id;
     ~Unreserve() {
-      std::lock_guard lock(c->mu_);
+      cairn::MutexLock lock(c->mu_);
       c->committing_.erase(id);
       if (!c->p_.flusher.contains(id) && !c->p_.repo.contains(id, Freshness::kCached)) c->p_.repo.release_claim(id);
     }

@@ -45,6 +45,7 @@
 #include "tiers/dram/dram_tier.hpp"
 #include "tiers/pfs/repository.hpp"
 #include "tiers/tier_manager.hpp"
+#include "core/sync.hpp"
 
 namespace cairn {
 
@@ -140,8 +141,8 @@ class CommitPath : public PartSink {
   // the reaper fails an assembly whose parts did not all arrive within its timeout.
   struct Assembly;
   Result<request::CommitReply> commit_part(Session& s, request::Commit& r, const std::vector<uint8_t>& blob);
-  // REQUIRES: mu_ held. reserve_assembly's work.
-  Status reserve_locked(const std::string& id, const std::string& parent);
+  // reserve_assembly's work.
+  Status reserve_locked(const std::string& id, const std::string& parent) CAIRN_REQUIRES(mu_);
   // A part's parent found, its tensors planned, its inline bytes copied into the arena and its
   // staging spaces taken from the writer's connection (nothing of it is hashed or visible).
   struct PlacedPart {
@@ -164,12 +165,12 @@ class CommitPath : public PartSink {
 
   GroupParts* group_parts_ = nullptr;
   Parts p_;
-  mutable std::mutex mu_;
-  std::map<std::string, std::string> committing_;  // GUARDED_BY(mu_) id -> parent, validation to registration
-  std::map<std::string, std::shared_ptr<Assembly>> assemblies_;  // GUARDED_BY(mu_)
-  std::condition_variable reap_cv_;
+  mutable cairn::Mutex mu_;
+  std::map<std::string, std::string> committing_ CAIRN_GUARDED_BY(mu_);  // id -> parent, validation to registration
+  std::map<std::string, std::shared_ptr<Assembly>> assemblies_ CAIRN_GUARDED_BY(mu_);
+  cairn::CondVar reap_cv_;
   std::thread reaper_;                             // started with the first assembly
-  bool stopping_ = false;                          // GUARDED_BY(mu_)
+  bool stopping_ CAIRN_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace cairn

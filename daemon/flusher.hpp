@@ -116,7 +116,6 @@ class Flusher {
   void local_loop();
   void global_loop();
   // After a failed repository write of m: its chunks no pending model needs may be evicted again.
-  // REQUIRES: mu_ held.
   void abandon_locked(const ModelManifest& m) CAIRN_REQUIRES(mu_);
   // Whether `tensors` is the list of the model the global stage stored last (the same vector, not
   // equal contents): its chunks are in the repository and marked clean. Global thread only.

@@ -38,7 +38,7 @@ Status NamedTensors::put(Session& s, const PutTensor& r, const std::vector<uint8
     ext = Extent{off, d.nbytes};
   }
   {
-    std::lock_guard lock(mu_);
+    cairn::MutexLock lock(mu_);
     auto it = named_.find(key);
     if (it != named_.end()) drop_locked(it);
     named_.emplace(key, Tensor{d.dtype, d.shape, d.nbytes, ext, 0, ++generation_});
@@ -48,7 +48,7 @@ Status NamedTensors::put(Session& s, const PutTensor& r, const std::vector<uint8
 }
 
 Result<TensorInfoReply> NamedTensors::info(const TensorKey& r) {
-  std::lock_guard lock(mu_);
+  cairn::MutexLock lock(mu_);
   auto it = named_.find(r.key);
   if (it == named_.end()) return not_found("no tensor under key '" + r.key + "'");
   return TensorInfoReply{it->second.dtype, it->second.shape, it->second.nbytes};
@@ -56,7 +56,7 @@ Result<TensorInfoReply> NamedTensors::info(const TensorKey& r) {
 
 Result<TensorLeaseReply> NamedTensors::lease(Session& s, const TensorKey& r) {
   const std::string& key = r.key;
-  std::lock_guard lock(mu_);
+  cairn::MutexLock lock(mu_);
   auto it = named_.find(key);
   if (it == named_.end()) return not_found("no tensor under key '" + key + "'");
   ++it->second.pins;
@@ -72,15 +72,15 @@ PollTensorReply NamedTensors::poll(const PollTensor& r) {
   const std::string& key = r.key;
   const int64_t timeout_ms = r.timeout_ms;
   Watchdog::ClientWait waiting;  // the client asked to wait
-  std::unique_lock lock(mu_);
-  auto present = [&] { return stopping_ || named_.count(key) > 0; };
+  cairn::MutexLock lock(mu_);
+  auto present = [&]() CAIRN_REQUIRES(mu_) { return stopping_ || named_.count(key) > 0; };
   if (timeout_ms < 0) cv_.wait(lock, present);
   else cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms), present);
   return PollTensorReply{named_.count(key) > 0};
 }
 
 Status NamedTensors::remove(const TensorKey& r) {
-  std::lock_guard lock(mu_);
+  cairn::MutexLock lock(mu_);
   auto it = named_.find(r.key);
   if (it == named_.end()) return not_found("no tensor under key '" + r.key + "'");
   drop_locked(it);
@@ -88,7 +88,7 @@ Status NamedTensors::remove(const TensorKey& r) {
 }
 
 void NamedTensors::unpin(const std::string& key, uint64_t generation) {
-  std::lock_guard lock(mu_);
+  cairn::MutexLock lock(mu_);
   auto it = named_.find(key);
   if (it != named_.end() && it->second.generation == generation) {
     --it->second.pins;
@@ -106,7 +106,7 @@ void NamedTensors::unpin(const std::string& key, uint64_t generation) {
 
 void NamedTensors::stop() {
   {
-    std::lock_guard lock(mu_);
+    cairn::MutexLock lock(mu_);
     stopping_ = true;
   }
   cv_.notify_all();

@@ -26,6 +26,7 @@
 #include "daemon/request.hpp"
 #include "daemon/session.hpp"
 #include "tiers/dram/dram_tier.hpp"
+#include "core/sync.hpp"
 
 namespace cairn {
 
@@ -62,16 +63,15 @@ class NamedTensors {
     uint64_t generation = 0;
   };
   // Drops the key's tensor: its bytes go back to the arena, or wait for its last lease.
-  // REQUIRES: mu_ held.
-  void drop_locked(std::unordered_map<std::string, Tensor>::iterator it);
+  void drop_locked(std::unordered_map<std::string, Tensor>::iterator it) CAIRN_REQUIRES(mu_);
 
   DramTier& dram_;
-  std::mutex mu_;
-  std::condition_variable cv_;                      // a key appeared, or stopping
-  std::unordered_map<std::string, Tensor> named_;   // GUARDED_BY(mu_)
-  std::vector<Tensor> orphaned_;                    // GUARDED_BY(mu_) replaced or deleted while pinned
-  uint64_t generation_ = 0;                         // GUARDED_BY(mu_)
-  bool stopping_ = false;                           // GUARDED_BY(mu_)
+  cairn::Mutex mu_;
+  cairn::CondVar cv_;                      // a key appeared, or stopping
+  std::unordered_map<std::string, Tensor> named_ CAIRN_GUARDED_BY(mu_);
+  std::vector<Tensor> orphaned_ CAIRN_GUARDED_BY(mu_);  // replaced or deleted while pinned
+  uint64_t generation_ CAIRN_GUARDED_BY(mu_) = 0;
+  bool stopping_ CAIRN_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace cairn

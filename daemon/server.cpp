@@ -133,7 +133,7 @@ void Server::stop() {
   ::close(listen_fd_);
   std::map<uint64_t, std::thread> threads;
   {
-    std::lock_guard lock(mu_);
+    cairn::MutexLock lock(mu_);
     // A connection thread finishes the request in hand; its next read sees end-of-file.
     for (auto& [id, fd] : conns_) ::shutdown(fd, SHUT_RD);
     threads.swap(threads_);
@@ -144,7 +144,7 @@ void Server::stop() {
 
 void Server::stop_hangups() {
   {
-    std::lock_guard lock(mu_);
+    cairn::MutexLock lock(mu_);
     hangups_stopped_ = true;
   }
   if (wake_fd_ >= 0) {
@@ -153,14 +153,14 @@ void Server::stop_hangups() {
   }
   if (hangups_.joinable()) hangups_.join();
   // Connection threads still in begin_wait/end_wait read epoll_fd_ under mu_.
-  std::lock_guard lock(mu_);
+  cairn::MutexLock lock(mu_);
   if (epoll_fd_ >= 0) ::close(epoll_fd_);
   if (wake_fd_ >= 0) ::close(wake_fd_);
   epoll_fd_ = wake_fd_ = -1;
 }
 
 bool Server::begin_wait(int fd, uint64_t conn_id, Session& session) {
-  std::lock_guard lock(mu_);
+  cairn::MutexLock lock(mu_);
   if (epoll_fd_ < 0 || hangups_stopped_) return false;
   epoll_event ev{};
   ev.events = EPOLLRDHUP | EPOLLONESHOT;  // EPOLLHUP and EPOLLERR are always reported
@@ -171,7 +171,7 @@ bool Server::begin_wait(int fd, uint64_t conn_id, Session& session) {
 }
 
 void Server::end_wait(int fd, uint64_t conn_id) {
-  std::lock_guard lock(mu_);
+  cairn::MutexLock lock(mu_);
   waiting_.erase(conn_id);
   if (epoll_fd_ >= 0) (void)::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
 }
@@ -190,7 +190,7 @@ void Server::hangup_loop() {
       if (conn_id == 0) return;  // stop()
       // Under mu_, so the connection's thread cannot leave its request (end_wait) and touch the
       // leases meanwhile; the waiting request itself never does.
-      std::lock_guard lock(mu_);
+      cairn::MutexLock lock(mu_);
       auto it = waiting_.find(conn_id);
       if (it == waiting_.end()) continue;  // its request returned meanwhile
       const size_t leases = it->second->leases.size();
@@ -209,7 +209,7 @@ void Server::accept_loop() {
     // Join threads of connections that have ended.
     std::vector<std::thread> done;
     {
-      std::lock_guard lock(mu_);
+      cairn::MutexLock lock(mu_);
       for (uint64_t id : finished_) {
         auto it = threads_.find(id);
         if (it != threads_.end()) {
@@ -239,7 +239,7 @@ void Server::accept_loop() {
       ::close(fd);
       continue;
     }
-    std::lock_guard lock(mu_);
+    cairn::MutexLock lock(mu_);
     uint64_t id = next_conn_++;
     conns_[id] = fd;
     threads_[id] = std::thread([this, fd, id, pid = cred.pid] { serve(fd, id, pid); });
@@ -395,7 +395,7 @@ void Server::serve(int fd, uint64_t conn_id, pid_t client_pid) {
   }
   (void)flush();
   engine_.end_session(session);
-  std::lock_guard lock(mu_);
+  cairn::MutexLock lock(mu_);
   ::close(fd);
   conns_.erase(conn_id);
   finished_.push_back(conn_id);

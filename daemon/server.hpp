@@ -23,6 +23,7 @@
 
 #include "core/status.hpp"
 #include "daemon/engine.hpp"
+#include "core/sync.hpp"
 
 namespace cairn {
 
@@ -59,16 +60,16 @@ class Server {
   int lock_fd_;
   std::atomic<bool> stopping_{false};
   std::thread acceptor_;
-  mutable std::mutex mu_;
-  std::map<uint64_t, int> conns_;               // GUARDED_BY(mu_): id -> fd
-  std::map<uint64_t, std::thread> threads_;     // GUARDED_BY(mu_)
-  std::vector<uint64_t> finished_;              // GUARDED_BY(mu_): threads to join
+  mutable cairn::Mutex mu_;
+  std::map<uint64_t, int> conns_ CAIRN_GUARDED_BY(mu_);  // id -> fd
+  std::map<uint64_t, std::thread> threads_ CAIRN_GUARDED_BY(mu_);
+  std::vector<uint64_t> finished_ CAIRN_GUARDED_BY(mu_);  // threads to join
   uint64_t next_conn_ = 1;
   int epoll_fd_ = -1;                           // the hang-up watcher's; -1: none (then leases wait)
   int wake_fd_ = -1;                            // eventfd: the watcher stops
   std::thread hangups_;
-  std::map<uint64_t, Session*> waiting_;        // GUARDED_BY(mu_): connections in a waiting request
-  bool hangups_stopped_ = false;                // GUARDED_BY(mu_)
+  std::map<uint64_t, Session*> waiting_ CAIRN_GUARDED_BY(mu_);  // connections in a waiting request
+  bool hangups_stopped_ CAIRN_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace cairn

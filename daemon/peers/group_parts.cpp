@@ -52,9 +52,9 @@ Status GroupParts::failed_because(const std::string& id, const Status& why) {
 GroupParts::GroupParts(Parts parts, PartTransport& transport) : p_(parts), t_(transport) {
   worker_ = std::thread([this] { worker_loop(); });
   io_ = std::thread([this] {
-    std::unique_lock lock(mu_);
+    cairn::MutexLock lock(mu_);
     for (;;) {
-      cv_.wait(lock, [&] { return stopping_ || !io_tasks_.empty(); });
+      cv_.wait(lock, [&]() CAIRN_REQUIRES(mu_) { return stopping_ || !io_tasks_.empty(); });
       if (stopping_) return;
       auto task = std::move(io_tasks_.front());
       io_tasks_.pop_front();
@@ -69,7 +69,7 @@ GroupParts::~GroupParts() { stop(); }
 
 void GroupParts::stop() {
   {
-    std::lock_guard lock(mu_);
+    cairn::MutexLock lock(mu_);
     stopping_ = true;
   }
   cv_.notify_all();
@@ -77,7 +77,7 @@ void GroupParts::stop() {
   if (io_.joinable()) io_.join();
   std::map<uint64_t, std::thread> waiters;
   {
-    std::lock_guard lock(mu_);
+    cairn::MutexLock lock(mu_);
     waiters.swap(waiters_);
   }
   for (auto& [ticket, th] : waiters)
@@ -86,7 +86,7 @@ void GroupParts::stop() {
 
 void GroupParts::post(std::function<void()> task) {
   {
-    std::lock_guard lock(mu_);
+    cairn::MutexLock lock(mu_);
     if (stopping_) return;
     tasks_.push_back(std::move(task));
   }
@@ -94,7 +94,7 @@ void GroupParts::post(std::function<void()> task) {
 }
 
 void GroupParts::worker_loop() {
-  std::unique_lock lock(mu_);
+  cairn::MutexLock lock(mu_);
   for (;;) {
     if (stopping_) return;
     if (!tasks_.empty()) {
@@ -161,7 +161,7 @@ void GroupParts::handle(PeerMsg type, const json& body, const std::string& from)
   }
   if (bad.is_ok()) return;
   {
-    std::lock_guard lock(mu_);
+    cairn::MutexLock lock(mu_);
     ++bad_messages_;
   }
   CAIRN_LOG_WARN("peers: member {} sent a message this daemon cannot read (dropped): {}", from, bad.message());
@@ -175,7 +175,7 @@ void GroupParts::member_gone(const std::string& member) {
     std::vector<std::pair<std::string, Assembly>> assemblies;
     std::vector<std::pair<std::string, Checking>> checks;
     {
-      std::lock_guard lock(mu_);
+      cairn::MutexLock lock(mu_);
       for (const auto& [id, h] : held_) {
         if (h.parts.empty()) continue;
         if (!h.registered && (h.home == member || h.registrar == member))
@@ -214,7 +214,7 @@ void GroupParts::check_deadlines() {
   std::vector<std::pair<std::string, Checking>> unanswered;
   std::vector<std::pair<std::string, std::string>> silent;  // (model, its home)
   {
-    std::lock_guard lock(mu_);
+    cairn::MutexLock lock(mu_);
     take_if(assemblies_, [&](const Assembly& a) { return a.deadline <= now; }, expired);
     take_if(checking_, [&](const Checking& c) { return c.deadline <= now; }, unanswered);
     for (const auto& [id, h] : held_)
@@ -249,8 +249,8 @@ void GroupParts::check_deadlines() {
 // ---- exit, status ----
 
 bool GroupParts::drain_for(std::chrono::milliseconds timeout) {
-  std::unique_lock lock(mu_);
-  return cv_.wait_for(lock, timeout, [&] {
+  cairn::MutexLock lock(mu_);
+  return cv_.wait_for(lock, timeout, [&]() CAIRN_REQUIRES(mu_) {
     for (const auto& [id, h] : held_)
       if (!h.parts.empty()) return false;
     return true;
@@ -258,7 +258,7 @@ bool GroupParts::drain_for(std::chrono::milliseconds timeout) {
 }
 
 json GroupParts::status() const {
-  std::lock_guard lock(mu_);
+  cairn::MutexLock lock(mu_);
   uint64_t parts = 0;
   for (const auto& [id, h] : held_) parts += h.parts.size();
   return json{{"parts_held", parts},

@@ -48,13 +48,14 @@
 
 #include "core/status.hpp"
 #include "daemon/peers/part_messages.hpp"
+#include "daemon/part_sink.hpp"
 #include "daemon/peers/part_transport.hpp"
 #include "daemon/tickets.hpp"
 #include "tiers/pfs/manifest.hpp"
+#include "core/sync.hpp"
 
 namespace cairn {
 
-class CommitPath;
 class DramTier;
 class Flusher;
 class PeerCatalog;
@@ -63,7 +64,7 @@ class TierManager;
 class GroupParts {
  public:
   struct Parts {
-    CommitPath& commits;
+    PartSink& commits;  // the commit path: ids reserved, assembled models registered
     TicketBook& tickets;
     DramTier& dram;
     TierManager& tiers;
@@ -191,20 +192,25 @@ class GroupParts {
 
   Parts p_;
   PartTransport& t_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;                         // tasks, stopping, drained
-  std::deque<std::function<void()>> tasks_;            // GUARDED_BY(mu_)
-  std::map<std::string, Held> held_;                   // GUARDED_BY(mu_)
-  std::map<std::string, Assembly> assemblies_;         // GUARDED_BY(mu_) only the worker changes it
-  std::map<std::string, Checking> checking_;           // GUARDED_BY(mu_) only the worker changes it
-  std::map<std::string, Registered> registered_;       // GUARDED_BY(mu_) only the worker changes it
-  bool stopping_ = false;                              // GUARDED_BY(mu_)
+  mutable cairn::Mutex mu_;
+  cairn::CondVar cv_;                         // tasks, stopping, drained
+  std::deque<std::function<void()>> tasks_ CAIRN_GUARDED_BY(mu_);
+  std::map<std::string, Held> held_ CAIRN_GUARDED_BY(mu_);
+  // Changed only by the worker, under mu_; the worker reads them without it (which the analysis
+  // cannot express, so these three are not annotated).
+  std::map<std::string, Assembly> assemblies_;
+  std::map<std::string, Checking> checking_;
+  std::map<std::string, Registered> registered_;
+  bool stopping_ CAIRN_GUARDED_BY(mu_) = false;
   std::thread worker_;
   // The burst-buffer writes of holders (blocking I/O, off the worker).
-  std::deque<std::function<void()>> io_tasks_;         // GUARDED_BY(mu_)
+  std::deque<std::function<void()>> io_tasks_ CAIRN_GUARDED_BY(mu_);
   std::thread io_;
-  std::map<uint64_t, std::thread> waiters_;            // GUARDED_BY(mu_) one per registered model, by ticket
-  uint64_t parts_held_ = 0, assembled_ = 0, failed_ = 0, bad_messages_ = 0;  // GUARDED_BY(mu_)
+  std::map<uint64_t, std::thread> waiters_ CAIRN_GUARDED_BY(mu_);  // one per registered model, by ticket
+  uint64_t parts_held_ CAIRN_GUARDED_BY(mu_) = 0;
+  uint64_t assembled_ CAIRN_GUARDED_BY(mu_) = 0;
+  uint64_t failed_ CAIRN_GUARDED_BY(mu_) = 0;
+  uint64_t bad_messages_ CAIRN_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace cairn

@@ -41,14 +41,14 @@ void GroupParts::on_part(PartMessage m, const std::string& from) {
     a.timeout_ms = m.timeout_ms;
     a.deadline = Clock::now() + std::chrono::milliseconds(m.timeout_ms);
     a.parts.resize(m.of);
-    std::lock_guard lock(mu_);
+    cairn::MutexLock lock(mu_);
     it = assemblies_.emplace(id, std::move(a)).first;
   }
   Fragment f{from, m.part.tensors, m.durability, 0};
   for (const TensorManifest& t : f.tensors) f.bytes += t.nbytes;
   bool complete_now = false;
   {
-    std::lock_guard lock(mu_);
+    cairn::MutexLock lock(mu_);
     Assembly& a = it->second;
     a.parts[m.index] = std::move(f);
     a.holders.insert(from);
@@ -59,7 +59,7 @@ void GroupParts::on_part(PartMessage m, const std::string& from) {
   if (!complete_now) return;
   Assembly a;
   {
-    std::lock_guard lock(mu_);
+    cairn::MutexLock lock(mu_);
     a = std::move(it->second);
     assemblies_.erase(it);
   }
@@ -125,7 +125,7 @@ void GroupParts::fail_assembly(const std::string& id, const Assembly& a, const S
   for (const std::string& h : a.holders)
     send_state(h, PartStateMessage{id, PartPhase::kFailed, "", Durability::kMemory, {}, error});
   p_.commits.release_assembly(id);
-  std::lock_guard lock(mu_);
+  cairn::MutexLock lock(mu_);
   ++failed_;
 }
 
@@ -141,7 +141,7 @@ void GroupParts::on_assemble(AssembleMessage m, const std::string& from, bool re
       CAIRN_LOG_WARN("peers: {} (sent by its home, member {})", r.message(), from);
       for (const std::string& h : c.assembly.holders())
         send_state(h, PartStateMessage{id, PartPhase::kFailed, "", Durability::kMemory, {}, r});
-      std::lock_guard lock(mu_);
+      cairn::MutexLock lock(mu_);
       ++failed_;
       return;
     }
@@ -156,7 +156,7 @@ void GroupParts::on_assemble(AssembleMessage m, const std::string& from, bool re
     }
     bool held = false;
     {
-      std::lock_guard lock(mu_);
+      cairn::MutexLock lock(mu_);
       auto it = held_.find(id);
       held = it != held_.end() && !it->second.parts.empty();
     }
@@ -167,7 +167,7 @@ void GroupParts::on_assemble(AssembleMessage m, const std::string& from, bool re
   if (c.waiting.empty()) return register_model(std::move(c));
   const std::set<std::string> ask = c.waiting;
   {
-    std::lock_guard lock(mu_);
+    cairn::MutexLock lock(mu_);
     checking_[id] = std::move(c);
   }
   for (const std::string& h : ask)
@@ -179,7 +179,7 @@ void GroupParts::fail_check(const std::string& id, const Checking& c, const Stat
   for (const std::string& h : c.assembly.holders())
     send_state(h, PartStateMessage{id, PartPhase::kFailed, "", Durability::kMemory, {}, error});
   p_.commits.release_assembly(id);
-  std::lock_guard lock(mu_);
+  cairn::MutexLock lock(mu_);
   ++failed_;
 }
 
@@ -195,14 +195,14 @@ void GroupParts::register_model(Checking c) {
     CAIRN_LOG_WARN("peers: {}", error.message());
     for (const std::string& h : holders)
       send_state(h, PartStateMessage{id, PartPhase::kFailed, "", Durability::kMemory, {}, error});
-    std::lock_guard lock(mu_);
+    cairn::MutexLock lock(mu_);
     ++failed_;
     return;
   }
   CAIRN_LOG_INFO("peers: {} assembled from {} parts on {} member(s), {} tensors", quoted(id), m.part_holders.size(),
                  holders.size(), m.model.tensors.size());
   {
-    std::lock_guard lock(mu_);
+    cairn::MutexLock lock(mu_);
     registered_[id] = Registered{ticket, holders, {}, false, false, m.durability};
     ++assembled_;
     // Waits for the model to reach the repository (or fail), then tells the worker.
@@ -221,7 +221,7 @@ void GroupParts::on_flushed(const std::string& id, TicketBook::Outcome o) {
   Registered r;
   std::thread waiter;
   {
-    std::lock_guard lock(mu_);
+    cairn::MutexLock lock(mu_);
     auto it = registered_.find(id);
     if (it == registered_.end()) return;
     r = std::move(it->second);
@@ -255,7 +255,7 @@ void GroupParts::on_ack(const PartAckMessage& m, const std::string& from) {
     if (it == checking_.end() || !it->second.waiting.count(from)) return;
     Checking c;
     {
-      std::lock_guard lock(mu_);
+      cairn::MutexLock lock(mu_);
       if (m.ok) {
         it->second.waiting.erase(from);
         if (!it->second.waiting.empty()) return;
@@ -278,7 +278,7 @@ void GroupParts::on_ack(const PartAckMessage& m, const std::string& from) {
   Registered& r = it->second;
   if (std::find(r.holders.begin(), r.holders.end(), from) == r.holders.end()) return;
   {
-    std::lock_guard lock(mu_);
+    cairn::MutexLock lock(mu_);
     if (m.ok) r.local_done.insert(from);
     else r.local_failed = true;
     if (r.local_failed || r.local_reported || r.local_done.size() != r.holders.size()) return;

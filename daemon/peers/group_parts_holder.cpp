@@ -20,7 +20,7 @@ using json = nlohmann::json;
 // ---- holder: a writer's part arrives here ----
 
 Status GroupParts::reserve_part(const std::string& id, uint32_t index, uint32_t of) {
-  std::lock_guard lock(mu_);
+  cairn::MutexLock lock(mu_);
   Held& h = held_[id];
   if (h.registered) {
     return already_exists(quoted(id) + " already exists: its parts were assembled (model ids are immutable; choose a "
@@ -35,7 +35,7 @@ Status GroupParts::reserve_part(const std::string& id, uint32_t index, uint32_t 
 
 void GroupParts::unreserve_part(const std::string& id, uint32_t index) {
   {
-    std::lock_guard lock(mu_);
+    cairn::MutexLock lock(mu_);
     auto it = held_.find(id);
     if (it == held_.end()) return;
     it->second.placing.erase(index);
@@ -54,7 +54,7 @@ void GroupParts::hold(PartMessage part, uint64_t ticket, std::vector<ChunkRef> p
                         std::chrono::seconds(2);
   std::string home;
   {
-    std::lock_guard lock(mu_);
+    cairn::MutexLock lock(mu_);
     Held& h = held_[id];
     if (h.home.empty()) h.home = home_now;
     home = h.home;
@@ -86,7 +86,7 @@ void GroupParts::on_state(const PartStateMessage& m, const std::string& from) {
   if (m.phase == PartPhase::kCheck) {
     bool held = false;
     {
-      std::lock_guard lock(mu_);
+      cairn::MutexLock lock(mu_);
       auto it = held_.find(m.model);
       held = it != held_.end() && !it->second.parts.empty() && !it->second.registered;
     }
@@ -97,7 +97,7 @@ void GroupParts::on_state(const PartStateMessage& m, const std::string& from) {
   std::vector<ChunkRef> chunks;
   bool write = false;
   {
-    std::lock_guard lock(mu_);
+    cairn::MutexLock lock(mu_);
     auto it = held_.find(m.model);
     if (it == held_.end()) return;
     Held& h = it->second;
@@ -132,7 +132,7 @@ void GroupParts::on_state(const PartStateMessage& m, const std::string& from) {
       for (const HeldPart& p : parts) p_.tickets.reach(p.ticket, Durability::kMemory);
       if (write && p_.burst_buffer) {
         {
-          std::lock_guard lock(mu_);
+          cairn::MutexLock lock(mu_);
           io_tasks_.push_back([this, id = m.model, chunks = std::move(chunks), from] { write_local(id, chunks, from); });
         }
         cv_.notify_all();
@@ -164,7 +164,7 @@ void GroupParts::write_local(const std::string& id, std::vector<ChunkRef> chunks
 void GroupParts::fail_held(const std::string& id, const Status& error, const std::vector<uint32_t>& which) {
   std::vector<HeldPart> gone;
   {
-    std::lock_guard lock(mu_);
+    cairn::MutexLock lock(mu_);
     auto it = held_.find(id);
     if (it == held_.end()) return;
     Held& h = it->second;
@@ -198,7 +198,7 @@ void GroupParts::release_chunks(const std::vector<ChunkRef>& chunks, bool stored
       for (const auto& t : m->tensors)
         for (const auto& c : t.chunks) needed.insert(c.hash);
     {
-      std::lock_guard lock(mu_);
+      cairn::MutexLock lock(mu_);
       for (const auto& [id, h] : held_)
         for (const auto& [i, p] : h.parts)
           for (const auto& c : p.chunks) needed.insert(c.hash);

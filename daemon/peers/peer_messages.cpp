@@ -38,7 +38,7 @@ std::optional<T> readable(PeerService::Impl& s, const PeerMessage& m, Result<T> 
 
 }  // namespace
 
-// REQUIRES: mu held. An answer of the directory goes to its requester: this member's own
+// An answer of the directory goes to its requester: this member's own
 // pending request, or a lookup_reply message.
 void PeerService::Impl::deliver(const ChunkDirectory::Answer& a, std::vector<Outgoing>& out) {
   if (a.verdict == ChunkDirectory::Verdict::kLoad) ++loads_assigned;
@@ -66,7 +66,6 @@ void PeerService::Impl::deliver(const ChunkDirectory::Answer& a, std::vector<Out
     out.push_back(std::move(*o));
 }
 
-// REQUIRES: mu held.
 bool PeerService::Impl::admit(const PeerMessage& m) {
   const char* why = nullptr;
   if (m.to != self) {
@@ -92,7 +91,6 @@ bool PeerService::Impl::admit(const PeerMessage& m) {
   return false;
 }
 
-// REQUIRES: mu held.
 void PeerService::Impl::malformed(const PeerMessage& m, const Status& why) {
   ++malformed_bodies;
   if (auto it = members.find(m.from); it != members.end()) ++it->second.refused;
@@ -193,7 +191,6 @@ void PeerService::Impl::on_message(std::span<const uint8_t> frame) {
   for (auto& f : to_send) f();
 }
 
-// REQUIRES: mu held.
 void PeerService::Impl::handle_verified(Member& mem, PeerMessage& m, std::vector<Outgoing>& out) {
   auto now = PClock::now();
   switch (m.type) {
@@ -296,7 +293,7 @@ void PeerService::Impl::handle_verified(Member& mem, PeerMessage& m, std::vector
   }
 }
 
-// REQUIRES: mu held. A verified member asks for a chunk's body: send it from the arena, pinned
+// A verified member asks for a chunk's body: send it from the arena, pinned
 // until the send completes.
 void PeerService::Impl::serve_get(Member& mem, const GetBody& g, std::vector<Outgoing>& out) {
   const uint64_t tag = g.tag;
@@ -405,7 +402,7 @@ void PeerService::Impl::release_stale_sends() {
   }
 }
 
-// REQUIRES: mu held. Greets a member: a challenge it must answer with the secret.
+// Greets a member: a challenge it must answer with the secret.
 void PeerService::Impl::greet(Member& mem, std::vector<Outgoing>& out) {
   if (!mem.reachable) return;
   if (mem.nonce.empty()) mem.nonce = random_bytes(16);
@@ -414,7 +411,7 @@ void PeerService::Impl::greet(Member& mem, std::vector<Outgoing>& out) {
                      json{{"nonce", to_hex(mem.nonce)}, {"address", to_hex(published_address())}}));
 }
 
-// REQUIRES: mu held. A member is gone: out of the directory, its readers' waits end.
+// A member is gone: out of the directory, its readers' waits end.
 void PeerService::Impl::forget(const std::string& id, std::vector<Outgoing>& out) {
   auto it = members.find(id);
   if (it == members.end()) return;
