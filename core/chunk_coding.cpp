@@ -137,17 +137,23 @@ void store(uint8_t* p, U v) {
 template <class U>
 U transform(U x, U b, Transform t) {
   switch (t) {
-    case kXor: return static_cast<U>(x ^ b);
-    case kSub: return static_cast<U>(x - b);
-    default: return x;
+    case kXor:
+      return static_cast<U>(x ^ b);
+    case kSub:
+      return static_cast<U>(x - b);
+    default:
+      return x;
   }
 }
 template <class U>
 U untransform(U d, U b, Transform t) {
   switch (t) {
-    case kXor: return static_cast<U>(d ^ b);
-    case kSub: return static_cast<U>(d + b);
-    default: return d;
+    case kXor:
+      return static_cast<U>(d ^ b);
+    case kSub:
+      return static_cast<U>(d + b);
+    default:
+      return d;
   }
 }
 
@@ -279,9 +285,13 @@ size_t ungroup_simd(const uint8_t* const* planes, const uint8_t* base, size_t n,
 }
 #else
 template <class U>
-size_t group_simd(const uint8_t*, const uint8_t*, size_t, Transform, uint8_t*) { return 0; }
+size_t group_simd(const uint8_t*, const uint8_t*, size_t, Transform, uint8_t*) {
+  return 0;
+}
 template <class U>
-size_t ungroup_simd(const uint8_t* const*, const uint8_t*, size_t, Transform, uint8_t*) { return 0; }
+size_t ungroup_simd(const uint8_t* const*, const uint8_t*, size_t, Transform, uint8_t*) {
+  return 0;
+}
 #endif
 
 // Splits the transformed elements into planes (plane k at out + k * n).
@@ -316,10 +326,18 @@ void ungroup(const uint8_t* const* planes, const uint8_t* base, size_t n, Transf
 template <class F>
 void by_width(size_t w, F&& f) {
   switch (w) {
-    case 2: f(uint16_t{}); break;
-    case 4: f(uint32_t{}); break;
-    case 8: f(uint64_t{}); break;
-    default: f(uint8_t{}); break;
+    case 2:
+      f(uint16_t{});
+      break;
+    case 4:
+      f(uint32_t{});
+      break;
+    case 8:
+      f(uint64_t{});
+      break;
+    default:
+      f(uint8_t{});
+      break;
   }
 }
 
@@ -327,9 +345,12 @@ void by_width(size_t w, F&& f) {
 
 std::string_view chunk_coding_name(ChunkCoding c) {
   switch (c) {
-    case ChunkCoding::kRaw: return "raw";
-    case ChunkCoding::kPlanes: return "planes";
-    case ChunkCoding::kDelta: return "delta";
+    case ChunkCoding::kRaw:
+      return "raw";
+    case ChunkCoding::kPlanes:
+      return "planes";
+    case ChunkCoding::kDelta:
+      return "delta";
   }
   return "raw";
 }
@@ -344,10 +365,14 @@ std::optional<ChunkCoding> chunk_coding_from_name(std::string_view name) {
 size_t coding_width(DType t) {
   switch (t) {
     case DType::kBF16:
-    case DType::kF16: return 2;
-    case DType::kF32: return 4;
-    case DType::kF64: return 8;
-    default: return 1;
+    case DType::kF16:
+      return 2;
+    case DType::kF32:
+      return 4;
+    case DType::kF64:
+      return 8;
+    default:
+      return 1;
   }
 }
 
@@ -480,14 +505,15 @@ Status decode_chunk(ChunkCoding coding, const void* stored_v, size_t stored_len,
     if (modes[k] != kZstd) continue;
     uint8_t* into = direct ? dst : scratch.get() + zi++ * n;
     size_t got = ZSTD_decompressDCtx(dctx(), into, n, planes[k], sizes[k]);
-    if (ZSTD_isError(got))
-      return bad("plane " + std::to_string(k) + ": " + std::string(ZSTD_getErrorName(got)));
-    if (got != n) return bad("plane " + std::to_string(k) + " decodes to " + std::to_string(got) + " bytes, not " +
-                             std::to_string(n));
+    if (ZSTD_isError(got)) return bad("plane " + std::to_string(k) + ": " + std::string(ZSTD_getErrorName(got)));
+    if (got != n)
+      return bad("plane " + std::to_string(k) + " decodes to " + std::to_string(got) + " bytes, not " +
+                 std::to_string(n));
     planes[k] = into;
   }
   if (direct && modes[0] == kStored) std::memcpy(dst, planes[0], n);
-  if (!direct) by_width(w, [&](auto u) { ungroup<decltype(u)>(planes.data(), base, n, static_cast<Transform>(t), dst); });
+  if (!direct)
+    by_width(w, [&](auto u) { ungroup<decltype(u)>(planes.data(), base, n, static_cast<Transform>(t), dst); });
   // The tail is stored as it is (before any transform).
   std::memcpy(dst + n * w, f + at, tail);
   return Status::ok();

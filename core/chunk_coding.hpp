@@ -38,8 +38,8 @@ std::optional<ChunkCoding> chunk_coding_from_name(std::string_view name);
 size_t coding_width(DType t);
 
 struct CodingOptions {
-  int level = 1;              // zstd's compression level for the planes that are entropy coded
-  double min_saving = 0.03;   // a chunk is stored raw unless coding saves at least this fraction
+  int level = 1;             // zstd's compression level for the planes that are entropy coded
+  double min_saving = 0.03;  // a chunk is stored raw unless coding saves at least this fraction
 };
 
 struct EncodedChunk {
@@ -56,7 +56,6 @@ EncodedChunk encode_chunk(const void* raw, size_t len, size_t width, const void*
 // Decodes a coded frame into dst (exactly len bytes). base (len bytes) is required for kDelta
 // and ignored otherwise. kCorruption, naming what is wrong, for a frame that does not decode to
 // exactly len bytes; dst's content is then unspecified. The caller checks the chunk's hash.
-Status decode_chunk(ChunkCoding coding, const void* stored, size_t stored_len, const void* base, void* dst,
-                    size_t len);
+Status decode_chunk(ChunkCoding coding, const void* stored, size_t stored_len, const void* base, void* dst, size_t len);
 
 }  // namespace cairn

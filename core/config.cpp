@@ -63,8 +63,8 @@ class Overlay {
       const YAML::Node key_node = entry.first;
       const YAML::Node value = entry.second;
       if (!key_node.IsScalar()) {
-        return invalid_argument((prefix.empty() ? std::string() : prefix + ": ") +
-                                "a key must be a plain name, not " + describe(key_node));
+        return invalid_argument((prefix.empty() ? std::string() : prefix + ": ") + "a key must be a plain name, not " +
+                                describe(key_node));
       }
       const std::string& name = key_node.Scalar();
       std::string path = join_path(prefix, name.empty() ? "''" : name);
@@ -78,13 +78,11 @@ class Overlay {
       }
       std::vector<std::string> children = plain ? names_under(path) : std::vector<std::string>{};
       if (children.empty()) {
-        return invalid_argument(
-            path + ": unknown key (valid keys here: " + join(names_under(prefix), ", ") + ")");
+        return invalid_argument(path + ": unknown key (valid keys here: " + join(names_under(prefix), ", ") + ")");
       }
       if (value.IsNull()) continue;  // "tiers:" with nothing under it
       if (!value.IsMap()) {
-        return invalid_argument(path + ": expected a mapping of " + join(children, ", ") +
-                                ", got " + describe(value));
+        return invalid_argument(path + ": expected a mapping of " + join(children, ", ") + ", got " + describe(value));
       }
       CAIRN_RETURN_IF_ERROR(apply_map(value, path));
     }
@@ -99,16 +97,14 @@ class Overlay {
         for (size_t i = 0; i < value.size(); ++i) {
           const YAML::Node item = value[i];
           if (!item.IsScalar()) {
-            return invalid_argument("item " + std::to_string(i + 1) + ": expected a scalar, got " +
-                                    describe(item));
+            return invalid_argument("item " + std::to_string(i + 1) + ": expected a scalar, got " + describe(item));
           }
           items.push_back(item.Scalar());
         }
       } else if (!value.IsNull()) {
         return invalid_argument("expected " + expectation(key) + ", got " + describe(value));
       }
-      return set_list(key, items, env_, cfg_,
-                      [](size_t i) { return "item " + std::to_string(i + 1); });
+      return set_list(key, items, env_, cfg_, [](size_t i) { return "item " + std::to_string(i + 1); });
     }
     if (value.IsNull() && kind_of(key) == kString && key.choices.empty()) {
       *std::get<std::string*>(key.field(cfg_)) = "";
@@ -142,13 +138,10 @@ class DocumentCounter : public YAML::EventHandler {
   void OnDocumentEnd() override {}
   void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
   void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
-  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t,
-                const std::string&) override {}
-  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
-                       YAML::EmitterStyle::value) override {}
+  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t, const std::string&) override {}
+  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {}
   void OnSequenceEnd() override {}
-  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
-                  YAML::EmitterStyle::value) override {}
+  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {}
   void OnMapEnd() override {}
 
  private:
@@ -164,9 +157,9 @@ Status apply_text(const std::string& text, const std::string& source, const Env&
                             " bytes; a config is at most 1 MiB (is this the right file?)");
   }
   auto at = [](const YAML::Mark& mark) {
-    return mark.is_null() ? std::string()
-                          : "line " + std::to_string(mark.line + 1) + ", column " +
-                                std::to_string(mark.column + 1) + ": ";
+    return mark.is_null()
+               ? std::string()
+               : "line " + std::to_string(mark.line + 1) + ", column " + std::to_string(mark.column + 1) + ": ";
   };
   YAML::Node doc;
   try {
@@ -194,8 +187,8 @@ Status apply_text(const std::string& text, const std::string& source, const Env&
   }
   if (doc.IsNull()) return Status::ok();  // empty: nothing to override
   if (!doc.IsMap()) {
-    return invalid_argument(where + ": a config is a mapping of keys (" +
-                            join(names_under(""), ", ") + "), not " + describe(doc));
+    return invalid_argument(where + ": a config is a mapping of keys (" + join(names_under(""), ", ") + "), not " +
+                            describe(doc));
   }
   return Overlay(env, cfg).apply_map(doc, "").with_context(where);
 }
@@ -208,8 +201,8 @@ Status apply_env(const Env& env, Config& cfg) {
     if (is_list(key)) {
       Result<std::vector<std::string>> items = split_list(it->second);
       if (!items) return items.status().with_context(var);
-      CAIRN_RETURN_IF_ERROR(set_list(
-          key, *items, env, cfg, [&](size_t i) { return var + " item " + std::to_string(i + 1); }));
+      CAIRN_RETURN_IF_ERROR(
+          set_list(key, *items, env, cfg, [&](size_t i) { return var + " item " + std::to_string(i + 1); }));
     } else {
       CAIRN_RETURN_IF_ERROR(set_scalar(key, it->second, env, cfg).with_context(var));
     }
@@ -288,8 +281,7 @@ std::string Config::to_yaml() const {
   for (const Key& key : schema()) {
     std::vector<std::string> parts;
     std::string_view rest = key.path;
-    for (size_t dot; (dot = rest.find('.')) != std::string_view::npos;
-         rest.remove_prefix(dot + 1)) {
+    for (size_t dot; (dot = rest.find('.')) != std::string_view::npos; rest.remove_prefix(dot + 1)) {
       parts.emplace_back(rest.substr(0, dot));
     }
     size_t common = 0;
@@ -312,8 +304,7 @@ Result<Config> load_config_text(const std::string& yaml_text, const std::string&
     CAIRN_RETURN_IF_ERROR(apply_env(env, cfg));
     return cfg;
   } catch (const YAML::Exception& e) {
-    return invalid_argument((source.empty() ? std::string("config") : source) +
-                            ": not valid YAML: " + e.what());
+    return invalid_argument((source.empty() ? std::string("config") : source) + ": not valid YAML: " + e.what());
   } catch (const std::exception& e) {
     return internal_error((source.empty() ? std::string("config") : source) +
                           ": reading the config failed: " + e.what());
@@ -342,8 +333,7 @@ Status check_config(const Config& config) {
 Result<Config> load_config(const std::string& path, const std::map<std::string, std::string>& env) {
   if (path.empty()) return load_config_text("", "", env);
   const std::string what = "config file '" + path + "'";
-  const std::string hint =
-      " (give --config an existing, readable YAML file, or none for the defaults)";
+  const std::string hint = " (give --config an existing, readable YAML file, or none for the defaults)";
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     Status s = errno_status(what, errno);

@@ -14,8 +14,7 @@
 namespace cairn::config_internal {
 
 using Env = std::map<std::string, std::string>;
-using Field =
-    std::variant<std::string*, uint64_t*, bool*, std::vector<int>*, std::vector<std::string>*>;
+using Field = std::variant<std::string*, uint64_t*, bool*, std::vector<int>*, std::vector<std::string>*>;
 // A key's type: the alternative of Field its accessor returns.
 enum Kind : size_t { kString, kSize, kBool, kIntList, kStringList };
 

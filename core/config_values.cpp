@@ -84,8 +84,8 @@ std::string quote_for_message(std::string_view text) {
 // Expands ${VAR}, ${VAR:-default}, $VAR and $$ (a literal '$') in `text`.
 Result<std::string> expand(std::string_view text, const Env& env, int depth) {
   if (depth > kMaxExpansionDepth) {
-    return invalid_argument("${...:-...} defaults nest more than " +
-                            std::to_string(kMaxExpansionDepth) + " deep in " + quote_for_message(text));
+    return invalid_argument("${...:-...} defaults nest more than " + std::to_string(kMaxExpansionDepth) + " deep in " +
+                            quote_for_message(text));
   }
   std::string out;
   size_t i = 0;
@@ -125,8 +125,8 @@ Result<std::string> expand(std::string_view text, const Env& env, int depth) {
       std::string_view rest = inner.substr(n);
       bool has_default = rest.substr(0, 2) == ":-";
       if (name.empty() || !is_name_start(name[0]) || (!rest.empty() && !has_default)) {
-        return invalid_argument("bad variable reference " +
-                                quote_for_message("${" + std::string(inner) + "}") + " in " + quote_for_message(text) +
+        return invalid_argument("bad variable reference " + quote_for_message("${" + std::string(inner) + "}") +
+                                " in " + quote_for_message(text) +
                                 " (write ${NAME} or ${NAME:-default}; $$ is a literal '$')");
       }
       std::optional<std::string> value = lookup_var(name, env);
@@ -151,10 +151,8 @@ Result<std::string> expand(std::string_view text, const Env& env, int depth) {
 }
 
 Result<bool> parse_bool(const std::string& text) {
-  static const char* const kTrue[] = {"true", "True", "TRUE", "yes", "Yes",
-                                      "YES",  "on",   "On",   "ON",  "1"};
-  static const char* const kFalse[] = {"false", "False", "FALSE", "no",  "No",
-                                       "NO",    "off",   "Off",   "OFF", "0"};
+  static const char* const kTrue[] = {"true", "True", "TRUE", "yes", "Yes", "YES", "on", "On", "ON", "1"};
+  static const char* const kFalse[] = {"false", "False", "FALSE", "no", "No", "NO", "off", "Off", "OFF", "0"};
   for (const char* t : kTrue) {
     if (text == t) return true;
   }
@@ -179,8 +177,7 @@ Result<int> parse_device(const std::string& text) {
 }
 
 std::string format_size(uint64_t bytes) {
-  static const std::pair<uint64_t, const char*> kUnits[] = {
-      {kTiB, "TiB"}, {kGiB, "GiB"}, {kMiB, "MiB"}, {kKiB, "KiB"}};
+  static const std::pair<uint64_t, const char*> kUnits[] = {{kTiB, "TiB"}, {kGiB, "GiB"}, {kMiB, "MiB"}, {kKiB, "KiB"}};
   if (bytes == 0) return "0";
   for (const auto& [unit, name] : kUnits) {
     if (bytes % unit == 0) return std::to_string(bytes / unit) + name;
@@ -192,16 +189,14 @@ Result<uint64_t> parse_size_for(const Key& key, const std::string& text) {
   std::optional<uint64_t> v = parse_size(text);
   if (!v) return invalid_argument(quote_for_message(text) + " is not a size " + std::string(kSizeExamples));
   if (key.power_of_two && ((*v & (*v - 1)) != 0 || *v < key.min_size || *v > key.max_size)) {
-    return invalid_argument(quote_for_message(text) + " is not a power of two between " +
-                            format_size(key.min_size) + " and " + format_size(key.max_size));
+    return invalid_argument(quote_for_message(text) + " is not a power of two between " + format_size(key.min_size) +
+                            " and " + format_size(key.max_size));
   }
   if (*v < key.min_size) {
-    return invalid_argument(quote_for_message(text) + " is less than the minimum, " +
-                            format_size(key.min_size));
+    return invalid_argument(quote_for_message(text) + " is less than the minimum, " + format_size(key.min_size));
   }
   if (*v > key.max_size) {
-    return invalid_argument(quote_for_message(text) + " is more than the maximum, " +
-                            format_size(key.max_size));
+    return invalid_argument(quote_for_message(text) + " is more than the maximum, " + format_size(key.max_size));
   }
   return *v;
 }
@@ -237,8 +232,7 @@ Result<std::vector<std::string>> split_list(const std::string& text) {
   size_t start = 0;
   while (true) {
     size_t comma = text.find(',', start);
-    std::string item =
-        text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    std::string item = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
     size_t b = item.find_first_not_of(" \t");
     size_t e = item.find_last_not_of(" \t");
     item = b == std::string::npos ? std::string() : item.substr(b, e - b + 1);
@@ -367,7 +361,8 @@ Result<HostPort> parse_host_port(const std::string& text) {
     host = std::string_view(text).substr(1, close - 1);
     rest = std::string_view(text).substr(close + 1);
     if (host.empty() || host.find_first_not_of("0123456789abcdefABCDEF:.") != std::string_view::npos)
-      return invalid_argument(config_internal::quote_for_message(text) + " does not hold an IPv6 address in its brackets" + form);
+      return invalid_argument(config_internal::quote_for_message(text) +
+                              " does not hold an IPv6 address in its brackets" + form);
     if (rest.empty() || rest[0] != ':')
       return invalid_argument(config_internal::quote_for_message(text) + " has no port" + form);
     rest.remove_prefix(1);
@@ -393,8 +388,8 @@ Result<HostPort> parse_host_port(const std::string& text) {
   }
   uint32_t port = 0;
   if (rest.empty() || rest.size() > 5 || rest.find_first_not_of("0123456789") != std::string_view::npos)
-    return invalid_argument(config_internal::quote_for_message(text) + " has a port that is not a number from 0 to 65535" +
-                            form);
+    return invalid_argument(config_internal::quote_for_message(text) +
+                            " has a port that is not a number from 0 to 65535" + form);
   for (char c : rest) port = port * 10 + static_cast<uint32_t>(c - '0');
   if (port > 65535)
     return invalid_argument(config_internal::quote_for_message(text) + " has a port out of range (0 to 65535)");

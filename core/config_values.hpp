@@ -32,8 +32,7 @@ std::string expectation(const Key& key);
 
 // Sets a list field from its items; `where(i)` names item i in messages.
 template <typename Where>
-Status set_list(const Key& key, const std::vector<std::string>& items, const Env& env, Config& cfg,
-                Where where) {
+Status set_list(const Key& key, const std::vector<std::string>& items, const Env& env, Config& cfg, Where where) {
   Field f = key.field(cfg);
   if (auto* ints = std::get_if<std::vector<int>*>(&f)) {
     std::vector<int> out;

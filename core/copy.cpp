@@ -88,9 +88,12 @@ void stream_copy(void* dst, const void* src, size_t n, bool streaming) {
   s += head;
   n -= head;
   const size_t groups = n / kGroup;
-  if (kHasAvx2 && !kInterleave) stream_linear_avx2(d, s, groups * kGroup);
-  else if (kHasAvx2) stream_groups_avx2(d, s, groups);
-  else stream_groups_sse2(d, s, groups);
+  if (kHasAvx2 && !kInterleave)
+    stream_linear_avx2(d, s, groups * kGroup);
+  else if (kHasAvx2)
+    stream_groups_avx2(d, s, groups);
+  else
+    stream_groups_sse2(d, s, groups);
   _mm_sfence();  // the streaming stores are visible before anything that follows the copy
   std::memcpy(d + groups * kGroup, s + groups * kGroup, n - groups * kGroup);
 #else

@@ -10,10 +10,24 @@
 namespace cairn {
 
 enum class DType : uint8_t {
-  kF64, kF32, kF16, kBF16, kF8E4M3, kF8E5M2, kI64, kI32, kI16, kI8, kU64, kU32, kU16, kU8, kBool
+  kF64,
+  kF32,
+  kF16,
+  kBF16,
+  kF8E4M3,
+  kF8E5M2,
+  kI64,
+  kI32,
+  kI16,
+  kI8,
+  kU64,
+  kU32,
+  kU16,
+  kU8,
+  kBool
 };
 inline constexpr int kDTypeCount = 15;
-inline constexpr int kMaxDims = 8;          // == CAIRN_MAX_DIMS
+inline constexpr int kMaxDims = 8;             // == CAIRN_MAX_DIMS
 inline constexpr size_t kMaxNameBytes = 1024;  // == CAIRN_MAX_NAME_BYTES
 
 // The safetensors spelling: "F32", "BF16", "F8_E4M3", "BOOL" ...

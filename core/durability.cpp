@@ -4,9 +4,12 @@ namespace cairn {
 
 const char* durability_name(Durability d) {
   switch (d) {
-    case Durability::kMemory: return "memory";
-    case Durability::kLocal: return "local";
-    case Durability::kGlobal: return "global";
+    case Durability::kMemory:
+      return "memory";
+    case Durability::kLocal:
+      return "local";
+    case Durability::kGlobal:
+      return "global";
   }
   return "global";
 }

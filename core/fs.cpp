@@ -33,8 +33,10 @@ AlignedBuffer::AlignedBuffer(uint64_t n) {
 }
 
 AlignedBuffer::~AlignedBuffer() {
-  if (map_) ::munmap(map_, map_len_);
-  else std::free(data_);
+  if (map_)
+    ::munmap(map_, map_len_);
+  else
+    std::free(data_);
 }
 
 }  // namespace cairn

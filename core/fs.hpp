@@ -87,12 +87,12 @@ class AlignedBuffer {
 };
 
 enum OpenFlags : unsigned {
-  kRead = 0,            // read-only, must exist
-  kReadWrite = 1u << 0, // read and write, must exist unless kCreate
-  kCreate = 1u << 1,    // create if missing (mode 0644), implies kReadWrite
-  kExclusive = 1u << 2, // with kCreate: fail with kExists if it exists
-  kDirect = 1u << 3,    // O_DIRECT where the filesystem allows it (see File::direct())
-  kTruncate = 1u << 4,  // empty the file on open
+  kRead = 0,             // read-only, must exist
+  kReadWrite = 1u << 0,  // read and write, must exist unless kCreate
+  kCreate = 1u << 1,     // create if missing (mode 0644), implies kReadWrite
+  kExclusive = 1u << 2,  // with kCreate: fail with kExists if it exists
+  kDirect = 1u << 3,     // O_DIRECT where the filesystem allows it (see File::direct())
+  kTruncate = 1u << 4,   // empty the file on open
 };
 
 class FileSystem {
@@ -161,15 +161,15 @@ class FaultyFileSystem final : public FileSystem {
     Op op = Op::kWrite;
     std::string path_contains;  // "" matches every path
     Effect effect = Effect::kFail;
-    int err = 5;                // EIO
+    int err = 5;  // EIO
     int skip = 0;
     int times = 1;
-    uint32_t delay_ms = 0;      // kDelay only
+    uint32_t delay_ms = 0;  // kDelay only
   };
   // A rule as it stands now: skip and times count down as operations match.
   struct RuleState {
     Rule rule;
-    uint64_t injected = 0;      // operations this rule changed (or delayed)
+    uint64_t injected = 0;  // operations this rule changed (or delayed)
   };
 
   // The names of ops, effects and injectable errno values ("write", "flip_bit", "ENOSPC"): what

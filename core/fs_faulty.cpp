@@ -17,9 +17,9 @@ using fs_internal::at;
 
 // Effects act where they mean something: kShortWrite and kDropWrite on writes, kFlipBit on reads
 // (and on writes, where it stores the bytes with one bit flipped); any other pairing (a kFlipBit
-// rule on kSync, say) fails the operation as kFail would; kDelay delays any operation it matches. kSync rules match File::sync and
-// sync_dir; kRename rules match either name. truncate, size, make_dirs, list, exists and
-// remove_all are never changed.
+// rule on kSync, say) fails the operation as kFail would; kDelay delays any operation it matches. kSync rules match
+// File::sync and sync_dir; kRename rules match either name. truncate, size, make_dirs, list, exists and remove_all are
+// never changed.
 
 struct FaultyFileSystem::State {
   mutable std::mutex mu;
@@ -62,22 +62,39 @@ namespace {
 using Faulty = FaultyFileSystem;
 
 constexpr Faulty::Named<Faulty::Op> kOps[] = {
-    {"open", Faulty::Op::kOpen},         {"write", Faulty::Op::kWrite},   {"read", Faulty::Op::kRead},
-    {"sync", Faulty::Op::kSync},         {"allocate", Faulty::Op::kAllocate},
-    {"rename", Faulty::Op::kRename},     {"unlink", Faulty::Op::kUnlink},
+    {"open", Faulty::Op::kOpen},     {"write", Faulty::Op::kWrite},       {"read", Faulty::Op::kRead},
+    {"sync", Faulty::Op::kSync},     {"allocate", Faulty::Op::kAllocate}, {"rename", Faulty::Op::kRename},
+    {"unlink", Faulty::Op::kUnlink},
 };
 constexpr Faulty::Named<Faulty::Effect> kEffects[] = {
-    {"fail", Faulty::Effect::kFail},           {"short_write", Faulty::Effect::kShortWrite},
-    {"flip_bit", Faulty::Effect::kFlipBit},    {"drop_write", Faulty::Effect::kDropWrite},
+    {"fail", Faulty::Effect::kFail},        {"short_write", Faulty::Effect::kShortWrite},
+    {"flip_bit", Faulty::Effect::kFlipBit}, {"drop_write", Faulty::Effect::kDropWrite},
     {"delay", Faulty::Effect::kDelay},
 };
 constexpr Faulty::Named<int> kErrors[] = {
-    {"EIO", EIO},         {"ENOSPC", ENOSPC},   {"EDQUOT", EDQUOT},       {"EROFS", EROFS},
-    {"EACCES", EACCES},   {"EPERM", EPERM},     {"ENOENT", ENOENT},       {"EEXIST", EEXIST},
-    {"EBUSY", EBUSY},     {"EAGAIN", EAGAIN},   {"EINTR", EINTR},         {"ETIMEDOUT", ETIMEDOUT},
-    {"ENOMEM", ENOMEM},   {"EMFILE", EMFILE},   {"ENFILE", ENFILE},       {"EFBIG", EFBIG},
-    {"ENODEV", ENODEV},   {"ENXIO", ENXIO},     {"ESTALE", ESTALE},       {"EINVAL", EINVAL},
-    {"EBADF", EBADF},     {"EXDEV", EXDEV},     {"ENAMETOOLONG", ENAMETOOLONG},
+    {"EIO", EIO},
+    {"ENOSPC", ENOSPC},
+    {"EDQUOT", EDQUOT},
+    {"EROFS", EROFS},
+    {"EACCES", EACCES},
+    {"EPERM", EPERM},
+    {"ENOENT", ENOENT},
+    {"EEXIST", EEXIST},
+    {"EBUSY", EBUSY},
+    {"EAGAIN", EAGAIN},
+    {"EINTR", EINTR},
+    {"ETIMEDOUT", ETIMEDOUT},
+    {"ENOMEM", ENOMEM},
+    {"EMFILE", EMFILE},
+    {"ENFILE", ENFILE},
+    {"EFBIG", EFBIG},
+    {"ENODEV", ENODEV},
+    {"ENXIO", ENXIO},
+    {"ESTALE", ESTALE},
+    {"EINVAL", EINVAL},
+    {"EBADF", EBADF},
+    {"EXDEV", EXDEV},
+    {"ENAMETOOLONG", ENAMETOOLONG},
 };
 
 Status injected_error(const std::string& what, const Faulty::Rule& r) {

@@ -75,7 +75,8 @@ Result<Graph> parse_graph(const json& j) {
   }
   for (const auto& l : g.layers)
     for (const auto& in : l.inputs)
-      if (!index.count(in)) return invalid_argument("graph: layer '" + l.name + "': input '" + in + "' is not a layer of this graph");
+      if (!index.count(in))
+        return invalid_argument("graph: layer '" + l.name + "': input '" + in + "' is not a layer of this graph");
 
   // Topological order (Kahn's algorithm: iterative, so deep chains cannot overflow the stack),
   // keeping the given order among layers that are ready together.
@@ -122,7 +123,8 @@ Result<Graph> parse_graph(const json& j) {
     for (const auto& [tensor, layer] : tit->items()) {
       if (!layer.is_string()) return invalid_argument("graph: tensor '" + tensor + "': the layer must be a string");
       if (!index.count(layer.get<std::string>()))
-        return invalid_argument("graph: tensor '" + tensor + "' points to unknown layer '" + layer.get<std::string>() + "'");
+        return invalid_argument("graph: tensor '" + tensor + "' points to unknown layer '" + layer.get<std::string>() +
+                                "'");
       g.tensors[tensor] = layer.get<std::string>();
     }
   }

@@ -11,11 +11,10 @@
 
 #include <cstdint>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "core/dtype.hpp"
 #include "core/hash.hpp"
@@ -33,8 +32,8 @@ struct Layer {
 };
 
 struct Graph {
-  std::vector<Layer> layers;                    // in topological order after parse_graph
-  std::map<std::string, std::string> tensors;   // tensor -> layer (explicit entries only)
+  std::vector<Layer> layers;                   // in topological order after parse_graph
+  std::map<std::string, std::string> tensors;  // tensor -> layer (explicit entries only)
   // The layer a tensor belongs to: the explicit entry, else the name up to its last dot (or the
   // whole name when it has none). nullopt if that layer does not exist.
   std::optional<std::string> layer_of(const std::string& tensor) const;

@@ -1,4 +1,5 @@
 #include "core/hash.hpp"
+
 #include "core/hash_simd.hpp"
 
 #define XXH_STATIC_LINKING_ONLY  // XXH3_state_t on the stack (core/hash_copy.inc)
@@ -48,8 +49,7 @@ HashBuild widest_build() {
   if (__builtin_cpu_supports("avx2"))
     return {"xxh3 (AVX2)", hash_avx2::hash, hash_avx2::copy_and_hash, hash_avx2::copy_and_hash_ready};
 #endif
-  return {"xxh3 (libxxhash)", hash_libxxhash::hash, hash_libxxhash::copy_and_hash,
-          hash_libxxhash::copy_and_hash_ready};
+  return {"xxh3 (libxxhash)", hash_libxxhash::hash, hash_libxxhash::copy_and_hash, hash_libxxhash::copy_and_hash_ready};
 }
 // Chosen on first use (a hash computed while another file's statics are built gets it too).
 const HashBuild& build() {
@@ -71,9 +71,12 @@ std::optional<ChunkHash> ChunkHash::from_hex(std::string_view hex) {
   for (size_t i = 0; i < 32; ++i) {
     char c = hex[i];
     uint64_t v;
-    if (c >= '0' && c <= '9') v = static_cast<uint64_t>(c - '0');
-    else if (c >= 'a' && c <= 'f') v = static_cast<uint64_t>(c - 'a' + 10);
-    else return std::nullopt;
+    if (c >= '0' && c <= '9')
+      v = static_cast<uint64_t>(c - '0');
+    else if (c >= 'a' && c <= 'f')
+      v = static_cast<uint64_t>(c - 'a' + 10);
+    else
+      return std::nullopt;
     uint64_t& word = i < 16 ? h.hi : h.lo;
     word = (word << 4) | v;
   }

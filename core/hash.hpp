@@ -27,7 +27,9 @@ struct ChunkHash {
 };
 
 struct ChunkHashHasher {
-  size_t operator()(const ChunkHash& h) const noexcept { return static_cast<size_t>(h.lo ^ (h.hi * 0x9E3779B97F4A7C15ull)); }
+  size_t operator()(const ChunkHash& h) const noexcept {
+    return static_cast<size_t>(h.lo ^ (h.hi * 0x9E3779B97F4A7C15ull));
+  }
 };
 
 ChunkHash hash_bytes(const void* data, size_t size);
@@ -43,9 +45,7 @@ uint64_t hash64(std::string_view s);
 inline constexpr uint64_t kDefaultChunkSize = 16ull << 20;
 
 // The number of chunks for a tensor of nbytes (0 for an empty tensor).
-inline uint64_t chunk_count(uint64_t nbytes, uint64_t chunk_size) {
-  return (nbytes + chunk_size - 1) / chunk_size;
-}
+inline uint64_t chunk_count(uint64_t nbytes, uint64_t chunk_size) { return (nbytes + chunk_size - 1) / chunk_size; }
 
 // Hashes each chunk of data[0..size).
 std::vector<ChunkHash> hash_chunks(const void* data, uint64_t size, uint64_t chunk_size);

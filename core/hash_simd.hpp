@@ -9,12 +9,12 @@
 #include "core/hash.hpp"
 
 #if defined(CAIRN_HASH_SIMD)
-#define CAIRN_HASH_SIMD_DECLARE(ns)                                                                       \
-  namespace cairn::ns {                                                                                   \
-  ChunkHash hash(const void* data, size_t size);                                                          \
-  ChunkHash copy_and_hash(unsigned char* dst, const unsigned char* src, uint64_t len);                    \
-  ChunkHash copy_and_hash_ready(unsigned char* dst, const unsigned char* src, uint64_t len,               \
-                                const std::function<uint64_t(uint64_t)>& ready);                          \
+#define CAIRN_HASH_SIMD_DECLARE(ns)                                                         \
+  namespace cairn::ns {                                                                     \
+  ChunkHash hash(const void* data, size_t size);                                            \
+  ChunkHash copy_and_hash(unsigned char* dst, const unsigned char* src, uint64_t len);      \
+  ChunkHash copy_and_hash_ready(unsigned char* dst, const unsigned char* src, uint64_t len, \
+                                const std::function<uint64_t(uint64_t)>& ready);            \
   }
 CAIRN_HASH_SIMD_DECLARE(hash_avx2)
 CAIRN_HASH_SIMD_DECLARE(hash_avx512)

@@ -14,8 +14,10 @@ Status init_logging(const std::string& level, const std::string& file) {
     return invalid_argument("log.level: '" + level + "' is not one of trace, debug, info, warn, error, off");
   try {
     std::shared_ptr<spdlog::logger> logger;
-    if (file.empty()) logger = spdlog::stderr_logger_mt("cairn");
-    else logger = spdlog::basic_logger_mt("cairn", file);
+    if (file.empty())
+      logger = spdlog::stderr_logger_mt("cairn");
+    else
+      logger = spdlog::basic_logger_mt("cairn", file);
     logger->set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ cairnd[%P] %v");
     // Warnings and errors reach the file at once: they are what an operator reads after a crash.
     logger->flush_on(spdlog::level::warn);

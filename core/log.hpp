@@ -2,9 +2,9 @@
 // Library code logs through CAIRN_LOG_* so that a client library never prints unless asked.
 #pragma once
 
-#include <string>
-
 #include <spdlog/spdlog.h>
+
+#include <string>
 
 #include "core/status.hpp"
 

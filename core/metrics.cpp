@@ -73,8 +73,8 @@ std::string format_bound(double bound) {
   return s;
 }
 
-void append_line(std::string& out, std::string_view name, std::string_view suffix, Labels labels,
-                 std::string_view le, std::string_view value) {
+void append_line(std::string& out, std::string_view name, std::string_view suffix, Labels labels, std::string_view le,
+                 std::string_view value) {
   out += name;
   out += suffix;
   append_labels(out, labels, le);

@@ -87,9 +87,8 @@ class LatencyHistogram {
  public:
   // Upper bounds in seconds, from 100 us (a request answered from memory) to 60 s (a large commit
   // at durability global).
-  static constexpr std::array<double, 17> kBounds = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
-                                                     0.01,   0.025,   0.05,   0.1,   0.25,   0.5,
-                                                     1,      2.5,     5,      10,    60};
+  static constexpr std::array<double, 17> kBounds = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+                                                     0.1,    0.25,    0.5,    1,     2.5,    5,     10,   60};
 
   LatencyHistogram() = default;
   LatencyHistogram(const LatencyHistogram&) = delete;

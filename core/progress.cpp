@@ -25,9 +25,12 @@ Result<ProgressSnapshot> progress_from_json(const json& j) {
   if (s.phase.size() > kMaxPhaseBytes) return bad("field 'phase' is longer than 256 bytes");
   auto unit = j.find("unit");
   if (unit == j.end() || !unit->is_string()) return bad("field 'unit' must be a string");
-  if (*unit == "bytes") s.unit = ProgressUnit::kBytes;
-  else if (*unit == "items") s.unit = ProgressUnit::kItems;
-  else return bad("field 'unit' must be \"bytes\" or \"items\"");
+  if (*unit == "bytes")
+    s.unit = ProgressUnit::kBytes;
+  else if (*unit == "items")
+    s.unit = ProgressUnit::kItems;
+  else
+    return bad("field 'unit' must be \"bytes\" or \"items\"");
   for (auto [name, dst] : {std::pair{"done", &s.done}, std::pair{"total", &s.total}}) {
     auto it = j.find(name);
     if (it == j.end() || !it->is_number_integer() || (!it->is_number_unsigned() && it->get<int64_t>() < 0))

@@ -7,9 +7,8 @@
 
 #include <cstdint>
 #include <mutex>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "core/status.hpp"
 
@@ -21,10 +20,10 @@ enum class ProgressUnit : uint8_t { kBytes, kItems };
 const char* progress_unit_name(ProgressUnit u);
 
 struct ProgressSnapshot {
-  std::string phase;    // what the operation does now, in a few words ("verifying chunks")
+  std::string phase;  // what the operation does now, in a few words ("verifying chunks")
   ProgressUnit unit = ProgressUnit::kItems;
   uint64_t done = 0;
-  uint64_t total = 0;   // 0: not known (yet)
+  uint64_t total = 0;  // 0: not known (yet)
 
   bool operator==(const ProgressSnapshot&) const = default;
 };

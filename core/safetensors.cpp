@@ -142,11 +142,9 @@ class HeaderSax {
     if (value >= 0) return number_unsigned(static_cast<json::number_unsigned_t>(value));
     switch (state_) {
       case State::kShape:
-        return fail(tensor_label(tensor_.name) + ": shape has negative dimension " +
-                    std::to_string(value));
+        return fail(tensor_label(tensor_.name) + ": shape has negative dimension " + std::to_string(value));
       case State::kOffsets:
-        return fail(tensor_label(tensor_.name) + ": data_offsets has negative value " +
-                    std::to_string(value));
+        return fail(tensor_label(tensor_.name) + ": data_offsets has negative value " + std::to_string(value));
       default:
         return unexpected("a number");
     }
@@ -156,17 +154,14 @@ class HeaderSax {
     switch (state_) {
       case State::kShape:
         if (value > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
-          return fail(tensor_label(tensor_.name) + ": shape dimension " + std::to_string(value) +
-                      " is too large");
+          return fail(tensor_label(tensor_.name) + ": shape dimension " + std::to_string(value) + " is too large");
         if (tensor_.shape.size() == static_cast<size_t>(kMaxDims))
-          return fail(tensor_label(tensor_.name) + ": shape has more than " +
-                      std::to_string(kMaxDims) + " dimensions");
+          return fail(tensor_label(tensor_.name) + ": shape has more than " + std::to_string(kMaxDims) + " dimensions");
         tensor_.shape.push_back(static_cast<int64_t>(value));
         return true;
       case State::kOffsets:
         if (offset_count_ == 2)
-          return fail(tensor_label(tensor_.name) +
-                      ": data_offsets must be [begin, end] but has more than 2 entries");
+          return fail(tensor_label(tensor_.name) + ": data_offsets must be [begin, end] but has more than 2 entries");
         (offset_count_ == 0 ? tensor_.begin : tensor_.end) = value;
         ++offset_count_;
         return true;
@@ -177,8 +172,7 @@ class HeaderSax {
 
   // Also called for integers too large for 64 bits.
   bool number_float(json::number_float_t /*value*/, const json::string_t& text) {
-    const char* problem =
-        text.find_first_of(".eE") == text.npos ? " is too large" : " is not an integer";
+    const char* problem = text.find_first_of(".eE") == text.npos ? " is too large" : " is not an integer";
     switch (state_) {
       case State::kShape:
         return fail(tensor_label(tensor_.name) + ": shape dimension " + shown(text) + problem);
@@ -246,8 +240,7 @@ class HeaderSax {
       case State::kFieldKey:
         if (!has_dtype_) return fail(tensor_label(tensor_.name) + ": missing field 'dtype'");
         if (!has_shape_) return fail(tensor_label(tensor_.name) + ": missing field 'shape'");
-        if (!has_offsets_)
-          return fail(tensor_label(tensor_.name) + ": missing field 'data_offsets'");
+        if (!has_offsets_) return fail(tensor_label(tensor_.name) + ": missing field 'data_offsets'");
         last_entry_ = tensor_.name;
         header_->tensors.push_back(std::move(tensor_));
         state_ = State::kEntryKey;
@@ -284,8 +277,7 @@ class HeaderSax {
     return unexpected("the end of an array");
   }
 
-  bool parse_error(std::size_t /*position*/, const std::string& /*last_token*/,
-                   const nlohmann::detail::exception& e) {
+  bool parse_error(std::size_t /*position*/, const std::string& /*last_token*/, const nlohmann::detail::exception& e) {
     std::string_view what = e.what();
     if (auto pos = what.find("] "); what.starts_with("[json.exception.") && pos != what.npos)
       what.remove_prefix(pos + 2);
@@ -350,20 +342,17 @@ class HeaderSax {
         return fail("header is not a JSON object" + got);
       case State::kEntryValue:
         if (in_metadata_) return fail("__metadata__ must be an object of string to string" + got);
-        return fail(tensor_label(tensor_.name) +
-                    ": entry must be an object with dtype, shape and data_offsets" + got);
+        return fail(tensor_label(tensor_.name) + ": entry must be an object with dtype, shape and data_offsets" + got);
       case State::kMetadataValue:
         return fail("__metadata__ " + shown(metadata_key_) + ": value must be a string" + got);
       case State::kDType:
         return fail(tensor_label(tensor_.name) + ": dtype must be a string" + got);
       case State::kShapeStart:
       case State::kShape:
-        return fail(tensor_label(tensor_.name) +
-                    ": shape must be an array of non-negative integers" + got);
+        return fail(tensor_label(tensor_.name) + ": shape must be an array of non-negative integers" + got);
       case State::kOffsetsStart:
       case State::kOffsets:
-        return fail(tensor_label(tensor_.name) +
-                    ": data_offsets must be [begin, end] of non-negative integers" + got);
+        return fail(tensor_label(tensor_.name) + ": data_offsets must be [begin, end] of non-negative integers" + got);
       default:
         return fail("header: unexpected " + std::string(found));
     }
@@ -378,8 +367,8 @@ class HeaderSax {
       return true;
     }
     if (!valid_name(key))
-      return fail("tensor name " + shown(key) + " is invalid (names are 1.." +
-                  std::to_string(kMaxNameBytes) + " bytes of UTF-8 without NUL)");
+      return fail("tensor name " + shown(key) + " is invalid (names are 1.." + std::to_string(kMaxNameBytes) +
+                  " bytes of UTF-8 without NUL)");
     if (!names_.insert(key).second) return fail("header: duplicate " + tensor_label(key));
     tensor_ = TensorEntry{};
     tensor_.name = std::move(key);
@@ -432,8 +421,7 @@ Status check_layout(Header* header) {
     return tensor_label(t.name) + ": data_offsets " + offsets_string(t.begin, t.end);
   };
   auto shape_of = [](const TensorEntry& t) {
-    return tensor_label(t.name) + ": shape " + shape_string(t.shape) + " of " +
-           std::string(dtype_name(t.dtype));
+    return tensor_label(t.name) + ": shape " + shape_string(t.shape) + " of " + std::string(dtype_name(t.dtype));
   };
   for (const TensorEntry& t : header->tensors) {
     if (t.begin > t.end) return invalid_argument(range(t) + " end before they begin");
@@ -443,14 +431,12 @@ Status check_layout(Header* header) {
     auto need = tensor_nbytes(t.dtype, t.shape);
     if (!need) return invalid_argument(shape_of(t) + " is too large");
     if (*need != t.nbytes())
-      return invalid_argument(shape_of(t) + " needs " + std::to_string(*need) + " bytes but " +
-                              "data_offsets " + offsets_string(t.begin, t.end) + " span " +
-                              std::to_string(t.nbytes()));
+      return invalid_argument(shape_of(t) + " needs " + std::to_string(*need) + " bytes but " + "data_offsets " +
+                              offsets_string(t.begin, t.end) + " span " + std::to_string(t.nbytes()));
   }
-  std::stable_sort(header->tensors.begin(), header->tensors.end(),
-                   [](const TensorEntry& a, const TensorEntry& b) {
-                     return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
-                   });
+  std::stable_sort(header->tensors.begin(), header->tensors.end(), [](const TensorEntry& a, const TensorEntry& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
   uint64_t covered = 0;
   const TensorEntry* prev = nullptr;
   for (const TensorEntry& t : header->tensors) {
@@ -458,18 +444,16 @@ Status check_layout(Header* header) {
       return invalid_argument(range(t) + " overlap " + tensor_label(prev->name) + " at " +
                               offsets_string(prev->begin, prev->end));
     if (t.begin > covered)
-      return invalid_argument(
-          range(t) + " leave a hole of " + std::to_string(t.begin - covered) + " bytes after " +
-          (prev ? tensor_label(prev->name) + " at " + offsets_string(prev->begin, prev->end)
-                : std::string("the start of the data section")));
+      return invalid_argument(range(t) + " leave a hole of " + std::to_string(t.begin - covered) + " bytes after " +
+                              (prev ? tensor_label(prev->name) + " at " + offsets_string(prev->begin, prev->end)
+                                    : std::string("the start of the data section")));
     covered = t.end;
     prev = &t;
   }
   if (covered != header->data_bytes)
-    return invalid_argument(
-        "the tensors cover " + std::to_string(covered) + " bytes but the data section holds " +
-        std::to_string(header->data_bytes) + " (" + std::to_string(header->data_bytes - covered) +
-        " trailing bytes belong to no tensor)");
+    return invalid_argument("the tensors cover " + std::to_string(covered) + " bytes but the data section holds " +
+                            std::to_string(header->data_bytes) + " (" + std::to_string(header->data_bytes - covered) +
+                            " trailing bytes belong to no tensor)");
   return Status::ok();
 }
 
@@ -477,8 +461,7 @@ Status check_layout(Header* header) {
 Status pread_exact(int fd, std::span<uint8_t> buf, uint64_t offset) {
   size_t done = 0;
   while (done < buf.size()) {
-    ssize_t r =
-        ::pread(fd, buf.data() + done, buf.size() - done, static_cast<off_t>(offset + done));
+    ssize_t r = ::pread(fd, buf.data() + done, buf.size() - done, static_cast<off_t>(offset + done));
     if (r < 0) {
       if (errno == EINTR) continue;
       return errno_status("read", errno);
@@ -508,18 +491,16 @@ const TensorEntry* Header::find(std::string_view name) const {
   return nullptr;
 }
 
-Result<Header> parse_header(std::span<const uint8_t> prefix, uint64_t file_size,
-                            uint64_t* needed_prefix) {
+Result<Header> parse_header(std::span<const uint8_t> prefix, uint64_t file_size, uint64_t* needed_prefix) {
   if (needed_prefix) *needed_prefix = 0;
   auto need = [&](uint64_t n) -> Status {
     if (needed_prefix) *needed_prefix = n;
-    return invalid_argument("safetensors header: need the first " + std::to_string(n) +
-                            " bytes of the file, have " + std::to_string(prefix.size()));
+    return invalid_argument("safetensors header: need the first " + std::to_string(n) + " bytes of the file, have " +
+                            std::to_string(prefix.size()));
   };
   if (prefix.size() > file_size)
     return invalid_argument("safetensors header: prefix of " + std::to_string(prefix.size()) +
-                            " bytes is longer than the file (" + std::to_string(file_size) +
-                            " bytes)");
+                            " bytes is longer than the file (" + std::to_string(file_size) + " bytes)");
   if (file_size < 8)
     return invalid_argument("file of " + std::to_string(file_size) +
                             " bytes is too short for the 8-byte header length (not safetensors?)");
@@ -575,8 +556,7 @@ Result<Header> read_header(const std::string& path) {
     }
     size_t have = buf.size();
     buf.resize(needed);
-    CAIRN_RETURN_IF_ERROR(
-        pread_exact(fd, std::span<uint8_t>(buf).subspan(have), have).with_context(context));
+    CAIRN_RETURN_IF_ERROR(pread_exact(fd, std::span<uint8_t>(buf).subspan(have), have).with_context(context));
   }
 }
 
@@ -588,10 +568,8 @@ Result<std::string> build_header(std::vector<TensorEntry>& tensors,
     js += ":{";
     bool first = true;
     for (const auto& [key, value] : *metadata) {
-      if (!valid_utf8(key))
-        return invalid_argument("__metadata__ key " + shown(key) + " is not UTF-8");
-      if (!valid_utf8(value))
-        return invalid_argument("__metadata__ " + shown(key) + ": value is not UTF-8");
+      if (!valid_utf8(key)) return invalid_argument("__metadata__ key " + shown(key) + " is not UTF-8");
+      if (!valid_utf8(value)) return invalid_argument("__metadata__ " + shown(key) + ": value is not UTF-8");
       if (!first) js += ',';
       first = false;
       append_json_string(js, key);
@@ -610,20 +588,18 @@ Result<std::string> build_header(std::vector<TensorEntry>& tensors,
   for (const TensorEntry& t : tensors) {
     if (!valid_name(t.name) || t.name == kMetadataName)
       return invalid_argument("tensor name " + shown(t.name) + " is invalid (names are 1.." +
-                              std::to_string(kMaxNameBytes) +
-                              " bytes of UTF-8 without NUL, and not __metadata__)");
+                              std::to_string(kMaxNameBytes) + " bytes of UTF-8 without NUL, and not __metadata__)");
     if (!names.insert(t.name).second) return invalid_argument("duplicate " + tensor_label(t.name));
     if (!dtype_from_int(static_cast<int>(t.dtype)))
       return invalid_argument(tensor_label(t.name) + ": invalid dtype value " +
                               std::to_string(static_cast<int>(t.dtype)));
     if (t.shape.size() > static_cast<size_t>(kMaxDims))
-      return invalid_argument(tensor_label(t.name) + ": shape " + shape_string(t.shape) +
-                              " has more than " + std::to_string(kMaxDims) + " dimensions");
+      return invalid_argument(tensor_label(t.name) + ": shape " + shape_string(t.shape) + " has more than " +
+                              std::to_string(kMaxDims) + " dimensions");
     auto nbytes = tensor_nbytes(t.dtype, t.shape);
     if (!nbytes)
       return invalid_argument(tensor_label(t.name) + ": shape " + shape_string(t.shape) + " of " +
-                              std::string(dtype_name(t.dtype)) +
-                              " has a negative dimension or is too large");
+                              std::string(dtype_name(t.dtype)) + " has a negative dimension or is too large");
     if (*nbytes > std::numeric_limits<uint64_t>::max() - offset)
       return invalid_argument(tensor_label(t.name) + ": the tensors total more than 2^64 bytes");
     offset += *nbytes;
@@ -642,9 +618,8 @@ Result<std::string> build_header(std::vector<TensorEntry>& tensors,
   js += '}';
   js.append((8 - js.size() % 8) % 8, ' ');
   if (js.size() > kMaxHeaderBytes)
-    return invalid_argument("header of " + std::to_string(js.size()) +
-                            " bytes exceeds the limit of " + std::to_string(kMaxHeaderBytes) +
-                            " bytes (too many tensors or too much metadata)");
+    return invalid_argument("header of " + std::to_string(js.size()) + " bytes exceeds the limit of " +
+                            std::to_string(kMaxHeaderBytes) + " bytes (too many tensors or too much metadata)");
   for (size_t i = 0; i < tensors.size(); ++i) {
     tensors[i].begin = i ? ends[i - 1] : 0;
     tensors[i].end = ends[i];

@@ -40,10 +40,10 @@ struct TensorEntry {
 struct Header {
   std::vector<TensorEntry> tensors;  // in data-offset order
   std::map<std::string, std::string> metadata;
-  bool has_metadata = false;         // "__metadata__" was present (even if empty)
-  uint64_t header_bytes = 0;         // N: the JSON header's length
+  bool has_metadata = false;  // "__metadata__" was present (even if empty)
+  uint64_t header_bytes = 0;  // N: the JSON header's length
   uint64_t data_offset() const { return 8 + header_bytes; }
-  uint64_t data_bytes = 0;           // size of the data section
+  uint64_t data_bytes = 0;  // size of the data section
   // The tensor called name, or null. Linear in the number of tensors.
   const TensorEntry* find(std::string_view name) const;
 };
@@ -54,8 +54,7 @@ struct Header {
 // caller reads more and retries only while *needed_prefix > prefix.size(); it never exceeds
 // file_size or 8 + kMaxHeaderBytes. The data section is everything after the header, so file_size
 // must be the real size of the file. Memory used is proportional to N.
-Result<Header> parse_header(std::span<const uint8_t> prefix, uint64_t file_size,
-                            uint64_t* needed_prefix = nullptr);
+Result<Header> parse_header(std::span<const uint8_t> prefix, uint64_t file_size, uint64_t* needed_prefix = nullptr);
 
 // Reads and validates the header of the file at path. Errors name the path; a missing file is
 // kNotFound, I/O errors as errno_status.
@@ -67,7 +66,6 @@ Result<Header> read_header(const std::string& path);
 // success). Metadata, when given (even empty), is written first as "__metadata__".
 // REQUIRES: names valid, unique and not "__metadata__"; at most kMaxDims dimensions; shapes
 // consistent with dtypes; metadata UTF-8 (all checked: kInvalidArgument naming the tensor or key).
-Result<std::string> build_header(std::vector<TensorEntry>& tensors,
-                                 const std::map<std::string, std::string>* metadata);
+Result<std::string> build_header(std::vector<TensorEntry>& tensors, const std::map<std::string, std::string>* metadata);
 
 }  // namespace cairn::safetensors

@@ -17,7 +17,7 @@ std::string executable_dir() {
 }
 
 bool is_regular_file(const std::string& path) {
-  struct stat st{};
+  struct stat st {};
   return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 

@@ -70,7 +70,7 @@ Status errno_status(std::string_view what, int err);
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : v_(std::move(value)) {}  // NOLINT(google-explicit-constructor)
+  Result(T value) : v_(std::move(value)) {}         // NOLINT(google-explicit-constructor)
   Result(Status status) : v_(std::move(status)) {}  // NOLINT(google-explicit-constructor)
 
   bool is_ok() const { return v_.index() == 0; }
@@ -94,9 +94,9 @@ class [[nodiscard]] Result {
 }  // namespace cairn
 
 // Returns the status from the enclosing function if it is not OK.
-#define CAIRN_RETURN_IF_ERROR(expr)              \
-  do {                                           \
-    ::cairn::Status cairn_status_tmp_ = (expr);  \
+#define CAIRN_RETURN_IF_ERROR(expr)                           \
+  do {                                                        \
+    ::cairn::Status cairn_status_tmp_ = (expr);               \
     if (!cairn_status_tmp_.is_ok()) return cairn_status_tmp_; \
   } while (0)
 

@@ -107,23 +107,23 @@ class CondVar {
     cv_.wait(lock.lock_, std::move(pred));
   }
   template <class Rep, class Period>
-  std::cv_status wait_for(MutexLock& lock, const std::chrono::duration<Rep, Period>& d)
-      CAIRN_NO_THREAD_SAFETY_ANALYSIS {
+  std::cv_status wait_for(MutexLock& lock,
+                          const std::chrono::duration<Rep, Period>& d) CAIRN_NO_THREAD_SAFETY_ANALYSIS {
     return cv_.wait_for(lock.lock_, d);
   }
   template <class Rep, class Period, class Pred>
-  bool wait_for(MutexLock& lock, const std::chrono::duration<Rep, Period>& d, Pred pred)
-      CAIRN_NO_THREAD_SAFETY_ANALYSIS {
+  bool wait_for(MutexLock& lock, const std::chrono::duration<Rep, Period>& d,
+                Pred pred) CAIRN_NO_THREAD_SAFETY_ANALYSIS {
     return cv_.wait_for(lock.lock_, d, std::move(pred));
   }
   template <class Clock, class Duration>
-  std::cv_status wait_until(MutexLock& lock, const std::chrono::time_point<Clock, Duration>& t)
-      CAIRN_NO_THREAD_SAFETY_ANALYSIS {
+  std::cv_status wait_until(MutexLock& lock,
+                            const std::chrono::time_point<Clock, Duration>& t) CAIRN_NO_THREAD_SAFETY_ANALYSIS {
     return cv_.wait_until(lock.lock_, t);
   }
   template <class Clock, class Duration, class Pred>
-  bool wait_until(MutexLock& lock, const std::chrono::time_point<Clock, Duration>& t, Pred pred)
-      CAIRN_NO_THREAD_SAFETY_ANALYSIS {
+  bool wait_until(MutexLock& lock, const std::chrono::time_point<Clock, Duration>& t,
+                  Pred pred) CAIRN_NO_THREAD_SAFETY_ANALYSIS {
     return cv_.wait_until(lock.lock_, t, std::move(pred));
   }
 

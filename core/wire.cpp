@@ -54,8 +54,9 @@ Result<FrameHeader> decode_header(std::span<const uint8_t> bytes) {
   if (std::memcmp(p, kMagic, 4) != 0) return protocol_error("frame header: bad magic (not a cairn client or daemon?)");
   uint16_t version = get_u16(p + 4);
   if (version != kWireVersion)
-    return protocol_error("frame header: protocol version " + std::to_string(version) + " is not supported (this side speaks " +
-                          std::to_string(kWireVersion) + "); use a client and daemon from the same release");
+    return protocol_error("frame header: protocol version " + std::to_string(version) +
+                          " is not supported (this side speaks " + std::to_string(kWireVersion) +
+                          "); use a client and daemon from the same release");
   uint16_t kind = get_u16(p + 6);
   if (kind != 1 && kind != 2) return protocol_error("frame header: unknown kind " + std::to_string(kind));
   FrameHeader h;
@@ -138,8 +139,10 @@ Status write_full(int fd, const void* buf, size_t n) {
 
 Status send_frame(int sock, Kind kind, const nlohmann::json& body, std::span<const uint8_t> blob, int fd_to_pass) {
   std::string js = body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-  if (js.size() > kMaxJsonBytes) return invalid_argument("message too large (" + std::to_string(js.size()) + " bytes of JSON)");
-  if (blob.size() > kMaxBlobBytes) return invalid_argument("inline payload too large (" + std::to_string(blob.size()) + " bytes)");
+  if (js.size() > kMaxJsonBytes)
+    return invalid_argument("message too large (" + std::to_string(js.size()) + " bytes of JSON)");
+  if (blob.size() > kMaxBlobBytes)
+    return invalid_argument("inline payload too large (" + std::to_string(blob.size()) + " bytes)");
   FrameHeader h{kind, static_cast<uint32_t>(js.size()), blob.size()};
   auto hb = encode_header(h);
   if (fd_to_pass >= 0) {
@@ -196,8 +199,10 @@ Result<size_t> recv_some(int sock, void* buf, size_t n, int* passed_fd) {
     for (size_t i = 0; i < count; ++i) {
       int fd;
       std::memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
-      if (passed_fd != nullptr && *passed_fd < 0) *passed_fd = fd;
-      else ::close(fd);
+      if (passed_fd != nullptr && *passed_fd < 0)
+        *passed_fd = fd;
+      else
+        ::close(fd);
     }
   }
   if (r < 0) {

@@ -17,11 +17,10 @@
 
 #include <array>
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <span>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "core/status.hpp"
 
@@ -41,9 +40,9 @@ struct FrameHeader {
 
 struct Frame {
   Kind kind = Kind::kRequest;
-  nlohmann::json body;        // an object
+  nlohmann::json body;  // an object
   std::vector<uint8_t> blob;
-  int passed_fd = -1;         // a descriptor received with the frame (owned by the receiver)
+  int passed_fd = -1;  // a descriptor received with the frame (owned by the receiver)
 };
 
 std::array<uint8_t, kFrameHeaderBytes> encode_header(const FrameHeader& h);

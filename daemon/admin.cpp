@@ -148,39 +148,39 @@ Result<json> Admin::stats(const json& /*req*/) {
   tiers["nvme"]["path"] = p_.nvme_path;
   if (p_.nvme) tiers["nvme"]["direct_io"] = p_.nvme->direct_io();
   tiers["pfs"]["path"] = p_.repo.dir();
-  return json{{"tiers", std::move(tiers)},
-              {"repository",
-               {{"path", p_.repo.dir()},
-                {"models", rs.models},
-                {"retired", rs.retired},
-                {"packs", rs.packs},
-                {"chunks", rs.chunks},
-                {"logical_bytes", rs.logical_bytes},
-                {"physical_bytes", rs.physical_bytes},
-                {"stored_bytes", rs.stored_bytes},
-                {"codings", codings_json(rs)},
-                // Sharing (docs/repository-format.md): files on the PFS, this daemon's writer id,
-                // the writers alive, and the group writes of records this daemon made.
-                {"files", rs.files},
-                {"writer", p_.repo.writer_id()},
-                {"writers_alive", rs.writers_alive},
-                {"group_syncs", rs.group_syncs}}},
-              {"catalog", {{"models", p_.catalog.size()}, {"live", p_.catalog.live()}}},
-              {"pending_models", fl.pending_models},
-              // What a crash could lose or delay: models not yet in the repository, by stage.
-              {"flush",
-               {{"pending_models", fl.pending_models},
-                {"awaiting_local", fl.awaiting_local},
-                {"local_not_global", fl.local_not_global},
-                {"repository_write_retries", fl.repository_write_retries},
-                {"dirty_dram_bytes", dram.dirty_bytes},
-                {"dirty_nvme_bytes", nvme.dirty_bytes}}},
-              {"movement", std::move(moved)},
-              {"recovery",
-               {{"models_recovered", p_.recovery.models_recovered}, {"models_lost", p_.recovery.models_lost}}},
-              {"dirty_bytes", dram.dirty_bytes + nvme.dirty_bytes},
-              {"prefetch", p_.prefetcher ? p_.prefetcher->stats() : json::object()},
-              {"chunk_size", p_.repo.chunk_size()}};
+  return json{
+      {"tiers", std::move(tiers)},
+      {"repository",
+       {{"path", p_.repo.dir()},
+        {"models", rs.models},
+        {"retired", rs.retired},
+        {"packs", rs.packs},
+        {"chunks", rs.chunks},
+        {"logical_bytes", rs.logical_bytes},
+        {"physical_bytes", rs.physical_bytes},
+        {"stored_bytes", rs.stored_bytes},
+        {"codings", codings_json(rs)},
+        // Sharing (docs/repository-format.md): files on the PFS, this daemon's writer id,
+        // the writers alive, and the group writes of records this daemon made.
+        {"files", rs.files},
+        {"writer", p_.repo.writer_id()},
+        {"writers_alive", rs.writers_alive},
+        {"group_syncs", rs.group_syncs}}},
+      {"catalog", {{"models", p_.catalog.size()}, {"live", p_.catalog.live()}}},
+      {"pending_models", fl.pending_models},
+      // What a crash could lose or delay: models not yet in the repository, by stage.
+      {"flush",
+       {{"pending_models", fl.pending_models},
+        {"awaiting_local", fl.awaiting_local},
+        {"local_not_global", fl.local_not_global},
+        {"repository_write_retries", fl.repository_write_retries},
+        {"dirty_dram_bytes", dram.dirty_bytes},
+        {"dirty_nvme_bytes", nvme.dirty_bytes}}},
+      {"movement", std::move(moved)},
+      {"recovery", {{"models_recovered", p_.recovery.models_recovered}, {"models_lost", p_.recovery.models_lost}}},
+      {"dirty_bytes", dram.dirty_bytes + nvme.dirty_bytes},
+      {"prefetch", p_.prefetcher ? p_.prefetcher->stats() : json::object()},
+      {"chunk_size", p_.repo.chunk_size()}};
 }
 
 // `cairn rm`: retire. The model leaves queries and `cairn ls`; its bytes stay until `cairn gc`.
@@ -227,8 +227,9 @@ Result<json> Admin::gc(const json& /*req*/, OperationProgress& progress) {
   steps.deciding = [&]() -> Status {
     gc_lock.lock();
     if (!p_.flusher.drain_for(std::chrono::seconds(10)))
-      return busy("gc: models committed while it waited are still on their way to the repository after 10 s (the "
-                  "log says why if its writes fail); run gc again");
+      return busy(
+          "gc: models committed while it waited are still on their way to the repository after 10 s (the "
+          "log says why if its writes fail); run gc again");
     return Status::ok();
   };
   steps.decided = [&](const GcReport& r) {
@@ -293,8 +294,8 @@ Result<json> Admin::fsck(const json& req, OperationProgress& progress) {
 
 bool Admin::drain_reporting(OperationProgress& progress, int64_t timeout_ms) {
   using SteadyClock = std::chrono::steady_clock;
-  const auto deadline = timeout_ms < 0 ? SteadyClock::time_point::max()
-                                       : SteadyClock::now() + std::chrono::milliseconds(timeout_ms);
+  const auto deadline =
+      timeout_ms < 0 ? SteadyClock::time_point::max() : SteadyClock::now() + std::chrono::milliseconds(timeout_ms);
   const uint64_t before = p_.flusher.stats().pending_models;
   progress.begin_phase("writing models to the repository", ProgressUnit::kItems, before);
   for (;;) {

@@ -4,23 +4,22 @@
 // Owns: nothing; it reads the other components' state and calls the repository's maintenance.
 // gc waits for the flusher to drain, then takes the gc lock exclusively (no commit or read of
 // repository data runs meanwhile) and drains what was committed since, at most 10 s (kBusy
-// otherwise), so every committed model's references count and gc never holds the lock for long. Never reads or writes chunks
-// itself.
+// otherwise), so every committed model's references count and gc never holds the lock for long. Never reads or writes
+// chunks itself.
 //
 // Thread-safety: every method may be called from any thread.
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <shared_mutex>
 #include <string>
 
-#include <nlohmann/json.hpp>
-
 #include "core/progress.hpp"
 #include "core/status.hpp"
-#include "daemon/peers/remote_models.hpp"
 #include "daemon/catalog.hpp"
 #include "daemon/flusher.hpp"
+#include "daemon/peers/remote_models.hpp"
 #include "daemon/prefetcher.hpp"
 #include "daemon/references.hpp"
 #include "tiers/dram/dram_tier.hpp"
@@ -45,12 +44,12 @@ class Admin {
     Flusher& flusher;
     ReferenceCounts& references;
     DramTier& dram;
-    NvmeTier* nvme;                  // null without a burst buffer
+    NvmeTier* nvme;  // null without a burst buffer
     TierManager& tiers;
-    const std::string& nvme_path;    // tiers.nvme.path, reported by stats
+    const std::string& nvme_path;  // tiers.nvme.path, reported by stats
     const RecoveryReport& recovery;
     std::shared_mutex& gc_mu;
-    Prefetcher* prefetcher = nullptr;  // its counters in stats
+    Prefetcher* prefetcher = nullptr;      // its counters in stats
     const RemoteModels* remote = nullptr;  // models committed on other members of the job
     const HbmTier* hbm = nullptr;          // the GPU tier, reported by stats (null: none)
   };

@@ -192,7 +192,7 @@ struct Catalog::Impl {
   std::vector<uint32_t> free_slots;
   std::unordered_map<std::string, uint32_t> by_id;
   std::unordered_map<Signature, std::set<Rank>, ChunkHashHasher> postings;
-  std::map<uint64_t, uint32_t> live_order;         // seq -> slot, live models only
+  std::map<uint64_t, uint32_t> live_order;  // seq -> slot, live models only
   uint64_t next_seq = 1;
 
   std::mutex type_mu;
@@ -317,7 +317,8 @@ Status Catalog::add(const std::string& id, const std::string& parent, GraphHandl
   int64_t parent_slot = -1;
   if (!parent.empty()) {
     auto it = impl_->by_id.find(parent);
-    if (it == impl_->by_id.end()) return not_found("parent '" + parent + "' of model '" + id + "' is not in the catalog");
+    if (it == impl_->by_id.end())
+      return not_found("parent '" + parent + "' of model '" + id + "' is not in the catalog");
     parent_slot = it->second;
   }
   uint32_t slot;
@@ -487,8 +488,7 @@ BestAncestor Catalog::best_ancestor(const GraphHandle& gh, const MetadataFilter&
     --r_size;
     for (uint32_t i : g.inputs[j]) {
       if (!in_r[i]) continue;
-      if (--consumers[i] == 0 && std::find(maximal.begin(), maximal.end(), i) == maximal.end())
-        maximal.push_back(i);
+      if (--consumers[i] == 0 && std::find(maximal.begin(), maximal.end(), i) == maximal.end()) maximal.push_back(i);
     }
   }
   if (!have_best || best_count == 0) return {};

@@ -15,13 +15,12 @@
 
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <shared_mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "core/graph.hpp"
 #include "core/status.hpp"
@@ -51,20 +50,20 @@ class MetadataFilter {
 struct CompiledGraph {
   std::vector<std::string> names;
   std::vector<Signature> signatures;
-  std::vector<uint32_t> types;                     // interned type ids (Catalog-wide)
-  std::vector<std::vector<uint32_t>> inputs;       // indices into the above
-  std::map<std::string, std::string> tensors;      // explicit tensor -> layer entries
-  std::vector<Signature> sorted_signatures;        // distinct, sorted (membership tests)
+  std::vector<uint32_t> types;                 // interned type ids (Catalog-wide)
+  std::vector<std::vector<uint32_t>> inputs;   // indices into the above
+  std::map<std::string, std::string> tensors;  // explicit tensor -> layer entries
+  std::vector<Signature> sorted_signatures;    // distinct, sorted (membership tests)
   bool contains(const Signature& s) const;
 };
 using GraphHandle = std::shared_ptr<const CompiledGraph>;
 
 struct BestAncestor {
-  std::string model;                      // "" when no live model shares a layer (or passes where)
-  size_t matched = 0;                     // layers of the query graph that match
-  std::vector<std::string> layers;        // those layers' names, in the query graph's order
-  std::vector<std::string> source_layers; // for each, the name of the matching layer in the model
-  std::optional<double> score;            // the model's metadata "score", if numeric
+  std::string model;                       // "" when no live model shares a layer (or passes where)
+  size_t matched = 0;                      // layers of the query graph that match
+  std::vector<std::string> layers;         // those layers' names, in the query graph's order
+  std::vector<std::string> source_layers;  // for each, the name of the matching layer in the model
+  std::optional<double> score;             // the model's metadata "score", if numeric
   bool operator==(const BestAncestor&) const = default;
 };
 
@@ -84,8 +83,7 @@ class Catalog {
   // Adds a model. kExists if id is known; kNotFound if parent is neither "" nor known. A retired
   // model takes part in lineage queries only.
   Status add(const std::string& id, const std::string& parent, GraphHandle graph,
-             nlohmann::json metadata = nlohmann::json::object(),
-             bool retired = false);
+             nlohmann::json metadata = nlohmann::json::object(), bool retired = false);
   // Takes the model out of best_ancestor and find (it stays in lineage). kNotFound if unknown.
   Status retire(const std::string& id);
   // Forgets a model. kBusy if it has children; kNotFound if unknown.

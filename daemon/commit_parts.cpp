@@ -65,7 +65,9 @@ CommitPath::~CommitPath() {
   }
   reap_cv_.notify_all();
   if (reaper_.joinable()) reaper_.join();
-  for (auto& a : left) fail_assembly(*a, unavailable("model '" + a->id + "' was not created: the daemon stopped while its parts were arriving"));
+  for (auto& a : left)
+    fail_assembly(
+        *a, unavailable("model '" + a->id + "' was not created: the daemon stopped while its parts were arriving"));
 }
 
 void CommitPath::unreserve(const std::string& id) {
@@ -108,10 +110,11 @@ void CommitPath::reap_loop() {
       for (uint32_t i = 0; i < a.of; ++i)
         if (!a.parts[i].arrived) missing += (n_missing++ ? ", " : "") + std::to_string(i);
       a.failed = true;
-      a.error = unavailable("model '" + a.id + "' was not created: part" + (n_missing > 1 ? "s " : " ") + missing +
-                          " of " + std::to_string(a.of) + " did not arrive within " + std::to_string(a.timeout.count()) +
-                          " ms of the first (a writer died or never committed its part); nothing of the model is "
-                          "visible and the parts that came were dropped");
+      a.error =
+          unavailable("model '" + a.id + "' was not created: part" + (n_missing > 1 ? "s " : " ") + missing + " of " +
+                      std::to_string(a.of) + " did not arrive within " + std::to_string(a.timeout.count()) +
+                      " ms of the first (a writer died or never committed its part); nothing of the model is "
+                      "visible and the parts that came were dropped");
       expired.push_back(it->second);
       it = assemblies_.erase(it);
     }
@@ -121,8 +124,10 @@ void CommitPath::reap_loop() {
       lock.lock();
       continue;
     }
-    if (next == SteadyClock::time_point::max()) reap_cv_.wait(lock);
-    else reap_cv_.wait_until(lock, next);
+    if (next == SteadyClock::time_point::max())
+      reap_cv_.wait(lock);
+    else
+      reap_cv_.wait_until(lock, next);
   }
 }
 
@@ -214,7 +219,8 @@ Result<CommitReply> CommitPath::commit_part(Session& s, Commit& r, const std::ve
       if (a->of != of)
         return invalid_argument(part_name + ": an earlier part said the model has " + std::to_string(a->of) + " parts");
       if (a->parent != parent)
-        return invalid_argument(part_name + ": parent '" + parent + "' differs from the earlier parts' '" + a->parent + "'");
+        return invalid_argument(part_name + ": parent '" + parent + "' differs from the earlier parts' '" + a->parent +
+                                "'");
       if (a->parts[index].arrived || a->parts[index].arriving)
         return invalid_argument(part_name + " was committed twice");
     } else {

@@ -10,8 +10,8 @@
 #include "core/graph.hpp"
 #include "daemon/model_graph.hpp"
 #include "daemon/request.hpp"
-#include "daemon/watchdog.hpp"
 #include "daemon/trace_recorder.hpp"
+#include "daemon/watchdog.hpp"
 
 namespace cairn {
 
@@ -51,9 +51,9 @@ void CommitPath::end_session(Session& s) {
 // (docs/decisions/0001-chunk-hash.md: the users of one daemon and repository are one job's); reads
 // from storage verify them as always.
 Result<std::vector<CommitPath::Planned>> CommitPath::plan(Session& s, const std::string& id,
-                                                         std::vector<CommitTensor>& tensors, bool inherit_all,
-                                                         const ModelManifest* parent,
-                                                         const std::vector<uint8_t>& blob) {
+                                                          std::vector<CommitTensor>& tensors, bool inherit_all,
+                                                          const ModelManifest* parent,
+                                                          const std::vector<uint8_t>& blob) {
   std::vector<Planned> plan;
   plan.reserve(tensors.size());
   std::set<uint64_t> spaces;
@@ -180,8 +180,10 @@ Result<std::shared_ptr<ModelManifest>> CommitPath::build_and_register(Build b) {
   // The bytes of its tensors, for the usage counters: in chunks new here, in chunks this daemon
   // already held (DRAM or repository), in tensors inherited from the parent.
   uint64_t stored_bytes = 0, deduplicated_bytes = 0, inherited_bytes = 0;
-  if (all_parent) m->tensors = parent_manifest->tensors;
-  else m->tensors.reserve(plan.size());
+  if (all_parent)
+    m->tensors = parent_manifest->tensors;
+  else
+    m->tensors.reserve(plan.size());
   if (all_parent)
     for (const TensorManifest& t : m->tensors) inherited_bytes += t.nbytes;
   if (all_parent && p_.trace)
@@ -238,8 +240,10 @@ Result<std::shared_ptr<ModelManifest>> CommitPath::build_and_register(Build b) {
   });
   for (const auto& h : pinned) p_.dram.unpin(h);
   if (!registered.is_ok()) {
-    if (ticket && b.forget_ticket_on_error) p_.tickets.forget({ticket});
-    else if (ticket) p_.tickets.finish(ticket, Durability::kMemory, registered);
+    if (ticket && b.forget_ticket_on_error)
+      p_.tickets.forget({ticket});
+    else if (ticket)
+      p_.tickets.finish(ticket, Durability::kMemory, registered);
     return registered;
   }
   if (p_.committed) p_.committed(*m);
@@ -273,8 +277,8 @@ Result<CommitReply> CommitPath::commit(Session& s, Commit r, const std::vector<u
       return already_exists("model '" + id + "' already exists (model ids are immutable; choose a new id)");
     Status claimed = p_.repo.claim(id);
     if (claimed.code() == StatusCode::kExists)
-      return already_exists("model '" + id + "' already exists (model ids are immutable; choose a new id): " +
-                            claimed.message());
+      return already_exists("model '" + id +
+                            "' already exists (model ids are immutable; choose a new id): " + claimed.message());
     CAIRN_RETURN_IF_ERROR(claimed);
     committing_[id] = parent;
   }
@@ -298,7 +302,8 @@ Result<CommitReply> CommitPath::commit(Session& s, Commit r, const std::vector<u
   }
 
   // Pass 1: validate everything, touching nothing.
-  CAIRN_ASSIGN_OR_RETURN(std::vector<Planned> plan, this->plan(s, id, r.tensors, r.inherit_all, parent_manifest.get(), blob));
+  CAIRN_ASSIGN_OR_RETURN(std::vector<Planned> plan,
+                         this->plan(s, id, r.tensors, r.inherit_all, parent_manifest.get(), blob));
 
   // Pass 2: copy inline bytes into the arena (the only step that can still fail before chunks move).
   std::vector<Extent> inline_extents;

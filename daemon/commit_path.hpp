@@ -17,20 +17,20 @@
 // follow the flush (and repository) order.
 #pragma once
 
-#include <cstdint>
 #include <condition_variable>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <shared_mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "core/graph.hpp"
 #include "core/status.hpp"
+#include "core/sync.hpp"
 #include "daemon/catalog.hpp"
 #include "daemon/commit_clock.hpp"
 #include "daemon/flusher.hpp"
@@ -45,7 +45,6 @@
 #include "tiers/dram/dram_tier.hpp"
 #include "tiers/pfs/repository.hpp"
 #include "tiers/tier_manager.hpp"
-#include "core/sync.hpp"
 
 namespace cairn {
 
@@ -63,9 +62,9 @@ class CommitPath : public PartSink {
     ReferenceCounts& references;
     TicketBook& tickets;
     const ModelDirectory& models;
-    CommitClock& clock;         // stamps each registered model (created_ns)
-    std::shared_mutex& gc_mu;   // held shared until a commit's chunks are referenced by a registered model
-    bool burst_buffer = false;  // memory and local commits go through the local stage
+    CommitClock& clock;              // stamps each registered model (created_ns)
+    std::shared_mutex& gc_mu;        // held shared until a commit's chunks are referenced by a registered model
+    bool burst_buffer = false;       // memory and local commits go through the local stage
     TraceRecorder* trace = nullptr;  // records the chunks each commit creates (policy.trace)
     // Called with each model once it is registered (visible): the peer group announces it.
     std::function<void(const ModelManifest&)> committed = {};
@@ -123,12 +122,12 @@ class CommitPath : public PartSink {
     std::string parent;
     const ModelManifest* parent_manifest = nullptr;
     nlohmann::json metadata = nlohmann::json::object();
-    nlohmann::json architecture;    // null when none
-    const Graph* graph = nullptr;   // the architecture parsed (null: derived or the parent's)
+    nlohmann::json architecture;   // null when none
+    const Graph* graph = nullptr;  // the architecture parsed (null: derived or the parent's)
     // The parts' plans and where each planned tensor's bytes are, in order (a plain commit is one).
     std::vector<std::pair<const std::vector<Planned>*, const std::vector<Extent>*>> parts;
-    std::string source_header;      // the safetensors header, as the request gave it ("" = none)
-    uint64_t ticket = 0;            // 0: none
+    std::string source_header;  // the safetensors header, as the request gave it ("" = none)
+    uint64_t ticket = 0;        // 0: none
     Durability target = Durability::kGlobal;
     // On error the ticket is forgotten; false: finished with the error (parts follow it).
     bool forget_ticket_on_error = true;
@@ -156,7 +155,8 @@ class CommitPath : public PartSink {
   // A part's reply: at once with its ticket, or once the model reached the part's durability.
   Result<request::CommitReply> part_reply(Session& s, request::CommitReply out, uint64_t ticket, bool wait);
   // Hashes each (arena offset, length) range of base, on several threads when there is much to hash.
-  static std::vector<ChunkHash> hash_ranges(const uint8_t* base, const std::vector<std::pair<uint64_t, uint64_t>>& ranges);
+  static std::vector<ChunkHash> hash_ranges(const uint8_t* base,
+                                            const std::vector<std::pair<uint64_t, uint64_t>>& ranges);
   Status complete_assembly(Assembly& a);
   void fail_assembly(Assembly& a, const Status& error);
   void release_part_bytes(const std::vector<Planned>& plan, const std::vector<Extent>& ext);
@@ -169,7 +169,7 @@ class CommitPath : public PartSink {
   std::map<std::string, std::string> committing_ CAIRN_GUARDED_BY(mu_);  // id -> parent, validation to registration
   std::map<std::string, std::shared_ptr<Assembly>> assemblies_ CAIRN_GUARDED_BY(mu_);
   cairn::CondVar reap_cv_;
-  std::thread reaper_;                             // started with the first assembly
+  std::thread reaper_;  // started with the first assembly
   bool stopping_ CAIRN_GUARDED_BY(mu_) = false;
 };
 

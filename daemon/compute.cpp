@@ -87,19 +87,9 @@ Status ComputeWorker::start() {
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) return errno_status("compute worker: pipe", errno);
   const std::string py = python();
-  std::vector<std::string> args{py,
-                                "-m",
-                                "cairn.near_worker",
-                                "--daemon",
-                                daemon_socket_,
-                                "--socket",
-                                socket_,
-                                "--ready-fd",
-                                "3",
-                                "--memory",
-                                std::to_string(memory_),
-                                "--cache",
-                                std::to_string(cache_)};
+  std::vector<std::string> args{
+      py,  "-m",       "cairn.near_worker",     "--daemon", daemon_socket_,        "--socket", socket_, "--ready-fd",
+      "3", "--memory", std::to_string(memory_), "--cache",  std::to_string(cache_)};
   if (!listen_config_.empty()) {
     args.emplace_back("--listen");
     args.push_back(listen_config_);
@@ -214,12 +204,9 @@ Result<json> ComputeWorker::attach(const json&) {
 json ComputeWorker::status() {
   std::lock_guard<std::mutex> lk(mu_);
   bool running = alive_locked();
-  return json{{"enabled", enabled_},
-              {"running", running},
-              {"pid", running ? pid_ : 0},
-              {"socket", enabled_ ? socket_ : std::string()},
-              {"listen", listen_},
-              {"starts", starts_},
+  return json{{"enabled", enabled_},       {"running", running},
+              {"pid", running ? pid_ : 0}, {"socket", enabled_ ? socket_ : std::string()},
+              {"listen", listen_},         {"starts", starts_},
               {"last_error", last_error_}};
 }
 

@@ -16,12 +16,12 @@
 // Lock order: start_mu_, then mu_.
 #pragma once
 
-#include <chrono>
-#include <mutex>
-#include <string>
 #include <sys/types.h>
 
+#include <chrono>
+#include <mutex>
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "core/config.hpp"
 #include "core/status.hpp"

@@ -58,63 +58,77 @@ const std::vector<Engine::Op>& Engine::table() {
       {"hello", [](Engine& e, Session& s, const json&, B&) { return e.hello(s); }},
       {"ping", [](Engine&, Session&, const json&, B&) -> Result<json> { return json::object(); }},
       // staging space and commits (commit_path.cpp)
-      {"allocate", [](Engine& e, Session& s, const json& r, B&) -> Result<json> {
+      {"allocate",
+       [](Engine& e, Session& s, const json& r, B&) -> Result<json> {
          CAIRN_ASSIGN_OR_RETURN(auto q, request::decode_allocate(r));
          return encoded(e.commits_->allocate(s, q));
        }},
-      {"free", [](Engine& e, Session& s, const json& r, B&) -> Result<json> {
+      {"free",
+       [](Engine& e, Session& s, const json& r, B&) -> Result<json> {
          CAIRN_ASSIGN_OR_RETURN(auto q, request::decode_free(r));
          return encoded(e.commits_->free(s, q));
        }},
-      {"commit", [](Engine& e, Session& s, const json& r, B& b) -> Result<json> {
+      {"commit",
+       [](Engine& e, Session& s, const json& r, B& b) -> Result<json> {
          CAIRN_ASSIGN_OR_RETURN(auto q, request::decode_commit(r, {e.repo_->chunk_size()}));
          return encoded(e.commits_->commit(s, std::move(q), b));
        }},
-      {"wait", [](Engine& e, Session&, const json& r, B&) -> Result<json> {
+      {"wait",
+       [](Engine& e, Session&, const json& r, B&) -> Result<json> {
          CAIRN_ASSIGN_OR_RETURN(auto q, request::decode_wait(r));
          return encoded(e.commits_->wait(q));
        }},
       // named tensors (named_tensors.cpp)
-      {"put_tensor", [](Engine& e, Session& s, const json& r, B& b) -> Result<json> {
+      {"put_tensor",
+       [](Engine& e, Session& s, const json& r, B& b) -> Result<json> {
          CAIRN_ASSIGN_OR_RETURN(auto q, request::decode_put_tensor(r));
          return encoded(e.named_.put(s, q, b));
        }},
-      {"tensor_info", [](Engine& e, Session&, const json& r, B&) -> Result<json> {
+      {"tensor_info",
+       [](Engine& e, Session&, const json& r, B&) -> Result<json> {
          CAIRN_ASSIGN_OR_RETURN(auto q, request::decode_tensor_key(r));
          return encoded(e.named_.info(q));
        }},
-      {"lease_tensor", [](Engine& e, Session& s, const json& r, B&) -> Result<json> {
+      {"lease_tensor",
+       [](Engine& e, Session& s, const json& r, B&) -> Result<json> {
          CAIRN_ASSIGN_OR_RETURN(auto q, request::decode_tensor_key(r));
          return encoded(e.named_.lease(s, q));
        }},
-      {"poll_tensor", [](Engine& e, Session&, const json& r, B&) -> Result<json> {
+      {"poll_tensor",
+       [](Engine& e, Session&, const json& r, B&) -> Result<json> {
          CAIRN_ASSIGN_OR_RETURN(auto q, request::decode_poll_tensor(r));
          return request::encode(e.named_.poll(q));
        }},
-      {"delete_tensor", [](Engine& e, Session&, const json& r, B&) -> Result<json> {
+      {"delete_tensor",
+       [](Engine& e, Session&, const json& r, B&) -> Result<json> {
          CAIRN_ASSIGN_OR_RETURN(auto q, request::decode_tensor_key(r));
          return encoded(e.named_.remove(q));
        }},
       // reads (reads.cpp)
-      {"open", [](Engine& e, Session&, const json& r, B&) -> Result<json> {
+      {"open",
+       [](Engine& e, Session&, const json& r, B&) -> Result<json> {
          CAIRN_ASSIGN_OR_RETURN(auto q, request::decode_open(r));
          return encoded(e.reads_->open(q));
        }},
-      {"lease", [](Engine& e, Session& s, const json& r, B&) -> Result<json> {
+      {"lease",
+       [](Engine& e, Session& s, const json& r, B&) -> Result<json> {
          CAIRN_ASSIGN_OR_RETURN(auto q, request::decode_lease(r));
          return encoded(e.reads_->lease(s, q));
        }},
-      {"release", [](Engine& e, Session& s, const json& r, B&) -> Result<json> {
+      {"release",
+       [](Engine& e, Session& s, const json& r, B&) -> Result<json> {
          auto leases = r.find("leases");
          CAIRN_ASSIGN_OR_RETURN(auto q, request::decode_release(leases == r.end() ? nullptr : &*leases));
          e.reads_->release(s, q);
          return json::object();
        }},
-      {"lease_device", [](Engine& e, Session& s, const json& r, B&) -> Result<json> {
+      {"lease_device",
+       [](Engine& e, Session& s, const json& r, B&) -> Result<json> {
          CAIRN_ASSIGN_OR_RETURN(auto q, request::decode_lease_device(r));
          return encoded(e.reads_->lease_device(s, q));
        }},
-      {"prefetch", [](Engine& e, Session&, const json& r, B&) -> Result<json> {
+      {"prefetch",
+       [](Engine& e, Session&, const json& r, B&) -> Result<json> {
          CAIRN_ASSIGN_OR_RETURN(auto q, request::decode_prefetch(r));
          CAIRN_ASSIGN_OR_RETURN(auto tracked, e.progress_.track(r));
          return e.prefetch(q, tracked.progress());
@@ -122,7 +136,8 @@ const std::vector<Engine::Op>& Engine::table() {
       // administration (admin.cpp) and queries (queries.cpp)
       {"list", [](Engine& e, Session&, const json& r, B&) { return e.admin_->list(r); }},
       {"show", [](Engine& e, Session&, const json& r, B&) { return e.admin_->show(r); }},
-      {"stats", [](Engine& e, Session&, const json& r, B&) -> Result<json> {
+      {"stats",
+       [](Engine& e, Session&, const json& r, B&) -> Result<json> {
          CAIRN_ASSIGN_OR_RETURN(json out, e.admin_->stats(r));
          out["compute"] = e.compute_->status();
          out["watchdog"] = e.watchdog_.stats();
@@ -137,25 +152,30 @@ const std::vector<Engine::Op>& Engine::table() {
       {"fault", [](Engine& e, Session&, const json& r, B&) { return e.faults_.handle(r); }},
       {"remove", [](Engine& e, Session&, const json& r, B&) { return e.admin_->remove(r); }},
       // The long ones publish their progress under the token in "progress" (progress_board.cpp).
-      {"gc", [](Engine& e, Session&, const json& r, B&) -> Result<json> {
+      {"gc",
+       [](Engine& e, Session&, const json& r, B&) -> Result<json> {
          CAIRN_ASSIGN_OR_RETURN(auto tracked, e.progress_.track(r));
          return e.admin_->gc(r, tracked.progress());
        }},
-      {"fsck", [](Engine& e, Session&, const json& r, B&) -> Result<json> {
+      {"fsck",
+       [](Engine& e, Session&, const json& r, B&) -> Result<json> {
          CAIRN_ASSIGN_OR_RETURN(auto tracked, e.progress_.track(r));
          return e.admin_->fsck(r, tracked.progress());
        }},
-      {"flush", [](Engine& e, Session&, const json& r, B&) -> Result<json> {
+      {"flush",
+       [](Engine& e, Session&, const json& r, B&) -> Result<json> {
          CAIRN_ASSIGN_OR_RETURN(auto tracked, e.progress_.track(r));
          return e.admin_->flush(r, tracked.progress());
        }},
-      {"sync", [](Engine& e, Session&, const json& r, B&) -> Result<json> {
+      {"sync",
+       [](Engine& e, Session&, const json& r, B&) -> Result<json> {
          CAIRN_ASSIGN_OR_RETURN(auto tracked, e.progress_.track(r));
          tracked.progress().begin_phase("reading the records of other daemons", ProgressUnit::kItems, 0);
          return encoded(e.watch_->sync());
        }},
       {"progress", [](Engine& e, Session&, const json& r, B&) { return e.progress_.query(r); }},
-      {"peers", [](Engine& e, Session&, const json&, B&) -> Result<json> {
+      {"peers",
+       [](Engine& e, Session&, const json&, B&) -> Result<json> {
          if (!e.peers_) return json{{"enabled", false}, {"members", json::array()}};
          json out = e.peers_->status();
          if (e.group_parts_) out["parts"] = e.group_parts_->status();
@@ -262,8 +282,8 @@ Result<json> Engine::prefetch(const request::Prefetch& req, OperationProgress& p
     return local;
   }
   // The others and this daemon at once: they fetch from each other as the chunks arrive.
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::milliseconds(req.timeout_ms.value_or(uint64_t{600000}));
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(req.timeout_ms.value_or(uint64_t{600000}));
   auto t0 = std::chrono::steady_clock::now();
   // The other members' answers, counted while this member prefetches; shown once it has finished
   // (its own bytes are the first phase).

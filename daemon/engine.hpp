@@ -35,11 +35,10 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <shared_mutex>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "core/config.hpp"
 #include "core/fs.hpp"
@@ -62,11 +61,11 @@
 #include "daemon/prefetcher.hpp"
 #include "daemon/progress_board.hpp"
 #include "daemon/queries.hpp"
+#include "daemon/reads.hpp"
+#include "daemon/references.hpp"
 #include "daemon/repository_watch.hpp"
 #include "daemon/request.hpp"
-#include "daemon/reads.hpp"
 #include "daemon/request_metrics.hpp"
-#include "daemon/references.hpp"
 #include "daemon/session.hpp"
 #include "daemon/tickets.hpp"
 #include "daemon/usage_counters.hpp"
@@ -186,7 +185,7 @@ class Engine {
   // peer_events_ once started; left in ~Engine, before the components its events reach go.
   std::unique_ptr<PeerService> peers_;
   std::unique_ptr<PeerPartTransport> part_transport_;  // over peers_ (null without a group)
-  std::unique_ptr<TraceRecorder> trace_;  // null unless policy.trace
+  std::unique_ptr<TraceRecorder> trace_;               // null unless policy.trace
   // ---- made by the constructor, in this order ----
   // The sources below DRAM: the burst buffer, the peer group, the repository. After peers_, whose
   // chunk source it holds: that source goes first.

@@ -85,12 +85,14 @@ void append_tier(Writer& w, const std::string& tier, const json& t, const std::s
   w.counter(p + "evicted_bytes", "bytes", "Chunk bytes that left the " + what + " (evicted or demoted)",
             count_of(t, "bytes_out"));
   if (tier != "hbm")
-    w.gauge(p + "dirty_bytes", "bytes", "Bytes in the " + what + " not yet in the repository", count_of(t, "dirty_bytes"));
+    w.gauge(p + "dirty_bytes", "bytes", "Bytes in the " + what + " not yet in the repository",
+            count_of(t, "dirty_bytes"));
 }
 
 }  // namespace
 
-void Engine::record_request(size_t slot, const json& request, StatusCode code, std::chrono::steady_clock::duration took) {
+void Engine::record_request(size_t slot, const json& request, StatusCode code,
+                            std::chrono::steady_clock::duration took) {
   request_metrics_->record(slot, code, std::chrono::duration_cast<std::chrono::nanoseconds>(took));
   static const size_t kCommit = op_slot("commit");
   if (slot != kCommit || code != StatusCode::kOk) return;
@@ -131,7 +133,8 @@ std::string Engine::metrics_text(metrics::Format format) {
               count_of(dram, "backpressure_waits"));
     // The repository (tiers.pfs and repository).
     const json& pfs = field(tiers, "pfs");
-    w.counter("cairn_repository_read_bytes", "bytes", "Chunk bytes read from the repository", count_of(pfs, "bytes_out"));
+    w.counter("cairn_repository_read_bytes", "bytes", "Chunk bytes read from the repository",
+              count_of(pfs, "bytes_out"));
     w.counter("cairn_repository_written_bytes", "bytes", "Chunk bytes written to the repository",
               count_of(pfs, "bytes_in"));
     w.counter("cairn_repository_chunk_reads", "", "Chunks read from the repository", count_of(pfs, "hits"));

@@ -50,9 +50,8 @@ Result<T> name_field(const json& rule, const char* field, std::span<const Faulty
 Result<int64_t> int_field(const json& rule, const char* field, int64_t dflt, int64_t lo, int64_t hi) {
   auto it = rule.find(field);
   if (it == rule.end()) return dflt;
-  if (!it->is_number_integer() ||
-      (it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(hi)) || it->get<int64_t>() < lo ||
-      it->get<int64_t>() > hi)
+  if (!it->is_number_integer() || (it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(hi)) ||
+      it->get<int64_t>() < lo || it->get<int64_t>() > hi)
     return invalid_argument(std::string("fault: field 'rule.") + field + "' must be an integer from " +
                             std::to_string(lo) + " to " + std::to_string(hi));
   return it->get<int64_t>();
@@ -99,7 +98,8 @@ Result<Faulty::Rule> parse_fault_rule(const json& rule) {
         return invalid_argument("fault: field 'rule.effect': flip_bit needs op 'read' or 'write'");
       break;
     case Faulty::Effect::kDelay:
-      if (delay == 0) return invalid_argument("fault: field 'rule.delay_ms' must be given (1 to 600000) with effect 'delay'");
+      if (delay == 0)
+        return invalid_argument("fault: field 'rule.delay_ms' must be given (1 to 600000) with effect 'delay'");
       break;
     case Faulty::Effect::kFail:
       break;
@@ -137,7 +137,8 @@ Result<json> FaultInjection::handle(const json& req) {
   };
   if (*action == "add") {
     auto rule = req.find("rule");
-    if (rule == req.end()) return invalid_argument("fault: field 'rule' is missing (an object {op, path, effect, ...})");
+    if (rule == req.end())
+      return invalid_argument("fault: field 'rule' is missing (an object {op, path, effect, ...})");
     CAIRN_ASSIGN_OR_RETURN(Faulty::Rule r, parse_fault_rule(*rule));
     if (fs_->rules().size() >= kMaxFaultRules)
       return invalid_argument("fault: already " + std::to_string(kMaxFaultRules) + " rules; `cairn fault clear` first");

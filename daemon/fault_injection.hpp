@@ -11,7 +11,6 @@
 #pragma once
 
 #include <cstddef>
-
 #include <nlohmann/json.hpp>
 
 #include "core/fs.hpp"

@@ -1,13 +1,12 @@
 #include "daemon/flusher.hpp"
 
-#include <algorithm>
-#include <unordered_map>
-#include <unordered_set>
-
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <set>
+#include <unordered_map>
+#include <unordered_set>
 
 #include "core/log.hpp"
 
@@ -77,8 +76,10 @@ Status Flusher::enqueue(Entry entry, const std::function<Status()>& admit) {
   }
   // Only the stage that has work is woken (a thread woken for nothing takes a core from the
   // committing client on a small node); the local stage wakes the global one when it is done.
-  if (entry.needs_local) local_cv_.notify_one();
-  else global_cv_.notify_one();
+  if (entry.needs_local)
+    local_cv_.notify_one();
+  else
+    global_cv_.notify_one();
   return Status::ok();
 }
 
@@ -204,7 +205,7 @@ void Flusher::abandon_locked(const ModelManifest& m) {
 
 void Flusher::global_loop() {
   (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 10);
-  constexpr size_t kMaxBatch = 256;  // models per group commit: one log write and one fdatasync
+  constexpr size_t kMaxBatch = 256;                // models per group commit: one log write and one fdatasync
   constexpr uint64_t kMaxBatchBytes = 4ull << 20;  // new chunk bytes per batch (beyond one model)
   // Between attempts to write models whose last write failed (Entry::retry).
   constexpr std::chrono::milliseconds kMinBackoff{50}, kMaxBackoff{5000};

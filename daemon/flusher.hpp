@@ -7,13 +7,12 @@
 //   global — every model: its new chunks and its manifest go to the repository; a model still in its
 //            local stage holds back the ones after it.
 // Each stage tells the ticket book the level a model reached. A model acknowledged before it reached
-// the repository (memory, local, or a commit that did not wait) whose repository write fails with ENOSPC, EIO, busy or a timeout
-// stays pending and is written again after a back-off (100 ms doubling to 5 s) until it succeeds:
-// an acknowledged model is never dropped for a fault that may pass. Any other model whose
-// repository write fails (a `global` commit, whose client gets the error; a permanent error) is
-// gone: the flusher finishes its ticket with the error and tells the engine (forget_failed) to drop
-// it from the catalog and the reference counts. Its record on the burst buffer, if any, stays
-// there, so the next start recovers it.
+// the repository (memory, local, or a commit that did not wait) whose repository write fails with ENOSPC, EIO, busy or
+// a timeout stays pending and is written again after a back-off (100 ms doubling to 5 s) until it succeeds: an
+// acknowledged model is never dropped for a fault that may pass. Any other model whose repository write fails (a
+// `global` commit, whose client gets the error; a permanent error) is gone: the flusher finishes its ticket with the
+// error and tells the engine (forget_failed) to drop it from the catalog and the reference counts. Its record on the
+// burst buffer, if any, stays there, so the next start recovers it.
 //
 // Owns: the pending models (committed, not yet in the repository), both queues, the two threads,
 // and the lock and condition variables for them. Never validates or hashes (the commit path does)
@@ -38,11 +37,11 @@
 #include <vector>
 
 #include "core/status.hpp"
+#include "core/sync.hpp"
 #include "daemon/tickets.hpp"
 #include "tiers/nvme/nvme_tier.hpp"
 #include "tiers/pfs/repository.hpp"
 #include "tiers/tier_manager.hpp"
-#include "core/sync.hpp"
 
 namespace cairn {
 
@@ -60,9 +59,9 @@ class Flusher {
 
   struct Entry {
     std::shared_ptr<const ModelManifest> manifest;
-    uint64_t ticket = 0;        // 0: none (a recovered model)
-    bool needs_local = false;   // goes through the local stage first
-    bool on_nvme = false;       // already recorded on the burst buffer (a recovered model)
+    uint64_t ticket = 0;       // 0: none (a recovered model)
+    bool needs_local = false;  // goes through the local stage first
+    bool on_nvme = false;      // already recorded on the burst buffer (a recovered model)
     // Acknowledged before the repository has it (durability memory or local, a commit that did not
     // wait, or recovered): a
     // repository write that fails for a reason that may pass (no space, I/O, busy, timeout) is
@@ -93,8 +92,8 @@ class Flusher {
 
   struct Stats {
     uint64_t pending_models = 0;
-    uint64_t awaiting_local = 0;      // local stage not done
-    uint64_t local_not_global = 0;    // recorded on the burst buffer, not yet in the repository
+    uint64_t awaiting_local = 0;    // local stage not done
+    uint64_t local_not_global = 0;  // recorded on the burst buffer, not yet in the repository
     uint64_t repository_bytes_written = 0;
     uint64_t repository_write_retries = 0;  // failed repository writes of acknowledged models, retried
   };
@@ -107,11 +106,11 @@ class Flusher {
   struct Pending {
     std::shared_ptr<const ModelManifest> manifest;
     uint64_t ticket = 0;
-    uint64_t seq = 0;           // commit order, the burst buffer's record order
+    uint64_t seq = 0;  // commit order, the burst buffer's record order
     bool needs_local = false;
     bool local_done = false;
-    bool on_nvme = false;       // recorded in the burst buffer's journal
-    bool retry = false;         // Entry::retry
+    bool on_nvme = false;  // recorded in the burst buffer's journal
+    bool retry = false;    // Entry::retry
   };
   void local_loop();
   void global_loop();

@@ -11,10 +11,14 @@ using nlohmann::json;
 
 const char* hint_kind_name(Hint::Kind k) {
   switch (k) {
-    case Hint::Kind::kWillLoad: return "will_load";
-    case Hint::Kind::kPopulation: return "population";
-    case Hint::Kind::kSequence: return "sequence";
-    case Hint::Kind::kDone: return "done";
+    case Hint::Kind::kWillLoad:
+      return "will_load";
+    case Hint::Kind::kPopulation:
+      return "population";
+    case Hint::Kind::kSequence:
+      return "sequence";
+    case Hint::Kind::kDone:
+      return "done";
   }
   return "?";
 }
@@ -24,13 +28,14 @@ namespace {
 Status names_from(const json& j, const char* field, size_t max, std::vector<std::string>* out) {
   const std::string where = std::string("hint.") + field;
   if (!j.is_array()) return invalid_argument(where + ": must be an array of names");
-  if (j.size() > max) return invalid_argument(where + ": " + std::to_string(j.size()) + " entries, at most " + std::to_string(max));
+  if (j.size() > max)
+    return invalid_argument(where + ": " + std::to_string(j.size()) + " entries, at most " + std::to_string(max));
   std::set<std::string> seen;
   for (size_t i = 0; i < j.size(); ++i) {
     const json& v = j[i];
     if (!v.is_string() || !valid_name(v.get_ref<const std::string&>()))
-      return invalid_argument(where + "[" + std::to_string(i) + "]: must be a name (1.." + std::to_string(kMaxNameBytes) +
-                              " bytes of UTF-8 without NUL)");
+      return invalid_argument(where + "[" + std::to_string(i) + "]: must be a name (1.." +
+                              std::to_string(kMaxNameBytes) + " bytes of UTF-8 without NUL)");
     if (seen.insert(v.get<std::string>()).second) out->push_back(v.get<std::string>());
   }
   return Status::ok();
@@ -57,7 +62,8 @@ Result<Hint> parse_hint(const json& j) {
   } else if (kind == "done") {
     h.kind = Hint::Kind::kDone;
   } else {
-    return invalid_argument("hint.kind: '" + kind.substr(0, 64) + "' is not one of will_load, population, sequence, done");
+    return invalid_argument("hint.kind: '" + kind.substr(0, 64) +
+                            "' is not one of will_load, population, sequence, done");
   }
   for (const auto& [key, value] : j.items())
     if (!allowed.count(key))
@@ -65,7 +71,8 @@ Result<Hint> parse_hint(const json& j) {
   auto mit = j.find("models");
   if (mit == j.end()) return invalid_argument("hint.models: missing (an array of model ids)");
   CAIRN_RETURN_IF_ERROR(names_from(*mit, "models", kMaxHintModels, &h.models));
-  if (auto t = j.find("tensors"); t != j.end()) CAIRN_RETURN_IF_ERROR(names_from(*t, "tensors", kMaxHintTensors, &h.tensors));
+  if (auto t = j.find("tensors"); t != j.end())
+    CAIRN_RETURN_IF_ERROR(names_from(*t, "tensors", kMaxHintTensors, &h.tensors));
   if (auto w = j.find("when"); w != j.end()) {
     if (w->is_string() && w->get_ref<const std::string&>() == "next") {
       h.when_s = 0;

@@ -2,10 +2,9 @@
 // and the local server, wait for SIGTERM/SIGINT, then stop serving and drain what was acknowledged.
 #include <signal.h>
 
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <iostream>
-
-#include <CLI/CLI.hpp>
 
 #include "core/config.hpp"
 #include "core/log.hpp"

@@ -34,8 +34,8 @@ class MetricsExporter {
   using Render = std::function<std::string(metrics::Format)>;
 
   struct Options {
-    std::string listen;                        // metrics.listen: HOST:PORT; "" = no endpoint
-    std::string textfile;                      // metrics.textfile: "" = no file
+    std::string listen;                         // metrics.listen: HOST:PORT; "" = no endpoint
+    std::string textfile;                       // metrics.textfile: "" = no file
     std::chrono::milliseconds interval{15000};  // metrics.interval: how often the file is rewritten
   };
 
@@ -71,7 +71,7 @@ class MetricsExporter {
   cairn::Mutex mu_;
   cairn::CondVar cv_;
   bool stopping_ CAIRN_GUARDED_BY(mu_) = false;
-  bool write_failing_ = false;   // textfile thread only: the last write failed (logged once)
+  bool write_failing_ = false;  // textfile thread only: the last write failed (logged once)
   // The textfile was written at least once (stop() removes it only then). Written by start() and
   // the textfile thread, read by stop() after joining it.
   bool wrote_textfile_ = false;

@@ -193,15 +193,15 @@ MetricsHttp::~MetricsHttp() { stop(); }
 
 Result<std::unique_ptr<MetricsHttp>> MetricsHttp::start(const HostPort& at, Render render) {
   auto impl = std::make_unique<Impl>(std::move(render));
-  const std::string where = (at.host.find(':') != std::string::npos ? "[" + at.host + "]" : at.host) + ":" +
-                            std::to_string(at.port);
+  const std::string where =
+      (at.host.find(':') != std::string::npos ? "[" + at.host + "]" : at.host) + ":" + std::to_string(at.port);
   beast::error_code ec;
   tcp::resolver resolver(impl->ioc);
-  auto found = resolver.resolve(at.host, std::to_string(at.port),
-                                tcp::resolver::passive | tcp::resolver::numeric_service, ec);
+  auto found =
+      resolver.resolve(at.host, std::to_string(at.port), tcp::resolver::passive | tcp::resolver::numeric_service, ec);
   if (ec || found.empty())
-    return unavailable("cannot listen on '" + where + "': the host '" + at.host +
-                       "' does not resolve (" + (ec ? ec.message() : std::string("no address")) + ")");
+    return unavailable("cannot listen on '" + where + "': the host '" + at.host + "' does not resolve (" +
+                       (ec ? ec.message() : std::string("no address")) + ")");
   const tcp::endpoint endpoint = *found.begin();
   tcp::acceptor& a = impl->acceptor;
   if (a.open(endpoint.protocol(), ec); !ec) {

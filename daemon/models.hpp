@@ -1,5 +1,6 @@
 // Where a committed model's manifest is: pending in the flusher (committed, not yet in the
-// repository), committed on another member of the job (RemoteModels), or in the repository. The one lookup every component that serves a model uses.
+// repository), committed on another member of the job (RemoteModels), or in the repository. The one lookup every
+// component that serves a model uses.
 //
 // Owns nothing; never blocks on I/O (the repository's manifests are in memory).
 //

@@ -11,8 +11,10 @@ namespace cairn {
 using namespace request;
 
 void NamedTensors::drop_locked(std::unordered_map<std::string, Tensor>::iterator it) {
-  if (it->second.pins > 0) orphaned_.push_back(it->second);
-  else dram_.release(it->second.extent.offset, it->second.extent.length);
+  if (it->second.pins > 0)
+    orphaned_.push_back(it->second);
+  else
+    dram_.release(it->second.extent.offset, it->second.extent.length);
   named_.erase(it);
 }
 
@@ -31,8 +33,8 @@ Status NamedTensors::put(Session& s, const PutTensor& r, const std::vector<uint8
     s.staging.erase(it);
   } else {
     if (blob.size() != d.nbytes)
-      return invalid_argument("tensor '" + key + "': " + std::to_string(blob.size()) + " bytes sent but dtype and shape need " +
-                              std::to_string(d.nbytes));
+      return invalid_argument("tensor '" + key + "': " + std::to_string(blob.size()) +
+                              " bytes sent but dtype and shape need " + std::to_string(d.nbytes));
     CAIRN_ASSIGN_OR_RETURN(uint64_t off, dram_.allocate(d.nbytes));
     if (d.nbytes) std::memcpy(dram_.base() + off, blob.data(), d.nbytes);
     ext = Extent{off, d.nbytes};
@@ -74,8 +76,10 @@ PollTensorReply NamedTensors::poll(const PollTensor& r) {
   Watchdog::ClientWait waiting;  // the client asked to wait
   cairn::MutexLock lock(mu_);
   auto present = [&]() CAIRN_REQUIRES(mu_) { return stopping_ || named_.count(key) > 0; };
-  if (timeout_ms < 0) cv_.wait(lock, present);
-  else cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms), present);
+  if (timeout_ms < 0)
+    cv_.wait(lock, present);
+  else
+    cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms), present);
   return PollTensorReply{named_.count(key) > 0};
 }
 

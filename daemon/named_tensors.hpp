@@ -15,18 +15,17 @@
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "core/dtype.hpp"
 #include "core/status.hpp"
+#include "core/sync.hpp"
 #include "daemon/request.hpp"
 #include "daemon/session.hpp"
 #include "tiers/dram/dram_tier.hpp"
-#include "core/sync.hpp"
 
 namespace cairn {
 
@@ -67,7 +66,7 @@ class NamedTensors {
 
   DramTier& dram_;
   cairn::Mutex mu_;
-  cairn::CondVar cv_;                      // a key appeared, or stopping
+  cairn::CondVar cv_;  // a key appeared, or stopping
   std::unordered_map<std::string, Tensor> named_ CAIRN_GUARDED_BY(mu_);
   std::vector<Tensor> orphaned_ CAIRN_GUARDED_BY(mu_);  // replaced or deleted while pinned
   uint64_t generation_ CAIRN_GUARDED_BY(mu_) = 0;

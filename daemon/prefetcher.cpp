@@ -1,11 +1,12 @@
 #include "daemon/prefetcher.hpp"
 
 #include <sys/resource.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <set>
 #include <unordered_set>
-#include <unistd.h>
 
 #include "core/log.hpp"
 #include "daemon/trace_recorder.hpp"
@@ -122,10 +123,13 @@ Result<json> Prefetcher::hint(const json& req) {
       // The expectation covers the named tensors only: a child that loads its parent's first layers
       // must not make the whole parent outrank everything else.
       for (const std::string& id : h.models) {
-        auto u = for_chunks({id}, [&](const ChunkRef& c) {
-          hint_expected_use(c.hash, h.when_s);
-          if (p_.trace && scoped) p_.trace->expect(id, c.hash, c.length, h.when_s);
-        }, h.tensors);
+        auto u = for_chunks(
+            {id},
+            [&](const ChunkRef& c) {
+              hint_expected_use(c.hash, h.when_s);
+              if (p_.trace && scoped) p_.trace->expect(id, c.hash, c.length, h.when_s);
+            },
+            h.tensors);
         unknown.insert(unknown.end(), u.begin(), u.end());
       }
       for (const std::string& id : h.models) {
@@ -274,7 +278,8 @@ void Prefetcher::stage(const Job& job) {
   auto m = p_.models.find(job.model);
   if (!m.is_ok()) return;  // gone since the hint (retired and collected): nothing to do
   for (const TensorManifest& t : (*m)->tensors) {
-    if (!job.tensors.empty() && std::find(job.tensors.begin(), job.tensors.end(), t.name) == job.tensors.end()) continue;
+    if (!job.tensors.empty() && std::find(job.tensors.begin(), job.tensors.end(), t.name) == job.tensors.end())
+      continue;
     std::vector<const ChunkRef*> missing;
     uint64_t missing_bytes = 0;
     for (const ChunkRef& c : t.chunks)
@@ -310,11 +315,14 @@ void Prefetcher::stage_device(const ModelManifest& m, const Job& job) {
   // Into the HBM tier of the daemon's first device, from DRAM (where the loop above put them).
   // Advice: without an HBM tier, or with its pool held, nothing happens but a count.
   for (const TensorManifest& t : m.tensors) {
-    if (!job.tensors.empty() && std::find(job.tensors.begin(), job.tensors.end(), t.name) == job.tensors.end()) continue;
+    if (!job.tensors.empty() && std::find(job.tensors.begin(), job.tensors.end(), t.name) == job.tensors.end())
+      continue;
     Status st = reads_->stage_device(m.id, t);
     cairn::MutexLock lock(mu_);
-    if (st.is_ok()) ++tensors_to_hbm_;
-    else ++hbm_skipped_;
+    if (st.is_ok())
+      ++tensors_to_hbm_;
+    else
+      ++hbm_skipped_;
   }
 }
 

@@ -27,22 +27,21 @@
 #include <cstdint>
 #include <deque>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <string>
 #include <thread>
 #include <unordered_map>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "core/status.hpp"
+#include "core/sync.hpp"
 #include "daemon/hints.hpp"
 #include "daemon/models.hpp"
 #include "daemon/read_cycles.hpp"
 #include "daemon/reads.hpp"
 #include "tiers/dram/dram_tier.hpp"
 #include "tiers/nvme/nvme_tier.hpp"
-#include "core/sync.hpp"
 
 namespace cairn {
 
@@ -53,9 +52,9 @@ class Prefetcher final : public ReadObserver {
   struct Parts {
     DramTier& dram;
     const ModelDirectory& models;
-    std::string mode;       // none | hints | lineage
-    uint64_t budget = 0;    // bytes staged and not yet read, at most
-    TraceRecorder* trace;   // may be null
+    std::string mode;          // none | hints | lineage
+    uint64_t budget = 0;       // bytes staged and not yet read, at most
+    TraceRecorder* trace;      // may be null
     NvmeTier* nvme = nullptr;  // the burst buffer, if any: its policy gets the eviction hints too
   };
   // Idle until start(): hints are taken and reads observed, nothing is staged.
@@ -114,7 +113,7 @@ class Prefetcher final : public ReadObserver {
 
   Parts p_;
   Reads* reads_ = nullptr;  // set by start(), before the thread that uses it
-  uint64_t reserve_;  // free arena bytes staging never goes under
+  uint64_t reserve_;        // free arena bytes staging never goes under
 
   mutable cairn::Mutex mu_;
   cairn::CondVar cv_, idle_cv_;
@@ -124,7 +123,8 @@ class Prefetcher final : public ReadObserver {
   std::vector<std::string> sequence_ CAIRN_GUARDED_BY(mu_);
   uint32_t ahead_ CAIRN_GUARDED_BY(mu_) = 2;
   size_t sequence_next_ CAIRN_GUARDED_BY(mu_) = 0;  // first not yet staged
-  std::unordered_map<ChunkHash, uint64_t, ChunkHashHasher> staged_ CAIRN_GUARDED_BY(mu_);  // staged, not yet read: bytes
+  std::unordered_map<ChunkHash, uint64_t, ChunkHashHasher> staged_
+      CAIRN_GUARDED_BY(mu_);  // staged, not yet read: bytes
   uint64_t staged_bytes_ CAIRN_GUARDED_BY(mu_) = 0;
   uint64_t hints_ = 0, unknown_ = 0, jobs_ = 0, chunks_staged_ = 0, bytes_staged_ = 0, chunks_used_ = 0,
            chunks_wasted_ CAIRN_GUARDED_BY(mu_) = 0, skipped_budget_ = 0, failures_ = 0, dropped_ = 0;

@@ -13,9 +13,8 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "core/progress.hpp"
 #include "core/status.hpp"

@@ -84,10 +84,12 @@ Result<json> CatalogQueries::query(const json& req) {
   const json& q = *qit;
   auto opit = q.find("op");
   if (opit == q.end() || !opit->is_string())
-    return invalid_argument("query: missing string field 'op' (best_ancestor, ancestors, descendants, lca, path, find, tree)");
+    return invalid_argument(
+        "query: missing string field 'op' (best_ancestor, ancestors, descendants, lca, path, find, tree)");
   const std::string qop = opit->get<std::string>();
   auto known = [&](const std::string& id) -> Status {
-    if (!catalog_.contains(id)) return not_found("query '" + qop + "': model '" + id + "' does not exist (see `cairn ls --all`)");
+    if (!catalog_.contains(id))
+      return not_found("query '" + qop + "': model '" + id + "' does not exist (see `cairn ls --all`)");
     return Status::ok();
   };
   if (qop == "best_ancestor") return best_ancestor(q);
@@ -159,8 +161,9 @@ Result<json> CatalogQueries::query(const json& req) {
     CAIRN_ASSIGN_OR_RETURN(auto found, catalog_.find(types, where, limit));
     return json{{"models", found}};
   }
-  return invalid_argument("query op '" + qop +
-                          "' is not supported (supported: best_ancestor, ancestors, descendants, lca, path, find, tree)");
+  return invalid_argument(
+      "query op '" + qop +
+      "' is not supported (supported: best_ancestor, ancestors, descendants, lca, path, find, tree)");
 }
 
 }  // namespace cairn

@@ -16,14 +16,13 @@
 #pragma once
 
 #include <atomic>
-#include <optional>
 #include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <shared_mutex>
 #include <span>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "core/progress.hpp"
 #include "core/status.hpp"
@@ -71,7 +70,7 @@ class Reads {
     const ModelDirectory& models;
     std::shared_mutex& gc_mu;
     uint64_t chunk_size;
-    UsageCounters* usage = nullptr;  // counts opens and the bytes leased to clients (null: none)
+    UsageCounters* usage = nullptr;    // counts opens and the bytes leased to clients (null: none)
     HbmTier* hbm = nullptr;            // the GPU tier (null: none; device leases fail kUnavailable)
     ReadObserver* observer = nullptr;  // told what each read reveals (null: nobody listens)
     TraceRecorder* trace = nullptr;    // records each chunk access (policy.trace; null: none)
@@ -142,8 +141,8 @@ class Reads {
   Result<int> device_of(std::optional<int> device, const char* op) const;
   // Makes `tensors` resident on `device`; for each, its placement (pinned there when pin, else left
   // unpinned). All or nothing when pin.
-  Status place_on_device(const std::string& model, std::span<const TensorManifest* const> tensors, int device,
-                         bool pin, std::vector<HbmTier::Placement>& out);
+  Status place_on_device(const std::string& model, std::span<const TensorManifest* const> tensors, int device, bool pin,
+                         std::vector<HbmTier::Placement>& out);
 
   Parts p_;
   HbmTier* const hbm_;

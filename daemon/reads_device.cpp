@@ -103,8 +103,8 @@ Result<LeaseDeviceReply> Reads::lease_device(Session& s, const request::Lease& r
     lease.hbm_key = HbmTier::key_of(hashes_of(*order[i]));
     const uint64_t lid = s.next_id++;
     s.leases[lid] = std::move(lease);
-    out.leases.push_back(LeaseDeviceReply::Granted{lid, device, placed[i].handle, placed[i].slab_size,
-                                                   placed[i].offset, order[i]->nbytes, placed[i].hit});
+    out.leases.push_back(LeaseDeviceReply::Granted{lid, device, placed[i].handle, placed[i].slab_size, placed[i].offset,
+                                                   order[i]->nbytes, placed[i].hit});
   }
   if (observer_) observer_->leased(*m, order, LeasedRead{});  // says nothing of what DRAM held
   return out;

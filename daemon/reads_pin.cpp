@@ -84,7 +84,8 @@ Status Reads::pin_tensors(std::span<const TensorManifest* const> tensors, const 
     if (L.to_load.empty() || !failure.is_ok()) continue;
     if (L.to_load.size() == n && n > 1) {
       auto off = dram.allocate(t.nbytes);
-      if (!off.is_ok()) failure = off.status();
+      if (!off.is_ok())
+        failure = off.status();
       else {
         L.granted.push_back(Extent{*off, t.nbytes});
         for (size_t k = 0; k < L.to_load.size(); ++k) L.load_off[k] = *off + L.to_load[k] * p_.chunk_size;
@@ -92,8 +93,10 @@ Status Reads::pin_tensors(std::span<const TensorManifest* const> tensors, const 
     } else {
       for (size_t k = 0; failure.is_ok() && k < L.to_load.size(); ++k) {
         auto a = dram.allocate(t.chunks[L.to_load[k]].length);
-        if (!a.is_ok()) failure = a.status();
-        else L.granted.push_back(Extent{*a, t.chunks[L.to_load[k]].length}), L.load_off[k] = *a;
+        if (!a.is_ok())
+          failure = a.status();
+        else
+          L.granted.push_back(Extent{*a, t.chunks[L.to_load[k]].length}), L.load_off[k] = *a;
       }
     }
   }

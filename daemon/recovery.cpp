@@ -10,9 +10,9 @@ namespace cairn {
 using nlohmann::json;
 
 Status load_catalog(const RecoveryParts& p) {
-  std::unordered_set<std::string> left_out;  // models left out; their descendants are too
+  std::unordered_set<std::string> left_out;                // models left out; their descendants are too
   std::vector<std::shared_ptr<const ModelManifest>> live;  // their chunk references, counted at the end
-  p.catalog.defer_index();  // best_ancestor's index: at its first use
+  p.catalog.defer_index();                                 // best_ancestor's index: at its first use
   for (const std::string& id : p.repo.list()) {
     // Another daemon's gc may remove models between the listing and here (children before their
     // parents): a model gone meanwhile is simply not in the catalog. Failing the start for it kept a
@@ -31,9 +31,10 @@ Status load_catalog(const RecoveryParts& p) {
       auto pf = p.repo.get_shared(m->parent);
       if (!pf.is_ok() && pf.status().code() == StatusCode::kNotFound) {
         if (p.repo.contains(id))  // a child written after another daemon's gc removed its parent
-          CAIRN_LOG_ERROR("model '{}' names parent '{}', which is not in the repository: it is left out of the "
-                          "catalog (its bytes stay readable through the repository; `cairn fsck` lists it)",
-                          id, m->parent);
+          CAIRN_LOG_ERROR(
+              "model '{}' names parent '{}', which is not in the repository: it is left out of the "
+              "catalog (its bytes stay readable through the repository; `cairn fsck` lists it)",
+              id, m->parent);
         left_out.insert(id);
         continue;
       }
@@ -79,8 +80,10 @@ RecoveryReport recover_from_nvme(const RecoveryParts& p) {
     std::shared_ptr<const ModelManifest> parent;
     if (missing.empty() && !m->parent.empty()) {
       auto pm = p.models.find(m->parent);
-      if (pm.is_ok()) parent = *pm;
-      else missing = "its parent '" + m->parent + "'";
+      if (pm.is_ok())
+        parent = *pm;
+      else
+        missing = "its parent '" + m->parent + "'";
     }
     if (!missing.empty()) {
       CAIRN_LOG_ERROR("burst buffer: model '{}' committed `local` cannot be recovered: {} has no intact copy", m->id,
@@ -91,7 +94,8 @@ RecoveryReport recover_from_nvme(const RecoveryParts& p) {
     }
     Flusher::Entry entry{m, 0, false, true, true};
     Status added = p.flusher.enqueue(std::move(entry), [&]() -> Status {
-      CAIRN_RETURN_IF_ERROR(p.catalog.add(m->id, m->parent, graph_for(p.catalog, *m, nullptr, parent.get()), m->metadata));
+      CAIRN_RETURN_IF_ERROR(
+          p.catalog.add(m->id, m->parent, graph_for(p.catalog, *m, nullptr, parent.get()), m->metadata));
       p.clock.observe(m->created_ns);
       p.references.count(*m, +1);
       return Status::ok();
@@ -101,8 +105,8 @@ RecoveryReport recover_from_nvme(const RecoveryParts& p) {
       continue;
     }
     ++report.models_recovered;
-    CAIRN_LOG_INFO("burst buffer: recovered model '{}' (committed `local` before a crash); writing it to the repository",
-                   m->id);
+    CAIRN_LOG_INFO(
+        "burst buffer: recovered model '{}' (committed `local` before a crash); writing it to the repository", m->id);
   }
   return report;
 }

@@ -23,9 +23,9 @@ struct RecoveryParts {
   Catalog& catalog;
   ReferenceCounts& references;
   Flusher& flusher;
-  CommitClock& clock;    // told the stamp of every model found
+  CommitClock& clock;  // told the stamp of every model found
   const ModelDirectory& models;
-  NvmeTier* nvme;        // null without a burst buffer
+  NvmeTier* nvme;  // null without a burst buffer
 };
 
 // Fills the catalog from the repository. Fails with the first manifest that cannot be registered.

@@ -15,9 +15,9 @@
 #include <vector>
 
 #include "core/hash.hpp"
+#include "core/sync.hpp"
 #include "tiers/dram/dram_tier.hpp"
 #include "tiers/pfs/repository.hpp"
-#include "core/sync.hpp"
 
 namespace cairn {
 

@@ -42,9 +42,11 @@ void RepositoryWatch::loop() {
     // Now and then, fold the logs of daemons that are gone into a checkpoint.
     if (++ticks % kCompactEvery == 0) {
       auto c = p_.repo.compact_if_needed();
-      if (!c.is_ok()) CAIRN_LOG_WARN("compacting the repository: {}", c.status().to_string());
+      if (!c.is_ok())
+        CAIRN_LOG_WARN("compacting the repository: {}", c.status().to_string());
       else if (c->checkpoint_seq != 0)
-        CAIRN_LOG_INFO("compacted the repository: checkpoint {}, {} logs folded in", c->checkpoint_seq, c->logs_deleted);
+        CAIRN_LOG_INFO("compacted the repository: checkpoint {}, {} logs folded in", c->checkpoint_seq,
+                       c->logs_deleted);
     }
     lock.lock();
   }

@@ -19,9 +19,8 @@
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
-#include <thread>
-
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "core/status.hpp"
 #include "daemon/catalog.hpp"

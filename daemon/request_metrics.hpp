@@ -18,9 +18,9 @@
 #include <string>
 #include <vector>
 
+#include "core/durability.hpp"
 #include "core/metrics.hpp"
 #include "core/status.hpp"
-#include "core/durability.hpp"
 
 namespace cairn {
 
@@ -52,7 +52,7 @@ class RequestMetrics {
     std::array<std::atomic<uint64_t>, kCodes> by_code{};
   };
   const std::vector<std::string> ops_;
-  std::unique_ptr<Slot[]> slots_;  // ops_.size() + 1
+  std::unique_ptr<Slot[]> slots_;                   // ops_.size() + 1
   std::array<std::atomic<uint64_t>, 3> commits_{};  // by Durability
 };
 

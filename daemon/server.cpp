@@ -28,7 +28,7 @@ std::string socket_path_for(const Config& config) {
 namespace {
 
 Status prepare_directory(const std::string& dir) {
-  struct stat st{};
+  struct stat st {};
   if (::stat(dir.c_str(), &st) != 0) {
     if (errno != ENOENT) return errno_status("socket directory '" + dir + "'", errno);
     std::error_code ec;
@@ -40,7 +40,8 @@ Status prepare_directory(const std::string& dir) {
   if (!S_ISDIR(st.st_mode)) return invalid_argument("socket directory '" + dir + "' is not a directory");
   if (st.st_uid != ::getuid())
     return permission_denied("socket directory '" + dir + "' belongs to uid " + std::to_string(st.st_uid) +
-                             ", not to this user (" + std::to_string(::getuid()) + "); set CAIRN_SOCKET to a path of your own");
+                             ", not to this user (" + std::to_string(::getuid()) +
+                             "); set CAIRN_SOCKET to a path of your own");
   if (st.st_mode & (S_IWGRP | S_IWOTH))
     return permission_denied("socket directory '" + dir + "' is writable by other users; make it mode 0700");
   return Status::ok();
@@ -51,7 +52,8 @@ Status prepare_directory(const std::string& dir) {
 Result<std::unique_ptr<Server>> Server::start(Engine& engine, const std::string& socket_path) {
   sockaddr_un addr{};
   if (socket_path.empty() || socket_path.size() >= sizeof(addr.sun_path))
-    return invalid_argument("socket path '" + socket_path + "' must be 1.." + std::to_string(sizeof(addr.sun_path) - 1) +
+    return invalid_argument("socket path '" + socket_path + "' must be 1.." +
+                            std::to_string(sizeof(addr.sun_path) - 1) +
                             " bytes long (Unix socket limit); choose a shorter CAIRN_SOCKET");
   std::string dir = std::filesystem::path(socket_path).parent_path().string();
   if (dir.empty()) dir = ".";
@@ -103,8 +105,10 @@ Result<std::unique_ptr<Server>> Server::start(Engine& engine, const std::string&
       ::epoll_ctl(server->epoll_fd_, EPOLL_CTL_ADD, server->wake_fd_, &wake) == 0) {
     server->hangups_ = std::thread([s = server.get()] { s->hangup_loop(); });
   } else {
-    CAIRN_LOG_WARN("no hang-up watcher ({}): a client killed while a request of its waits keeps its leases until "
-                   "that request returns", std::strerror(errno));
+    CAIRN_LOG_WARN(
+        "no hang-up watcher ({}): a client killed while a request of its waits keeps its leases until "
+        "that request returns",
+        std::strerror(errno));
     if (server->epoll_fd_ >= 0) ::close(server->epoll_fd_);
     if (server->wake_fd_ >= 0) ::close(server->wake_fd_);
     server->epoll_fd_ = server->wake_fd_ = -1;
@@ -197,8 +201,10 @@ void Server::hangup_loop() {
       engine_.release_leases(*it->second);
       waiting_.erase(it);
       if (leases)
-        CAIRN_LOG_INFO("connection {}: the client hung up while a request of its waits; its {} lease(s) are released "
-                       "now", conn_id, leases);
+        CAIRN_LOG_INFO(
+            "connection {}: the client hung up while a request of its waits; its {} lease(s) are released "
+            "now",
+            conn_id, leases);
     }
   }
 }
@@ -233,8 +239,8 @@ void Server::accept_loop() {
     ucred cred{};
     socklen_t len = sizeof cred;
     if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || cred.uid != ::getuid()) {
-      nlohmann::json err = wire::error_response(permission_denied(
-          "cairnd serves only uid " + std::to_string(::getuid()) + "; start your own daemon"));
+      nlohmann::json err = wire::error_response(
+          permission_denied("cairnd serves only uid " + std::to_string(::getuid()) + "; start your own daemon"));
       (void)wire::send_frame(fd, wire::Kind::kResponse, err);
       ::close(fd);
       continue;
@@ -268,7 +274,8 @@ class FrameReader {
       const bool started = end_ > pos_;
       CAIRN_ASSIGN_OR_RETURN(size_t n, fill(wire::kFrameHeaderBytes - (end_ - pos_)));
       if (n == 0)
-        return started ? protocol_error("connection closed in the middle of a frame") : unavailable("connection closed");
+        return started ? protocol_error("connection closed in the middle of a frame")
+                       : unavailable("connection closed");
     }
     CAIRN_ASSIGN_OR_RETURN(wire::FrameHeader h, wire::decode_header({buf_.data() + pos_, wire::kFrameHeaderBytes}));
     const size_t head = wire::kFrameHeaderBytes + h.json_len;

@@ -22,8 +22,8 @@
 #include <thread>
 
 #include "core/status.hpp"
-#include "daemon/engine.hpp"
 #include "core/sync.hpp"
+#include "daemon/engine.hpp"
 
 namespace cairn {
 
@@ -65,8 +65,8 @@ class Server {
   std::map<uint64_t, std::thread> threads_ CAIRN_GUARDED_BY(mu_);
   std::vector<uint64_t> finished_ CAIRN_GUARDED_BY(mu_);  // threads to join
   uint64_t next_conn_ = 1;
-  int epoll_fd_ = -1;                           // the hang-up watcher's; -1: none (then leases wait)
-  int wake_fd_ = -1;                            // eventfd: the watcher stops
+  int epoll_fd_ = -1;  // the hang-up watcher's; -1: none (then leases wait)
+  int wake_fd_ = -1;   // eventfd: the watcher stops
   std::thread hangups_;
   std::map<uint64_t, Session*> waiting_ CAIRN_GUARDED_BY(mu_);  // connections in a waiting request
   bool hangups_stopped_ CAIRN_GUARDED_BY(mu_) = false;

@@ -7,11 +7,10 @@
 
 #include <cstdint>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "core/hash.hpp"
 
@@ -25,19 +24,19 @@ struct Extent {
 
 struct Session {
   uint64_t id = 0;
-  int64_t client_pid = 0;                  // the connected process (SO_PEERCRED); 0 in-process
+  int64_t client_pid = 0;  // the connected process (SO_PEERCRED); 0 in-process
   struct Lease {
     std::vector<ChunkHash> pinned_chunks;  // unpinned at release
     std::vector<Extent> owned_extents;     // assembled views, released at release
     std::string named_key;                 // a named tensor's pin ("" = none)
     uint64_t named_generation = 0;
-    int hbm_device = -1;                   // a device lease: the HBM tier's entry pinned on this device
+    int hbm_device = -1;  // a device lease: the HBM tier's entry pinned on this device
     ChunkHash hbm_key;
   };
-  std::map<uint64_t, Lease> leases;        // reads (daemon/reads.hpp) and named tensors
-  std::map<uint64_t, Extent> staging;      // arena space handed out for writes, not yet committed
-  std::set<uint64_t> tickets;              // tickets handed out and not yet waited for
-  uint64_t next_id = 1;                    // lease and staging ids, per connection
+  std::map<uint64_t, Lease> leases;    // reads (daemon/reads.hpp) and named tensors
+  std::map<uint64_t, Extent> staging;  // arena space handed out for writes, not yet committed
+  std::set<uint64_t> tickets;          // tickets handed out and not yet waited for
+  uint64_t next_id = 1;                // lease and staging ids, per connection
 };
 
 struct Response {

@@ -54,13 +54,13 @@ bool install(std::string* why) {
   std::call_once(once, [] {
     void* warm[2];
     (void)::backtrace(warm, 2);  // loads the unwinder now: the handler must not allocate
-    struct sigaction old{};
+    struct sigaction old {};
     ::sigaction(dump_signal(), nullptr, &old);
     if (old.sa_handler != SIG_DFL && old.sa_handler != SIG_IGN) {
       reason = "signal SIGRTMIN+5 already has a handler in this process";
       return;
     }
-    struct sigaction sa{};
+    struct sigaction sa {};
     sa.sa_handler = on_dump_signal;
     sigemptyset(&sa.sa_mask);
     sa.sa_flags = SA_RESTART;
@@ -170,7 +170,8 @@ std::string dump_thread_stacks() {
     // A late answer writes nothing: the handler reads the descriptor first.
     g_fd.store(-1);
     out += head;
-    out += answered ? demangle(read_all(fd)) : "    (did not answer within 1 s: stopped or in an uninterruptible wait)\n";
+    out +=
+        answered ? demangle(read_all(fd)) : "    (did not answer within 1 s: stopped or in an uninterruptible wait)\n";
   }
   (void)::ftruncate(fd, 0);
   return out;

@@ -57,8 +57,10 @@ Result<TicketBook::Outcome> TicketBook::wait(uint64_t id, std::chrono::milliseco
     const Ticket& t = tickets_[id];
     return stopping_ || (!t.assembling && t.reached >= t.target) || !t.error.is_ok();
   };
-  if (timeout.count() < 0) cv_.wait(lock, done);
-  else cv_.wait_for(lock, timeout, done);
+  if (timeout.count() < 0)
+    cv_.wait(lock, done);
+  else
+    cv_.wait_for(lock, timeout, done);
   const Ticket t = tickets_[id];
   Outcome out{t.reached, t.target, t.error, (!t.assembling && t.reached >= t.target) || !t.error.is_ok()};
   if (out.done) tickets_.erase(id);

@@ -28,10 +28,14 @@ void TraceRecorder::access(const std::string& model, const ChunkHash& chunk, uin
   e.models = {model};
   e.chunk = chunk.hex();
   e.bytes = bytes;
-  if (std::strcmp(tier, "dram") == 0) e.tier = TraceTier::kDram;
-  else if (std::strcmp(tier, "nvme") == 0) e.tier = TraceTier::kNvme;
-  else if (std::strcmp(tier, "repository") == 0) e.tier = TraceTier::kRepository;
-  else if (std::strcmp(tier, "peer") == 0) e.tier = TraceTier::kPeer;
+  if (std::strcmp(tier, "dram") == 0)
+    e.tier = TraceTier::kDram;
+  else if (std::strcmp(tier, "nvme") == 0)
+    e.tier = TraceTier::kNvme;
+  else if (std::strcmp(tier, "repository") == 0)
+    e.tier = TraceTier::kRepository;
+  else if (std::strcmp(tier, "peer") == 0)
+    e.tier = TraceTier::kPeer;
   write(std::move(e));
 }
 
@@ -78,9 +82,15 @@ void TraceRecorder::hint(const Hint& h) {
       e.hint = HintKind::kWillLoad;
       if (h.when_s > 0) e.when_s = h.when_s;
       break;
-    case Hint::Kind::kPopulation: e.hint = HintKind::kPopulation; break;
-    case Hint::Kind::kSequence: e.hint = HintKind::kSequence; break;
-    case Hint::Kind::kDone: e.hint = HintKind::kDone; break;
+    case Hint::Kind::kPopulation:
+      e.hint = HintKind::kPopulation;
+      break;
+    case Hint::Kind::kSequence:
+      e.hint = HintKind::kSequence;
+      break;
+    case Hint::Kind::kDone:
+      e.hint = HintKind::kDone;
+      break;
   }
   if (e.models.empty()) return;  // nothing a replay could use
   write(std::move(e));

@@ -14,9 +14,8 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <string_view>
-
 #include <nlohmann/json.hpp>
+#include <string_view>
 
 namespace cairn {
 

@@ -69,12 +69,8 @@ nlohmann::json Watchdog::stats() const {
     if (e.reported) ++stuck;
     oldest = std::max(oldest, now - e.start);
   }
-  return {{"bound_s", seconds(bound_)},
-          {"in_flight", in_flight_.size()},
-          {"waiting", waiting},
-          {"oldest_s", seconds(oldest)},
-          {"stuck_reported", reported_},
-          {"stuck_now", stuck}};
+  return {{"bound_s", seconds(bound_)},  {"in_flight", in_flight_.size()}, {"waiting", waiting},
+          {"oldest_s", seconds(oldest)}, {"stuck_reported", reported_},    {"stuck_now", stuck}};
 }
 
 uint64_t Watchdog::reported() const {
@@ -84,8 +80,8 @@ uint64_t Watchdog::reported() const {
 
 void Watchdog::loop() {
   // Often enough that a request is reported within a quarter of the bound past it.
-  const auto tick = std::clamp<std::chrono::milliseconds>(bound_ / 4, std::chrono::milliseconds(10),
-                                                          std::chrono::milliseconds(1000));
+  const auto tick =
+      std::clamp<std::chrono::milliseconds>(bound_ / 4, std::chrono::milliseconds(10), std::chrono::milliseconds(1000));
   cairn::MutexLock lock(mu_);
   while (!stopping_) {
     cv_.wait_for(lock, tick, [&]() CAIRN_REQUIRES(mu_) { return stopping_; });
@@ -104,9 +100,10 @@ size_t Watchdog::check(Clock::time_point now) {
       if (e.waiting || e.reported || now - e.start <= bound_) continue;
       e.reported = true;
       ++reported_;
-      stuck.push_back(fmt::format("request '{}' of session {} (client pid {}) has been running for {:.2f} s, past "
-                                  "the watchdog bound of {:.2f} s",
-                                  e.op, e.client.session, e.client.pid, seconds(now - e.start), seconds(bound_)));
+      stuck.push_back(
+          fmt::format("request '{}' of session {} (client pid {}) has been running for {:.2f} s, past "
+                      "the watchdog bound of {:.2f} s",
+                      e.op, e.client.session, e.client.pid, seconds(now - e.start), seconds(bound_)));
     }
   }
   if (stuck.empty()) return 0;

@@ -20,10 +20,10 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 
-#include <nlohmann/json.hpp>
 #include "core/sync.hpp"
 
 namespace cairn {
@@ -41,8 +41,8 @@ class Watchdog {
 
   // Who sent a request, for the report.
   struct Client {
-    uint64_t session = 0;      // the connection's session id (0 before hello)
-    int64_t pid = 0;           // the client process (0: unknown, an in-process caller)
+    uint64_t session = 0;  // the connection's session id (0 before hello)
+    int64_t pid = 0;       // the client process (0: unknown, an in-process caller)
   };
 
   // One request in flight, from construction to destruction, on the thread that serves it.

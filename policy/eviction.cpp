@@ -1,5 +1,4 @@
 #include "policy/eviction.hpp"
-#include "policy/gdsf.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -9,6 +8,7 @@
 #include <stdexcept>
 #include <tuple>
 
+#include "policy/gdsf.hpp"
 #include "policy/hint_policy.hpp"
 
 namespace cairn {

@@ -5,6 +5,7 @@
 // dirty chunks) and does the moving. Policies are not thread-safe: the owning tier serializes calls.
 #pragma once
 
+#include <boost/intrusive/list.hpp>
 #include <cstdint>
 #include <functional>
 #include <list>
@@ -12,8 +13,6 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
-
-#include <boost/intrusive/list.hpp>
 
 #include "core/hash.hpp"
 #include "core/status.hpp"

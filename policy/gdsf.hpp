@@ -47,8 +47,8 @@ struct Terms {
   std::optional<double> refetch_cost;  // seconds; unset until the tier manager tells
   double frequency = 0;                // as of last_access_ns, before decay since then
   int64_t last_access_ns = 0;
-  double priority = 0;                 // H, as of the last rerank
-  uint64_t sequence = 0;               // order of the last access: breaks ties, older first
+  double priority = 0;    // H, as of the last rerank
+  uint64_t sequence = 0;  // order of the last access: breaks ties, older first
 
   // A read at `now`, the policy's `seq`-th: the frequency decays to now and counts it.
   void access(int64_t now, uint64_t seq, double half_life_s) {

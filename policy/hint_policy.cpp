@@ -1,5 +1,4 @@
 #include "policy/hint_policy.hpp"
-#include "policy/gdsf.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -9,6 +8,8 @@
 #include <tuple>
 #include <unordered_map>
 #include <utility>
+
+#include "policy/gdsf.hpp"
 
 namespace cairn {
 
@@ -277,10 +278,14 @@ int64_t add_seconds_ns(int64_t now_ns, double seconds) {
 
 const char* standing_name(HintAwarePolicy::Standing s) {
   switch (s) {
-    case HintAwarePolicy::Standing::kDone: return "done";
-    case HintAwarePolicy::Standing::kOrdinary: return "ordinary";
-    case HintAwarePolicy::Standing::kPopulation: return "population";
-    case HintAwarePolicy::Standing::kExpected: return "expected";
+    case HintAwarePolicy::Standing::kDone:
+      return "done";
+    case HintAwarePolicy::Standing::kOrdinary:
+      return "ordinary";
+    case HintAwarePolicy::Standing::kPopulation:
+      return "population";
+    case HintAwarePolicy::Standing::kExpected:
+      return "expected";
   }
   return "?";
 }

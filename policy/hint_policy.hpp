@@ -39,10 +39,10 @@ class HintAwarePolicy final : public EvictionPolicy {
   // REQUIRES: all > 0 (half_life_s and expected_use_horizon_s may be infinity); the constructor
   // throws std::invalid_argument otherwise.
   struct Options {
-    double half_life_s = 60.0;             // frequency decay, as LineagePolicy
-    double default_bandwidth = 1e9;        // bytes/s, for chunks without a refetch cost
-    double expected_use_horizon_s = 600;   // an expected read farther ahead than this is ignored
-    double expected_use_grace_s = 60;      // an expectation overdue by this much is dropped
+    double half_life_s = 60.0;            // frequency decay, as LineagePolicy
+    double default_bandwidth = 1e9;       // bytes/s, for chunks without a refetch cost
+    double expected_use_horizon_s = 600;  // an expected read farther ahead than this is ignored
+    double expected_use_grace_s = 60;     // an expectation overdue by this much is dropped
   };
   enum class Standing : int { kDone = 0, kOrdinary = 1, kPopulation = 2, kExpected = 3 };
 

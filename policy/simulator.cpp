@@ -1,5 +1,4 @@
 #include "policy/simulator.hpp"
-#include "policy/simulator_internal.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -9,6 +8,8 @@
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
+
+#include "policy/simulator_internal.hpp"
 
 namespace cairn {
 
@@ -283,9 +284,15 @@ SimResult Simulator::Impl::run_online(SimPolicy which, uint64_t capacity) const 
   FakeClock clock(events.empty() ? 0 : events.front().time_ns);
   std::unique_ptr<EvictionPolicy> policy;
   switch (which) {
-    case SimPolicy::kLineage: policy = std::make_unique<LineagePolicy>(clock, options.lineage); break;
-    case SimPolicy::kHints: policy = std::make_unique<HintAwarePolicy>(clock, options.hints); break;
-    default: policy = std::make_unique<LruPolicy>(); break;
+    case SimPolicy::kLineage:
+      policy = std::make_unique<LineagePolicy>(clock, options.lineage);
+      break;
+    case SimPolicy::kHints:
+      policy = std::make_unique<HintAwarePolicy>(clock, options.hints);
+      break;
+    default:
+      policy = std::make_unique<LruPolicy>();
+      break;
   }
   std::vector<char> resident(chunk_bytes.size(), 0);
   uint64_t used = 0;
@@ -468,13 +475,20 @@ SimResult Simulator::Impl::run_belady(uint64_t capacity) const {
 
 const char* sim_policy_name(SimPolicy p) {
   switch (p) {
-    case SimPolicy::kLru: return "lru";
-    case SimPolicy::kLineage: return "lineage";
-    case SimPolicy::kHints: return "hints";
-    case SimPolicy::kArc: return "arc";
-    case SimPolicy::kS3Fifo: return "s3fifo";
-    case SimPolicy::kBound: return "bound";
-    case SimPolicy::kBelady: return "belady";
+    case SimPolicy::kLru:
+      return "lru";
+    case SimPolicy::kLineage:
+      return "lineage";
+    case SimPolicy::kHints:
+      return "hints";
+    case SimPolicy::kArc:
+      return "arc";
+    case SimPolicy::kS3Fifo:
+      return "s3fifo";
+    case SimPolicy::kBound:
+      return "bound";
+    case SimPolicy::kBelady:
+      return "belady";
   }
   return "?";
 }
@@ -578,11 +592,15 @@ const TraceSummary& Simulator::summary() const { return impl_->summary; }
 
 SimResult Simulator::run(SimPolicy policy, uint64_t capacity_bytes) const {
   switch (policy) {
-    case SimPolicy::kBelady: return impl_->run_belady(capacity_bytes);
+    case SimPolicy::kBelady:
+      return impl_->run_belady(capacity_bytes);
     case SimPolicy::kArc:
-    case SimPolicy::kS3Fifo: return impl_->run_baseline(policy, capacity_bytes);
-    case SimPolicy::kBound: return impl_->run_bound(capacity_bytes);
-    default: return impl_->run_online(policy, capacity_bytes);
+    case SimPolicy::kS3Fifo:
+      return impl_->run_baseline(policy, capacity_bytes);
+    case SimPolicy::kBound:
+      return impl_->run_bound(capacity_bytes);
+    default:
+      return impl_->run_online(policy, capacity_bytes);
   }
 }
 

@@ -78,13 +78,13 @@ struct SimOptions {
 // What the trace holds, independent of any cache.
 struct TraceSummary {
   uint64_t events = 0;
-  uint64_t accesses = 0;       // requests
+  uint64_t accesses = 0;  // requests
   uint64_t inserts = 0;
   uint64_t hints = 0;
-  uint64_t models = 0;         // distinct model ids in access, insert and commit events
-  uint64_t chunks_accessed = 0;     // distinct chunks read
-  uint64_t working_set_bytes = 0;   // their bytes: the distinct bytes accessed
-  uint64_t bytes_requested = 0;     // sum over accesses
+  uint64_t models = 0;             // distinct model ids in access, insert and commit events
+  uint64_t chunks_accessed = 0;    // distinct chunks read
+  uint64_t working_set_bytes = 0;  // their bytes: the distinct bytes accessed
+  uint64_t bytes_requested = 0;    // sum over accesses
   // What a cache that never evicts would hit (every read of a chunk seen before, by read or insert):
   // the ceiling for every policy.
   uint64_t unbounded_hits = 0;
@@ -93,7 +93,7 @@ struct TraceSummary {
 
 struct SimResult {
   SimPolicy policy = SimPolicy::kLru;
-  double fraction = 0;         // of the working set (0 when the capacity was given in bytes)
+  double fraction = 0;  // of the working set (0 when the capacity was given in bytes)
   uint64_t capacity_bytes = 0;
   uint64_t requests = 0;
   uint64_t hits = 0;
@@ -104,7 +104,7 @@ struct SimResult {
   // cache; it counts under dram here.
   std::array<uint64_t, kTraceTierCount> bytes_missed_by_tier{};
   uint64_t evictions = 0;
-  uint64_t bypassed = 0;       // chunks not cached (too large, or Belady chose not to)
+  uint64_t bypassed = 0;  // chunks not cached (too large, or Belady chose not to)
 
   double object_hit_ratio() const { return requests ? static_cast<double>(hits) / static_cast<double>(requests) : 0; }
   double byte_hit_ratio() const {
@@ -127,7 +127,8 @@ class Simulator {
   SimResult run(SimPolicy policy, uint64_t capacity_bytes) const;
   // One replay per (fraction, policy), fraction of the working set (capacity = floor(f * ws)),
   // in that order: for each fraction, each policy. REQUIRES: fractions > 0.
-  std::vector<SimResult> run_fractions(const std::vector<SimPolicy>& policies, const std::vector<double>& fractions) const;
+  std::vector<SimResult> run_fractions(const std::vector<SimPolicy>& policies,
+                                       const std::vector<double>& fractions) const;
 
  private:
   struct Impl;

@@ -78,7 +78,8 @@ Result<std::string> unescape_model(std::string_view s) {
       if (i + 2 >= s.size())
         return bad("model", "'%' at byte " + std::to_string(i) + " is not followed by two hex digits");
       const int h = hex_value(s[i + 1]), l = hex_value(s[i + 2]);
-      if (h < 0 || l < 0) return bad("model", "'%' at byte " + std::to_string(i) + " is not followed by two hex digits");
+      if (h < 0 || l < 0)
+        return bad("model", "'%' at byte " + std::to_string(i) + " is not followed by two hex digits");
       out.push_back(static_cast<char>(h * 16 + l));
       i += 2;
       continue;
@@ -132,12 +133,14 @@ Result<TraceEvent> parse_line(std::string_view line) {
     start = comma + 1;
   }
   if (f.size() != 8)
-    return invalid_argument("expected 8 fields (" + std::string(kTraceColumns) + "), found " + std::to_string(f.size()));
+    return invalid_argument("expected 8 fields (" + std::string(kTraceColumns) + "), found " +
+                            std::to_string(f.size()));
   TraceEvent e;
   // Event first: the other fields' messages make more sense once the kind is known.
   CAIRN_ASSIGN_OR_RETURN(e.kind, (parse_name<TraceEventKind>("event", f[1], kEventNames)));
   CAIRN_ASSIGN_OR_RETURN(uint64_t t, parse_unsigned<uint64_t>("time_ns", f[0]));
-  if (t > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) return bad("time_ns", quote_for_message(f[0]) + " is out of range");
+  if (t > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+    return bad("time_ns", quote_for_message(f[0]) + " is out of range");
   e.time_ns = static_cast<int64_t>(t);
   if (!f[2].empty()) {
     size_t s = 0;
@@ -189,7 +192,8 @@ Status validate_trace_event(const TraceEvent& e) {
     return bad("model", "required for " + kind);
   }
   for (const std::string& m : e.models)
-    if (!valid_name(m)) return bad("model", quote_for_message(m) + " is not a valid model id (1..1024 bytes of UTF-8, no NUL)");
+    if (!valid_name(m))
+      return bad("model", quote_for_message(m) + " is not a valid model id (1..1024 bytes of UTF-8, no NUL)");
   // chunk: required for the chunk events; a will_load hint may name one chunk of its one model (the
   // daemon records a will_load scoped to tensors as one such line per chunk); else empty.
   const bool chunk_hint = is_hint && !e.chunk.empty();
@@ -203,7 +207,8 @@ Status validate_trace_event(const TraceEvent& e) {
     if (e.chunk.size() > kMaxChunkTokenBytes)
       return bad("chunk", "longer than " + std::to_string(kMaxChunkTokenBytes) + " bytes");
     for (char c : e.chunk)
-      if (!chunk_token_char(c)) return bad("chunk", quote_for_message(e.chunk) + " has a byte outside [A-Za-z0-9._:/+-]");
+      if (!chunk_token_char(c))
+        return bad("chunk", quote_for_message(e.chunk) + " has a byte outside [A-Za-z0-9._:/+-]");
   }
   // bytes
   if (is_hint && !chunk_hint && e.bytes != 0) return bad("bytes", "must be empty for a hint without a chunk");
@@ -216,7 +221,8 @@ Status validate_trace_event(const TraceEvent& e) {
     return bad("tier", "required for evict: the tier the chunk left");
   // hint
   if (static_cast<int>(e.hint) > static_cast<int>(HintKind::kDone)) return bad("hint", "unknown hint value");
-  if (is_hint && e.hint == HintKind::kNone) return bad("hint", "required for a hint: will_load, population, sequence or done");
+  if (is_hint && e.hint == HintKind::kNone)
+    return bad("hint", "required for a hint: will_load, population, sequence or done");
   if (!is_hint && e.hint != HintKind::kNone) return bad("hint", "must be empty for " + kind);
   // when_s
   if (e.when_s) {
@@ -291,11 +297,12 @@ Result<Trace> parse_trace(std::string_view text, std::string_view source) {
     }
     if (line_no == 2) {
       if (line != kTraceColumns)
-        return invalid_argument(where() + "header: expected the columns '" + std::string(kTraceColumns) +
-                                "', found " + quote_for_message(line));
+        return invalid_argument(where() + "header: expected the columns '" + std::string(kTraceColumns) + "', found " +
+                                quote_for_message(line));
       continue;
     }
-    if (line.empty()) return invalid_argument(where() + "line: empty (only comment lines starting with '#' may carry no event)");
+    if (line.empty())
+      return invalid_argument(where() + "line: empty (only comment lines starting with '#' may carry no event)");
     if (line[0] == '#') continue;
     Result<TraceEvent> e = parse_line(line);
     if (!e.is_ok()) return invalid_argument(where() + e.status().message());

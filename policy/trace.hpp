@@ -29,12 +29,12 @@ inline constexpr std::string_view kTraceColumns = "time_ns,event,model,chunk,byt
 inline constexpr size_t kMaxChunkTokenBytes = 256;
 
 enum class TraceEventKind : uint8_t {
-  kAccess,  // a chunk was read (model, chunk, bytes; tier that served it if known)
-  kInsert,  // a chunk was written by a commit of `model` (model, chunk, bytes; tier it went to)
+  kAccess,   // a chunk was read (model, chunk, bytes; tier that served it if known)
+  kInsert,   // a chunk was written by a commit of `model` (model, chunk, bytes; tier it went to)
   kInherit,  // a commit of `model` uses an existing chunk without writing it (model, chunk, bytes)
-  kCommit,  // a model was committed (model; bytes = its total logical size)
-  kHint,    // a workflow hint (hint kind, models, when_s for will_load)
-  kEvict,   // the recorded cache dropped a chunk from `tier` (chunk, bytes, tier; model optional)
+  kCommit,   // a model was committed (model; bytes = its total logical size)
+  kHint,     // a workflow hint (hint kind, models, when_s for will_load)
+  kEvict,    // the recorded cache dropped a chunk from `tier` (chunk, bytes, tier; model optional)
 };
 
 // Where a read was served from. kUnknown is the empty field.
@@ -42,11 +42,11 @@ enum class TraceTier : uint8_t { kUnknown, kDram, kNvme, kRepository, kPeer };
 inline constexpr int kTraceTierCount = 5;
 
 enum class HintKind : uint8_t {
-  kNone,      // not a hint event
-  kWillLoad,  // these models will be read `when_s` from now (unset: next)
+  kNone,        // not a hint event
+  kWillLoad,    // these models will be read `when_s` from now (unset: next)
   kPopulation,  // the live set a search draws parents from; replaces the previous population
-  kSequence,  // these models will be read in this order
-  kDone,      // no more reads are expected for these models
+  kSequence,    // these models will be read in this order
+  kDone,        // no more reads are expected for these models
 };
 
 struct TraceEvent {

@@ -293,7 +293,8 @@ Trace checkpoint(Builder& b, double scale) {
     b.advance_s(b.between(300, 400));  // training between checkpoints
     const std::string id = numbered("ckpt-", i);
     Chunks trained;
-    for (size_t k = 0; k < kTrained; ++k) trained.push_back(b.new_chunk(i ? ckpts[0].second[kFrozen + k].bytes : b.layer_bytes()));
+    for (size_t k = 0; k < kTrained; ++k)
+      trained.push_back(b.new_chunk(i ? ckpts[0].second[kFrozen + k].bytes : b.layer_bytes()));
     if (i == 0) {
       b.commit(id, {}, concat(frozen, trained));
     } else {

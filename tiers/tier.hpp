@@ -9,10 +9,9 @@
 
 #include <atomic>
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <span>
 #include <string>
-
-#include <nlohmann/json.hpp>
 
 #include "core/status.hpp"
 
@@ -34,8 +33,8 @@ struct TierStats {
   uint64_t chunks = 0;
   uint64_t dirty_bytes = 0;
   uint64_t backpressure_waits = 0;  // allocations that had to wait for dirty data to be written down
-  // DRAM only (0 elsewhere): arena bytes resident chunks hold (their extents, rounded up), and of those pinned by readers' leases,
-  // staging or flushing. used_bytes - chunk_bytes is arena space held by named tensors, open writes
+  // DRAM only (0 elsewhere): arena bytes resident chunks hold (their extents, rounded up), and of those pinned by
+  // readers' leases, staging or flushing. used_bytes - chunk_bytes is arena space held by named tensors, open writes
   // and assembled views; with no client connected and no named tensor, pinned_bytes and that
   // difference are 0 (the torture harness checks this: no leaked arena space).
   uint64_t chunk_bytes = 0;
@@ -48,10 +47,18 @@ struct TierStats {
   bool prefault_finished = false;
 
   nlohmann::json to_json() const {
-    nlohmann::json j = {{"backpressure_waits", backpressure_waits},{"enabled", enabled},     {"capacity_bytes", capacity_bytes}, {"used_bytes", used_bytes},
-            {"hits", hits},           {"misses", misses},                 {"bytes_in", bytes_in},
-            {"bytes_out", bytes_out}, {"chunks", chunks},                 {"dirty_bytes", dirty_bytes},
-            {"chunk_bytes", chunk_bytes}, {"pinned_bytes", pinned_bytes}};
+    nlohmann::json j = {{"backpressure_waits", backpressure_waits},
+                        {"enabled", enabled},
+                        {"capacity_bytes", capacity_bytes},
+                        {"used_bytes", used_bytes},
+                        {"hits", hits},
+                        {"misses", misses},
+                        {"bytes_in", bytes_in},
+                        {"bytes_out", bytes_out},
+                        {"chunks", chunks},
+                        {"dirty_bytes", dirty_bytes},
+                        {"chunk_bytes", chunk_bytes},
+                        {"pinned_bytes", pinned_bytes}};
     if (!pages.empty()) j["pages"] = pages;
     if (prefaulted_bytes >= 0) {
       j["prefaulted_bytes"] = prefaulted_bytes;

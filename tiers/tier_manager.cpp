@@ -179,7 +179,8 @@ Result<const void*> TierManager::Source::get(const ChunkHash& hash, uint64_t len
       if (!st.is_ok()) {
         if (off.is_ok()) tm_.dram_.release(*off, length);
         tm_.dram_.abort_load(hash);
-        return st.with_context("chunk " + hash.hex() + " is neither in DRAM nor in the burst buffer, nor could it be fetched");
+        return st.with_context("chunk " + hash.hex() +
+                               " is neither in DRAM nor in the burst buffer, nor could it be fetched");
       }
       tm_.dram_.finish_load(hash, *off, length);
       pinned_.push_back(hash);
@@ -279,13 +280,11 @@ void TierManager::demote(uint64_t target_free) {
 }
 
 nlohmann::json TierManager::stats() const {
-  nlohmann::json out{{"demotion_target_bytes", target_.load()},
-                     {"demoted_chunks", demoted_.load()},
-                     {"demoted_bytes", demoted_bytes_.load()},
-                     {"evicted_already_on_nvme", evicted_on_nvme_.load()},
-                     {"dropped_to_repository_only", dropped_.load()},
-                     {"local_writes", local_writes_.load()},
-                     {"local_write_bytes", local_write_bytes_.load()}};
+  nlohmann::json out{
+      {"demotion_target_bytes", target_.load()},       {"demoted_chunks", demoted_.load()},
+      {"demoted_bytes", demoted_bytes_.load()},        {"evicted_already_on_nvme", evicted_on_nvme_.load()},
+      {"dropped_to_repository_only", dropped_.load()}, {"local_writes", local_writes_.load()},
+      {"local_write_bytes", local_write_bytes_.load()}};
   // Per source: reads served, bytes read, copies that failed their check; the learnt bandwidth.
   for (const auto& s : sources_) {
     const std::string& n = s.source->name();

@@ -3,23 +3,22 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
-#include <sstream>
-
-#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "api/cpp/client.hpp"
 #include "api/cpp/model_file.hpp"
-#include "tiers/pfs/repository.hpp"
 #include "core/safetensors.hpp"
 #include "core/version.hpp"
 #include "core/wire.hpp"
+#include "tiers/pfs/repository.hpp"
 #include "tools/daemon_progress.hpp"
 #include "tools/fault.hpp"
 #include "tools/job.hpp"
@@ -95,8 +94,8 @@ int cmd_put(const std::string& id, const std::string& file, const std::string& p
   auto durability = parse_durability(durability_text);
   if (!durability.is_ok()) return fail(durability.status());
   if (ends_with(file, ".h5") || ends_with(file, ".hdf5") || ends_with(file, ".pt") || ends_with(file, ".bin"))
-    return fail(cairn::invalid_argument("'" + file + "': `cairn put` stores safetensors files; use `cairn import " + id +
-                                        " " + file + "` for Keras HDF5 and torch files"));
+    return fail(cairn::invalid_argument("'" + file + "': `cairn put` stores safetensors files; use `cairn import " +
+                                        id + " " + file + "` for Keras HDF5 and torch files"));
   json meta = nullptr;
   if (!meta_text.empty()) {
     meta = json::parse(meta_text, nullptr, false);
@@ -128,12 +127,13 @@ int cmd_put(const std::string& id, const std::string& file, const std::string& p
 
 // ---- get ----
 
-int cmd_get(const std::string& id, const std::string& out, const std::vector<std::string>& only, const ProgressFlags& pf,
-            const char* verb = "get") {
+int cmd_get(const std::string& id, const std::string& out, const std::vector<std::string>& only,
+            const ProgressFlags& pf, const char* verb = "get") {
   auto client = connect();
   if (!client.is_ok()) return fail(client.status());
   cairn::tool::ProgressLine line(std::string(verb) + " " + id, pf.mode(), stderr);
-  Status st = cairn::get_safetensors_file(**client, id, out, only, [&](const cairn::ProgressSnapshot& s) { line.update(s); });
+  Status st =
+      cairn::get_safetensors_file(**client, id, out, only, [&](const cairn::ProgressSnapshot& s) { line.update(s); });
   if (!st.is_ok()) return fail(st);
   line.finish();
   return 0;
@@ -156,8 +156,9 @@ FileFormat format_of(const std::string& file, std::string* ext) {
 }
 
 Status unknown_format(const std::string& file, const std::string& ext, const char* verb) {
-  return cairn::invalid_argument("'" + file + "': " + (ext.empty() ? std::string("no file extension") : "unknown extension '" + ext + "'") +
-                                 "; cairn " + verb + " takes .safetensors, .h5/.hdf5 (Keras) or .pt/.pth/.bin (PyTorch)");
+  return cairn::invalid_argument(
+      "'" + file + "': " + (ext.empty() ? std::string("no file extension") : "unknown extension '" + ext + "'") +
+      "; cairn " + verb + " takes .safetensors, .h5/.hdf5 (Keras) or .pt/.pth/.bin (PyTorch)");
 }
 
 int cmd_import(const std::string& id, const std::string& file, const std::string& parent, const std::string& meta_text,
@@ -222,8 +223,8 @@ int cmd_ls(bool as_json, bool all) {
     std::string parent = m["parent"].is_string() ? m["parent"].get<std::string>() : "-";
     const char* state = m.value("collected", false) ? "  collected" : (m.value("retired", false) ? "  retired" : "");
     std::printf("%-32s parent=%-24s tensors=%-5llu %10s  %s%s\n", m["id"].get<std::string>().c_str(), parent.c_str(),
-                static_cast<unsigned long long>(m["tensors"].get<uint64_t>()), human_bytes(m["bytes"].get<uint64_t>()).c_str(),
-                m["durability"].get<std::string>().c_str(), state);
+                static_cast<unsigned long long>(m["tensors"].get<uint64_t>()),
+                human_bytes(m["bytes"].get<uint64_t>()).c_str(), m["durability"].get<std::string>().c_str(), state);
   }
   return 0;
 }
@@ -336,11 +337,12 @@ int cmd_gc(const ProgressFlags& pf) {
   auto r = call_with_progress(**client, json{{"op", "gc"}}, line);
   if (!r.is_ok()) return fail(r.status());
   line.finish("gc: done in " + cairn::tool::human_duration(line.elapsed()));
-  std::printf("gc: removed %zu retired models, collected %zu (kept for their descendants' lineage); released %s, "
-              "deleted %llu packs, punched %s out of packs still in use",
-              (*r)["removed"].size(), (*r)["collected"].size(), human_bytes((*r)["bytes_released"].get<uint64_t>()).c_str(),
-              static_cast<unsigned long long>((*r)["packs_deleted"].get<uint64_t>()),
-              human_bytes((*r)["bytes_punched"].get<uint64_t>()).c_str());
+  std::printf(
+      "gc: removed %zu retired models, collected %zu (kept for their descendants' lineage); released %s, "
+      "deleted %llu packs, punched %s out of packs still in use",
+      (*r)["removed"].size(), (*r)["collected"].size(), human_bytes((*r)["bytes_released"].get<uint64_t>()).c_str(),
+      static_cast<unsigned long long>((*r)["packs_deleted"].get<uint64_t>()),
+      human_bytes((*r)["bytes_punched"].get<uint64_t>()).c_str());
   if (uint64_t u = (*r)["bytes_unreclaimable"].get<uint64_t>())
     std::printf("; %s stay allocated (the filesystem cannot punch holes)", human_bytes(u).c_str());
   std::printf("\n");
@@ -372,7 +374,8 @@ int cmd_fsck(bool quick, bool as_json, const ProgressFlags& pf) {
                   static_cast<unsigned long long>(p["offset"].get<uint64_t>()),
                   static_cast<unsigned long long>(p["length"].get<uint64_t>()), p["detail"].get<std::string>().c_str());
     if (!(*r)["orphaned"].empty())
-      std::printf("%s orphaned (run `cairn gc` to reclaim)\n", human_bytes((*r)["orphaned_bytes"].get<uint64_t>()).c_str());
+      std::printf("%s orphaned (run `cairn gc` to reclaim)\n",
+                  human_bytes((*r)["orphaned_bytes"].get<uint64_t>()).c_str());
   }
   return (*r)["ok"].get<bool>() ? 0 : 2;
 }
@@ -385,7 +388,8 @@ int cmd_lineage(const std::string& id, bool as_json) {
   auto d = (*client)->query(json{{"op", "descendants"}, {"model", id}});
   if (!d.is_ok()) return fail(d.status());
   if (as_json) {
-    std::cout << json{{"model", id}, {"ancestors", (*a)["ancestors"]}, {"descendants", (*d)["descendants"]}}.dump(2) << "\n";
+    std::cout << json{{"model", id}, {"ancestors", (*a)["ancestors"]}, {"descendants", (*d)["descendants"]}}.dump(2)
+              << "\n";
     return 0;
   }
   std::printf("model:       %s\nancestors:  ", id.c_str());
@@ -501,8 +505,8 @@ int cmd_prefetch(const std::string& id, bool all, bool as_json, const std::strin
                   human_bytes(r->value("bytes", uint64_t{0})).c_str());
     else
       std::printf("%s: %s in DRAM here (%.3f s) and on %zu other members (%.3f s in all)\n", id.c_str(),
-                  human_bytes(r->value("bytes", uint64_t{0})).c_str(), r->value("seconds", 0.0),
-                  (*r)["members"].size(), r->value("all_seconds", 0.0));
+                  human_bytes(r->value("bytes", uint64_t{0})).c_str(), r->value("seconds", 0.0), (*r)["members"].size(),
+                  r->value("all_seconds", 0.0));
   }
   for (const json& m : r->value("members", json::array())) {
     const bool mok = m.value("ok", false);
@@ -573,150 +577,157 @@ int main(int argc, char** argv) {
   import->add_option("--meta", meta, "metadata (a JSON object)");
   import->add_option("--durability", durability, "memory, local or global (default: global)");
   add_progress_flags(import, pf);
-  import->callback([&] { rc = cmd_import(id, file, parent, meta, durability, pf); });
+  import->callback([&] { rc = cmd_import(id, file, parent, meta, durability, pf);
+});
 
-  auto* exp = app.add_subcommand("export", "write a model as a .safetensors, Keras .h5 or PyTorch .pt/.bin file");
-  exp->add_option("ID", id, "model id")->required();
-  exp->add_option("FILE", file, "the file; its extension says the format")->required();
-  add_progress_flags(exp, pf);
-  exp->callback([&] { rc = cmd_export(id, file, pf); });
+auto* exp = app.add_subcommand("export", "write a model as a .safetensors, Keras .h5 or PyTorch .pt/.bin file");
+exp->add_option("ID", id, "model id")->required();
+exp->add_option("FILE", file, "the file; its extension says the format")->required();
+add_progress_flags(exp, pf);
+exp->callback([&] { rc = cmd_export(id, file, pf); });
 
-  bool all = false, dot = false, quick = false;
-  auto* ls = app.add_subcommand("ls", "list models");
-  ls->add_flag("--json", as_json, "print JSON");
-  ls->add_flag("--all", all, "include retired models");
-  ls->callback([&] { rc = cmd_ls(as_json, all); });
+bool all = false, dot = false, quick = false;
+auto* ls = app.add_subcommand("ls", "list models");
+ls->add_flag("--json", as_json, "print JSON");
+ls->add_flag("--all", all, "include retired models");
+ls->callback([&] { rc = cmd_ls(as_json, all); });
 
-  auto* show = app.add_subcommand("show", "describe a model (JSON)");
-  show->add_option("ID", id, "model id")->required();
-  show->callback([&] { rc = cmd_simple(json{{"op", "show"}, {"id", id}}, true); });
+auto* show = app.add_subcommand("show", "describe a model (JSON)");
+show->add_option("ID", id, "model id")->required();
+show->callback([&] { rc = cmd_simple(json{{"op", "show"}, {"id", id}}, true); });
 
-  auto* lineage = app.add_subcommand("lineage", "ancestors and descendants of a model");
-  lineage->add_option("ID", id, "model id")->required();
-  lineage->add_flag("--json", as_json, "print JSON");
-  lineage->add_flag("--dot", dot, "print the whole lineage tree as Graphviz (dot -Tpng)");
-  std::string svg, png;
-  lineage->add_option("--svg", svg, "draw the whole lineage tree into this SVG file (scores on the nodes)");
-  lineage->add_option("--png", png, "draw the whole lineage tree into this PNG file");
-  lineage->callback([&] {
-    if (int(dot) + int(!svg.empty()) + int(!png.empty()) > 1) {
-      rc = fail(cairn::invalid_argument("--dot, --svg and --png are one picture each: give one"));
-    } else if (dot || !svg.empty() || !png.empty()) {
-      rc = cmd_lineage_picture(id, dot ? "" : !svg.empty() ? "svg" : "png", !svg.empty() ? svg : png);
+auto* lineage = app.add_subcommand("lineage", "ancestors and descendants of a model");
+lineage->add_option("ID", id, "model id")->required();
+lineage->add_flag("--json", as_json, "print JSON");
+lineage->add_flag("--dot", dot, "print the whole lineage tree as Graphviz (dot -Tpng)");
+std::string svg, png;
+lineage->add_option("--svg", svg, "draw the whole lineage tree into this SVG file (scores on the nodes)");
+lineage->add_option("--png", png, "draw the whole lineage tree into this PNG file");
+lineage->callback([&] {
+  if (int(dot) + int(!svg.empty()) + int(!png.empty()) > 1) {
+    rc = fail(cairn::invalid_argument("--dot, --svg and --png are one picture each: give one"));
+  } else if (dot || !svg.empty() || !png.empty()) {
+    rc = cmd_lineage_picture(id, dot ? "" : !svg.empty() ? "svg" : "png", !svg.empty() ? svg : png);
+  } else {
+    rc = cmd_lineage(id, as_json);
+  }
+});
+
+std::string where;
+auto* match = app.add_subcommand("match", "the stored model sharing the most layers with a graph (JSON)");
+match->add_option("GRAPH", file, "architecture graph (JSON file)")->required();
+match->add_option("--where", where, "metadata filter, e.g. '{\"score\": {\">=\": 0.9}}'");
+match->callback([&] { rc = cmd_match(file, where); });
+
+std::vector<std::string> du_ids;
+auto* du = app.add_subcommand("du",
+                              "what models cost in the repository: alone and with their ancestors, after "
+                              "deduplication and coding");
+du->add_option("ID", du_ids, "model ids (default: every live model)");
+du->add_flag("--json", as_json, "print JSON");
+du->callback([&] { rc = cmd_du(du_ids, as_json); });
+
+auto* stats = app.add_subcommand("stats", "per-tier and repository statistics");
+stats->add_flag("--json", as_json, "print JSON");
+stats->callback([&] { rc = cmd_stats(as_json); });
+
+auto* rm = app.add_subcommand("rm", "retire a model (its bytes are reclaimed by `cairn gc`)");
+rm->add_option("ID", id, "model id")->required();
+rm->callback([&] { rc = cmd_simple(json{{"op", "remove"}, {"id", id}}, false); });
+
+double flush_timeout = -1;
+auto* flush = app.add_subcommand("flush", "wait until every acknowledged model is in the repository");
+flush->add_option("--timeout", flush_timeout, "give up after this many seconds (exit status non-zero)");
+add_progress_flags(flush, pf);
+flush->callback([&] { rc = cmd_flush(flush_timeout, pf); });
+
+auto* sync = app.add_subcommand("sync", "see now what other daemons published to the shared repository");
+add_progress_flags(sync, pf);
+sync->callback([&] { rc = cmd_sync(pf); });
+
+auto* peers =
+    app.add_subcommand("peers", "list the members of this job's peer group and the bytes exchanged with each");
+peers->add_flag("--json", as_json, "print JSON");
+peers->callback([&] { rc = cmd_peers(as_json); });
+
+std::string repo_dir;
+auto* migrate = app.add_subcommand("migrate",
+                                   "migrate a repository of an older format (1: cairn 0.1, a file per model; 2: no "
+                                   "coded chunks) to format 3, in place");
+migrate->add_option("DIR", repo_dir, "repository directory")->required();
+add_progress_flags(migrate, pf);
+migrate->callback([&] { rc = cmd_migrate(repo_dir, pf); });
+
+auto* gc = app.add_subcommand("gc", "reclaim what only retired models use");
+add_progress_flags(gc, pf);
+gc->callback([&] { rc = cmd_gc(pf); });
+
+auto* fsck = app.add_subcommand("fsck", "check every chunk reference; report dangling and orphaned data");
+fsck->add_flag("--quick", quick, "check locations only, do not read and verify the bytes");
+fsck->add_flag("--json", as_json, "print JSON");
+add_progress_flags(fsck, pf);
+fsck->callback([&] { rc = cmd_fsck(quick, as_json, pf); });
+
+auto* prefetch = app.add_subcommand("prefetch", "bring a model into DRAM ahead of need");
+bool prefetch_all = false;
+prefetch->add_option("ID", id, "model id")->required();
+prefetch->add_flag("--all", prefetch_all, "into the DRAM of every member of the job's peer group at once");
+prefetch->add_flag("--json", as_json, "print JSON");
+std::string prefetch_tier;
+int prefetch_device = -1;
+prefetch->add_option("--tier", prefetch_tier, "dram (default) or hbm: the daemon's GPU tier (docs/gpu.md)")
+    ->check(CLI::IsMember({"dram", "hbm", "nvme"}));
+prefetch->add_option("--device", prefetch_device, "with --tier hbm: the device (default: the daemon's first)");
+add_progress_flags(prefetch, pf);
+prefetch->callback([&] { rc = cmd_prefetch(id, prefetch_all, as_json, prefetch_tier, prefetch_device, pf); });
+
+// cairn hint KIND MODEL... [--tensor NAME]... [--when SECONDS|next] [--ahead K] [--tier dram|hbm]
+std::string hint_kind, hint_when, hint_tier;
+std::vector<std::string> hint_models, hint_tensors;
+unsigned hint_ahead = 0;
+auto* hint = app.add_subcommand("hint", "tell the daemon what the workflow will read (docs/policy.md)");
+hint->add_option("KIND", hint_kind, "will_load, population, sequence or done")->required();
+hint->add_option("MODEL", hint_models, "model ids (in order, for sequence)")->required();
+hint->add_option("--tensor", hint_tensors, "will_load: only these tensors");
+hint->add_option("--when", hint_when, "will_load: seconds from now, or next");
+hint->add_option("--ahead", hint_ahead, "sequence: models to stage ahead of the reader");
+hint->add_option("--tier", hint_tier, "will_load: hbm stages into the GPU tier too (docs/gpu.md)")
+    ->check(CLI::IsMember({"dram", "hbm"}));
+hint->callback([&] {
+  json h{{"kind", hint_kind}, {"models", hint_models}};
+  if (!hint_tensors.empty()) h["tensors"] = hint_tensors;
+  if (hint_ahead) h["ahead"] = hint_ahead;
+  if (!hint_tier.empty()) h["tier"] = hint_tier;
+  if (!hint_when.empty()) {
+    if (hint_when == "next") {
+      h["when"] = "next";
     } else {
-      rc = cmd_lineage(id, as_json);
-    }
-  });
-
-  std::string where;
-  auto* match = app.add_subcommand("match", "the stored model sharing the most layers with a graph (JSON)");
-  match->add_option("GRAPH", file, "architecture graph (JSON file)")->required();
-  match->add_option("--where", where, "metadata filter, e.g. '{\"score\": {\">=\": 0.9}}'");
-  match->callback([&] { rc = cmd_match(file, where); });
-
-  std::vector<std::string> du_ids;
-  auto* du = app.add_subcommand("du", "what models cost in the repository: alone and with their ancestors, after "
-                                      "deduplication and coding");
-  du->add_option("ID", du_ids, "model ids (default: every live model)");
-  du->add_flag("--json", as_json, "print JSON");
-  du->callback([&] { rc = cmd_du(du_ids, as_json); });
-
-  auto* stats = app.add_subcommand("stats", "per-tier and repository statistics");
-  stats->add_flag("--json", as_json, "print JSON");
-  stats->callback([&] { rc = cmd_stats(as_json); });
-
-  auto* rm = app.add_subcommand("rm", "retire a model (its bytes are reclaimed by `cairn gc`)");
-  rm->add_option("ID", id, "model id")->required();
-  rm->callback([&] { rc = cmd_simple(json{{"op", "remove"}, {"id", id}}, false); });
-
-  double flush_timeout = -1;
-  auto* flush = app.add_subcommand("flush", "wait until every acknowledged model is in the repository");
-  flush->add_option("--timeout", flush_timeout, "give up after this many seconds (exit status non-zero)");
-  add_progress_flags(flush, pf);
-  flush->callback([&] { rc = cmd_flush(flush_timeout, pf); });
-
-  auto* sync = app.add_subcommand("sync", "see now what other daemons published to the shared repository");
-  add_progress_flags(sync, pf);
-  sync->callback([&] { rc = cmd_sync(pf); });
-
-  auto* peers = app.add_subcommand("peers", "list the members of this job's peer group and the bytes exchanged with each");
-  peers->add_flag("--json", as_json, "print JSON");
-  peers->callback([&] { rc = cmd_peers(as_json); });
-
-  std::string repo_dir;
-  auto* migrate = app.add_subcommand("migrate", "migrate a repository of an older format (1: cairn 0.1, a file per model; 2: no coded chunks) to format 3, in place");
-  migrate->add_option("DIR", repo_dir, "repository directory")->required();
-  add_progress_flags(migrate, pf);
-  migrate->callback([&] { rc = cmd_migrate(repo_dir, pf); });
-
-  auto* gc = app.add_subcommand("gc", "reclaim what only retired models use");
-  add_progress_flags(gc, pf);
-  gc->callback([&] { rc = cmd_gc(pf); });
-
-  auto* fsck = app.add_subcommand("fsck", "check every chunk reference; report dangling and orphaned data");
-  fsck->add_flag("--quick", quick, "check locations only, do not read and verify the bytes");
-  fsck->add_flag("--json", as_json, "print JSON");
-  add_progress_flags(fsck, pf);
-  fsck->callback([&] { rc = cmd_fsck(quick, as_json, pf); });
-
-  auto* prefetch = app.add_subcommand("prefetch", "bring a model into DRAM ahead of need");
-  bool prefetch_all = false;
-  prefetch->add_option("ID", id, "model id")->required();
-  prefetch->add_flag("--all", prefetch_all, "into the DRAM of every member of the job's peer group at once");
-  prefetch->add_flag("--json", as_json, "print JSON");
-  std::string prefetch_tier;
-  int prefetch_device = -1;
-  prefetch->add_option("--tier", prefetch_tier, "dram (default) or hbm: the daemon's GPU tier (docs/gpu.md)")
-      ->check(CLI::IsMember({"dram", "hbm", "nvme"}));
-  prefetch->add_option("--device", prefetch_device, "with --tier hbm: the device (default: the daemon's first)");
-  add_progress_flags(prefetch, pf);
-  prefetch->callback([&] { rc = cmd_prefetch(id, prefetch_all, as_json, prefetch_tier, prefetch_device, pf); });
-
-  // cairn hint KIND MODEL... [--tensor NAME]... [--when SECONDS|next] [--ahead K] [--tier dram|hbm]
-  std::string hint_kind, hint_when, hint_tier;
-  std::vector<std::string> hint_models, hint_tensors;
-  unsigned hint_ahead = 0;
-  auto* hint = app.add_subcommand("hint", "tell the daemon what the workflow will read (docs/policy.md)");
-  hint->add_option("KIND", hint_kind, "will_load, population, sequence or done")->required();
-  hint->add_option("MODEL", hint_models, "model ids (in order, for sequence)")->required();
-  hint->add_option("--tensor", hint_tensors, "will_load: only these tensors");
-  hint->add_option("--when", hint_when, "will_load: seconds from now, or next");
-  hint->add_option("--ahead", hint_ahead, "sequence: models to stage ahead of the reader");
-  hint->add_option("--tier", hint_tier, "will_load: hbm stages into the GPU tier too (docs/gpu.md)")
-      ->check(CLI::IsMember({"dram", "hbm"}));
-  hint->callback([&] {
-    json h{{"kind", hint_kind}, {"models", hint_models}};
-    if (!hint_tensors.empty()) h["tensors"] = hint_tensors;
-    if (hint_ahead) h["ahead"] = hint_ahead;
-    if (!hint_tier.empty()) h["tier"] = hint_tier;
-    if (!hint_when.empty()) {
-      if (hint_when == "next") {
-        h["when"] = "next";
-      } else {
-        char* end = nullptr;
-        double secs = std::strtod(hint_when.c_str(), &end);
-        if (end == hint_when.c_str() || *end != '\0') {
-          rc = fail(cairn::invalid_argument("--when: '" + hint_when + "' is neither seconds nor 'next'"));
-          return;
-        }
-        h["when"] = secs;
+      char* end = nullptr;
+      double secs = std::strtod(hint_when.c_str(), &end);
+      if (end == hint_when.c_str() || *end != '\0') {
+        rc = fail(cairn::invalid_argument("--when: '" + hint_when + "' is neither seconds nor 'next'"));
+        return;
       }
+      h["when"] = secs;
     }
-    rc = cmd_simple(json{{"op", "hint"}, {"hint", h}}, true);
-  });
+  }
+  rc = cmd_simple(json{{"op", "hint"}, {"hint", h}}, true);
+});
 
-  std::string query_text;
-  auto* query = app.add_subcommand("query", "run a JSON query, e.g. '{\"op\":\"ancestors\",\"model\":\"m3\"}'");
-  query->add_option("JSON", query_text, "the query")->required();
-  query->callback([&] {
-    json q = json::parse(query_text, nullptr, false);
-    if (q.is_discarded() || !q.is_object()) rc = fail(cairn::invalid_argument("the query is not a JSON object"));
-    else rc = cmd_simple(json{{"op", "query"}, {"query", q}}, true);
-  });
+std::string query_text;
+auto* query = app.add_subcommand("query", "run a JSON query, e.g. '{\"op\":\"ancestors\",\"model\":\"m3\"}'");
+query->add_option("JSON", query_text, "the query")->required();
+query->callback([&] {
+  json q = json::parse(query_text, nullptr, false);
+  if (q.is_discarded() || !q.is_object())
+    rc = fail(cairn::invalid_argument("the query is not a JSON object"));
+  else
+    rc = cmd_simple(json{{"op", "query"}, {"query", q}}, true);
+});
 
-  cairn::tool::add_job_commands(app, rc);
-  cairn::tool::add_fault_commands(app, rc);
+cairn::tool::add_job_commands(app, rc);
+cairn::tool::add_fault_commands(app, rc);
 
-  CLI11_PARSE(app, argc, argv);
-  return rc;
+CLI11_PARSE(app, argc, argv);
+return rc;
 }

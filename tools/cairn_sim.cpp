@@ -9,16 +9,15 @@
 //
 // Exit status: 0 on success, 1 on an error (the message names the file, line or option), 2 on bad
 // usage.
+#include <CLI/CLI.hpp>
 #include <cerrno>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
 
 #include "core/version.hpp"
 #include "policy/simulator.hpp"
@@ -65,7 +64,8 @@ Result<std::vector<double>> parse_sizes(const std::string& text) {
     double v = 0;
     auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
     if (ec != std::errc() || end != item.data() + item.size() || item.empty() || !(v > 0) || std::isinf(v))
-      return cairn::invalid_argument("--sizes: '" + item + "' is not a positive fraction of the working set (e.g. 0.25)");
+      return cairn::invalid_argument("--sizes: '" + item +
+                                     "' is not a positive fraction of the working set (e.g. 0.25)");
     out.push_back(v);
   }
   return out;
@@ -93,7 +93,8 @@ void print_table(const std::string& path, const cairn::TraceSummary& s, const st
               path.c_str(), static_cast<unsigned long long>(s.events), static_cast<unsigned long long>(s.accesses),
               static_cast<unsigned long long>(s.chunks_accessed), static_cast<unsigned long long>(s.models),
               static_cast<unsigned long long>(s.inserts), static_cast<unsigned long long>(s.hints));
-  const double unbounded = s.bytes_requested ? static_cast<double>(s.unbounded_bytes_hit) / static_cast<double>(s.bytes_requested) : 0;
+  const double unbounded =
+      s.bytes_requested ? static_cast<double>(s.unbounded_bytes_hit) / static_cast<double>(s.bytes_requested) : 0;
   std::printf("working set %s (distinct bytes read), %s read; a cache that never evicts: byte hit ratio %.3f\n\n",
               human_bytes(s.working_set_bytes).c_str(), human_bytes(s.bytes_requested).c_str(), unbounded);
   // Tier columns only for the tiers the trace names.
@@ -106,7 +107,8 @@ void print_table(const std::string& path, const cairn::TraceSummary& s, const st
       }
   std::printf("%-7s %-11s %-8s %9s %9s %9s %9s %11s", "size", "capacity", "policy", "hits", "obj_hit", "byte_hit",
               "vs_belady", "fetched");
-  for (int t : tiers) std::printf(" %11s", (std::string("from_") + cairn::trace_tier_name(static_cast<cairn::TraceTier>(t))).c_str());
+  for (int t : tiers)
+    std::printf(" %11s", (std::string("from_") + cairn::trace_tier_name(static_cast<cairn::TraceTier>(t))).c_str());
   std::printf("\n");
   double last_fraction = -1;
   for (const SimResult& r : results) {
@@ -219,12 +221,16 @@ int main(int argc, char** argv) {
   uint64_t seed = 1;
   double scale = 1.0;
   app.add_option("TRACE", trace, "trace file (CSV, docs/policy.md \"Trace format\")");
-  app.add_option("--sizes", sizes, "cache sizes as fractions of the working set, comma-separated (default: 0.125,0.25,0.5)");
-  app.add_option("--policies", policies, "comma-separated: lru, arc, s3fifo, lineage, hints, bound, belady (default: all)");
+  app.add_option("--sizes", sizes,
+                 "cache sizes as fractions of the working set, comma-separated (default: 0.125,0.25,0.5)");
+  app.add_option("--policies", policies,
+                 "comma-separated: lru, arc, s3fifo, lineage, hints, bound, belady (default: all)");
   app.add_option("--json", json_out, "also write the results as JSON to this file");
   bool warm_writes = false;
-  app.add_flag("--warm-writes", warm_writes, "replay a commit's written chunks as reads (the policies before cold writes)");
-  auto* gen = app.add_option("--generate", workload, "write a synthetic trace instead: nas, ensemble, sweep or checkpoint");
+  app.add_flag("--warm-writes", warm_writes,
+               "replay a commit's written chunks as reads (the policies before cold writes)");
+  auto* gen =
+      app.add_option("--generate", workload, "write a synthetic trace instead: nas, ensemble, sweep or checkpoint");
   app.add_option("--out", out, "with --generate: the trace file to write");
   app.add_option("--seed", seed, "with --generate: PRNG seed (default: 1)");
   app.add_option("--scale", scale, "with --generate: length multiplier (default: 1)");

@@ -12,13 +12,12 @@
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 
-#include <nlohmann/json.hpp>
-
-#include "tools/progress_line.hpp"
 #include "core/sync.hpp"
+#include "tools/progress_line.hpp"
 
 namespace cairn::tool {
 

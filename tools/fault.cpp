@@ -3,9 +3,8 @@
 #include <cstdio>
 #include <iostream>
 #include <memory>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "api/cpp/client.hpp"
 
@@ -28,8 +27,10 @@ int fault_request(json req, bool as_json, void (*print)(const json&)) {
     return 1;
   }
   r->erase("status");
-  if (as_json) std::cout << r->dump(2) << "\n";
-  else print(*r);
+  if (as_json)
+    std::cout << r->dump(2) << "\n";
+  else
+    print(*r);
   return 0;
 }
 
@@ -59,7 +60,8 @@ void add_fault_commands(CLI::App& app, int& rc) {
   };
   auto a = std::make_shared<Args>();
 
-  auto* add = fault->add_subcommand("add", "add a rule: matching operations fail, are torn, dropped, flipped or delayed");
+  auto* add =
+      fault->add_subcommand("add", "add a rule: matching operations fail, are torn, dropped, flipped or delayed");
   add->add_option("--op", a->op, "open, write, read, sync, allocate, rename or unlink")->required();
   add->add_option("--path", a->path, "only paths containing this (e.g. /packs/, /nvme/data); default: every path");
   add->add_option("--effect", a->effect, "fail (default), short_write, drop_write, flip_bit or delay");

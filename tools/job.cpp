@@ -22,20 +22,19 @@
 #include <sys/wait.h>
 #include <syslog.h>
 #include <unistd.h>
+#include <yaml-cpp/yaml.h>
 
-#include <chrono>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <functional>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <thread>
 #include <vector>
-
-#include <nlohmann/json.hpp>
-#include <yaml-cpp/yaml.h>
 
 #include "api/cpp/client.hpp"
 #include "core/config.hpp"
@@ -73,10 +72,12 @@ std::string env_or(const char* name, const std::string& fallback = "") {
 Status check_job_id(const std::string& id) {
   if (id.empty())
     return invalid_argument("no job id: give --job, or run inside a Slurm or PBS job (SLURM_JOB_ID, PBS_JOBID)");
-  if (id == "." || id == ".." || id.size() > 200) return invalid_argument("job id '" + id + "' is not usable as a directory name");
+  if (id == "." || id == ".." || id.size() > 200)
+    return invalid_argument("job id '" + id + "' is not usable as a directory name");
   for (char ch : id)
     if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '.' && ch != '_' && ch != '-' && ch != '[' && ch != ']')
-      return invalid_argument("job id '" + id + "' has a character other than letters, digits, '.', '_', '-', '[', ']'");
+      return invalid_argument("job id '" + id +
+                              "' has a character other than letters, digits, '.', '_', '-', '[', ']'");
   return Status::ok();
 }
 
@@ -98,11 +99,12 @@ class JobLog {
     if (fd < 0) return;
     char stamp[64];
     std::time_t t = std::time(nullptr);
-    struct tm tmv{};
+    struct tm tmv {};
     ::gmtime_r(&t, &tmv);
     std::strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%SZ", &tmv);
     std::string out = std::string(stamp) + " " + text + "\n";
-    if (::write(fd, out.data(), out.size()) < 0) { /* nothing more to do: syslog has it */ }
+    if (::write(fd, out.data(), out.size()) < 0) { /* nothing more to do: syslog has it */
+    }
     ::close(fd);
   }
   void info(const std::string& m) const { line(LOG_INFO, m); }
@@ -162,7 +164,7 @@ Result<std::string> job_base(const SiteConfig& site, const JobArgs& a, bool crea
   std::string fb = user_fallback_base();
   if (create) {
     if (auto s = make_dirs(fb, 0700); !s.is_ok()) return s;
-    struct stat st{};
+    struct stat st {};
     if (::stat(parent_of(fb).c_str(), &st) == 0 && st.st_uid != ::getuid())
       return permission_denied("'" + parent_of(fb) + "' belongs to uid " + std::to_string(st.st_uid) + ", not to you");
   }
@@ -176,8 +178,10 @@ Result<std::string> daemon_config(const SiteConfig& site, const std::string& id,
   try {
     d = site.daemon_yaml.empty() ? YAML::Node(YAML::NodeType::Map) : YAML::Load(site.daemon_yaml);
     d["socket"] = p.socket;
-    if (!site.repository.empty()) d["repository"] = site.repository;
-    else if (!d["repository"]) d["repository"] = "${HOME}/cairn-repo";
+    if (!site.repository.empty())
+      d["repository"] = site.repository;
+    else if (!d["repository"])
+      d["repository"] = "${HOME}/cairn-repo";
     if (!d["peers"] || !d["peers"]["job"]) d["peers"]["job"] = id;
     // The burst buffer: the site's tiers.nvme.path is the node-local parent; each job gets its own.
     if (d["tiers"] && d["tiers"]["nvme"] && d["tiers"]["nvme"]["path"])
@@ -228,7 +232,7 @@ Result<StartResult> start_daemon(const SiteConfig& site, const JobArgs& a, const
   }
 
   if (auto s = make_dir(p.dir, 0700); !s.is_ok()) return s;
-  struct stat st{};
+  struct stat st {};
   if (::lstat(p.dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
     return invalid_argument("'" + p.dir + "' is not a directory");
   if (is_root()) {
@@ -347,9 +351,7 @@ bool wants_cairn(const SiteConfig& site, const JobArgs& a) {
   return c.find("cairn") != std::string::npos;
 }
 
-std::string site_path(const JobArgs& a) {
-  return a.site.empty() ? default_site_path(parent_of(self_dir())) : a.site;
-}
+std::string site_path(const JobArgs& a) { return a.site.empty() ? default_site_path(parent_of(self_dir())) : a.site; }
 
 void fill_defaults(JobArgs& a) {
   if (a.job.empty()) a.job = env_or("SLURM_JOB_ID", env_or("PBS_JOBID"));
@@ -434,10 +436,9 @@ Result<JobSummary> summary_as(const User& u, const std::string& socket, const st
   if (!r.ok) return unavailable("`stats` failed: " + r.out);
   json stats = json::parse(r.out, nullptr, false);
   if (stats.is_discarded()) return internal_error("the daemon's stats are not valid JSON");
-  return summary_from_stats(stats, job, u.name, host_name(),
-                            std::chrono::duration_cast<std::chrono::seconds>(
-                                std::chrono::system_clock::now().time_since_epoch())
-                                .count());
+  return summary_from_stats(
+      stats, job, u.name, host_name(),
+      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count());
 }
 
 // Writes the summary file atomically: mode 0600, owned by the job's user (chown when root).
@@ -462,7 +463,7 @@ Status write_summary(const JobPaths& p, const User& u, const JobSummary& summary
 // The job's burst-buffer directory, from the config `cairn job start` wrote ("" when it is to be
 // kept: tiers.nvme.persistent, or no config).
 std::string nvme_dir_to_remove(const JobPaths& p, const User& u, const std::string& id, const std::string& batch) {
-  struct stat st{};
+  struct stat st {};
   if (::stat(p.config.c_str(), &st) != 0) return "";
   auto c = load_config(p.config, daemon_env(u, id, batch));
   if (!c.is_ok() || c->tiers.nvme.persistent) return "";
@@ -474,8 +475,10 @@ int cmd_stop(JobArgs a) {
   JobLog log("stop", a.job);
   auto site_r = load_site_config(site_path(a));
   SiteConfig site;
-  if (site_r.is_ok()) site = *site_r;
-  else log.error(site_r.status().message() + "; stopping with the default settings");
+  if (site_r.is_ok())
+    site = *site_r;
+  else
+    log.error(site_r.status().message() + "; stopping with the default settings");
   if (auto s = check_job_id(a.job); !s.is_ok()) {
     log.error(s.message());
     return 0;
@@ -486,9 +489,9 @@ int cmd_stop(JobArgs a) {
     return 0;
   }
   JobPaths p = paths_for(*base, a.job, is_root());
-  struct stat dst{};
+  struct stat dst {};
   const bool have_dir = ::lstat(p.dir.c_str(), &dst) == 0 && S_ISDIR(dst.st_mode);
-  struct stat bst{};
+  struct stat bst {};
   if (is_root() && ::stat(p.base.c_str(), &bst) == 0) log.set_file(p.job_log);
   // The node settings a prolog applied: once this function is done with the job (whichever way it
   // returns), this job no longer holds them; the last job restores them. Another job runs while its
@@ -497,12 +500,14 @@ int cmd_stop(JobArgs a) {
     if (!is_root()) return;
     auto running = [&](const std::string& other) {
       JobPaths q = paths_for(p.base, other, true);
-      struct stat st{};
+      struct stat st {};
       return ::lstat(q.pidfile.c_str(), &st) == 0 || ::lstat(q.dir.c_str(), &st) == 0;
     };
     auto line = restore_node_settings(p.base, a.job, running);
-    if (!line.is_ok()) log.error("node: " + line.status().message());
-    else if (!line->empty()) log.info(*line);
+    if (!line.is_ok())
+      log.error("node: " + line.status().message());
+    else if (!line->empty())
+      log.info(*line);
   });
   pid_t pid = read_pidfile(p.pidfile);
   if (!have_dir && !pid) return 0;  // this job had no daemon here
@@ -514,7 +519,8 @@ int cmd_stop(JobArgs a) {
       ::unlink(p.pidfile.c_str());
       return 0;
     }
-    struct passwd pw{}, *out = nullptr;
+    struct passwd pw {
+    }, *out = nullptr;
     std::vector<char> buf(16384);
     if (::getpwuid_r(dst.st_uid, &pw, buf.data(), buf.size(), &out) == 0 && out)
       u = User{pw.pw_uid, pw.pw_gid, pw.pw_name, pw.pw_dir ? pw.pw_dir : "/", "/bin/sh"};
@@ -531,7 +537,8 @@ int cmd_stop(JobArgs a) {
   const auto t0 = Clock::now();
   if (pid && !is_our_daemon(pid, u.uid)) {
     if (alive(pid))
-      log.error("pidfile " + p.pidfile + " names pid " + std::to_string(pid) + ", which is not this job's cairnd; not signalled");
+      log.error("pidfile " + p.pidfile + " names pid " + std::to_string(pid) +
+                ", which is not this job's cairnd; not signalled");
     pid = 0;
   }
   if (pid) {
@@ -547,8 +554,8 @@ int cmd_stop(JobArgs a) {
         if (auto w = write_summary(p, u, *summary); !w.is_ok()) log.error(w.message());
       }
     }
-    std::string flushed = answers ? flush_as(u, p.socket, site.drain_timeout_s, ok)
-                                  : "the socket does not answer; no flush";
+    std::string flushed =
+        answers ? flush_as(u, p.socket, site.drain_timeout_s, ok) : "the socket does not answer; no flush";
     log.line(ok ? LOG_INFO : LOG_ERR, flushed);
     ::kill(pid, SIGTERM);
     auto deadline = Clock::now() + std::chrono::duration<double>(site.stop_timeout_s);
@@ -563,8 +570,8 @@ int cmd_stop(JobArgs a) {
       while (alive(pid) && Clock::now() < kill_deadline) std::this_thread::sleep_for(std::chrono::milliseconds(20));
     } else {
       char msg[96];
-      std::snprintf(msg, sizeof msg, "cairnd pid %d stopped in %.2f s",
-                    static_cast<int>(pid), std::chrono::duration<double>(Clock::now() - t0).count());
+      std::snprintf(msg, sizeof msg, "cairnd pid %d stopped in %.2f s", static_cast<int>(pid),
+                    std::chrono::duration<double>(Clock::now() - t0).count());
       log.info(msg);
     }
   }
@@ -586,7 +593,8 @@ int cmd_summary(JobArgs a) {
   auto site_r = load_site_config(site_path(a));
   if (!site_r.is_ok()) return fail(site_r.status().message());
   std::vector<std::string> bases;
-  if (!a.job_dir.empty()) bases.push_back(a.job_dir);
+  if (!a.job_dir.empty())
+    bases.push_back(a.job_dir);
   else {
     bases.push_back(site_r->job_dir);
     if (!is_root()) bases.push_back(user_fallback_base());
@@ -595,7 +603,7 @@ int cmd_summary(JobArgs a) {
   for (const auto& b : bases) {
     JobPaths p = paths_for(b, a.job, is_root());
     looked += (looked.empty() ? "" : ", ") + p.summary;
-    struct stat st{};
+    struct stat st {};
     if (::lstat(p.summary.c_str(), &st) != 0) continue;
     if (!S_ISREG(st.st_mode)) return fail("'" + p.summary + "' is not a regular file");
     int fd = ::open(p.summary.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
@@ -631,7 +639,7 @@ int cmd_env(JobArgs a) {
   bases.push_back(user_fallback_base());
   for (const auto& b : bases) {
     JobPaths p = paths_for(b, a.job, false);
-    struct stat st{};
+    struct stat st {};
     if (::stat(p.socket.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) {
       std::printf("export CAIRN_SOCKET=%s\n", p.socket.c_str());
       return 0;
@@ -643,33 +651,45 @@ int cmd_env(JobArgs a) {
 }  // namespace
 
 void add_job_commands(CLI::App& app, int& rc) {
-  auto* job = app.add_subcommand("job", "start or stop this node's daemon for a batch job, or show what it did for the job (the Slurm prolog and epilog run start and stop; docs/slurm.md)");
+  auto* job = app.add_subcommand("job",
+                                 "start or stop this node's daemon for a batch job, or show what it did for the job "
+                                 "(the Slurm prolog and epilog run start and stop; docs/slurm.md)");
   job->require_subcommand(1);
   auto args = std::make_shared<JobArgs>();
   auto common = [&](CLI::App* c) {
     c->add_option("--job", args->job, "job id (default: $SLURM_JOB_ID, else $PBS_JOBID)");
-    c->add_option("--site", args->site, "site config (default: <prefix>/etc/cairn/site.yaml if present, else /etc/cairn/site.yaml)");
+    c->add_option("--site", args->site,
+                  "site config (default: <prefix>/etc/cairn/site.yaml if present, else /etc/cairn/site.yaml)");
     c->add_option("--job-dir", args->job_dir, "parent of the per-job directories (default: the site's job_dir)");
   };
-  auto* start = job->add_subcommand("start", "start cairnd for the job (as root: --user; prints `export CAIRN_SOCKET=...`)");
+  auto* start =
+      job->add_subcommand("start", "start cairnd for the job (as root: --user; prints `export CAIRN_SOCKET=...`)");
   common(start);
   start->add_option("--user", args->user, "the job's user (root only; default: $SLURM_JOB_USER)");
   start->add_option("--comment", args->comment, "the job's comment, for enable: opt-in (default: $SLURM_JOB_COMMENT)");
-  start->add_option("--batch", args->batch, "called by the batch system's prolog (slurm, pbs): apply the site's `enable`")
+  start
+      ->add_option("--batch", args->batch,
+                   "called by the batch system's prolog (slurm, pbs): apply the site's `enable`")
       ->check(CLI::IsMember({"slurm", "pbs"}));
   start->callback([&rc, args] { rc = cmd_start(*args); });
-  auto* stop = job->add_subcommand("stop", "flush the job's cairnd to the repository, stop it, remove the job directory");
+  auto* stop =
+      job->add_subcommand("stop", "flush the job's cairnd to the repository, stop it, remove the job directory");
   common(stop);
   stop->add_flag("--keep", args->keep, "keep the job directory (config, logs)");
-  stop->add_option("--batch", args->batch, "called by the batch system's epilog (slurm, pbs)")->check(CLI::IsMember({"slurm", "pbs"}));
+  stop->add_option("--batch", args->batch, "called by the batch system's epilog (slurm, pbs)")
+      ->check(CLI::IsMember({"slurm", "pbs"}));
   stop->callback([&rc, args] { rc = cmd_stop(*args); });
-  auto* summary = job->add_subcommand("summary", "print what cairn did for a job whose daemon `cairn job stop` stopped on this node");
+  auto* summary = job->add_subcommand(
+      "summary", "print what cairn did for a job whose daemon `cairn job stop` stopped on this node");
   summary->add_option("jobid", args->job, "the job id")->required();
-  summary->add_option("--site", args->site, "site config (default: <prefix>/etc/cairn/site.yaml if present, else /etc/cairn/site.yaml)");
-  summary->add_option("--job-dir", args->job_dir, "where the job's daemon ran (default: the site's job_dir, then /tmp/cairn-<uid>/jobs)");
+  summary->add_option("--site", args->site,
+                      "site config (default: <prefix>/etc/cairn/site.yaml if present, else /etc/cairn/site.yaml)");
+  summary->add_option("--job-dir", args->job_dir,
+                      "where the job's daemon ran (default: the site's job_dir, then /tmp/cairn-<uid>/jobs)");
   summary->add_flag("--json", args->json, "print the summary as JSON (as stored)");
   summary->callback([&rc, args] { rc = cmd_summary(*args); });
-  auto* env = job->add_subcommand("env", "print `export CAIRN_SOCKET=...` when the job has a daemon on this node (the task prolog)");
+  auto* env = job->add_subcommand(
+      "env", "print `export CAIRN_SOCKET=...` when the job has a daemon on this node (the task prolog)");
   common(env);
   env->callback([&rc, args] { rc = cmd_env(*args); });
 }

@@ -11,9 +11,8 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <set>
-
 #include <nlohmann/json.hpp>
+#include <set>
 
 namespace cairn::tool {
 namespace {
@@ -207,7 +206,7 @@ Result<std::string> apply_node_settings(const std::string& job_dir, const std::s
 Result<std::string> restore_node_settings(const std::string& job_dir, const std::string& job,
                                           const std::function<bool(const std::string&)>& still_running) {
   // Without a state file there is nothing to restore: skip the lock (job_dir may not exist).
-  struct stat st{};
+  struct stat st {};
   if (::lstat(state_path(job_dir).c_str(), &st) != 0 && errno == ENOENT) return std::string();
   CAIRN_ASSIGN_OR_RETURN(NodeLock lock, NodeLock::take(job_dir));
   bool missing = false;

@@ -33,11 +33,13 @@ std::string parent_of(const std::string& dir) {
 bool is_root() { return ::geteuid() == 0; }
 
 Result<User> lookup_user(const std::string& name) {
-  struct passwd pw{}, *out = nullptr;
+  struct passwd pw {
+  }, *out = nullptr;
   std::vector<char> buf(16384);
   int rc = name.empty() ? ::getpwuid_r(::getuid(), &pw, buf.data(), buf.size(), &out)
                         : ::getpwnam_r(name.c_str(), &pw, buf.data(), buf.size(), &out);
-  if (rc != 0 || !out) return not_found("user '" + (name.empty() ? std::to_string(::getuid()) : name) + "' is unknown on this node");
+  if (rc != 0 || !out)
+    return not_found("user '" + (name.empty() ? std::to_string(::getuid()) : name) + "' is unknown on this node");
   return User{pw.pw_uid, pw.pw_gid, pw.pw_name, pw.pw_dir ? pw.pw_dir : "/", pw.pw_shell ? pw.pw_shell : "/bin/sh"};
 }
 
@@ -48,7 +50,7 @@ Status make_dir(const std::string& path, mode_t mode) {
 
 Status make_dirs(const std::string& path, mode_t mode) {
   if (path.empty() || path == "/") return Status::ok();
-  struct stat st{};
+  struct stat st {};
   if (::stat(path.c_str(), &st) == 0) {
     if (!S_ISDIR(st.st_mode)) return invalid_argument("'" + path + "' exists and is not a directory");
     return Status::ok();
@@ -103,13 +105,14 @@ Status write_pidfile(const std::string& path, pid_t pid) {
   std::string text = std::to_string(pid) + "\n";
   bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
   ::close(fd);
-  if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) return errno_status("cannot write pidfile '" + path + "'", errno);
+  if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0)
+    return errno_status("cannot write pidfile '" + path + "'", errno);
   return Status::ok();
 }
 
 bool is_our_daemon(pid_t pid, uid_t uid) {
   std::string proc = "/proc/" + std::to_string(pid);
-  struct stat st{};
+  struct stat st {};
   if (::stat(proc.c_str(), &st) != 0 || st.st_uid != uid) return false;
   std::string stat_text = read_text(proc + "/stat");
   auto close_paren = stat_text.rfind(')');
@@ -189,12 +192,16 @@ AsUser run_as_daemon_user(const User& u, const std::string& socket, double timeo
   const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s);
   bool eof = false;
   while (!eof && Clock::now() < deadline) {
-    struct pollfd pfd{fds[0], POLLIN, 0};
+    struct pollfd pfd {
+      fds[0], POLLIN, 0
+    };
     if (::poll(&pfd, 1, 50) <= 0) continue;
     char buf[4096];
     ssize_t n = ::read(fds[0], buf, sizeof buf);
-    if (n > 0) r.out.append(buf, static_cast<size_t>(n));
-    else if (n == 0 || errno != EINTR) eof = true;
+    if (n > 0)
+      r.out.append(buf, static_cast<size_t>(n));
+    else if (n == 0 || errno != EINTR)
+      eof = true;
   }
   ::close(fds[0]);
   int status = 0;

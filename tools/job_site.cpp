@@ -2,16 +2,15 @@
 #include "tools/job_site.hpp"
 
 #include <sys/stat.h>
+#include <yaml-cpp/yaml.h>
 
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
-#include <cstdlib>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
-
-#include <yaml-cpp/yaml.h>
 
 namespace cairn::tool {
 namespace {
@@ -54,7 +53,7 @@ double parse_duration_seconds(const std::string& text) {
 std::string default_site_path(const std::string& prefix) {
   if (!prefix.empty()) {
     std::string p = prefix + "/etc/cairn/site.yaml";
-    struct stat st{};
+    struct stat st {};
     if (::stat(p.c_str(), &st) == 0) return p;
   }
   return "/etc/cairn/site.yaml";
@@ -79,10 +78,14 @@ Result<SiteConfig> parse_site_config(const std::string& text, const std::string&
       if (key == "enable") {
         auto s = scalar(v, source, key);
         if (!s.is_ok()) return s.status();
-        if (*s == "opt-in") c.enable = SiteConfig::Enable::kOptIn;
-        else if (*s == "always") c.enable = SiteConfig::Enable::kAlways;
-        else if (*s == "never") c.enable = SiteConfig::Enable::kNever;
-        else return bad(source, key, "'" + *s + "' is not one of opt-in, always, never");
+        if (*s == "opt-in")
+          c.enable = SiteConfig::Enable::kOptIn;
+        else if (*s == "always")
+          c.enable = SiteConfig::Enable::kAlways;
+        else if (*s == "never")
+          c.enable = SiteConfig::Enable::kNever;
+        else
+          return bad(source, key, "'" + *s + "' is not one of opt-in, always, never");
       } else if (key == "repository" || key == "job_dir") {
         auto s = scalar(v, source, key);
         if (!s.is_ok()) return s.status();
@@ -110,19 +113,27 @@ Result<SiteConfig> parse_site_config(const std::string& text, const std::string&
       } else if (key == "drain_timeout" || key == "start_timeout" || key == "stop_timeout") {
         auto d = duration(v, source, key);
         if (!d.is_ok()) return d.status();
-        (key == "drain_timeout" ? c.drain_timeout_s : key == "start_timeout" ? c.start_timeout_s : c.stop_timeout_s) = *d;
+        (key == "drain_timeout"   ? c.drain_timeout_s
+         : key == "start_timeout" ? c.start_timeout_s
+                                  : c.stop_timeout_s) = *d;
       } else if (key == "on_failure") {
         auto s = scalar(v, source, key);
         if (!s.is_ok()) return s.status();
-        if (*s == "continue") c.on_failure = SiteConfig::OnFailure::kContinue;
-        else if (*s == "drain") c.on_failure = SiteConfig::OnFailure::kDrain;
-        else return bad(source, key, "'" + *s + "' is not one of continue, drain");
+        if (*s == "continue")
+          c.on_failure = SiteConfig::OnFailure::kContinue;
+        else if (*s == "drain")
+          c.on_failure = SiteConfig::OnFailure::kDrain;
+        else
+          return bad(source, key, "'" + *s + "' is not one of continue, drain");
       } else if (key == "keep_job_dir") {
         auto s = scalar(v, source, key);
         if (!s.is_ok()) return s.status();
-        if (*s == "true" || *s == "yes") c.keep_job_dir = true;
-        else if (*s == "false" || *s == "no") c.keep_job_dir = false;
-        else return bad(source, key, "'" + *s + "' is not true or false");
+        if (*s == "true" || *s == "yes")
+          c.keep_job_dir = true;
+        else if (*s == "false" || *s == "no")
+          c.keep_job_dir = false;
+        else
+          return bad(source, key, "'" + *s + "' is not true or false");
       } else if (key == "node") {
         if (v.IsNull()) continue;
         if (!v.IsMap()) return bad(source, key, "must be a mapping of node settings (known: shmem_thp)");

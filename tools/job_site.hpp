@@ -14,20 +14,20 @@ struct SiteConfig {
   enum class Enable { kOptIn, kAlways, kNever };
   enum class OnFailure { kContinue, kDrain };
 
-  Enable enable = Enable::kOptIn;  // opt-in: the job's comment contains "cairn"
-  std::string repository;          // cairnd's `repository` ("" = ~/cairn-repo of the job user)
+  Enable enable = Enable::kOptIn;      // opt-in: the job's comment contains "cairn"
+  std::string repository;              // cairnd's `repository` ("" = ~/cairn-repo of the job user)
   std::string job_dir = "/run/cairn";  // parent of the per-job directories
-  std::string daemon_yaml;         // the `daemon:` mapping as YAML text ("" = none): any cairnd config
-  double drain_timeout_s = 300;    // the epilog's flush deadline
-  double start_timeout_s = 30;     // how long the prolog waits for the socket to answer
-  double stop_timeout_s = 60;      // after SIGTERM, how long before SIGKILL
+  std::string daemon_yaml;             // the `daemon:` mapping as YAML text ("" = none): any cairnd config
+  double drain_timeout_s = 300;        // the epilog's flush deadline
+  double start_timeout_s = 30;         // how long the prolog waits for the socket to answer
+  double stop_timeout_s = 60;          // after SIGTERM, how long before SIGKILL
   OnFailure on_failure = OnFailure::kContinue;
-  bool keep_job_dir = false;       // keep <job_dir>/<job id> after the job (logs, config)
+  bool keep_job_dir = false;  // keep <job_dir>/<job id> after the job (logs, config)
   // node.shmem_thp: the value the prolog writes to the kernel's shared-memory transparent huge
   // pages setting (/sys/kernel/mm/transparent_hugepage/shmem_enabled) before the daemon starts,
   // restored by the epilog of the node's last cairn job (tools/job_node.hpp). "" = leave it.
   std::string node_shmem_thp;
-  std::string source;              // the file it came from ("" = built-in defaults)
+  std::string source;  // the file it came from ("" = built-in defaults)
 };
 
 // The fixed places the site config is read from: `<prefix>/etc/cairn/site.yaml` beside the

@@ -19,7 +19,7 @@ constexpr size_t kMaxSummaryBytes = 64 * 1024;
 
 std::string utc(int64_t unix_s) {
   std::time_t t = static_cast<std::time_t>(unix_s);
-  struct tm tmv{};
+  struct tm tmv {};
   if (!::gmtime_r(&t, &tmv)) return std::to_string(unix_s);
   char buf[64];
   std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S UTC", &tmv);
@@ -59,8 +59,7 @@ class Reader {
   Result<uint64_t> count(const char* key) const {
     auto f = field(key);
     if (!f.is_ok()) return f.status();
-    if (!(*f)->is_number_unsigned())
-      return bad(join(where_, key), "must be a non-negative integer, not " + shown(**f));
+    if (!(*f)->is_number_unsigned()) return bad(join(where_, key), "must be a non-negative integer, not " + shown(**f));
     return (*f)->get<uint64_t>();
   }
   Result<int64_t> seconds(const char* key) const {
@@ -264,12 +263,12 @@ std::string summary_line(const JobSummary& s) {
   char wait[64];
   std::snprintf(wait, sizeof wait, "%.3f s", s.wait_seconds);
   auto models = [](uint64_t n) { return std::to_string(n) + (n == 1 ? " model" : " models"); };
-  return "summary: " + models(s.models_committed) + " committed (" + human_bytes(s.stored_bytes) +
-         " stored, " + human_bytes(s.deduplicated_bytes) + " deduplicated, " + human_bytes(s.inherited_bytes) +
-         " inherited: not written), " + models(s.models_loaded) + " loaded (" +
-         human_bytes(s.loaded_bytes()) + ": " + human_bytes(s.loaded_from_dram) + " from DRAM, " +
-         human_bytes(s.loaded_from_nvme) + " from NVMe, " + human_bytes(s.loaded_from_peers) + " from peers, " +
-         human_bytes(s.loaded_from_repository) + " from the repository), " + human_bytes(s.repository_read_bytes) +
+  return "summary: " + models(s.models_committed) + " committed (" + human_bytes(s.stored_bytes) + " stored, " +
+         human_bytes(s.deduplicated_bytes) + " deduplicated, " + human_bytes(s.inherited_bytes) +
+         " inherited: not written), " + models(s.models_loaded) + " loaded (" + human_bytes(s.loaded_bytes()) + ": " +
+         human_bytes(s.loaded_from_dram) + " from DRAM, " + human_bytes(s.loaded_from_nvme) + " from NVMe, " +
+         human_bytes(s.loaded_from_peers) + " from peers, " + human_bytes(s.loaded_from_repository) +
+         " from the repository), " + human_bytes(s.repository_read_bytes) +
          " read from the repository in all, processes waited " + wait + " over " + std::to_string(s.requests) +
          " requests; `cairn job summary " + s.job + "` shows it";
 }

@@ -1,7 +1,5 @@
 // Keras HDF5 export (`cairn export` to .h5): a model as a Keras weights file, in the layout recorded
 // at import or a Keras 2 weights-only one (docs/import-export.md).
-#include "tools/keras_h5.hpp"
-
 #include <unistd.h>
 
 #include <cerrno>
@@ -10,6 +8,7 @@
 #include <optional>
 
 #include "core/dtype.hpp"
+#include "tools/keras_h5.hpp"
 #include "tools/keras_h5_internal.hpp"
 
 namespace cairn::tool {
@@ -86,7 +85,7 @@ Status write_dataset(Writer& w, hid_t parent, const std::string& name, const jso
   if (rec.contains("attr_order")) H5Pset_attr_creation_order(dcpl.get(), rec["attr_order"].get<unsigned>());
   if (rec.value("layout", "") == "compact") H5Pset_layout(dcpl.get(), H5D_COMPACT);
   if (rec.contains("chunks")) {
-    std::vector<hsize_t> chunks = rec["chunks"].get<std::vector<hsize_t>>();
+    std::vector<hsize_t> chunks = rec["chunks"].get<std::vector<hsize_t> >();
     if (H5Pset_chunk(dcpl.get(), static_cast<int>(chunks.size()), chunks.data()) < 0)
       return h5_error(what + ": cannot set its chunking");
   }
@@ -143,15 +142,17 @@ Result<json> synthesize_tree(const ModelReader& r) {
     H5Tset_size(t.get(), H5T_VARIABLE);
     H5Tset_cset(t.get(), scalar ? H5T_CSET_UTF8 : H5T_CSET_ASCII);
     CAIRN_ASSIGN_OR_RETURN(std::string h5t, encode_type(t.get(), "attribute '" + name + "'"));
-    return json{{"name", name}, {"h5t", h5t},
-                {"shape", scalar ? json::array() : json::array({values.size()})}, {"strings", values}};
+    return json{{"name", name},
+                {"h5t", h5t},
+                {"shape", scalar ? json::array() : json::array({values.size()})},
+                {"strings", values}};
   };
   auto empty_attr = [](const std::string& name) -> Result<json> {
     CAIRN_ASSIGN_OR_RETURN(std::string h5t, encode_type(H5T_IEEE_F64LE, "attribute '" + name + "'"));
     return json{{"name", name}, {"h5t", h5t}, {"shape", json::array({0})}, {"data", ""}};
   };
   std::vector<std::string> layer_order;
-  std::map<std::string, std::vector<const TensorInfo*>> by_layer;
+  std::map<std::string, std::vector<const TensorInfo*> > by_layer;
   for (const auto& t : r.tensors()) {
     auto dot = t.name.rfind('.');
     std::string layer = dot == std::string::npos || dot == 0 ? t.name : t.name.substr(0, dot);
@@ -169,22 +170,42 @@ Result<json> synthesize_tree(const ModelReader& r) {
       wnames.push_back(layer + "/" + suffix + ":0");
       Hid type;
       switch (t->dtype) {
-        case DType::kF64: type = Hid(H5Tcopy(H5T_IEEE_F64LE), H5Tclose); break;
-        case DType::kF32: type = Hid(H5Tcopy(H5T_IEEE_F32LE), H5Tclose); break;
+        case DType::kF64:
+          type = Hid(H5Tcopy(H5T_IEEE_F64LE), H5Tclose);
+          break;
+        case DType::kF32:
+          type = Hid(H5Tcopy(H5T_IEEE_F32LE), H5Tclose);
+          break;
         case DType::kF16:  // as h5py makes it
           type = Hid(H5Tcopy(H5T_IEEE_F32LE), H5Tclose);
           H5Tset_fields(type.get(), 15, 10, 5, 0, 10);
           H5Tset_size(type.get(), 2);
           H5Tset_ebias(type.get(), 15);
           break;
-        case DType::kI64: type = Hid(H5Tcopy(H5T_STD_I64LE), H5Tclose); break;
-        case DType::kI32: type = Hid(H5Tcopy(H5T_STD_I32LE), H5Tclose); break;
-        case DType::kI16: type = Hid(H5Tcopy(H5T_STD_I16LE), H5Tclose); break;
-        case DType::kI8: type = Hid(H5Tcopy(H5T_STD_I8LE), H5Tclose); break;
-        case DType::kU64: type = Hid(H5Tcopy(H5T_STD_U64LE), H5Tclose); break;
-        case DType::kU32: type = Hid(H5Tcopy(H5T_STD_U32LE), H5Tclose); break;
-        case DType::kU16: type = Hid(H5Tcopy(H5T_STD_U16LE), H5Tclose); break;
-        case DType::kU8: type = Hid(H5Tcopy(H5T_STD_U8LE), H5Tclose); break;
+        case DType::kI64:
+          type = Hid(H5Tcopy(H5T_STD_I64LE), H5Tclose);
+          break;
+        case DType::kI32:
+          type = Hid(H5Tcopy(H5T_STD_I32LE), H5Tclose);
+          break;
+        case DType::kI16:
+          type = Hid(H5Tcopy(H5T_STD_I16LE), H5Tclose);
+          break;
+        case DType::kI8:
+          type = Hid(H5Tcopy(H5T_STD_I8LE), H5Tclose);
+          break;
+        case DType::kU64:
+          type = Hid(H5Tcopy(H5T_STD_U64LE), H5Tclose);
+          break;
+        case DType::kU32:
+          type = Hid(H5Tcopy(H5T_STD_U32LE), H5Tclose);
+          break;
+        case DType::kU16:
+          type = Hid(H5Tcopy(H5T_STD_U16LE), H5Tclose);
+          break;
+        case DType::kU8:
+          type = Hid(H5Tcopy(H5T_STD_U8LE), H5Tclose);
+          break;
         case DType::kBool: {  // as h5py makes it
           type = Hid(H5Tenum_create(H5T_NATIVE_INT8), H5Tclose);
           int8_t f = 0, t1 = 1;
@@ -201,14 +222,17 @@ Result<json> synthesize_tree(const ModelReader& r) {
       inner.push_back(json{{"name", suffix + ":0"}, {"dataset", ds}});
     }
     json group_attrs = json::array();
-    CAIRN_ASSIGN_OR_RETURN(json wn, wnames.empty() ? empty_attr("weight_names") : string_attr("weight_names", wnames, false));
+    CAIRN_ASSIGN_OR_RETURN(json wn,
+                           wnames.empty() ? empty_attr("weight_names") : string_attr("weight_names", wnames, false));
     group_attrs.push_back(wn);
-    json layer_group{{"attrs", group_attrs},
-                     {"links", json::array({json{{"name", layer}, {"group", json{{"attrs", json::array()}, {"links", inner}}}}})}};
+    json layer_group{
+        {"attrs", group_attrs},
+        {"links", json::array({json{{"name", layer}, {"group", json{{"attrs", json::array()}, {"links", inner}}}}})}};
     links.push_back(json{{"name", layer}, {"group", layer_group}});
   }
   json root_attrs = json::array();
-  CAIRN_ASSIGN_OR_RETURN(json ln, layer_order.empty() ? empty_attr("layer_names") : string_attr("layer_names", layer_order, false));
+  CAIRN_ASSIGN_OR_RETURN(
+      json ln, layer_order.empty() ? empty_attr("layer_names") : string_attr("layer_names", layer_order, false));
   root_attrs.push_back(ln);
   return json{{"attrs", root_attrs}, {"links", links}};
 }
@@ -232,8 +256,10 @@ Status export_keras_h5(Client& client, const std::string& id, const std::string&
   Status st;
   {
     Hid fcpl(H5Pcreate(H5P_FILE_CREATE), H5Pclose);
-    if (tree.is_object() && tree.contains("link_order")) H5Pset_link_creation_order(fcpl.get(), tree["link_order"].get<unsigned>());
-    if (tree.is_object() && tree.contains("attr_order")) H5Pset_attr_creation_order(fcpl.get(), tree["attr_order"].get<unsigned>());
+    if (tree.is_object() && tree.contains("link_order"))
+      H5Pset_link_creation_order(fcpl.get(), tree["link_order"].get<unsigned>());
+    if (tree.is_object() && tree.contains("attr_order"))
+      H5Pset_attr_creation_order(fcpl.get(), tree["attr_order"].get<unsigned>());
     Hid f(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, fcpl.get(), H5P_DEFAULT), H5Fclose);
     if (!f.ok()) return h5_error("cannot create '" + tmp + "'");
     Hid root(H5Gopen2(f.get(), "/", H5P_DEFAULT), H5Gclose);

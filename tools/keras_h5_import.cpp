@@ -1,7 +1,5 @@
 // Keras HDF5 import (`cairn import` of .h5): a Keras 2 weights file as a model, with the file's
 // HDF5 layout recorded for export (docs/import-export.md).
-#include "tools/keras_h5.hpp"
-
 #include <unistd.h>
 
 #include <cerrno>
@@ -11,6 +9,7 @@
 
 #include "core/dtype.hpp"
 #include "core/wire.hpp"
+#include "tools/keras_h5.hpp"
 #include "tools/keras_h5_internal.hpp"
 
 namespace cairn::tool {
@@ -33,8 +32,8 @@ namespace {
 // ---- attributes ----
 
 struct AttrRead {
-  json record;                                   // what export replays
-  std::optional<std::vector<std::string>> text;  // the values, when the attribute holds strings
+  json record;                                    // what export replays
+  std::optional<std::vector<std::string> > text;  // the values, when the attribute holds strings
 };
 
 Result<AttrRead> read_attr(hid_t obj, const std::string& name, const std::string& where) {
@@ -114,22 +113,22 @@ bool has_attr(hid_t obj, const std::string& name) { return H5Aexists(obj, name.c
 
 // A Keras string-list attribute: `name`, or its chunks name0, name1, ... (Keras splits lists over
 // 64 KiB). nullopt when there is none.
-Result<std::optional<std::vector<std::string>>> read_string_list(hid_t obj, const std::string& name,
-                                                                 const std::string& where) {
+Result<std::optional<std::vector<std::string> > > read_string_list(hid_t obj, const std::string& name,
+                                                                   const std::string& where) {
   std::vector<std::string> out;
   std::vector<std::string> parts;
   if (has_attr(obj, name)) {
     parts.push_back(name);
   } else {
     for (int i = 0; has_attr(obj, name + std::to_string(i)); ++i) parts.push_back(name + std::to_string(i));
-    if (parts.empty()) return std::optional<std::vector<std::string>>();
+    if (parts.empty()) return std::optional<std::vector<std::string> >();
   }
   for (const auto& p : parts) {
     CAIRN_ASSIGN_OR_RETURN(AttrRead a, read_attr(obj, p, where));
     if (!a.text) return invalid_argument("attribute '" + p + "' of '" + where + "' is not a list of strings");
     out.insert(out.end(), a.text->begin(), a.text->end());
   }
-  return std::optional<std::vector<std::string>>(std::move(out));
+  return std::optional<std::vector<std::string> >(std::move(out));
 }
 
 // ---- datasets ----
@@ -160,7 +159,9 @@ Result<json> dataset_layout(hid_t dcpl, const std::string& what) {
       char name[256];
       H5Z_filter_t id = H5Pget_filter2(dcpl, static_cast<unsigned>(i), &flags, &ncd, cd, sizeof name, name, &conf);
       if (id < 0) return h5_error(what + ": cannot read its filters");
-      filters.push_back(json{{"id", id}, {"flags", flags}, {"values", std::vector<unsigned>(cd, cd + std::min<size_t>(ncd, 16))},
+      filters.push_back(json{{"id", id},
+                             {"flags", flags},
+                             {"values", std::vector<unsigned>(cd, cd + std::min<size_t>(ncd, 16))},
                              {"name", std::string(name)}});
     }
     out["filters"] = filters;
@@ -173,8 +174,8 @@ Result<json> dataset_layout(hid_t dcpl, const std::string& what) {
 struct Walk {
   hid_t file = -1;
   std::map<std::string, std::string> tensor_of_path;  // datasets Keras lists, by path
-  std::vector<DatasetPlan> other;                    // datasets it does not list, in walk order
-  std::map<std::string, DatasetPlan> listed;         // by path
+  std::vector<DatasetPlan> other;                     // datasets it does not list, in walk order
+  std::map<std::string, DatasetPlan> listed;          // by path
   std::set<std::string> names;
 };
 
@@ -239,8 +240,7 @@ Result<json> walk_group(Walk& w, hid_t group, const std::string& path) {
     std::string child = path + "/" + name;
     H5L_info_t li;
     if (H5Lget_info(group, name.c_str(), &li, H5P_DEFAULT) < 0) return h5_error("cannot read link '" + child + "'");
-    if (li.type != H5L_TYPE_HARD)
-      return invalid_argument("'" + child + "': soft and external links are not supported");
+    if (li.type != H5L_TYPE_HARD) return invalid_argument("'" + child + "': soft and external links are not supported");
     Hid obj(H5Oopen(group, name.c_str(), H5P_DEFAULT), H5Oclose);
     if (!obj.ok()) return h5_error("cannot open '" + child + "'");
     H5I_type_t t = H5Iget_type(obj.get());
@@ -305,20 +305,21 @@ Status import_keras_h5(Client& client, const std::string& id, const std::string&
       if (!wroot.ok()) return h5_error("'" + file + "': cannot open /model_weights");
       root = "/model_weights";
     } else {
-      return invalid_argument("'" + file + "' is not a Keras weights file (no 'layer_names' attribute at / or /model_weights)");
+      return invalid_argument("'" + file +
+                              "' is not a Keras weights file (no 'layer_names' attribute at / or /model_weights)");
     }
   }
   const std::string where_root = root.empty() ? "/" : root;
   CAIRN_ASSIGN_OR_RETURN(auto layer_names_opt, read_string_list(wroot.get(), "layer_names", where_root));
-  if (!layer_names_opt)
-    return invalid_argument("'" + file + "': '" + where_root + "' has no 'layer_names' attribute");
+  if (!layer_names_opt) return invalid_argument("'" + file + "': '" + where_root + "' has no 'layer_names' attribute");
   const std::vector<std::string>& layer_names = *layer_names_opt;
 
   json weight_names = json::object();
-  std::vector<std::pair<std::string, std::string>> order;  // (path, layer) of listed weights
+  std::vector<std::pair<std::string, std::string> > order;  // (path, layer) of listed weights
   for (const auto& layer : layer_names) {
     std::string lpath = root + "/" + layer;
-    if (layer.empty() || layer.find('/') != std::string::npos || H5Lexists(wroot.get(), layer.c_str(), H5P_DEFAULT) <= 0)
+    if (layer.empty() || layer.find('/') != std::string::npos ||
+        H5Lexists(wroot.get(), layer.c_str(), H5P_DEFAULT) <= 0)
       return invalid_argument("'" + file + "': layer '" + layer + "' in layer_names has no group '" + lpath + "'");
     Hid g(H5Gopen2(wroot.get(), layer.c_str(), H5P_DEFAULT), H5Gclose);
     if (!g.ok()) return h5_error("'" + file + "': '" + lpath + "' is not a group");
@@ -330,7 +331,8 @@ Status import_keras_h5(Client& client, const std::string& id, const std::string&
       std::string t = tensor_name(layer, wt);
       if (!valid_name(t)) return invalid_argument("'" + file + "': weight '" + path + "' gives an invalid tensor name");
       if (!w.names.insert(t).second)
-        return invalid_argument("'" + file + "': weight '" + path + "' and another weight both map to tensor '" + t + "'");
+        return invalid_argument("'" + file + "': weight '" + path + "' and another weight both map to tensor '" + t +
+                                "'");
       if (!w.tensor_of_path.emplace(path, t).second)
         return invalid_argument("'" + file + "': weight '" + path + "' is listed twice");
       order.emplace_back(path, layer);
@@ -344,7 +346,8 @@ Status import_keras_h5(Client& client, const std::string& id, const std::string&
   if (!tree.is_ok()) return tree.status().with_context("'" + file + "'");
   for (const auto& [path, layer] : order)
     if (!w.listed.count(path))
-      return invalid_argument("'" + file + "': layer '" + layer + "' lists weight '" + path + "', which is not a dataset");
+      return invalid_argument("'" + file + "': layer '" + layer + "' lists weight '" + path +
+                              "', which is not a dataset");
 
   // Layer types from a whole-model file's model_config, when it has one.
   std::map<std::string, std::string> layer_type;
@@ -372,12 +375,15 @@ Status import_keras_h5(Client& client, const std::string& id, const std::string&
     for (const auto& wt : weight_names[layer]) {
       const DatasetPlan& p = w.listed[root + "/" + layer + "/" + wt.get<std::string>()];
       tensor_map[p.tensor] = layer;
-      wl.push_back(json{{"name", p.tensor.substr(layer.size() + 1)}, {"dtype", std::string(dtype_name(p.dtype))},
+      wl.push_back(json{{"name", p.tensor.substr(layer.size() + 1)},
+                        {"dtype", std::string(dtype_name(p.dtype))},
                         {"shape", p.shape}});
     }
     auto t = layer_type.find(layer);
-    json l{{"name", layer}, {"type", t != layer_type.end() ? t->second : std::string("KerasLayer")},
-           {"config", json{{"weights", wl}}}, {"inputs", prev.empty() ? json::array() : json::array({prev})}};
+    json l{{"name", layer},
+           {"type", t != layer_type.end() ? t->second : std::string("KerasLayer")},
+           {"config", json{{"weights", wl}}},
+           {"inputs", prev.empty() ? json::array() : json::array({prev})}};
     layers.push_back(std::move(l));
     prev = layer;
   }

@@ -7,11 +7,10 @@
 #include <hdf5.h>
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "core/dtype.hpp"
 #include "core/status.hpp"

@@ -16,7 +16,8 @@ using nlohmann::json;
 #ifndef CAIRN_HAVE_HDF5
 
 Status require_hdf5(const std::string& file) {
-  return invalid_argument("'" + file + "': Keras HDF5 files need a cairn built with HDF5 support (CAIRN_WITH_HDF5; "
+  return invalid_argument("'" + file +
+                          "': Keras HDF5 files need a cairn built with HDF5 support (CAIRN_WITH_HDF5; "
                           "Debian: libhdf5-dev); convert it to safetensors first");
 }
 
@@ -60,7 +61,7 @@ std::string hex(const uint8_t* p, size_t n) {
   return s;
 }
 
-std::optional<std::vector<uint8_t>> unhex(const std::string& s) {
+std::optional<std::vector<uint8_t> > unhex(const std::string& s) {
   if (s.size() % 2) return std::nullopt;
   auto v = [](char c) -> int {
     if (c >= '0' && c <= '9') return c - '0';
@@ -93,17 +94,17 @@ Result<Hid> decode_type(const json& j, const std::string& what) {
 }
 
 // The dataspace's shape: nullopt for a null dataspace, {} for a scalar.
-Result<std::optional<std::vector<int64_t>>> space_shape(hid_t space, const std::string& what) {
+Result<std::optional<std::vector<int64_t> > > space_shape(hid_t space, const std::string& what) {
   H5S_class_t cls = H5Sget_simple_extent_type(space);
-  if (cls == H5S_NULL) return std::optional<std::vector<int64_t>>();
-  if (cls == H5S_SCALAR) return std::optional<std::vector<int64_t>>(std::vector<int64_t>{});
+  if (cls == H5S_NULL) return std::optional<std::vector<int64_t> >();
+  if (cls == H5S_SCALAR) return std::optional<std::vector<int64_t> >(std::vector<int64_t>{});
   int nd = H5Sget_simple_extent_ndims(space);
   if (nd < 0) return h5_error(what + ": cannot read its dataspace");
   std::vector<hsize_t> dims(static_cast<size_t>(nd));
   if (H5Sget_simple_extent_dims(space, dims.data(), nullptr) < 0) return h5_error(what + ": cannot read its dataspace");
   std::vector<int64_t> out;
   for (hsize_t d : dims) out.push_back(static_cast<int64_t>(d));
-  return std::optional<std::vector<int64_t>>(std::move(out));
+  return std::optional<std::vector<int64_t> >(std::move(out));
 }
 
 Result<Hid> make_space(const json& shape, const std::string& what) {
@@ -112,7 +113,8 @@ Result<Hid> make_space(const json& shape, const std::string& what) {
   if (shape.empty()) return Hid(H5Screate(H5S_SCALAR), H5Sclose);
   std::vector<hsize_t> dims;
   for (const auto& d : shape) {
-    if (!d.is_number_integer() || d.get<int64_t>() < 0) return invalid_argument(what + ": the recorded shape is not valid");
+    if (!d.is_number_integer() || d.get<int64_t>() < 0)
+      return invalid_argument(what + ": the recorded shape is not valid");
     dims.push_back(d.get<hsize_t>());
   }
   hid_t s = H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr);
@@ -134,8 +136,10 @@ Result<DType> cairn_dtype(hid_t type, const std::string& what) {
     size_t spos, epos, esize, mpos, msize;
     if (H5Tget_fields(type, &spos, &epos, &esize, &mpos, &msize) < 0) return h5_error(what + ": bad float type");
     size_t ebias = H5Tget_ebias(type);
-    if (size == 2 && spos == 15 && epos == 10 && esize == 5 && mpos == 0 && msize == 10 && ebias == 15) return DType::kF16;
-    if (size == 4 && spos == 31 && epos == 23 && esize == 8 && mpos == 0 && msize == 23 && ebias == 127) return DType::kF32;
+    if (size == 2 && spos == 15 && epos == 10 && esize == 5 && mpos == 0 && msize == 10 && ebias == 15)
+      return DType::kF16;
+    if (size == 4 && spos == 31 && epos == 23 && esize == 8 && mpos == 0 && msize == 23 && ebias == 127)
+      return DType::kF32;
     if (size == 8 && spos == 63 && epos == 52 && esize == 11 && mpos == 0 && msize == 52 && ebias == 1023)
       return DType::kF64;
     return invalid_argument(what + ": a " + std::to_string(8 * size) +
@@ -146,11 +150,16 @@ Result<DType> cairn_dtype(hid_t type, const std::string& what) {
       return invalid_argument(what + ": integers with padding bits are not supported");
     bool is_signed = H5Tget_sign(type) == H5T_SGN_2;
     switch (size) {
-      case 1: return is_signed ? DType::kI8 : DType::kU8;
-      case 2: return is_signed ? DType::kI16 : DType::kU16;
-      case 4: return is_signed ? DType::kI32 : DType::kU32;
-      case 8: return is_signed ? DType::kI64 : DType::kU64;
-      default: return invalid_argument(what + ": " + std::to_string(8 * size) + "-bit integers are not supported");
+      case 1:
+        return is_signed ? DType::kI8 : DType::kU8;
+      case 2:
+        return is_signed ? DType::kI16 : DType::kU16;
+      case 4:
+        return is_signed ? DType::kI32 : DType::kU32;
+      case 8:
+        return is_signed ? DType::kI64 : DType::kU64;
+      default:
+        return invalid_argument(what + ": " + std::to_string(8 * size) + "-bit integers are not supported");
     }
   }
   if (cls == H5T_ENUM && size == 1 && H5Tget_nmembers(type) == 2) {
@@ -165,10 +174,15 @@ Result<DType> cairn_dtype(hid_t type, const std::string& what) {
     }
     if (ok) return DType::kBool;
   }
-  static const std::map<H5T_class_t, const char*> names{
-      {H5T_STRING, "string"}, {H5T_ENUM, "enum"},   {H5T_COMPOUND, "compound"}, {H5T_ARRAY, "array"},
-      {H5T_VLEN, "variable-length"}, {H5T_OPAQUE, "opaque"}, {H5T_REFERENCE, "reference"}, {H5T_BITFIELD, "bitfield"},
-      {H5T_TIME, "time"}};
+  static const std::map<H5T_class_t, const char*> names{{H5T_STRING, "string"},
+                                                        {H5T_ENUM, "enum"},
+                                                        {H5T_COMPOUND, "compound"},
+                                                        {H5T_ARRAY, "array"},
+                                                        {H5T_VLEN, "variable-length"},
+                                                        {H5T_OPAQUE, "opaque"},
+                                                        {H5T_REFERENCE, "reference"},
+                                                        {H5T_BITFIELD, "bitfield"},
+                                                        {H5T_TIME, "time"}};
   auto it = names.find(cls);
   return invalid_argument(what + ": HDF5 " + std::string(it == names.end() ? "unknown" : it->second) +
                           " data are not supported (cairn stores IEEE floats, integers and booleans)");

@@ -33,7 +33,8 @@ Status render_dot(const std::string& dot, const std::string& format, const std::
   // Graphviz reports errors through agerr, to stderr unless told otherwise: keep them for the status.
   agseterr(AGMAX);
   GVC_t* gvc = gvContext();
-  if (gvc == nullptr) return unavailable("Graphviz: gvContext failed (are its plugins configured? run `dot -c` as root)");
+  if (gvc == nullptr)
+    return unavailable("Graphviz: gvContext failed (are its plugins configured? run `dot -c` as root)");
   Agraph_t* g = agmemread(dot.c_str());
   if (g == nullptr) {
     const char* why = aglasterr();

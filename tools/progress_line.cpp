@@ -1,7 +1,7 @@
 #include "tools/progress_line.hpp"
 
-#include <chrono>
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 
 namespace cairn::tool {
@@ -85,15 +85,16 @@ std::string ProgressLine::render() const {
   std::string out = label_ + ": ";
   if (state_.total == 0 && state_.done == 0) {
     // Nothing counted (yet): the step and how long the whole run has taken.
-    return out + (state_.phase.empty() ? std::string("working") : state_.phase) + " (" + human_duration(now - start_) + ")";
+    return out + (state_.phase.empty() ? std::string("working") : state_.phase) + " (" + human_duration(now - start_) +
+           ")";
   }
   if (!state_.phase.empty()) out += state_.phase + ": ";
   out += amount(state_.done);
   if (state_.total > 0) {
     out += " / " + amount(state_.total);
     char pct[16];
-    std::snprintf(pct, sizeof pct, " (%.0f%%)", 100.0 * static_cast<double>(std::min(state_.done, state_.total)) /
-                                                   static_cast<double>(state_.total));
+    std::snprintf(pct, sizeof pct, " (%.0f%%)",
+                  100.0 * static_cast<double>(std::min(state_.done, state_.total)) / static_cast<double>(state_.total));
     out += pct;
   } else if (state_.unit == ProgressUnit::kItems) {
     out += " done";
@@ -108,7 +109,8 @@ std::string ProgressLine::render() const {
       std::snprintf(r, sizeof r, "  %.1f/s", rate);
       out += r;
     }
-    if (state_.total > state_.done) out += "  " + human_duration(static_cast<double>(state_.total - state_.done) / rate) + " left";
+    if (state_.total > state_.done)
+      out += "  " + human_duration(static_cast<double>(state_.total - state_.done) / rate) + " left";
   }
   return out;
 }

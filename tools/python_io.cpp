@@ -84,8 +84,7 @@ Result<int> run_python_io(const std::vector<std::string>& args) {
 #ifdef CAIRN_PYTHON_PACKAGE_DIR
   std::string source_io(CAIRN_PYTHON_PACKAGE_DIR);
   source_io.append("/cairn/io.py");
-  if (package_dir.empty() && is_regular_file(source_io))
-    package_dir = CAIRN_PYTHON_PACKAGE_DIR;
+  if (package_dir.empty() && is_regular_file(source_io)) package_dir = CAIRN_PYTHON_PACKAGE_DIR;
 #endif
   if (!package_dir.empty()) {
     const char* pp = std::getenv("PYTHONPATH");
@@ -103,7 +102,7 @@ Result<int> run_python_io(const std::vector<std::string>& args) {
   int rc = ::posix_spawnp(&pid, python.c_str(), nullptr, nullptr, argv.data(), environ);
   if (rc != 0)
     return invalid_argument("cannot run Python ('" + python + "': " + std::strerror(rc) +
-                       "); .pt/.bin files need Python 3 with PyTorch (set CAIRN_PYTHON to its interpreter)");
+                            "); .pt/.bin files need Python 3 with PyTorch (set CAIRN_PYTHON to its interpreter)");
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0) {
     if (errno != EINTR) return errno_status("waiting for " + python, errno);

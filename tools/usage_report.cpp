@@ -21,7 +21,8 @@ void print_stats(const json& r) {
                 cap ? human_bytes(cap).c_str() : "-", human_bytes(t["used_bytes"].get<uint64_t>()).c_str(),
                 static_cast<unsigned long long>(t["hits"].get<uint64_t>()),
                 static_cast<unsigned long long>(t["misses"].get<uint64_t>()),
-                human_bytes(t["bytes_in"].get<uint64_t>()).c_str(), human_bytes(t["bytes_out"].get<uint64_t>()).c_str());
+                human_bytes(t["bytes_in"].get<uint64_t>()).c_str(),
+                human_bytes(t["bytes_out"].get<uint64_t>()).c_str());
   }
   if (std::string pages = r["tiers"]["dram"].value("pages", std::string()); !pages.empty())
     std::printf("dram: %s\n", pages.c_str());
@@ -50,16 +51,18 @@ void print_stats(const json& r) {
     for (const char* name : {"raw", "planes", "delta"}) {
       const json& c = k.value(name, json::object());
       std::printf("%s%s %llu (%s in %s)", sep, name, static_cast<unsigned long long>(c.value("chunks", uint64_t{0})),
-                  human_bytes(c.value("bytes", uint64_t{0})).c_str(), human_bytes(c.value("stored", uint64_t{0})).c_str());
+                  human_bytes(c.value("bytes", uint64_t{0})).c_str(),
+                  human_bytes(c.value("stored", uint64_t{0})).c_str());
       sep = ", ";
     }
   }
   const json& f = r["flush"];
-  std::printf("\nnot yet in the repository: %llu models (%llu safe on the burst buffer); dirty %s in DRAM, %s on NVMe\n",
-              static_cast<unsigned long long>(f["pending_models"].get<uint64_t>()),
-              static_cast<unsigned long long>(f["local_not_global"].get<uint64_t>()),
-              human_bytes(f["dirty_dram_bytes"].get<uint64_t>()).c_str(),
-              human_bytes(f["dirty_nvme_bytes"].get<uint64_t>()).c_str());
+  std::printf(
+      "\nnot yet in the repository: %llu models (%llu safe on the burst buffer); dirty %s in DRAM, %s on NVMe\n",
+      static_cast<unsigned long long>(f["pending_models"].get<uint64_t>()),
+      static_cast<unsigned long long>(f["local_not_global"].get<uint64_t>()),
+      human_bytes(f["dirty_dram_bytes"].get<uint64_t>()).c_str(),
+      human_bytes(f["dirty_nvme_bytes"].get<uint64_t>()).c_str());
   if (const json& c = r["compute"]; c.is_object()) {  // the near-data worker (docs/near.md)
     if (!c.value("enabled", false)) {
       std::printf("compute: off (compute.enabled: false)\n");
@@ -76,7 +79,8 @@ void print_stats(const json& r) {
 }
 
 void print_du(const json& rows) {
-  std::printf("%-32s %10s %10s %10s %14s  %s\n", "ID", "LOGICAL", "STORED", "OWN", "WITH ANCESTORS", "CHUNKS (raw/planes/delta)");
+  std::printf("%-32s %10s %10s %10s %14s  %s\n", "ID", "LOGICAL", "STORED", "OWN", "WITH ANCESTORS",
+              "CHUNKS (raw/planes/delta)");
   for (const json& row : rows) {
     const std::string id = row["id"].get<std::string>();
     const std::string logical = human_bytes(row["logical_bytes"].get<uint64_t>());

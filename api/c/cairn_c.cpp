@@ -1,7 +1,5 @@
 // The C API: a shim over the C++ client. No exception crosses this boundary; every failure sets
 // the thread-local last error.
-#include "cairn/cairn.h"
-
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -10,6 +8,7 @@
 
 #include "api/cpp/client.hpp"
 #include "api/cpp/model_file.hpp"
+#include "cairn/cairn.h"
 
 struct cairn_client {
   std::unique_ptr<cairn::Client> impl;
@@ -113,7 +112,8 @@ constexpr cairn_prefetch_options kPrefetchDefaults = CAIRN_PREFETCH_OPTIONS_INIT
 // The memory kind of read options: host or CUDA, anything else an error naming the value.
 cairn_status read_kind(const cairn_read_options& o, bool& device) {
   const int k = raw_enum(o.kind);
-  CAIRN_REQUIRE_ARG(k == CAIRN_MEM_HOST || k == CAIRN_MEM_CUDA, "cairn_read_options.kind: unknown memkind " + std::to_string(k));
+  CAIRN_REQUIRE_ARG(k == CAIRN_MEM_HOST || k == CAIRN_MEM_CUDA,
+                    "cairn_read_options.kind: unknown memkind " + std::to_string(k));
   device = k == CAIRN_MEM_CUDA;
   CAIRN_REQUIRE_ARG(o.private_copy == 0 || o.private_copy == 1,
                     "cairn_read_options.private_copy must be 0 or 1, not " + std::to_string(o.private_copy));
@@ -123,8 +123,8 @@ cairn_status read_kind(const cairn_read_options& o, bool& device) {
 // cairn_model_map_tensors and cairn_model_map_tensors_private: the names checked and listed, one
 // request through `map` (a ModelReader member), the views written out.
 template <typename View, typename MapMany>
-cairn_status map_tensors(cairn_model_reader* r, size_t count, const char* const* names, View* data,
-                                size_t* nbytes, MapMany map) {
+cairn_status map_tensors(cairn_model_reader* r, size_t count, const char* const* names, View* data, size_t* nbytes,
+                         MapMany map) {
   return guarded([&] {
     CAIRN_REQUIRE_ARG(r && (count == 0 || (names && data)), "reader, names and data must not be NULL");
     std::vector<std::string> list;
@@ -148,7 +148,9 @@ cairn_status map_tensors(cairn_model_reader* r, size_t count, const char* const*
 
 extern "C" {
 
-const char* cairn_status_string(cairn_status s) { return cairn::status_code_string(cairn::status_code_from_int(raw_enum(s))); }
+const char* cairn_status_string(cairn_status s) {
+  return cairn::status_code_string(cairn::status_code_from_int(raw_enum(s)));
+}
 
 const char* cairn_last_error(void) { return g_last_error.c_str(); }
 
@@ -189,7 +191,7 @@ cairn_status cairn_tensor_put(cairn_client* c, const char* key, const void* data
 }
 
 cairn_status cairn_tensor_info(cairn_client* c, const char* key, cairn_dtype* dtype, int* ndim,
-                                   int64_t shape[CAIRN_MAX_DIMS], size_t* nbytes) {
+                               int64_t shape[CAIRN_MAX_DIMS], size_t* nbytes) {
   return guarded([&] {
     CAIRN_REQUIRE_ARG(c && key, "client and key must not be NULL");
     auto t = c->impl->tensor_info(key);
@@ -274,7 +276,8 @@ cairn_status cairn_model_create_part(cairn_client* c, const char* id, const char
     CAIRN_REQUIRE_ARG(c && id && out, "client, id and out must not be NULL");
     *out = nullptr;
     CAIRN_REQUIRE_ARG(cairn::valid_name(id), "model ids must be 1..1024 bytes of UTF-8 without NUL");
-    CAIRN_REQUIRE_ARG(!parent || !*parent || cairn::valid_name(parent), "parent ids must be 1..1024 bytes of UTF-8 without NUL");
+    CAIRN_REQUIRE_ARG(!parent || !*parent || cairn::valid_name(parent),
+                      "parent ids must be 1..1024 bytes of UTF-8 without NUL");
     CAIRN_REQUIRE_ARG(count >= 2 && index >= 0 && index < count,
                       "part " + std::to_string(index) + " of " + std::to_string(count) +
                           ": a multi-part model has at least 2 parts, numbered from 0");
@@ -305,8 +308,8 @@ cairn_status cairn_model_add_tensors(cairn_model_writer* w, const cairn_tensor_i
     for (size_t i = 0; i < n; ++i) {
       const cairn_tensor_in& t = tensors[i];
       CAIRN_REQUIRE_ARG(t.name, "tensors[" + std::to_string(i) + "].name must not be NULL");
-      CAIRN_REQUIRE_ARG(check_dtype(t.dtype), "tensors[" + std::to_string(i) + "]: unknown dtype " +
-                                                  std::to_string(raw_enum(t.dtype)));
+      CAIRN_REQUIRE_ARG(check_dtype(t.dtype),
+                        "tensors[" + std::to_string(i) + "]: unknown dtype " + std::to_string(raw_enum(t.dtype)));
       if (cairn_status st = make_shape(t.ndim, t.shape, in[i].shape); st != CAIRN_OK) return st;
       in[i].name = t.name;
       in[i].data = t.data;
@@ -316,8 +319,8 @@ cairn_status cairn_model_add_tensors(cairn_model_writer* w, const cairn_tensor_i
   });
 }
 
-cairn_status cairn_model_add_tensor_device(cairn_model_writer* w, const char* name, const void* data,
-                                           cairn_dtype dtype, int ndim, const int64_t* shape) {
+cairn_status cairn_model_add_tensor_device(cairn_model_writer* w, const char* name, const void* data, cairn_dtype dtype,
+                                           int ndim, const int64_t* shape) {
   return guarded([&] {
     CAIRN_REQUIRE_ARG(w && name, "writer and name must not be NULL");
     CAIRN_REQUIRE_ARG(check_dtype(dtype), "unknown dtype " + std::to_string(raw_enum(dtype)));
@@ -388,8 +391,12 @@ static cairn_status set_json(cairn_model_writer* w, const char* text, bool arch)
   });
 }
 
-cairn_status cairn_model_set_architecture(cairn_model_writer* w, const char* graph_json) { return set_json(w, graph_json, true); }
-cairn_status cairn_model_set_metadata(cairn_model_writer* w, const char* meta_json) { return set_json(w, meta_json, false); }
+cairn_status cairn_model_set_architecture(cairn_model_writer* w, const char* graph_json) {
+  return set_json(w, graph_json, true);
+}
+cairn_status cairn_model_set_metadata(cairn_model_writer* w, const char* meta_json) {
+  return set_json(w, meta_json, false);
+}
 
 void cairn_read_options_init(cairn_read_options* o) {
   if (o) *o = kReadDefaults;
@@ -410,7 +417,8 @@ cairn_status cairn_model_commit_opts(cairn_model_writer* w, const cairn_commit_o
     const int level = raw_enum(o.durability);
     CAIRN_REQUIRE_ARG(level >= CAIRN_DURABILITY_MEMORY && level <= CAIRN_DURABILITY_GLOBAL,
                       "cairn_commit_options.durability: unknown durability " + std::to_string(level));
-    CAIRN_REQUIRE_ARG(o.wait == 0 || o.wait == 1, "cairn_commit_options.wait must be 0 or 1, not " + std::to_string(o.wait));
+    CAIRN_REQUIRE_ARG(o.wait == 0 || o.wait == 1,
+                      "cairn_commit_options.wait must be 0 or 1, not " + std::to_string(o.wait));
     CAIRN_REQUIRE_ARG(o.pipelined == 0 || o.pipelined == 1,
                       "cairn_commit_options.pipelined must be 0 or 1, not " + std::to_string(o.pipelined));
     CAIRN_REQUIRE_ARG(!(o.wait && o.pipelined),
@@ -520,7 +528,7 @@ cairn_status cairn_model_tensor_info(cairn_model_reader* r, size_t index, const 
 }
 
 cairn_status cairn_model_read(cairn_model_reader* r, size_t count, const char* const* names, void* const* dsts,
-                             const size_t* dst_bytes, const cairn_read_options* opts) {
+                              const size_t* dst_bytes, const cairn_read_options* opts) {
   return guarded([&] {
     CAIRN_REQUIRE_ARG(r && (count == 0 || (names && dsts && dst_bytes)),
                       "reader, names, dsts and dst_bytes must not be NULL");
@@ -528,7 +536,8 @@ cairn_status cairn_model_read(cairn_model_reader* r, size_t count, const char* c
     if (cairn_status e = read_options(opts, kReadDefaults, "cairn_read_options", o); e != CAIRN_OK) return e;
     bool device = false;
     if (cairn_status e = read_kind(o, device); e != CAIRN_OK) return e;
-    CAIRN_REQUIRE_ARG(!o.private_copy, "cairn_read_options.private_copy is for cairn_model_map (a copy is the caller's already)");
+    CAIRN_REQUIRE_ARG(!o.private_copy,
+                      "cairn_read_options.private_copy is for cairn_model_map (a copy is the caller's already)");
     std::vector<std::string> list;
     list.reserve(count);
     for (size_t i = 0; i < count; ++i) {
@@ -552,8 +561,8 @@ cairn_status cairn_model_read(cairn_model_reader* r, size_t count, const char* c
   });
 }
 
-cairn_status cairn_model_map(cairn_model_reader* r, size_t count, const char* const* names, void** data,
-                            size_t* nbytes, const cairn_read_options* opts) {
+cairn_status cairn_model_map(cairn_model_reader* r, size_t count, const char* const* names, void** data, size_t* nbytes,
+                             const cairn_read_options* opts) {
   return guarded([&] {
     CAIRN_REQUIRE_ARG(r && (count == 0 || (names && data)), "reader, names and data must not be NULL");
     cairn_read_options o;
@@ -626,13 +635,13 @@ cairn_status cairn_model_map_tensor_device(cairn_model_reader* r, const char* na
   return cairn_model_map(r, 1, &name, const_cast<void**>(ptr), nbytes, &o);
 }
 
-cairn_status cairn_model_map_tensors(cairn_model_reader* r, size_t count, const char* const* names,
-                                     const void** data, size_t* nbytes) {
+cairn_status cairn_model_map_tensors(cairn_model_reader* r, size_t count, const char* const* names, const void** data,
+                                     size_t* nbytes) {
   return cairn_model_map(r, count, names, const_cast<void**>(data), nbytes, nullptr);
 }
 
-cairn_status cairn_model_map_tensors_private(cairn_model_reader* r, size_t count, const char* const* names,
-                                             void** data, size_t* nbytes) {
+cairn_status cairn_model_map_tensors_private(cairn_model_reader* r, size_t count, const char* const* names, void** data,
+                                             size_t* nbytes) {
   cairn_read_options o = CAIRN_READ_OPTIONS_INIT;
   o.private_copy = 1;
   return cairn_model_map(r, count, names, data, nbytes, &o);
@@ -678,7 +687,8 @@ cairn_status cairn_model_prefetch(cairn_client* c, const char* id, const cairn_p
     const int k = raw_enum(o.kind);
     CAIRN_REQUIRE_ARG(k == CAIRN_MEM_HOST || k == CAIRN_MEM_CUDA,
                       "cairn_prefetch_options.kind: unknown memkind " + std::to_string(k));
-    CAIRN_REQUIRE_ARG(o.all == 0 || o.all == 1, "cairn_prefetch_options.all must be 0 or 1, not " + std::to_string(o.all));
+    CAIRN_REQUIRE_ARG(o.all == 0 || o.all == 1,
+                      "cairn_prefetch_options.all must be 0 or 1, not " + std::to_string(o.all));
     CAIRN_REQUIRE_ARG(o.timeout_ms >= 0, "cairn_prefetch_options.timeout_ms must not be negative");
     nlohmann::json req{{"op", "prefetch"}, {"id", id}};
     if (k == CAIRN_MEM_CUDA) {
@@ -798,12 +808,10 @@ cairn_status cairn_request(cairn_client* c, const char* request_json, char** res
     auto q = nlohmann::json::parse(request_json, nullptr, false);
     if (q.is_discarded() || !q.is_object()) return fail(CAIRN_ERR_INVALID_ARGUMENT, "the request is not a JSON object");
     auto op = q.find("op");
-    if (op == q.end() || !op->is_string())
-      return fail(CAIRN_ERR_INVALID_ARGUMENT, "the request has no string \"op\"");
+    if (op == q.end() || !op->is_string()) return fail(CAIRN_ERR_INVALID_ARGUMENT, "the request has no string \"op\"");
     const std::string name = op->get<std::string>();
     if (const char* call = dedicated_call(name))
-      return fail(CAIRN_ERR_INVALID_ARGUMENT,
-                  "op \"" + name + "\" cannot be sent through cairn_request; use " + call);
+      return fail(CAIRN_ERR_INVALID_ARGUMENT, "op \"" + name + "\" cannot be sent through cairn_request; use " + call);
     if (q.contains("release"))
       return fail(CAIRN_ERR_INVALID_ARGUMENT,
                   "a request sent through cairn_request cannot carry \"release\"; leases end with cairn_model_close");

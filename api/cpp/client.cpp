@@ -1,5 +1,4 @@
 #include "api/cpp/client.hpp"
-#include "api/cpp/client_internal.hpp"
 
 #include <poll.h>
 #include <sys/mman.h>
@@ -13,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "api/cpp/client_internal.hpp"
 #include "core/copy.hpp"
 #include "core/wire.hpp"
 
@@ -95,7 +95,8 @@ Result<std::unique_ptr<Client>> Client::connect(const std::string& address_in) {
   const Status sent = wire::send_frame(fd, wire::Kind::kRequest, json{{"op", "hello"}});
   auto f = wire::recv_frame(fd);
   if (!f.is_ok())
-    return unavailable("cairnd on " + address + " closed the connection: " + (sent.is_ok() ? f.status() : sent).to_string());
+    return unavailable("cairnd on " + address +
+                       " closed the connection: " + (sent.is_ok() ? f.status() : sent).to_string());
   Status st = wire::response_status(f->body);
   if (!st.is_ok()) {
     if (f->passed_fd >= 0) ::close(f->passed_fd);
@@ -121,7 +122,8 @@ Client::~Client() {
   for (int v = 0; v < 2; v++)
     for (size_t g = 0; g < pinned_[v].size(); g++)
       if (pinned_[v][g])
-        mapper_->unpin_host((v == 0 ? const_cast<uint8_t*>(view_->read_base()) : view_->write_base()) + g * kPinGranule);
+        mapper_->unpin_host((v == 0 ? const_cast<uint8_t*>(view_->read_base()) : view_->write_base()) +
+                            g * kPinGranule);
   ::close(fd_);
 }
 
@@ -192,8 +194,10 @@ void Client::dispatch_buffered() {
     in_flight_.pop_front();
     Status st = wire::response_status(*body);
     if (!handler) continue;
-    if (st.is_ok()) handler(std::move(body).value());
-    else handler(std::move(st));
+    if (st.is_ok())
+      handler(std::move(body).value());
+    else
+      handler(std::move(st));
   }
   if (rpos_ == rend_) rpos_ = rend_ = 0;
 }
@@ -306,7 +310,8 @@ Status Client::wait(const Ticket& t, int timeout_ms) {
   const auto start = std::chrono::steady_clock::now();
   auto left_ms = [&]() -> int {
     if (timeout_ms < 0) return -1;
-    auto spent = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count();
+    auto spent =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count();
     return static_cast<int>(std::max<int64_t>(0, timeout_ms - spent));
   };
   while (!t->resolved) {
@@ -374,9 +379,12 @@ Status Client::unpack_tensor_to(const std::string& key, const std::function<Resu
   } else {
     info->name = key;
     auto b = buffer(*info);
-    if (!b.is_ok()) st = b.status();
-    else if (!*b && n) st = no_space("no buffer for the " + std::to_string(n) + " bytes of tensor '" + key + "'");
-    else dst = *b;
+    if (!b.is_ok())
+      st = b.status();
+    else if (!*b && n)
+      st = no_space("no buffer for the " + std::to_string(n) + " bytes of tensor '" + key + "'");
+    else
+      dst = *b;
   }
   if (st.is_ok() && n) {
     view_->prefault(off, n, false);
@@ -392,7 +400,9 @@ Result<bool> Client::poll_tensor(const std::string& key, int timeout_ms) {
   return r.value("found", false);
 }
 
-Status Client::delete_tensor(const std::string& key) { return call(json{{"op", "delete_tensor"}, {"key", key}}).status(); }
+Status Client::delete_tensor(const std::string& key) {
+  return call(json{{"op", "delete_tensor"}, {"key", key}}).status();
+}
 
 Result<Client::Space> Client::allocate(uint64_t nbytes) {
   CAIRN_ASSIGN_OR_RETURN(json r, call(json{{"op", "allocate"}, {"nbytes", nbytes}}));
@@ -411,8 +421,10 @@ Result<std::vector<Client::Space>> Client::allocate_many(const std::vector<uint6
   for (size_t i = 0; i + 1 < sizes.size() && sent.is_ok(); ++i)
     sent = send_pipelined(json{{"op", "allocate"}, {"nbytes", sizes[i]}}, {},
                           [got, i](Result<json> r) { (*got)[i].emplace(std::move(r)); });
-  if (sent.is_ok()) (*got).back().emplace(call(json{{"op", "allocate"}, {"nbytes", sizes.back()}}));
-  else (void)flush_pipeline();
+  if (sent.is_ok())
+    (*got).back().emplace(call(json{{"op", "allocate"}, {"nbytes", sizes.back()}}));
+  else
+    (void)flush_pipeline();
   std::vector<Space> out;
   Status first = sent;
   for (size_t i = 0; i < sizes.size(); ++i) {
@@ -613,7 +625,7 @@ void ModelReader::copy_out(const Leased& leased, std::span<uint8_t> dst, uint64_
 }
 
 Status ModelReader::read_pipelined(const std::vector<std::string>& names, const std::vector<std::span<uint8_t>>& dsts,
-                                  const std::vector<size_t>& group_ends, uint64_t total) {
+                                   const std::vector<size_t>& group_ends, uint64_t total) {
   const size_t groups = group_ends.size();
   auto replies = std::make_shared<std::vector<std::optional<Result<json>>>>(groups);
   Status first;
@@ -641,8 +653,10 @@ Status ModelReader::read_pipelined(const std::vector<std::string>& names, const 
       continue;
     }
     for (size_t k = 0; k < leased->size(); ++k) {
-      if (first.is_ok()) copy_out((*leased)[k], dsts[from + k], total);
-      else client_.release_later((*leased)[k].lease);
+      if (first.is_ok())
+        copy_out((*leased)[k], dsts[from + k], total);
+      else
+        client_.release_later((*leased)[k].lease);
     }
   }
   return first;

@@ -17,18 +17,17 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
-#include "core/hash.hpp"
-#include "core/hash_queue.hpp"
 #include "core/dtype.hpp"
 #include "core/durability.hpp"
+#include "core/hash.hpp"
+#include "core/hash_queue.hpp"
 #include "core/status.hpp"
 #include "tiers/dram/arena.hpp"
 #include "tiers/hbm/device.hpp"
@@ -51,18 +50,19 @@ inline constexpr uint64_t kInlineLimit = 64 * 1024;
 // Client::flush_pipeline, or when the connection ends). A commit answered before commit_async
 // returned is resolved at once. See docs/protocol.md, "Pipelined commits".
 struct CommitTicket {
-  std::string id;                            // the model
-  Durability target = Durability::kMemory;   // the durability asked for
-  bool pipelined = false;                    // sent without waiting for the reply
-  bool resolved = false;                     // the reply is in (status says how it went)
-  Status status;                             // the commit's outcome, then (after a wait) the durability's
-  uint64_t daemon_ticket = 0;                // the daemon's ticket for a level above memory (0: none left)
+  std::string id;                           // the model
+  Durability target = Durability::kMemory;  // the durability asked for
+  bool pipelined = false;                   // sent without waiting for the reply
+  bool resolved = false;                    // the reply is in (status says how it went)
+  Status status;                            // the commit's outcome, then (after a wait) the durability's
+  uint64_t daemon_ticket = 0;               // the daemon's ticket for a level above memory (0: none left)
 };
 using Ticket = std::shared_ptr<CommitTicket>;
 
 class Client {
  public:
-  // address "" = wire::default_socket_path() ($CAIRN_SOCKET, then the default). kUnavailable names the path when nothing listens.
+  // address "" = wire::default_socket_path() ($CAIRN_SOCKET, then the default). kUnavailable names the path when
+  // nothing listens.
   static Result<std::unique_ptr<Client>> connect(const std::string& address);
   ~Client();
   Client(const Client&) = delete;
@@ -182,12 +182,12 @@ class Client {
   void free_failed_spaces();
   int fd_;
   std::string address_;
-  std::deque<ReplyHandler> in_flight_;   // reply handlers, oldest first
-  std::vector<uint8_t> rbuf_;            // received bytes; [rpos_, rend_) not yet decoded
+  std::deque<ReplyHandler> in_flight_;  // reply handlers, oldest first
+  std::vector<uint8_t> rbuf_;           // received bytes; [rpos_, rend_) not yet decoded
   size_t rpos_ = 0, rend_ = 0;
-  size_t want_ = 0;                      // bytes still missing from the frame being received
-  Status broken_;                        // set once the connection is lost: every later call fails with it
-  Status orphan_error_;                  // the first error of a pipelined commit nobody held a ticket for
+  size_t want_ = 0;      // bytes still missing from the frame being received
+  Status broken_;        // set once the connection is lost: every later call fails with it
+  Status orphan_error_;  // the first error of a pipelined commit nobody held a ticket for
   std::vector<uint64_t> spaces_to_free_;
   friend class ModelWriter;  // its pipelined commits' reply handlers
   friend class ModelReader;  // its pipelined leases (read_many)
@@ -199,10 +199,10 @@ class Client {
   std::deque<std::string> model_cache_order_;  // insertion order, for eviction
   std::string hbm_backend_;
   std::vector<int> hbm_devices_;
-  std::unique_ptr<hbm::DeviceMapper> mapper_;         // device_path's, made on first use
+  std::unique_ptr<hbm::DeviceMapper> mapper_;                   // device_path's, made on first use
   std::map<std::string, std::pair<uint8_t*, uint64_t>> slabs_;  // handle -> (pointer, size)
   std::mutex pin_mu_;
-  std::vector<uint8_t> pinned_[2];  // per view (0: read-only, 1: read-write), per kPinGranule: pinned
+  std::vector<uint8_t> pinned_[2];       // per view (0: read-only, 1: read-write), per kPinGranule: pinned
   bool pin_failed_[2] = {false, false};  // pinning a view failed once: pageable copies from then on
 };
 

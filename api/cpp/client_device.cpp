@@ -85,8 +85,8 @@ Result<std::vector<std::pair<uint64_t, const uint8_t*>>> ModelReader::lease_devi
   for (const auto& name : names)
     if (!find(name)) return not_found("model '" + id_ + "' has no tensor '" + name + "'");
   if (client_.hbm_backend().empty())
-    return unavailable("tensor '" + names.front() + "' of model '" + id_ + "' cannot be mapped on a device: the daemon on " +
-                       client_.address() +
+    return unavailable("tensor '" + names.front() + "' of model '" + id_ +
+                       "' cannot be mapped on a device: the daemon on " + client_.address() +
                        " has no HBM tier (tiers.hbm.capacity is 0; docs/gpu.md); read it into "
                        "host memory, or configure tiers.hbm");
   json req{{"op", "lease_device"}, {"id", id_}, {"tensors", names}};
@@ -103,7 +103,8 @@ Result<std::vector<std::pair<uint64_t, const uint8_t*>>> ModelReader::lease_devi
     return give_back(protocol_error("daemon answered a device lease with the wrong number of tensors"));
   if (r.value("created_ns", int64_t{0}) != created_ns_) {
     client_.forget_model(id_);
-    return give_back(not_found("model '" + id_ + "' is no longer the model this reader opened (it was deleted and its id " +
+    return give_back(not_found("model '" + id_ +
+                               "' is no longer the model this reader opened (it was deleted and its id " +
                                "committed again); open it again"));
   }
   std::vector<std::pair<uint64_t, const uint8_t*>> out;
@@ -144,7 +145,7 @@ Status ModelReader::read_many_to_device(const std::vector<std::string>& names, c
   if (names.empty()) return Status::ok();
   for (size_t i = 0; i < names.size(); ++i) CAIRN_RETURN_IF_ERROR(check_buffer(names[i], dst_bytes[i]));
   CAIRN_ASSIGN_OR_RETURN(hbm::DeviceMapper * dev, client_.device_path("reading " + std::to_string(names.size()) +
-                                                                       " tensors into device memory"));
+                                                                      " tensors into device memory"));
   const int device = dev->device_of(dsts[0]);
   if (!client_.hbm_backend().empty()) {
     int on = -1;
@@ -213,13 +214,14 @@ Status ModelWriter::add_tensor_device(const std::string& name, const void* data,
                          client_.device_path("adding tensor '" + name + "' from device memory"));
   const int on = n ? dev->device_of(data) : -1;
   if (n && on < 0 && std::strcmp(dev->backend(), "cuda") == 0)
-    return invalid_argument("tensor '" + name + "': " + std::to_string(n) +
-                            " bytes at a pointer that is not CUDA device memory (use cairn_model_add_tensor for host memory)");
+    return invalid_argument(
+        "tensor '" + name + "': " + std::to_string(n) +
+        " bytes at a pointer that is not CUDA device memory (use cairn_model_add_tensor for host memory)");
   CAIRN_ASSIGN_OR_RETURN(Client::Space sp, space_for(n));
   // Device-to-host straight into the arena space: once this returns the caller may reuse its buffer.
   Status st = n ? client_.copy_arena_device(dev, on, const_cast<void*>(data),
-                                           static_cast<uint64_t>(sp.data - client_.arena_view().write_base()), n,
-                                           /*to_device=*/false)
+                                            static_cast<uint64_t>(sp.data - client_.arena_view().write_base()), n,
+                                            /*to_device=*/false)
                 : Status::ok();
   if (!st.is_ok()) {
     client_.spaces_to_free_.push_back(sp.id);

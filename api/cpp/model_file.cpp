@@ -152,8 +152,10 @@ Status get_safetensors_file(Client& client, const std::string& id, const std::st
     while (st.is_ok() && left > 0) {
       ssize_t w = ::write(fd, p, std::min<size_t>(left, kProgressStep));
       if (w < 0 && errno == EINTR) continue;
-      if (w < 0) st = errno_status("writing '" + tmp + "'", errno);
-      else p += w, left -= static_cast<size_t>(w), counter.add(static_cast<uint64_t>(w));
+      if (w < 0)
+        st = errno_status("writing '" + tmp + "'", errno);
+      else
+        p += w, left -= static_cast<size_t>(w), counter.add(static_cast<uint64_t>(w));
     }
     (*reader)->close();
   }

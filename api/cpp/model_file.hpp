@@ -3,10 +3,9 @@
 #pragma once
 
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "api/cpp/client.hpp"
 #include "core/progress.hpp"

@@ -43,7 +43,8 @@ Status ModelWriter::check_name(const std::string& name) {
   return Status::ok();
 }
 
-Status ModelWriter::add_tensor(const std::string& name, const void* data, DType dtype, const std::vector<int64_t>& shape) {
+Status ModelWriter::add_tensor(const std::string& name, const void* data, DType dtype,
+                               const std::vector<int64_t>& shape) {
   CAIRN_RETURN_IF_ERROR(check_name(name));
   uint64_t n;
   CAIRN_RETURN_IF_ERROR(check_shape(dtype, shape, &n).with_context("tensor '" + name + "'"));
@@ -132,7 +133,7 @@ Status ModelWriter::add_tensors(const std::vector<TensorIn>& in) {
 unsigned ModelWriter::copy_threads(uint64_t chunks) const {
   if (chunks <= 1) return 1;
   return copy_threads_ ? std::min(copy_threads_, kMaxCopyThreads)
-                      : std::clamp(std::thread::hardware_concurrency(), 1u, kMaxCopyThreads);
+                       : std::clamp(std::thread::hardware_concurrency(), 1u, kMaxCopyThreads);
 }
 
 Status ModelWriter::reserve(const std::vector<uint64_t>& sizes) {
@@ -156,14 +157,16 @@ void ModelWriter::drop_reserved() {
   reserved_.clear();
 }
 
-Result<uint8_t*> ModelWriter::add_tensor_space(const std::string& name, DType dtype, const std::vector<int64_t>& shape) {
+Result<uint8_t*> ModelWriter::add_tensor_space(const std::string& name, DType dtype,
+                                               const std::vector<int64_t>& shape) {
   CAIRN_RETURN_IF_ERROR(check_name(name));
   uint64_t n;
   CAIRN_RETURN_IF_ERROR(check_shape(dtype, shape, &n).with_context("tensor '" + name + "'"));
   CAIRN_ASSIGN_OR_RETURN(Client::Space sp, space_for(n));
   spaces_.push_back(sp.id);
   space_tensors_[name] = SpaceTensor{tensors_.size(), sp.data, n, {}};
-  tensors_.push_back(json{{"name", name}, {"dtype", dtype_name(dtype)}, {"shape", shape_json(shape)}, {"space", sp.id}});
+  tensors_.push_back(
+      json{{"name", name}, {"dtype", dtype_name(dtype)}, {"shape", shape_json(shape)}, {"space", sp.id}});
   names_[name] = true;
   return sp.data;
 }
@@ -219,8 +222,8 @@ Status ModelWriter::set_metadata(const json& meta) {
 }
 
 json ModelWriter::request(Durability d, bool wait) const {
-  json req{{"op", "commit"},        {"id", id_},          {"durability", durability_name(d)},
-           {"wait", wait},          {"tensors", tensors_}, {"metadata", metadata_}};
+  json req{{"op", "commit"}, {"id", id_},           {"durability", durability_name(d)},
+           {"wait", wait},   {"tensors", tensors_}, {"metadata", metadata_}};
   if (!parent_.empty()) req["parent"] = parent_;
   if (inherit_all_) req["inherit_all"] = true;
   if (!architecture_.is_null()) req["architecture"] = architecture_;

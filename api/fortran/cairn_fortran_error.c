@@ -14,7 +14,7 @@ enum { kMessageBytes = 1024 };
 static _Thread_local char message[kMessageBytes];
 
 /* Sets the message (NUL-terminated; "" clears it). Longer messages are cut at kMessageBytes - 1. */
-void cairn_fortran_set_error(const char *text) {
+void cairn_fortran_set_error(const char* text) {
   size_t n = text == NULL ? 0 : strlen(text);
   if (n >= kMessageBytes) n = kMessageBytes - 1;
   if (n > 0) memcpy(message, text, n);
@@ -22,4 +22,4 @@ void cairn_fortran_set_error(const char *text) {
 }
 
 /* The message set last on this thread ("" if none). */
-const char *cairn_fortran_error(void) { return message; }
+const char* cairn_fortran_error(void) { return message; }

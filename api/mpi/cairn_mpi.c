@@ -9,14 +9,25 @@
 
 static size_t itemsize(cairn_dtype d) {
   switch (d) {
-    case CAIRN_DTYPE_F64: case CAIRN_DTYPE_I64: case CAIRN_DTYPE_U64: return 8;
-    case CAIRN_DTYPE_F32: case CAIRN_DTYPE_I32: case CAIRN_DTYPE_U32: return 4;
-    case CAIRN_DTYPE_F16: case CAIRN_DTYPE_BF16: case CAIRN_DTYPE_I16: case CAIRN_DTYPE_U16: return 2;
-    default: return 1;
+    case CAIRN_DTYPE_F64:
+    case CAIRN_DTYPE_I64:
+    case CAIRN_DTYPE_U64:
+      return 8;
+    case CAIRN_DTYPE_F32:
+    case CAIRN_DTYPE_I32:
+    case CAIRN_DTYPE_U32:
+      return 4;
+    case CAIRN_DTYPE_F16:
+    case CAIRN_DTYPE_BF16:
+    case CAIRN_DTYPE_I16:
+    case CAIRN_DTYPE_U16:
+      return 2;
+    default:
+      return 1;
   }
 }
 
-static size_t nbytes_of(const cairn_tensor_ref *t) {
+static size_t nbytes_of(const cairn_tensor_ref* t) {
   size_t n = itemsize(t->dtype);
   int i;
   for (i = 0; i < t->ndim; ++i) n *= (size_t)(t->shape[i] < 0 ? 0 : t->shape[i]);
@@ -28,20 +39,20 @@ typedef struct {
   size_t bytes;
 } by_size;
 
-static int larger_first(const void *a, const void *b) {
-  const by_size *x = (const by_size *)a, *y = (const by_size *)b;
+static int larger_first(const void* a, const void* b) {
+  const by_size *x = (const by_size*)a, *y = (const by_size*)b;
   if (x->bytes != y->bytes) return x->bytes > y->bytes ? -1 : 1;
   return x->index < y->index ? -1 : (x->index > y->index);
 }
 
-cairn_status cairn_mpi_assign(const cairn_tensor_ref *tensors, size_t n, int nranks, int *owner) {
-  by_size *order;
+cairn_status cairn_mpi_assign(const cairn_tensor_ref* tensors, size_t n, int nranks, int* owner) {
+  by_size* order;
   size_t *load, i;
   int r;
   if ((n && (!tensors || !owner)) || nranks < 1) return CAIRN_ERR_INVALID_ARGUMENT;
   if (n == 0) return CAIRN_OK;
-  order = (by_size *)malloc(n * sizeof *order);
-  load = (size_t *)calloc((size_t)nranks, sizeof *load);
+  order = (by_size*)malloc(n * sizeof *order);
+  load = (size_t*)calloc((size_t)nranks, sizeof *load);
   if (!order || !load) {
     free(order);
     free(load);
@@ -71,19 +82,19 @@ static cairn_status agree(MPI_Comm comm, cairn_status mine) {
   return (cairn_status)out;
 }
 
-cairn_status cairn_mpi_checkpoint(MPI_Comm comm, cairn_client *c, const char *id, const char *parent,
-                                  const cairn_tensor_ref *tensors, size_t n, cairn_durability d, int timeout_ms,
-                                  cairn_ticket **ticket) {
+cairn_status cairn_mpi_checkpoint(MPI_Comm comm, cairn_client* c, const char* id, const char* parent,
+                                  const cairn_tensor_ref* tensors, size_t n, cairn_durability d, int timeout_ms,
+                                  cairn_ticket** ticket) {
   int rank = 0, size = 1;
-  int *owner = NULL;
-  cairn_model_writer *w = NULL;
+  int* owner = NULL;
+  cairn_model_writer* w = NULL;
   cairn_status st;
   size_t i;
   if (ticket) *ticket = NULL;
   if (!c || !id || (n && !tensors) || !ticket) return CAIRN_ERR_INVALID_ARGUMENT;
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &size);
-  owner = (int *)malloc((n ? n : 1) * sizeof *owner);
+  owner = (int*)malloc((n ? n : 1) * sizeof *owner);
   if (!owner) return CAIRN_ERR_NO_SPACE;
   st = cairn_mpi_assign(tensors, n, size, owner);
   if (st == CAIRN_OK) {
@@ -92,7 +103,7 @@ cairn_status cairn_mpi_checkpoint(MPI_Comm comm, cairn_client *c, const char *id
   }
   if (st == CAIRN_OK) {
     /* The arena space of this rank's big tensors in one round trip. */
-    size_t *sizes = (size_t *)malloc((n ? n : 1) * sizeof *sizes), k = 0;
+    size_t *sizes = (size_t*)malloc((n ? n : 1) * sizeof *sizes), k = 0;
     if (sizes) {
       for (i = 0; i < n; ++i)
         if (owner[i] == rank && nbytes_of(&tensors[i]) > 64 * 1024) sizes[k++] = nbytes_of(&tensors[i]);
@@ -121,23 +132,24 @@ cairn_status cairn_mpi_checkpoint(MPI_Comm comm, cairn_client *c, const char *id
 }
 
 /* Reads the tensors with want[i] set from the daemon into their buffers. */
-static cairn_status read_owned(cairn_client *c, const char *id, const cairn_tensor_ref *tensors, size_t n,
-                               const char *want) {
-  cairn_model_reader *r = NULL;
+static cairn_status read_owned(cairn_client* c, const char* id, const cairn_tensor_ref* tensors, size_t n,
+                               const char* want) {
+  cairn_model_reader* r = NULL;
   cairn_status st = CAIRN_OK;
   size_t i, k = 0;
   for (i = 0; i < n; ++i) k += want[i] != 0;
   if (k == 0) return CAIRN_OK;
   st = cairn_model_open(c, id, &r);
   for (i = 0; st == CAIRN_OK && i < n; ++i)
-    if (want[i]) st = cairn_model_read_tensor(r, tensors[i].name, tensors[i].data, nbytes_of(&tensors[i]), CAIRN_MEM_HOST);
+    if (want[i])
+      st = cairn_model_read_tensor(r, tensors[i].name, tensors[i].data, nbytes_of(&tensors[i]), CAIRN_MEM_HOST);
   if (r) cairn_model_close(r);
   return st;
 }
 
-static int bcast_bytes(void *data, size_t bytes, int root, MPI_Comm comm) {
+static int bcast_bytes(void* data, size_t bytes, int root, MPI_Comm comm) {
   /* MPI counts are ints: big tensors go in pieces. */
-  char *p = (char *)data;
+  char* p = (char*)data;
   while (bytes > 0) {
     int piece = bytes > (size_t)INT_MAX ? INT_MAX : (int)bytes;
     if (MPI_Bcast(p, piece, MPI_BYTE, root, comm) != MPI_SUCCESS) return 0;
@@ -149,10 +161,10 @@ static int bcast_bytes(void *data, size_t bytes, int root, MPI_Comm comm) {
 
 /* The ranks that share a daemon: those of one node (MPI_COMM_TYPE_SHARED), or, when
  * CAIRN_MPI_NODE is set (a number >= 0), those with the same value (a daemon per socket, tests). */
-static int split_by_daemon(MPI_Comm comm, int rank, MPI_Comm *local) {
-  const char *env = getenv("CAIRN_MPI_NODE");
+static int split_by_daemon(MPI_Comm comm, int rank, MPI_Comm* local) {
+  const char* env = getenv("CAIRN_MPI_NODE");
   if (env && *env) {
-    char *end = NULL;
+    char* end = NULL;
     long v = strtol(env, &end, 10);
     if (*end == '\0' && v >= 0 && v <= INT_MAX) return MPI_Comm_split(comm, (int)v, rank, local);
     fprintf(stderr, "cairn_mpi: CAIRN_MPI_NODE='%s' is not a number >= 0; grouping ranks by node\n", env);
@@ -167,11 +179,11 @@ static int split_by_daemon(MPI_Comm comm, int rank, MPI_Comm *local) {
  * over `cross` (the ranks with the same node-local rank on every node). On one node nothing is
  * broadcast. When the nodes hold different numbers of ranks, each rank reads its own share and
  * broadcasts it over comm. */
-cairn_status cairn_mpi_restore(MPI_Comm comm, cairn_client *c, const char *id, const cairn_tensor_ref *tensors,
+cairn_status cairn_mpi_restore(MPI_Comm comm, cairn_client* c, const char* id, const cairn_tensor_ref* tensors,
                                size_t n) {
   int rank = 0, size = 1, local_rank = 0, local_size = 1, sizes[2], node = 0, nodes = 1, regular;
-  int *owner = NULL;
-  char *want = NULL;
+  int* owner = NULL;
+  char* want = NULL;
   MPI_Comm local = MPI_COMM_NULL, cross = MPI_COMM_NULL;
   cairn_status st, all;
   size_t i;
@@ -194,8 +206,8 @@ cairn_status cairn_mpi_restore(MPI_Comm comm, cairn_client *c, const char *id, c
     MPI_Comm_rank(cross, &node);
     MPI_Comm_size(cross, &nodes);
   }
-  owner = (int *)malloc((n ? n : 1) * sizeof *owner);
-  want = (char *)calloc(n ? n : 1, 1);
+  owner = (int*)malloc((n ? n : 1) * sizeof *owner);
+  want = (char*)calloc(n ? n : 1, 1);
   st = owner && want ? CAIRN_OK : CAIRN_ERR_NO_SPACE;
   if (st == CAIRN_OK) st = cairn_mpi_assign(tensors, n, regular ? nodes : size, owner);
   if (st == CAIRN_OK) {

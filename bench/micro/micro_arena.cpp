@@ -182,16 +182,17 @@ void register_arena_benchmarks() {
     benchmark::RegisterBenchmark(bench_name("arena_churn", size, "cairn").c_str(), churn<ArenaSide>, population)
         ->UseRealTime();
     if (population <= 4096)
-      benchmark::RegisterBenchmark(bench_name("arena_churn", size, "malloc").c_str(), churn<MallocSide>,
-                                   population)
+      benchmark::RegisterBenchmark(bench_name("arena_churn", size, "malloc").c_str(), churn<MallocSide>, population)
           ->UseRealTime();
   }
   benchmark::RegisterBenchmark(bench_name("arena_subrange_free", "8192live", "cairn").c_str(), subrange_free)
       ->UseRealTime();
   benchmark::RegisterBenchmark(bench_name("arena_create", size_label(kArenaBytes), "cairn").c_str(), create_cairn)
-      ->UseRealTime()->Unit(benchmark::kMicrosecond);
+      ->UseRealTime()
+      ->Unit(benchmark::kMicrosecond);
   benchmark::RegisterBenchmark(bench_name("arena_create", size_label(kArenaBytes), "memfd_mmap").c_str(), create_bare)
-      ->UseRealTime()->Unit(benchmark::kMicrosecond);
+      ->UseRealTime()
+      ->Unit(benchmark::kMicrosecond);
 }
 
 }  // namespace cairn::bench

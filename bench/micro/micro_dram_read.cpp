@@ -176,13 +176,17 @@ void register_dram_read_benchmarks() {
   for (uint64_t size : kSizes) {
     const std::string label = size_label(size);
     benchmark::RegisterBenchmark(bench_name("dram_read", label, "cairn").c_str(), read_copy, size)
-        ->UseRealTime()->Unit(benchmark::kMicrosecond);
+        ->UseRealTime()
+        ->Unit(benchmark::kMicrosecond);
     benchmark::RegisterBenchmark(bench_name("dram_read", label, "memcpy").c_str(), copy, size)
-        ->UseRealTime()->Unit(benchmark::kMicrosecond);
+        ->UseRealTime()
+        ->Unit(benchmark::kMicrosecond);
     benchmark::RegisterBenchmark(bench_name("dram_map", label, "cairn").c_str(), read_map, size)
-        ->UseRealTime()->Unit(benchmark::kMicrosecond);
+        ->UseRealTime()
+        ->Unit(benchmark::kMicrosecond);
     benchmark::RegisterBenchmark(bench_name("dram_map", label, "memcpy").c_str(), copy, size)
-        ->UseRealTime()->Unit(benchmark::kMicrosecond);
+        ->UseRealTime()
+        ->Unit(benchmark::kMicrosecond);
   }
 }
 

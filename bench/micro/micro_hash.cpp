@@ -7,12 +7,11 @@
 // x86-64 baseline (SSE2): cairn calls its AVX2 or AVX-512 build of the same function where the CPU
 // has one (core/hash_simd.hpp), with the same hashes.
 #include <benchmark/benchmark.h>
+#include <xxhash.h>
 
 #include <cstdint>
 #include <cstring>
 #include <vector>
-
-#include <xxhash.h>
 
 #include "bench/micro/micro_common.hpp"
 #include "core/hash.hpp"
@@ -72,9 +71,11 @@ void register_hash_benchmarks() {
   }
   for (uint64_t size : {uint64_t{16} << 20, uint64_t{64} << 20}) {
     benchmark::RegisterBenchmark(bench_name("hash_chunks", size_label(size), "cairn").c_str(), ::hash_chunks, size)
-        ->UseRealTime()->Unit(benchmark::kMicrosecond);
+        ->UseRealTime()
+        ->Unit(benchmark::kMicrosecond);
     benchmark::RegisterBenchmark(bench_name("hash_chunks", size_label(size), "memcpy").c_str(), copy, size)
-        ->UseRealTime()->Unit(benchmark::kMicrosecond);
+        ->UseRealTime()
+        ->Unit(benchmark::kMicrosecond);
   }
 }
 

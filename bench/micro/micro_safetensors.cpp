@@ -11,11 +11,10 @@
 
 #include <cstdint>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <span>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "bench/micro/micro_common.hpp"
 #include "core/safetensors.hpp"
@@ -102,9 +101,9 @@ std::vector<TensorEntry> bert_base_tensors() {
 
 struct Model {
   std::string name;
-  std::vector<TensorEntry> tensors;       // offsets assigned by build_header
+  std::vector<TensorEntry> tensors;  // offsets assigned by build_header
   std::map<std::string, std::string> metadata{{"format", "pt"}};
-  std::string prefix;                     // 8-byte length + JSON, as build_header wrote it
+  std::string prefix;  // 8-byte length + JSON, as build_header wrote it
   uint64_t file_size = 0;
 };
 
@@ -169,9 +168,7 @@ void build_json(benchmark::State& state, const Model* m) {
     uint64_t offset = 0;
     for (const auto& t : m->tensors) {
       const uint64_t n = t.nbytes();
-      j[t.name] = {{"dtype", cairn::dtype_name(t.dtype)},
-                   {"shape", t.shape},
-                   {"data_offsets", {offset, offset + n}}};
+      j[t.name] = {{"dtype", cairn::dtype_name(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, offset + n}}};
       offset += n;
     }
     std::string s = j.dump();
@@ -190,15 +187,19 @@ void register_safetensors_benchmarks() {
   using cairn::bench::bench_name;
   for (const Model& m : models) {
     benchmark::RegisterBenchmark(bench_name("safetensors_parse", m.name, "cairn").c_str(), parse_cairn, &m)
-        ->Unit(benchmark::kMicrosecond)->UseRealTime();
+        ->Unit(benchmark::kMicrosecond)
+        ->UseRealTime();
     benchmark::RegisterBenchmark(bench_name("safetensors_parse", m.name, "json_parse").c_str(), parse_json, &m)
-        ->Unit(benchmark::kMicrosecond)->UseRealTime();
+        ->Unit(benchmark::kMicrosecond)
+        ->UseRealTime();
   }
   for (const Model& m : models) {
     benchmark::RegisterBenchmark(bench_name("safetensors_build", m.name, "cairn").c_str(), build_cairn, &m)
-        ->Unit(benchmark::kMicrosecond)->UseRealTime();
+        ->Unit(benchmark::kMicrosecond)
+        ->UseRealTime();
     benchmark::RegisterBenchmark(bench_name("safetensors_build", m.name, "json_dump").c_str(), build_json, &m)
-        ->Unit(benchmark::kMicrosecond)->UseRealTime();
+        ->Unit(benchmark::kMicrosecond)
+        ->UseRealTime();
   }
 }
 

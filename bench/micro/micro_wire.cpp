@@ -19,19 +19,18 @@
 
 #include <cstdint>
 #include <cstring>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "bench/micro/micro_common.hpp"
 #include "core/wire.hpp"
 
 namespace {
 
-using nlohmann::json;
 using cairn::wire::Kind;
+using nlohmann::json;
 
 struct Message {
   Kind kind;
@@ -62,10 +61,7 @@ Message lease_response(int tensors) {
 
 Message put_request(uint64_t blob_bytes) {
   return {Kind::kRequest,
-          json{{"op", "put_tensor"},
-               {"key", "sim/step42/pressure"},
-               {"dtype", "F32"},
-               {"shape", {blob_bytes / 4}}},
+          json{{"op", "put_tensor"}, {"key", "sim/step42/pressure"}, {"dtype", "F32"}, {"shape", {blob_bytes / 4}}},
           cairn::bench::random_bytes(blob_bytes, 5)};
 }
 
@@ -205,10 +201,12 @@ void register_wire_benchmarks() {
   for (size_t i = 0; i < std::size(trips); ++i) {
     benchmark::RegisterBenchmark(bench_name("wire_roundtrip", trip_names[i], "cairn").c_str(), roundtrip_cairn,
                                  &trips[i])
-        ->UseRealTime()->Unit(benchmark::kMicrosecond);
+        ->UseRealTime()
+        ->Unit(benchmark::kMicrosecond);
     benchmark::RegisterBenchmark(bench_name("wire_roundtrip", trip_names[i], "bare_socket").c_str(), roundtrip_bare,
                                  &trips[i])
-        ->UseRealTime()->Unit(benchmark::kMicrosecond);
+        ->UseRealTime()
+        ->Unit(benchmark::kMicrosecond);
   }
 }
 

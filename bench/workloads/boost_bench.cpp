@@ -20,22 +20,21 @@
 
 #include <algorithm>
 #include <array>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/local/stream_protocol.hpp>
+#include <boost/asio/read.hpp>
+#include <boost/asio/write.hpp>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <list>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <thread>
 #include <unordered_map>
 #include <vector>
-
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/local/stream_protocol.hpp>
-#include <boost/asio/read.hpp>
-#include <boost/asio/write.hpp>
-#include <nlohmann/json.hpp>
 
 #include "core/hash.hpp"
 #include "policy/eviction.hpp"
@@ -272,7 +271,8 @@ int main(int argc, char** argv) {
     }
     {
       cairn::LruPolicy lru;
-      boost_lru.push_back(run_lru(lru, o, [](cairn::LruPolicy& l) { return l.pick_victim([](const auto&) { return true; }); }));
+      boost_lru.push_back(
+          run_lru(lru, o, [](cairn::LruPolicy& l) { return l.pick_victim([](const auto&) { return true; }); }));
     }
     own_sock.push_back(threaded_server(path, trips));
     asio_sock.push_back(asio_server(path, trips));

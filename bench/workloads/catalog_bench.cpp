@@ -14,12 +14,13 @@
 //
 // Usage: cairn_bench_catalog [--sizes 1000,10000,100000] [--queries 300] [--redis-queries 20]
 //                            [--quick] [--seed 1] [--no-redis] [--json FILE]
+#include <fcntl.h>
+#include <hiredis/hiredis.h>
 #include <malloc.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -31,15 +32,13 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
 #include <sstream>
 #include <string>
 #include <unordered_map>
 #include <vector>
-
-#include <hiredis/hiredis.h>
-#include <nlohmann/json.hpp>
 
 #include "bench/workloads/nas_graphs.hpp"
 #include "core/graph.hpp"
@@ -181,8 +180,8 @@ class Redis {
         ::dup2(fd, 1);
         ::dup2(fd, 2);
       }
-      ::execl(binary.c_str(), "redis-server", "--port", "0", "--unixsocket", sock.c_str(), "--save", "",
-              "--appendonly", "no", "--dir", dir.c_str(), "--daemonize", "no", static_cast<char*>(nullptr));
+      ::execl(binary.c_str(), "redis-server", "--port", "0", "--unixsocket", sock.c_str(), "--save", "", "--appendonly",
+              "no", "--dir", dir.c_str(), "--daemonize", "no", static_cast<char*>(nullptr));
       ::_exit(127);
     }
     g_redis_pid = pid;
@@ -433,8 +432,10 @@ json run_size(size_t n, const Options& opt, const cairn::bench::NasSpace& space,
       b = catalog->best_ancestor_scan(handles[q]);
       t_scan.push_back(micros(Clock::now() - t0));
     };
-    if (q % 2 == 0) time_index(), time_scan();
-    else time_scan(), time_index();
+    if (q % 2 == 0)
+      time_index(), time_scan();
+    else
+      time_scan(), time_index();
     if (!(a == b)) {
       if (differ++ < 10)
         std::fprintf(stderr, "DISAGREEMENT at %zu models, candidate %zu (%s):\n  index: %s\n  scan:  %s\n", n, q,
@@ -477,7 +478,8 @@ json run_size(size_t n, const Options& opt, const cairn::bench::NasSpace& space,
         cairn::GraphHandle g = catalog->graph_of(model);
         for (const auto& s : handles[q]->signatures) layers_matched += g && g->contains(s) ? 1 : 0;
       }
-      if (layers_matched == answers[q].matched) ++same_matched;
+      if (layers_matched == answers[q].matched)
+        ++same_matched;
       else if (shown++ < 5)
         std::fprintf(stderr,
                      "redis differs at %zu models, candidate %zu: redis %s (%zu layers, %lld signatures), index %s\n",
@@ -525,16 +527,21 @@ int main(int argc, char** argv) {
   bool queries_given = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--sizes" && i + 1 < argc) opt.sizes = parse_sizes(argv[++i]);
+    if (a == "--sizes" && i + 1 < argc)
+      opt.sizes = parse_sizes(argv[++i]);
     else if (a == "--queries" && i + 1 < argc)
       opt.queries = std::strtoull(argv[++i], nullptr, 10), queries_given = true;
-    else if (a == "--redis-queries" && i + 1 < argc) opt.redis_queries = std::strtoull(argv[++i], nullptr, 10);
-    else if (a == "--seed" && i + 1 < argc) opt.seed = std::strtoull(argv[++i], nullptr, 10);
+    else if (a == "--redis-queries" && i + 1 < argc)
+      opt.redis_queries = std::strtoull(argv[++i], nullptr, 10);
+    else if (a == "--seed" && i + 1 < argc)
+      opt.seed = std::strtoull(argv[++i], nullptr, 10);
     else if (a == "--quick") {
       opt.sizes = {1000, 10000};
       if (!queries_given) opt.queries = 100;
-    } else if (a == "--no-redis") opt.redis = false;
-    else if (a == "--json" && i + 1 < argc) opt.json_file = argv[++i];
+    } else if (a == "--no-redis")
+      opt.redis = false;
+    else if (a == "--json" && i + 1 < argc)
+      opt.json_file = argv[++i];
     else {
       std::fprintf(stderr,
                    "usage: cairn_bench_catalog [--sizes 1000,10000,100000] [--queries 300] [--redis-queries 20]\n"
@@ -553,8 +560,10 @@ int main(int argc, char** argv) {
   out["machine"] = machine();
   out["seed"] = opt.seed;
   out["queries"] = opt.queries;
-  out["space"] = {{"layers", {space.min_layers, space.max_layers}}, {"population", space.population},
-                  {"sample", space.sample}, {"fresh_candidates", kFreshCandidates}};
+  out["space"] = {{"layers", {space.min_layers, space.max_layers}},
+                  {"population", space.population},
+                  {"sample", space.sample},
+                  {"fresh_candidates", kFreshCandidates}};
 
   std::unique_ptr<Redis> redis;
   std::string redis_note;

@@ -22,10 +22,9 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "core/chunk_coding.hpp"
 #include "core/dtype.hpp"
@@ -72,12 +71,18 @@ int main(int argc, char** argv) {
       if (i + 1 >= argc) fail(a + " needs a value");
       return argv[++i];
     };
-    if (a == "--dtype") dtype_s = next();
-    else if (a == "--file") file = next();
-    else if (a == "--base") base_file = next();
-    else if (a == "--chunk") chunk = std::stoull(next());
-    else if (a == "--repeats") repeats = std::max(1, std::stoi(next()));
-    else fail("unknown argument " + a + " (see the top of bench/workloads/coding_bench.cpp)");
+    if (a == "--dtype")
+      dtype_s = next();
+    else if (a == "--file")
+      file = next();
+    else if (a == "--base")
+      base_file = next();
+    else if (a == "--chunk")
+      chunk = std::stoull(next());
+    else if (a == "--repeats")
+      repeats = std::max(1, std::stoi(next()));
+    else
+      fail("unknown argument " + a + " (see the top of bench/workloads/coding_bench.cpp)");
   }
   auto dtype = cairn::dtype_from_name(dtype_s);
   if (!dtype || file.empty() || chunk == 0) fail("give --dtype (safetensors spelling) and --file");
@@ -112,7 +117,8 @@ int main(int argc, char** argv) {
     for (const auto& f : frames) total += std::min(f.size(), chunk);
     double t_dec = median_seconds(repeats, [&] {
       for (size_t c = 0; c < chunks; ++c)
-        if (ZSTD_decompressDCtx(dctx, copy.data() + c * chunk, piece(c), frames[c].data(), frames[c].size()) != piece(c))
+        if (ZSTD_decompressDCtx(dctx, copy.data() + c * chunk, piece(c), frames[c].data(), frames[c].size()) !=
+            piece(c))
           fail("zstd decode failed");
     });
     if (copy != raw) fail("zstd round trip differs");
@@ -145,19 +151,16 @@ int main(int argc, char** argv) {
           std::memcpy(copy.data() + c * chunk, raw.data() + c * chunk, piece(c));
           continue;
         }
-        cairn::Status s = cairn::decode_chunk(e.coding, e.bytes.data(), e.bytes.size(),
-                                              with_base ? base.data() + c * chunk : nullptr, copy.data() + c * chunk,
-                                              piece(c));
+        cairn::Status s =
+            cairn::decode_chunk(e.coding, e.bytes.data(), e.bytes.size(), with_base ? base.data() + c * chunk : nullptr,
+                                copy.data() + c * chunk, piece(c));
         if (!s.is_ok()) fail(s.to_string());
       }
     });
     if (copy != raw) fail("cairn round trip differs");
-    out[with_base ? "cairn_delta" : "cairn_planes"] = {{"bytes", total},
-                                                       {"encode_gbps", n / t_enc / 1e9},
-                                                       {"decode_gbps", n / t_dec / 1e9},
-                                                       {"chunks_raw", counts[0]},
-                                                       {"chunks_planes", counts[1]},
-                                                       {"chunks_delta", counts[2]}};
+    out[with_base ? "cairn_delta" : "cairn_planes"] = {
+        {"bytes", total},          {"encode_gbps", n / t_enc / 1e9}, {"decode_gbps", n / t_dec / 1e9},
+        {"chunks_raw", counts[0]}, {"chunks_planes", counts[1]},     {"chunks_delta", counts[2]}};
   }
   out["bytes"] = n;
   out["dtype"] = dtype_s;

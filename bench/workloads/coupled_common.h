@@ -21,9 +21,9 @@
 #define COUPLED_STEP_MAGIC 0x5A17C0DE00000000ull
 
 typedef struct {
-  const char *backend; /* cairn | redis | memcpy */
-  const char *address; /* cairnd's socket, or redis-server's Unix socket */
-  const char *prefix;  /* keys are <prefix>/<step>, acks <prefix>/ack/<step> */
+  const char* backend; /* cairn | redis | memcpy */
+  const char* address; /* cairnd's socket, or redis-server's Unix socket */
+  const char* prefix;  /* keys are <prefix>/<step>, acks <prefix>/ack/<step> */
   long steps;
   size_t bytes;
   int ack;     /* wait for the consumer's ack before the next put (latency mode) */
@@ -43,16 +43,16 @@ static inline uint64_t coupled_splitmix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-static inline void coupled_fill_base(uint64_t *w, size_t words) {
+static inline void coupled_fill_base(uint64_t* w, size_t words) {
   for (size_t j = 0; j < words; ++j) w[j] = coupled_splitmix64(j);
 }
 
-static inline void coupled_stamp(uint64_t *w, size_t words, long step) {
+static inline void coupled_stamp(uint64_t* w, size_t words, long step) {
   for (size_t j = 0; j < words; j += COUPLED_PAGE_WORDS) w[j] = (uint64_t)step ^ COUPLED_STEP_MAGIC;
 }
 
 /* Returns the number of wrong words checked (0: good). full: check every word. */
-static inline size_t coupled_check(const uint64_t *w, size_t words, long step, int full) {
+static inline size_t coupled_check(const uint64_t* w, size_t words, long step, int full) {
   size_t bad = 0;
   for (size_t j = 0; j < words; j += full ? 1 : 61) {
     uint64_t want = (j % COUPLED_PAGE_WORDS == 0) ? ((uint64_t)step ^ COUPLED_STEP_MAGIC) : coupled_splitmix64(j);
@@ -63,7 +63,7 @@ static inline size_t coupled_check(const uint64_t *w, size_t words, long step, i
   return bad;
 }
 
-static inline void coupled_usage(const char *prog) {
+static inline void coupled_usage(const char* prog) {
   fprintf(stderr,
           "usage: %s --backend cairn|redis%s --address SOCKET --steps N --bytes B [--prefix P] [--ack] "
           "[--poll-ms MS]\n",
@@ -71,20 +71,30 @@ static inline void coupled_usage(const char *prog) {
   exit(2);
 }
 
-static inline coupled_args coupled_parse(int argc, char **argv) {
+static inline coupled_args coupled_parse(int argc, char** argv) {
   coupled_args a = {"cairn", "", "coupled", 64, 16u << 20, 0, 1};
   for (int i = 1; i < argc; ++i) {
-    const char *k = argv[i];
-    const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-    if (!strcmp(k, "--ack")) { a.ack = 1; continue; }
+    const char* k = argv[i];
+    const char* v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (!strcmp(k, "--ack")) {
+      a.ack = 1;
+      continue;
+    }
     if (!v) coupled_usage(argv[0]);
-    if (!strcmp(k, "--backend")) a.backend = v;
-    else if (!strcmp(k, "--address")) a.address = v;
-    else if (!strcmp(k, "--prefix")) a.prefix = v;
-    else if (!strcmp(k, "--steps")) a.steps = strtol(v, NULL, 10);
-    else if (!strcmp(k, "--bytes")) a.bytes = (size_t)strtoull(v, NULL, 10);
-    else if (!strcmp(k, "--poll-ms")) a.poll_ms = atoi(v);
-    else coupled_usage(argv[0]);
+    if (!strcmp(k, "--backend"))
+      a.backend = v;
+    else if (!strcmp(k, "--address"))
+      a.address = v;
+    else if (!strcmp(k, "--prefix"))
+      a.prefix = v;
+    else if (!strcmp(k, "--steps"))
+      a.steps = strtol(v, NULL, 10);
+    else if (!strcmp(k, "--bytes"))
+      a.bytes = (size_t)strtoull(v, NULL, 10);
+    else if (!strcmp(k, "--poll-ms"))
+      a.poll_ms = atoi(v);
+    else
+      coupled_usage(argv[0]);
     ++i;
   }
   if (a.steps <= 0 || a.bytes == 0 || a.bytes % (8 * COUPLED_PAGE_WORDS) != 0) {
@@ -94,7 +104,7 @@ static inline coupled_args coupled_parse(int argc, char **argv) {
   return a;
 }
 
-static inline void coupled_print_times(const char *name, const int64_t *t, long n) {
+static inline void coupled_print_times(const char* name, const int64_t* t, long n) {
   printf("\"%s\": [", name);
   for (long i = 0; i < n; ++i) printf("%s%lld", i ? ", " : "", (long long)t[i]);
   printf("]");
@@ -103,8 +113,8 @@ static inline void coupled_print_times(const char *name, const int64_t *t, long 
 #ifdef COUPLED_WITH_REDIS
 #include <hiredis/hiredis.h>
 
-static inline redisContext *coupled_redis_connect(const char *path) {
-  redisContext *r = redisConnectUnix(path);
+static inline redisContext* coupled_redis_connect(const char* path) {
+  redisContext* r = redisConnectUnix(path);
   if (!r || r->err) {
     fprintf(stderr, "redis: cannot connect to %s: %s\n", path, r ? r->errstr : "out of memory");
     exit(1);
@@ -112,7 +122,7 @@ static inline redisContext *coupled_redis_connect(const char *path) {
   return r;
 }
 
-static inline redisReply *coupled_redis_cmd(redisContext *r, const char *what, redisReply *reply) {
+static inline redisReply* coupled_redis_cmd(redisContext* r, const char* what, redisReply* reply) {
   if (!reply) {
     fprintf(stderr, "redis: %s failed: %s\n", what, r->errstr);
     exit(1);
@@ -125,9 +135,9 @@ static inline redisReply *coupled_redis_cmd(redisContext *r, const char *what, r
 }
 
 /* SmartRedis' poll_tensor: EXISTS, then sleep poll_ms, up to tries times. Returns 1 when found. */
-static inline int coupled_redis_poll(redisContext *r, const char *key, int poll_ms, long tries) {
+static inline int coupled_redis_poll(redisContext* r, const char* key, int poll_ms, long tries) {
   for (long i = 0; i < tries; ++i) {
-    redisReply *rep = coupled_redis_cmd(r, "EXISTS", (redisReply *)redisCommand(r, "EXISTS %s", key));
+    redisReply* rep = coupled_redis_cmd(r, "EXISTS", (redisReply*)redisCommand(r, "EXISTS %s", key));
     long long n = rep->integer;
     freeReplyObject(rep);
     if (n > 0) return 1;

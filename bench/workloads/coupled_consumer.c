@@ -9,28 +9,27 @@
  * Prints one JSON object: {"backend", "steps", "bytes", "have_ns": [...], "bad_words": N,
  * "checked": "full"|"sampled"}; have_ns[i] is when step i's bytes were in the buffer
  * (CLOCK_MONOTONIC). Exit status 1 on a failure, 3 when the data differ from what was put. */
+#include "cairn/cairn.h"
 #include "coupled_common.h"
 
-#include "cairn/cairn.h"
-
-static void die_cairn(const char *what, const char *key, cairn_status s) {
+static void die_cairn(const char* what, const char* key, cairn_status s) {
   fprintf(stderr, "coupled_consumer: %s %s: %s: %s\n", what, key, cairn_status_string(s), cairn_last_error());
   exit(1);
 }
 
-int main(int argc, char **argv) {
+int main(int argc, char** argv) {
   coupled_args a = coupled_parse(argc, argv);
   size_t words = a.bytes / 8;
-  uint64_t *buf = (uint64_t *)aligned_alloc(4096, a.bytes);
-  int64_t *have = (int64_t *)calloc((size_t)a.steps, sizeof(int64_t));
+  uint64_t* buf = (uint64_t*)aligned_alloc(4096, a.bytes);
+  int64_t* have = (int64_t*)calloc((size_t)a.steps, sizeof(int64_t));
   if (!buf || !have) return 1;
   memset(buf, 0, a.bytes);
   char key[1100], ack[1100];
   size_t bad = 0;
 
-  cairn_client *c = NULL;
+  cairn_client* c = NULL;
 #ifdef COUPLED_WITH_REDIS
-  redisContext *r = NULL;
+  redisContext* r = NULL;
 #endif
   if (!strcmp(a.backend, "cairn")) {
     cairn_status s = cairn_connect(a.address, &c);
@@ -86,7 +85,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "coupled_consumer: %s did not appear within 60 s\n", key);
         return 1;
       }
-      redisReply *rep = coupled_redis_cmd(r, "GET", (redisReply *)redisCommand(r, "GET %s", key));
+      redisReply* rep = coupled_redis_cmd(r, "GET", (redisReply*)redisCommand(r, "GET %s", key));
       if (rep->type != REDIS_REPLY_STRING || rep->len != a.bytes) {
         fprintf(stderr, "coupled_consumer: %s: GET returned %zu bytes, expected %zu\n", key,
                 rep->type == REDIS_REPLY_STRING ? rep->len : 0, a.bytes);
@@ -96,14 +95,14 @@ int main(int argc, char **argv) {
       have[i] = coupled_now_ns();
       freeReplyObject(rep);
       bad += coupled_check(buf, words, i, a.ack);
-      freeReplyObject(coupled_redis_cmd(r, "DEL", (redisReply *)redisCommand(r, "DEL %s", key)));
-      if (a.ack) freeReplyObject(coupled_redis_cmd(r, "SET", (redisReply *)redisCommand(r, "SET %s 1", ack)));
+      freeReplyObject(coupled_redis_cmd(r, "DEL", (redisReply*)redisCommand(r, "DEL %s", key)));
+      if (a.ack) freeReplyObject(coupled_redis_cmd(r, "SET", (redisReply*)redisCommand(r, "SET %s 1", ack)));
     }
 #endif
   }
 
-  printf("{\"backend\": \"%s\", \"steps\": %ld, \"bytes\": %zu, \"bad_words\": %zu, \"checked\": \"%s\", ",
-         a.backend, a.steps, a.bytes, bad, a.ack ? "full" : "sampled");
+  printf("{\"backend\": \"%s\", \"steps\": %ld, \"bytes\": %zu, \"bad_words\": %zu, \"checked\": \"%s\", ", a.backend,
+         a.steps, a.bytes, bad, a.ack ? "full" : "sampled");
   coupled_print_times("have_ns", have, a.steps);
   printf("}\n");
   if (c) cairn_disconnect(c);

@@ -6,29 +6,28 @@
  *
  * Prints one JSON object: {"backend", "steps", "bytes", "start_ns": [...], "end_ns": [...]}
  * (CLOCK_MONOTONIC, shared with the consumer on the same node). Exit status 1 on any failure. */
+#include "cairn/cairn.h"
 #include "coupled_common.h"
 
-#include "cairn/cairn.h"
-
-static void die_cairn(const char *what, cairn_status s) {
+static void die_cairn(const char* what, cairn_status s) {
   fprintf(stderr, "coupled_producer: %s: %s: %s\n", what, cairn_status_string(s), cairn_last_error());
   exit(1);
 }
 
-int main(int argc, char **argv) {
+int main(int argc, char** argv) {
   coupled_args a = coupled_parse(argc, argv);
   size_t words = a.bytes / 8;
-  uint64_t *buf = (uint64_t *)aligned_alloc(4096, a.bytes);
-  uint64_t *dst = NULL;
-  int64_t *start = (int64_t *)calloc((size_t)a.steps, sizeof(int64_t));
-  int64_t *end = (int64_t *)calloc((size_t)a.steps, sizeof(int64_t));
+  uint64_t* buf = (uint64_t*)aligned_alloc(4096, a.bytes);
+  uint64_t* dst = NULL;
+  int64_t* start = (int64_t*)calloc((size_t)a.steps, sizeof(int64_t));
+  int64_t* end = (int64_t*)calloc((size_t)a.steps, sizeof(int64_t));
   if (!buf || !start || !end) return 1;
   coupled_fill_base(buf, words);
   char key[1100];
 
-  cairn_client *c = NULL;
+  cairn_client* c = NULL;
 #ifdef COUPLED_WITH_REDIS
-  redisContext *r = NULL;
+  redisContext* r = NULL;
 #endif
   if (!strcmp(a.backend, "cairn")) {
     cairn_status s = cairn_connect(a.address, &c);
@@ -41,7 +40,7 @@ int main(int argc, char **argv) {
     return 1;
 #endif
   } else if (!strcmp(a.backend, "memcpy")) {
-    dst = (uint64_t *)aligned_alloc(4096, a.bytes);
+    dst = (uint64_t*)aligned_alloc(4096, a.bytes);
     if (!dst) return 1;
     memset(dst, 1, a.bytes); /* fault the pages in: the limit is the copy, not page faults */
   } else {
@@ -59,7 +58,8 @@ int main(int argc, char **argv) {
     }
 #ifdef COUPLED_WITH_REDIS
     else if (r) {
-      freeReplyObject(coupled_redis_cmd(r, "SET", (redisReply *)redisCommand(r, "SET %s %b", key, (const void *)buf, a.bytes)));
+      freeReplyObject(
+          coupled_redis_cmd(r, "SET", (redisReply*)redisCommand(r, "SET %s %b", key, (const void*)buf, a.bytes)));
     }
 #endif
     else {

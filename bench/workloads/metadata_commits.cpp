@@ -29,10 +29,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "api/cpp/client.hpp"
 #include "cairn/cairn.h"
@@ -112,13 +111,19 @@ int main(int argc, char** argv) {
   bool with_metrics = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--models" && i + 1 < argc) models = std::stoul(argv[++i]);
-    else if (a == "--tensors" && i + 1 < argc) tensors = std::stoul(argv[++i]);
-    else if (a == "--quick") models = 2000;
-    else if (a == "--metrics") with_metrics = true;
-    else if (a == "--json" && i + 1 < argc) json_path = argv[++i];
+    if (a == "--models" && i + 1 < argc)
+      models = std::stoul(argv[++i]);
+    else if (a == "--tensors" && i + 1 < argc)
+      tensors = std::stoul(argv[++i]);
+    else if (a == "--quick")
+      models = 2000;
+    else if (a == "--metrics")
+      with_metrics = true;
+    else if (a == "--json" && i + 1 < argc)
+      json_path = argv[++i];
     else {
-      std::fprintf(stderr, "usage: cairn_bench_metadata [--models N] [--tensors T] [--quick] [--metrics] [--json FILE]\n");
+      std::fprintf(stderr,
+                   "usage: cairn_bench_metadata [--models N] [--tensors T] [--quick] [--metrics] [--json FILE]\n");
       return 2;
     }
   }
@@ -262,11 +267,13 @@ int main(int argc, char** argv) {
     check(fresh.status(), "connecting");
     uint64_t req0 = (*fresh)->requests();
     t0 = Clock::now();
-    for (size_t i = 0; i < open_n; ++i) check(cairn::ModelReader::open(**fresh, "m" + std::to_string(i)).status(), "open");
+    for (size_t i = 0; i < open_n; ++i)
+      check(cairn::ModelReader::open(**fresh, "m" + std::to_string(i)).status(), "open");
     double first_open_us = seconds(Clock::now() - t0) / static_cast<double>(open_n) * 1e6;
     uint64_t req1 = (*fresh)->requests();
     t0 = Clock::now();
-    for (size_t i = 0; i < open_n; ++i) check(cairn::ModelReader::open(**fresh, "m" + std::to_string(i)).status(), "open");
+    for (size_t i = 0; i < open_n; ++i)
+      check(cairn::ModelReader::open(**fresh, "m" + std::to_string(i)).status(), "open");
     double cached_open_us = seconds(Clock::now() - t0) / static_cast<double>(open_n) * 1e6;
     uint64_t req2 = (*fresh)->requests();
 
@@ -276,8 +283,8 @@ int main(int argc, char** argv) {
                 commits_per_s / rt_per_s);
     std::printf("  %-44s %10.0f /s   (%.2fx the round trip)\n", "commit, durability memory, blocking, C API",
                 c_commits_per_s, c_commits_per_s / rt_per_s);
-    std::printf("  %-44s %10.0f /s   (%.2fx the round trip)\n", "commit, durability memory, pipelined",
-                pipelined_per_s, pipelined_per_s / rt_per_s);
+    std::printf("  %-44s %10.0f /s   (%.2fx the round trip)\n", "commit, durability memory, pipelined", pipelined_per_s,
+                pipelined_per_s / rt_per_s);
     std::printf("  %-44s %10.0f /s\n", "bare request round trip (floor)", rt_per_s);
     std::printf("  %-44s %10.0f /s   (all %zu in the repository after %.2f s more)\n",
                 "manifests reaching the repository", manifests_per_s, models, drain_s);

@@ -17,8 +17,8 @@
 // changes one thing, sometimes two (a kernel or width of one convolution, a block inserted or dropped,
 // the head replaced, a dropout rate changed), so the child shares every layer upstream of the change
 // with its parent; changes favour the later layers (NasSpace::position_draws), so with the defaults
-// a child shares about 60% of its layers with its parent. Children are sometimes renamed wholesale in another naming style: layer names do
-// not count in signatures, and the catalog must not depend on them.
+// a child shares about 60% of its layers with its parent. Children are sometimes renamed wholesale in another naming
+// style: layer names do not count in signatures, and the catalog must not depend on them.
 //
 // Everything is deterministic given the seed of the std::mt19937_64 (the distributions are written
 // out here rather than taken from <random>, whose output differs between standard libraries).
@@ -33,6 +33,7 @@
 #include <cstdio>
 #include <deque>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -40,8 +41,6 @@
 #include <unordered_map>
 #include <utility>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "core/graph.hpp"
 
@@ -57,16 +56,16 @@ struct NasSpace {
   int classes = 10;
   std::vector<int> stem_widths = {16, 32, 64};
   std::vector<int> widths = {16, 32, 64, 96, 128, 192, 256};
-  std::vector<int> kernels = {1, 3, 5, 7};  // residual and Add-branch convolutions use the odd ones > 1
+  std::vector<int> kernels = {1, 3, 5, 7};       // residual and Add-branch convolutions use the odd ones > 1
   std::vector<int> head_hidden = {0, 256, 512};  // 0: the head is a single Linear
   std::vector<double> dropouts = {0.1, 0.2, 0.3, 0.5};
   // Relative weights of the block kinds.
   double w_conv = 3, w_residual = 3, w_branch = 2, w_pool = 1, w_dropout = 0.5;
-  double p_repeat = 0.3;   // a conv, residual or branch block is repeated 2-4 times
-  double p_concat = 0.4;   // a branch block joins by Concat rather than Add
+  double p_repeat = 0.3;    // a conv, residual or branch block is repeated 2-4 times
+  double p_concat = 0.4;    // a branch block joins by Concat rather than Add
   int max_downsamples = 4;  // stride-2 convolutions and pools per graph
   // Mutation.
-  int position_draws = 2;  // where a change goes: the latest of this many uniform draws (1: uniform)
+  int position_draws = 2;           // where a change goes: the latest of this many uniform draws (1: uniform)
   double p_second_mutation = 0.25;  // a child gets two changes instead of one
   double p_rename = 0.3;            // a child's layers are all renamed
   // Regularized evolution.
@@ -158,19 +157,26 @@ struct BlockSpec {
 inline int block_out(const BlockSpec& s, int in_ch) {
   switch (s.kind) {
     case Kind::kConv:
-    case Kind::kResidual: return s.width;
-    case Kind::kBranch: return s.concat ? s.width + s.width2 : s.width;
-    default: return in_ch;
+    case Kind::kResidual:
+      return s.width;
+    case Kind::kBranch:
+      return s.concat ? s.width + s.width2 : s.width;
+    default:
+      return in_ch;
   }
 }
 
 // Layers one repetition emits.
 inline size_t rep_layers(const BlockSpec& s, int in_ch) {
   switch (s.kind) {
-    case Kind::kConv: return 3;
-    case Kind::kResidual: return in_ch == s.width ? 7 : 9;
-    case Kind::kBranch: return s.pool_path ? 8 : 7;
-    default: return 1;
+    case Kind::kConv:
+      return 3;
+    case Kind::kResidual:
+      return in_ch == s.width ? 7 : 9;
+    case Kind::kBranch:
+      return s.pool_path ? 8 : 7;
+    default:
+      return 1;
   }
 }
 inline size_t block_layers(const BlockSpec& s, int in_ch) {
@@ -224,7 +230,8 @@ inline BlockSpec random_block(std::mt19937_64& rng, const NasSpace& sp, int down
 // Emits one repetition of a block on `in` (in_ch channels); returns its output layer.
 inline std::string emit_rep(Emitter& e, const BlockSpec& s, const std::string& p, const std::string& in, int in_ch) {
   switch (s.kind) {
-    case Kind::kConv: return e.conv_bn_relu(p, in, in_ch, s.width, s.k1, s.stride);
+    case Kind::kConv:
+      return e.conv_bn_relu(p, in, in_ch, s.width, s.k1, s.stride);
     case Kind::kResidual: {
       e.add(p + ".conv1", "Conv2d", conv_config(in_ch, s.width, s.k1, 1), {in});
       e.add(p + ".bn1", "BatchNorm2d", {{"num_features", s.width}}, {p + ".conv1"});
@@ -251,13 +258,14 @@ inline std::string emit_rep(Emitter& e, const BlockSpec& s, const std::string& p
     case Kind::kPool:
       return e.add(p + ".pool", s.avg ? "AvgPool2d" : "MaxPool2d", {{"kernel_size", 2}, {"stride", 2}, {"padding", 0}},
                    {in});
-    case Kind::kDropout: return e.add(p + ".drop", "Dropout", {{"p", s.p}}, {in});
+    case Kind::kDropout:
+      return e.add(p + ".drop", "Dropout", {{"p", s.p}}, {in});
   }
   return in;
 }
 
-inline std::pair<std::string, int> emit_block(Emitter& e, const BlockSpec& s, const std::string& p,
-                                              std::string in, int in_ch) {
+inline std::pair<std::string, int> emit_block(Emitter& e, const BlockSpec& s, const std::string& p, std::string in,
+                                              int in_ch) {
   for (int r = 0; r < s.reps; ++r) {
     in = emit_rep(e, s, s.reps > 1 ? p + "." + std::to_string(r) : p, in, in_ch);
     in_ch = block_out(s, in_ch);
@@ -322,13 +330,16 @@ inline Shape analyse(const std::vector<Layer>& L, const NasSpace& sp) {
     const Layer& l = L[i];
     int in0 = l.inputs.empty() ? sp.in_channels : s.channels[s.index.at(l.inputs[0])];
     for (const auto& in : l.inputs) last_use[s.index.at(in)] = i;
-    if (l.type == "Conv2d") s.channels[i] = l.config.value("out_channels", in0);
-    else if (l.type == "Linear") s.channels[i] = l.config.value("out_features", in0);
+    if (l.type == "Conv2d")
+      s.channels[i] = l.config.value("out_channels", in0);
+    else if (l.type == "Linear")
+      s.channels[i] = l.config.value("out_features", in0);
     else if (l.type == "Concat") {
       int sum = 0;
       for (const auto& in : l.inputs) sum += s.channels[s.index.at(in)];
       s.channels[i] = sum;
-    } else s.channels[i] = in0;  // Add, and every layer that keeps channels
+    } else
+      s.channels[i] = in0;  // Add, and every layer that keeps channels
     if (is_downsample(l)) ++s.downsamples;
   }
   s.cut.assign(n, 0);
@@ -358,9 +369,12 @@ inline void repair(std::vector<Layer>& L, const NasSpace& sp) {
     for (size_t i = 0; i < L.size(); ++i) {
       Layer& l = L[i];
       int in0 = l.inputs.empty() ? sp.in_channels : s.channels[s.index.at(l.inputs[0])];
-      if (l.type == "Conv2d" && !l.inputs.empty()) l.config["in_channels"] = in0;
-      else if (l.type == "BatchNorm2d") l.config["num_features"] = in0;
-      else if (l.type == "Linear") l.config["in_features"] = in0;
+      if (l.type == "Conv2d" && !l.inputs.empty())
+        l.config["in_channels"] = in0;
+      else if (l.type == "BatchNorm2d")
+        l.config["num_features"] = in0;
+      else if (l.type == "Linear")
+        l.config["in_features"] = in0;
       else if (l.type == "Add") {
         for (size_t k = 1; k < l.inputs.size(); ++k) {
           size_t j = s.index.at(l.inputs[k]);
@@ -580,10 +594,18 @@ inline void rename_all(std::vector<Layer>& L, std::mt19937_64& rng) {
     std::transform(type.begin(), type.end(), type.begin(), [](unsigned char ch) { return std::tolower(ch); });
     std::string name;
     switch (style) {
-      case 0: name = type + "_" + std::to_string(i); break;
-      case 1: name = "features." + std::to_string(i); break;
-      case 2: name = "net." + tag + ".layer" + std::to_string(i) + "." + type; break;
-      default: name = "n" + tag + "_" + std::to_string(i); break;
+      case 0:
+        name = type + "_" + std::to_string(i);
+        break;
+      case 1:
+        name = "features." + std::to_string(i);
+        break;
+      case 2:
+        name = "net." + tag + ".layer" + std::to_string(i) + "." + type;
+        break;
+      default:
+        name = "n" + tag + "_" + std::to_string(i);
+        break;
     }
     to.emplace(L[i].name, std::move(name));
   }
@@ -602,7 +624,7 @@ inline Graph random_graph(std::mt19937_64& rng, const NasSpace& sp) {
   L.reserve(sp.max_layers + 8);
   Emitter e{L};
   size_t target = sp.max_layers >= sp.min_layers + 2 ? sp.min_layers + 2 + below(rng, sp.max_layers - sp.min_layers - 1)
-                                                      : sp.max_layers;
+                                                     : sp.max_layers;
   HeadSpec head = random_head(rng, sp);
   int ch = pick(rng, sp.stem_widths);
   int k = chance(rng, 0.5) ? 3 : 7;
@@ -639,8 +661,10 @@ inline Graph mutate(const Graph& parent, std::mt19937_64& rng, const NasSpace& s
     L = parent.layers;
     int changes = chance(rng, sp.p_second_mutation) ? 2 : 1;
     for (int c = 0; c < changes;)
-      if (mutate_once(L, rng, sp)) ++c;
-      else if (uniform(rng) < 0.05) break;  // nothing applies to this graph: give up this attempt
+      if (mutate_once(L, rng, sp))
+        ++c;
+      else if (uniform(rng) < 0.05)
+        break;  // nothing applies to this graph: give up this attempt
     if (!same_structure(L, parent.layers)) break;
     if (attempt == 15) {  // every change was undone by repair(): insert a Dropout before the head
       Shape s = analyse(L, sp);
@@ -704,8 +728,8 @@ class NasEvolution {
         ++convs;
         width += l.config.value("out_channels", 0);
       }
-    double f = 0.45 + 0.3 * std::tanh(convs / 12.0) + 0.15 * std::tanh(width / 2000.0) +
-               0.02 * nas_detail::normal(rng_);
+    double f =
+        0.45 + 0.3 * std::tanh(convs / 12.0) + 0.15 * std::tanh(width / 2000.0) + 0.02 * nas_detail::normal(rng_);
     return std::clamp(f, 0.01, 0.99);
   }
 

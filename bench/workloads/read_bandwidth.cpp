@@ -14,11 +14,10 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "api/cpp/client.hpp"
 #include "core/config.hpp"
@@ -82,9 +81,12 @@ int main(int argc, char** argv) {
   bool as_json = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--mib" && i + 1 < argc) mib = std::strtoull(argv[++i], nullptr, 10);
-    else if (a == "--repeats" && i + 1 < argc) repeats = std::max(1, std::atoi(argv[++i]));
-    else if (a == "--json") as_json = true;
+    if (a == "--mib" && i + 1 < argc)
+      mib = std::strtoull(argv[++i], nullptr, 10);
+    else if (a == "--repeats" && i + 1 < argc)
+      repeats = std::max(1, std::atoi(argv[++i]));
+    else if (a == "--json")
+      as_json = true;
     else {
       std::fprintf(stderr, "usage: cairn_bench_read [--mib N] [--repeats R] [--json]\n");
       return 2;
@@ -243,19 +245,19 @@ int main(int argc, char** argv) {
     std::printf("%s\n", out.dump(2).c_str());
     return 0;
   }
-  std::printf("read bandwidth, %.0f MiB model of %llu tensors, median of %d runs\n", static_cast<double>(total) / (1 << 20),
-              static_cast<unsigned long long>(kTensors), repeats);
+  std::printf("read bandwidth, %.0f MiB model of %llu tensors, median of %d runs\n",
+              static_cast<double>(total) / (1 << 20), static_cast<unsigned long long>(kTensors), repeats);
   std::printf("  memcpy (baseline)                      %7.2f GB/s\n", out["memcpy_GBps"].get<double>());
-  std::printf("  cairn read into a user buffer (DRAM)   %7.2f GB/s   %.2fx memcpy\n", out["dram_read_GBps"].get<double>(),
-              out["dram_read_vs_memcpy"].get<double>());
+  std::printf("  cairn read into a user buffer (DRAM)   %7.2f GB/s   %.2fx memcpy\n",
+              out["dram_read_GBps"].get<double>(), out["dram_read_vs_memcpy"].get<double>());
   std::printf("  cairn zero-copy map                    %7.3f ms for the whole model\n", out["map_ms"].get<double>());
   std::printf("  map + scan every byte                  %7.2f GB/s   %.2fx memcpy, %.2fx scanning a private buffer\n",
               out["map_and_scan_GBps"].get<double>(), out["map_and_scan_vs_memcpy"].get<double>(),
               out["map_and_scan_vs_scan"].get<double>());
   std::printf("  plain read of the pack file (cold)     %7.2f GB/s   (page cache: %s)\n",
               out["plain_pack_read_GBps"].get<double>(), method.c_str());
-  std::printf("  cairn cold read from the repository    %7.2f GB/s   %.2fx plain read\n", out["cold_read_GBps"].get<double>(),
-              out["cold_read_vs_plain_read"].get<double>());
+  std::printf("  cairn cold read from the repository    %7.2f GB/s   %.2fx plain read\n",
+              out["cold_read_GBps"].get<double>(), out["cold_read_vs_plain_read"].get<double>());
   std::printf("  the same through the page cache        %7.2f GB/s\n", out["cold_read_buffered_GBps"].get<double>());
   return 0;
 }

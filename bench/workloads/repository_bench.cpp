@@ -30,12 +30,11 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <unordered_map>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "core/hash.hpp"
 #include "tiers/pfs/repository.hpp"
@@ -198,7 +197,8 @@ double commit_children(Repository& repo, const ModelManifest& parent, const Pare
   std::vector<cairn::Status> results;
   for (uint64_t i = 0; i < n; i += batch) {
     ms.clear();
-    for (uint64_t k = i; k < std::min(n, i + batch); ++k) ms.push_back(child(parent, prefix + std::to_string(first + k), k));
+    for (uint64_t k = i; k < std::min(n, i + batch); ++k)
+      ms.push_back(child(parent, prefix + std::to_string(first + k), k));
     auto t0 = Clock::now();
     cairn::Status s = repo.commit_batch(ms, src.source(), &results);
     spent += seconds(Clock::now() - t0);
@@ -215,14 +215,20 @@ int main(int argc, char** argv) {
   bool quick = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--models" && i + 1 < argc) models = std::stoull(argv[++i]);
-    else if (a == "--quick") quick = true, models = 10000;
-    else if (a == "--chunk-size" && i + 1 < argc) chunk_size = std::stoull(argv[++i]);
-    else if (a == "--dir" && i + 1 < argc) dir_arg = argv[++i];
-    else if (a == "--json" && i + 1 < argc) json_path = argv[++i];
+    if (a == "--models" && i + 1 < argc)
+      models = std::stoull(argv[++i]);
+    else if (a == "--quick")
+      quick = true, models = 10000;
+    else if (a == "--chunk-size" && i + 1 < argc)
+      chunk_size = std::stoull(argv[++i]);
+    else if (a == "--dir" && i + 1 < argc)
+      dir_arg = argv[++i];
+    else if (a == "--json" && i + 1 < argc)
+      json_path = argv[++i];
     else {
-      std::fprintf(stderr,
-                   "usage: cairn_bench_repository [--models N] [--quick] [--chunk-size BYTES] [--dir DIR] [--json FILE]\n");
+      std::fprintf(
+          stderr,
+          "usage: cairn_bench_repository [--models N] [--quick] [--chunk-size BYTES] [--dir DIR] [--json FILE]\n");
       return 2;
     }
   }
@@ -239,13 +245,13 @@ int main(int argc, char** argv) {
                      {"tensors_per_model", parent.manifest.tensors.size()},
                      {"chunks_per_model", parent.chunks},
                      {"parent_bytes", parent.bytes}};
-  std::printf("repository on %s (%s), chunk size %llu KiB; parent: %zu tensors, %.1f MiB, %llu chunks\n",
-              dir.c_str(), fstype.c_str(), static_cast<unsigned long long>(chunk_size >> 10),
-              parent.manifest.tensors.size(), static_cast<double>(parent.bytes) / (1 << 20),
-              static_cast<unsigned long long>(parent.chunks));
+  std::printf("repository on %s (%s), chunk size %llu KiB; parent: %zu tensors, %.1f MiB, %llu chunks\n", dir.c_str(),
+              fstype.c_str(), static_cast<unsigned long long>(chunk_size >> 10), parent.manifest.tensors.size(),
+              static_cast<double>(parent.bytes) / (1 << 20), static_cast<unsigned long long>(parent.chunks));
 
   // ---- 1. commit rate by batch size, and the one-file-per-model baseline ----
-  const uint64_t per_batch_models[3][2] = {{1, quick ? 200u : 1000u}, {16, quick ? 1024u : 4096u}, {256, quick ? 2048u : 8192u}};
+  const uint64_t per_batch_models[3][2] = {
+      {1, quick ? 200u : 1000u}, {16, quick ? 1024u : 4096u}, {256, quick ? 2048u : 8192u}};
   nlohmann::json rates = nlohmann::json::array();
   std::string sample_json;
   {
@@ -256,7 +262,10 @@ int main(int argc, char** argv) {
       uint64_t syncs0 = repo->stats().group_syncs;
       double s = commit_children(*repo, p, parent, "b" + std::to_string(batch) + "-", n, batch);
       uint64_t syncs = repo->stats().group_syncs - syncs0;
-      rates.push_back({{"batch", batch}, {"models", n}, {"seconds", s}, {"commits_per_s", static_cast<double>(n) / s},
+      rates.push_back({{"batch", batch},
+                       {"models", n},
+                       {"seconds", s},
+                       {"commits_per_s", static_cast<double>(n) / s},
                        {"group_syncs", syncs}});
     }
     auto m = repo->get("b1-0");
@@ -303,9 +312,8 @@ int main(int argc, char** argv) {
                 r["commits_per_s"].get<double>(), static_cast<unsigned long long>(r["models"].get<uint64_t>()),
                 static_cast<unsigned long long>(r["group_syncs"].get<uint64_t>()),
                 r["commits_per_s"].get<double>() / file_per_s);
-  std::printf("  %-48s %10.0f /s   (%zu-byte manifest, %llu files)\n",
-              "baseline: one file per model (format 1)", file_per_s, sample_json.size(),
-              static_cast<unsigned long long>(file_n));
+  std::printf("  %-48s %10.0f /s   (%zu-byte manifest, %llu files)\n", "baseline: one file per model (format 1)",
+              file_per_s, sample_json.size(), static_cast<unsigned long long>(file_n));
 
   // ---- 2. scale: N models, files, reopen before/after compact, memory per model ----
   fs::path sdir = dir / "scale";
@@ -326,8 +334,8 @@ int main(int argc, char** argv) {
       double per_model = static_cast<double>(rss_bytes() - std::min(rss0, rss_bytes())) / static_cast<double>(probe);
       uint64_t target = models;
       if (per_model > 0 && per_model * static_cast<double>(models) > 0.5 * static_cast<double>(mem_available)) {
-        target = std::max<uint64_t>(probe, static_cast<uint64_t>(0.5 * static_cast<double>(mem_available) / per_model) /
-                                               1000 * 1000);
+        target = std::max<uint64_t>(
+            probe, static_cast<uint64_t>(0.5 * static_cast<double>(mem_available) / per_model) / 1000 * 1000);
         capped = target < models;
         std::printf("\nscale: %.0f bytes per model in memory: %llu models would need %.1f GiB; stopping at %llu\n",
                     per_model, static_cast<unsigned long long>(models),
@@ -356,7 +364,8 @@ int main(int argc, char** argv) {
       auto c = repo->compact();
       compact_s = seconds(Clock::now() - t0);
       check(c.status(), "compact");
-      creport = {{"models", c->models}, {"logs_deleted", c->logs_deleted}, {"checkpoints_deleted", c->checkpoints_deleted}};
+      creport = {
+          {"models", c->models}, {"logs_deleted", c->logs_deleted}, {"checkpoints_deleted", c->checkpoints_deleted}};
     }
     const uint64_t files_after = count_files(sdir);
     {

@@ -35,11 +35,10 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "api/cpp/client.hpp"
 #include "core/config.hpp"
@@ -178,17 +177,28 @@ std::string fs_type(const std::string& path) {
   struct statfs s {};
   if (::statfs(path.c_str(), &s) != 0) return "unknown";
   switch (static_cast<uint64_t>(s.f_type)) {
-    case 0xEF53: return "ext4";
-    case 0x58465342: return "xfs";
-    case 0x9123683E: return "btrfs";
-    case 0x01021994: return "tmpfs";
-    case 0x794c7630: return "overlayfs";
-    case 0x6969: return "nfs";
-    case 0x2FC12FC1: return "zfs";
-    case 0xF2F52010: return "f2fs";
-    case 0x0BD00BD0: return "lustre";
-    case 0x47504653: return "gpfs";
-    case 0x65735546: return "fuse";
+    case 0xEF53:
+      return "ext4";
+    case 0x58465342:
+      return "xfs";
+    case 0x9123683E:
+      return "btrfs";
+    case 0x01021994:
+      return "tmpfs";
+    case 0x794c7630:
+      return "overlayfs";
+    case 0x6969:
+      return "nfs";
+    case 0x2FC12FC1:
+      return "zfs";
+    case 0xF2F52010:
+      return "f2fs";
+    case 0x0BD00BD0:
+      return "lustre";
+    case 0x47504653:
+      return "gpfs";
+    case 0x65735546:
+      return "fuse";
     default: {
       char b[32];
       std::snprintf(b, sizeof b, "0x%llx", static_cast<unsigned long long>(s.f_type));
@@ -329,7 +339,7 @@ json bench_commit(const fs::path& dir, uint64_t bytes, uint64_t tensors, int rep
   }
   const uint64_t demoted0 = d.stats()["movement"].value("demoted_bytes", uint64_t{0});
 
-  std::vector<double> t_allocate;  // arena space: the allocate requests of the fill
+  std::vector<double> t_allocate;        // arena space: the allocate requests of the fill
   std::vector<double> t_memcpy_tensors;  // memcpy tensor by tensor into the pre-faulted buffer
   std::vector<double> t_memcpy, t_write, t_total, t_fill, t_request, t_global, t_own, t_own_request, t_sealed,
       t_sealed_request;
@@ -402,8 +412,9 @@ json bench_commit(const fs::path& dir, uint64_t bytes, uint64_t tensors, int rep
   out["demoted_bytes_during_repeats"] = st["movement"].value("demoted_bytes", uint64_t{0}) - demoted0;
   out["dram_capacity"] = config.tiers.dram.capacity;
   out["nvme_capacity"] = config.tiers.nvme.capacity;
-  out["measured"] = "from the first allocate request for arena space (add_tensor_space) through writing the bytes "
-                    "into it until ModelWriter::commit(memory, wait=false) returns with the memory acknowledgement";
+  out["measured"] =
+      "from the first allocate request for arena space (add_tensor_space) through writing the bytes "
+      "into it until ModelWriter::commit(memory, wait=false) returns with the memory acknowledgement";
   out["memcpy_s"] = median(t_memcpy);
   out["memcpy_GBps"] = gb / median(t_memcpy);
   out["write_fsync_s"] = median(t_write);
@@ -424,10 +435,10 @@ json bench_commit(const fs::path& dir, uint64_t bytes, uint64_t tensors, int rep
   out["speedup_vs_write_fsync"] = median(t_write) / median(t_total);
   out["until_global_s"] = median(t_global);
   out["fill_minor_faults"] = faults;
-  out["samples"] = {{"memcpy_s", t_memcpy}, {"write_fsync_s", t_write}, {"commit_memory_s", t_total},
-                    {"commit_fill_s", t_fill}, {"commit_request_s", t_request}, {"until_global_s", t_global},
-                    {"commit_own_buffer_s", t_own}, {"commit_sealed_s", t_sealed},
-                    {"first_commit_own_buffer_s", t_first_own}};
+  out["samples"] = {
+      {"memcpy_s", t_memcpy},         {"write_fsync_s", t_write},      {"commit_memory_s", t_total},
+      {"commit_fill_s", t_fill},      {"commit_request_s", t_request}, {"until_global_s", t_global},
+      {"commit_own_buffer_s", t_own}, {"commit_sealed_s", t_sealed},   {"first_commit_own_buffer_s", t_first_own}};
   out["movement"] = st["movement"];
   return out;
 }
@@ -491,10 +502,12 @@ json bench_nvme(const fs::path& dir, uint64_t total, uint64_t dram, uint64_t mod
   }
 
   std::vector<std::unique_ptr<cairn::ModelReader>> readers;
-  for (uint64_t i = 0; i < models; ++i) readers.push_back(value_or_die(cairn::ModelReader::open(*d.client, model_id(i)), "open"));
+  for (uint64_t i = 0; i < models; ++i)
+    readers.push_back(value_or_die(cairn::ModelReader::open(*d.client, model_id(i)), "open"));
   std::vector<std::vector<std::span<uint8_t>>> dsts(models);
   for (uint64_t i = 0; i < models; ++i)
-    for (uint64_t t = 0; t < tensors; ++t) dsts[i].emplace_back(dst.data() + i * model_bytes + t * tensor_bytes, tensor_bytes);
+    for (uint64_t t = 0; t < tensors; ++t)
+      dsts[i].emplace_back(dst.data() + i * model_bytes + t * tensor_bytes, tensor_bytes);
 
   auto moved = [&](const char* key) { return d.stats()["movement"].value(key, uint64_t{0}); };
   std::vector<double> t_plain, t_read, t_map;
@@ -591,7 +604,8 @@ json bench_dram(const fs::path& dir, uint64_t bytes, uint64_t tensors, int repea
   {
     cairn::ModelWriter w(*d.client, "resident", "");
     for (uint64_t t = 0; t < tensors; ++t)
-      check(w.add_tensor(names[t], src.data() + t * tensor_bytes, cairn::DType::kU8, {static_cast<int64_t>(tensor_bytes)}),
+      check(w.add_tensor(names[t], src.data() + t * tensor_bytes, cairn::DType::kU8,
+                         {static_cast<int64_t>(tensor_bytes)}),
             "add_tensor");
     check(w.commit(cairn::Durability::kGlobal, true).status(), "commit");
   }
@@ -669,9 +683,9 @@ json bench_dram(const fs::path& dir, uint64_t bytes, uint64_t tensors, int repea
   out["map_scan_vs_scan"] = median(t_scan) / median(t_map_scan);
   out["dram_hits"] = hits1 - hits0;
   out["movement"] = st["movement"];
-  out["samples"] = {{"memcpy_s", t_memcpy}, {"memcpy_per_tensor_s", t_memcpy_tensors},
-                    {"scan_s", t_scan},     {"read_s", t_read},
-                    {"map_s", t_map},       {"map_copy_s", t_map_copy},
+  out["samples"] = {{"memcpy_s", t_memcpy},    {"memcpy_per_tensor_s", t_memcpy_tensors},
+                    {"scan_s", t_scan},        {"read_s", t_read},
+                    {"map_s", t_map},          {"map_copy_s", t_map_copy},
                     {"map_scan_s", t_map_scan}};
   return out;
 }
@@ -687,15 +701,24 @@ int main(int argc, char** argv) {
   std::string json_path, dir_arg, only;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--repeats" && i + 1 < argc) repeats = std::max(1, std::atoi(argv[++i]));
-    else if (a == "--commit-mib" && i + 1 < argc) commit_mib = std::strtoull(argv[++i], nullptr, 10);
-    else if (a == "--nvme-mib" && i + 1 < argc) nvme_mib = std::strtoull(argv[++i], nullptr, 10);
-    else if (a == "--dram-hit-mib" && i + 1 < argc) dram_hit_mib = std::strtoull(argv[++i], nullptr, 10);
-    else if (a == "--dir" && i + 1 < argc) dir_arg = argv[++i];
-    else if (a == "--json" && i + 1 < argc) json_path = argv[++i];
-    else if (a == "--only" && i + 1 < argc) only = argv[++i];
-    else if (a == "--quick") quick = true;
-    else if (a == "--keep") keep = true;  // leave the directories (burst buffer, repositories) for a look
+    if (a == "--repeats" && i + 1 < argc)
+      repeats = std::max(1, std::atoi(argv[++i]));
+    else if (a == "--commit-mib" && i + 1 < argc)
+      commit_mib = std::strtoull(argv[++i], nullptr, 10);
+    else if (a == "--nvme-mib" && i + 1 < argc)
+      nvme_mib = std::strtoull(argv[++i], nullptr, 10);
+    else if (a == "--dram-hit-mib" && i + 1 < argc)
+      dram_hit_mib = std::strtoull(argv[++i], nullptr, 10);
+    else if (a == "--dir" && i + 1 < argc)
+      dir_arg = argv[++i];
+    else if (a == "--json" && i + 1 < argc)
+      json_path = argv[++i];
+    else if (a == "--only" && i + 1 < argc)
+      only = argv[++i];
+    else if (a == "--quick")
+      quick = true;
+    else if (a == "--keep")
+      keep = true;  // leave the directories (burst buffer, repositories) for a look
     else {
       std::fprintf(stderr,
                    "usage: cairn_bench_tiers [--repeats R] [--commit-mib N] [--nvme-mib N] [--dram-hit-mib N] "
@@ -744,98 +767,123 @@ int main(int argc, char** argv) {
 
   // 1.
   if (only.empty() || only == "commit") {
-  json c = bench_commit(dir, commit_mib * kMiB, 8, repeats);
-  out["commit"] = c;
-  std::printf("\n1. commit of %.0f MiB (%llu tensors of fresh random bytes) at durability memory\n",
-              c["bytes"].get<double>() / kMiB, static_cast<unsigned long long>(c["tensors"].get<uint64_t>()));
-  std::printf("   (timed: first allocate of arena space + writing the bytes into it + commit until the memory ack)\n");
-  std::printf("   %-46s %9s %9s %s\n", "", "time", "GB/s", "ratio");
-  std::printf("   %-46s %7.1f ms %7.2f   baseline\n", "memcpy into a pre-faulted buffer", c["memcpy_s"].get<double>() * 1e3,
-              c["memcpy_GBps"].get<double>());
-  if (c.contains("memcpy_per_tensor_s"))
-    std::printf("   %-46s %7.1f ms %7.2f   %.2fx memcpy\n", "memcpy, one call per tensor (as into arena space)",
-                c["memcpy_per_tensor_s"].get<double>() * 1e3, c["bytes"].get<double>() / 1e9 / c["memcpy_per_tensor_s"].get<double>(),
-                c["memcpy_per_tensor_s"].get<double>() / c["memcpy_s"].get<double>());
-  std::printf("   %-46s %7.1f ms %7.2f   %.2fx memcpy\n", ("write()+fsync of a file (" + machine["bench_dir_fs"].get<std::string>() + ")").c_str(),
-              c["write_fsync_s"].get<double>() * 1e3, c["write_fsync_GBps"].get<double>(),
-              c["write_fsync_s"].get<double>() / c["memcpy_s"].get<double>());
-  std::printf("   %-46s %7.1f ms %7.2f   %.2fx memcpy\n", "cairn commit from the caller's buffers (add_tensor)",
-              c["commit_own_buffer_s"].get<double>() * 1e3, c["bytes"].get<double>() / 1e9 / c["commit_own_buffer_s"].get<double>(),
-              c["commit_own_buffer_vs_memcpy"].get<double>());
-  std::printf("   %-46s %7.1f ms\n", "  of which: the commit request (adopt)", c["commit_own_buffer_request_s"].get<double>() * 1e3);
-  std::printf("   %-46s %7.1f ms   %.2fx memcpy (median of %d new connections)\n",
-              "  the same, first commit on a fresh connection", c["first_commit_own_buffer_s"].get<double>() * 1e3,
-              c["first_commit_own_buffer_s"].get<double>() / c["memcpy_s"].get<double>(),
-              c["first_commit_own_buffer_connections"].get<int>());
-  std::printf("   %-46s %7.1f ms %7.2f   %.2fx memcpy, %.1fx faster than write+fsync\n",
-              "cairn commit written into arena space", c["commit_memory_s"].get<double>() * 1e3, c["commit_memory_GBps"].get<double>(),
-              c["commit_vs_memcpy"].get<double>(), c["speedup_vs_write_fsync"].get<double>());
-  std::printf("   %-46s %7.1f ms\n", "  of which: allocate + write into arena space", c["commit_fill_s"].get<double>() * 1e3);
-  if (c.contains("commit_allocate_s"))
-    std::printf("   %-46s %7.1f ms\n", "    of which: the allocate requests", c["commit_allocate_s"].get<double>() * 1e3);
-  std::printf("   %-46s %7.1f ms\n", "  of which: the commit request (hash, adopt)", c["commit_request_s"].get<double>() * 1e3);
-  std::printf("   %-46s %7.1f ms %7.2f   %.2fx memcpy\n", "cairn commit into arena space, each tensor sealed",
-              c["commit_sealed_s"].get<double>() * 1e3, c["bytes"].get<double>() / 1e9 / c["commit_sealed_s"].get<double>(),
-              c["commit_sealed_vs_memcpy"].get<double>());
-  std::printf("   %-46s %7.1f ms\n", "  of which: the commit request (adopt)", c["commit_sealed_request_s"].get<double>() * 1e3);
-  std::printf("   %-46s %7.1f ms   (for information: through NVMe to the repository)\n",
-              "cairn commit until global (flush returns)", c["until_global_s"].get<double>() * 1e3);
-  std::printf("   minor page faults while writing into arena space, per repeat: %s (client mapping pre-populated)\n",
-              c["fill_minor_faults"].dump().c_str());
-  std::printf("   %-46s %7.1f ms   %.2fx memcpy (%ld page faults: client mapping of the arena cold)\n",
-              "  the same, first commit on a fresh connection", c["first_commit_on_connection_s"].get<double>() * 1e3,
-              c["first_commit_on_connection_s"].get<double>() / c["memcpy_s"].get<double>(),
-              c["first_commit_on_connection_minor_faults"].get<long>());
-  std::printf("   goal: every path <= 1.2x memcpy (arena space: each tensor sealed): %s\n", verdict(c["goal_met"].get<bool>()));
-  std::printf("   the demoter wrote %.0f MiB of older checkpoints' chunks to NVMe during the repeats\n",
-              c["demoted_bytes_during_repeats"].get<double>() / kMiB);
-  std::fflush(stdout);
+    json c = bench_commit(dir, commit_mib * kMiB, 8, repeats);
+    out["commit"] = c;
+    std::printf("\n1. commit of %.0f MiB (%llu tensors of fresh random bytes) at durability memory\n",
+                c["bytes"].get<double>() / kMiB, static_cast<unsigned long long>(c["tensors"].get<uint64_t>()));
+    std::printf(
+        "   (timed: first allocate of arena space + writing the bytes into it + commit until the memory ack)\n");
+    std::printf("   %-46s %9s %9s %s\n", "", "time", "GB/s", "ratio");
+    std::printf("   %-46s %7.1f ms %7.2f   baseline\n", "memcpy into a pre-faulted buffer",
+                c["memcpy_s"].get<double>() * 1e3, c["memcpy_GBps"].get<double>());
+    if (c.contains("memcpy_per_tensor_s"))
+      std::printf("   %-46s %7.1f ms %7.2f   %.2fx memcpy\n", "memcpy, one call per tensor (as into arena space)",
+                  c["memcpy_per_tensor_s"].get<double>() * 1e3,
+                  c["bytes"].get<double>() / 1e9 / c["memcpy_per_tensor_s"].get<double>(),
+                  c["memcpy_per_tensor_s"].get<double>() / c["memcpy_s"].get<double>());
+    std::printf("   %-46s %7.1f ms %7.2f   %.2fx memcpy\n",
+                ("write()+fsync of a file (" + machine["bench_dir_fs"].get<std::string>() + ")").c_str(),
+                c["write_fsync_s"].get<double>() * 1e3, c["write_fsync_GBps"].get<double>(),
+                c["write_fsync_s"].get<double>() / c["memcpy_s"].get<double>());
+    std::printf("   %-46s %7.1f ms %7.2f   %.2fx memcpy\n", "cairn commit from the caller's buffers (add_tensor)",
+                c["commit_own_buffer_s"].get<double>() * 1e3,
+                c["bytes"].get<double>() / 1e9 / c["commit_own_buffer_s"].get<double>(),
+                c["commit_own_buffer_vs_memcpy"].get<double>());
+    std::printf("   %-46s %7.1f ms\n", "  of which: the commit request (adopt)",
+                c["commit_own_buffer_request_s"].get<double>() * 1e3);
+    std::printf("   %-46s %7.1f ms   %.2fx memcpy (median of %d new connections)\n",
+                "  the same, first commit on a fresh connection", c["first_commit_own_buffer_s"].get<double>() * 1e3,
+                c["first_commit_own_buffer_s"].get<double>() / c["memcpy_s"].get<double>(),
+                c["first_commit_own_buffer_connections"].get<int>());
+    std::printf("   %-46s %7.1f ms %7.2f   %.2fx memcpy, %.1fx faster than write+fsync\n",
+                "cairn commit written into arena space", c["commit_memory_s"].get<double>() * 1e3,
+                c["commit_memory_GBps"].get<double>(), c["commit_vs_memcpy"].get<double>(),
+                c["speedup_vs_write_fsync"].get<double>());
+    std::printf("   %-46s %7.1f ms\n", "  of which: allocate + write into arena space",
+                c["commit_fill_s"].get<double>() * 1e3);
+    if (c.contains("commit_allocate_s"))
+      std::printf("   %-46s %7.1f ms\n", "    of which: the allocate requests",
+                  c["commit_allocate_s"].get<double>() * 1e3);
+    std::printf("   %-46s %7.1f ms\n", "  of which: the commit request (hash, adopt)",
+                c["commit_request_s"].get<double>() * 1e3);
+    std::printf("   %-46s %7.1f ms %7.2f   %.2fx memcpy\n", "cairn commit into arena space, each tensor sealed",
+                c["commit_sealed_s"].get<double>() * 1e3,
+                c["bytes"].get<double>() / 1e9 / c["commit_sealed_s"].get<double>(),
+                c["commit_sealed_vs_memcpy"].get<double>());
+    std::printf("   %-46s %7.1f ms\n", "  of which: the commit request (adopt)",
+                c["commit_sealed_request_s"].get<double>() * 1e3);
+    std::printf("   %-46s %7.1f ms   (for information: through NVMe to the repository)\n",
+                "cairn commit until global (flush returns)", c["until_global_s"].get<double>() * 1e3);
+    std::printf("   minor page faults while writing into arena space, per repeat: %s (client mapping pre-populated)\n",
+                c["fill_minor_faults"].dump().c_str());
+    std::printf("   %-46s %7.1f ms   %.2fx memcpy (%ld page faults: client mapping of the arena cold)\n",
+                "  the same, first commit on a fresh connection", c["first_commit_on_connection_s"].get<double>() * 1e3,
+                c["first_commit_on_connection_s"].get<double>() / c["memcpy_s"].get<double>(),
+                c["first_commit_on_connection_minor_faults"].get<long>());
+    std::printf("   goal: every path <= 1.2x memcpy (arena space: each tensor sealed): %s\n",
+                verdict(c["goal_met"].get<bool>()));
+    std::printf("   the demoter wrote %.0f MiB of older checkpoints' chunks to NVMe during the repeats\n",
+                c["demoted_bytes_during_repeats"].get<double>() / kMiB);
+    std::fflush(stdout);
   }
 
   // 2.
   if (only.empty() || only == "nvme") {
-  const uint64_t nvme_total = nvme_mib * kMiB;
-  const uint64_t dram_small = quick ? 16 * kMiB : 128 * kMiB;
-  const uint64_t model_bytes = dram_small / 2;
-  json n = bench_nvme(dir, nvme_total, dram_small, model_bytes, 2, repeats);
-  out["nvme"] = n;
-  std::printf("\n2. reads served from the NVMe tier: %.0f MiB in %llu models of %.0f MiB, DRAM %.0f MiB, one model at a time\n",
-              n["bytes"].get<double>() / kMiB, static_cast<unsigned long long>(n["models"].get<uint64_t>()),
-              n["model_bytes"].get<double>() / kMiB, n["dram_capacity"].get<double>() / kMiB);
-  std::printf("   (burst buffer direct I/O: %s; every byte from NVMe, none from the repository: %s)\n",
-              n["nvme_direct_io"].get<bool>() ? "yes" : "NO (page cache)", n["all_bytes_from_nvme"].get<bool>() ? "yes" : "NO");
-  std::printf("   %-46s %7.2f GB/s  baseline\n", "O_DIRECT sequential read, 4 MiB at a time", n["odirect_read_GBps"].get<double>());
-  std::printf("   %-46s %7.2f GB/s  %.2fx O_DIRECT (goal >= 0.9: %s)\n", "cairn read into a user buffer (from NVMe)",
-              n["read_GBps"].get<double>(), n["read_vs_odirect"].get<double>(),
-              verdict(n["read_vs_odirect"].get<double>() >= 0.9));
-  std::printf("   %-46s %7.2f GB/s  %.2fx O_DIRECT (goal >= 0.9: %s)\n", "cairn map, zero-copy lease (from NVMe)",
-              n["map_GBps"].get<double>(), n["map_vs_odirect"].get<double>(), verdict(n["map_vs_odirect"].get<double>() >= 0.9));
-  std::printf("   physically contiguous runs of the destination memory: DRAM arena %.0f KiB, baseline buffer %.0f KiB\n"
-              "   (0 = unknown; a direct-I/O request holds at most the device's max_segments runs)\n",
-              n["arena_physical_run_bytes"].get<double>() / 1024, n["baseline_buffer_physical_run_bytes"].get<double>() / 1024);
-  std::fflush(stdout);
+    const uint64_t nvme_total = nvme_mib * kMiB;
+    const uint64_t dram_small = quick ? 16 * kMiB : 128 * kMiB;
+    const uint64_t model_bytes = dram_small / 2;
+    json n = bench_nvme(dir, nvme_total, dram_small, model_bytes, 2, repeats);
+    out["nvme"] = n;
+    std::printf(
+        "\n2. reads served from the NVMe tier: %.0f MiB in %llu models of %.0f MiB, DRAM %.0f MiB, one model at a "
+        "time\n",
+        n["bytes"].get<double>() / kMiB, static_cast<unsigned long long>(n["models"].get<uint64_t>()),
+        n["model_bytes"].get<double>() / kMiB, n["dram_capacity"].get<double>() / kMiB);
+    std::printf("   (burst buffer direct I/O: %s; every byte from NVMe, none from the repository: %s)\n",
+                n["nvme_direct_io"].get<bool>() ? "yes" : "NO (page cache)",
+                n["all_bytes_from_nvme"].get<bool>() ? "yes" : "NO");
+    std::printf("   %-46s %7.2f GB/s  baseline\n", "O_DIRECT sequential read, 4 MiB at a time",
+                n["odirect_read_GBps"].get<double>());
+    std::printf("   %-46s %7.2f GB/s  %.2fx O_DIRECT (goal >= 0.9: %s)\n", "cairn read into a user buffer (from NVMe)",
+                n["read_GBps"].get<double>(), n["read_vs_odirect"].get<double>(),
+                verdict(n["read_vs_odirect"].get<double>() >= 0.9));
+    std::printf("   %-46s %7.2f GB/s  %.2fx O_DIRECT (goal >= 0.9: %s)\n", "cairn map, zero-copy lease (from NVMe)",
+                n["map_GBps"].get<double>(), n["map_vs_odirect"].get<double>(),
+                verdict(n["map_vs_odirect"].get<double>() >= 0.9));
+    std::printf(
+        "   physically contiguous runs of the destination memory: DRAM arena %.0f KiB, baseline buffer %.0f KiB\n"
+        "   (0 = unknown; a direct-I/O request holds at most the device's max_segments runs)\n",
+        n["arena_physical_run_bytes"].get<double>() / 1024,
+        n["baseline_buffer_physical_run_bytes"].get<double>() / 1024);
+    std::fflush(stdout);
   }
 
   // 3.
   if (only.empty() || only == "dram") {
-  json h = bench_dram(dir, dram_hit_mib * kMiB, 8, repeats);
-  out["dram"] = h;
-  std::printf("\n3. DRAM hits: a resident model of %.0f MiB (%llu tensors)\n", h["bytes"].get<double>() / kMiB,
-              static_cast<unsigned long long>(h["tensors"].get<uint64_t>()));
-  std::printf("   %-46s %7.2f GB/s  baseline\n", "memcpy between pre-faulted buffers", h["memcpy_GBps"].get<double>());
-  std::printf("   %-46s %7.2f GB/s  %.2fx memcpy\n", "cairn read into a user buffer", h["read_GBps"].get<double>(),
-              h["read_vs_memcpy"].get<double>());
-  std::printf("   %-46s %7.2f GB/s  (%lld minor page faults: client mapping cold)\n", "  the first read on a connection",
-              h["first_read_GBps"].get<double>(), static_cast<long long>(h["first_read_minor_faults"].get<long>()));
-  std::printf("   %-46s %7.3f ms for the whole model (no byte touched)\n", "cairn map latency", h["map_latency_ms"].get<double>());
-  std::printf("   %-46s %7.2f GB/s  %.2fx memcpy\n", "cairn map + copy out into a user buffer", h["map_copy_GBps"].get<double>(),
-              h["map_copy_vs_memcpy"].get<double>());
-  std::printf("   %-46s %7.2f GB/s  %.2fx scanning a private buffer (%.2f GB/s)\n", "cairn map + scan every byte in place",
-              h["map_scan_GBps"].get<double>(), h["map_scan_vs_scan"].get<double>(), h["scan_private_buffer_GBps"].get<double>());
+    json h = bench_dram(dir, dram_hit_mib * kMiB, 8, repeats);
+    out["dram"] = h;
+    std::printf("\n3. DRAM hits: a resident model of %.0f MiB (%llu tensors)\n", h["bytes"].get<double>() / kMiB,
+                static_cast<unsigned long long>(h["tensors"].get<uint64_t>()));
+    std::printf("   %-46s %7.2f GB/s  baseline\n", "memcpy between pre-faulted buffers",
+                h["memcpy_GBps"].get<double>());
+    std::printf("   %-46s %7.2f GB/s  %.2fx memcpy\n", "cairn read into a user buffer", h["read_GBps"].get<double>(),
+                h["read_vs_memcpy"].get<double>());
+    std::printf("   %-46s %7.2f GB/s  (%lld minor page faults: client mapping cold)\n",
+                "  the first read on a connection", h["first_read_GBps"].get<double>(),
+                static_cast<long long>(h["first_read_minor_faults"].get<long>()));
+    std::printf("   %-46s %7.3f ms for the whole model (no byte touched)\n", "cairn map latency",
+                h["map_latency_ms"].get<double>());
+    std::printf("   %-46s %7.2f GB/s  %.2fx memcpy\n", "cairn map + copy out into a user buffer",
+                h["map_copy_GBps"].get<double>(), h["map_copy_vs_memcpy"].get<double>());
+    std::printf("   %-46s %7.2f GB/s  %.2fx scanning a private buffer (%.2f GB/s)\n",
+                "cairn map + scan every byte in place", h["map_scan_GBps"].get<double>(),
+                h["map_scan_vs_scan"].get<double>(), h["scan_private_buffer_GBps"].get<double>());
   }
 
-  if (keep) std::printf("\nkept %s\n", dir.c_str());
-  else fs::remove_all(dir);
+  if (keep)
+    std::printf("\nkept %s\n", dir.c_str());
+  else
+    fs::remove_all(dir);
   if (!json_path.empty()) {
     std::ofstream f(json_path);
     f << out.dump(2) << "\n";

@@ -6,11 +6,10 @@
 
 #include <cmath>
 #include <initializer_list>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 #include <string>
-
-#include <nlohmann/json.hpp>
 
 #include "core/dtype.hpp"
 #include "core/hash.hpp"

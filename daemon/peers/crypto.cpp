@@ -13,8 +13,8 @@ namespace cairn {
 std::string hmac_sha256(std::string_view key, const void* data, size_t length) {
   unsigned char out[EVP_MAX_MD_SIZE];
   unsigned int n = 0;
-  if (HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()), static_cast<const unsigned char*>(data), length,
-           out, &n) == nullptr) {
+  if (HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()), static_cast<const unsigned char*>(data), length, out,
+           &n) == nullptr) {
     std::fprintf(stderr, "cairn: HMAC-SHA256 failed in libcrypto\n");
     std::abort();
   }

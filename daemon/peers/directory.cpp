@@ -20,7 +20,7 @@ bool ChunkDirectory::pick(Entry& e, const std::string& requester, std::string& h
   for (auto& h : e.holders) {
     if (h.first == requester) continue;
     if (uploads_per_holder_ && h.second >= uploads_per_holder_) continue;  // its slots are taken
-    if (best == nullptr || h.second < best->second) best = &h;  // strict <: ties keep the first added
+    if (best == nullptr || h.second < best->second) best = &h;             // strict <: ties keep the first added
   }
   if (best == nullptr) return false;
   ++best->second;
@@ -154,8 +154,10 @@ std::vector<ChunkDirectory::Answer> ChunkDirectory::member_gone(const std::strin
     // Its fetches in flight (as requester) free their holders' slots; those it served are gone.
     for (size_t i = e.fetches.size(); i-- > 0;) {
       auto [requester, holder] = e.fetches[i];
-      if (requester == member) end_fetch(e.holders, e.fetches, requester, holder);
-      else if (holder == member) e.fetches.erase(e.fetches.begin() + static_cast<std::ptrdiff_t>(i));
+      if (requester == member)
+        end_fetch(e.holders, e.fetches, requester, holder);
+      else if (holder == member)
+        e.fetches.erase(e.fetches.begin() + static_cast<std::ptrdiff_t>(i));
     }
     if (e.loader == member) e.loader.clear();
     resolve(h, e, now, out);

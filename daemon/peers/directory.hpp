@@ -44,7 +44,7 @@ class ChunkDirectory {
     std::string requester;
     uint64_t request = 0;  // the requester's request id, echoed
     Verdict verdict = Verdict::kWait;
-    std::string holder;    // kFetch: whom to fetch from
+    std::string holder;  // kFetch: whom to fetch from
   };
 
   // uploads_per_holder: fetches of one chunk a holder serves at once (0 = no limit).
@@ -84,9 +84,9 @@ class ChunkDirectory {
     uint64_t request = 0;
   };
   struct Entry {
-    std::vector<std::pair<std::string, uint32_t>> holders;  // member, fetches it is serving now
+    std::vector<std::pair<std::string, uint32_t>> holders;     // member, fetches it is serving now
     std::vector<std::pair<std::string, std::string>> fetches;  // (requester, holder) in flight
-    std::string loader;                                      // "" = none
+    std::string loader;                                        // "" = none
     Clock::time_point deadline{};
     std::vector<Waiter> waiters;
   };

@@ -116,8 +116,10 @@ void GroupParts::worker_loop() {
       lock.lock();
       continue;
     }
-    if (next == Clock::time_point::max()) cv_.wait(lock);
-    else cv_.wait_until(lock, next);
+    if (next == Clock::time_point::max())
+      cv_.wait(lock);
+    else
+      cv_.wait_until(lock, next);
   }
 }
 
@@ -151,13 +153,20 @@ void GroupParts::handle(PeerMsg type, const json& body, const std::string& from)
   };
   Status bad;
   switch (type) {
-    case PeerMsg::kPart: bad = run(decode_part, [&](PartMessage m) { on_part(std::move(m), from); }); break;
-    case PeerMsg::kPartState: bad = run(decode_part_state, [&](PartStateMessage m) { on_state(m, from); }); break;
+    case PeerMsg::kPart:
+      bad = run(decode_part, [&](PartMessage m) { on_part(std::move(m), from); });
+      break;
+    case PeerMsg::kPartState:
+      bad = run(decode_part_state, [&](PartStateMessage m) { on_state(m, from); });
+      break;
     case PeerMsg::kAssemble:
       bad = run(decode_assemble, [&](AssembleMessage m) { on_assemble(std::move(m), from, false); });
       break;
-    case PeerMsg::kPartAck: bad = run(decode_part_ack, [&](PartAckMessage m) { on_ack(m, from); }); break;
-    default: return;
+    case PeerMsg::kPartAck:
+      bad = run(decode_part_ack, [&](PartAckMessage m) { on_ack(m, from); });
+      break;
+    default:
+      return;
   }
   if (bad.is_ok()) return;
   {
@@ -188,8 +197,10 @@ void GroupParts::member_gone(const std::string& member) {
                                             "(commit at durability global for a model to survive a member)"));
       }
       // (Only the worker, this thread, changes these two: taken out here, failed below.)
-      take_if(assemblies_, [&](const Assembly& a) { return a.holders.count(member) > 0; }, assemblies);
-      take_if(checking_, [&](const Checking& c) { return c.waiting.count(member) > 0; }, checks);
+      take_if(
+          assemblies_, [&](const Assembly& a) { return a.holders.count(member) > 0; }, assemblies);
+      take_if(
+          checking_, [&](const Checking& c) { return c.waiting.count(member) > 0; }, checks);
     }
     const std::string why = "member " + member + ", which held $them, left the group";
     for (const auto& [id, c] : checks) {
@@ -215,8 +226,10 @@ void GroupParts::check_deadlines() {
   std::vector<std::pair<std::string, std::string>> silent;  // (model, its home)
   {
     cairn::MutexLock lock(mu_);
-    take_if(assemblies_, [&](const Assembly& a) { return a.deadline <= now; }, expired);
-    take_if(checking_, [&](const Checking& c) { return c.deadline <= now; }, unanswered);
+    take_if(
+        assemblies_, [&](const Assembly& a) { return a.deadline <= now; }, expired);
+    take_if(
+        checking_, [&](const Checking& c) { return c.deadline <= now; }, unanswered);
     for (const auto& [id, h] : held_)
       if (!h.registered && !h.parts.empty() && h.deadline <= now) silent.emplace_back(id, h.home);
   }

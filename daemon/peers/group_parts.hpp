@@ -38,21 +38,20 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "core/status.hpp"
-#include "daemon/peers/part_messages.hpp"
+#include "core/sync.hpp"
 #include "daemon/part_sink.hpp"
+#include "daemon/peers/part_messages.hpp"
 #include "daemon/peers/part_transport.hpp"
 #include "daemon/tickets.hpp"
 #include "tiers/pfs/manifest.hpp"
-#include "core/sync.hpp"
 
 namespace cairn {
 
@@ -121,10 +120,10 @@ class GroupParts {
   struct Held {  // holder: the parts of one model held here
     std::string home, registrar;
     std::map<uint32_t, HeldPart> parts;
-    std::set<uint32_t> placing;       // reserved, not held yet
-    bool registered = false;          // the registrar said memory
+    std::set<uint32_t> placing;               // reserved, not held yet
+    bool registered = false;                  // the registrar said memory
     Durability target = Durability::kGlobal;  // the model's, once registered
-    Clock::time_point deadline;       // to be registered by
+    Clock::time_point deadline;               // to be registered by
   };
   struct Fragment {
     std::string holder;
@@ -149,11 +148,11 @@ class GroupParts {
     std::set<std::string> waiting;  // holders that have not answered yet
     Clock::time_point deadline;
   };
-  struct Registered {  // registrar: a model registered here, on its way to the repository
+  struct Registered {     // registrar: a model registered here, on its way to the repository
     uint64_t ticket = 0;  // the model's (target global), waited for by waiters_[ticket]
     std::vector<std::string> holders;
     std::set<std::string> local_done;
-    bool local_failed = false;    // a holder could not write its parts to its burst buffer
+    bool local_failed = false;  // a holder could not write its parts to its burst buffer
     bool local_reported = false;
     Durability target = Durability::kGlobal;
   };
@@ -173,16 +172,17 @@ class GroupParts {
   void handle(PeerMsg type, const nlohmann::json& body, const std::string& from);
 
   // The roles' steps (on the worker).
-  void on_part(PartMessage m, const std::string& from);                 // home
-  void complete(const std::string& id, Assembly a);                      // home
+  void on_part(PartMessage m, const std::string& from);                               // home
+  void complete(const std::string& id, Assembly a);                                   // home
   void fail_assembly(const std::string& id, const Assembly& a, const Status& error);  // home
-  void on_assemble(AssembleMessage m, const std::string& from, bool reserved);  // registrar
-  void fail_check(const std::string& id, const Checking& c, const Status& error);  // registrar
-  void register_model(Checking c);                                       // registrar
-  void on_flushed(const std::string& id, TicketBook::Outcome outcome);  // registrar
-  void on_ack(const PartAckMessage& m, const std::string& from);         // registrar
-  void on_state(const PartStateMessage& m, const std::string& from);     // holder
-  void write_local(const std::string& id, std::vector<ChunkRef> chunks, const std::string& registrar);  // holder (I/O thread)
+  void on_assemble(AssembleMessage m, const std::string& from, bool reserved);        // registrar
+  void fail_check(const std::string& id, const Checking& c, const Status& error);     // registrar
+  void register_model(Checking c);                                                    // registrar
+  void on_flushed(const std::string& id, TicketBook::Outcome outcome);                // registrar
+  void on_ack(const PartAckMessage& m, const std::string& from);                      // registrar
+  void on_state(const PartStateMessage& m, const std::string& from);                  // holder
+  void write_local(const std::string& id, std::vector<ChunkRef> chunks,
+                   const std::string& registrar);  // holder (I/O thread)
   // Holder: the parts (all when `which` is empty) fail with error; their chunks go back.
   void fail_held(const std::string& id, const Status& error, const std::vector<uint32_t>& which = {});
   // Unpins a held part's chunks; `stored`: they are in the repository (clean), else abandoned
@@ -193,7 +193,7 @@ class GroupParts {
   Parts p_;
   PartTransport& t_;
   mutable cairn::Mutex mu_;
-  cairn::CondVar cv_;                         // tasks, stopping, drained
+  cairn::CondVar cv_;  // tasks, stopping, drained
   std::deque<std::function<void()>> tasks_ CAIRN_GUARDED_BY(mu_);
   std::map<std::string, Held> held_ CAIRN_GUARDED_BY(mu_);
   // Changed only by the worker, under mu_; the worker reads them without it (which the analysis

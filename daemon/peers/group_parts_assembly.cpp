@@ -1,13 +1,12 @@
 // Multi-part models across a peer group (group_parts.hpp): the home, which collects the parts and
 // builds the one manifest, and the registrar, which checks the holders, registers the model and
 // follows it to the repository.
-#include "daemon/peers/group_parts.hpp"
-
 #include <algorithm>
 #include <utility>
 
 #include "core/log.hpp"
 #include "daemon/commit_path.hpp"
+#include "daemon/peers/group_parts.hpp"
 
 namespace cairn {
 
@@ -161,8 +160,9 @@ void GroupParts::on_assemble(AssembleMessage m, const std::string& from, bool re
       held = it != held_.end() && !it->second.parts.empty();
     }
     if (!held)
-      return fail_check(id, c, unavailable(quoted(id) + " was not created: the parts committed here were dropped "
-                                                          "meanwhile"));
+      return fail_check(id, c,
+                        unavailable(quoted(id) + " was not created: the parts committed here were dropped "
+                                                 "meanwhile"));
   }
   if (c.waiting.empty()) return register_model(std::move(c));
   const std::set<std::string> ask = c.waiting;
@@ -242,8 +242,8 @@ void GroupParts::on_flushed(const std::string& id, TicketBook::Outcome o) {
   // Gone here (the flusher dropped it): the holders' tickets fail, and every member drops it
   // from its view of the job's catalog (it was announced).
   m.phase = PartPhase::kFailed;
-  m.error = Status(o.error.code(), quoted(id) + " is lost: it could not be written to the repository: " +
-                                       o.error.message());
+  m.error =
+      Status(o.error.code(), quoted(id) + " is lost: it could not be written to the repository: " + o.error.message());
   std::set<std::string> to(r.holders.begin(), r.holders.end());
   for (const std::string& member : t_.members()) to.insert(member);
   for (const std::string& member : to) send_state(member, m);
@@ -279,8 +279,10 @@ void GroupParts::on_ack(const PartAckMessage& m, const std::string& from) {
   if (std::find(r.holders.begin(), r.holders.end(), from) == r.holders.end()) return;
   {
     cairn::MutexLock lock(mu_);
-    if (m.ok) r.local_done.insert(from);
-    else r.local_failed = true;
+    if (m.ok)
+      r.local_done.insert(from);
+    else
+      r.local_failed = true;
     if (r.local_failed || r.local_reported || r.local_done.size() != r.holders.size()) return;
     r.local_reported = true;
   }

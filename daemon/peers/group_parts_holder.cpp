@@ -2,13 +2,12 @@
 // placed and hashed where it arrives (CommitPath::commit_group_part), held here and described to the
 // model's home; then its tickets follow what the home and the registrar report, and its chunks go
 // back once the model is in the repository or failed.
-#include "daemon/peers/group_parts.hpp"
-
 #include <algorithm>
 #include <utility>
 
 #include "core/log.hpp"
 #include "daemon/flusher.hpp"
+#include "daemon/peers/group_parts.hpp"
 #include "daemon/peers/peer_catalog.hpp"
 #include "tiers/dram/dram_tier.hpp"
 #include "tiers/tier_manager.hpp"
@@ -23,8 +22,9 @@ Status GroupParts::reserve_part(const std::string& id, uint32_t index, uint32_t 
   cairn::MutexLock lock(mu_);
   Held& h = held_[id];
   if (h.registered) {
-    return already_exists(quoted(id) + " already exists: its parts were assembled (model ids are immutable; choose a "
-                                       "new id)");
+    return already_exists(quoted(id) +
+                          " already exists: its parts were assembled (model ids are immutable; choose a "
+                          "new id)");
   }
   if (h.parts.count(index) || h.placing.count(index))
     return invalid_argument(quoted(id) + ", part " + std::to_string(index) + " of " + std::to_string(of) +
@@ -50,8 +50,8 @@ void GroupParts::hold(PartMessage part, uint64_t ticket, std::vector<ChunkRef> p
   const std::string home_now = t_.home(id);
   // A part may reach the home up to its timeout after the first; then messages and the
   // registration: past this, the home or the registrar is presumed gone.
-  const auto deadline = Clock::now() + std::chrono::milliseconds(part.timeout_ms) + 2 * p_.peer_timeout +
-                        std::chrono::seconds(2);
+  const auto deadline =
+      Clock::now() + std::chrono::milliseconds(part.timeout_ms) + 2 * p_.peer_timeout + std::chrono::seconds(2);
   std::string home;
   {
     cairn::MutexLock lock(mu_);
@@ -65,9 +65,11 @@ void GroupParts::hold(PartMessage part, uint64_t ticket, std::vector<ChunkRef> p
   }
   post([this, id, index, home, body = encode_part(part)]() mutable {
     Status st = send(home, PeerMsg::kPart, std::move(body));
-    if (!st.is_ok()) fail_held(id, failed_because(id, st.with_context("sending part " + std::to_string(index) +
-                                                                      " to member " + home + ", its home")),
-                               {index});
+    if (!st.is_ok())
+      fail_held(id,
+                failed_because(
+                    id, st.with_context("sending part " + std::to_string(index) + " to member " + home + ", its home")),
+                {index});
   });
   cv_.notify_all();
 }
@@ -123,7 +125,8 @@ void GroupParts::on_state(const PartStateMessage& m, const std::string& from) {
         for (auto& [i, p] : h.parts) parts.push_back(std::move(p));
         held_.erase(it);
         break;
-      default: return;
+      default:
+        return;
     }
   }
   switch (m.phase) {
@@ -133,7 +136,8 @@ void GroupParts::on_state(const PartStateMessage& m, const std::string& from) {
       if (write && p_.burst_buffer) {
         {
           cairn::MutexLock lock(mu_);
-          io_tasks_.push_back([this, id = m.model, chunks = std::move(chunks), from] { write_local(id, chunks, from); });
+          io_tasks_.push_back(
+              [this, id = m.model, chunks = std::move(chunks), from] { write_local(id, chunks, from); });
         }
         cv_.notify_all();
       } else if (write) {
@@ -150,7 +154,8 @@ void GroupParts::on_state(const PartStateMessage& m, const std::string& from) {
       }
       cv_.notify_all();
       break;
-    default: break;
+    default:
+      break;
   }
 }
 

@@ -129,8 +129,9 @@ Result<std::string> read_secret(const std::string& path) {
     int err = errno;
     if (err == ENOENT) return not_found(path + " does not exist");
     if (err == ELOOP) {
-      return permission_denied(path + " is a symbolic link; the group's secret must be a regular file "
-                                      "(remove the group directory)");
+      return permission_denied(path +
+                               " is a symbolic link; the group's secret must be a regular file "
+                               "(remove the group directory)");
     }
     return errno_status("opening the group's secret " + path, err);
   }
@@ -141,8 +142,9 @@ Result<std::string> read_secret(const std::string& path) {
   struct stat st;
   if (::fstat(fd, &st) != 0) return errno_status("checking the group's secret " + path, errno);
   if (!S_ISREG(st.st_mode)) {
-    return permission_denied(path + " is not a regular file; the group's secret must be one (remove the group "
-                                    "directory)");
+    return permission_denied(path +
+                             " is not a regular file; the group's secret must be one (remove the group "
+                             "directory)");
   }
   if (st.st_uid != ::getuid()) {
     return permission_denied(path + " belongs to uid " + std::to_string(st.st_uid) + ", not this user (uid " +

@@ -27,8 +27,8 @@
 namespace cairn {
 
 struct MemberInfo {
-  std::string id;       // "m" + 16 hex digits, new at every start
-  std::string host;     // gethostname()
+  std::string id;    // "m" + 16 hex digits, new at every start
+  std::string host;  // gethostname()
   int64_t pid = 0;
   std::string address;  // the fabric address (raw bytes; hex in the file)
   int64_t started = 0;  // unix seconds
@@ -44,8 +44,7 @@ class Membership {
   // kInvalidArgument for an empty job, a job id with '/' or NUL, "." or "..", or one over 200
   // characters (naming peers.job), and for a timeout that is not positive.
   static Result<std::unique_ptr<Membership>> join(const std::string& rendezvous, const std::string& job,
-                                                  const std::string& fabric_address,
-                                                  std::chrono::milliseconds timeout);
+                                                  const std::string& fabric_address, std::chrono::milliseconds timeout);
   // Leaves (removes this member's file) unless leave() was called already.
   ~Membership();
   Membership(const Membership&) = delete;

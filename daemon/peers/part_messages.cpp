@@ -79,13 +79,22 @@ Result<PartStateMessage> decode_part_state(const json& j) {
   size_t p = 0;
   while (p < std::size(kPhases) && phase != kPhases[p]) ++p;
   if (p == std::size(kPhases))
-    return b.fault("phase: '" + phase.substr(0, 64) + "' is not one of delegated, check, memory, local, global, failed");
+    return b.fault("phase: '" + phase.substr(0, 64) +
+                   "' is not one of delegated, check, memory, local, global, failed");
   m.phase = static_cast<PartPhase>(p);
   switch (m.phase) {
-    case PartPhase::kDelegated: CAIRN_RETURN_IF_ERROR(b.fields({"model", "phase", "registrar"})); break;
-    case PartPhase::kMemory: CAIRN_RETURN_IF_ERROR(b.fields({"model", "phase", "durability"})); break;
-    case PartPhase::kFailed: CAIRN_RETURN_IF_ERROR(b.fields({"model", "phase", "code", "error"}, {"parts"})); break;
-    default: CAIRN_RETURN_IF_ERROR(b.fields({"model", "phase"})); break;
+    case PartPhase::kDelegated:
+      CAIRN_RETURN_IF_ERROR(b.fields({"model", "phase", "registrar"}));
+      break;
+    case PartPhase::kMemory:
+      CAIRN_RETURN_IF_ERROR(b.fields({"model", "phase", "durability"}));
+      break;
+    case PartPhase::kFailed:
+      CAIRN_RETURN_IF_ERROR(b.fields({"model", "phase", "code", "error"}, {"parts"}));
+      break;
+    default:
+      CAIRN_RETURN_IF_ERROR(b.fields({"model", "phase"}));
+      break;
   }
   CAIRN_ASSIGN_OR_RETURN(m.model, b.name("model"));
   if (m.phase == PartPhase::kDelegated) {
@@ -159,9 +168,12 @@ Result<PartAckMessage> decode_part_ack(const json& j) {
   PartAckMessage m;
   CAIRN_ASSIGN_OR_RETURN(m.model, b.name("model"));
   const json& w = j["what"];
-  if (w == "held") m.what = AckOf::kHeld;
-  else if (w == "local") m.what = AckOf::kLocal;
-  else return b.fault("what: expected \"held\" or \"local\"");
+  if (w == "held")
+    m.what = AckOf::kHeld;
+  else if (w == "local")
+    m.what = AckOf::kLocal;
+  else
+    return b.fault("what: expected \"held\" or \"local\"");
   if (!j["ok"].is_boolean()) return b.fault("ok: expected true or false");
   m.ok = j["ok"].get<bool>();
   return m;
@@ -177,9 +189,11 @@ Status round_trip(const json& body, Decode decode, Encode encode) {
   if (!first.is_ok()) return first.status();
   const json again = encode(*first);
   auto second = decode(again);
-  if (!second.is_ok()) return internal_error("a decoded part message does not decode again: " + second.status().message());
+  if (!second.is_ok())
+    return internal_error("a decoded part message does not decode again: " + second.status().message());
   // Compared by encoding (a NaN in metadata is not == itself).
-  if (json::to_cbor(encode(*second)) != json::to_cbor(again)) return internal_error("a part message changed in a round trip");
+  if (json::to_cbor(encode(*second)) != json::to_cbor(again))
+    return internal_error("a part message changed in a round trip");
   return Status::ok();
 }
 
@@ -188,11 +202,16 @@ Status round_trip(const json& body, Decode decode, Encode encode) {
 Status check_part_body(PeerMsg type, const json& body) {
   try {
     switch (type) {
-      case PeerMsg::kPart: return round_trip(body, decode_part, encode_part);
-      case PeerMsg::kPartState: return round_trip(body, decode_part_state, encode_part_state);
-      case PeerMsg::kAssemble: return round_trip(body, decode_assemble, encode_assemble);
-      case PeerMsg::kPartAck: return round_trip(body, decode_part_ack, encode_part_ack);
-      default: return Status::ok();
+      case PeerMsg::kPart:
+        return round_trip(body, decode_part, encode_part);
+      case PeerMsg::kPartState:
+        return round_trip(body, decode_part_state, encode_part_state);
+      case PeerMsg::kAssemble:
+        return round_trip(body, decode_assemble, encode_assemble);
+      case PeerMsg::kPartAck:
+        return round_trip(body, decode_part_ack, encode_part_ack);
+      default:
+        return Status::ok();
     }
   } catch (const std::exception& e) {
     return internal_error(std::string("a part message decoder threw: ") + e.what());

@@ -9,10 +9,9 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "core/status.hpp"
 #include "daemon/peers/peer_wire.hpp"
@@ -50,17 +49,17 @@ const char* part_phase_name(PartPhase phase);
 struct PartStateMessage {
   std::string model;
   PartPhase phase = PartPhase::kFailed;
-  std::string registrar;          // kDelegated: the member that registers the model
+  std::string registrar;                    // kDelegated: the member that registers the model
   Durability target = Durability::kMemory;  // kMemory: the model's (the weakest part's)
-  std::vector<uint32_t> parts;    // kFailed: only these parts failed (empty: every part the holder has)
-  Status error;                   // kFailed: not OK
+  std::vector<uint32_t> parts;              // kFailed: only these parts failed (empty: every part the holder has)
+  Status error;                             // kFailed: not OK
 };
 
 // assemble: the home -> the member that registers the model (the holder of the most bytes).
 struct AssembleMessage {
-  ModelManifest model;            // the whole manifest, tensors in part order
+  ModelManifest model;                          // the whole manifest, tensors in part order
   Durability durability = Durability::kGlobal;  // the weakest any part asked for
-  std::vector<std::string> part_holders;  // the member holding each part, by index (2 or more)
+  std::vector<std::string> part_holders;        // the member holding each part, by index (2 or more)
   // The distinct members of part_holders, in order of first appearance.
   std::vector<std::string> holders() const;
 };

@@ -13,7 +13,6 @@ namespace {
 
 constexpr size_t kMacBytes = 32;
 
-
 }  // namespace
 
 Result<HelloBody> decode_hello(const json& j) {
@@ -51,10 +50,14 @@ Result<LookupReplyBody> decode_lookup_reply(const json& j) {
   LookupReplyBody m;
   CAIRN_ASSIGN_OR_RETURN(m.req, b.u64("req"));
   CAIRN_ASSIGN_OR_RETURN(std::string verdict, b.text("verdict", 16));
-  if (verdict == "fetch") m.verdict = ChunkDirectory::Verdict::kFetch;
-  else if (verdict == "load") m.verdict = ChunkDirectory::Verdict::kLoad;
-  else if (verdict == "wait") m.verdict = ChunkDirectory::Verdict::kWait;
-  else return b.fault("verdict: '" + verdict + "' is not fetch, load or wait");
+  if (verdict == "fetch")
+    m.verdict = ChunkDirectory::Verdict::kFetch;
+  else if (verdict == "load")
+    m.verdict = ChunkDirectory::Verdict::kLoad;
+  else if (verdict == "wait")
+    m.verdict = ChunkDirectory::Verdict::kWait;
+  else
+    return b.fault("verdict: '" + verdict + "' is not fetch, load or wait");
   if (m.verdict == ChunkDirectory::Verdict::kFetch) {
     CAIRN_ASSIGN_OR_RETURN(m.holder, b.member("holder"));
   } else {
@@ -156,24 +159,38 @@ Status decode_bye(const json& j) { return Body("bye", j).fields({}); }
 
 Status check_peer_body(PeerMsg type, const json& body) {
   switch (type) {
-    case PeerMsg::kHello: return decode_hello(body).status();
-    case PeerMsg::kHelloReply: return decode_hello_reply(body).status();
-    case PeerMsg::kLookup: return decode_lookup(body).status();
-    case PeerMsg::kLookupReply: return decode_lookup_reply(body).status();
+    case PeerMsg::kHello:
+      return decode_hello(body).status();
+    case PeerMsg::kHelloReply:
+      return decode_hello_reply(body).status();
+    case PeerMsg::kLookup:
+      return decode_lookup(body).status();
+    case PeerMsg::kLookupReply:
+      return decode_lookup_reply(body).status();
     case PeerMsg::kHave:
-    case PeerMsg::kDrop: return decode_chunks(type, body).status();
-    case PeerMsg::kGet: return decode_get(body).status();
-    case PeerMsg::kGetReply: return decode_get_reply(body).status();
-    case PeerMsg::kFetched: return decode_fetched(body).status();
-    case PeerMsg::kLoaded: return decode_loaded(body).status();
-    case PeerMsg::kCommit: return decode_commit(body).status();
-    case PeerMsg::kBye: return decode_bye(body);
-    case PeerMsg::kStage: return decode_stage(body).status();
-    case PeerMsg::kStageReply: return decode_stage_reply(body).status();
+    case PeerMsg::kDrop:
+      return decode_chunks(type, body).status();
+    case PeerMsg::kGet:
+      return decode_get(body).status();
+    case PeerMsg::kGetReply:
+      return decode_get_reply(body).status();
+    case PeerMsg::kFetched:
+      return decode_fetched(body).status();
+    case PeerMsg::kLoaded:
+      return decode_loaded(body).status();
+    case PeerMsg::kCommit:
+      return decode_commit(body).status();
+    case PeerMsg::kBye:
+      return decode_bye(body);
+    case PeerMsg::kStage:
+      return decode_stage(body).status();
+    case PeerMsg::kStageReply:
+      return decode_stage_reply(body).status();
     case PeerMsg::kPart:
     case PeerMsg::kPartState:
     case PeerMsg::kAssemble:
-    case PeerMsg::kPartAck: return check_part_body(type, body);
+    case PeerMsg::kPartAck:
+      return check_part_body(type, body);
   }
   return protocol_error("peer message: unknown type " + std::to_string(static_cast<int>(type)));
 }

@@ -10,11 +10,10 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "core/hash.hpp"
 #include "core/status.hpp"
@@ -27,51 +26,51 @@ namespace cairn {
 inline constexpr size_t kHelloNonceBytes = 16;
 inline constexpr size_t kMaxPublishedAddressBytes = 4096;
 
-struct HelloBody {                 // hello {nonce, address}
-  std::string nonce;               // raw, kHelloNonceBytes
-  std::string address;             // raw published address (both endpoints'), 3..kMaxPublishedAddressBytes
+struct HelloBody {      // hello {nonce, address}
+  std::string nonce;    // raw, kHelloNonceBytes
+  std::string address;  // raw published address (both endpoints'), 3..kMaxPublishedAddressBytes
 };
-struct HelloReplyBody {            // hello_reply {nonce, answer}
-  std::string nonce;               // raw, kHelloNonceBytes
-  std::string answer;              // raw HMAC-SHA256, 32 bytes
+struct HelloReplyBody {  // hello_reply {nonce, answer}
+  std::string nonce;     // raw, kHelloNonceBytes
+  std::string answer;    // raw HMAC-SHA256, 32 bytes
 };
-struct LookupBody {                // lookup {req, chunk, length}
+struct LookupBody {  // lookup {req, chunk, length}
   uint64_t req = 0;
   ChunkHash chunk;
   uint64_t length = 0;
 };
-struct LookupReplyBody {           // lookup_reply {req, verdict, holder, chunk?}
+struct LookupReplyBody {  // lookup_reply {req, verdict, holder, chunk?}
   uint64_t req = 0;
   ChunkDirectory::Verdict verdict = ChunkDirectory::Verdict::kLoad;
   std::string holder;              // a member id for kFetch; may be empty otherwise
   std::optional<ChunkHash> chunk;  // absent in the "not verified yet" answer
 };
-struct ChunksBody {                // have / drop {chunks}
+struct ChunksBody {  // have / drop {chunks}
   std::vector<ChunkHash> chunks;
 };
-struct GetBody {                   // get {req, chunk, length, tag}
+struct GetBody {  // get {req, chunk, length, tag}
   uint64_t req = 0;
   ChunkHash chunk;
   uint64_t length = 0;
-  uint64_t tag = 0;                // has Fabric::kBodyTagBit
+  uint64_t tag = 0;  // has Fabric::kBodyTagBit
 };
-struct GetReplyBody {              // get_reply {req, error}
+struct GetReplyBody {  // get_reply {req, error}
   uint64_t req = 0;
   std::string error;
 };
-struct FetchedBody {               // fetched {chunk, holder}
+struct FetchedBody {  // fetched {chunk, holder}
   ChunkHash chunk;
   std::string holder;
 };
-struct LoadedBody {                // loaded {chunk, ok}
+struct LoadedBody {  // loaded {chunk, ok}
   ChunkHash chunk;
   bool ok = false;
 };
-struct StageBody {                 // stage {req, model}
+struct StageBody {  // stage {req, model}
   uint64_t req = 0;
   std::string model;
 };
-struct StageReplyBody {            // stage_reply {req, ok, seconds, bytes? (ok), error? (not ok)}
+struct StageReplyBody {  // stage_reply {req, ok, seconds, bytes? (ok), error? (not ok)}
   uint64_t req = 0;
   bool ok = false;
   uint64_t bytes = 0;

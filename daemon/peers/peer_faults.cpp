@@ -23,12 +23,18 @@ Status PeerService::Impl::set_faults(const char* spec) {
     const std::string_view hook = rest.substr(0, comma);
     rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
     if (hook.empty()) continue;
-    if (hook == "corrupt_bodies") corrupt_bodies = true;
-    else if (hook == "replay") fault_replay = true;
-    else if (hook == "forge") fault_forge = true;
-    else if (hook == "garbage_bodies") fault_garbage = true;
-    else if (hook == "late_bodies") fault_late_bodies = true;
-    else if (hook == "no_drain") fault_no_drain = true;
+    if (hook == "corrupt_bodies")
+      corrupt_bodies = true;
+    else if (hook == "replay")
+      fault_replay = true;
+    else if (hook == "forge")
+      fault_forge = true;
+    else if (hook == "garbage_bodies")
+      fault_garbage = true;
+    else if (hook == "late_bodies")
+      fault_late_bodies = true;
+    else if (hook == "no_drain")
+      fault_no_drain = true;
     else
       return invalid_argument("CAIRN_PEERS_FAULT: unknown hook '" + std::string(hook) +
                               "' (corrupt_bodies, replay, forge, garbage_bodies, late_bodies, no_drain; tests only)");
@@ -60,8 +66,11 @@ void PeerService::Impl::send_faults(const Outgoing& o) {
     // The same type, properly signed and numbered, every field of the wrong kind.
     const auto type = static_cast<PeerMsg>(o.frame[4]);
     Outgoing junk = make(o.to, o.handle, type,
-                         nlohmann::json{{"req", "not a number"}, {"chunk", 42}, {"nonce", nlohmann::json::array()},
-                                        {"model", nlohmann::json::object()}, {"garbage", true}});
+                         nlohmann::json{{"req", "not a number"},
+                                        {"chunk", 42},
+                                        {"nonce", nlohmann::json::array()},
+                                        {"model", nlohmann::json::object()},
+                                        {"garbage", true}});
     junk.via_data = o.via_data;
     extra.push_back(std::move(junk));
     // And random bytes of a random length, up to the largest control message: not a frame at all.
@@ -83,8 +92,10 @@ void PeerService::Impl::send_faults(const Outgoing& o) {
         extra.push_back(std::move(moved));
       }
     }
-    if (fault_sent.size() < kReplayRing) fault_sent.push_back(o);
-    else fault_sent[fault_frames.load() % kReplayRing] = o;
+    if (fault_sent.size() < kReplayRing)
+      fault_sent.push_back(o);
+    else
+      fault_sent[fault_frames.load() % kReplayRing] = o;
   }
   for (const Outgoing& e : extra) {
     ++fault_frames;

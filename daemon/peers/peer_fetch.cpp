@@ -41,8 +41,8 @@ Status PeerService::Impl::fetch(const ChunkRef& ref, void* dst) {
       auto a = directory.lookup(ref.hash, self, req, PClock::now());
       if (a.verdict != ChunkDirectory::Verdict::kWait) deliver(a, out);
     } else {
-      auto o = to_member(home_id, PeerMsg::kLookup,
-                         json{{"req", req}, {"chunk", ref.hash.hex()}, {"length", ref.length}});
+      auto o =
+          to_member(home_id, PeerMsg::kLookup, json{{"req", req}, {"chunk", ref.hash.hex()}, {"length", ref.length}});
       if (!o || !members[home_id].verified) {
         pendings.erase(req);
         return not_found("peer group: the home of chunk " + ref.hash.hex() + " (" + home_id + ") is not verified yet");
@@ -66,7 +66,8 @@ Status PeerService::Impl::fetch(const ChunkRef& ref, void* dst) {
     Status st = fetch_from(lock, holder, ref, dst);
     // 3. Tell the home the fetch is over (its load count for the holder).
     out.clear();
-    if (home_id == self) deliver_all(directory.fetch_done(ref.hash, holder, self, PClock::now()), out);
+    if (home_id == self)
+      deliver_all(directory.fetch_done(ref.hash, holder, self, PClock::now()), out);
     else if (auto o = to_member(home_id, PeerMsg::kFetched, json{{"chunk", ref.hash.hex()}, {"holder", holder}}))
       out.push_back(std::move(*o));
     if (st.is_ok()) {
@@ -87,7 +88,8 @@ Status PeerService::Impl::fetch(const ChunkRef& ref, void* dst) {
   return last;
 }
 
-Status PeerService::Impl::fetch_from(cairn::MutexLock& lock, const std::string& holder, const ChunkRef& ref, void* dst) {
+Status PeerService::Impl::fetch_from(cairn::MutexLock& lock, const std::string& holder, const ChunkRef& ref,
+                                     void* dst) {
   auto it = members.find(holder);
   if (it == members.end() || !it->second.reachable)
     return unavailable("peer group: holder " + holder + " of chunk " + ref.hash.hex() + " is gone");
@@ -149,8 +151,8 @@ Status PeerService::Impl::fetch_from(cairn::MutexLock& lock, const std::string& 
   }
   if (p->bytes != ref.length || hash_bytes(dst, ref.length) != ref.hash) {
     ++bad_bodies;
-    CAIRN_LOG_WARN("peers: member {} sent chunk {} with wrong bytes ({} of {} bytes): dropped", holder,
-                   ref.hash.hex(), p->bytes, ref.length);
+    CAIRN_LOG_WARN("peers: member {} sent chunk {} with wrong bytes ({} of {} bytes): dropped", holder, ref.hash.hex(),
+                   p->bytes, ref.length);
     return corruption("peer group: chunk " + ref.hash.hex() + " from " + holder + " fails its hash");
   }
   return Status::ok();

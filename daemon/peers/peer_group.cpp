@@ -9,8 +9,10 @@ PeerGroup resolve_peer_group(const Config& config) {
   PeerGroup g;
   std::string job = config.peers.job;
   if (job.empty()) {
-    if (const char* s = std::getenv("SLURM_JOB_ID"); s && *s) job = s;
-    else if (const char* p = std::getenv("PBS_JOBID"); p && *p) job = p;
+    if (const char* s = std::getenv("SLURM_JOB_ID"); s && *s)
+      job = s;
+    else if (const char* p = std::getenv("PBS_JOBID"); p && *p)
+      job = p;
   }
   if (job == "none") job.clear();
   g.job = job;

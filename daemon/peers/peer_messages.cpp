@@ -21,9 +21,12 @@ namespace {
 
 const char* verdict_name(ChunkDirectory::Verdict v) {
   switch (v) {
-    case ChunkDirectory::Verdict::kFetch: return "fetch";
-    case ChunkDirectory::Verdict::kLoad: return "load";
-    case ChunkDirectory::Verdict::kWait: return "wait";
+    case ChunkDirectory::Verdict::kFetch:
+      return "fetch";
+    case ChunkDirectory::Verdict::kLoad:
+      return "load";
+    case ChunkDirectory::Verdict::kWait:
+      return "wait";
   }
   return "?";
 }
@@ -84,9 +87,10 @@ bool PeerService::Impl::admit(const PeerMessage& m) {
   const auto now = PClock::now();
   if (now - last_replay_log > std::chrono::seconds(5)) {
     last_replay_log = now;
-    CAIRN_LOG_WARN("peers: refused a {} message from member {} (seq {}, to {}): {}; a replayed or misdirected frame "
-                   "(replayed: {}, misaddressed: {} so far)",
-                   peer_msg_name(m.type), m.from, m.seq, m.to, why, replayed_frames, misaddressed_frames);
+    CAIRN_LOG_WARN(
+        "peers: refused a {} message from member {} (seq {}, to {}): {}; a replayed or misdirected frame "
+        "(replayed: {}, misaddressed: {} so far)",
+        peer_msg_name(m.type), m.from, m.seq, m.to, why, replayed_frames, misaddressed_frames);
   }
   return false;
 }
@@ -172,8 +176,8 @@ void PeerService::Impl::on_message(std::span<const uint8_t> frame) {
                            json{{"req", q->req}, {"verdict", "load"}, {"holder", ""}}));
     if (m.type == PeerMsg::kGet)
       if (auto g = readable(*this, m, decode_get(m.body)))
-        out.push_back(make(m.from, mem.handle, PeerMsg::kGetReply,
-                           json{{"req", g->req}, {"error", "not verified yet"}}));
+        out.push_back(
+            make(m.from, mem.handle, PeerMsg::kGetReply, json{{"req", g->req}, {"error", "not verified yet"}}));
     if (PClock::now() - mem.hello_at > std::chrono::milliseconds(200)) greet(mem, out);
     lock.unlock();
     send(out);
@@ -210,7 +214,8 @@ void PeerService::Impl::handle_verified(Member& mem, PeerMessage& m, std::vector
         // Too late: the reader gave up. A fetch slot it was given goes back to the home; a load it
         // was told to do, the home hands on.
         if (r.chunk && r.verdict == ChunkDirectory::Verdict::kFetch)
-          out.push_back(make(m.from, mem.handle, PeerMsg::kFetched, json{{"chunk", r.chunk->hex()}, {"holder", r.holder}}));
+          out.push_back(
+              make(m.from, mem.handle, PeerMsg::kFetched, json{{"chunk", r.chunk->hex()}, {"holder", r.holder}}));
         if (r.chunk && r.verdict == ChunkDirectory::Verdict::kLoad)
           out.push_back(make(m.from, mem.handle, PeerMsg::kLoaded, json{{"chunk", r.chunk->hex()}, {"ok", false}}));
         break;
@@ -226,8 +231,10 @@ void PeerService::Impl::handle_verified(Member& mem, PeerMessage& m, std::vector
       auto list = readable(*this, m, decode_chunks(m.type, m.body));
       if (!list) break;
       for (const ChunkHash& h : list->chunks) {
-        if (m.type == PeerMsg::kHave) deliver_all(directory.add_holder(h, m.from, now), out);
-        else directory.remove_holder(h, m.from);
+        if (m.type == PeerMsg::kHave)
+          deliver_all(directory.add_holder(h, m.from, now), out);
+        else
+          directory.remove_holder(h, m.from);
       }
       break;
     }
@@ -289,7 +296,8 @@ void PeerService::Impl::handle_verified(Member& mem, PeerMessage& m, std::vector
       forget(m.from, out);
       break;
     }
-    default: break;
+    default:
+      break;
   }
 }
 
@@ -395,9 +403,10 @@ void PeerService::Impl::release_stale_sends() {
   }
   for (uint64_t tag : expired) data->cancel_body_receive(tag);  // a drain that took a body is gone already
   for (const ChunkHash& h : stale) {
-    CAIRN_LOG_WARN("peers: the send of chunk {} to a member did not complete in {} ms (the member gave up or "
-                   "died): its arena space is no longer held for it",
-                   h.hex(), kServeHoldTimeouts * opts.timeout.count());
+    CAIRN_LOG_WARN(
+        "peers: the send of chunk {} to a member did not complete in {} ms (the member gave up or "
+        "died): its arena space is no longer held for it",
+        h.hex(), kServeHoldTimeouts * opts.timeout.count());
     dram.unpin(h);
   }
 }

@@ -3,13 +3,12 @@
 // The messages are in peer_messages.cpp, a reader's fetch in peer_fetch.cpp.
 #include "daemon/peers/peer_service.hpp"
 
-#include "daemon/peers/peer_service_impl.hpp"
-
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
 #include "daemon/peers/crypto.hpp"
+#include "daemon/peers/peer_service_impl.hpp"
 
 namespace cairn {
 
@@ -35,8 +34,10 @@ void PeerService::Impl::flush_announcements(std::vector<std::pair<ChunkHash, boo
   for (const auto& [h, resident] : batch) {
     std::string home_id = home(h);
     if (home_id == self) {
-      if (resident) deliver_all(directory.add_holder(h, self, now), out);
-      else directory.remove_holder(h, self);
+      if (resident)
+        deliver_all(directory.add_holder(h, self, now), out);
+      else
+        directory.remove_holder(h, self);
       continue;
     }
     auto& [have, drop] = per_home[home_id];
@@ -70,10 +71,12 @@ std::string PeerService::Impl::published_address() const {
 
 bool PeerService::Impl::reach(Member& mem, const std::string& published) {
   const size_t n = published.size() < 2 ? 0
-                                        : static_cast<uint8_t>(published[0]) | (static_cast<size_t>(static_cast<uint8_t>(published[1])) << 8);
+                                        : static_cast<uint8_t>(published[0]) |
+                                              (static_cast<size_t>(static_cast<uint8_t>(published[1])) << 8);
   if (published.size() < 2 || n == 0 || n + 2 >= published.size()) {
-    CAIRN_LOG_WARN("peers: member {} published an address this daemon cannot read ({} bytes): a cairnd of another version?",
-                   mem.info.id, published.size());
+    CAIRN_LOG_WARN(
+        "peers: member {} published an address this daemon cannot read ({} bytes): a cairnd of another version?",
+        mem.info.id, published.size());
     return false;
   }
   auto c = fabric->add_peer(published.substr(2, n));
@@ -153,16 +156,13 @@ void PeerService::Impl::service_loop() {
     }
     if (!batch.empty()) flush_announcements(batch);
     // The job's catalog, in the order the messages came.
-    for (auto& [model, member] : models)
-      events->model_announced(std::move(model), member);
+    for (auto& [model, member] : models) events->model_announced(std::move(model), member);
     models.clear();
     // Multi-part models across the group: after the models announced before them (a holder told
     // that a model is registered finds it in its catalog), before a goodbye that followed them.
-    for (IncomingPart& p : parts)
-      events->part_message(p.type, std::move(p.body), p.member);
+    for (IncomingPart& p : parts) events->part_message(p.type, std::move(p.body), p.member);
     parts.clear();
-    for (const std::string& member : gone)
-      events->member_left(member);
+    for (const std::string& member : gone) events->member_left(member);
     gone.clear();
     if (do_scan) {
       scan();
@@ -248,7 +248,8 @@ void PeerService::start(PeerEvents& events) {
   if (options.expect > 1) {
     cairn::MutexLock lock(raw->mu);
     auto deadline = PClock::now() + options.timeout;
-    raw->cv.wait_until(lock, deadline, [&]() CAIRN_REQUIRES(raw->mu) { return raw->verified_count() + 1 >= options.expect; });
+    raw->cv.wait_until(lock, deadline,
+                       [&]() CAIRN_REQUIRES(raw->mu) { return raw->verified_count() + 1 >= options.expect; });
     if (raw->verified_count() + 1 < options.expect)
       CAIRN_LOG_WARN("peers: {} of the {} expected members are there after {} ms; going on", raw->verified_count() + 1,
                      options.expect, options.timeout.count());
@@ -335,13 +336,15 @@ Status PeerService::send_part_message(const std::string& member, PeerMsg type, j
       return unavailable("peer " + member + " is not a verified member of the group (any more)");
     Outgoing o = s.make(member, it->second.handle, type, std::move(body));
     if (o.frame.size() > Fabric::kMaxControlBytes)
-      return invalid_argument(std::string("a ") + peer_msg_name(type) + " message of " + std::to_string(o.frame.size()) +
-                              " bytes exceeds one peer control message (" + std::to_string(Fabric::kMaxControlBytes) +
+      return invalid_argument(std::string("a ") + peer_msg_name(type) + " message of " +
+                              std::to_string(o.frame.size()) + " bytes exceeds one peer control message (" +
+                              std::to_string(Fabric::kMaxControlBytes) +
                               " bytes): too many tensors or chunks in one part");
     out.push_back(std::move(o));
   }
   Status st = s.fabric->send_control(out[0].handle, out[0].frame);
-  if (!st.is_ok()) return st.with_context(std::string("sending a ") + peer_msg_name(type) + " message to peer " + member);
+  if (!st.is_ok())
+    return st.with_context(std::string("sending a ") + peer_msg_name(type) + " message to peer " + member);
   return Status::ok();
 }
 
@@ -374,33 +377,33 @@ json PeerService::status() const {
                        {"refused", m.refused},
                        {"replayed", m.replayed}});
   json out{{"enabled", true},
-              {"job", s.opts.job},
-              {"rendezvous", s.membership->directory()},
-              {"provider", s.fabric->provider()},
-              {"self", s.self},
-              {"members", members},
-              {"directory_entries", s.directory.entries()},
-              {"fetched_chunks", s.fetched_chunks},
-              {"fetched_bytes", s.fetched_bytes},
-              {"served_chunks", s.served_chunks},
-              {"served_bytes", s.served_bytes},
-              {"stages_served", s.stages_served},
-              {"bad_bodies", s.bad_bodies},
-              {"loads_assigned", s.loads_assigned},
-              {"timeouts", s.peer_timeouts},
-              {"abandoned_sends", s.abandoned_sends},
-              {"late_bodies_drained", s.late_bodies_drained},
-              {"sends_in_flight", std::count_if(s.serving.begin(), s.serving.end(),
-                                                [](const auto& b) { return !b.released->load(); })},
-              {"refused_frames", s.refused_frames},
-              {"replayed_frames", s.replayed_frames},
-              {"misaddressed_frames", s.misaddressed_frames},
-              {"malformed_bodies", s.malformed_bodies},
-              {"models_announced", s.models_announced},
-              {"models_received", s.models_received},
-              {"models_too_large", s.models_too_large},
-              {"fabric", s.fabric->stats()},
-              {"data_fabric", s.data->stats()}};
+           {"job", s.opts.job},
+           {"rendezvous", s.membership->directory()},
+           {"provider", s.fabric->provider()},
+           {"self", s.self},
+           {"members", members},
+           {"directory_entries", s.directory.entries()},
+           {"fetched_chunks", s.fetched_chunks},
+           {"fetched_bytes", s.fetched_bytes},
+           {"served_chunks", s.served_chunks},
+           {"served_bytes", s.served_bytes},
+           {"stages_served", s.stages_served},
+           {"bad_bodies", s.bad_bodies},
+           {"loads_assigned", s.loads_assigned},
+           {"timeouts", s.peer_timeouts},
+           {"abandoned_sends", s.abandoned_sends},
+           {"late_bodies_drained", s.late_bodies_drained},
+           {"sends_in_flight",
+            std::count_if(s.serving.begin(), s.serving.end(), [](const auto& b) { return !b.released->load(); })},
+           {"refused_frames", s.refused_frames},
+           {"replayed_frames", s.replayed_frames},
+           {"misaddressed_frames", s.misaddressed_frames},
+           {"malformed_bodies", s.malformed_bodies},
+           {"models_announced", s.models_announced},
+           {"models_received", s.models_received},
+           {"models_too_large", s.models_too_large},
+           {"fabric", s.fabric->stats()},
+           {"data_fabric", s.data->stats()}};
   if (s.fault_replay || s.fault_forge || s.fault_garbage) out["fault_frames_sent"] = s.fault_frames.load();
   return out;
 }

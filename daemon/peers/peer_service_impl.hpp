@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <span>
 #include <string>
@@ -22,9 +23,8 @@
 #include <utility>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "core/log.hpp"
+#include "core/sync.hpp"
 #include "daemon/peers/directory.hpp"
 #include "daemon/peers/membership.hpp"
 #include "daemon/peers/peer_bodies.hpp"
@@ -34,7 +34,6 @@
 #include "policy/placement.hpp"
 #include "tiers/peer/fabric.hpp"
 #include "tiers/pfs/manifest.hpp"
-#include "core/sync.hpp"
 
 namespace cairn {
 
@@ -45,11 +44,11 @@ struct PeerService::Impl {
   // One member other than this one.
   struct Member {
     MemberInfo info;
-    uint64_t handle = 0;        // on the control endpoint
-    uint64_t data_handle = 0;   // on the data endpoint (chunk bodies)
-    bool reachable = false;     // in both address vectors
-    bool verified = false;      // answered this member's challenge
-    std::string nonce;          // the challenge this member sent it
+    uint64_t handle = 0;       // on the control endpoint
+    uint64_t data_handle = 0;  // on the data endpoint (chunk bodies)
+    bool reachable = false;    // in both address vectors
+    bool verified = false;     // answered this member's challenge
+    std::string nonce;         // the challenge this member sent it
     PClock::time_point hello_at{};
     uint64_t bytes_sent = 0, bytes_received = 0, chunks_served = 0, chunks_fetched = 0, refused = 0;
     uint64_t replayed = 0;  // its frames refused as replayed, too old or addressed to another member
@@ -80,22 +79,22 @@ struct PeerService::Impl {
   std::string self;
   std::string secret;
   // Test hooks (CAIRN_PEERS_FAULT, a comma-separated list; docs/peers.md "Test hooks"), set at start:
-  bool corrupt_bodies = false;  // corrupt_bodies: a faulty holder flips a byte of every chunk it sends
-  bool fault_replay = false;    // replay: with each frame, resends an earlier one verbatim (to its own
-                                // receiver, and to this frame's receiver when that is another member)
-  bool fault_forge = false;     // forge: with each frame, sends a copy altered after signing and one
-                                // signed with another secret
-  bool fault_garbage = false;   // garbage_bodies: with each frame, a well-signed frame of the same type
-                                // whose body no decoder accepts, and random bytes (not a frame)
+  bool corrupt_bodies = false;     // corrupt_bodies: a faulty holder flips a byte of every chunk it sends
+  bool fault_replay = false;       // replay: with each frame, resends an earlier one verbatim (to its own
+                                   // receiver, and to this frame's receiver when that is another member)
+  bool fault_forge = false;        // forge: with each frame, sends a copy altered after signing and one
+                                   // signed with another secret
+  bool fault_garbage = false;      // garbage_bodies: with each frame, a well-signed frame of the same type
+                                   // whose body no decoder accepts, and random bytes (not a frame)
   bool fault_late_bodies = false;  // late_bodies: a holder sends each body 1.5 timeouts late (the
                                    // readers have given up: delayed_bodies, sent by the service thread)
   bool fault_no_drain = false;     // no_drain: a reader that timed out leaves no drain (drain_late_body),
                                    // as one that died: the holder's send never completes
 
   mutable cairn::Mutex mu;
-  cairn::CondVar cv;           // pendings, expect
+  cairn::CondVar cv;                                           // pendings, expect
   std::map<std::string, Member> members CAIRN_GUARDED_BY(mu);  // without self
-  std::vector<std::string> ids CAIRN_GUARDED_BY(mu);  // live member ids, self included, sorted
+  std::vector<std::string> ids CAIRN_GUARDED_BY(mu);           // live member ids, self included, sorted
   ChunkDirectory directory CAIRN_GUARDED_BY(mu);
   std::unordered_map<uint64_t, Pending> pendings CAIRN_GUARDED_BY(mu);
   uint64_t next_request CAIRN_GUARDED_BY(mu) = 1;
@@ -296,12 +295,11 @@ struct PeerService::Impl {
   }
   // Waits for a pending request; returns it (removed) or nullopt on timeout (removed too).
   // Waits on cv with `lock` (on mu); the analysis checks the callers, not the body (see fetch_from).
-  std::optional<Pending> wait(cairn::MutexLock& lock, uint64_t req, PClock::time_point deadline) CAIRN_REQUIRES(mu)
-      CAIRN_NO_THREAD_SAFETY_ANALYSIS;
+  std::optional<Pending> wait(cairn::MutexLock& lock, uint64_t req, PClock::time_point deadline)
+      CAIRN_REQUIRES(mu) CAIRN_NO_THREAD_SAFETY_ANALYSIS;
 
   // PeerService::fetch: ask the home, then fetch from the holder it names (peer_service.hpp).
   Status fetch(const ChunkRef& ref, void* dst);
-
 
   // One body from holder into dst, verified. It drops `lock` (on mu) while it waits and takes it again,
   // which the analysis cannot follow through a lock passed in: its callers are checked, its body is not.

@@ -31,8 +31,10 @@ void PeerService::Impl::serve_stage(Member& mem, const StageBody& stage) {
     Result<uint64_t> r = events->stage(model);
     const double seconds = std::chrono::duration<double>(PClock::now() - t0).count();
     json reply{{"req", req}, {"ok", r.is_ok()}, {"seconds", seconds}};
-    if (r.is_ok()) reply["bytes"] = *r;
-    else reply["error"] = r.status().to_string().substr(0, 4000);  // peer_bodies.hpp: at most kMaxErrorBytes
+    if (r.is_ok())
+      reply["bytes"] = *r;
+    else
+      reply["error"] = r.status().to_string().substr(0, 4000);  // peer_bodies.hpp: at most kMaxErrorBytes
     std::vector<Outgoing> out;
     {
       cairn::MutexLock lock(mu);
@@ -50,14 +52,16 @@ void PeerService::Impl::stage_replied(const StageReplyBody& r) {
   auto p = pendings.find(r.req);
   if (p == pendings.end() || p->second.done) return;
   p->second.done = true;
-  if (r.ok) p->second.bytes = r.bytes;
-  else p->second.status = unavailable(r.error);
+  if (r.ok)
+    p->second.bytes = r.bytes;
+  else
+    p->second.status = unavailable(r.error);
   p->second.seconds = r.seconds;
   cv.notify_all();
 }
 
 json PeerService::stage_all(const std::string& model, PClock::time_point deadline,
-                           const std::function<void(size_t, size_t)>& on_answer) {
+                            const std::function<void(size_t, size_t)>& on_answer) {
   Impl& s = *impl_;
   std::vector<std::pair<std::string, uint64_t>> asked;
   std::vector<Outgoing> out;

@@ -78,32 +78,49 @@ class BoundedSax {
 
 const char* peer_msg_name(PeerMsg type) {
   switch (type) {
-    case PeerMsg::kHello: return "hello";
-    case PeerMsg::kHelloReply: return "hello_reply";
-    case PeerMsg::kLookup: return "lookup";
-    case PeerMsg::kLookupReply: return "lookup_reply";
-    case PeerMsg::kHave: return "have";
-    case PeerMsg::kDrop: return "drop";
-    case PeerMsg::kGet: return "get";
-    case PeerMsg::kGetReply: return "get_reply";
-    case PeerMsg::kFetched: return "fetched";
-    case PeerMsg::kLoaded: return "loaded";
-    case PeerMsg::kCommit: return "commit";
-    case PeerMsg::kBye: return "bye";
-    case PeerMsg::kStage: return "stage";
-    case PeerMsg::kStageReply: return "stage_reply";
-    case PeerMsg::kPart: return "part";
-    case PeerMsg::kPartState: return "part_state";
-    case PeerMsg::kAssemble: return "assemble";
-    case PeerMsg::kPartAck: return "part_ack";
+    case PeerMsg::kHello:
+      return "hello";
+    case PeerMsg::kHelloReply:
+      return "hello_reply";
+    case PeerMsg::kLookup:
+      return "lookup";
+    case PeerMsg::kLookupReply:
+      return "lookup_reply";
+    case PeerMsg::kHave:
+      return "have";
+    case PeerMsg::kDrop:
+      return "drop";
+    case PeerMsg::kGet:
+      return "get";
+    case PeerMsg::kGetReply:
+      return "get_reply";
+    case PeerMsg::kFetched:
+      return "fetched";
+    case PeerMsg::kLoaded:
+      return "loaded";
+    case PeerMsg::kCommit:
+      return "commit";
+    case PeerMsg::kBye:
+      return "bye";
+    case PeerMsg::kStage:
+      return "stage";
+    case PeerMsg::kStageReply:
+      return "stage_reply";
+    case PeerMsg::kPart:
+      return "part";
+    case PeerMsg::kPartState:
+      return "part_state";
+    case PeerMsg::kAssemble:
+      return "assemble";
+    case PeerMsg::kPartAck:
+      return "part_ack";
   }
   return "unknown";
 }
 
 std::vector<uint8_t> encode_peer_message(const PeerMessage& message, const std::string& secret) {
   const std::vector<uint8_t> body = Json::to_cbor(message.body);
-  std::vector<uint8_t> out(
-      kPeerHeaderBytes + message.from.size() + message.to.size() + body.size() + kPeerMacBytes, 0);
+  std::vector<uint8_t> out(kPeerHeaderBytes + message.from.size() + message.to.size() + body.size() + kPeerMacBytes, 0);
   uint8_t* p = out.data();
   std::memcpy(p, kMagic, 4);
   p[4] = static_cast<uint8_t>(message.type);

@@ -49,7 +49,7 @@ class RemoteModels {
   mutable std::mutex mu_;
   std::unordered_map<std::string, std::pair<std::shared_ptr<const ModelManifest>, std::string>> models_;
   std::unordered_map<std::string, int64_t> removed_;  // id -> when it was seen removed (wall ns)
-  std::deque<std::string> removed_order_;                // oldest first, for the bound
+  std::deque<std::string> removed_order_;             // oldest first, for the bound
 };
 
 }  // namespace cairn

@@ -32,8 +32,9 @@ ReplayWindow::Verdict ReplayGuard::accept(const std::string& sender, uint64_t se
   if (it == windows_.end()) {
     if (seq == 0) return ReplayWindow::Verdict::kTooOld;  // nothing to remember
     if (windows_.size() >= max_senders_ && !windows_.empty()) {
-      auto oldest = std::min_element(windows_.begin(), windows_.end(),
-                                     [](const auto& a, const auto& b) { return a.second.last_used < b.second.last_used; });
+      auto oldest = std::min_element(windows_.begin(), windows_.end(), [](const auto& a, const auto& b) {
+        return a.second.last_used < b.second.last_used;
+      });
       windows_.erase(oldest);
     }
     it = windows_.emplace(sender, Entry{}).first;
@@ -44,9 +45,12 @@ ReplayWindow::Verdict ReplayGuard::accept(const std::string& sender, uint64_t se
 
 const char* replay_verdict_name(ReplayWindow::Verdict v) {
   switch (v) {
-    case ReplayWindow::Verdict::kNew: return "new";
-    case ReplayWindow::Verdict::kReplayed: return "a replay (seen before)";
-    case ReplayWindow::Verdict::kTooOld: return "too old (below the sender's window)";
+    case ReplayWindow::Verdict::kNew:
+      return "new";
+    case ReplayWindow::Verdict::kReplayed:
+      return "a replay (seen before)";
+    case ReplayWindow::Verdict::kTooOld:
+      return "too old (below the sender's window)";
   }
   return "?";
 }

@@ -74,9 +74,21 @@ typedef enum { CAIRN_STATUS_LIST(CAIRN_STATUS_C_ENUM_) } cairn_status;
 
 /* The dtypes of safetensors, in this order (the values are part of the ABI). */
 typedef enum {
-  CAIRN_DTYPE_F64, CAIRN_DTYPE_F32, CAIRN_DTYPE_F16, CAIRN_DTYPE_BF16, CAIRN_DTYPE_F8_E4M3,
-  CAIRN_DTYPE_F8_E5M2, CAIRN_DTYPE_I64, CAIRN_DTYPE_I32, CAIRN_DTYPE_I16, CAIRN_DTYPE_I8,
-  CAIRN_DTYPE_U64, CAIRN_DTYPE_U32, CAIRN_DTYPE_U16, CAIRN_DTYPE_U8, CAIRN_DTYPE_BOOL
+  CAIRN_DTYPE_F64,
+  CAIRN_DTYPE_F32,
+  CAIRN_DTYPE_F16,
+  CAIRN_DTYPE_BF16,
+  CAIRN_DTYPE_F8_E4M3,
+  CAIRN_DTYPE_F8_E5M2,
+  CAIRN_DTYPE_I64,
+  CAIRN_DTYPE_I32,
+  CAIRN_DTYPE_I16,
+  CAIRN_DTYPE_I8,
+  CAIRN_DTYPE_U64,
+  CAIRN_DTYPE_U32,
+  CAIRN_DTYPE_U16,
+  CAIRN_DTYPE_U8,
+  CAIRN_DTYPE_BOOL
 } cairn_dtype;
 
 /* How far a commit must have gone before it is acknowledged:
@@ -98,64 +110,67 @@ typedef enum { CAIRN_MEM_HOST, CAIRN_MEM_CUDA } cairn_memkind;
 
 /* How cairn_model_read and cairn_model_map deliver tensors. */
 typedef struct cairn_read_options {
-  size_t size;         /* sizeof(cairn_read_options), set by the initialiser; the struct's version */
-  cairn_memkind kind;  /* CAIRN_MEM_HOST (default): host memory. CAIRN_MEM_CUDA: device memory -- a
-                        * read copies into device buffers, a map gives device pointers into the
-                        * daemon's HBM tier */
-  int device;          /* map to CAIRN_MEM_CUDA: the HBM device whose copy is mapped (default
-                        * CAIRN_DEVICE_DEFAULT: the daemon's first); a read copies to the device of
-                        * each destination pointer and ignores it */
-  int private_copy;    /* map to host memory only: 1 gives writable copy-on-write views (a write
-                        * copies the page it touches into this process; the stored model never
-                        * changes). Default 0: read-only views */
+  size_t size;        /* sizeof(cairn_read_options), set by the initialiser; the struct's version */
+  cairn_memkind kind; /* CAIRN_MEM_HOST (default): host memory. CAIRN_MEM_CUDA: device memory -- a
+                       * read copies into device buffers, a map gives device pointers into the
+                       * daemon's HBM tier */
+  int device;         /* map to CAIRN_MEM_CUDA: the HBM device whose copy is mapped (default
+                       * CAIRN_DEVICE_DEFAULT: the daemon's first); a read copies to the device of
+                       * each destination pointer and ignores it */
+  int private_copy;   /* map to host memory only: 1 gives writable copy-on-write views (a write
+                       * copies the page it touches into this process; the stored model never
+                       * changes). Default 0: read-only views */
 } cairn_read_options;
-#define CAIRN_READ_OPTIONS_INIT {sizeof(cairn_read_options), CAIRN_MEM_HOST, CAIRN_DEVICE_DEFAULT, 0}
+#define CAIRN_READ_OPTIONS_INIT \
+  { sizeof(cairn_read_options), CAIRN_MEM_HOST, CAIRN_DEVICE_DEFAULT, 0 }
 
 /* How cairn_model_commit_opts commits. */
 typedef struct cairn_commit_options {
-  size_t size;                  /* sizeof(cairn_commit_options), set by the initialiser */
-  cairn_durability durability;  /* what is acknowledged (wait) or what the ticket waits for.
-                                 * Default CAIRN_DURABILITY_GLOBAL */
-  int wait;                     /* 1 (default): the call returns once `durability` is reached, with
-                                 * the commit's error; no ticket. 0: a ticket is required; the call
-                                 * returns once the model is visible (or, pipelined, once the
-                                 * request is written) and the ticket waits for `durability` */
-  int pipelined;                /* 1 (with wait 0 only): the call returns as soon as the request is
-                                 * written -- the tensors are already in the daemon's arena, so the
-                                 * caller's buffers may be reused -- and the commit's own outcome
-                                 * (CAIRN_ERR_EXISTS, CAIRN_ERR_NOT_FOUND for a missing parent, a
-                                 * missing part, ...) is returned by cairn_ticket_wait, never by
-                                 * another call. Default 0 */
+  size_t size;                 /* sizeof(cairn_commit_options), set by the initialiser */
+  cairn_durability durability; /* what is acknowledged (wait) or what the ticket waits for.
+                                * Default CAIRN_DURABILITY_GLOBAL */
+  int wait;                    /* 1 (default): the call returns once `durability` is reached, with
+                                * the commit's error; no ticket. 0: a ticket is required; the call
+                                * returns once the model is visible (or, pipelined, once the
+                                * request is written) and the ticket waits for `durability` */
+  int pipelined;               /* 1 (with wait 0 only): the call returns as soon as the request is
+                                * written -- the tensors are already in the daemon's arena, so the
+                                * caller's buffers may be reused -- and the commit's own outcome
+                                * (CAIRN_ERR_EXISTS, CAIRN_ERR_NOT_FOUND for a missing parent, a
+                                * missing part, ...) is returned by cairn_ticket_wait, never by
+                                * another call. Default 0 */
 } cairn_commit_options;
-#define CAIRN_COMMIT_OPTIONS_INIT {sizeof(cairn_commit_options), CAIRN_DURABILITY_GLOBAL, 1, 0}
+#define CAIRN_COMMIT_OPTIONS_INIT \
+  { sizeof(cairn_commit_options), CAIRN_DURABILITY_GLOBAL, 1, 0 }
 
 /* What cairn_model_prefetch stages, and where. */
 typedef struct cairn_prefetch_options {
-  size_t size;         /* sizeof(cairn_prefetch_options), set by the initialiser */
-  cairn_memkind kind;  /* CAIRN_MEM_HOST (default): into the daemon's DRAM. CAIRN_MEM_CUDA: into its
-                        * HBM tier (on `device`) */
-  int device;          /* with CAIRN_MEM_CUDA: the HBM device (default CAIRN_DEVICE_DEFAULT) */
-  int all;             /* 1: into every member of the job's peer group at once (docs/peers.md),
-                        * waiting until all have it. Default 0: this node's daemon only */
-  int timeout_ms;      /* with all: how long the members may take (default 0: the daemon's, 600 s) */
+  size_t size;        /* sizeof(cairn_prefetch_options), set by the initialiser */
+  cairn_memkind kind; /* CAIRN_MEM_HOST (default): into the daemon's DRAM. CAIRN_MEM_CUDA: into its
+                       * HBM tier (on `device`) */
+  int device;         /* with CAIRN_MEM_CUDA: the HBM device (default CAIRN_DEVICE_DEFAULT) */
+  int all;            /* 1: into every member of the job's peer group at once (docs/peers.md),
+                       * waiting until all have it. Default 0: this node's daemon only */
+  int timeout_ms;     /* with all: how long the members may take (default 0: the daemon's, 600 s) */
 } cairn_prefetch_options;
-#define CAIRN_PREFETCH_OPTIONS_INIT {sizeof(cairn_prefetch_options), CAIRN_MEM_HOST, CAIRN_DEVICE_DEFAULT, 0, 0}
+#define CAIRN_PREFETCH_OPTIONS_INIT \
+  { sizeof(cairn_prefetch_options), CAIRN_MEM_HOST, CAIRN_DEVICE_DEFAULT, 0, 0 }
 
 /* The same defaults as the *_INIT macros, for callers without the C preprocessor (Fortran,
  * ctypes). Always succeed; NULL is ignored. */
-CAIRN_EXPORT void cairn_read_options_init(cairn_read_options *o);
-CAIRN_EXPORT void cairn_commit_options_init(cairn_commit_options *o);
-CAIRN_EXPORT void cairn_prefetch_options_init(cairn_prefetch_options *o);
+CAIRN_EXPORT void cairn_read_options_init(cairn_read_options* o);
+CAIRN_EXPORT void cairn_commit_options_init(cairn_commit_options* o);
+CAIRN_EXPORT void cairn_prefetch_options_init(cairn_prefetch_options* o);
 
 /* ---- status ---- */
 
 /* A static, human-readable string for s. Never NULL. */
-CAIRN_EXPORT const char *cairn_status_string(cairn_status s);
+CAIRN_EXPORT const char* cairn_status_string(cairn_status s);
 /* The detail of the last failed call on this thread ("" if none). Valid until the next call. */
-CAIRN_EXPORT const char *cairn_last_error(void);
+CAIRN_EXPORT const char* cairn_last_error(void);
 /* The C name of s ("CAIRN_ERR_NOT_FOUND"), from the one list (status_codes.h); NULL for a value
  * that is not a status of this library. Bindings build their status tables from it. */
-CAIRN_EXPORT const char *cairn_status_name(int s);
+CAIRN_EXPORT const char* cairn_status_name(int s);
 /* 1 when this library was built with CUDA (it can copy between the daemon's arena and CUDA device
  * memory itself), 0 when not (device copies then need the daemon's HBM tier). */
 CAIRN_EXPORT int cairn_library_has_cuda(void);
@@ -165,42 +180,41 @@ CAIRN_EXPORT int cairn_library_has_cuda(void);
 /* Connects to the node daemon. address: a Unix socket path; NULL means $CAIRN_SOCKET, then
  * ${XDG_RUNTIME_DIR:-/tmp}/cairn-$UID/cairnd.sock. Fails with CAIRN_ERR_UNAVAILABLE (naming the
  * path) when no daemon listens there. */
-CAIRN_EXPORT cairn_status cairn_connect(const char *address, cairn_client **out);
+CAIRN_EXPORT cairn_status cairn_connect(const char* address, cairn_client** out);
 /* Ends the connection; leases held by its readers end with it. Replies of pipelined commits still
  * in flight are collected first (every commit sent is processed; call cairn_pipeline_flush before
  * to learn the errors of commits whose tickets were freed unwaited). NULL is ignored. */
-CAIRN_EXPORT void cairn_disconnect(cairn_client *c);
+CAIRN_EXPORT void cairn_disconnect(cairn_client* c);
 /* The socket path c is connected to (the default resolved when cairn_connect got NULL). Valid until
  * cairn_disconnect(c); "" when c is NULL. */
-CAIRN_EXPORT const char *cairn_client_address(const cairn_client *c);
+CAIRN_EXPORT const char* cairn_client_address(const cairn_client* c);
 
 /* ---- named tensors (simulation coupling) ---- */
 
 /* Stores (or replaces) the tensor under key. shape has ndim (0..CAIRN_MAX_DIMS) entries; data holds
  * prod(shape) * itemsize bytes, row-major. The bytes are copied before the call returns. */
-CAIRN_EXPORT cairn_status cairn_tensor_put(cairn_client *c, const char *key, const void *data, cairn_dtype dtype,
-                                           int ndim, const int64_t *shape);
+CAIRN_EXPORT cairn_status cairn_tensor_put(cairn_client* c, const char* key, const void* data, cairn_dtype dtype,
+                                           int ndim, const int64_t* shape);
 /* Describes the tensor under key; CAIRN_ERR_NOT_FOUND if there is none. Any out pointer may be NULL. */
-CAIRN_EXPORT cairn_status cairn_tensor_info(cairn_client *c, const char *key, cairn_dtype *dtype, int *ndim,
-                                            int64_t shape[CAIRN_MAX_DIMS], size_t *nbytes);
+CAIRN_EXPORT cairn_status cairn_tensor_info(cairn_client* c, const char* key, cairn_dtype* dtype, int* ndim,
+                                            int64_t shape[CAIRN_MAX_DIMS], size_t* nbytes);
 /* Copies the tensor's bytes into dst; CAIRN_ERR_INVALID_ARGUMENT if dst_bytes is not its size. */
-CAIRN_EXPORT cairn_status cairn_tensor_unpack(cairn_client *c, const char *key, void *dst, size_t dst_bytes);
+CAIRN_EXPORT cairn_status cairn_tensor_unpack(cairn_client* c, const char* key, void* dst, size_t dst_bytes);
 /* Copies the tensor under key in one round trip without knowing its size first: alloc(ctx, dtype,
  * ndim, shape, nbytes) is called with its description and returns a buffer of nbytes (NULL:
  * CAIRN_ERR_NO_SPACE). What bindings that allocate their own arrays use (Python's get_tensor). */
-typedef void *(*cairn_alloc_fn)(void *ctx, cairn_dtype dtype, int ndim, const int64_t *shape, size_t nbytes);
-CAIRN_EXPORT cairn_status cairn_tensor_unpack_alloc(cairn_client *c, const char *key, cairn_alloc_fn alloc,
-                                                    void *ctx);
+typedef void* (*cairn_alloc_fn)(void* ctx, cairn_dtype dtype, int ndim, const int64_t* shape, size_t nbytes);
+CAIRN_EXPORT cairn_status cairn_tensor_unpack_alloc(cairn_client* c, const char* key, cairn_alloc_fn alloc, void* ctx);
 /* Waits up to timeout_ms (0: do not wait, -1: forever) for key to exist; *found says whether it does. */
-CAIRN_EXPORT cairn_status cairn_tensor_poll(cairn_client *c, const char *key, int timeout_ms, int *found);
+CAIRN_EXPORT cairn_status cairn_tensor_poll(cairn_client* c, const char* key, int timeout_ms, int* found);
 /* Deletes the tensor under key; CAIRN_ERR_NOT_FOUND if there is none. */
-CAIRN_EXPORT cairn_status cairn_tensor_delete(cairn_client *c, const char *key);
+CAIRN_EXPORT cairn_status cairn_tensor_delete(cairn_client* c, const char* key);
 
 /* ---- writing a model ---- */
 
 /* Starts a new model id, derived from parent (NULL: none). Nothing is visible until commit. */
-CAIRN_EXPORT cairn_status cairn_model_create(cairn_client *c, const char *id, const char *parent,
-                                             cairn_model_writer **out);
+CAIRN_EXPORT cairn_status cairn_model_create(cairn_client* c, const char* id, const char* parent,
+                                             cairn_model_writer** out);
 /* Starts part `index` (0-based) of model `id`, which `count` writers (ranks) write at once: each adds
  * its own tensors (no name twice across parts) and commits its part. Nothing is visible until every
  * part is committed; then the model appears at once, its tensors in part order, at the weakest
@@ -208,38 +222,38 @@ CAIRN_EXPORT cairn_status cairn_model_create(cairn_client *c, const char *id, co
  * returns at once; the ticket resolves when the whole model reaches the durability, or fails (every
  * part's does) when a part is missing timeout_ms after the first part arrived (timeout_ms <= 0: 60 s)
  * -- the error names the missing parts, and nothing of the model is ever visible. */
-CAIRN_EXPORT cairn_status cairn_model_create_part(cairn_client *c, const char *id, const char *parent, int index,
-                                                  int count, int timeout_ms, cairn_model_writer **out);
+CAIRN_EXPORT cairn_status cairn_model_create_part(cairn_client* c, const char* id, const char* parent, int index,
+                                                  int count, int timeout_ms, cairn_model_writer** out);
 /* Adds a tensor; its bytes are copied into the daemon's arena before the call returns. */
-CAIRN_EXPORT cairn_status cairn_model_add_tensor(cairn_model_writer *w, const char *name, const void *data,
-                                                 cairn_dtype dtype, int ndim, const int64_t *shape);
+CAIRN_EXPORT cairn_status cairn_model_add_tensor(cairn_model_writer* w, const char* name, const void* data,
+                                                 cairn_dtype dtype, int ndim, const int64_t* shape);
 /* One tensor of cairn_model_add_tensors. */
 typedef struct cairn_tensor_in {
-  const char *name;
-  const void *data;
+  const char* name;
+  const void* data;
   cairn_dtype dtype;
   int ndim;
-  const int64_t *shape;
+  const int64_t* shape;
 } cairn_tensor_in;
 /* cairn_model_add_tensor for each of the n tensors, in order, with the copies (and hashes) of all
  * of them shared among up to 4 threads: a model of many small tensors (each a chunk or less) is
  * copied on every core instead of one tensor at a time. Every argument is checked first, so an
  * error (naming the tensor) adds none of them; the bytes are all copied when the call returns. */
-CAIRN_EXPORT cairn_status cairn_model_add_tensors(cairn_model_writer *w, const cairn_tensor_in *tensors, size_t n);
+CAIRN_EXPORT cairn_status cairn_model_add_tensors(cairn_model_writer* w, const cairn_tensor_in* tensors, size_t n);
 /* Adds a tensor whose bytes are in device memory (docs/gpu.md): with a CUDA daemon or library, a
  * CUDA device pointer; with the emulated device backend (tiers.hbm.backend: emulated), memory of this
  * process. The bytes are copied device-to-host into the daemon's arena before the call returns, so
  * the caller may overwrite its buffer at once, and a commit at CAIRN_DURABILITY_MEMORY is
  * acknowledged only after the copy. CAIRN_ERR_UNAVAILABLE, naming why, when neither the daemon has
  * an HBM tier nor this process a GPU. */
-CAIRN_EXPORT cairn_status cairn_model_add_tensor_device(cairn_model_writer *w, const char *name, const void *data,
-                                                        cairn_dtype dtype, int ndim, const int64_t *shape);
+CAIRN_EXPORT cairn_status cairn_model_add_tensor_device(cairn_model_writer* w, const char* name, const void* data,
+                                                        cairn_dtype dtype, int ndim, const int64_t* shape);
 /* Adds a tensor whose bytes the caller writes in place: *data receives prod(shape) * itemsize
  * writable bytes of the daemon's shared arena (no copy; e.g. read a file straight into them). They
  * must be filled before the commit and are valid until it (or cairn_model_abort) returns.
  * Arguments are checked as by cairn_model_add_tensor; CAIRN_ERR_NO_SPACE when the arena is full. */
-CAIRN_EXPORT cairn_status cairn_model_add_tensor_space(cairn_model_writer *w, const char *name, cairn_dtype dtype,
-                                                       int ndim, const int64_t *shape, void **data);
+CAIRN_EXPORT cairn_status cairn_model_add_tensor_space(cairn_model_writer* w, const char* name, cairn_dtype dtype,
+                                                       int ndim, const int64_t* shape, void** data);
 /* Says that the tensor `name`, added with cairn_model_add_tensor_space, holds its final bytes: they
  * are hashed now, on the library's threads (one fewer than the cores, or the copy-thread count set
  * with cairn_model_set_copy_threads), while the caller fills the next tensor, so the commit need not
@@ -247,26 +261,26 @@ CAIRN_EXPORT cairn_status cairn_model_add_tensor_space(cairn_model_writer *w, co
  * seal it, go on: the commit then costs about the writing). Optional. The bytes must not change
  * after this call (a chunk changed after it fails its hash on every later read).
  * CAIRN_ERR_INVALID_ARGUMENT for a tensor not added through arena space or sealed already. */
-CAIRN_EXPORT cairn_status cairn_model_seal_tensor(cairn_model_writer *w, const char *name);
+CAIRN_EXPORT cairn_status cairn_model_seal_tensor(cairn_model_writer* w, const char* name);
 /* Announces the byte sizes of the n tensors over 64 KiB about to be added (optional, a speed-up
  * for many-tensor models): their arena space is allocated now in one round trip instead of one per
  * tensor, and each later add of a tensor of such a size takes one of them. Space left unused is
  * freed at commit or abort. CAIRN_ERR_NO_SPACE when the arena cannot hold them all. */
-CAIRN_EXPORT cairn_status cairn_model_reserve(cairn_model_writer *w, size_t n, const size_t *nbytes);
+CAIRN_EXPORT cairn_status cairn_model_reserve(cairn_model_writer* w, size_t n, const size_t* nbytes);
 /* The threads this writer's copies into the arena (cairn_model_add_tensor, cairn_model_add_tensors)
  * may use: 0 (the default) one per core, at most 4. A checkpoint copied behind a training step
  * asks for 1, leaving the other cores to the training. */
-CAIRN_EXPORT cairn_status cairn_model_set_copy_threads(cairn_model_writer *w, unsigned threads);
+CAIRN_EXPORT cairn_status cairn_model_set_copy_threads(cairn_model_writer* w, unsigned threads);
 /* Keeps the parent's tensor `name` unchanged: costs no bytes and no hashing. */
-CAIRN_EXPORT cairn_status cairn_model_inherit_tensor(cairn_model_writer *w, const char *name);
+CAIRN_EXPORT cairn_status cairn_model_inherit_tensor(cairn_model_writer* w, const char* name);
 /* Keeps every parent tensor not added or inherited by name (after them, in the parent's order).
  * With nothing else added the commit stores no bytes (a metadata-only commit).
  * CAIRN_ERR_INVALID_ARGUMENT when the model has no parent. */
-CAIRN_EXPORT cairn_status cairn_model_inherit_all(cairn_model_writer *w);
+CAIRN_EXPORT cairn_status cairn_model_inherit_all(cairn_model_writer* w);
 /* The architecture graph, as JSON (docs/graph-format.md). */
-CAIRN_EXPORT cairn_status cairn_model_set_architecture(cairn_model_writer *w, const char *graph_json);
+CAIRN_EXPORT cairn_status cairn_model_set_architecture(cairn_model_writer* w, const char* graph_json);
 /* Metadata: a JSON object (score, epoch, task, tags ...). */
-CAIRN_EXPORT cairn_status cairn_model_set_metadata(cairn_model_writer *w, const char *meta_json);
+CAIRN_EXPORT cairn_status cairn_model_set_metadata(cairn_model_writer* w, const char* meta_json);
 /* Commits and frees w (whatever the result), as opts say (NULL: the defaults, a commit waited for
  * at CAIRN_DURABILITY_GLOBAL):
  *  - wait = 1: returns once opts->durability is reached, with the commit's error. ticket may be NULL;
@@ -282,17 +296,17 @@ CAIRN_EXPORT cairn_status cairn_model_set_metadata(cairn_model_writer *w, const 
  *    CAIRN_ERR_UNAVAILABLE). See docs/protocol.md, "Pipelined commits".
  * For a part (cairn_model_create_part) the ticket follows the whole model. wait together with
  * pipelined is CAIRN_ERR_INVALID_ARGUMENT. */
-CAIRN_EXPORT cairn_status cairn_model_commit_opts(cairn_model_writer *w, const cairn_commit_options *opts,
-                                                  cairn_ticket **ticket);
+CAIRN_EXPORT cairn_status cairn_model_commit_opts(cairn_model_writer* w, const cairn_commit_options* opts,
+                                                  cairn_ticket** ticket);
 /* Drops an uncommitted model and frees w. */
-CAIRN_EXPORT void cairn_model_abort(cairn_model_writer *w);
+CAIRN_EXPORT void cairn_model_abort(cairn_model_writer* w);
 /* Stores the safetensors file at `path` as model `id`, derived from `parent` (NULL or "": none;
  * tensors equal to the parent's are stored once), with `meta_json` (NULL or a JSON object) as its
  * metadata, and returns once durability d is reached. Large tensors are read from the file straight
  * into the daemon's arena. The file's header is kept: cairn_model_get_file gives the same bytes back.
  * A file that is not valid safetensors is CAIRN_ERR_INVALID_ARGUMENT naming what is wrong. */
-CAIRN_EXPORT cairn_status cairn_model_put_file(cairn_client *c, const char *id, const char *path, const char *parent,
-                                               cairn_durability d, const char *meta_json);
+CAIRN_EXPORT cairn_status cairn_model_put_file(cairn_client* c, const char* id, const char* path, const char* parent,
+                                               cairn_durability d, const char* meta_json);
 
 /* ---- tickets and the pipeline ---- */
 
@@ -300,26 +314,26 @@ CAIRN_EXPORT cairn_status cairn_model_put_file(cairn_client *c, const char *id, 
  * commit's own error is returned here), then the durability asked for. CAIRN_ERR_TIMEOUT if not
  * yet (wait again later); CAIRN_ERR_UNAVAILABLE if the connection was lost before the reply came
  * (the commit may or may not have been made). Waiting again returns the same outcome. */
-CAIRN_EXPORT cairn_status cairn_ticket_wait(cairn_ticket *t, int timeout_ms);
+CAIRN_EXPORT cairn_status cairn_ticket_wait(cairn_ticket* t, int timeout_ms);
 /* Frees a ticket. Freeing a pipelined commit's ticket before waiting for it does not cancel the
  * commit; its error, if any, is then returned by the next cairn_pipeline_flush. */
-CAIRN_EXPORT void cairn_ticket_free(cairn_ticket *t);
+CAIRN_EXPORT void cairn_ticket_free(cairn_ticket* t);
 /* Collects the reply of every pipelined commit of c still in flight (resolving their tickets).
  * Returns CAIRN_OK, or the first error of a pipelined commit whose ticket was freed before its reply
  * came (errors of tickets still held stay on them), or CAIRN_ERR_UNAVAILABLE when the connection
  * was lost. After it returns, every commit of c is visible to every client. */
-CAIRN_EXPORT cairn_status cairn_pipeline_flush(cairn_client *c);
+CAIRN_EXPORT cairn_status cairn_pipeline_flush(cairn_client* c);
 /* How many requests of c are sent and not yet answered (0 for NULL). */
-CAIRN_EXPORT size_t cairn_pipeline_in_flight(const cairn_client *c);
+CAIRN_EXPORT size_t cairn_pipeline_in_flight(const cairn_client* c);
 
 /* ---- reading a model ---- */
 
-CAIRN_EXPORT cairn_status cairn_model_open(cairn_client *c, const char *id, cairn_model_reader **out);
-CAIRN_EXPORT cairn_status cairn_model_tensor_count(cairn_model_reader *r, size_t *count);
+CAIRN_EXPORT cairn_status cairn_model_open(cairn_client* c, const char* id, cairn_model_reader** out);
+CAIRN_EXPORT cairn_status cairn_model_tensor_count(cairn_model_reader* r, size_t* count);
 /* Describes tensor number index (0..count-1). *name stays valid until cairn_model_close. */
-CAIRN_EXPORT cairn_status cairn_model_tensor_info(cairn_model_reader *r, size_t index, const char **name,
-                                                  cairn_dtype *dtype, int *ndim, int64_t shape[CAIRN_MAX_DIMS],
-                                                  size_t *nbytes);
+CAIRN_EXPORT cairn_status cairn_model_tensor_info(cairn_model_reader* r, size_t index, const char** name,
+                                                  cairn_dtype* dtype, int* ndim, int64_t shape[CAIRN_MAX_DIMS],
+                                                  size_t* nbytes);
 /* Copies `count` tensors with one request to the daemon: dsts[i] receives names[i], and
  * dst_bytes[i] must equal its size. opts (NULL: host memory):
  *  - kind CAIRN_MEM_HOST: dsts are host buffers; one copy from the daemon's arena.
@@ -329,9 +343,8 @@ CAIRN_EXPORT cairn_status cairn_model_tensor_info(cairn_model_reader *r, size_t 
  *    CUDA and the process sees a GPU, copied from the arena; otherwise CAIRN_ERR_UNAVAILABLE,
  *    naming both reasons.
  * private_copy is CAIRN_ERR_INVALID_ARGUMENT here (a copy is the caller's already). */
-CAIRN_EXPORT cairn_status cairn_model_read(cairn_model_reader *r, size_t count, const char *const *names,
-                                           void *const *dsts, const size_t *dst_bytes,
-                                           const cairn_read_options *opts);
+CAIRN_EXPORT cairn_status cairn_model_read(cairn_model_reader* r, size_t count, const char* const* names,
+                                           void* const* dsts, const size_t* dst_bytes, const cairn_read_options* opts);
 /* Zero-copy views of `count` tensors with one request to the daemon (data[i], nbytes[i] for
  * names[i]; nbytes may be NULL); all or nothing. Valid until cairn_model_close(r); the tensors
  * cannot move or be evicted meanwhile, and a process that dies holding them leaks nothing.
@@ -345,12 +358,12 @@ CAIRN_EXPORT cairn_status cairn_model_read(cairn_model_reader *r, size_t count, 
  *    read-only; the tensors are promoted into HBM first. CAIRN_ERR_UNAVAILABLE when the daemon has
  *    no HBM tier; CAIRN_ERR_NO_SPACE when the device's pool is held by other device leases;
  *    private_copy is CAIRN_ERR_INVALID_ARGUMENT. */
-CAIRN_EXPORT cairn_status cairn_model_map(cairn_model_reader *r, size_t count, const char *const *names, void **data,
-                                          size_t *nbytes, const cairn_read_options *opts);
-CAIRN_EXPORT void cairn_model_close(cairn_model_reader *r);
+CAIRN_EXPORT cairn_status cairn_model_map(cairn_model_reader* r, size_t count, const char* const* names, void** data,
+                                          size_t* nbytes, const cairn_read_options* opts);
+CAIRN_EXPORT void cairn_model_close(cairn_model_reader* r);
 /* Writes model `id` as the safetensors file `path` (written to a temporary file, then renamed into
  * place). A model stored from a file comes back byte for byte. */
-CAIRN_EXPORT cairn_status cairn_model_get_file(cairn_client *c, const char *id, const char *path);
+CAIRN_EXPORT cairn_status cairn_model_get_file(cairn_client* c, const char* id, const char* path);
 
 /* ---- hints and queries ---- */
 
@@ -360,19 +373,19 @@ CAIRN_EXPORT cairn_status cairn_model_get_file(cairn_client *c, const char *id, 
  * "all_seconds", "all_ok", "peers", "members": [{"member", "ok", "bytes", "seconds", "error"}]} --
  * a member that failed is listed there, not an error of the call. result_json may be NULL; else it
  * receives the daemon's answer (free with cairn_free). */
-CAIRN_EXPORT cairn_status cairn_model_prefetch(cairn_client *c, const char *id, const cairn_prefetch_options *opts,
-                                               char **result_json);
+CAIRN_EXPORT cairn_status cairn_model_prefetch(cairn_client* c, const char* id, const cairn_prefetch_options* opts,
+                                               char** result_json);
 /* Tells the daemon what the workflow will read (docs/policy.md); advice, never an error on a later
  * read. hint_json is one hint object, e.g. {"kind":"will_load","models":["m7"],"when":"next"},
  * {"kind":"population","models":[...]}, {"kind":"sequence","models":[...],"ahead":2},
  * {"kind":"done","models":[...]}. A malformed hint is CAIRN_ERR_INVALID_ARGUMENT naming the field;
  * models that do not exist are ignored (listed in *result_json). result_json may be NULL; else it
  * receives the daemon's answer (free with cairn_free). */
-CAIRN_EXPORT cairn_status cairn_hint(cairn_client *c, const char *hint_json, char **result_json);
+CAIRN_EXPORT cairn_status cairn_hint(cairn_client* c, const char* hint_json, char** result_json);
 /* Runs a JSON catalog query (docs/catalog.md), e.g. {"op":"ancestors","model":"m7"},
  * {"op":"descendants","model":"m0"}, {"op":"best_ancestor","graph":{...}}; *result_json (free with
  * cairn_free) is the JSON answer. */
-CAIRN_EXPORT cairn_status cairn_query(cairn_client *c, const char *request_json, char **result_json);
+CAIRN_EXPORT cairn_status cairn_query(cairn_client* c, const char* request_json, char** result_json);
 /* Sends one request of the wire protocol (docs/protocol.md) that has no call of its own: a JSON
  * object with a string "op", one of "ping", "list", "show", "remove", "gc", "flush", "fsck",
  * "sync", "stats", "peers", "compute", "progress", "fault" (and ops a newer daemon adds).
@@ -384,79 +397,76 @@ CAIRN_EXPORT cairn_status cairn_query(cairn_client *c, const char *request_json,
  * (cairn_model_open, cairn_model_read, cairn_model_map), "release" (cairn_model_close),
  * "prefetch" (cairn_model_prefetch), "hint" (cairn_hint), "query" (cairn_query); so is a request
  * with a "release" field. */
-CAIRN_EXPORT cairn_status cairn_request(cairn_client *c, const char *request_json, char **response_json);
-CAIRN_EXPORT void cairn_free(void *p);
+CAIRN_EXPORT cairn_status cairn_request(cairn_client* c, const char* request_json, char** response_json);
+CAIRN_EXPORT void cairn_free(void* p);
 
 /* ---- names the design fixes: synonyms of the calls above, kept without a warning ---- */
 
 /* cairn_tensor_put. */
 CAIRN_SYNONYM("cairn_tensor_put")
-CAIRN_EXPORT cairn_status cairn_put_tensor(cairn_client *c, const char *key, const void *data, cairn_dtype dtype,
-                                           int ndim, const int64_t *shape);
+CAIRN_EXPORT cairn_status cairn_put_tensor(cairn_client* c, const char* key, const void* data, cairn_dtype dtype,
+                                           int ndim, const int64_t* shape);
 /* cairn_tensor_info. */
 CAIRN_SYNONYM("cairn_tensor_info")
-CAIRN_EXPORT cairn_status cairn_get_tensor_info(cairn_client *c, const char *key, cairn_dtype *dtype, int *ndim,
-                                                int64_t shape[CAIRN_MAX_DIMS], size_t *nbytes);
+CAIRN_EXPORT cairn_status cairn_get_tensor_info(cairn_client* c, const char* key, cairn_dtype* dtype, int* ndim,
+                                                int64_t shape[CAIRN_MAX_DIMS], size_t* nbytes);
 /* cairn_tensor_unpack. */
 CAIRN_SYNONYM("cairn_tensor_unpack")
-CAIRN_EXPORT cairn_status cairn_unpack_tensor(cairn_client *c, const char *key, void *dst, size_t dst_bytes);
+CAIRN_EXPORT cairn_status cairn_unpack_tensor(cairn_client* c, const char* key, void* dst, size_t dst_bytes);
 /* cairn_tensor_poll. */
 CAIRN_SYNONYM("cairn_tensor_poll")
-CAIRN_EXPORT cairn_status cairn_poll_tensor(cairn_client *c, const char *key, int timeout_ms, int *found);
+CAIRN_EXPORT cairn_status cairn_poll_tensor(cairn_client* c, const char* key, int timeout_ms, int* found);
 /* cairn_tensor_delete. */
 CAIRN_SYNONYM("cairn_tensor_delete")
-CAIRN_EXPORT cairn_status cairn_delete_tensor(cairn_client *c, const char *key);
+CAIRN_EXPORT cairn_status cairn_delete_tensor(cairn_client* c, const char* key);
 /* cairn_ticket_wait. */
 CAIRN_SYNONYM("cairn_ticket_wait")
-CAIRN_EXPORT cairn_status cairn_wait(cairn_ticket *t, int timeout_ms);
+CAIRN_EXPORT cairn_status cairn_wait(cairn_ticket* t, int timeout_ms);
 /* cairn_model_prefetch(c, id, NULL, NULL). */
 CAIRN_SYNONYM("cairn_model_prefetch")
-CAIRN_EXPORT cairn_status cairn_prefetch(cairn_client *c, const char *id);
+CAIRN_EXPORT cairn_status cairn_prefetch(cairn_client* c, const char* id);
 /* cairn_model_commit_opts with durability d: ticket == NULL waits for d; with a ticket at
  * CAIRN_DURABILITY_MEMORY (not a part) the commit is pipelined; otherwise it returns once the model
  * is visible and *ticket waits for d. */
 CAIRN_SYNONYM("cairn_model_commit_opts")
-CAIRN_EXPORT cairn_status cairn_model_commit(cairn_model_writer *w, cairn_durability d, cairn_ticket **ticket);
+CAIRN_EXPORT cairn_status cairn_model_commit(cairn_model_writer* w, cairn_durability d, cairn_ticket** ticket);
 /* cairn_model_read of one tensor with opts {kind}. */
 CAIRN_SYNONYM("cairn_model_read")
-CAIRN_EXPORT cairn_status cairn_model_read_tensor(cairn_model_reader *r, const char *name, void *dst,
-                                                  size_t dst_bytes, cairn_memkind kind);
+CAIRN_EXPORT cairn_status cairn_model_read_tensor(cairn_model_reader* r, const char* name, void* dst, size_t dst_bytes,
+                                                  cairn_memkind kind);
 /* cairn_model_map of one tensor into host memory, read-only. */
 CAIRN_SYNONYM("cairn_model_map")
-CAIRN_EXPORT cairn_status cairn_model_map_tensor(cairn_model_reader *r, const char *name, const void **data,
-                                                 size_t *nbytes);
+CAIRN_EXPORT cairn_status cairn_model_map_tensor(cairn_model_reader* r, const char* name, const void** data,
+                                                 size_t* nbytes);
 
 /* ---- deprecated: removed in the next release ---- */
 
 CAIRN_DEPRECATED("cairn_tensor_unpack_alloc")
-CAIRN_EXPORT cairn_status cairn_unpack_tensor_alloc(cairn_client *c, const char *key, cairn_alloc_fn alloc,
-                                                    void *ctx);
+CAIRN_EXPORT cairn_status cairn_unpack_tensor_alloc(cairn_client* c, const char* key, cairn_alloc_fn alloc, void* ctx);
 /* cairn_model_commit_opts with {d, wait 0, pipelined 1}. */
 CAIRN_DEPRECATED("cairn_model_commit_opts with pipelined = 1, wait = 0")
-CAIRN_EXPORT cairn_status cairn_model_commit_pipelined(cairn_model_writer *w, cairn_durability d,
-                                                       cairn_ticket **ticket);
+CAIRN_EXPORT cairn_status cairn_model_commit_pipelined(cairn_model_writer* w, cairn_durability d,
+                                                       cairn_ticket** ticket);
 CAIRN_DEPRECATED("cairn_model_map with kind = CAIRN_MEM_CUDA")
-CAIRN_EXPORT cairn_status cairn_model_map_tensor_device(cairn_model_reader *r, const char *name, int device,
-                                                        const void **ptr, size_t *nbytes);
+CAIRN_EXPORT cairn_status cairn_model_map_tensor_device(cairn_model_reader* r, const char* name, int device,
+                                                        const void** ptr, size_t* nbytes);
 CAIRN_DEPRECATED("cairn_model_map")
-CAIRN_EXPORT cairn_status cairn_model_map_tensors(cairn_model_reader *r, size_t count, const char *const *names,
-                                                  const void **data, size_t *nbytes);
+CAIRN_EXPORT cairn_status cairn_model_map_tensors(cairn_model_reader* r, size_t count, const char* const* names,
+                                                  const void** data, size_t* nbytes);
 CAIRN_DEPRECATED("cairn_model_map with private_copy = 1")
-CAIRN_EXPORT cairn_status cairn_model_map_tensors_private(cairn_model_reader *r, size_t count,
-                                                          const char *const *names, void **data, size_t *nbytes);
+CAIRN_EXPORT cairn_status cairn_model_map_tensors_private(cairn_model_reader* r, size_t count, const char* const* names,
+                                                          void** data, size_t* nbytes);
 CAIRN_DEPRECATED("cairn_model_read")
-CAIRN_EXPORT cairn_status cairn_model_read_tensors(cairn_model_reader *r, size_t count, const char *const *names,
-                                                   void *const *dsts, const size_t *dst_bytes);
+CAIRN_EXPORT cairn_status cairn_model_read_tensors(cairn_model_reader* r, size_t count, const char* const* names,
+                                                   void* const* dsts, const size_t* dst_bytes);
 CAIRN_DEPRECATED("cairn_model_map with kind = CAIRN_MEM_CUDA")
-CAIRN_EXPORT cairn_status cairn_model_map_tensors_device(cairn_model_reader *r, size_t count,
-                                                         const char *const *names, int device, const void **ptrs,
-                                                         size_t *nbytes);
+CAIRN_EXPORT cairn_status cairn_model_map_tensors_device(cairn_model_reader* r, size_t count, const char* const* names,
+                                                         int device, const void** ptrs, size_t* nbytes);
 CAIRN_DEPRECATED("cairn_model_read with kind = CAIRN_MEM_CUDA")
-CAIRN_EXPORT cairn_status cairn_model_read_tensors_device(cairn_model_reader *r, size_t count,
-                                                          const char *const *names, void *const *dsts,
-                                                          const size_t *dst_bytes);
+CAIRN_EXPORT cairn_status cairn_model_read_tensors_device(cairn_model_reader* r, size_t count, const char* const* names,
+                                                          void* const* dsts, const size_t* dst_bytes);
 CAIRN_DEPRECATED("cairn_model_prefetch with all = 1")
-CAIRN_EXPORT cairn_status cairn_prefetch_all(cairn_client *c, const char *id, char **result_json);
+CAIRN_EXPORT cairn_status cairn_prefetch_all(cairn_client* c, const char* id, char** result_json);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -18,17 +18,17 @@ extern "C" {
 /* One tensor of a state: its name, its bytes (read for a checkpoint, written by a restore), dtype
  * and row-major shape. */
 typedef struct cairn_tensor_ref {
-  const char *name;
-  void *data;
+  const char* name;
+  void* data;
   cairn_dtype dtype;
   int ndim;
-  const int64_t *shape;
+  const int64_t* shape;
 } cairn_tensor_ref;
 
 /* Which rank writes (and, in a restore, reads) tensor i: the tensors are dealt out by size, largest
  * first, each to the rank with the fewest bytes so far (ties: the lower rank), so every rank
  * computes the same assignment. owner[i] receives the rank, for i < n. */
-CAIRN_EXPORT cairn_status cairn_mpi_assign(const cairn_tensor_ref *tensors, size_t n, int nranks, int *owner);
+CAIRN_EXPORT cairn_status cairn_mpi_assign(const cairn_tensor_ref* tensors, size_t n, int nranks, int* owner);
 
 /* Collective over comm: every rank passes the same tensor list (names, dtypes, shapes; the bytes of
  * the tensors it owns must be the state to save). Each rank commits its share as one part of model
@@ -39,9 +39,9 @@ CAIRN_EXPORT cairn_status cairn_mpi_assign(const cairn_tensor_ref *tensors, size
  * timeout_ms (<= 0: 60 s). With one rank it is a plain commit. The
  * ranks' daemons must be the same daemon (one node) in this version. Wait with cairn_ticket_wait and free
  * with cairn_ticket_free. */
-CAIRN_EXPORT cairn_status cairn_mpi_checkpoint(MPI_Comm comm, cairn_client *c, const char *id, const char *parent,
-                                               const cairn_tensor_ref *tensors, size_t n, cairn_durability d,
-                                               int timeout_ms, cairn_ticket **ticket);
+CAIRN_EXPORT cairn_status cairn_mpi_checkpoint(MPI_Comm comm, cairn_client* c, const char* id, const char* parent,
+                                               const cairn_tensor_ref* tensors, size_t n, cairn_durability d,
+                                               int timeout_ms, cairn_ticket** ticket);
 
 /* Collective over comm: fills every tensor's buffer with model `id`'s tensor of that name. Node-aware:
  * the tensors are dealt out over the nodes (cairn_mpi_assign); every rank of a node reads its node's
@@ -50,8 +50,8 @@ CAIRN_EXPORT cairn_status cairn_mpi_checkpoint(MPI_Comm comm, cairn_client *c, c
  * node nothing goes through MPI. (Nodes with different rank counts: each rank reads its own share
  * and broadcasts it.) A tensor missing from the model, or of another dtype or size, is
  * CAIRN_ERR_INVALID_ARGUMENT (on every rank). */
-CAIRN_EXPORT cairn_status cairn_mpi_restore(MPI_Comm comm, cairn_client *c, const char *id,
-                                            const cairn_tensor_ref *tensors, size_t n);
+CAIRN_EXPORT cairn_status cairn_mpi_restore(MPI_Comm comm, cairn_client* c, const char* id,
+                                            const cairn_tensor_ref* tensors, size_t n);
 
 #ifdef __cplusplus
 }

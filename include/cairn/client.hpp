@@ -32,8 +32,8 @@
 #include <functional>
 #include <memory>
 #include <optional>
-#include <type_traits>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -47,9 +47,7 @@ class Status {
   Status() = default;
   Status(cairn_status code, std::string message) : code_(code), message_(std::move(message)) {}
   // The status of the last C call on this thread, with its detail.
-  static Status from(cairn_status code) {
-    return code == CAIRN_OK ? Status() : Status(code, cairn_last_error());
-  }
+  static Status from(cairn_status code) { return code == CAIRN_OK ? Status() : Status(code, cairn_last_error()); }
   bool ok() const { return code_ == CAIRN_OK; }
   explicit operator bool() const { return ok(); }
   cairn_status code() const { return code_; }
@@ -71,7 +69,7 @@ inline bool library_has_cuda() { return cairn_library_has_cuda() != 0; }
 template <typename T>
 class Result {
  public:
-  Result(T value) : value_(std::move(value)) {}  // NOLINT(google-explicit-constructor)
+  Result(T value) : value_(std::move(value)) {}          // NOLINT(google-explicit-constructor)
   Result(Status status) : status_(std::move(status)) {}  // NOLINT(google-explicit-constructor)
   bool ok() const { return status_.ok(); }
   explicit operator bool() const { return ok(); }
@@ -98,9 +96,7 @@ class Ticket {
   explicit Ticket(cairn_ticket* t) : t_(t, cairn_ticket_free) {}
   // cairn_ticket_wait: waits up to timeout_ms (-1: forever) for the commit's outcome and then the
   // durability it asked for. An empty ticket (a commit that waited) is done: ok.
-  Status wait(int timeout_ms = -1) {
-    return t_ ? Status::from(cairn_ticket_wait(t_.get(), timeout_ms)) : Status();
-  }
+  Status wait(int timeout_ms = -1) { return t_ ? Status::from(cairn_ticket_wait(t_.get(), timeout_ms)) : Status(); }
 
  private:
   std::unique_ptr<cairn_ticket, void (*)(cairn_ticket*)> t_{nullptr, cairn_ticket_free};
@@ -121,8 +117,8 @@ class Writer {
 
   // cairn_model_add_tensor: the bytes are copied into the daemon's arena before it returns.
   Status add_tensor(const std::string& name, const void* data, cairn_dtype dtype, const std::vector<int64_t>& shape) {
-    return Status::from(cairn_model_add_tensor(w_, name.c_str(), data, dtype, static_cast<int>(shape.size()),
-                                               shape.data()));
+    return Status::from(
+        cairn_model_add_tensor(w_, name.c_str(), data, dtype, static_cast<int>(shape.size()), shape.data()));
   }
   // One tensor of add_tensors.
   struct In {
@@ -143,14 +139,14 @@ class Writer {
   // cairn_model_add_tensor_device: from device memory, copied before it returns.
   Status add_tensor_device(const std::string& name, const void* data, cairn_dtype dtype,
                            const std::vector<int64_t>& shape) {
-    return Status::from(cairn_model_add_tensor_device(w_, name.c_str(), data, dtype, static_cast<int>(shape.size()),
-                                                      shape.data()));
+    return Status::from(
+        cairn_model_add_tensor_device(w_, name.c_str(), data, dtype, static_cast<int>(shape.size()), shape.data()));
   }
   // cairn_model_add_tensor_space: writable arena bytes for the tensor, to fill before commit (no copy).
   Result<void*> add_tensor_space(const std::string& name, cairn_dtype dtype, const std::vector<int64_t>& shape) {
     void* data = nullptr;
-    Status s = Status::from(cairn_model_add_tensor_space(w_, name.c_str(), dtype, static_cast<int>(shape.size()),
-                                                         shape.data(), &data));
+    Status s = Status::from(
+        cairn_model_add_tensor_space(w_, name.c_str(), dtype, static_cast<int>(shape.size()), shape.data(), &data));
     if (!s) return s;
     return data;
   }
@@ -476,8 +472,8 @@ class Client {
   // cairn_model_put_file: the safetensors file at `path` as model `id` (parent, metadata JSON: "" for none).
   Status model_put_file(const std::string& id, const std::string& path, const std::string& parent = "",
                         cairn_durability d = CAIRN_DURABILITY_GLOBAL, const std::string& meta_json = "") {
-    return Status::from(cairn_model_put_file(c_, id.c_str(), path.c_str(), parent.empty() ? nullptr : parent.c_str(),
-                                             d, meta_json.empty() ? nullptr : meta_json.c_str()));
+    return Status::from(cairn_model_put_file(c_, id.c_str(), path.c_str(), parent.empty() ? nullptr : parent.c_str(), d,
+                                             meta_json.empty() ? nullptr : meta_json.c_str()));
   }
   // cairn_model_get_file: model `id` written as the safetensors file `path`.
   Status model_get_file(const std::string& id, const std::string& path) {
@@ -537,9 +533,8 @@ class Client {
     return model_create(id, parent);
   }
   [[deprecated("use model_create_part (docs/api.md)")]] Result<Writer> create_part(const std::string& id,
-                                                                                   const std::string& parent,
-                                                                                   int index, int count,
-                                                                                   int timeout_ms = 0) {
+                                                                                   const std::string& parent, int index,
+                                                                                   int count, int timeout_ms = 0) {
     return model_create_part(id, parent, index, count, timeout_ms);
   }
   [[deprecated("use model_open (docs/api.md)")]] Result<Reader> open_model(const std::string& id) {

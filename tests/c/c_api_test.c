@@ -12,14 +12,13 @@
 static int checks = 0;
 static int failures = 0;
 
-#define CHECK(cond)                                                                   \
-  do {                                                                                \
-    ++checks;                                                                         \
-    if (!(cond)) {                                                                    \
-      ++failures;                                                                     \
-      fprintf(stderr, "%s:%d: CHECK(%s) failed; last error: %s\n", __FILE__, __LINE__, \
-              #cond, cairn_last_error());                                             \
-    }                                                                                 \
+#define CHECK(cond)                                                                                                \
+  do {                                                                                                             \
+    ++checks;                                                                                                      \
+    if (!(cond)) {                                                                                                 \
+      ++failures;                                                                                                  \
+      fprintf(stderr, "%s:%d: CHECK(%s) failed; last error: %s\n", __FILE__, __LINE__, #cond, cairn_last_error()); \
+    }                                                                                                              \
   } while (0)
 
 #define CHECK_OK(call) CHECK((call) == CAIRN_OK)
@@ -29,23 +28,23 @@ static int failures = 0;
 static cairn_dtype alloc_dtype;
 static int alloc_ndim = -1;
 static int64_t alloc_shape0;
-static void *alloc_into(void *ctx, cairn_dtype dtype, int ndim, const int64_t *shape, size_t nbytes) {
+static void* alloc_into(void* ctx, cairn_dtype dtype, int ndim, const int64_t* shape, size_t nbytes) {
   alloc_dtype = dtype;
   alloc_ndim = ndim;
   alloc_shape0 = ndim > 0 ? shape[0] : -1;
   return nbytes <= (1u << 20) * sizeof(float) ? ctx : NULL;
 }
 
-static float *make_floats(size_t n, float seed) {
-  float *p = malloc(n * sizeof *p);
+static float* make_floats(size_t n, float seed) {
+  float* p = malloc(n * sizeof *p);
   size_t i;
   for (i = 0; i < n; ++i) p[i] = seed + (float)i * 0.5f;
   return p;
 }
 
-int main(int argc, char **argv) {
-  cairn_client *c = NULL;
-  const char *suffix = argc > 1 ? argv[1] : "";
+int main(int argc, char** argv) {
+  cairn_client* c = NULL;
+  const char* suffix = argc > 1 ? argv[1] : "";
   char base_id[128], child_id[128];
   snprintf(base_id, sizeof base_id, "c-base%s", suffix);
   snprintf(child_id, sizeof child_id, "c-child%s", suffix);
@@ -100,7 +99,7 @@ int main(int argc, char **argv) {
       int round;
       for (round = 0; round < 8; ++round) {
         char rid[160];
-        cairn_model_writer *rw = NULL;
+        cairn_model_writer* rw = NULL;
         snprintf(rid, sizeof rid, "%s-reserved%d", base_id, round);
         CHECK_OK(cairn_model_create(c, rid, NULL, &rw));
         CHECK_OK(cairn_model_reserve(rw, 3, sizes));
@@ -115,7 +114,7 @@ int main(int argc, char **argv) {
       }
       for (round = 0; round < 4; round += 2) { /* copied with threads per core (0) and with one (2) */
         char rid[160];
-        cairn_model_reader *rr = NULL;
+        cairn_model_reader* rr = NULL;
         snprintf(rid, sizeof rid, "%s-reserved%d", base_id, round);
         memset(big_back, 0, big_n * sizeof(float));
         CHECK_OK(cairn_model_open(c, rid, &rr));
@@ -127,7 +126,7 @@ int main(int argc, char **argv) {
     }
     big_shape[0] = (int64_t)big_n * 4 + 1;
     {
-      unsigned char *huge = calloc(big_n * 4 + 1, 1);
+      unsigned char* huge = calloc(big_n * 4 + 1, 1);
       CHECK_OK(cairn_tensor_put(c, "sim/too-big", huge, CAIRN_DTYPE_U8, 1, big_shape));
       CHECK(cairn_tensor_unpack_alloc(c, "sim/too-big", alloc_into, big_back) == CAIRN_ERR_NO_SPACE);
       free(huge);
@@ -146,16 +145,16 @@ int main(int argc, char **argv) {
 
   /* ---- a model and a model derived from it ---- */
   {
-    cairn_model_writer *w = NULL;
-    cairn_model_reader *r = NULL;
-    cairn_ticket *t = NULL;
+    cairn_model_writer* w = NULL;
+    cairn_model_reader* r = NULL;
+    cairn_ticket* t = NULL;
     size_t n_w = 1u << 21, count = 0, nbytes = 0;
     int64_t s_w[2] = {1024, 2048}, s_b[1] = {16}, s_h[2] = {10, 16};
     float *w1 = make_floats(n_w, 2.0f), *b1 = make_floats(16, 3.0f), *h1 = make_floats(160, 4.0f);
     float *h2 = make_floats(160, 9.0f), *back = malloc(n_w * sizeof(float));
-    const void *view = NULL;
-    const char *name = NULL;
-    char *result = NULL;
+    const void* view = NULL;
+    const char* name = NULL;
+    char* result = NULL;
     char query[256];
     cairn_dtype dt;
     int ndim;
@@ -190,14 +189,16 @@ int main(int argc, char **argv) {
     /* Pipelined commits (memory, with a ticket): the call returns once the request is written; the
      * duplicate id's error comes from its own ticket only, and later commits still succeed. */
     {
-      cairn_ticket *tk[8];
+      cairn_ticket* tk[8];
       char pid[200], ppar[200];
       int i;
       cairn_commit_options pipelined = CAIRN_COMMIT_OPTIONS_INIT;
       for (i = 0; i < 8; ++i) {
         snprintf(pid, sizeof pid, "%s-pl%d", base_id, i);
-        if (i == 0) snprintf(ppar, sizeof ppar, "%s", base_id);
-        else snprintf(ppar, sizeof ppar, "%s-pl%d", base_id, i == 4 ? 2 : i - 1);
+        if (i == 0)
+          snprintf(ppar, sizeof ppar, "%s", base_id);
+        else
+          snprintf(ppar, sizeof ppar, "%s-pl%d", base_id, i == 4 ? 2 : i - 1);
         CHECK_OK(cairn_model_create(c, i == 3 ? base_id : pid, ppar, &w));
         CHECK_OK(cairn_model_inherit_all(w));
         CHECK_OK(cairn_model_commit(w, CAIRN_DURABILITY_MEMORY, &tk[i]));
@@ -272,7 +273,7 @@ int main(int argc, char **argv) {
     /* Device memory: without a GPU (or a CUDA build) the call says so instead of crashing. A real
      * device buffer is exercised by the GPU tests when a GPU is present. */
     if (getenv("CAIRN_TEST_HAVE_GPU") == NULL) {
-      CHECK(cairn_model_read_tensor(r, "body.bias", (void *)back, 64, CAIRN_MEM_CUDA) == CAIRN_ERR_UNAVAILABLE);
+      CHECK(cairn_model_read_tensor(r, "body.bias", (void*)back, 64, CAIRN_MEM_CUDA) == CAIRN_ERR_UNAVAILABLE);
       CHECK(strlen(cairn_last_error()) > 0);
     }
     CHECK_OK(cairn_model_map_tensor(r, "body.weight", &view, &nbytes));
@@ -281,36 +282,36 @@ int main(int argc, char **argv) {
     CHECK(nbytes == 64 && memcmp(view, b1, 64) == 0);
     /* Several tensors with one request: mapped, and copied. */
     {
-      const char *both[2] = {"body.bias", "body.weight"};
-      void *views[2] = {NULL, NULL};
+      const char* both[2] = {"body.bias", "body.weight"};
+      void* views[2] = {NULL, NULL};
       size_t sizes[2] = {0, 0};
       CHECK_OK(cairn_model_map(r, 2, both, views, sizes, NULL));
       CHECK(sizes[0] == 64 && memcmp(views[0], b1, 64) == 0);
       CHECK(sizes[1] == n_w * sizeof(float) && memcmp(views[1], w1, sizes[1]) == 0);
       float bias_copy[16];
-      float *weight_copy = malloc(n_w * sizeof(float));
-      void *dsts[2] = {bias_copy, weight_copy};
+      float* weight_copy = malloc(n_w * sizeof(float));
+      void* dsts[2] = {bias_copy, weight_copy};
       size_t dst_bytes[2] = {sizeof bias_copy, n_w * sizeof(float)};
       CHECK(weight_copy != NULL);
       CHECK_OK(cairn_model_read(r, 2, both, dsts, dst_bytes, NULL));
       CHECK(memcmp(bias_copy, b1, 64) == 0 && memcmp(weight_copy, w1, n_w * sizeof(float)) == 0);
       dst_bytes[0] = 8;
       CHECK(cairn_model_read(r, 2, both, dsts, dst_bytes, NULL) == CAIRN_ERR_INVALID_ARGUMENT);
-      const char *missing[2] = {"body.bias", "nope"};
+      const char* missing[2] = {"body.bias", "nope"};
       CHECK(cairn_model_map(r, 2, missing, views, sizes, NULL) == CAIRN_ERR_NOT_FOUND);
       CHECK(strstr(cairn_last_error(), "nope") != NULL);
       CHECK(cairn_model_map(r, 2, NULL, views, sizes, NULL) == CAIRN_ERR_INVALID_ARGUMENT);
       /* Copy-on-write views: writable, and a write changes neither the stored tensor nor the
        * read-only view of it. */
-      void *cow[2] = {NULL, NULL};
+      void* cow[2] = {NULL, NULL};
       cairn_read_options cow_opts = CAIRN_READ_OPTIONS_INIT;
       cow_opts.private_copy = 1;
       CHECK_OK(cairn_model_map(r, 2, both, cow, sizes, &cow_opts));
       CHECK(sizes[0] == 64 && memcmp(cow[0], b1, 64) == 0);
       CHECK(sizes[1] == n_w * sizeof(float) && memcmp(cow[1], w1, sizes[1]) == 0);
       memset(cow[1], 0x5a, sizes[1]);
-      ((float *)cow[0])[3] = -1.0f;
-      CHECK(((const unsigned char *)cow[1])[sizes[1] - 1] == 0x5a && ((float *)cow[0])[3] == -1.0f);
+      ((float*)cow[0])[3] = -1.0f;
+      CHECK(((const unsigned char*)cow[1])[sizes[1] - 1] == 0x5a && ((float*)cow[0])[3] == -1.0f);
       CHECK(memcmp(views[1], w1, sizes[1]) == 0 && memcmp(views[0], b1, 64) == 0);
       CHECK_OK(cairn_model_read(r, 2, both, dsts, (size_t[2]){64, n_w * sizeof(float)}, NULL));
       CHECK(memcmp(bias_copy, b1, 64) == 0 && memcmp(weight_copy, w1, n_w * sizeof(float)) == 0);
@@ -337,8 +338,8 @@ int main(int argc, char **argv) {
     /* Zero-copy writes into arena space, and inherit_all: the parent's other tensors follow. */
     {
       char space_id[128], meta_id[128], needle[160];
-      void *data = NULL;
-      float *dst;
+      void* data = NULL;
+      float* dst;
       size_t k;
       snprintf(space_id, sizeof space_id, "c-space%s", suffix);
       snprintf(meta_id, sizeof meta_id, "c-meta%s", suffix);
@@ -349,7 +350,7 @@ int main(int argc, char **argv) {
       CHECK_OK(cairn_model_add_tensor_space(w, "head.weight", CAIRN_DTYPE_F32, 2, s_h, &data));
       CHECK(data != NULL);
       if (data) {
-        dst = (float *)data;
+        dst = (float*)data;
         for (k = 0; k < 160; ++k) dst[k] = h2[k];
       }
       /* Written: sealed (hashed now, not at commit); once only, and only arena space. */
@@ -387,9 +388,8 @@ int main(int argc, char **argv) {
       /* Many tensors in one call (copied on every core), in order; a bad batch adds nothing. */
       {
         char batch_id[128];
-        cairn_tensor_in in[3] = {{"h", h2, CAIRN_DTYPE_F32, 2, s_h},
-                                 {"w", w1, CAIRN_DTYPE_F32, 2, s_w},
-                                 {"b", b1, CAIRN_DTYPE_F32, 1, s_b}};
+        cairn_tensor_in in[3] = {
+            {"h", h2, CAIRN_DTYPE_F32, 2, s_h}, {"w", w1, CAIRN_DTYPE_F32, 2, s_w}, {"b", b1, CAIRN_DTYPE_F32, 1, s_b}};
         cairn_tensor_in dup[2] = {{"d", b1, CAIRN_DTYPE_F32, 1, s_b}, {"d", b1, CAIRN_DTYPE_F32, 1, s_b}};
         cairn_tensor_in bad[2] = {{"e", b1, CAIRN_DTYPE_F32, 1, s_b}, {NULL, b1, CAIRN_DTYPE_F32, 1, s_b}};
         snprintf(batch_id, sizeof batch_id, "c-batch%s", suffix);
@@ -452,8 +452,7 @@ int main(int argc, char **argv) {
       CHECK(result != NULL && strstr(result, base_id) != NULL);
       cairn_free(result);
       result = NULL;
-      snprintf(query, sizeof query, "{\"op\":\"query\",\"query\":{\"op\":\"ancestors\",\"model\":\"%s\"}}",
-               space_id);
+      snprintf(query, sizeof query, "{\"op\":\"query\",\"query\":{\"op\":\"ancestors\",\"model\":\"%s\"}}", space_id);
       CHECK(cairn_request(c, query, &result) == CAIRN_ERR_INVALID_ARGUMENT);
       CHECK(result == NULL && strstr(cairn_last_error(), "cairn_query") != NULL);
 
@@ -469,12 +468,18 @@ int main(int argc, char **argv) {
       CHECK(strstr(cairn_last_error(), "cairn_tensor_put") != NULL);
       /* Every op that has a call of its own is refused, naming that call. */
       {
-        static const char *const refused[][2] = {
-            {"tensor_info", "cairn_tensor_info"}, {"poll_tensor", "cairn_tensor_poll"},
-            {"delete_tensor", "cairn_tensor_delete"}, {"lease_tensor", "cairn_tensor_unpack"},
-            {"open", "cairn_model_open"}, {"lease_device", "cairn_model_map"},
-            {"prefetch", "cairn_model_prefetch"}, {"hint", "cairn_hint"}, {"query", "cairn_query"},
-            {"release", "cairn_model_close"}, {"free", "cairn_model_abort"}, {"wait", "cairn_ticket_wait"}};
+        static const char* const refused[][2] = {{"tensor_info", "cairn_tensor_info"},
+                                                 {"poll_tensor", "cairn_tensor_poll"},
+                                                 {"delete_tensor", "cairn_tensor_delete"},
+                                                 {"lease_tensor", "cairn_tensor_unpack"},
+                                                 {"open", "cairn_model_open"},
+                                                 {"lease_device", "cairn_model_map"},
+                                                 {"prefetch", "cairn_model_prefetch"},
+                                                 {"hint", "cairn_hint"},
+                                                 {"query", "cairn_query"},
+                                                 {"release", "cairn_model_close"},
+                                                 {"free", "cairn_model_abort"},
+                                                 {"wait", "cairn_ticket_wait"}};
         size_t k;
         for (k = 0; k < sizeof refused / sizeof refused[0]; ++k) {
           char req[320];
@@ -506,16 +511,16 @@ int main(int argc, char **argv) {
 
   /* ---- safetensors files in and out (cairn_model_put_file / cairn_model_get_file) ---- */
   {
-    const char *tmp = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+    const char* tmp = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
     char in_path[512], out_path[512], bad_path[512], file_id[128], child_file_id[128];
     /* header: {"w":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]}} padded to 8 bytes */
-    const char *header = "{\"w\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[0,16]}}";
+    const char* header = "{\"w\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[0,16]}}";
     size_t hlen = strlen(header), padded = (hlen + 7) / 8 * 8, k;
     float data[4] = {1.0f, 2.0f, 3.0f, 4.0f};
     unsigned char len_le[8];
     unsigned char in_bytes[256], out_bytes[256];
     size_t in_n = 0, out_n = 0;
-    FILE *f;
+    FILE* f;
     snprintf(in_path, sizeof in_path, "%s/c_api_test_in%s-%d.safetensors", tmp, suffix, (int)getpid());
     snprintf(out_path, sizeof out_path, "%s/c_api_test_out%s-%d.safetensors", tmp, suffix, (int)getpid());
     snprintf(bad_path, sizeof bad_path, "%s/c_api_test_bad%s-%d.safetensors", tmp, suffix, (int)getpid());
@@ -536,15 +541,26 @@ int main(int argc, char **argv) {
     CHECK(cairn_model_put_file(c, file_id, in_path, NULL, CAIRN_DURABILITY_GLOBAL, NULL) == CAIRN_ERR_EXISTS);
     CHECK_OK(cairn_model_get_file(c, child_file_id, out_path));
     f = fopen(in_path, "rb");
-    if (f) { in_n = fread(in_bytes, 1, sizeof in_bytes, f); fclose(f); }
+    if (f) {
+      in_n = fread(in_bytes, 1, sizeof in_bytes, f);
+      fclose(f);
+    }
     f = fopen(out_path, "rb");
-    if (f) { out_n = fread(out_bytes, 1, sizeof out_bytes, f); fclose(f); }
+    if (f) {
+      out_n = fread(out_bytes, 1, sizeof out_bytes, f);
+      fclose(f);
+    }
     CHECK(in_n > 0 && in_n == out_n && memcmp(in_bytes, out_bytes, in_n) == 0);
     f = fopen(bad_path, "wb");
-    if (f) { fputs("not a safetensors file", f); fclose(f); }
-    CHECK(cairn_model_put_file(c, "c-bad-file", bad_path, NULL, CAIRN_DURABILITY_GLOBAL, NULL) == CAIRN_ERR_INVALID_ARGUMENT);
+    if (f) {
+      fputs("not a safetensors file", f);
+      fclose(f);
+    }
+    CHECK(cairn_model_put_file(c, "c-bad-file", bad_path, NULL, CAIRN_DURABILITY_GLOBAL, NULL) ==
+          CAIRN_ERR_INVALID_ARGUMENT);
     CHECK(strstr(cairn_last_error(), bad_path) != NULL);
-    CHECK(cairn_model_put_file(c, "c-bad-meta", in_path, NULL, CAIRN_DURABILITY_GLOBAL, "[1]") == CAIRN_ERR_INVALID_ARGUMENT);
+    CHECK(cairn_model_put_file(c, "c-bad-meta", in_path, NULL, CAIRN_DURABILITY_GLOBAL, "[1]") ==
+          CAIRN_ERR_INVALID_ARGUMENT);
     CHECK(cairn_model_get_file(c, "c-no-such-model", out_path) == CAIRN_ERR_NOT_FOUND);
     remove(in_path);
     remove(out_path);
@@ -555,14 +571,14 @@ int main(int argc, char **argv) {
    * cairn_model_prefetch ---- */
   {
     char id[128], child[128], *result = NULL;
-    const char *names[2] = {"o.a", "o.b"};
+    const char* names[2] = {"o.a", "o.b"};
     float a[64], b[8], a_back[64], b_back[8];
     int64_t s_a[2] = {8, 8}, s_b[1] = {8};
     void *views[2] = {NULL, NULL}, *dsts[2] = {a_back, b_back};
     size_t sizes[2] = {0, 0}, dst_bytes[2] = {sizeof a_back, sizeof b_back};
-    cairn_model_writer *w = NULL;
-    cairn_model_reader *r = NULL;
-    cairn_ticket *t = (cairn_ticket *)&t; /* not NULL: a waited commit sets it to NULL */
+    cairn_model_writer* w = NULL;
+    cairn_model_reader* r = NULL;
+    cairn_ticket* t = (cairn_ticket*)&t; /* not NULL: a waited commit sets it to NULL */
     cairn_read_options ro = CAIRN_READ_OPTIONS_INIT, ro_init;
     cairn_commit_options co = CAIRN_COMMIT_OPTIONS_INIT, co_init;
     cairn_prefetch_options po = CAIRN_PREFETCH_OPTIONS_INIT, po_init;
@@ -674,9 +690,9 @@ int main(int argc, char **argv) {
     /* Copy-on-write views: a write stays in this process. */
     ro.private_copy = 1;
     CHECK_OK(cairn_model_map(r, 2, names, views, sizes, &ro));
-    ((float *)views[1])[0] = 42.0f;
+    ((float*)views[1])[0] = 42.0f;
     CHECK_OK(cairn_model_read(r, 2, names, dsts, dst_bytes, NULL));
-    CHECK(b_back[0] == b[0] && ((float *)views[1])[0] == 42.0f);
+    CHECK(b_back[0] == b[0] && ((float*)views[1])[0] == 42.0f);
     /* private_copy is for host maps only; unknown kinds are refused. */
     CHECK(cairn_model_read(r, 2, names, dsts, dst_bytes, &ro) == CAIRN_ERR_INVALID_ARGUMENT);
     CHECK(strstr(cairn_last_error(), "private_copy") != NULL);

@@ -10,31 +10,30 @@
 static int checks = 0;
 static int failures = 0;
 
-#define CHECK(cond)                                                                               \
-  do {                                                                                            \
-    ++checks;                                                                                     \
-    if (!(cond)) {                                                                                \
-      ++failures;                                                                                 \
-      fprintf(stderr, "%s:%d: CHECK(%s) failed; last error: %s\n", __FILE__, __LINE__, #cond,    \
-              cairn_last_error());                                                                \
-    }                                                                                             \
+#define CHECK(cond)                                                                                                \
+  do {                                                                                                             \
+    ++checks;                                                                                                      \
+    if (!(cond)) {                                                                                                 \
+      ++failures;                                                                                                  \
+      fprintf(stderr, "%s:%d: CHECK(%s) failed; last error: %s\n", __FILE__, __LINE__, #cond, cairn_last_error()); \
+    }                                                                                                              \
   } while (0)
 
-int main(int argc, char **argv) {
-  const char *suffix = argc > 1 ? argv[1] : "";
+int main(int argc, char** argv) {
+  const char* suffix = argc > 1 ? argv[1] : "";
   char base[128], child[128], query[512];
-  cairn_client *c = NULL;
-  cairn_model_writer *w = NULL;
-  cairn_model_reader *r = NULL;
-  cairn_ticket *t = NULL;
+  cairn_client* c = NULL;
+  cairn_model_writer* w = NULL;
+  cairn_model_reader* r = NULL;
+  cairn_ticket* t = NULL;
   float x[6] = {1, 2, 3, 4, 5, 6}, y[6] = {0}, bias[3] = {7, 8, 9};
   int64_t shape[2] = {2, 3}, shape_b[1] = {3}, got[CAIRN_MAX_DIMS];
   cairn_dtype dt;
   int ndim = 0, found = 0;
   size_t nbytes = 0, count = 0;
-  const char *name = NULL;
-  const void *view = NULL;
-  char *result = NULL;
+  const char* name = NULL;
+  const void* view = NULL;
+  char* result = NULL;
   snprintf(base, sizeof base, "contract-base%s", suffix);
   snprintf(child, sizeof child, "contract-child%s", suffix);
 
@@ -58,8 +57,9 @@ int main(int argc, char **argv) {
   CHECK(cairn_model_add_tensor(w, "w", x, CAIRN_DTYPE_F32, 2, shape) == CAIRN_OK);
   CHECK(cairn_model_add_tensor(w, "b", bias, CAIRN_DTYPE_F32, 1, shape_b) == CAIRN_OK);
   CHECK(cairn_model_set_metadata(w, "{\"score\": 0.5}") == CAIRN_OK);
-  CHECK(cairn_model_set_architecture(w, "{\"layers\": [{\"name\": \"fc\", \"type\": \"Linear\", \"config\": {}, "
-                                        "\"inputs\": []}], \"tensors\": {\"w\": \"fc\", \"b\": \"fc\"}}") == CAIRN_OK);
+  CHECK(cairn_model_set_architecture(w,
+                                     "{\"layers\": [{\"name\": \"fc\", \"type\": \"Linear\", \"config\": {}, "
+                                     "\"inputs\": []}], \"tensors\": {\"w\": \"fc\", \"b\": \"fc\"}}") == CAIRN_OK);
   CHECK(cairn_model_commit(w, CAIRN_DURABILITY_GLOBAL, NULL) == CAIRN_OK);
   CHECK(cairn_model_create(c, child, base, &w) == CAIRN_OK);
   CHECK(cairn_model_inherit_tensor(w, "w") == CAIRN_OK);

@@ -12,12 +12,12 @@
 namespace cn = cairn::v1;
 
 static int failures = 0;
-#define CHECK(cond)                                                         \
-  do {                                                                      \
-    if (!(cond)) {                                                          \
-      ++failures;                                                           \
+#define CHECK(cond)                                                                 \
+  do {                                                                              \
+    if (!(cond)) {                                                                  \
+      ++failures;                                                                   \
       std::fprintf(stderr, "%s:%d: CHECK(%s) failed\n", __FILE__, __LINE__, #cond); \
-    }                                                                       \
+    }                                                                               \
   } while (0)
 
 int main(int argc, char** argv) {
@@ -110,7 +110,8 @@ int main(int argc, char** argv) {
   CHECK(v && v->nbytes == 256 && std::memcmp(v->data, a.data(), 256) == 0);
   // Device memory (docs/gpu.md): this test's daemon has no HBM tier, and the error says so.
   auto dv = r->map({"b"}, cuda);
-  CHECK(!dv && dv.status().code() == CAIRN_ERR_UNAVAILABLE && dv.status().message().find("no HBM tier") != std::string::npos);
+  CHECK(!dv && dv.status().code() == CAIRN_ERR_UNAVAILABLE &&
+        dv.status().message().find("no HBM tier") != std::string::npos);
   auto q = client->query("{\"op\":\"ancestors\",\"model\":\"cpp-child" + suffix + "\"}");
   CHECK(q && q->find("cpp-base") != std::string::npos);
   CHECK(client->model_open("missing").status().code() == CAIRN_ERR_NOT_FOUND);
@@ -142,7 +143,8 @@ int main(int argc, char** argv) {
     auto space = w->add_tensor_space("a", CAIRN_DTYPE_F32, {512, 512});
     CHECK(space && *space != nullptr);
     if (space) std::memcpy(*space, b.data(), b.size() * sizeof(float));
-    if (space) std::memcpy(static_cast<float*>(*space) + b.size(), a.data() + b.size(), (a.size() - b.size()) * sizeof(float));
+    if (space)
+      std::memcpy(static_cast<float*>(*space) + b.size(), a.data() + b.size(), (a.size() - b.size()) * sizeof(float));
     CHECK(w->seal_tensor("a"));
     CHECK(w->seal_tensor("a").code() == CAIRN_ERR_INVALID_ARGUMENT);  // sealed already
     CHECK(w->inherit_all());
@@ -184,7 +186,8 @@ int main(int argc, char** argv) {
     // Files: a model out as safetensors and back in, byte for byte.
     const std::string path = "/tmp/cpp_api_test" + suffix + "-" + std::to_string(::getpid()) + ".safetensors";
     CHECK(client->model_get_file("cpp-base" + suffix, path));
-    CHECK(client->model_put_file("cpp-file" + suffix, path, "cpp-base" + suffix, CAIRN_DURABILITY_MEMORY, "{\"from\": \"file\"}"));
+    CHECK(client->model_put_file("cpp-file" + suffix, path, "cpp-base" + suffix, CAIRN_DURABILITY_MEMORY,
+                                 "{\"from\": \"file\"}"));
     auto rf = client->model_open("cpp-file" + suffix);
     std::vector<float> got_b(b.size());
     CHECK(rf && rf->read_tensor("b", got_b.data(), 256));

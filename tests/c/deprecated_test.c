@@ -11,34 +11,33 @@
 static int checks = 0;
 static int failures = 0;
 
-#define CHECK(cond)                                                                               \
-  do {                                                                                            \
-    ++checks;                                                                                     \
-    if (!(cond)) {                                                                                \
-      ++failures;                                                                                 \
-      fprintf(stderr, "%s:%d: CHECK(%s) failed; last error: %s\n", __FILE__, __LINE__, #cond,    \
-              cairn_last_error());                                                                \
-    }                                                                                             \
+#define CHECK(cond)                                                                                                \
+  do {                                                                                                             \
+    ++checks;                                                                                                      \
+    if (!(cond)) {                                                                                                 \
+      ++failures;                                                                                                  \
+      fprintf(stderr, "%s:%d: CHECK(%s) failed; last error: %s\n", __FILE__, __LINE__, #cond, cairn_last_error()); \
+    }                                                                                                              \
   } while (0)
 
 static float alloc_buffer[6];
-static void *alloc_into(void *ctx, cairn_dtype dtype, int ndim, const int64_t *shape, size_t nbytes) {
+static void* alloc_into(void* ctx, cairn_dtype dtype, int ndim, const int64_t* shape, size_t nbytes) {
   (void)ctx;
   (void)shape;
   return dtype == CAIRN_DTYPE_F32 && ndim == 2 && nbytes == sizeof alloc_buffer ? alloc_buffer : NULL;
 }
 
-int main(int argc, char **argv) {
-  const char *suffix = argc > 1 ? argv[1] : "";
+int main(int argc, char** argv) {
+  const char* suffix = argc > 1 ? argv[1] : "";
   char id[128], piped[128], *result = NULL;
-  cairn_client *c = NULL;
-  cairn_model_writer *w = NULL;
-  cairn_model_reader *r = NULL;
-  cairn_ticket *t = NULL;
+  cairn_client* c = NULL;
+  cairn_model_writer* w = NULL;
+  cairn_model_reader* r = NULL;
+  cairn_ticket* t = NULL;
   float x[6] = {1, 2, 3, 4, 5, 6}, y[6] = {0}, z[6] = {0};
   int64_t shape[2] = {2, 3};
-  const char *names[2] = {"x", "y"};
-  const void *views[2] = {NULL, NULL};
+  const char* names[2] = {"x", "y"};
+  const void* views[2] = {NULL, NULL};
   void *cow[2] = {NULL, NULL}, *dsts[2] = {y, z};
   size_t sizes[2] = {0, 0}, dst_bytes[2] = {sizeof y, sizeof z};
   snprintf(id, sizeof id, "deprecated%s", suffix);
@@ -74,8 +73,8 @@ int main(int argc, char **argv) {
     CHECK(cairn_model_map_tensors(r, 2, names, views, sizes) == CAIRN_OK);
     CHECK(sizes[0] == sizeof x && memcmp(views[0], x, sizeof x) == 0 && memcmp(views[1], x, sizeof x) == 0);
     CHECK(cairn_model_map_tensors_private(r, 2, names, cow, sizes) == CAIRN_OK);
-    ((float *)cow[0])[0] = -5.0f;
-    CHECK(((const float *)views[0])[0] == 1.0f);
+    ((float*)cow[0])[0] = -5.0f;
+    CHECK(((const float*)views[0])[0] == 1.0f);
     /* The daemon has no HBM tier: the device forms say so, as cairn_model_map with CAIRN_MEM_CUDA does. */
     CHECK(cairn_model_map_tensor_device(r, "x", -1, views, sizes) == CAIRN_ERR_UNAVAILABLE);
     CHECK(cairn_model_map_tensors_device(r, 2, names, -1, views, sizes) == CAIRN_ERR_UNAVAILABLE);
@@ -87,7 +86,7 @@ int main(int argc, char **argv) {
   {
     cairn_status st = cairn_prefetch_all(c, id, &result);
     cairn_prefetch_options po = CAIRN_PREFETCH_OPTIONS_INIT;
-    char *again = NULL;
+    char* again = NULL;
     po.all = 1;
     CHECK(st == cairn_model_prefetch(c, id, &po, &again));
     CHECK((result == NULL) == (again == NULL));

@@ -88,8 +88,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (data[0] & 1) {
     journal.append(in, n);  // a valid prefix, then anything
   } else {
-    journal = v.journal;    // the valid journal with bytes overwritten from `at`
-    for (size_t i = 0; i < n && at + i < journal.size(); ++i) journal[at + i] = static_cast<char>(journal[at + i] ^ in[i]);
+    journal = v.journal;  // the valid journal with bytes overwritten from `at`
+    for (size_t i = 0; i < n && at + i < journal.size(); ++i)
+      journal[at + i] = static_cast<char>(journal[at + i] ^ in[i]);
   }
   cairn::MemoryFileSystem fs;
   if (!fs.make_dirs("/bb").is_ok()) std::abort();

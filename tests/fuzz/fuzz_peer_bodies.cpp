@@ -12,11 +12,10 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <nlohmann/json.hpp>
 #include <span>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "daemon/peers/crypto.hpp"
 #include "daemon/peers/peer_bodies.hpp"
@@ -57,8 +56,12 @@ void check_values(cairn::PeerMsg type, const nlohmann::json& body) {
       expect(h->nonce.size() == cairn::kHelloNonceBytes && h->address.size() >= 3);
       break;
     }
-    case PeerMsg::kHelloReply: expect(cairn::decode_hello_reply(body)->answer.size() == 32); break;
-    case PeerMsg::kGet: expect((cairn::decode_get(body)->tag & cairn::Fabric::kBodyTagBit) != 0); break;
+    case PeerMsg::kHelloReply:
+      expect(cairn::decode_hello_reply(body)->answer.size() == 32);
+      break;
+    case PeerMsg::kGet:
+      expect((cairn::decode_get(body)->tag & cairn::Fabric::kBodyTagBit) != 0);
+      break;
     case PeerMsg::kLookupReply: {
       auto r = cairn::decode_lookup_reply(body);
       expect(r->verdict != cairn::ChunkDirectory::Verdict::kFetch || !r->holder.empty());
@@ -69,7 +72,8 @@ void check_values(cairn::PeerMsg type, const nlohmann::json& body) {
       expect(r->ok == r->error.empty());
       break;
     }
-    default: break;
+    default:
+      break;
   }
 }
 

@@ -11,11 +11,10 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <nlohmann/json.hpp>
 #include <span>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "daemon/peers/crypto.hpp"
 #include "daemon/peers/peer_bodies.hpp"
@@ -39,7 +38,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<uint8_t> frame(data + 1, data + size);
   const size_t n = frame.size();
   if ((mode & 2) && n >= cairn::kPeerHeaderBytes + cairn::kPeerMacBytes) {
-    const size_t ids = (frame[16] | static_cast<size_t>(frame[17]) << 8) + (frame[18] | static_cast<size_t>(frame[19]) << 8);
+    const size_t ids =
+        (frame[16] | static_cast<size_t>(frame[17]) << 8) + (frame[18] | static_cast<size_t>(frame[19]) << 8);
     if (cairn::kPeerHeaderBytes + ids + cairn::kPeerMacBytes <= n) {
       const size_t body_len = n - cairn::kPeerHeaderBytes - ids - cairn::kPeerMacBytes;
       for (int i = 0; i < 4; ++i) frame[20 + i] = static_cast<uint8_t>(body_len >> (8 * i));

@@ -15,12 +15,12 @@ cairn::Catalog& catalog() {
       return nlohmann::json{{"name", name}, {"type", type}, {"config", std::move(cfg)}, {"inputs", std::move(in)}};
     };
     for (int w : {16, 32, 64}) {
-      nlohmann::json g{{"layers",
-                        {layer("in", "Input", nlohmann::json::object(), {}),
-                         layer("conv", "Conv2d", {{"out_channels", w}}, {"in"}),
-                         layer("relu", "ReLU", nlohmann::json::object(), {"conv"}),
-                         layer("skip", "Add", nlohmann::json::object(), {"in", "relu"}),
-                         layer("fc", "Linear", {{"out_features", 10}}, {"skip"})}}};
+      nlohmann::json g{
+          {"layers",
+           {layer("in", "Input", nlohmann::json::object(), {}), layer("conv", "Conv2d", {{"out_channels", w}}, {"in"}),
+            layer("relu", "ReLU", nlohmann::json::object(), {"conv"}),
+            layer("skip", "Add", nlohmann::json::object(), {"in", "relu"}),
+            layer("fc", "Linear", {{"out_features", 10}}, {"skip"})}}};
       auto parsed = cairn::parse_graph(g);
       if (!parsed.is_ok()) std::abort();
       (void)c->add("m" + std::to_string(w), "", c->compile(*parsed), {{"score", w / 64.0}, {"tags", {{"w", w}}}});

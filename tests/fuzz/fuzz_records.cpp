@@ -5,10 +5,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
-
-#include <nlohmann/json.hpp>
 
 #include "tiers/pfs/records.hpp"
 #include "tiers/pfs/repository_impl.hpp"

@@ -49,12 +49,10 @@ bool same_tensors(const Header& a, const Header& b) {
   for (size_t i = 0; i < a.tensors.size(); ++i) {
     const TensorEntry& x = a.tensors[i];
     const TensorEntry& y = b.tensors[i];
-    if (x.name != y.name || x.dtype != y.dtype || x.shape != y.shape || x.begin != y.begin ||
-        x.end != y.end)
+    if (x.name != y.name || x.dtype != y.dtype || x.shape != y.shape || x.begin != y.begin || x.end != y.end)
       return false;
   }
-  return a.has_metadata == b.has_metadata && a.metadata == b.metadata &&
-         a.data_bytes == b.data_bytes;
+  return a.has_metadata == b.has_metadata && a.metadata == b.metadata && a.data_bytes == b.data_bytes;
 }
 
 }  // namespace
@@ -85,8 +83,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto built = cairn::safetensors::build_header(tensors, h.has_metadata ? &h.metadata : nullptr);
   check(built.is_ok(), "build_header rejected a parsed header", built.status().to_string());
   for (size_t i = 0; i < tensors.size(); ++i)
-    check(tensors[i].begin == h.tensors[i].begin && tensors[i].end == h.tensors[i].end,
-          "build_header moved a tensor", tensors[i].name);
+    check(tensors[i].begin == h.tensors[i].begin && tensors[i].end == h.tensors[i].end, "build_header moved a tensor",
+          tensors[i].name);
   check(built->size() % 8 == 0, "built header not padded");
   const uint64_t rebuilt_size = built->size() + h.data_bytes;
   auto again = cairn::safetensors::parse_header(bytes_of(*built), rebuilt_size);

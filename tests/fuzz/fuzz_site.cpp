@@ -1,12 +1,12 @@
 // libFuzzer target for the job lifecycle's site config (/etc/cairn/site.yaml, tools/job_site.cpp):
 // any bytes must give a SiteConfig or a kInvalidArgument Status naming the file, never a crash or an
 // escaping exception; a parsed `daemon:` section must itself parse as YAML again.
+#include <yaml-cpp/yaml.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
-
-#include <yaml-cpp/yaml.h>
 
 #include "tools/job_site.hpp"
 

@@ -38,7 +38,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (p == cairn::SimPolicy::kLru) lru_hits = res.bytes_hit;
     }
     // With room for everything read, LRU and Belady both hit every reread.
-    if (capacity >= s.working_set_bytes && s.inserts == 0 && (lru_hits != s.unbounded_bytes_hit || belady_hits != lru_hits))
+    if (capacity >= s.working_set_bytes && s.inserts == 0 &&
+        (lru_hits != s.unbounded_bytes_hit || belady_hits != lru_hits))
       std::abort();
   }
   return 0;

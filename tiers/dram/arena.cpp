@@ -36,8 +36,8 @@ void read_fault(const uint8_t* p, uint64_t len) {
     if (from < to) sum = static_cast<uint8_t>(sum + to[-1]);
     return sum;
   };
-  const uint64_t threads =
-      std::min<uint64_t>({4, std::max(1u, std::thread::hardware_concurrency()), std::max<uint64_t>(1, len / kPerThread)});
+  const uint64_t threads = std::min<uint64_t>(
+      {4, std::max(1u, std::thread::hardware_concurrency()), std::max<uint64_t>(1, len / kPerThread)});
   if (threads <= 1) {
     (void)touch(p, p + len);
     return;
@@ -53,8 +53,8 @@ void read_fault(const uint8_t* p, uint64_t len) {
 
 // A free() that does not match the allocator's state is a bug in the caller (double free, stale
 // offset, arithmetic error). Continuing would hand the same bytes to two tensors, so stop here.
-[[noreturn]] void die_bad_free(uint64_t offset, uint64_t size, uint64_t capacity,
-                               uint64_t alignment, const std::string& why) {
+[[noreturn]] void die_bad_free(uint64_t offset, uint64_t size, uint64_t capacity, uint64_t alignment,
+                               const std::string& why) {
   std::fprintf(stderr,
                "cairn: ArenaAllocator::free(offset=%" PRIu64 ", size=%" PRIu64
                "): %s (arena "
@@ -88,8 +88,7 @@ Status arena_errno_status(const std::string& what, int err) {
 ArenaAllocator::ArenaAllocator(uint64_t capacity, uint64_t alignment)
     : capacity_(capacity), alignment_(alignment), free_bytes_(capacity) {
   if (alignment == 0 || (alignment & (alignment - 1)) != 0) {
-    throw std::invalid_argument("ArenaAllocator: alignment " + std::to_string(alignment) +
-                                " is not a power of two");
+    throw std::invalid_argument("ArenaAllocator: alignment " + std::to_string(alignment) + " is not a power of two");
   }
   if (capacity % alignment != 0) {
     throw std::invalid_argument("ArenaAllocator: capacity " + std::to_string(capacity) +
@@ -103,9 +102,7 @@ uint64_t ArenaAllocator::round_up(uint64_t size) const {
   return (size + alignment_ - 1) & ~(alignment_ - 1);
 }
 
-uint64_t ArenaAllocator::largest_free() const {
-  return by_size_.empty() ? 0 : by_size_.rbegin()->first;
-}
+uint64_t ArenaAllocator::largest_free() const { return by_size_.empty() ? 0 : by_size_.rbegin()->first; }
 
 std::optional<uint64_t> ArenaAllocator::allocate(uint64_t size) {
   if (size > capacity_) return std::nullopt;  // also keeps round_up from overflowing
@@ -159,8 +156,8 @@ void ArenaAllocator::free(uint64_t offset, uint64_t size) {
     const uint64_t prev_end = prev->first + prev->second;
     if (prev_end > offset) {
       die_bad_free(offset, size, capacity_, alignment_,
-                   "range overlaps the free extent [" + std::to_string(prev->first) + ", " +
-                       std::to_string(prev_end) + ") (double free?)");
+                   "range overlaps the free extent [" + std::to_string(prev->first) + ", " + std::to_string(prev_end) +
+                       ") (double free?)");
     }
     if (prev_end != offset) prev = by_offset_.end();  // not adjacent: no merge
   }
@@ -213,8 +210,7 @@ std::string shmem_thp_mode(const std::string& sysfs) {
   return selected_word(sysfs + "/shmem_enabled");
 }
 
-Result<std::unique_ptr<SharedArena>> SharedArena::create(uint64_t capacity,
-                                                         const std::string& name) {
+Result<std::unique_ptr<SharedArena>> SharedArena::create(uint64_t capacity, const std::string& name) {
   const std::string what = "DRAM arena '" + name + "'";
   const uint64_t page = page_size();
   if (capacity == 0) {
@@ -235,8 +231,7 @@ Result<std::unique_ptr<SharedArena>> SharedArena::create(uint64_t capacity,
   if (::ftruncate(fd, static_cast<off_t>(rounded)) != 0) {
     const int err = errno;
     ::close(fd);
-    return arena_errno_status("ftruncate of " + what + " to " + std::to_string(rounded) + " bytes",
-                              err);
+    return arena_errno_status("ftruncate of " + what + " to " + std::to_string(rounded) + " bytes", err);
   }
   // Best effort: fails harmlessly where sealing is unsupported.
   (void)::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
@@ -275,8 +270,7 @@ SharedArena::~SharedArena() {
 
 Result<std::unique_ptr<ArenaView>> ArenaView::map(int fd, uint64_t size) {
   if (fd < 0) {
-    return invalid_argument("arena descriptor " + std::to_string(fd) +
-                            " is not valid; the daemon did not pass one");
+    return invalid_argument("arena descriptor " + std::to_string(fd) + " is not valid; the daemon did not pass one");
   }
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
@@ -300,16 +294,14 @@ Result<std::unique_ptr<ArenaView>> ArenaView::map(int fd, uint64_t size) {
   if (ro == MAP_FAILED) {
     const int err = errno;
     ::close(fd);
-    return arena_errno_status(
-        "read-only mmap of the DRAM arena (" + std::to_string(size) + " bytes)", err);
+    return arena_errno_status("read-only mmap of the DRAM arena (" + std::to_string(size) + " bytes)", err);
   }
   void* rw = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (rw == MAP_FAILED) {
     const int err = errno;
     ::munmap(ro, size);
     ::close(fd);
-    return arena_errno_status(
-        "read-write mmap of the DRAM arena (" + std::to_string(size) + " bytes)", err);
+    return arena_errno_status("read-write mmap of the DRAM arena (" + std::to_string(size) + " bytes)", err);
   }
   // A page a client touches first is allocated through its mapping: ask for huge pages there too
   // (with shmem_enabled "advise" only mappings that ask get them). Best effort.
@@ -345,8 +337,10 @@ void ArenaView::prefault(uint64_t offset, uint64_t nbytes, bool write) const {
     while (run < g_end && !flags[run].load(std::memory_order_relaxed)) ++run;
     const uint64_t from = g * kGranule, to = std::min(size_, run * kGranule);
     bool populated = true;
-    if (write) populated = ::madvise(base + from, to - from, kMadvPopulateWrite) == 0;
-    else read_fault(base + from, to - from);
+    if (write)
+      populated = ::madvise(base + from, to - from, kMadvPopulateWrite) == 0;
+    else
+      read_fault(base + from, to - from);
     if (populated)
       for (uint64_t k = g; k < run; ++k) flags[k].store(1, std::memory_order_relaxed);
     g = run;

@@ -1,15 +1,14 @@
 #include "tiers/dram/dram_tier.hpp"
 
-#include "core/log.hpp"
-#include "policy/hint_policy.hpp"
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-
-#include <sys/mman.h>
-
 #include <cstdlib>
+
+#include "core/log.hpp"
+#include "policy/hint_policy.hpp"
 
 namespace cairn {
 
@@ -86,8 +85,8 @@ Result<uint64_t> DramTier::allocate(uint64_t nbytes) {
                       "writers; raise tiers.dram.capacity or commit less often)");
     }
     {
-      return no_space("the DRAM arena cannot hold " + std::to_string(nbytes) + " more bytes: " +
-                      std::to_string(alloc_.used()) + " of " + std::to_string(alloc_.capacity()) +
+      return no_space("the DRAM arena cannot hold " + std::to_string(nbytes) +
+                      " more bytes: " + std::to_string(alloc_.used()) + " of " + std::to_string(alloc_.capacity()) +
                       " bytes are pinned by readers, dirty, or held by named tensors and open writes "
                       "(raise tiers.dram.capacity, or release readers)");
     }

@@ -14,23 +14,23 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <functional>
 #include <limits>
-#include <thread>
-#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <thread>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
 #include "core/hash.hpp"
 #include "core/status.hpp"
+#include "core/sync.hpp"
 #include "policy/eviction.hpp"
 #include "tiers/dram/arena.hpp"
 #include "tiers/tier.hpp"
-#include "core/sync.hpp"
 
 namespace cairn {
 
@@ -40,7 +40,7 @@ class DramTier {
   // 64 MiB at a time), so that loads and writes do not pay a page fault per 4 KiB later: the tier's
   // capacity is memory the node gives to cairn.
   static Result<std::unique_ptr<DramTier>> create(uint64_t capacity, std::unique_ptr<EvictionPolicy> policy,
-                                                   const std::string& name);
+                                                  const std::string& name);
   ~DramTier();
   // Bytes of the arena backed with memory so far (== arena_size() once the background pass is done,
   // or less on kernels without MADV_POPULATE_WRITE).
@@ -55,8 +55,8 @@ class DramTier {
   // Allocations are aligned to 4 KiB (so chunks can go to and from the NVMe tier with direct I/O).
   // Evicts clean, unpinned chunks as needed. When the rest is pinned or open writes, kNoSpace at
   // once, naming the request and what is held; when dirty chunks stand in the way (the flusher
-  // will make them clean), waits for it up to the back-pressure timeout (0, the default, fails at once): a writer that outruns the
-  // disks is slowed to their pace instead of failing or growing memory.
+  // will make them clean), waits for it up to the back-pressure timeout (0, the default, fails at once): a writer that
+  // outruns the disks is slowed to their pace instead of failing or growing memory.
   Result<uint64_t> allocate(uint64_t nbytes);
   void set_backpressure_timeout(std::chrono::milliseconds t) { backpressure_timeout_ = t; }
   // Called (outside the tier's lock) when free space falls under low_water bytes after an
@@ -155,7 +155,7 @@ class DramTier {
   std::thread prefault_;
   mutable cairn::Mutex mu_;
   cairn::CondVar loaded_cv_;
-  cairn::CondVar space_cv_;  // space may have become free
+  cairn::CondVar space_cv_;                            // space may have become free
   std::chrono::milliseconds backpressure_timeout_{0};  // 0: no waiting (kNoSpace at once)
   uint64_t low_water_ = 0;
   std::function<void()> pressure_hook_;
@@ -181,8 +181,7 @@ class DramTier {
   std::unordered_map<ChunkHash, HintTerms, ChunkHashHasher>::iterator hint_entry_locked(const ChunkHash& hash)
       CAIRN_REQUIRES(mu_);
   // Drops the entry when it says nothing.
-  void prune_hint_locked(std::unordered_map<ChunkHash, HintTerms, ChunkHashHasher>::iterator it)
-      CAIRN_REQUIRES(mu_);
+  void prune_hint_locked(std::unordered_map<ChunkHash, HintTerms, ChunkHashHasher>::iterator it) CAIRN_REQUIRES(mu_);
   std::unordered_set<ChunkHash, ChunkHashHasher> loading_ CAIRN_GUARDED_BY(mu_);
   uint64_t hits_ = 0, misses_ = 0, bytes_in_ = 0, bytes_out_ = 0, dirty_bytes_ = 0, chunk_bytes_ = 0;
   uint64_t backpressure_waits_ = 0;

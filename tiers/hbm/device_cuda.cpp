@@ -180,7 +180,8 @@ class CudaMapper final : public DeviceMapper {
       CAIRN_RETURN_IF_ERROR(cuda_status("selecting GPU " + std::to_string(device), cudaSetDevice(device)));
     std::lock_guard<std::mutex> lock(mu_);
     if (!stream_)
-      CAIRN_RETURN_IF_ERROR(cuda_status("cudaStreamCreate", cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)));
+      CAIRN_RETURN_IF_ERROR(
+          cuda_status("cudaStreamCreate", cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)));
     for (const auto& op : ops) {
       cudaError_t e = cudaMemcpyAsync(op.dst, op.src, op.n, memcpy_kind(kind), stream_);
       if (e != cudaSuccess) {

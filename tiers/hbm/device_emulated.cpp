@@ -16,9 +16,9 @@
 #include <mutex>
 #include <thread>
 
+#include "core/sync.hpp"
 #include "tiers/hbm/device.hpp"
 #include "tiers/hbm/device_internal.hpp"
-#include "core/sync.hpp"
 
 namespace cairn::hbm {
 
@@ -139,7 +139,7 @@ class EmulatedDevice final : public Device {
   cairn::CondVar cv_;
   std::deque<std::function<void()>> queue_ CAIRN_GUARDED_BY(mu_);
   bool stop_ CAIRN_GUARDED_BY(mu_) = false;
-  std::thread worker_;                       // last: started once the rest is constructed
+  std::thread worker_;  // last: started once the rest is constructed
 };
 
 class EmulatedMapper final : public DeviceMapper {

@@ -31,11 +31,11 @@
 
 #include "core/hash.hpp"
 #include "core/status.hpp"
+#include "core/sync.hpp"
 #include "policy/eviction.hpp"
 #include "tiers/dram/arena.hpp"
 #include "tiers/hbm/device.hpp"
 #include "tiers/tier.hpp"
-#include "core/sync.hpp"
 
 namespace cairn {
 

@@ -47,9 +47,9 @@ class NvmeTier {
  public:
   struct Options {
     std::string path;
-    uint64_t capacity = 0;         // bytes of the data file (rounded down to 4 KiB)
-    bool persistent = false;       // keep contents at close()
-    FileSystem* fs = nullptr;      // nullptr = posix_fs()
+    uint64_t capacity = 0;                   // bytes of the data file (rounded down to 4 KiB)
+    bool persistent = false;                 // keep contents at close()
+    FileSystem* fs = nullptr;                // nullptr = posix_fs()
     std::unique_ptr<EvictionPolicy> policy;  // nullptr = LRU
   };
   // A model committed `local`, recovered from the journal. seq orders them (commit order).
@@ -59,10 +59,10 @@ class NvmeTier {
     std::string manifest_json;
   };
   struct OpenReport {
-    uint64_t chunks = 0;            // chunks recovered
-    uint64_t dirty_chunks = 0;      // of which not yet in the repository
-    uint64_t discarded = 0;         // extents whose bytes did not match their hash
-    uint64_t torn_records = 0;      // journal bytes cut off at the end (0 or 1 record)
+    uint64_t chunks = 0;        // chunks recovered
+    uint64_t dirty_chunks = 0;  // of which not yet in the repository
+    uint64_t discarded = 0;     // extents whose bytes did not match their hash
+    uint64_t torn_records = 0;  // journal bytes cut off at the end (0 or 1 record)
     std::vector<PendingModel> pending;
   };
 

@@ -29,8 +29,8 @@
 #include <utility>
 #include <vector>
 
-#include "tiers/nvme/nvme_tier.hpp"
 #include "core/sync.hpp"
+#include "tiers/nvme/nvme_tier.hpp"
 
 namespace cairn {
 
@@ -58,7 +58,7 @@ struct NvmeTier::Impl {
   // chunk waits for the first instead of storing it twice.
   std::unordered_set<ChunkHash, ChunkHashHasher> inflight CAIRN_GUARDED_BY(mu);
   std::unordered_map<ChunkHash, Entry, ChunkHashHasher> entries CAIRN_GUARDED_BY(mu);
-  std::unordered_map<ChunkHash, bool, ChunkHashHasher> doomed;     // pinned entries to drop at unpin (true: corrupt)
+  std::unordered_map<ChunkHash, bool, ChunkHashHasher> doomed;  // pinned entries to drop at unpin (true: corrupt)
   std::unique_ptr<ArenaAllocator> alloc CAIRN_GUARDED_BY(mu);
   // Extents freed since the last journal sync: reused only once their DEL records are durable.
   std::vector<std::pair<uint64_t, uint64_t>> quarantine CAIRN_GUARDED_BY(mu);

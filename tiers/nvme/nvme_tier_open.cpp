@@ -22,10 +22,10 @@
 #include <vector>
 
 #include "core/log.hpp"
+#include "core/sync.hpp"
 #include "tiers/nvme/extent_io.hpp"
 #include "tiers/nvme/journal.hpp"
 #include "tiers/nvme/nvme_tier_impl.hpp"
-#include "core/sync.hpp"
 
 namespace cairn {
 
@@ -61,7 +61,8 @@ Result<std::unique_ptr<NvmeTier>> NvmeTier::open(Options options) {
       ::close(impl->lock_fd);
       impl->lock_fd = -1;
       if (err == EWOULDBLOCK)
-        return busy("the burst buffer " + dir + " is in use by another cairnd (set tiers.nvme.path to a directory of its own)");
+        return busy("the burst buffer " + dir +
+                    " is in use by another cairnd (set tiers.nvme.path to a directory of its own)");
       return errno_status("locking " + impl->lock_path, err);
     }
   }
@@ -110,9 +111,10 @@ Result<std::unique_ptr<NvmeTier>> NvmeTier::open(Options options) {
   const size_t pos = nvme::replay_journal(jbytes, replay);
   if (pos < jbytes.size()) {
     report.torn_records = 1;
-    CAIRN_LOG_WARN("burst buffer {}: the journal ends with {} bytes that are not a complete record (a write "
-                   "cut short by a crash); ignoring them",
-                   dir, jbytes.size() - pos);
+    CAIRN_LOG_WARN(
+        "burst buffer {}: the journal ends with {} bytes that are not a complete record (a write "
+        "cut short by a crash); ignoring them",
+        dir, jbytes.size() - pos);
   }
 
   // Rebuild the allocator: every recorded extent that lies inside the file and overlaps no other

@@ -20,8 +20,8 @@
 
 namespace cairn {
 
-using nvme::append_record;
 using nvme::AlignedBuffer;
+using nvme::append_record;
 using nvme::put_payload;
 using nvme::round_up;
 
@@ -36,7 +36,8 @@ Status NvmeTier::put(std::span<const Put> chunks) {
     {
       cairn::MutexLock l(im.mu);
       im.landed.wait(l, [&] {
-        return std::none_of(later.begin(), later.end(), [&](const Put& p) CAIRN_REQUIRES(im.mu) { return im.inflight.count(p.hash) > 0; });
+        return std::none_of(later.begin(), later.end(),
+                            [&](const Put& p) CAIRN_REQUIRES(im.mu) { return im.inflight.count(p.hash) > 0; });
       });
     }
     std::vector<Put> again;
@@ -177,8 +178,8 @@ Status NvmeTier::Impl::put_batch(std::span<const Put> chunks, std::vector<Put>& 
       for (const auto& [h, e] : im.entries)
         if (e.pins && !e.dirty) reading += e.length;
     }
-    Status st = no_space("the burst buffer " + im.opt.path + " cannot take " + std::to_string(need) + " more bytes: " +
-                         std::to_string(dirty) + " of its " + std::to_string(im.opt.capacity) +
+    Status st = no_space("the burst buffer " + im.opt.path + " cannot take " + std::to_string(need) +
+                         " more bytes: " + std::to_string(dirty) + " of its " + std::to_string(im.opt.capacity) +
                          " bytes hold chunks not yet in the repository and " + std::to_string(reading) +
                          " bytes chunks being read (the flusher frees space as it writes dirty chunks to the "
                          "repository)");

@@ -8,10 +8,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cerrno>
-#include <cstdio>
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
+#include <cstdio>
 #include <random>
 #include <thread>
 
@@ -145,7 +145,7 @@ bool Coordination::alive(const std::string& wid) const {
   if (!valid_wid(wid)) return false;
   std::string path = join_path(join_path(dir_, kWritersDir), wid);
   UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd.valid()) return false;  // gone: it exited cleanly (or was forgotten as dead)
+  if (!fd.valid()) return false;                                // gone: it exited cleanly (or was forgotten as dead)
   if (::flock(fd.get(), LOCK_SH | LOCK_NB) == 0) return false;  // nobody holds it
   if (errno == EWOULDBLOCK) return true;
   // No flock here: the heartbeat decides.
@@ -231,8 +231,10 @@ void Coordination::read_intents() {
       }
       if (colon + 1 + len + 1 > text.size()) break;  // cut by the end of the file: wait for the rest
       std::string id = text.substr(colon + 1, len);
-      if (sign == '+') in.pending[id] = base + pos;
-      else in.pending.erase(id);
+      if (sign == '+')
+        in.pending[id] = base + pos;
+      else
+        in.pending.erase(id);
       pos = colon + 1 + len + 1;
     }
     in.partial = text.substr(std::min(pos, text.size()));

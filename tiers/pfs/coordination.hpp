@@ -20,11 +20,11 @@
 
 #include <chrono>
 #include <cstdint>
-#include <mutex>
 #include <map>
+#include <mutex>
 #include <set>
-#include <unordered_map>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "core/status.hpp"

@@ -209,7 +209,8 @@ std::string coding_problem(const ChunkRef& c) {
   if (b.coding == ChunkCoding::kDelta || b.base) return "a delta whose base is a delta";
   if (b.length != c.length) return "a base of another length";
   if (b.hash == ChunkHash{}) return "a base without a hash";
-  if (b.coding == ChunkCoding::kRaw ? b.stored != 0 : b.stored == 0) return "a base whose stored size disagrees with its coding";
+  if (b.coding == ChunkCoding::kRaw ? b.stored != 0 : b.stored == 0)
+    return "a base whose stored size disagrees with its coding";
   return "";
 }
 

@@ -9,11 +9,10 @@
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "core/chunk_coding.hpp"
 #include "core/dtype.hpp"
@@ -33,8 +32,8 @@ struct ChunkRef {
   // planes, never a delta), whose location it carries, so the base stays readable (and counted
   // live) as long as the delta is, whatever happens to the model that stored it.
   ChunkCoding coding = ChunkCoding::kRaw;
-  uint64_t stored = 0;                    // bytes in the pack when coded; 0 when raw
-  std::shared_ptr<const ChunkRef> base;   // kDelta only
+  uint64_t stored = 0;                   // bytes in the pack when coded; 0 when raw
+  std::shared_ptr<const ChunkRef> base;  // kDelta only
 
   // The bytes the chunk takes in its pack: [offset, offset + stored_bytes()).
   uint64_t stored_bytes() const { return coding == ChunkCoding::kRaw ? length : stored; }
@@ -83,13 +82,17 @@ class TensorList {
 
   // The list to change in place: this manifest's own (copied first when shared).
   std::vector<TensorManifest>& mut() {
-    if (!v_) v_ = std::make_shared<std::vector<TensorManifest>>();
-    else if (v_.use_count() > 1) v_ = std::make_shared<std::vector<TensorManifest>>(*v_);
+    if (!v_)
+      v_ = std::make_shared<std::vector<TensorManifest>>();
+    else if (v_.use_count() > 1)
+      v_ = std::make_shared<std::vector<TensorManifest>>(*v_);
     return *v_;
   }
   void push_back(TensorManifest t) { mut().push_back(std::move(t)); }
   template <class... A>
-  TensorManifest& emplace_back(A&&... a) { return mut().emplace_back(std::forward<A>(a)...); }
+  TensorManifest& emplace_back(A&&... a) {
+    return mut().emplace_back(std::forward<A>(a)...);
+  }
   void reserve(size_t n) { mut().reserve(n); }
   void clear() { v_.reset(); }
   void resize(size_t n) { mut().resize(n); }
@@ -116,20 +119,20 @@ class TensorList {
 
 struct ModelManifest {
   std::string id;
-  std::string parent;             // "" = none
+  std::string parent;  // "" = none
   nlohmann::json metadata = nlohmann::json::object();
-  nlohmann::json architecture;    // null when none was given
+  nlohmann::json architecture;  // null when none was given
   TensorList tensors;
   // The original safetensors header (8-byte length + JSON) when the model was stored from a file,
   // so `cairn get` of the whole model reproduces the file byte for byte. "" otherwise.
   std::string source_header;
-  int64_t created_ns = 0;         // wall clock; commit keeps a given one that follows the last, else sets it
-  std::string pack;               // this model's pack ("" when it stored no new chunk)
+  int64_t created_ns = 0;  // wall clock; commit keeps a given one that follows the last, else sets it
+  std::string pack;        // this model's pack ("" when it stored no new chunk)
   // Retirement (`cairn rm`): a retired model stays readable and in the lineage until `cairn gc`,
   // which deletes it, or, when live descendants need it in their lineage, keeps it "collected":
   // its manifest without tensors.
-  int64_t retired_ns = 0;         // when it was retired; 0 = live
-  bool collected = false;         // retired and its data released by gc
+  int64_t retired_ns = 0;  // when it was retired; 0 = live
+  bool collected = false;  // retired and its data released by gc
 
   const TensorManifest* find(std::string_view name) const;
   uint64_t logical_bytes() const;  // sum of tensor nbytes

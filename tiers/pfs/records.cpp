@@ -35,13 +35,20 @@ bool known_type(uint32_t t) {
 
 const char* record_type_name(RecordType t) {
   switch (t) {
-    case RecordType::kCommit: return "commit";
-    case RecordType::kRetire: return "retire";
-    case RecordType::kCollect: return "collect";
-    case RecordType::kRemove: return "remove";
-    case RecordType::kSeal: return "seal";
-    case RecordType::kCheckpointBegin: return "checkpoint-begin";
-    case RecordType::kCheckpointEnd: return "checkpoint-end";
+    case RecordType::kCommit:
+      return "commit";
+    case RecordType::kRetire:
+      return "retire";
+    case RecordType::kCollect:
+      return "collect";
+    case RecordType::kRemove:
+      return "remove";
+    case RecordType::kSeal:
+      return "seal";
+    case RecordType::kCheckpointBegin:
+      return "checkpoint-begin";
+    case RecordType::kCheckpointEnd:
+      return "checkpoint-end";
   }
   return "unknown";
 }

@@ -133,7 +133,7 @@ const std::vector<std::string>& DirListing::get(const std::string& dir) {
     return names_;
   }
   const int64_t mtime = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
-  timespec now {};
+  timespec now{};
   ::clock_gettime(CLOCK_REALTIME, &now);
   const int64_t now_ns = static_cast<int64_t>(now.tv_sec) * 1000000000 + now.tv_nsec;
   constexpr int64_t kTrustAfterNs = 2'000'000'000;  // mtimes younger than this are listed anyway

@@ -24,16 +24,16 @@ class FileSystem;
 namespace cairn::pfs {
 
 // File names (docs/repository-format.md).
-inline constexpr std::string_view kTmpPrefix = ".tmp-";  // a file being written; removed at open
-inline constexpr std::string_view kPackSuffix = ".safetensors";    // a pack of its own (safetensors)
-inline constexpr std::string_view kSegmentSuffix = ".pack";        // a writer's pack segment
-inline constexpr std::string_view kLogSuffix = ".log";             // a writer's manifest log
-inline constexpr std::string_view kCheckpointSuffix = ".ckpt";     // a catalog checkpoint
-inline constexpr std::string_view kManifestSuffix = ".json";       // version 1's manifests
+inline constexpr std::string_view kTmpPrefix = ".tmp-";          // a file being written; removed at open
+inline constexpr std::string_view kPackSuffix = ".safetensors";  // a pack of its own (safetensors)
+inline constexpr std::string_view kSegmentSuffix = ".pack";      // a writer's pack segment
+inline constexpr std::string_view kLogSuffix = ".log";           // a writer's manifest log
+inline constexpr std::string_view kCheckpointSuffix = ".ckpt";   // a catalog checkpoint
+inline constexpr std::string_view kManifestSuffix = ".json";     // version 1's manifests
 inline constexpr const char* kPacksDir = "packs";
 inline constexpr const char* kLogsDir = "logs";
 inline constexpr const char* kCheckpointsDir = "checkpoints";
-inline constexpr const char* kManifestsDir = "manifests";          // version 1 only
+inline constexpr const char* kManifestsDir = "manifests";  // version 1 only
 // A pack segment starts with this many bytes: "cairn-pack-segment 2\n<wid>\n", padded with '\n'.
 inline constexpr uint64_t kSegmentHeaderBytes = 64;
 inline constexpr uint64_t kMaxChunkSize = 1ull << 32;  // 4 GiB: a chunk is read into memory whole

@@ -26,7 +26,8 @@ using pfs::quote;
 uint64_t count_files(const std::string& dir) {
   uint64_t n = 0;
   std::error_code ec;
-  for (auto it = std::filesystem::recursive_directory_iterator(dir, ec); !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec))
+  for (auto it = std::filesystem::recursive_directory_iterator(dir, ec);
+       !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec))
     if (it->is_regular_file(ec)) ++n;
   return n;
 }
@@ -70,7 +71,9 @@ Status Repository::claim(const std::string& id) {
   // The id may have been published before our claim: look at every log now.
   RefreshReport ignored;
   Status s = impl_->refresh(&ignored);
-  if (s.is_ok() && contains(id, Freshness::kCached)) s = already_exists("model " + quote(id) + " is already in repository " + impl_->dir_ + "; models are immutable, commit under a new id");
+  if (s.is_ok() && contains(id, Freshness::kCached))
+    s = already_exists("model " + quote(id) + " is already in repository " + impl_->dir_ +
+                       "; models are immutable, commit under a new id");
   if (!s.is_ok()) impl_->coord_->release(id);
   return s;
 }

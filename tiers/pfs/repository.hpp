@@ -27,11 +27,10 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "core/dtype.hpp"
 #include "core/hash.hpp"
@@ -69,14 +68,14 @@ struct RepositoryStats {
 // (what it added), and those of it and all its ancestors together.
 struct ModelUsage {
   std::string id;
-  uint64_t logical_bytes = 0;       // its tensors' bytes
-  uint64_t chunks = 0;              // distinct locations it references
-  uint64_t raw_bytes = 0;           // their raw bytes
-  uint64_t stored_bytes = 0;        // what they take in the packs
-  uint64_t own_raw_bytes = 0;       // of those, the ones no ancestor references: raw
-  uint64_t own_stored_bytes = 0;    // and stored
+  uint64_t logical_bytes = 0;         // its tensors' bytes
+  uint64_t chunks = 0;                // distinct locations it references
+  uint64_t raw_bytes = 0;             // their raw bytes
+  uint64_t stored_bytes = 0;          // what they take in the packs
+  uint64_t own_raw_bytes = 0;         // of those, the ones no ancestor references: raw
+  uint64_t own_stored_bytes = 0;      // and stored
   uint64_t lineage_stored_bytes = 0;  // it and all its ancestors together, stored
-  uint64_t ancestors = 0;           // how many ancestors that counted
+  uint64_t ancestors = 0;             // how many ancestors that counted
 };
 
 // What Repository::gc did.
@@ -84,9 +83,9 @@ struct GcReport {
   std::vector<std::string> removed;    // retired models whose manifests were deleted
   std::vector<std::string> collected;  // retired models kept (without data) for their descendants' lineage
   uint64_t packs_deleted = 0;
-  uint64_t bytes_released = 0;         // by how much stats().physical_bytes fell
-  uint64_t bytes_punched = 0;          // blocks freed inside packs still in use (hole punching), measured
-  uint64_t bytes_unreclaimable = 0;    // dead bytes left allocated: the filesystem cannot punch holes
+  uint64_t bytes_released = 0;       // by how much stats().physical_bytes fell
+  uint64_t bytes_punched = 0;        // blocks freed inside packs still in use (hole punching), measured
+  uint64_t bytes_unreclaimable = 0;  // dead bytes left allocated: the filesystem cannot punch holes
 };
 
 // Where Repository::gc lets a caller that holds a lock of its own around it (cairnd's gc lock,
@@ -111,7 +110,7 @@ struct GcSteps {
 // What Repository::fsck found.
 struct FsckReport {
   struct Problem {
-    std::string model;   // "" for orphans
+    std::string model;  // "" for orphans
     std::string tensor;
     std::string pack;
     uint64_t offset = 0;
@@ -119,10 +118,10 @@ struct FsckReport {
     std::string detail;
   };
   uint64_t models = 0;
-  uint64_t chunks = 0;                 // chunk references checked
-  uint64_t bytes_verified = 0;         // read back and checked against their hashes
-  std::vector<Problem> dangling;       // referenced chunks that are missing, truncated or corrupt
-  std::vector<Problem> orphaned;       // allocated bytes (or whole pack files) no manifest references
+  uint64_t chunks = 0;            // chunk references checked
+  uint64_t bytes_verified = 0;    // read back and checked against their hashes
+  std::vector<Problem> dangling;  // referenced chunks that are missing, truncated or corrupt
+  std::vector<Problem> orphaned;  // allocated bytes (or whole pack files) no manifest references
   uint64_t orphaned_bytes = 0;
   bool ok() const { return dangling.empty(); }
 };
@@ -191,8 +190,8 @@ class Repository {
   // of this file); nullptr = posix_fs(). It must outlive the Repository.
   // A version-1 repository (one manifest file per model) is migrated on open when the directory
   // is writable, else refused with a message naming `cairn migrate`.
-  static Result<std::unique_ptr<Repository>> open(const std::string& dir, uint64_t chunk_size,
-                                                  FileSystem* fs = nullptr, const RepositoryOptions& options = {});
+  static Result<std::unique_ptr<Repository>> open(const std::string& dir, uint64_t chunk_size, FileSystem* fs = nullptr,
+                                                  const RepositoryOptions& options = {});
   ~Repository();
 
   uint64_t chunk_size() const;
@@ -243,7 +242,7 @@ class Repository {
   // The same without a copy.
   Result<std::shared_ptr<const ModelManifest>> get_shared(const std::string& id,
                                                           Freshness fresh = Freshness::kRefreshOnMiss) const;
-  std::vector<std::string> list() const;                   // ids, in commit order
+  std::vector<std::string> list() const;  // ids, in commit order
   std::vector<std::string> children(const std::string& id) const;
   // Where the chunk is stored, if it is.
   std::optional<ChunkRef> locate(const ChunkHash& hash, Freshness fresh = Freshness::kCached) const;

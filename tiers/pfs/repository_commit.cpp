@@ -14,8 +14,8 @@
 
 #include <algorithm>
 #include <atomic>
-#include <condition_variable>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <functional>
 #include <map>
@@ -70,7 +70,8 @@ Status Repository::Impl::ensure_log() {
     json seal = {{"log", log_name_}};
     std::string rec = pfs::encode_record(RecordType::kSeal, seal.dump());
     std::lock_guard lock(sync_mu_);
-    if (log_->pwrite(rec.data(), rec.size(), log_written_).is_ok() && log_->sync(true).is_ok()) log_written_ += rec.size();
+    if (log_->pwrite(rec.data(), rec.size(), log_written_).is_ok() && log_->sync(true).is_ok())
+      log_written_ += rec.size();
     own_sealed_logs_[log_name_] = log_written_;
     {
       std::unique_lock clock(mu_);
@@ -272,10 +273,11 @@ Status Repository::Impl::commit_batch(std::vector<ModelManifest>& ms, const Repo
   if (staged.empty()) return first;
   Status d = wait_durable(gen);
   if (auto took = std::chrono::steady_clock::now() - planned_at; d.is_ok() && took > options_.gc_grace / 2)
-    CAIRN_LOG_WARN("repository {}: a commit took {} ms from plan to sync, more than half the gc grace ({} ms): the "
-                   "gc grace assumption did not hold (a gc of another daemon may have freed a chunk it reuses); "
-                   "raise gc_grace on a filesystem this slow",
-                   dir_, std::chrono::duration_cast<std::chrono::milliseconds>(took).count(), options_.gc_grace.count());
+    CAIRN_LOG_WARN(
+        "repository {}: a commit took {} ms from plan to sync, more than half the gc grace ({} ms): the "
+        "gc grace assumption did not hold (a gc of another daemon may have freed a chunk it reuses); "
+        "raise gc_grace on a filesystem this slow",
+        dir_, std::chrono::duration_cast<std::chrono::milliseconds>(took).count(), options_.gc_grace.count());
   if (!d.is_ok()) {
     std::unique_lock lock(mu_);
     for (auto it = staged.rbegin(); it != staged.rend(); ++it) drop_model(ms[*it].id);
@@ -416,7 +418,8 @@ Result<uint64_t> Repository::Impl::header_room(const ModelManifest& m, const std
                                                const std::map<std::string, std::string>& meta) const {
   std::vector<safetensors::TensorEntry> entries = pack_entries(m, chunks, tensor_first, whole_candidate, true);
   Result<std::string> header = safetensors::build_header(entries, &meta);
-  if (!header.is_ok()) return header.status().with_context("committing model " + quote(m.id) + ": building the pack header");
+  if (!header.is_ok())
+    return header.status().with_context("committing model " + quote(m.id) + ": building the pack header");
   return (header->size() + 7) / 8 * 8;
 }
 
@@ -452,8 +455,8 @@ Status Repository::Impl::stage(ModelManifest& in, const Repository::ChunkSource&
   // most.
   std::vector<NewChunk> new_chunks;
   std::unordered_map<ChunkHash, size_t, ChunkHashHasher> placed;  // hash -> index in new_chunks
-  std::vector<bool> whole_candidate;  // per tensor: every chunk new, none repeated
-  std::vector<size_t> tensor_first;   // per tensor: the new chunks it introduced, [first, next tensor's)
+  std::vector<bool> whole_candidate;                              // per tensor: every chunk new, none repeated
+  std::vector<size_t> tensor_first;  // per tensor: the new chunks it introduced, [first, next tensor's)
   {
     std::shared_lock lock(mu_);
     if (models_.count(m.id))
@@ -579,8 +582,8 @@ Status Repository::Impl::stage(ModelManifest& in, const Repository::ChunkSource&
   // their next read fail as if the id had been deleted and committed again; the torture harness
   // found both. A commit without one (the `cairn` tool without a daemon) takes a stamp after every
   // one this handle has seen or made.
-  m.created_ns = in.created_ns > 0 ? in.created_ns
-                                   : std::max<int64_t>(now, std::max(last_created_ns_, own_last_created_ns_) + 1);
+  m.created_ns =
+      in.created_ns > 0 ? in.created_ns : std::max<int64_t>(now, std::max(last_created_ns_, own_last_created_ns_) + 1);
 
   // Metadata that cannot be written as JSON fails the commit before any byte is written.
   try {
@@ -662,7 +665,8 @@ Status Repository::Impl::stage(ModelManifest& in, const Repository::ChunkSource&
     const uint64_t json_len = data_at - 8;
     for (int b = 0; b < 8; ++b) prefix[static_cast<size_t>(b)] = static_cast<char>(json_len >> (8 * b));
     if (!entries.empty() && data_at + entries.back().end != off)
-      return fail(internal_error("pack entries laid out with a size other than their chunks'"), "building the pack header");
+      return fail(internal_error("pack entries laid out with a size other than their chunks'"),
+                  "building the pack header");
     Status st = own->pwrite(prefix.data(), prefix.size(), 0);
     if (st.is_ok()) st = own->sync(/*data_only=*/false);
     if (st.is_ok()) {

@@ -101,8 +101,8 @@ struct Repository::Impl {
     uint64_t refs = 0;  // (tensor list, tensor, chunk slot) references to this location
   };
   struct ChunkInfo {
-    ChunkRef ref;       // a live location: the one new commits reuse and locate() gives
-    uint64_t refs = 0;  // references to ref
+    ChunkRef ref;                   // a live location: the one new commits reuse and locate() gives
+    uint64_t refs = 0;              // references to ref
     std::vector<ChunkCopy> copies;  // the other live locations (rare)
     // ref is gone: another copy takes its place. False when there is none (the chunk leaves the
     // index).
@@ -130,7 +130,7 @@ struct Repository::Impl {
   std::string logs_dir_;
   std::string ckpt_dir_;
   uint64_t chunk_size_ = 0;
-  bool writable_ = true;  // false: no permission to write the directory
+  bool writable_ = true;      // false: no permission to write the directory
   FileSystem* fs_ = nullptr;  // pack, log and checkpoint bytes, chunk reads (never null after open)
   std::unique_ptr<pfs::Coordination> coord_;
   std::atomic<uint64_t> tmp_counter_{0};
@@ -150,25 +150,25 @@ struct Repository::Impl {
   // Group commit (sync_mu_): records queued by commits, written and synced by one leader at a time.
   std::mutex sync_mu_;
   std::condition_variable sync_cv_;
-  std::string queued_;              // record bytes not yet written
-  uint64_t queued_gen_ = 0;         // records queued so far
-  uint64_t durable_gen_ = 0;        // records durable (or failed: see failed_)
-  bool seg_dirty_ = false;          // segment bytes written since the last sync
+  std::string queued_;        // record bytes not yet written
+  uint64_t queued_gen_ = 0;   // records queued so far
+  uint64_t durable_gen_ = 0;  // records durable (or failed: see failed_)
+  bool seg_dirty_ = false;    // segment bytes written since the last sync
   bool syncing_ = false;
   std::map<uint64_t, std::pair<uint64_t, Status>> failed_;  // first gen -> (last gen, why)
   uint64_t group_syncs_ = 0;
 
   std::map<std::string, uint64_t> own_sealed_logs_;  // this writer's earlier logs -> their size
-  uint64_t log_written_ = 0;  // sync_mu_: bytes of the current log written (durable once synced)
+  uint64_t log_written_ = 0;                         // sync_mu_: bytes of the current log written (durable once synced)
 
   // Reading the logs (refresh_mu_).
   std::mutex refresh_mu_;
   std::map<std::string, uint64_t> read_to_;  // log file -> bytes applied
   std::map<std::string, std::unique_ptr<File>> log_files_;
-  std::set<std::string> warned_;  // logs with a torn end already reported
+  std::set<std::string> warned_;   // logs with a torn end already reported
   mutable std::mutex listing_mu_;  // the two listings (a leaf lock)
   mutable pfs::DirListing logs_listing_, ckpt_listing_;
-  uint64_t ckpt_seq_ = 0;         // the checkpoint loaded or written last
+  uint64_t ckpt_seq_ = 0;  // the checkpoint loaded or written last
   bool reload_needed_ = false;
   std::chrono::steady_clock::time_point last_refresh_{};
 
@@ -191,14 +191,14 @@ struct Repository::Impl {
   uint64_t retired_ = 0;
   int64_t last_created_ns_ = 0;      // the latest stamp of any model indexed (every writer's)
   int64_t own_last_created_ns_ = 0;  // the latest stamp this handle committed (or was given)
-  std::vector<Deferred> deferred_;  // records waiting for their model (or its parent)
+  std::vector<Deferred> deferred_;   // records waiting for their model (or its parent)
   // What records of other writers changed since the public refresh() last handed it out (every
   // internal refresh adds to it: a claim's, a lookup's, gc's).
   RefreshReport unreported_;
   // Collected models as they were before gc released their data: their children's commit records
   // name the parent's tensors by position. Written to checkpoints as a commit and a collect record.
   std::unordered_map<std::string, std::shared_ptr<const ModelManifest>> collected_base_;
-  std::set<std::string> sealed_;    // files whose writers sealed them
+  std::set<std::string> sealed_;  // files whose writers sealed them
 
   // Open packs for reading, at most kMaxOpenPacks (repository_read.cpp); shared so a reader keeps
   // using one that was evicted.

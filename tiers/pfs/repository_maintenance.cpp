@@ -21,9 +21,9 @@
 #include <cerrno>
 #include <chrono>
 #include <set>
-#include <tuple>
-#include <thread>
 #include <string>
+#include <thread>
+#include <tuple>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
@@ -64,8 +64,8 @@ Status Repository::Impl::remove(const std::string& id) {
     }
   }
   nlohmann::json body = {{"id", id}};
-  CAIRN_RETURN_IF_ERROR(append_durable(pfs::encode_record(pfs::RecordType::kRemove, body.dump()), 1)
-                            .with_context("removing " + model));
+  CAIRN_RETURN_IF_ERROR(
+      append_durable(pfs::encode_record(pfs::RecordType::kRemove, body.dump()), 1).with_context("removing " + model));
   std::vector<std::string> dead;
   {
     std::unique_lock lock(mu_);
@@ -252,9 +252,10 @@ void Repository::Impl::reclaim(const std::vector<std::string>& dead, GcReport* r
           });
     }
     if (missed > 0)
-      CAIRN_LOG_ERROR("repository {}: gc: the chunk index lacked {} chunk location(s) that manifests name (e.g. {}); "
-                      "they were kept",
-                      dir_, missed, example);
+      CAIRN_LOG_ERROR(
+          "repository {}: gc: the chunk index lacked {} chunk location(s) that manifests name (e.g. {}); "
+          "they were kept",
+          dir_, missed, example);
     for (const auto& [name, info] : packs_) {
       if (skip.count(name)) continue;
       Plan p{name, info.data_begin, {}};
@@ -286,7 +287,8 @@ void Repository::Impl::reclaim(const std::vector<std::string>& dead, GcReport* r
       uint64_t freed = before - allocated_bytes(fd.get(), r.begin, r.end);
       report->bytes_punched += freed;
       punched += freed;
-      if (ranges++ < 8) where += (where.empty() ? "" : " ") + std::to_string(r.begin) + "+" + std::to_string(r.end - r.begin);
+      if (ranges++ < 8)
+        where += (where.empty() ? "" : " ") + std::to_string(r.begin) + "+" + std::to_string(r.end - r.begin);
     }
     if (punched > 0)
       CAIRN_LOG_INFO("repository {}: gc freed {} bytes in {} range(s) of pack {} ({}{}; the view held {} models)", dir_,
@@ -356,9 +358,10 @@ Status Repository::Impl::revive_parents(
     apply_deferred(nullptr);
   }
   for (const std::string& id : order) {
-    CAIRN_LOG_WARN("repository {}: gc: model {} was removed while another daemon committed a child of it; it is "
-                   "kept, collected (its lineage stays, its bytes that no child uses go)",
-                   dir_, quote(id));
+    CAIRN_LOG_WARN(
+        "repository {}: gc: model {} was removed while another daemon committed a child of it; it is "
+        "kept, collected (its lineage stays, its bytes that no child uses go)",
+        dir_, quote(id));
     report->removed.erase(std::remove(report->removed.begin(), report->removed.end(), id), report->removed.end());
     report->collected.push_back(id);
   }
@@ -498,10 +501,12 @@ Result<FsckReport> Repository::Impl::fsck(bool verify_data, OperationProgress* p
         for_each_location(c, [&](const ChunkRef& at) {
           live[at.pack].push_back({at.offset, at.offset + at.stored_bytes()});
           if (!missing.empty()) return;
-          const std::string what = &at == &c ? "the chunk" : "its base " + at.hash.hex() + " at offset " + std::to_string(at.offset);
+          const std::string what =
+              &at == &c ? "the chunk" : "its base " + at.hash.hex() + " at offset " + std::to_string(at.offset);
           std::string path = join_path(packs_dir_, at.pack);
           struct stat st {};
-          if (::stat(path.c_str(), &st) != 0) missing = "pack file " + path + " is missing" + (&at == &c ? "" : " (" + what + ")");
+          if (::stat(path.c_str(), &st) != 0)
+            missing = "pack file " + path + " is missing" + (&at == &c ? "" : " (" + what + ")");
           else if (at.offset + at.stored_bytes() > static_cast<uint64_t>(st.st_size))
             missing = what + " lies past the end of " + path + " (" + std::to_string(st.st_size) + " bytes)";
         });

@@ -16,8 +16,8 @@
 #include <utility>
 #include <vector>
 
-#include "core/safetensors.hpp"
 #include "core/log.hpp"
+#include "core/safetensors.hpp"
 #include "tiers/pfs/repository_impl.hpp"
 
 namespace cairn {
@@ -161,7 +161,6 @@ Status Repository::Impl::init_or_read_format(uint64_t chunk_size, int* version) 
   return Status::ok();
 }
 
-
 Status Repository::Impl::open(const std::string& dir, uint64_t chunk_size) {
   log_to_stderr_by_default();
   if (dir.empty()) return invalid_argument("repository directory: empty path");
@@ -179,18 +178,20 @@ Status Repository::Impl::open(const std::string& dir, uint64_t chunk_size) {
     if (!writable_)
       return invalid_argument("repository " + dir_ +
                               " has format version 1 (a file per model) and this process cannot migrate it (the "
-                              "directory is not writable); run `cairn migrate " + dir_ + "` as its owner");
+                              "directory is not writable); run `cairn migrate " +
+                              dir_ + "` as its owner");
     CAIRN_RETURN_IF_ERROR(migrate_v1());
     version = 2;
   }
   // Version 3 adds coded chunks and nothing else: a version-2 repository is a valid version 3, so
   // migrating it is saying so (atomically). From then on an older cairn refuses it, rather than
   // misreading a coded chunk. A process that cannot write reads it as it is.
-  if (version == 2 && writable_) CAIRN_RETURN_IF_ERROR(write_format(kFormatVersion).with_context("migrating " + dir_ + " to version 3"));
+  if (version == 2 && writable_)
+    CAIRN_RETURN_IF_ERROR(write_format(kFormatVersion).with_context("migrating " + dir_ + " to version 3"));
   if (writable_) {
     bool created = false;
-    for (const std::string& sub : {packs_dir_, logs_dir_, ckpt_dir_, join_path(dir_, pfs::kWritersDir),
-                                   join_path(dir_, pfs::kClaimsDir)}) {
+    for (const std::string& sub :
+         {packs_dir_, logs_dir_, ckpt_dir_, join_path(dir_, pfs::kWritersDir), join_path(dir_, pfs::kClaimsDir)}) {
       if (::mkdir(sub.c_str(), 0755) == 0) {
         created = true;
       } else if (errno != EEXIST) {
@@ -427,8 +428,10 @@ void Repository::Impl::release_data(const ModelManifest& m, std::vector<std::str
   bool last = true;
   if (const void* list = m.tensors.identity()) {
     auto lit = list_refs_.find(list);
-    if (lit != list_refs_.end() && --lit->second > 0) last = false;
-    else if (lit != list_refs_.end()) list_refs_.erase(lit);
+    if (lit != list_refs_.end() && --lit->second > 0)
+      last = false;
+    else if (lit != list_refs_.end())
+      list_refs_.erase(lit);
   }
   if (last)
     for (const TensorManifest& t : m.tensors) {

@@ -116,8 +116,10 @@ Status Repository::Impl::read_direct(File& file, const ChunkRef& ref, void* dst,
       size_t piece = 0;
       Status s = file.pread(buf + p, n, begin + p, &piece);
       std::lock_guard lock(mu);
-      if (!s.is_ok()) st = std::move(s);
-      else in = p += piece;
+      if (!s.is_ok())
+        st = std::move(s);
+      else
+        in = p += piece;
       if (!st.is_ok() || piece < n) break;
       arrived.notify_one();
     }

@@ -13,10 +13,10 @@
 // checkpoint covers all of it and its writer is gone, so at every moment the newest checkpoint
 // plus the logs from their covered offsets hold every acknowledged record.
 #include <algorithm>
-#include <thread>
 #include <cstdio>
 #include <set>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -156,8 +156,8 @@ Result<ModelManifest> decode_commit(json j, const ModelManifest* parent) {
 
 Status Repository::Impl::apply(RecordType type, std::string_view payload, const std::string& log, uint64_t offset,
                                RefreshReport* rep) {
-  const std::string where = (log.empty() ? std::string("a checkpoint") : "log " + join_path(logs_dir_, log)) +
-                            ", " + pfs::record_type_name(type) + " record at byte " + std::to_string(offset);
+  const std::string where = (log.empty() ? std::string("a checkpoint") : "log " + join_path(logs_dir_, log)) + ", " +
+                            pfs::record_type_name(type) + " record at byte " + std::to_string(offset);
   auto defer = [&] {
     deferred_.push_back({type, std::string(payload), log, offset});
     return Status::ok();
@@ -271,7 +271,8 @@ void Repository::Impl::apply_deferred(RefreshReport* rep) {
 // ---- checkpoints ----
 
 Status Repository::Impl::publish_checkpoint(
-    uint64_t seq, const std::map<std::string, uint64_t>& covers, const std::vector<std::shared_ptr<const ModelManifest>>& models,
+    uint64_t seq, const std::map<std::string, uint64_t>& covers,
+    const std::vector<std::shared_ptr<const ModelManifest>>& models,
     const std::unordered_map<std::string, std::shared_ptr<const ModelManifest>>& bases,
     const std::vector<Deferred>& carried) {
   uint64_t carried_commits = 0;
@@ -296,8 +297,10 @@ Status Repository::Impl::publish_checkpoint(
     const ModelManifest* parent = nullptr;
     if (!m->parent.empty()) {
       auto it = base.find(m->parent);
-      if (it != base.end()) parent = it->second;
-      else if (auto it2 = by_id.find(m->parent); it2 != by_id.end()) parent = it2->second;
+      if (it != base.end())
+        parent = it->second;
+      else if (auto it2 = by_id.find(m->parent); it2 != by_id.end())
+        parent = it2->second;
     }
     std::string payload;
     try {
@@ -324,8 +327,9 @@ Status Repository::Impl::publish_checkpoint(
   return pfs::AtomicFileWriter::publish(*fs_, ckpt_dir_, checkpoint_name(seq), iov, tmp_name());
 }
 
-Status Repository::Impl::read_checkpoint(const std::string& name, uint64_t* seq, std::map<std::string, uint64_t>* covers,
-                                         bool header_only, RefreshReport* rep) {
+Status Repository::Impl::read_checkpoint(const std::string& name, uint64_t* seq,
+                                         std::map<std::string, uint64_t>* covers, bool header_only,
+                                         RefreshReport* rep) {
   std::string path = join_path(ckpt_dir_, name);
   std::string bytes;
   if (header_only) {
@@ -356,7 +360,8 @@ Status Repository::Impl::read_checkpoint(const std::string& name, uint64_t* seq,
   *seq = begin["seq"].get<uint64_t>();
   covers->clear();
   for (auto& [log, off] : begin["covers"].items()) {
-    if (!off.is_number_unsigned()) return corruption("checkpoint " + path + ": covers." + log + " is not an offset" + todo);
+    if (!off.is_number_unsigned())
+      return corruption("checkpoint " + path + ": covers." + log + " is not an offset" + todo);
     (*covers)[log] = off.get<uint64_t>();
   }
   if (header_only) return Status::ok();
@@ -422,14 +427,19 @@ Status Repository::Impl::load(RefreshReport* rep) {
     if (!newest.empty()) {
       std::map<std::string, uint64_t> covers;
       st = read_checkpoint(newest, &ckpt_seq_, &covers, /*header_only=*/false, &mine);
-      if (st.is_ok()) read_to_ = std::move(covers);
-      else if (st.code() == StatusCode::kNotFound) reload = true;  // replaced by a newer one just now
+      if (st.is_ok())
+        read_to_ = std::move(covers);
+      else if (st.code() == StatusCode::kNotFound)
+        reload = true;  // replaced by a newer one just now
     }
     if (st.is_ok()) st = read_logs(&mine, &reload, /*own_too=*/true);
     if (!st.is_ok() && !reload) return st;
     if (!reload || attempt == kAttempts) {
-      if (reload) CAIRN_LOG_WARN("repository {}: compacted {} times while it was being read; the view may lack "
-                                 "models until the next refresh", dir_, kAttempts);
+      if (reload)
+        CAIRN_LOG_WARN(
+            "repository {}: compacted {} times while it was being read; the view may lack "
+            "models until the next refresh",
+            dir_, kAttempts);
       if (rep) {
         rep->added.insert(rep->added.end(), mine.added.begin(), mine.added.end());
         rep->removed.insert(rep->removed.end(), mine.removed.begin(), mine.removed.end());
@@ -591,7 +601,8 @@ Status Repository::Impl::refresh(RefreshReport* rep) {
       for (const std::string& id : order_) {
         const auto& m = models_.at(id);
         auto b = before.find(id);
-        if (b == before.end()) unreported_.added.push_back(m);
+        if (b == before.end())
+          unreported_.added.push_back(m);
         else if (b->second->retired_ns != m->retired_ns || b->second->collected != m->collected)
           unreported_.retired.push_back(id);
       }

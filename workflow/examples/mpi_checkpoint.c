@@ -21,13 +21,13 @@ static double now(void) {
   return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
-int main(int argc, char **argv) {
+int main(int argc, char** argv) {
   const char *id = "mpi-ckpt", *parent = NULL, *dur = "memory";
   int ntensors = 12, mib = 32, rank = 0, size = 1, i, bad = 0, all_bad = 0, stall = -1, timeout_ms = 30000;
-  cairn_client *c = NULL;
-  cairn_ticket *ticket = NULL;
-  cairn_tensor_ref *refs;
-  int64_t *shapes;
+  cairn_client* c = NULL;
+  cairn_ticket* ticket = NULL;
+  cairn_tensor_ref* refs;
+  int64_t* shapes;
   float **data, **back;
   size_t total = 0;
   double t0, blocked, waited, restored, max_blocked = 0, max_restored = 0;
@@ -38,16 +38,24 @@ int main(int argc, char **argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   for (i = 1; i + 1 < argc; i += 2) {
-    if (!strcmp(argv[i], "--id")) id = argv[i + 1];
-    else if (!strcmp(argv[i], "--tensors")) ntensors = atoi(argv[i + 1]);
-    else if (!strcmp(argv[i], "--mib")) mib = atoi(argv[i + 1]);
-    else if (!strcmp(argv[i], "--parent")) parent = argv[i + 1];
-    else if (!strcmp(argv[i], "--durability")) dur = argv[i + 1];
-    else if (!strcmp(argv[i], "--stall-rank")) stall = atoi(argv[i + 1]);
-    else if (!strcmp(argv[i], "--timeout-ms")) timeout_ms = atoi(argv[i + 1]);
+    if (!strcmp(argv[i], "--id"))
+      id = argv[i + 1];
+    else if (!strcmp(argv[i], "--tensors"))
+      ntensors = atoi(argv[i + 1]);
+    else if (!strcmp(argv[i], "--mib"))
+      mib = atoi(argv[i + 1]);
+    else if (!strcmp(argv[i], "--parent"))
+      parent = argv[i + 1];
+    else if (!strcmp(argv[i], "--durability"))
+      dur = argv[i + 1];
+    else if (!strcmp(argv[i], "--stall-rank"))
+      stall = atoi(argv[i + 1]);
+    else if (!strcmp(argv[i], "--timeout-ms"))
+      timeout_ms = atoi(argv[i + 1]);
   }
-  d = !strcmp(dur, "global") ? CAIRN_DURABILITY_GLOBAL : !strcmp(dur, "local") ? CAIRN_DURABILITY_LOCAL
-                                                                                 : CAIRN_DURABILITY_MEMORY;
+  d = !strcmp(dur, "global")  ? CAIRN_DURABILITY_GLOBAL
+      : !strcmp(dur, "local") ? CAIRN_DURABILITY_LOCAL
+                              : CAIRN_DURABILITY_MEMORY;
   if (cairn_connect(NULL, &c) != CAIRN_OK) {
     fprintf(stderr, "rank %d: %s\n", rank, cairn_last_error());
     MPI_Abort(MPI_COMM_WORLD, 2);
@@ -62,7 +70,7 @@ int main(int argc, char **argv) {
     size_t budget = (size_t)mib << 20, k;
     for (i = 0; i < ntensors; ++i) {
       size_t n = budget / (size_t)(2 << (i < 6 ? i : 6)) / sizeof(float);
-      char *name = malloc(32);
+      char* name = malloc(32);
       if (n < 16) n = 16;
       shapes[i] = (int64_t)n;
       data[i] = malloc(n * sizeof(float));
@@ -131,12 +139,13 @@ int main(int argc, char **argv) {
   MPI_Reduce(&blocked, &max_blocked, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
   MPI_Reduce(&restored, &max_restored, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
   if (rank == 0)
-    printf("checkpoint %s: %d tensors, %zu bytes, %d ranks; blocked %.2f ms (slowest rank), durability %s after "
-           "%.2f ms more; restore %.2f ms; %s\n",
-           id, ntensors, total, size, max_blocked * 1e3, dur, waited * 1e3, max_restored * 1e3,
-           all_bad ? "RESTORE DIFFERS" : "restore exact on every rank");
+    printf(
+        "checkpoint %s: %d tensors, %zu bytes, %d ranks; blocked %.2f ms (slowest rank), durability %s after "
+        "%.2f ms more; restore %.2f ms; %s\n",
+        id, ntensors, total, size, max_blocked * 1e3, dur, waited * 1e3, max_restored * 1e3,
+        all_bad ? "RESTORE DIFFERS" : "restore exact on every rank");
   for (i = 0; i < ntensors; ++i) {
-    free((void *)refs[i].name);
+    free((void*)refs[i].name);
     free(data[i]);
     free(back[i]);
   }

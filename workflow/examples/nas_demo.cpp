@@ -17,11 +17,10 @@
 #include <cstring>
 #include <deque>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "api/cpp/client.hpp"
 #include "core/safetensors.hpp"
@@ -43,7 +42,8 @@ struct Param {
 std::vector<Param> resnet18() {
   std::vector<Param> ps;
   auto bn = [&](const std::string& p, int64_t c, const std::string& layer) {
-    for (const char* s : {"weight", "bias", "running_mean", "running_var"}) ps.push_back({p + "." + s, DType::kF32, {c}, layer});
+    for (const char* s : {"weight", "bias", "running_mean", "running_var"})
+      ps.push_back({p + "." + s, DType::kF32, {c}, layer});
     ps.push_back({p + ".num_batches_tracked", DType::kI64, {}, layer});
   };
   ps.push_back({"conv1.weight", DType::kF32, {64, 3, 7, 7}, "conv1"});
@@ -89,8 +89,10 @@ double median(std::vector<double> v) {
 
 std::string human(uint64_t b) {
   char buf[32];
-  if (b >= (1ull << 30)) std::snprintf(buf, sizeof buf, "%.2f GiB", static_cast<double>(b) / (1ull << 30));
-  else std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(b) / (1ull << 20));
+  if (b >= (1ull << 30))
+    std::snprintf(buf, sizeof buf, "%.2f GiB", static_cast<double>(b) / (1ull << 30));
+  else
+    std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(b) / (1ull << 20));
   return buf;
 }
 
@@ -107,15 +109,19 @@ int main(int argc, char** argv) {
   bool as_json = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--candidates" && i + 1 < argc) candidates = std::max(2, std::atoi(argv[++i]));
-    else if (a == "--baseline-dir" && i + 1 < argc) baseline_dir = argv[++i];
-    else if (a == "--json") as_json = true;
+    if (a == "--candidates" && i + 1 < argc)
+      candidates = std::max(2, std::atoi(argv[++i]));
+    else if (a == "--baseline-dir" && i + 1 < argc)
+      baseline_dir = argv[++i];
+    else if (a == "--json")
+      as_json = true;
     else {
       std::fprintf(stderr, "usage: cairn_nas_demo [--candidates N] [--baseline-dir DIR] [--json]\n");
       return 2;
     }
   }
-  if (baseline_dir.empty()) baseline_dir = std::filesystem::temp_directory_path() / ("cairn-nas-baseline-" + std::to_string(::getpid()));
+  if (baseline_dir.empty())
+    baseline_dir = std::filesystem::temp_directory_path() / ("cairn-nas-baseline-" + std::to_string(::getpid()));
   std::filesystem::create_directories(baseline_dir);
 
   auto client = cairn::Client::connect("");
@@ -278,15 +284,17 @@ int main(int argc, char** argv) {
     std::printf("%s\n", out.dump(2).c_str());
     return 0;
   }
-  std::printf("NAS-style run: %d candidates of ResNet-18 shape (%zu tensors, %s each); each changes 3 layers of its parent\n",
-              candidates, params.size(), human(model_bytes).c_str());
+  std::printf(
+      "NAS-style run: %d candidates of ResNet-18 shape (%zu tensors, %s each); each changes 3 layers of its parent\n",
+      candidates, params.size(), human(model_bytes).c_str());
   std::printf("  bytes stored   cairn repository %10s | one safetensors file per model %10s  (%.1fx smaller)\n",
               human(physical).c_str(), human(naive_bytes).c_str(),
               physical ? static_cast<double>(naive_bytes) / static_cast<double>(physical) : 0.0);
   std::printf("  store (median) cairn commit, global %7.1f ms | file write + fsync %7.1f ms\n", median(store_ms),
               median(file_write_ms));
-  std::printf("  load parent    cairn read into buffer %5.1f ms | zero-copy map %5.2f ms | file read (page cache) %5.1f ms\n",
-              median(cairn_copy_ms), median(cairn_map_ms), median(file_read_ms));
+  std::printf(
+      "  load parent    cairn read into buffer %5.1f ms | zero-copy map %5.2f ms | file read (page cache) %5.1f ms\n",
+      median(cairn_copy_ms), median(cairn_map_ms), median(file_read_ms));
   std::printf("  tiers          DRAM hits %llu, misses %llu; chunks read from the repository %llu\n",
               static_cast<unsigned long long>(dram["hits"].get<uint64_t>()),
               static_cast<unsigned long long>(dram["misses"].get<uint64_t>()),

@@ -22,11 +22,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "cairn/cairn.h"
 
@@ -70,10 +69,14 @@ bool split_ids(Tcl_Interp* interp, std::string text, std::vector<std::string>* i
 }
 
 bool parse_durability(const std::string& s, cairn_durability* d) {
-  if (s == "memory") *d = CAIRN_DURABILITY_MEMORY;
-  else if (s == "local") *d = CAIRN_DURABILITY_LOCAL;
-  else if (s == "global" || s.empty()) *d = CAIRN_DURABILITY_GLOBAL;
-  else return false;
+  if (s == "memory")
+    *d = CAIRN_DURABILITY_MEMORY;
+  else if (s == "local")
+    *d = CAIRN_DURABILITY_LOCAL;
+  else if (s == "global" || s.empty())
+    *d = CAIRN_DURABILITY_GLOBAL;
+  else
+    return false;
   return true;
 }
 
@@ -332,10 +335,10 @@ extern "C" int Tclcairn_Init(Tcl_Interp* interp) {
   struct {
     const char* name;
     Tcl_ObjCmdProc* proc;
-  } cmds[] = {{"cairn::put_file", PutFile}, {"cairn::get_file", GetFile},         {"cairn::best_ancestor", BestAncestor},
-              {"cairn::lineage", Lineage},  {"cairn::metadata", Metadata},        {"cairn::score", Score},
-              {"cairn::best_of", BestOf},   {"cairn::put_blob", PutBlob},         {"cairn::get_blob", GetBlob},
-              {"cairn::poll", Poll},        {"cairn::delete", Delete},          {"cairn::hint", Hint}};
+  } cmds[] = {{"cairn::put_file", PutFile}, {"cairn::get_file", GetFile},  {"cairn::best_ancestor", BestAncestor},
+              {"cairn::lineage", Lineage},  {"cairn::metadata", Metadata}, {"cairn::score", Score},
+              {"cairn::best_of", BestOf},   {"cairn::put_blob", PutBlob},  {"cairn::get_blob", GetBlob},
+              {"cairn::poll", Poll},        {"cairn::delete", Delete},     {"cairn::hint", Hint}};
   Tcl_Eval(interp, "namespace eval ::cairn {}");
   for (const auto& c : cmds) Tcl_CreateObjCommand(interp, c.name, c.proc, nullptr, nullptr);
   return Tcl_PkgProvide(interp, "cairn", "0.1");

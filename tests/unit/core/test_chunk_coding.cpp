@@ -1,7 +1,6 @@
 // Tests for chunk coding (core/chunk_coding.hpp): exact round trips for every width and length,
 // raw where coding does not pay, deltas against a reference, and clear errors for damaged frames.
 #include <catch2/catch.hpp>
-
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -70,8 +69,8 @@ std::string weights(DType t, size_t n, uint64_t seed, const std::string* base = 
 std::string roundtrip(const EncodedChunk& e, const std::string& raw, const std::string* base = nullptr) {
   if (e.coding == ChunkCoding::kRaw) return raw;
   std::string out(raw.size(), '\x55');
-  Status s = decode_chunk(e.coding, e.bytes.data(), e.bytes.size(), base ? base->data() : nullptr, out.data(),
-                          out.size());
+  Status s =
+      decode_chunk(e.coding, e.bytes.data(), e.bytes.size(), base ? base->data() : nullptr, out.data(), out.size());
   INFO(s.to_string());
   REQUIRE(s.is_ok());
   return out;

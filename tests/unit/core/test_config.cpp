@@ -46,9 +46,8 @@ void require_same(const Config& a, const Config& b) {
   CHECK(a.socket == b.socket);
   CHECK(a.repository == b.repository);
   CHECK(a.chunk_size == b.chunk_size);
-  for (auto [x, y] :
-       {std::pair{&a.tiers.hbm, &b.tiers.hbm}, std::pair{&a.tiers.dram, &b.tiers.dram},
-        std::pair{&a.tiers.nvme, &b.tiers.nvme}}) {
+  for (auto [x, y] : {std::pair{&a.tiers.hbm, &b.tiers.hbm}, std::pair{&a.tiers.dram, &b.tiers.dram},
+                      std::pair{&a.tiers.nvme, &b.tiers.nvme}}) {
     CHECK(x->capacity == y->capacity);
     CHECK(x->path == y->path);
     CHECK(x->devices == y->devices);
@@ -321,7 +320,9 @@ TEST_CASE("config: unknown keys are rejected with their path and the valid keys"
 
   m = load_error("sockett: /x\n");
   CHECK(contains(m, "/etc/cairn.yaml: sockett: unknown key"));
-  CHECK(contains(m, "socket, repository, chunk_size, repository_refresh, repository_direct_reads, repository_compression, tiers, policy, peers, compute, log"));
+  CHECK(contains(m,
+                 "socket, repository, chunk_size, repository_refresh, repository_direct_reads, repository_compression, "
+                 "tiers, policy, peers, compute, log"));
 
   m = load_error("tiers: {ssd: {capacity: 1GiB}}");
   CHECK(contains(m, "tiers.ssd: unknown key (valid keys here: hbm, dram, nvme)"));
@@ -330,7 +331,8 @@ TEST_CASE("config: unknown keys are rejected with their path and the valid keys"
   CHECK(contains(m, "tiers.nvme.size: unknown key (valid keys here: path, capacity, persistent)"));
 
   m = load_error("policy: {evict: lru}");
-  CHECK(contains(m, "policy.evict: unknown key (valid keys here: eviction, prefetch, admission, prefetch_budget, trace)"));
+  CHECK(contains(m,
+                 "policy.evict: unknown key (valid keys here: eviction, prefetch, admission, prefetch_budget, trace)"));
 
   m = load_error("peers: {jobid: 12}");
   CHECK(contains(m,
@@ -397,8 +399,7 @@ TEST_CASE("config: booleans accept the YAML spellings", "[config]") {
     CHECK(load_ok(std::string("tiers: {nvme: {persistent: ") + t + "}}").tiers.nvme.persistent);
   }
   for (const char* f : {"false", "False", "no", "off", "0"}) {
-    CHECK_FALSE(
-        load_ok(std::string("tiers: {nvme: {persistent: ") + f + "}}").tiers.nvme.persistent);
+    CHECK_FALSE(load_ok(std::string("tiers: {nvme: {persistent: ") + f + "}}").tiers.nvme.persistent);
   }
 }
 
@@ -575,8 +576,9 @@ TEST_CASE("config: files", "[config]") {
 // ---- metrics ----
 
 TEST_CASE("config: the metrics keys", "[config][metrics]") {
-  Config c = load_ok("metrics:\n  listen: 127.0.0.1:9464\n  textfile: /var/lib/node_exporter/cairn.prom\n"
-                     "  interval: 30s\n");
+  Config c = load_ok(
+      "metrics:\n  listen: 127.0.0.1:9464\n  textfile: /var/lib/node_exporter/cairn.prom\n"
+      "  interval: 30s\n");
   CHECK(c.metrics.listen == "127.0.0.1:9464");
   CHECK(c.metrics.textfile == "/var/lib/node_exporter/cairn.prom");
   CHECK(c.metrics.interval == "30s");
@@ -732,9 +734,7 @@ TEST_CASE("config: process_env reads environ", "[config]") {
 
 TEST_CASE("config: string values expand variables", "[config]") {
   Env env = {{"SCRATCH", "/lus/scratch"}, {"JOB", "42"}, {"EMPTY", ""}, {"USER", "carol"}};
-  auto repo = [&](const std::string& value) {
-    return load_ok("repository: \"" + value + "\"", env).repository;
-  };
+  auto repo = [&](const std::string& value) { return load_ok("repository: \"" + value + "\"", env).repository; };
   CHECK(repo("${SCRATCH}/repo") == "/lus/scratch/repo");
   CHECK(repo("$SCRATCH/repo-$JOB") == "/lus/scratch/repo-42");
   CHECK(repo("${NOPE}/x") == "/x");
@@ -857,8 +857,7 @@ TEST_CASE("config: random mutations of a valid config never throw or crash", "[c
           if (!text.empty()) text[pick(text.size())] = alphabet[pick(alphabet.size())];
           break;
         case 1:  // insert a byte
-          text.insert(text.begin() + static_cast<std::ptrdiff_t>(pos),
-                      alphabet[pick(alphabet.size())]);
+          text.insert(text.begin() + static_cast<std::ptrdiff_t>(pos), alphabet[pick(alphabet.size())]);
           break;
         case 2:  // delete a run
           text.erase(pos, 1 + pick(8));

@@ -1,4 +1,6 @@
 // stream_copy: the same bytes as memcpy for every size and alignment, streaming or not.
+#include <xxhash.h>
+
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstdint>
@@ -10,8 +12,6 @@
 #include "core/copy.hpp"
 #include "core/hash.hpp"
 #include "core/hash_simd.hpp"
-
-#include <xxhash.h>
 
 using cairn::should_stream;
 using cairn::stream_copy;
@@ -101,8 +101,8 @@ void check_simd_build(const char* isa, Hash hash, Copy copy, Ready ready) {
   INFO(isa);
   std::vector<uint8_t> src((1u << 20) + 333), dst(src.size());
   for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>((i * 31) ^ (i >> 7));
-  for (size_t n : {size_t{0}, size_t{1}, size_t{16}, size_t{129}, size_t{240}, size_t{241}, size_t{1024},
-                   size_t{65535}, size_t{65537}, src.size()}) {
+  for (size_t n : {size_t{0}, size_t{1}, size_t{16}, size_t{129}, size_t{240}, size_t{241}, size_t{1024}, size_t{65535},
+                   size_t{65537}, src.size()}) {
     INFO("length " << n);
     const XXH128_hash_t w = XXH3_128bits(src.data(), n);
     const cairn::ChunkHash want{w.high64, w.low64};
@@ -129,8 +129,7 @@ TEST_CASE("the AVX2 and AVX-512 builds of xxh3 give libxxhash's hashes", "[copy]
 }
 #endif
 
-TEST_CASE("copy_and_hash_as_ready copies what is ready as it comes, and stops where the source fails",
-          "[copy][hash]") {
+TEST_CASE("copy_and_hash_as_ready copies what is ready as it comes, and stops where the source fails", "[copy][hash]") {
   const size_t n = (1u << 20) + 777;
   std::vector<uint8_t> src(n), dst(n, 0);
   for (size_t i = 0; i < n; ++i) src[i] = static_cast<uint8_t>(i * 7 + (i >> 11));
@@ -151,6 +150,7 @@ TEST_CASE("copy_and_hash_as_ready copies what is ready as it comes, and stops wh
   SECTION("the source fails half way: the copy stops there") {
     auto h = cairn::copy_and_hash_as_ready(dst.data(), src.data(), n, [&](uint64_t) { return uint64_t{n / 2}; });
     CHECK_FALSE(h == want);
-    CHECK(std::all_of(dst.begin() + static_cast<std::ptrdiff_t>(n / 2) + 1, dst.end(), [](uint8_t b) { return b == 0; }));
+    CHECK(
+        std::all_of(dst.begin() + static_cast<std::ptrdiff_t>(n / 2) + 1, dst.end(), [](uint8_t b) { return b == 0; }));
   }
 }

@@ -9,7 +9,7 @@ using namespace cairn;
 
 TEST_CASE("every safetensors dtype has a name, a size and a round trip", "[dtype]") {
   const char* names[] = {"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2", "I64", "I32",
-                         "I16", "I8",  "U64", "U32", "U16",  "U8",      "BOOL"};
+                         "I16", "I8",  "U64", "U32",  "U16",     "U8",      "BOOL"};
   size_t sizes[] = {8, 4, 2, 2, 1, 1, 8, 4, 2, 1, 8, 4, 2, 1, 1};
   for (int i = 0; i < kDTypeCount; ++i) {
     auto t = static_cast<DType>(i);

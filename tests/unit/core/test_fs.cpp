@@ -673,7 +673,8 @@ TEST_CASE("faulty fs: delay, per-rule counts, names, is_posix", "[fs][faulty]") 
     CHECK(FaultyFileSystem::op_names().size() == 7);
     CHECK(FaultyFileSystem::effect_names().size() == 5);
     bool enospc = false;
-    for (const auto& e : FaultyFileSystem::error_names()) enospc = enospc || (e.value == ENOSPC && std::string(e.name) == "ENOSPC");
+    for (const auto& e : FaultyFileSystem::error_names())
+      enospc = enospc || (e.value == ENOSPC && std::string(e.name) == "ENOSPC");
     CHECK(enospc);
   }
   SECTION("is_posix sees through the injector") {

@@ -8,7 +8,8 @@ using nlohmann::json;
 
 namespace {
 json conv(const std::string& name, int out, const std::vector<std::string>& inputs, int k = 3) {
-  return {{"name", name}, {"type", "Conv2d"}, {"config", {{"out_channels", out}, {"kernel_size", k}}}, {"inputs", inputs}};
+  return {
+      {"name", name}, {"type", "Conv2d"}, {"config", {{"out_channels", out}, {"kernel_size", k}}}, {"inputs", inputs}};
 }
 std::string error_of(const json& j) {
   auto g = parse_graph(j);
@@ -37,16 +38,20 @@ TEST_CASE("graphs parse, sort topologically and map tensors to layers", "[graph]
 TEST_CASE("bad graphs get errors naming the culprit", "[graph]") {
   CHECK(error_of(json::array()).find("object") != std::string::npos);
   CHECK(error_of(json{{"layers", {conv("a", 1, {"ghost"})}}}).find("'ghost'") != std::string::npos);
-  CHECK(error_of(json{{"layers", {conv("a", 1, {}), conv("a", 2, {})}}}).find("'a' is used twice") != std::string::npos);
-  std::string cyc = error_of(json{{"layers", {conv("x", 1, {}), conv("a", 1, {"c", "x"}), conv("b", 1, {"a"}), conv("c", 1, {"b"})}}});
+  CHECK(error_of(json{{"layers", {conv("a", 1, {}), conv("a", 2, {})}}}).find("'a' is used twice") !=
+        std::string::npos);
+  std::string cyc = error_of(
+      json{{"layers", {conv("x", 1, {}), conv("a", 1, {"c", "x"}), conv("b", 1, {"a"}), conv("c", 1, {"b"})}}});
   CHECK(cyc.find("cycle") != std::string::npos);
   CHECK(cyc.find("'a'") != std::string::npos);
   CHECK(cyc.find("'b'") != std::string::npos);
   CHECK(cyc.find("'c'") != std::string::npos);
   CHECK(cyc.find("'x'") == std::string::npos);
-  CHECK(error_of(json{{"layers", {conv("a", 1, {})}}, {"tensors", {{"w", "nope"}}}}).find("'nope'") != std::string::npos);
+  CHECK(error_of(json{{"layers", {conv("a", 1, {})}}, {"tensors", {{"w", "nope"}}}}).find("'nope'") !=
+        std::string::npos);
   CHECK(error_of(json{{"layers", {{{"name", "a"}}}}}).find("'type'") != std::string::npos);
-  CHECK(error_of(json{{"layers", {{{"name", "a"}, {"type", "X"}, {"config", 3}}}}}).find("'config'") != std::string::npos);
+  CHECK(error_of(json{{"layers", {{{"name", "a"}, {"type", "X"}, {"config", 3}}}}}).find("'config'") !=
+        std::string::npos);
   CHECK(error_of(json{{"layers", json::array()}, {"extra", 1}}).find("'extra'") != std::string::npos);
 }
 
@@ -71,10 +76,13 @@ TEST_CASE("signatures ignore layer names, key order and number spelling, but not
       {"name":"r0","type":"ReLU","inputs":["c0"]}]})"));
   CHECK_FALSE(layer_signatures(*g3)["r0"] == s1["body"]);
   // Input order matters (concatenation is not commutative).
-  auto g4 = parse_graph(json{{"layers", {conv("a", 1, {}), conv("b", 2, {}), {{"name", "cat"}, {"type", "Cat"}, {"inputs", {"a", "b"}}}}}});
-  auto g5 = parse_graph(json{{"layers", {conv("a", 1, {}), conv("b", 2, {}), {{"name", "cat"}, {"type", "Cat"}, {"inputs", {"b", "a"}}}}}});
+  auto g4 = parse_graph(json{
+      {"layers", {conv("a", 1, {}), conv("b", 2, {}), {{"name", "cat"}, {"type", "Cat"}, {"inputs", {"a", "b"}}}}}});
+  auto g5 = parse_graph(json{
+      {"layers", {conv("a", 1, {}), conv("b", 2, {}), {{"name", "cat"}, {"type", "Cat"}, {"inputs", {"b", "a"}}}}}});
   CHECK_FALSE(layer_signatures(*g4)["cat"] == layer_signatures(*g5)["cat"]);
-  CHECK(canonical_json(json::parse(R"({"b":[1.0,2.5],"a":{"y":1e2,"x":-0.0}})")) == R"({"a":{"x":0,"y":100},"b":[1,2.5]})");
+  CHECK(canonical_json(json::parse(R"({"b":[1.0,2.5],"a":{"y":1e2,"x":-0.0}})")) ==
+        R"({"a":{"x":0,"y":100},"b":[1,2.5]})");
 }
 
 TEST_CASE("a model without a graph gets one layer per tensor-name prefix", "[graph]") {
@@ -98,20 +106,25 @@ TEST_CASE("a model without a graph gets one layer per tensor-name prefix", "[gra
 TEST_CASE("deep chains and random garbage neither overflow nor crash", "[graph]") {
   json layers = json::array();
   for (int i = 0; i < 200000; ++i)
-    layers.push_back({{"name", "l" + std::to_string(i)}, {"type", "Linear"}, {"inputs", i ? json{"l" + std::to_string(i - 1)} : json::array()}});
+    layers.push_back({{"name", "l" + std::to_string(i)},
+                      {"type", "Linear"},
+                      {"inputs", i ? json{"l" + std::to_string(i - 1)} : json::array()}});
   auto g = parse_graph(json{{"layers", layers}});
   REQUIRE(g.is_ok());
   CHECK(layer_signatures(*g).size() == 200000);
 
   std::mt19937_64 rng(5);
-  std::string base = R"({"layers":[{"name":"a","type":"Conv2d","config":{"k":3}},{"name":"b","type":"ReLU","inputs":["a"]}],"tensors":{"w":"a"}})";
+  std::string base =
+      R"({"layers":[{"name":"a","type":"Conv2d","config":{"k":3}},{"name":"b","type":"ReLU","inputs":["a"]}],"tensors":{"w":"a"}})";
   for (int i = 0; i < 5000; ++i) {
     std::string s = base;
     for (int k = 0; k < 3; ++k) s[rng() % s.size()] = static_cast<char>(rng() % 128);
     json j = json::parse(s, nullptr, false);
     if (j.is_discarded()) continue;
     auto r = parse_graph(j);
-    if (r.is_ok()) CHECK(layer_signatures(*r).size() == r->layers.size());
-    else CHECK_FALSE(r.status().message().empty());
+    if (r.is_ok())
+      CHECK(layer_signatures(*r).size() == r->layers.size());
+    else
+      CHECK_FALSE(r.status().message().empty());
   }
 }

@@ -23,7 +23,8 @@ TEST_CASE("HashQueue hashes every piece of every buffer, on its threads and the 
     INFO("threads " << threads);
     cairn::HashQueue q;
     std::vector<std::vector<uint8_t>> bufs;
-    for (size_t n : {size_t{0}, size_t{1}, size_t{chunk}, size_t{chunk + 1}, size_t{7 * chunk + 333}, size_t{40 * chunk}})
+    for (size_t n :
+         {size_t{0}, size_t{1}, size_t{chunk}, size_t{chunk + 1}, size_t{7 * chunk + 333}, size_t{40 * chunk}})
       bufs.push_back(bytes(n, static_cast<unsigned>(n)));
     std::vector<std::vector<cairn::ChunkHash>> got(bufs.size());
     for (size_t b = 0; b < bufs.size(); ++b) {

@@ -21,8 +21,7 @@ constexpr Family kHits{"cairn_dram_hits", Type::kCounter, "", "Chunk reads serve
 constexpr Family kUsed{"cairn_dram_used_bytes", Type::kGauge, "bytes", "Bytes the DRAM tier holds"};
 constexpr Family kLatency{"cairn_request_duration_seconds", Type::kHistogram, "seconds", "Request latency"};
 
-TEST_CASE("metrics: a counter's header names its sample in Prometheus text, its family in OpenMetrics",
-          "[metrics]") {
+TEST_CASE("metrics: a counter's header names its sample in Prometheus text, its family in OpenMetrics", "[metrics]") {
   std::string prom;
   append_header(prom, Format::kPrometheus, kHits);
   append_sample(prom, kHits, {}, uint64_t{42});
@@ -158,11 +157,11 @@ TEST_CASE("metrics: content types and negotiation", "[metrics]") {
 TEST_CASE("metrics: the latency histogram puts a duration in the first bucket whose bound it does not exceed",
           "[metrics]") {
   LatencyHistogram h;
-  h.record(microseconds(50));      // <= 0.0001
-  h.record(microseconds(100));     // == 0.0001: le is inclusive
-  h.record(microseconds(101));     // <= 0.00025
-  h.record(milliseconds(30));      // <= 0.05
-  h.record(seconds(61));           // above every bound
+  h.record(microseconds(50));              // <= 0.0001
+  h.record(microseconds(100));             // == 0.0001: le is inclusive
+  h.record(microseconds(101));             // <= 0.00025
+  h.record(milliseconds(30));              // <= 0.05
+  h.record(seconds(61));                   // above every bound
   h.record(std::chrono::nanoseconds(-5));  // a clock that went back counts as 0
   HistogramSnapshot s = h.snapshot();
   REQUIRE(s.bounds.size() == LatencyHistogram::kBounds.size());

@@ -1,6 +1,6 @@
-#include "core/progress.hpp"
-
 #include <catch2/catch.hpp>
+
+#include "core/progress.hpp"
 
 using cairn::OperationProgress;
 using cairn::ProgressSnapshot;

@@ -30,9 +30,7 @@ std::string file_with_json(std::string_view json, uint64_t data_bytes) {
   return le64(json.size()) + std::string(json) + std::string(data_bytes, '\x5a');
 }
 
-Result<Header> parse_file(const std::string& file) {
-  return parse_header(bytes_of(file), file.size());
-}
+Result<Header> parse_file(const std::string& file) { return parse_header(bytes_of(file), file.size()); }
 
 Result<Header> parse_json(std::string_view json, uint64_t data_bytes) {
   return parse_file(file_with_json(json, data_bytes));
@@ -83,8 +81,7 @@ void check_consistent(const Header& h, uint64_t file_size) {
   REQUIRE(covered == h.data_bytes);
 }
 
-TEST_CASE("safetensors: every dtype round-trips through build_header and parse_header",
-          "[safetensors]") {
+TEST_CASE("safetensors: every dtype round-trips through build_header and parse_header", "[safetensors]") {
   std::vector<TensorEntry> tensors;
   for (int i = 0; i < kDTypeCount; ++i) {
     DType t = *dtype_from_int(i);
@@ -108,8 +105,7 @@ TEST_CASE("safetensors: every dtype round-trips through build_header and parse_h
   CHECK(h->metadata.empty());
 }
 
-TEST_CASE("safetensors: build_header lays tensors out contiguously and pads to 8 bytes",
-          "[safetensors]") {
+TEST_CASE("safetensors: build_header lays tensors out contiguously and pads to 8 bytes", "[safetensors]") {
   std::vector<TensorEntry> tensors = {entry("a", DType::kF32, {3}), entry("b", DType::kU8, {5}),
                                       entry("c", DType::kF64, {1, 1})};
   tensors[0].begin = 99;  // recomputed
@@ -128,9 +124,8 @@ TEST_CASE("safetensors: build_header lays tensors out contiguously and pads to 8
 }
 
 TEST_CASE("safetensors: 0-d scalars and zero-element tensors", "[safetensors]") {
-  std::vector<TensorEntry> tensors = {
-      entry("scalar", DType::kF64, {}), entry("empty", DType::kF32, {0}),
-      entry("empty2d", DType::kI16, {4, 0}), entry("after", DType::kBool, {2})};
+  std::vector<TensorEntry> tensors = {entry("scalar", DType::kF64, {}), entry("empty", DType::kF32, {0}),
+                                      entry("empty2d", DType::kI16, {4, 0}), entry("after", DType::kBool, {2})};
   std::string file = build_file(tensors);
   auto h = parse_file(file);
   REQUIRE(h.is_ok());
@@ -163,10 +158,8 @@ TEST_CASE("safetensors: 0-d scalars and zero-element tensors", "[safetensors]") 
 }
 
 TEST_CASE("safetensors: metadata is kept", "[safetensors]") {
-  std::map<std::string, std::string> metadata = {{"format", "pt"},
-                                                 {"quote\"and\\slash", "line\nbreak\ttab\x01"},
-                                                 {"unicode", "ñ→𝄞"},
-                                                 {"", ""}};
+  std::map<std::string, std::string> metadata = {
+      {"format", "pt"}, {"quote\"and\\slash", "line\nbreak\ttab\x01"}, {"unicode", "ñ→𝄞"}, {"", ""}};
   std::vector<TensorEntry> tensors = {entry("w", DType::kBF16, {2, 2})};
   std::string file = build_file(tensors, &metadata);
   CHECK(file.find("{\"__metadata__\":{") == 8);
@@ -206,8 +199,7 @@ TEST_CASE("safetensors: rejects truncated and oversized files", "[safetensors]")
     CHECK_THAT(msg, Contains("too short"));
   }
   SECTION("data section cut short") {
-    std::vector<TensorEntry> tensors = {entry("first", DType::kF32, {4}),
-                                        entry("last", DType::kF32, {4})};
+    std::vector<TensorEntry> tensors = {entry("first", DType::kF32, {4}), entry("last", DType::kF32, {4})};
     std::string file = build_file(tensors);
     file.pop_back();
     auto msg = error_of(parse_file(file));
@@ -240,8 +232,7 @@ TEST_CASE("safetensors: rejects headers that are not a JSON object", "[safetenso
     CHECK_THAT(msg, Contains("not valid JSON after the header object"));
   }
   SECTION("syntax errors say where they are") {
-    auto msg = error_of(
-        parse_json(R"({"a":{"dtype":"U8","shape":[0],"data_offsets":[0,0]},"b":{"dtype":)", 0));
+    auto msg = error_of(parse_json(R"({"a":{"dtype":"U8","shape":[0],"data_offsets":[0,0]},"b":{"dtype":)", 0));
     CHECK_THAT(msg, Contains("not valid JSON in tensor 'b' (dtype)"));
     msg = error_of(parse_json(R"({"a":{"dtype":"U8","shape":[0],"data_offsets":[0,0]},)", 0));
     CHECK_THAT(msg, Contains("after entry 'a'"));
@@ -290,17 +281,15 @@ TEST_CASE("safetensors: rejects bad tensor entries, naming the tensor", "[safete
   SECTION("dimension past int64") {
     CHECK_THAT(reject(R"({"dtype":"U8","shape":[9223372036854775808],"data_offsets":[0,0]})", 0),
                Contains("'w.0'") && Contains("too large"));
-    CHECK_THAT(
-        reject(R"({"dtype":"U8","shape":[99999999999999999999999],"data_offsets":[0,0]})", 0),
-        Contains("'w.0'") && Contains("too large"));
+    CHECK_THAT(reject(R"({"dtype":"U8","shape":[99999999999999999999999],"data_offsets":[0,0]})", 0),
+               Contains("'w.0'") && Contains("too large"));
     CHECK_THAT(reject(R"({"dtype":"U8","shape":[1e999],"data_offsets":[0,0]})", 0),
                Contains("'w.0' (shape)") && Contains("1e999"));
   }
   SECTION("too many dimensions") {
     CHECK_THAT(reject(R"({"dtype":"U8","shape":[1,1,1,1,1,1,1,1,1],"data_offsets":[0,1]})", 1),
                Contains("'w.0'") && Contains("more than 8 dimensions"));
-    auto h =
-        parse_json(R"({"w":{"dtype":"U8","shape":[1,1,1,1,1,1,1,2],"data_offsets":[0,2]}})", 2);
+    auto h = parse_json(R"({"w":{"dtype":"U8","shape":[1,1,1,1,1,1,1,2],"data_offsets":[0,2]}})", 2);
     CHECK(h.is_ok());
   }
   SECTION("shape not an array") {
@@ -312,8 +301,7 @@ TEST_CASE("safetensors: rejects bad tensor entries, naming the tensor", "[safete
                Contains("'w.0'") && Contains("too large"));
   }
   SECTION("shape and length disagree") {
-    auto msg = error_of(
-        parse_json(R"({"layer1.weight":{"dtype":"F32","shape":[3,4],"data_offsets":[0,40]}})", 40));
+    auto msg = error_of(parse_json(R"({"layer1.weight":{"dtype":"F32","shape":[3,4],"data_offsets":[0,40]}})", 40));
     CHECK(msg ==
           "tensor 'layer1.weight': shape [3,4] of F32 needs 48 bytes but data_offsets [0,40] span "
           "40");
@@ -337,8 +325,7 @@ TEST_CASE("safetensors: rejects bad tensor entries, naming the tensor", "[safete
   SECTION("offsets outside the data section") {
     CHECK_THAT(reject(R"({"dtype":"U8","shape":[4],"data_offsets":[2,6]})", 4),
                Contains("'w.0'") && Contains("[2,6]") && Contains("data section"));
-    CHECK_THAT(reject(R"({"dtype":"U8","shape":[4],"data_offsets":[18446744073709551614,2]})", 4),
-               Contains("'w.0'"));
+    CHECK_THAT(reject(R"({"dtype":"U8","shape":[4],"data_offsets":[18446744073709551614,2]})", 4), Contains("'w.0'"));
   }
   SECTION("missing, unknown and repeated fields") {
     CHECK_THAT(reject(R"({"dtype":"U8","data_offsets":[0,4]})", 4),
@@ -406,22 +393,19 @@ TEST_CASE("safetensors: rejects duplicate and invalid names", "[safetensors]") {
     CHECK_THAT(msg, Contains("duplicate tensor 'a'"));
   }
   SECTION("non-UTF-8 name") {
-    auto msg = error_of(
-        parse_json("{\"bad\xff\xfe\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[0,0]}}", 0));
+    auto msg = error_of(parse_json("{\"bad\xff\xfe\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[0,0]}}", 0));
     CHECK_THAT(msg, Contains("UTF-8"));
     CHECK(msg.find('\xff') == std::string::npos);  // messages stay printable
   }
   SECTION("overlong UTF-8 name") {
-    auto msg = error_of(
-        parse_json("{\"\xc0\xaf\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[0,0]}}", 0));
+    auto msg = error_of(parse_json("{\"\xc0\xaf\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[0,0]}}", 0));
     CHECK_THAT(msg, Contains("UTF-8"));
   }
   SECTION("lone surrogate escape") {
     error_of(parse_json(R"({"\ud800":{"dtype":"U8","shape":[0],"data_offsets":[0,0]}})", 0));
   }
   SECTION("NUL in name") {
-    auto msg =
-        error_of(parse_json(R"({"a\u0000b":{"dtype":"U8","shape":[0],"data_offsets":[0,0]}})", 0));
+    auto msg = error_of(parse_json(R"({"a\u0000b":{"dtype":"U8","shape":[0],"data_offsets":[0,0]}})", 0));
     CHECK_THAT(msg, Contains("'a\\x00b'") && Contains("invalid"));
   }
   SECTION("empty name") {
@@ -430,8 +414,7 @@ TEST_CASE("safetensors: rejects duplicate and invalid names", "[safetensors]") {
   }
   SECTION("name too long") {
     std::string name(kMaxNameBytes + 1, 'n');
-    auto msg = error_of(
-        parse_json("{\"" + name + R"(":{"dtype":"U8","shape":[0],"data_offsets":[0,0]}})", 0));
+    auto msg = error_of(parse_json("{\"" + name + R"(":{"dtype":"U8","shape":[0],"data_offsets":[0,0]}})", 0));
     CHECK_THAT(msg, Contains("invalid") && Contains(std::to_string(kMaxNameBytes + 1) + " bytes"));
     CHECK(msg.size() < 400);
   }
@@ -451,21 +434,18 @@ TEST_CASE("safetensors: rejects bad metadata", "[safetensors]") {
   SECTION("a value that is not a string") {
     CHECK_THAT(error_of(parse_json(R"({"__metadata__":{"epoch":3}})", 0)),
                Contains("__metadata__ 'epoch'") && Contains("must be a string"));
-    CHECK_THAT(error_of(parse_json(R"({"__metadata__":{"nested":{"a":"b"}}})", 0)),
-               Contains("__metadata__ 'nested'"));
+    CHECK_THAT(error_of(parse_json(R"({"__metadata__":{"nested":{"a":"b"}}})", 0)), Contains("__metadata__ 'nested'"));
     CHECK_THAT(error_of(parse_json(R"({"__metadata__":{"n":null}})", 0)), Contains("'n'"));
   }
   SECTION("duplicate key or section") {
-    CHECK_THAT(error_of(parse_json(R"({"__metadata__":{"a":"1","a":"2"}})", 0)),
-               Contains("duplicate key 'a'"));
+    CHECK_THAT(error_of(parse_json(R"({"__metadata__":{"a":"1","a":"2"}})", 0)), Contains("duplicate key 'a'"));
     CHECK_THAT(error_of(parse_json(R"({"__metadata__":{},"__metadata__":{}})", 0)),
                Contains("duplicate entry '__metadata__'"));
   }
 }
 
 TEST_CASE("safetensors: build_header rejects what the reader would", "[safetensors]") {
-  auto rejected = [](std::vector<TensorEntry> tensors,
-                     const std::map<std::string, std::string>* metadata = nullptr) {
+  auto rejected = [](std::vector<TensorEntry> tensors, const std::map<std::string, std::string>* metadata = nullptr) {
     std::vector<TensorEntry> before = tensors;
     auto r = build_header(tensors, metadata);
     std::string msg = error_of(r);
@@ -532,23 +512,19 @@ TEST_CASE("safetensors: a short prefix says how many bytes are needed", "[safete
     CHECK_FALSE(parse_header(bytes_of(huge), uint64_t{1} << 40, &needed).is_ok());
     CHECK(needed == 0);
   }
-  SECTION("a prefix longer than the file is an error") {
-    CHECK_FALSE(parse_header(span, file.size() - 1).is_ok());
-  }
+  SECTION("a prefix longer than the file is an error") { CHECK_FALSE(parse_header(span, file.size() - 1).is_ok()); }
 }
 
 TEST_CASE("safetensors: read_header reads files and names them in errors", "[safetensors]") {
   namespace fs = std::filesystem;
-  fs::path dir =
-      fs::temp_directory_path() / ("cairn_test_safetensors_" + std::to_string(::getpid()));
+  fs::path dir = fs::temp_directory_path() / ("cairn_test_safetensors_" + std::to_string(::getpid()));
   fs::create_directories(dir);
   auto write = [&](const std::string& name, const std::string& contents) {
     std::ofstream(dir / name, std::ios::binary) << contents;
     return (dir / name).string();
   };
   std::map<std::string, std::string> metadata = {{"format", "pt"}};
-  std::vector<TensorEntry> tensors = {entry("emb", DType::kF16, {4, 8}),
-                                      entry("bias", DType::kF32, {8})};
+  std::vector<TensorEntry> tensors = {entry("emb", DType::kF16, {4, 8}), entry("bias", DType::kF32, {8})};
   std::string file = build_file(tensors, &metadata);
 
   auto good = read_header(write("good.safetensors", file));
@@ -563,8 +539,7 @@ TEST_CASE("safetensors: read_header reads files and names them in errors", "[saf
   CHECK_THAT(cut.status().message(), Contains(cut_path) && Contains("'bias'"));
 
   std::string tiny_path = write("tiny.safetensors", "abc");
-  CHECK_THAT(read_header(tiny_path).status().message(),
-             Contains(tiny_path) && Contains("too short"));
+  CHECK_THAT(read_header(tiny_path).status().message(), Contains(tiny_path) && Contains("too short"));
 
   std::string liar_path = write("liar.safetensors", le64(uint64_t{1} << 40) + "{}");
   CHECK_THAT(read_header(liar_path).status().message(), Contains(liar_path) && Contains("limit"));
@@ -581,16 +556,13 @@ TEST_CASE("safetensors: read_header reads files and names them in errors", "[saf
 TEST_CASE("safetensors: random mutations never crash the parser", "[safetensors]") {
   std::map<std::string, std::string> metadata = {{"format", "pt"}, {"note", "x"}};
   std::vector<TensorEntry> tensors = {entry("a", DType::kF32, {2, 2}), entry("b", DType::kU8, {}),
-                                      entry("c", DType::kBF16, {0, 3}),
-                                      entry("d", DType::kI64, {1, 1, 1})};
+                                      entry("c", DType::kBF16, {0, 3}), entry("d", DType::kI64, {1, 1, 1})};
   const std::string base = build_file(tensors, &metadata);
   REQUIRE(parse_file(base).is_ok());
 
   static constexpr char kTokens[] = "{}[]\",:-0123456789. eE\\u\x00\xff";
   std::mt19937_64 rng(0x5afe7e45);
-  auto pick = [&](uint64_t n) {
-    return n == 0 ? 0 : std::uniform_int_distribution<uint64_t>(0, n - 1)(rng);
-  };
+  auto pick = [&](uint64_t n) { return n == 0 ? 0 : std::uniform_int_distribution<uint64_t>(0, n - 1)(rng); };
   int accepted = 0;
   for (int iter = 0; iter < 20000; ++iter) {
     std::string f = base;

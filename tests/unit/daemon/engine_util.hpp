@@ -12,10 +12,10 @@
 #include <utility>
 #include <vector>
 
-#include "unit/temp_dir.hpp"
 #include "core/config.hpp"
 #include "core/status.hpp"
 #include "daemon/engine.hpp"
+#include "unit/temp_dir.hpp"
 
 namespace cairn {
 namespace engine_test {
@@ -34,7 +34,7 @@ struct TempDir : testing::TempDir {
 };
 
 inline std::unique_ptr<Engine> make_engine(const std::string& repo, const std::function<void(Config&)>& tweak = {},
-                                    EngineOptions options = {}) {
+                                           EngineOptions options = {}) {
   Config c;
   c.repository = repo;
   c.chunk_size = kChunk;
@@ -85,7 +85,7 @@ inline json ok(Engine& e, Session& s, const json& req, std::vector<uint8_t> blob
 
 // One request that must fail with `expected`, with a message containing `needle`.
 inline json fails(Engine& e, Session& s, const json& req, StatusCode expected, const std::string& needle = "",
-           std::vector<uint8_t> blob = {}) {
+                  std::vector<uint8_t> blob = {}) {
   json r = call(e, s, req, std::move(blob));
   INFO("request " << req.dump() << " -> " << r.dump());
   REQUIRE(r["status"] == code(expected));
@@ -120,8 +120,8 @@ inline json inline_tensor(const std::string& name, uint64_t off, uint64_t n) {
 
 // Commits a model whose tensors all travel inline; returns the response.
 inline json commit_inline(Engine& e, Session& s, const std::string& id, const std::string& parent,
-                   const std::vector<std::pair<std::string, std::vector<uint8_t>>>& tensors,
-                   const std::vector<std::string>& inherited = {}, const std::string& durability = "global") {
+                          const std::vector<std::pair<std::string, std::vector<uint8_t>>>& tensors,
+                          const std::vector<std::string>& inherited = {}, const std::string& durability = "global") {
   std::vector<uint8_t> blob;
   json list = json::array();
   for (const auto& [name, bytes] : tensors) {
@@ -136,7 +136,7 @@ inline json commit_inline(Engine& e, Session& s, const std::string& id, const st
 
 // Leases tensor `name` of model `id` and returns its bytes; releases the lease.
 inline std::vector<uint8_t> read_tensor(Engine& e, Session& s, const std::string& id, const std::string& name,
-                                 bool contiguous = false) {
+                                        bool contiguous = false) {
   json r = ok(e, s, {{"op", "lease"}, {"id", id}, {"tensors", {name}}, {"contiguous", contiguous}});
   REQUIRE(r["leases"].size() == 1);
   const json& l = r["leases"][0];

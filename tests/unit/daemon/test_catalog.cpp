@@ -1,8 +1,7 @@
 // The catalog: best_ancestor from the index against an independent brute force over thousands of
 // random NAS-like graphs, lineage queries on deep chains and wide trees, find, metadata filters.
-#include <catch2/catch.hpp>
-
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <set>
 
@@ -102,8 +101,7 @@ TEST_CASE("catalog: best_ancestor from the index equals a brute-force scan on ra
     size_t nonempty = 0, partial = 0;
     for (int q = 0; q < 120; ++q) {
       // Unseen candidates: mutations of stored graphs (some twice), and fresh random graphs.
-      Graph g = q % 10 == 9 ? bench::random_graph(rng, space)
-                            : bench::mutate(run.graphs[rng() % n], rng, space);
+      Graph g = q % 10 == 9 ? bench::random_graph(rng, space) : bench::mutate(run.graphs[rng() % n], rng, space);
       if (q % 4 == 0) g = bench::mutate(g, rng, space);
       GraphHandle h = cat.compile(g);
       for (const MetadataFilter* w : {&none, static_cast<const MetadataFilter*>(&*where_score),
@@ -126,8 +124,9 @@ TEST_CASE("catalog: best_ancestor from the index equals a brute-force scan on ra
   }
 }
 
-TEST_CASE("catalog: a bulk-loaded catalog (index built at first use) with children sharing one graph ranks as a scan says",
-          "[catalog]") {
+TEST_CASE(
+    "catalog: a bulk-loaded catalog (index built at first use) with children sharing one graph ranks as a scan says",
+    "[catalog]") {
   // Loaded with the index deferred (a daemon's start), children sharing their parent's compiled
   // graph, some retired before the first query: the index built then, and kept up to date after,
   // returns the best-ranked live model that passes the filter, as a scan does.
@@ -186,13 +185,13 @@ TEST_CASE("catalog: a bulk-loaded catalog (index built at first use) with childr
 TEST_CASE("catalog: matches, ties, branches, filters and retirement on hand-built graphs", "[catalog]") {
   // stem -> a1 -> a2 -> join <- b1 <- stem ; head <- join
   auto branchy = [](int a_width, int b_width, int head_out) {
-    return graph_of(json{{"layers",
-                          {layer("stem", "Conv2d", {{"out_channels", 16}}, {}),
-                           layer("a1", "Conv2d", {{"out_channels", a_width}}, {"stem"}),
-                           layer("a2", "ReLU", json::object(), {"a1"}),
-                           layer("b1", "Conv2d", {{"out_channels", b_width}, {"kernel_size", 1}}, {"stem"}),
-                           layer("join", "Add", json::object(), {"a2", "b1"}),
-                           layer("head", "Linear", {{"out_features", head_out}}, {"join"})}}});
+    return graph_of(json{
+        {"layers",
+         {layer("stem", "Conv2d", {{"out_channels", 16}}, {}),
+          layer("a1", "Conv2d", {{"out_channels", a_width}}, {"stem"}), layer("a2", "ReLU", json::object(), {"a1"}),
+          layer("b1", "Conv2d", {{"out_channels", b_width}, {"kernel_size", 1}}, {"stem"}),
+          layer("join", "Add", json::object(), {"a2", "b1"}),
+          layer("head", "Linear", {{"out_features", head_out}}, {"join"})}}});
   };
   Catalog cat;
   REQUIRE(cat.add("X", "", cat.compile(branchy(32, 99, 10)), json{{"score", 0.9}}).is_ok());  // matches stem, a1, a2
@@ -256,11 +255,11 @@ TEST_CASE("catalog: matches, ties, branches, filters and retirement on hand-buil
 TEST_CASE("catalog: repeated identical layers map in order", "[catalog]") {
   // Two identical parallel layers have one signature; each counts, and maps to a layer of the model.
   auto g = [](const std::string& p) {
-    return graph_of(json{{"layers",
-                          {layer(p + "in", "Input", json::object(), {}),
-                           layer(p + "l", "ReLU", json::object(), {p + "in"}),
-                           layer(p + "r", "ReLU", json::object(), {p + "in"}),
-                           layer(p + "cat", "Concat", json::object(), {p + "l", p + "r"})}}});
+    return graph_of(
+        json{{"layers",
+              {layer(p + "in", "Input", json::object(), {}), layer(p + "l", "ReLU", json::object(), {p + "in"}),
+               layer(p + "r", "ReLU", json::object(), {p + "in"}),
+               layer(p + "cat", "Concat", json::object(), {p + "l", p + "r"})}}});
   };
   Catalog cat;
   REQUIRE(cat.add("m", "", cat.compile(g("m_"))).is_ok());
@@ -323,9 +322,11 @@ TEST_CASE("catalog: find by a chain of layer types", "[catalog]") {
                              i ? std::vector<std::string>{"l" + std::to_string(i - 1)} : std::vector<std::string>{}));
     return graph_of(json{{"layers", layers}});
   };
-  REQUIRE(cat.add("cbr", "", cat.compile(chain({"Conv2d", "BatchNorm2d", "ReLU", "Linear"})), json{{"score", 0.95}}).is_ok());
+  REQUIRE(cat.add("cbr", "", cat.compile(chain({"Conv2d", "BatchNorm2d", "ReLU", "Linear"})), json{{"score", 0.95}})
+              .is_ok());
   REQUIRE(cat.add("cr", "", cat.compile(chain({"Conv2d", "ReLU", "BatchNorm2d"})), json{{"score", 0.99}}).is_ok());
-  REQUIRE(cat.add("cbr2", "", cat.compile(chain({"Input", "Conv2d", "BatchNorm2d", "ReLU"})), json{{"score", 0.5}}).is_ok());
+  REQUIRE(cat.add("cbr2", "", cat.compile(chain({"Input", "Conv2d", "BatchNorm2d", "ReLU"})), json{{"score", 0.5}})
+              .is_ok());
   auto r = cat.find({"Conv2d", "BatchNorm2d", "ReLU"}, {}, 100);
   REQUIRE(r.is_ok());
   CHECK(*r == std::vector<std::string>{"cbr2", "cbr"});  // newest first

@@ -1,7 +1,6 @@
 // The dispatch table against docs/protocol.md: every op the daemon serves is documented, and every
 // documented op is served.
 #include <catch2/catch.hpp>
-
 #include <cctype>
 #include <fstream>
 #include <set>
@@ -33,8 +32,10 @@ std::set<std::string> documented_ops(const std::string& markdown) {
   while (std::getline(in, line)) {
     if (line.rfind("## ", 0) == 0) in_requests = line == "## Requests";
     if (!in_requests) continue;
-    if (line.rfind("| op |", 0) == 0) in_op_table = true;
-    else if (line.empty() || line[0] != '|') in_op_table = false;
+    if (line.rfind("| op |", 0) == 0)
+      in_op_table = true;
+    else if (line.empty() || line[0] != '|')
+      in_op_table = false;
     if (in_op_table) {
       std::string name = op_name_after(line, "| `");
       if (!name.empty() && line.compare(3 + name.size(), 3, "` |") == 0) ops.insert(name);

@@ -18,11 +18,11 @@
 #include <utility>
 #include <vector>
 
-#include "unit/temp_dir.hpp"
 #include "core/config.hpp"
 #include "core/status.hpp"
 #include "daemon/engine.hpp"
 #include "unit/daemon/engine_util.hpp"
+#include "unit/temp_dir.hpp"
 
 namespace cairn {
 namespace {
@@ -31,7 +31,6 @@ using nlohmann::json;
 namespace fs = std::filesystem;
 
 using namespace engine_test;
-
 
 // An engine on a fresh repository, and one session; cleans up in order.
 struct Fixture {
@@ -604,9 +603,10 @@ TEST_CASE("engine: commit rejects bad requests and leaves nothing behind", "[eng
   // Chunk hashes a client sends with a space: one per chunk, each 32 lowercase hex digits.
   const std::string good(32, 'a');
   auto with_hashes = [&](const json& hashes) {
-    return json{{"op", "commit"},
-                {"id", "n"},
-                {"tensors", {{{"name", "s"}, {"dtype", "U8"}, {"shape", {10}}, {"space", sp["space"]}, {"hashes", hashes}}}}};
+    return json{
+        {"op", "commit"},
+        {"id", "n"},
+        {"tensors", {{{"name", "s"}, {"dtype", "U8"}, {"shape", {10}}, {"space", sp["space"]}, {"hashes", hashes}}}}};
   };
   fails(e, s, with_hashes(json::array({good, good})), StatusCode::kInvalidArgument, "array of 1 chunk hashes");
   fails(e, s, with_hashes(good), StatusCode::kInvalidArgument, "array of 1 chunk hashes");

@@ -1,18 +1,16 @@
 // The peer messages' body decoders (daemon/peers/peer_bodies.hpp): what the handlers accept, and
 // that garbage from a member holding the secret is refused by name, never thrown.
 #include <catch2/catch.hpp>
-
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <span>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "daemon/peers/peer_bodies.hpp"
 #include "tiers/peer/fabric.hpp"
@@ -111,47 +109,68 @@ TEST_CASE("peer bodies: each decoder names each fault", "[peers][bodies]") {
   // Missing, unknown, wrongly typed fields; not an object.
   REQUIRE_THAT(refused(PeerMsg::kLookup, without(lookup, "chunk")), Catch::Contains("missing field 'chunk'"));
   REQUIRE_THAT(refused(PeerMsg::kLookup, with(lookup, "extra", 1)), Catch::Contains("unknown field 'extra'"));
-  REQUIRE_THAT(refused(PeerMsg::kLookup, with(lookup, "req", "17")), Catch::Contains("req: expected a non-negative integer"));
-  REQUIRE_THAT(refused(PeerMsg::kLookup, with(lookup, "req", -1)), Catch::Contains("req: expected a non-negative integer"));
+  REQUIRE_THAT(refused(PeerMsg::kLookup, with(lookup, "req", "17")),
+               Catch::Contains("req: expected a non-negative integer"));
+  REQUIRE_THAT(refused(PeerMsg::kLookup, with(lookup, "req", -1)),
+               Catch::Contains("req: expected a non-negative integer"));
   REQUIRE_THAT(refused(PeerMsg::kLookup, with(lookup, "length", 0)), Catch::Contains("length: 0 is not in 1.."));
   REQUIRE_THAT(refused(PeerMsg::kLookup, json::array()), Catch::Contains("body is not an object"));
   for (const json& bad : {json(5), json("zz"), json(kChunk + "0"), json(kChunk.substr(1) + "g"), json(nullptr)})
-    REQUIRE_THAT(refused(PeerMsg::kLookup, with(lookup, "chunk", bad)), Catch::Contains("chunk: expected a chunk hash"));
+    REQUIRE_THAT(refused(PeerMsg::kLookup, with(lookup, "chunk", bad)),
+                 Catch::Contains("chunk: expected a chunk hash"));
   // have/drop: every entry checked, by index.
-  REQUIRE_THAT(refused(PeerMsg::kHave, json{{"chunks", {kChunk, 7}}}), Catch::Contains("chunks[1]: expected a chunk hash"));
+  REQUIRE_THAT(refused(PeerMsg::kHave, json{{"chunks", {kChunk, 7}}}),
+               Catch::Contains("chunks[1]: expected a chunk hash"));
   REQUIRE_THAT(refused(PeerMsg::kDrop, json{{"chunks", kChunk}}), Catch::Contains("chunks: expected an array"));
   // get: never a length the holder cannot check, never a tag outside the body tags.
   REQUIRE_THAT(refused(PeerMsg::kGet, with(get, "tag", 77)), Catch::Contains("tag: 77 is not a body tag"));
   REQUIRE_THAT(refused(PeerMsg::kGet, with(get, "length", 0)), Catch::Contains("length: 0 is not in"));
-  REQUIRE_THAT(refused(PeerMsg::kGet, with(get, "length", 1.5)), Catch::Contains("length: expected a non-negative integer"));
+  REQUIRE_THAT(refused(PeerMsg::kGet, with(get, "length", 1.5)),
+               Catch::Contains("length: expected a non-negative integer"));
   // lookup_reply: a known verdict; a fetch names its holder.
   REQUIRE_THAT(refused(PeerMsg::kLookupReply, with(all[3].second, "verdict", "steal")),
                Catch::Contains("verdict: 'steal' is not fetch, load or wait"));
-  REQUIRE_THAT(refused(PeerMsg::kLookupReply, with(all[3].second, "verdict", 3)), Catch::Contains("verdict: expected a string"));
-  REQUIRE_THAT(refused(PeerMsg::kLookupReply, with(all[3].second, "holder", "")), Catch::Contains("holder: a member id has 1 to 64"));
+  REQUIRE_THAT(refused(PeerMsg::kLookupReply, with(all[3].second, "verdict", 3)),
+               Catch::Contains("verdict: expected a string"));
+  REQUIRE_THAT(refused(PeerMsg::kLookupReply, with(all[3].second, "holder", "")),
+               Catch::Contains("holder: a member id has 1 to 64"));
   REQUIRE_THAT(refused(PeerMsg::kLookupReply, with(all[4].second, "holder", std::string(65, 'm'))),
                Catch::Contains("holder: a string of 65 bytes"));
   // hello and its reply: hex of the right sizes.
-  REQUIRE_THAT(refused(PeerMsg::kHello, with(all[0].second, "nonce", "abc")), Catch::Contains("nonce: expected hex digits"));
-  REQUIRE_THAT(refused(PeerMsg::kHello, with(all[0].second, "nonce", std::string(30, 'a'))), Catch::Contains("nonce: 15 bytes (must be 16)"));
-  REQUIRE_THAT(refused(PeerMsg::kHello, with(all[0].second, "address", "")), Catch::Contains("address: 0 bytes, too short"));
+  REQUIRE_THAT(refused(PeerMsg::kHello, with(all[0].second, "nonce", "abc")),
+               Catch::Contains("nonce: expected hex digits"));
+  REQUIRE_THAT(refused(PeerMsg::kHello, with(all[0].second, "nonce", std::string(30, 'a'))),
+               Catch::Contains("nonce: 15 bytes (must be 16)"));
+  REQUIRE_THAT(refused(PeerMsg::kHello, with(all[0].second, "address", "")),
+               Catch::Contains("address: 0 bytes, too short"));
   REQUIRE_THAT(refused(PeerMsg::kHello, with(all[0].second, "address", std::string(2 * 4097, 'a'))),
                Catch::Contains("address: 4097 bytes (must be 4096 at most)"));
-  REQUIRE_THAT(refused(PeerMsg::kHelloReply, with(all[1].second, "answer", std::string(62, 'c'))), Catch::Contains("answer: 31 bytes"));
+  REQUIRE_THAT(refused(PeerMsg::kHelloReply, with(all[1].second, "answer", std::string(62, 'c'))),
+               Catch::Contains("answer: 31 bytes"));
   // loaded, get_reply, fetched, commit, bye.
-  REQUIRE_THAT(refused(PeerMsg::kLoaded, with(all[10].second, "ok", "no")), Catch::Contains("ok: expected true or false"));
-  REQUIRE_THAT(refused(PeerMsg::kGetReply, with(all[8].second, "error", "")), Catch::Contains("error: a string of 0 bytes"));
-  REQUIRE_THAT(refused(PeerMsg::kGetReply, with(all[8].second, "error", std::string(5000, 'e'))), Catch::Contains("error: a string of 5000 bytes"));
-  REQUIRE_THAT(refused(PeerMsg::kFetched, with(all[9].second, "holder", json::object())), Catch::Contains("holder: expected a string"));
-  REQUIRE_THAT(refused(PeerMsg::kCommit, json{{"model", {{"id", 5}}}}), Catch::Contains("peer message commit: model: "));
+  REQUIRE_THAT(refused(PeerMsg::kLoaded, with(all[10].second, "ok", "no")),
+               Catch::Contains("ok: expected true or false"));
+  REQUIRE_THAT(refused(PeerMsg::kGetReply, with(all[8].second, "error", "")),
+               Catch::Contains("error: a string of 0 bytes"));
+  REQUIRE_THAT(refused(PeerMsg::kGetReply, with(all[8].second, "error", std::string(5000, 'e'))),
+               Catch::Contains("error: a string of 5000 bytes"));
+  REQUIRE_THAT(refused(PeerMsg::kFetched, with(all[9].second, "holder", json::object())),
+               Catch::Contains("holder: expected a string"));
+  REQUIRE_THAT(refused(PeerMsg::kCommit, json{{"model", {{"id", 5}}}}),
+               Catch::Contains("peer message commit: model: "));
   REQUIRE_THAT(refused(PeerMsg::kBye, json{{"why", "x"}}), Catch::Contains("unknown field 'why'"));
   // stage and its reply.
-  REQUIRE_THAT(refused(PeerMsg::kStage, with(all[13].second, "model", "")), Catch::Contains("model: a string of 0 bytes"));
+  REQUIRE_THAT(refused(PeerMsg::kStage, with(all[13].second, "model", "")),
+               Catch::Contains("model: a string of 0 bytes"));
   const json& ok = all[14].second;
-  REQUIRE_THAT(refused(PeerMsg::kStageReply, without(ok, "bytes")), Catch::Contains("ok: true needs bytes and no error"));
-  REQUIRE_THAT(refused(PeerMsg::kStageReply, with(ok, "error", "x")), Catch::Contains("ok: true needs bytes and no error"));
-  REQUIRE_THAT(refused(PeerMsg::kStageReply, without(all[15].second, "error")), Catch::Contains("ok: false needs an error"));
-  REQUIRE_THAT(refused(PeerMsg::kStageReply, with(ok, "seconds", -1.0)), Catch::Contains("seconds: not a number of seconds"));
+  REQUIRE_THAT(refused(PeerMsg::kStageReply, without(ok, "bytes")),
+               Catch::Contains("ok: true needs bytes and no error"));
+  REQUIRE_THAT(refused(PeerMsg::kStageReply, with(ok, "error", "x")),
+               Catch::Contains("ok: true needs bytes and no error"));
+  REQUIRE_THAT(refused(PeerMsg::kStageReply, without(all[15].second, "error")),
+               Catch::Contains("ok: false needs an error"));
+  REQUIRE_THAT(refused(PeerMsg::kStageReply, with(ok, "seconds", -1.0)),
+               Catch::Contains("seconds: not a number of seconds"));
   REQUIRE_THAT(refused(PeerMsg::kStageReply, with(ok, "seconds", std::numeric_limits<double>::infinity())),
                Catch::Contains("seconds: not a number of seconds"));
   REQUIRE_THAT(refused(PeerMsg::kStageReply, with(ok, "seconds", "1")), Catch::Contains("seconds: expected a number"));
@@ -159,12 +178,28 @@ TEST_CASE("peer bodies: each decoder names each fault", "[peers][bodies]") {
 
 TEST_CASE("peer bodies: random bodies of every type are refused by name, never thrown", "[peers][bodies]") {
   std::mt19937 rng(21);
-  const char* keys[] = {"req", "chunk", "length", "tag", "verdict", "holder", "chunks", "nonce", "answer", "address",
-                        "error", "ok", "bytes", "seconds", "model", "part", "index", "of", "phase"};
-  const json values[] = {json(nullptr), json(true), json(-1), json(0), json(1), json(18446744073709551615ull),
-                         json(1.5), json(std::nan("")), json(""), json(kChunk), json(kMember), json("fetch"),
-                         json(std::string(32, 'a')), json(std::string(64, 'c')), json::array(), json::array({kChunk, 1}),
-                         json::object(), json{{"id", "x"}}, json(std::string(70000, 'z'))};
+  const char* keys[] = {"req",   "chunk",  "length",  "tag",   "verdict", "holder", "chunks",
+                        "nonce", "answer", "address", "error", "ok",      "bytes",  "seconds",
+                        "model", "part",   "index",   "of",    "phase"};
+  const json values[] = {json(nullptr),
+                         json(true),
+                         json(-1),
+                         json(0),
+                         json(1),
+                         json(18446744073709551615ull),
+                         json(1.5),
+                         json(std::nan("")),
+                         json(""),
+                         json(kChunk),
+                         json(kMember),
+                         json("fetch"),
+                         json(std::string(32, 'a')),
+                         json(std::string(64, 'c')),
+                         json::array(),
+                         json::array({kChunk, 1}),
+                         json::object(),
+                         json{{"id", "x"}},
+                         json(std::string(70000, 'z'))};
   size_t accepted = 0;
   for (int i = 0; i < 20000; ++i) {
     json body = json::object();
@@ -172,8 +207,10 @@ TEST_CASE("peer bodies: random bodies of every type are refused by name, never t
     for (int k = 0; k < n; ++k) body[keys[rng() % std::size(keys)]] = values[rng() % std::size(values)];
     for (uint8_t t = 1; t <= cairn::kMaxPeerMsg; ++t) {
       cairn::Status st = cairn::check_peer_body(static_cast<PeerMsg>(t), body);
-      if (st.is_ok()) ++accepted;
-      else REQUIRE(st.code() == cairn::StatusCode::kProtocol);
+      if (st.is_ok())
+        ++accepted;
+      else
+        REQUIRE(st.code() == cairn::StatusCode::kProtocol);
     }
   }
   REQUIRE(accepted > 0);  // some random bodies are valid ones (bye {}, drop with chunks [])

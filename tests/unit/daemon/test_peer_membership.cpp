@@ -5,8 +5,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <catch2/catch.hpp>
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -220,8 +220,7 @@ TEST_CASE("peer membership: the secret must be the user's own 0600 file of 32 by
     auto m = Membership::join(tmp.path, "job", "addr", 10s);
     REQUIRE_FALSE(m.is_ok());
     CHECK(m.status().code() == StatusCode::kPermission);
-    CHECK_THAT(m.status().message(), Catch::Contains("0644") && Catch::Contains("0600") &&
-                                         Catch::Contains(secret));
+    CHECK_THAT(m.status().message(), Catch::Contains("0644") && Catch::Contains("0600") && Catch::Contains(secret));
   }
   SECTION("a secret of the wrong length is refused") {
     write_file(secret, std::string(16, 'x'), 0600);
@@ -315,7 +314,8 @@ TEST_CASE("peer membership: garbage in members/ is skipped, and removed once old
   CHECK(fs::exists(members + "m00000000000000ee.json"));
   CHECK(fs::exists(members + ".m00000000000000ab.tmp"));
 
-  for (const char* name : {"mjunk.json", "m00000000000000ee.json", "m00000000000000ff.json", ".m00000000000000ab.tmp"}) {
+  for (const char* name :
+       {"mjunk.json", "m00000000000000ee.json", "m00000000000000ff.json", ".m00000000000000ab.tmp"}) {
     set_mtime_ago(members + name, 1h);
   }
   set_mtime_ago(members + "README", 1h);

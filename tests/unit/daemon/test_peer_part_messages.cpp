@@ -1,15 +1,13 @@
 // The bodies of the multi-part messages between members (daemon/peers/part_messages.hpp): each
 // round-trips, and each decoder names what is wrong with a bad body instead of throwing.
 #include <catch2/catch.hpp>
-
 #include <fstream>
 #include <iterator>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <span>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "daemon/peers/part_messages.hpp"
 
@@ -143,7 +141,8 @@ TEST_CASE("the part decoders name each fault", "[peers][parts]") {
                 .find("phase: 'done' is not one of") != std::string::npos);
     REQUIRE(fault(cairn::decode_part_state(json{{"model", "x"}, {"phase", "delegated"}}), "part_state")
                 .find("missing field 'registrar'") != std::string::npos);
-    REQUIRE(fault(cairn::decode_part_state(json{{"model", "x"}, {"phase", "delegated"}, {"registrar", std::string(65, 'm')}}),
+    REQUIRE(fault(cairn::decode_part_state(
+                      json{{"model", "x"}, {"phase", "delegated"}, {"registrar", std::string(65, 'm')}}),
                   "part_state")
                 .find("registrar: a member id has 1 to 64 bytes") != std::string::npos);
     REQUIRE(fault(cairn::decode_part_state(json{{"model", 7}, {"phase", "global"}}), "part_state")
@@ -155,7 +154,8 @@ TEST_CASE("the part decoders name each fault", "[peers][parts]") {
             std::string::npos);
     failed["code"] = 7;
     failed["error"] = "";
-    REQUIRE(fault(cairn::decode_part_state(failed), "part_state").find("error: expected a message") != std::string::npos);
+    REQUIRE(fault(cairn::decode_part_state(failed), "part_state").find("error: expected a message") !=
+            std::string::npos);
     failed["error"] = "why";
     failed["parts"] = json::array({1, "two"});
     REQUIRE(fault(cairn::decode_part_state(failed), "part_state").find("parts: each entry") != std::string::npos);
@@ -182,8 +182,9 @@ TEST_CASE("the part decoders name each fault", "[peers][parts]") {
                 .find("what: expected \"held\" or \"local\"") != std::string::npos);
     REQUIRE(fault(cairn::decode_part_ack(json{{"model", "x"}, {"what", "held"}, {"ok", 1}}), "part_ack")
                 .find("ok: expected true or false") != std::string::npos);
-    REQUIRE(fault(cairn::decode_part_ack(json{{"model", "x"}, {"what", "held"}}), "part_ack")
-                .find("missing field 'ok'") != std::string::npos);
+    REQUIRE(
+        fault(cairn::decode_part_ack(json{{"model", "x"}, {"what", "held"}}), "part_ack").find("missing field 'ok'") !=
+        std::string::npos);
   }
 }
 
@@ -193,10 +194,19 @@ TEST_CASE("check_part_body accepts the encodings and refuses random bodies witho
   REQUIRE(cairn::check_part_body(PeerMsg::kHello, json::array()).is_ok());  // not a part message
   // Random JSON of the shapes a body could have: every outcome is OK or kProtocol, never a throw.
   std::mt19937_64 rng(42);
-  const json values[] = {json(), json(true), json(-1), json(7), json(1.5), json("x"), json(std::string(80, 'm')),
-                         json::array(), json::array({1, 2}), json::object(), cairn::manifest_to_json(part_manifest())};
-  const char* keys[] = {"part", "index", "of", "timeout_ms", "durability", "model", "phase", "registrar",
-                        "code", "error", "parts", "part_holders", "what", "ok"};
+  const json values[] = {json(),
+                         json(true),
+                         json(-1),
+                         json(7),
+                         json(1.5),
+                         json("x"),
+                         json(std::string(80, 'm')),
+                         json::array(),
+                         json::array({1, 2}),
+                         json::object(),
+                         cairn::manifest_to_json(part_manifest())};
+  const char* keys[] = {"part",      "index", "of",    "timeout_ms", "durability",   "model", "phase",
+                        "registrar", "code",  "error", "parts",      "part_holders", "what",  "ok"};
   for (int i = 0; i < 20000; ++i) {
     json body = json::object();
     const int n = static_cast<int>(rng() % 7);

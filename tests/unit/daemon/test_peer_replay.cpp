@@ -1,6 +1,5 @@
 // The peer messages' anti-replay window (daemon/peers/replay_window.hpp).
 #include <catch2/catch.hpp>
-
 #include <random>
 #include <set>
 #include <string>
@@ -40,7 +39,7 @@ TEST_CASE("replay window: out of order within the window is accepted once", "[pe
   REQUIRE(w.accept(10) == V::kReplayed);
   // A frame overtaken by the whole window: the highest moves past it.
   REQUIRE(w.accept(10 + kBits) == V::kNew);
-  REQUIRE(w.accept(11) == V::kNew);   // the oldest the window still holds
+  REQUIRE(w.accept(11) == V::kNew);  // the oldest the window still holds
   REQUIRE(w.accept(10) == V::kTooOld);
   REQUIRE(w.accept(9) == V::kTooOld);
 }
@@ -72,15 +71,28 @@ TEST_CASE("replay window: agrees with a model on random reordered and replayed s
     for (int i = 0; i < 200000; ++i) {
       uint64_t s;
       switch (rng() % 4) {
-        case 0: s = next++; break;                                           // the next one
-        case 1: next += rng() % 40; s = next++; break;                       // a gap (sent to others, lost)
-        case 2: s = highest > 2 * kBits ? highest - rng() % (2 * kBits) : 1 + rng() % (highest + 1); break;  // late or replay
-        default: s = highest + 1 + rng() % 3; next = std::max(next, s + 1); break;
+        case 0:
+          s = next++;
+          break;  // the next one
+        case 1:
+          next += rng() % 40;
+          s = next++;
+          break;  // a gap (sent to others, lost)
+        case 2:
+          s = highest > 2 * kBits ? highest - rng() % (2 * kBits) : 1 + rng() % (highest + 1);
+          break;  // late or replay
+        default:
+          s = highest + 1 + rng() % 3;
+          next = std::max(next, s + 1);
+          break;
       }
       V want;
-      if (s == 0 || (s <= highest && highest - s >= kBits)) want = V::kTooOld;
-      else if (seen.count(s)) want = V::kReplayed;
-      else want = V::kNew;
+      if (s == 0 || (s <= highest && highest - s >= kBits))
+        want = V::kTooOld;
+      else if (seen.count(s))
+        want = V::kReplayed;
+      else
+        want = V::kNew;
       INFO("seed " << seed << " op " << i << " seq " << s << " highest " << highest);
       REQUIRE(w.accept(s) == want);
       if (want == V::kNew) {

@@ -1,10 +1,8 @@
 #include <catch2/catch.hpp>
-
 #include <cstring>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "daemon/peers/crypto.hpp"
 #include "daemon/peers/peer_wire.hpp"
@@ -68,13 +66,12 @@ std::vector<PeerMessage> every_message() {
   const std::string chunk = "0123456789abcdef0123456789abcdef";
   json manifest = {{"id", "llama-7b@3"},
                    {"parent", "llama-7b@2"},
-                   {"tensors",
-                    json::array({{{"name", "layers.0.attn.q"},
-                                  {"dtype", "bf16"},
-                                  {"shape", {4096, 4096}},
-                                  {"nbytes", 33554432},
-                                  {"chunks", json::array({{{"hash", chunk}, {"length", 16777216}},
-                                                          {{"hash", chunk}, {"length", 16777216}}})}}})}};
+                   {"tensors", json::array({{{"name", "layers.0.attn.q"},
+                                             {"dtype", "bf16"},
+                                             {"shape", {4096, 4096}},
+                                             {"nbytes", 33554432},
+                                             {"chunks", json::array({{{"hash", chunk}, {"length", 16777216}},
+                                                                     {{"hash", chunk}, {"length", 16777216}}})}}})}};
   return {
       make(PeerMsg::kHello, {{"nonce", std::string(32, 'a')}}),
       make(PeerMsg::kHelloReply, {{"nonce", std::string(32, 'b')}, {"answer", std::string(64, 'c')}}),
@@ -90,7 +87,8 @@ std::vector<PeerMessage> every_message() {
       make(PeerMsg::kBye, json::object(), ~0ull),
       make(PeerMsg::kStage, {{"req", 19}, {"model", "nas/gen3/c7"}}),
       make(PeerMsg::kStageReply, {{"req", 19}, {"ok", false}, {"seconds", 0.25}, {"error", "not found: nas/gen3/c7"}}),
-      make(PeerMsg::kPart, {{"part", manifest}, {"index", 1}, {"of", 4}, {"timeout_ms", 60000}, {"durability", "local"}}),
+      make(PeerMsg::kPart,
+           {{"part", manifest}, {"index", 1}, {"of", 4}, {"timeout_ms", 60000}, {"durability", "local"}}),
       make(PeerMsg::kPartState, {{"model", "llama-7b@3"}, {"phase", "delegated"}, {"registrar", kFrom}}),
       make(PeerMsg::kAssemble, {{"model", manifest}, {"durability", "memory"}, {"part_holders", {kFrom, kFrom}}}),
       make(PeerMsg::kPartAck, {{"model", "llama-7b@3"}, {"what", "held"}, {"ok", true}}),
@@ -105,8 +103,8 @@ TEST_CASE("every peer message round-trips", "[peers]") {
   for (const auto& m : all) {
     INFO(cairn::peer_msg_name(m.type));
     auto f = cairn::encode_peer_message(m, kSecret);
-    REQUIRE(f.size() ==
-            cairn::kPeerHeaderBytes + m.from.size() + m.to.size() + json::to_cbor(m.body).size() + cairn::kPeerMacBytes);
+    REQUIRE(f.size() == cairn::kPeerHeaderBytes + m.from.size() + m.to.size() + json::to_cbor(m.body).size() +
+                            cairn::kPeerMacBytes);
     auto r = cairn::decode_peer_message(f, kSecret);
     REQUIRE(r.is_ok());
     REQUIRE(r->type == m.type);
@@ -118,10 +116,11 @@ TEST_CASE("every peer message round-trips", "[peers]") {
 }
 
 TEST_CASE("peer_msg_name names every type", "[peers]") {
-  const char* names[] = {"hello", "hello_reply", "lookup",     "lookup_reply", "have",     "drop",
-                         "get",   "get_reply",   "fetched",    "loaded",       "commit",   "bye",
-                         "stage", "stage_reply", "part",       "part_state",   "assemble", "part_ack"};
-  for (uint8_t t = 1; t <= cairn::kMaxPeerMsg; ++t) REQUIRE(std::string(cairn::peer_msg_name(PeerMsg(t))) == names[t - 1]);
+  const char* names[] = {"hello", "hello_reply", "lookup",  "lookup_reply", "have",     "drop",
+                         "get",   "get_reply",   "fetched", "loaded",       "commit",   "bye",
+                         "stage", "stage_reply", "part",    "part_state",   "assemble", "part_ack"};
+  for (uint8_t t = 1; t <= cairn::kMaxPeerMsg; ++t)
+    REQUIRE(std::string(cairn::peer_msg_name(PeerMsg(t))) == names[t - 1]);
   REQUIRE(std::string(cairn::peer_msg_name(PeerMsg(0))) == "unknown");
   REQUIRE(std::string(cairn::peer_msg_name(PeerMsg(200))) == "unknown");
 }

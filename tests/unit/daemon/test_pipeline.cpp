@@ -49,7 +49,8 @@ void commit_base(Client& c, const std::string& id) {
   ModelWriter w(c, id, "");
   for (int t = 0; t < 4; ++t) {
     auto bytes = pattern(1000 + t, static_cast<uint64_t>(t));
-    REQUIRE(w.add_tensor("t" + std::to_string(t), bytes.data(), DType::kU8, {static_cast<int64_t>(bytes.size())}).is_ok());
+    REQUIRE(
+        w.add_tensor("t" + std::to_string(t), bytes.data(), DType::kU8, {static_cast<int64_t>(bytes.size())}).is_ok());
   }
   REQUIRE(w.commit(Durability::kGlobal, true).is_ok());
 }
@@ -106,8 +107,8 @@ TEST_CASE("pipelined commits: an error lands on its own ticket, later commits su
   std::vector<Ticket> tickets;
   for (int i = 0; i < 20; ++i) {
     std::string id = "p" + std::to_string(i), parent = i ? "p" + std::to_string(i - 1) : "base";
-    if (i == 7) id = "base";               // taken: kExists
-    if (i == 8) parent = "p6";             // p7 was never made: skip it
+    if (i == 7) id = "base";                // taken: kExists
+    if (i == 8) parent = "p6";              // p7 was never made: skip it
     if (i == 12) parent = "no-such-model";  // kNotFound
     if (i == 13) parent = "p11";
     auto t = metadata_commit(*c, id, parent, i);
@@ -203,13 +204,26 @@ TEST_CASE("commit with ticket false keeps no ticket in the daemon") {
   auto e = make_engine(dir.repo());
   Session s;
   commit_inline(*e, s, "base", "", {{"a", pattern(100, 1)}});
-  json r = ok(*e, s, json{{"op", "commit"}, {"id", "c1"}, {"parent", "base"}, {"tensors", json::array()},
-                          {"inherit_all", true}, {"durability", "memory"}, {"wait", false}, {"ticket", false}});
+  json r = ok(*e, s,
+              json{{"op", "commit"},
+                   {"id", "c1"},
+                   {"parent", "base"},
+                   {"tensors", json::array()},
+                   {"inherit_all", true},
+                   {"durability", "memory"},
+                   {"wait", false},
+                   {"ticket", false}});
   CHECK_FALSE(r.contains("ticket"));
   CHECK(r["reached"] == "memory");
   CHECK(s.tickets.empty());
-  r = ok(*e, s, json{{"op", "commit"}, {"id", "c2"}, {"parent", "base"}, {"tensors", json::array()},
-                     {"inherit_all", true}, {"durability", "memory"}, {"wait", false}});
+  r = ok(*e, s,
+         json{{"op", "commit"},
+              {"id", "c2"},
+              {"parent", "base"},
+              {"tensors", json::array()},
+              {"inherit_all", true},
+              {"durability", "memory"},
+              {"wait", false}});
   CHECK(r.contains("ticket"));
   fails(*e, s, json{{"op", "commit"}, {"id", "c3"}, {"tensors", json::array()}, {"ticket", 1}},
         StatusCode::kInvalidArgument, "'ticket'");
@@ -302,14 +316,15 @@ TEST_CASE("pipelined commits: a reply that does not come in time is a timeout, t
   CHECK((*c)->wait(*t3, 0).code() == StatusCode::kUnavailable);
 }
 
-
 // A model of `tensors` tensors of `each` bytes, committed at global (so DRAM may drop its chunks).
-std::vector<std::vector<uint8_t>> commit_big(Client& c, const std::string& id, int tensors, size_t each, uint64_t seed) {
+std::vector<std::vector<uint8_t>> commit_big(Client& c, const std::string& id, int tensors, size_t each,
+                                             uint64_t seed) {
   std::vector<std::vector<uint8_t>> bytes;
   ModelWriter w(c, id, "");
   for (int t = 0; t < tensors; ++t) {
     bytes.push_back(pattern(each, seed + static_cast<uint64_t>(t)));
-    REQUIRE(w.add_tensor("t" + std::to_string(t), bytes.back().data(), DType::kU8, {static_cast<int64_t>(each)}).is_ok());
+    REQUIRE(
+        w.add_tensor("t" + std::to_string(t), bytes.back().data(), DType::kU8, {static_cast<int64_t>(each)}).is_ok());
   }
   REQUIRE(w.commit(Durability::kGlobal, true).is_ok());
   return bytes;
@@ -377,7 +392,6 @@ TEST_CASE("pipelined reads: a group that cannot be leased fails the read and lea
   REQUIRE((*ra)->read_many(names, dsts).is_ok());
   for (size_t t = 0; t < 10; ++t) CHECK(out[t] == a[t]);
 }
-
 
 TEST_CASE("sealed tensors: hashed while the next is written, stored under the same chunks as a plain add") {
   Daemon d;

@@ -1,10 +1,9 @@
 // Hints and the prefetcher (daemon/hints.hpp, daemon/prefetcher.hpp, docs/policy.md): parsing with
 // errors that name the field, staging ahead of reads, sequences, budgets, and hints that are wrong
 // or too big, which must never change what a read returns.
-#include "unit/daemon/engine_util.hpp"
-
 #include "daemon/hints.hpp"
 #include "policy/trace.hpp"
+#include "unit/daemon/engine_util.hpp"
 
 namespace cairn {
 namespace {
@@ -190,7 +189,8 @@ TEST_CASE("hints: a flood bigger than the budget and DRAM stages within the budg
   json p = stats(*e, s)["prefetch"];
   CHECK(p["bytes_unread"].get<uint64_t>() <= 10 * kChunk);
   CHECK(p["skipped_for_budget"].get<uint64_t>() > 0);
-  for (int i = 11; i >= 0; --i) CHECK(read_tensor(*e, s, all[static_cast<size_t>(i)], "w") == st.w[static_cast<size_t>(i)]);
+  for (int i = 11; i >= 0; --i)
+    CHECK(read_tensor(*e, s, all[static_cast<size_t>(i)], "w") == st.w[static_cast<size_t>(i)]);
   e->end_session(s);
 }
 

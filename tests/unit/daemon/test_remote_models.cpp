@@ -1,7 +1,6 @@
 // The job's catalog of models committed on other members (daemon/peers/remote_models.hpp): what a
 // removal from the repository does to it.
 #include <catch2/catch.hpp>
-
 #include <memory>
 #include <string>
 

@@ -118,7 +118,8 @@ TEST_CASE("tiering: after a commit the demoter makes room for the next one of it
   REQUIRE(t.e().dram().free_bytes() >= target);
   // Memory commits pass through the burst buffer on their way to the repository, so the demoter
   // finds the older checkpoints there already and drops the DRAM copies.
-  REQUIRE(s["movement"]["demoted_chunks"].get<uint64_t>() + s["movement"]["evicted_already_on_nvme"].get<uint64_t>() > 0);
+  REQUIRE(s["movement"]["demoted_chunks"].get<uint64_t>() + s["movement"]["evicted_already_on_nvme"].get<uint64_t>() >
+          0);
   // The newest checkpoint is still in DRAM (dirty until it reaches the repository; the demoter took
   // older ones), and every checkpoint reads back exact from wherever it is now.
   REQUIRE(s["tiers"]["dram"]["used_bytes"].get<uint64_t>() >= commit_bytes);
@@ -166,8 +167,12 @@ TEST_CASE("tiering: local commits are on the burst buffer when acknowledged and 
 
 TEST_CASE("tiering: ENOSPC on the burst buffer sends commits to the repository directly", "[tiering][faults]") {
   FaultyFileSystem nvme_fs(posix_fs());
-  nvme_fs.add({.op = FaultyFileSystem::Op::kWrite, .path_contains = "/data", .effect = FaultyFileSystem::Effect::kFail,
-               .err = ENOSPC, .skip = 0, .times = -1});
+  nvme_fs.add({.op = FaultyFileSystem::Op::kWrite,
+               .path_contains = "/data",
+               .effect = FaultyFileSystem::Effect::kFail,
+               .err = ENOSPC,
+               .skip = 0,
+               .times = -1});
   EngineOptions o;
   o.nvme_fs = &nvme_fs;
   Tiered t(16 * kMiB, 64 * kMiB, o);
@@ -185,8 +190,12 @@ TEST_CASE("tiering: ENOSPC on the repository is a clear NO_SPACE and loses nothi
   o.repository_fs = &repo_fs;
   Tiered t(16 * kMiB, 0, o);
   commit_inline(t.e(), t.session, "before", "", model_bytes(kMiB, 11));
-  repo_fs.add({.op = FaultyFileSystem::Op::kWrite, .path_contains = "packs", .effect = FaultyFileSystem::Effect::kFail,
-               .err = ENOSPC, .skip = 0, .times = 1});
+  repo_fs.add({.op = FaultyFileSystem::Op::kWrite,
+               .path_contains = "packs",
+               .effect = FaultyFileSystem::Effect::kFail,
+               .err = ENOSPC,
+               .skip = 0,
+               .times = 1});
   std::vector<uint8_t> blob = pattern(kMiB, 12);
   json req{{"op", "commit"}, {"id", "nospace"}, {"tensors", {inline_tensor("w", 0, kMiB)}}, {"durability", "global"}};
   fails(t.e(), t.session, req, StatusCode::kNoSpace, "No space left", blob);
@@ -211,8 +220,12 @@ TEST_CASE("tiering: a burst-buffer copy that fails its checksum is read from the
   t.stop();
   t.start();
   // Wrong every time it is read (a single wrong read is read again and served: tests/unit/tiers).
-  nvme_fs.add({.op = FaultyFileSystem::Op::kRead, .path_contains = "/data", .effect = FaultyFileSystem::Effect::kFlipBit,
-               .err = 0, .skip = 0, .times = -1});
+  nvme_fs.add({.op = FaultyFileSystem::Op::kRead,
+               .path_contains = "/data",
+               .effect = FaultyFileSystem::Effect::kFlipBit,
+               .err = 0,
+               .skip = 0,
+               .times = -1});
   check_model(t.e(), t.session, "flip", 3 * kMiB, 21);
   json s = stats(t.e(), t.session);
   INFO(s["movement"].dump());
@@ -229,8 +242,12 @@ TEST_CASE("tiering: a repository chunk that fails its checksum is CORRUPTION, ne
   commit_inline(t->e(), t->session, "bad", "", model_bytes(kMiB, 31));
   t->stop();
   t->start();  // DRAM empty: the read goes to the repository
-  repo_fs.add({.op = FaultyFileSystem::Op::kRead, .path_contains = "packs", .effect = FaultyFileSystem::Effect::kFlipBit,
-               .err = 0, .skip = 0, .times = -1});
+  repo_fs.add({.op = FaultyFileSystem::Op::kRead,
+               .path_contains = "packs",
+               .effect = FaultyFileSystem::Effect::kFlipBit,
+               .err = 0,
+               .skip = 0,
+               .times = -1});
   fails(t->e(), t->session, {{"op", "lease"}, {"id", "bad"}, {"tensors", {"w"}}}, StatusCode::kCorruption, "hash");
   repo_fs.clear();
   check_model(t->e(), t->session, "bad", kMiB, 31);

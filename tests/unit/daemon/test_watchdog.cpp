@@ -5,10 +5,9 @@
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
-
-#include <nlohmann/json.hpp>
 
 #include "daemon/engine.hpp"
 #include "daemon/fault_injection.hpp"
@@ -33,8 +32,7 @@ bool eventually(Pred pred) {
   return true;
 }
 
-TEST_CASE("watchdog: a request past the bound is reported once; quick ones and client waits are not",
-          "[watchdog]") {
+TEST_CASE("watchdog: a request past the bound is reported once; quick ones and client waits are not", "[watchdog]") {
   Watchdog w(50ms);
   for (int i = 0; i < 20; ++i) Watchdog::Request quick(w, "ping", {1, 0});
   {
@@ -96,8 +94,7 @@ TEST_CASE("thread stacks: every thread is listed, a blocked one with its frames"
   CHECK(block.find("did not answer") == std::string::npos);
 }
 
-TEST_CASE("fault rules: fields are parsed with their defaults, and garbage is refused naming the field",
-          "[faults]") {
+TEST_CASE("fault rules: fields are parsed with their defaults, and garbage is refused naming the field", "[faults]") {
   auto r = parse_fault_rule(json{{"op", "write"}, {"path", "/packs/"}, {"error", "ENOSPC"}, {"times", -1}});
   REQUIRE(r.is_ok());
   CHECK(r->op == FaultyFileSystem::Op::kWrite);
@@ -144,7 +141,8 @@ TEST_CASE("engine: the fault request drives the injector under the repository; s
   using namespace engine_test;
   TempDir dir;
   auto commit_bytes = [](Engine& e, Session& s, const std::string& id, std::vector<uint8_t> bytes) {
-    json req{{"op", "commit"}, {"id", id}, {"tensors", {inline_tensor("w", 0, bytes.size())}}, {"durability", "global"}};
+    json req{
+        {"op", "commit"}, {"id", id}, {"tensors", {inline_tensor("w", 0, bytes.size())}}, {"durability", "global"}};
     return call(e, s, req, std::move(bytes));
   };
   SECTION("off: refused, naming the key") {
@@ -163,10 +161,10 @@ TEST_CASE("engine: the fault request drives the injector under the repository; s
       c.watchdog = "0";
     });
     Session s;
-    json added = call(*e, s,
-                      json{{"op", "fault"},
-                           {"action", "add"},
-                           {"rule", {{"op", "write"}, {"path", "/packs/"}, {"error", "ENOSPC"}}}});
+    json added = call(
+        *e, s,
+        json{
+            {"op", "fault"}, {"action", "add"}, {"rule", {{"op", "write"}, {"path", "/packs/"}, {"error", "ENOSPC"}}}});
     REQUIRE(added["status"] == 0);
     json c = commit_bytes(*e, s, "m", std::vector<uint8_t>(100000, 7));
     CHECK(c["status"] == code(StatusCode::kNoSpace));
@@ -182,9 +180,11 @@ TEST_CASE("engine: the fault request drives the injector under the repository; s
     CHECK(call(*e, s, json{{"op", "fault"}, {"action", "clear"}})["cleared"] == 1);
 
     // A global commit that does not wait was acknowledged: retried through ENOSPC, never dropped.
-    REQUIRE(call(*e, s, json{{"op", "fault"},
-                             {"action", "add"},
-                             {"rule", {{"op", "write"}, {"path", "/packs/"}, {"error", "ENOSPC"}, {"times", -1}}}})["status"] == 0);
+    REQUIRE(call(*e, s,
+                 json{{"op", "fault"},
+                      {"action", "add"},
+                      {"rule",
+                       {{"op", "write"}, {"path", "/packs/"}, {"error", "ENOSPC"}, {"times", -1}}}})["status"] == 0);
     std::vector<uint8_t> bytes(100000, 9);
     json req{{"op", "commit"}, {"id", "nowait"}, {"tensors", {inline_tensor("w", 0, bytes.size())}}, {"wait", false}};
     json nw = call(*e, s, req, bytes);
@@ -200,15 +200,28 @@ TEST_CASE("engine: the fault request drives the injector under the repository; s
 
     // A parent and its child acknowledged while every pack write fails: the child's write fails for
     // want of its parent, and waits for it instead of being dropped (found by the torture harness).
-    REQUIRE(call(*e, s, json{{"op", "fault"},
-                             {"action", "add"},
-                             {"rule", {{"op", "write"}, {"path", "/packs/"}, {"error", "EIO"}, {"times", -1}}}})["status"] == 0);
+    REQUIRE(call(*e, s,
+                 json{{"op", "fault"},
+                      {"action", "add"},
+                      {"rule", {{"op", "write"}, {"path", "/packs/"}, {"error", "EIO"}, {"times", -1}}}})["status"] ==
+            0);
     std::vector<uint8_t> pb(50000, 3), cb(50000, 4);
-    json pr = call(*e, s, json{{"op", "commit"}, {"id", "p"}, {"tensors", {inline_tensor("w", 0, pb.size())}},
-                               {"durability", "memory"}, {"wait", false}}, pb);
+    json pr = call(*e, s,
+                   json{{"op", "commit"},
+                        {"id", "p"},
+                        {"tensors", {inline_tensor("w", 0, pb.size())}},
+                        {"durability", "memory"},
+                        {"wait", false}},
+                   pb);
     REQUIRE(pr["status"] == 0);
-    json cr = call(*e, s, json{{"op", "commit"}, {"id", "c"}, {"parent", "p"}, {"tensors", {inline_tensor("w", 0, cb.size())}},
-                               {"durability", "memory"}, {"wait", false}}, cb);
+    json cr = call(*e, s,
+                   json{{"op", "commit"},
+                        {"id", "c"},
+                        {"parent", "p"},
+                        {"tensors", {inline_tensor("w", 0, cb.size())}},
+                        {"durability", "memory"},
+                        {"wait", false}},
+                   cb);
     REQUIRE(cr["status"] == 0);
     const uint64_t before = call(*e, s, json{{"op", "stats"}})["flush"]["repository_write_retries"].get<uint64_t>();
     REQUIRE(eventually([&] {
@@ -225,14 +238,27 @@ TEST_CASE("engine: the fault request drives the injector under the repository; s
     // `rm` of a model in the repository whose child is still pending waits for the child: a gc of
     // another daemon, which cannot see the pending child, would otherwise remove the parent and
     // leave the acknowledged child unwritable (found by the torture harness with three daemons).
-    REQUIRE(call(*e, s, json{{"op", "commit"}, {"id", "p2"}, {"tensors", {inline_tensor("w", 0, pb.size())}},
-                             {"durability", "global"}, {"wait", true}}, pb)["status"] == 0);
-    REQUIRE(call(*e, s, json{{"op", "fault"},
-                             {"action", "add"},
-                             {"rule", {{"op", "write"}, {"path", "/packs/"}, {"error", "EIO"}, {"times", -1}}}})["status"] == 0);
+    REQUIRE(call(*e, s,
+                 json{{"op", "commit"},
+                      {"id", "p2"},
+                      {"tensors", {inline_tensor("w", 0, pb.size())}},
+                      {"durability", "global"},
+                      {"wait", true}},
+                 pb)["status"] == 0);
+    REQUIRE(call(*e, s,
+                 json{{"op", "fault"},
+                      {"action", "add"},
+                      {"rule", {{"op", "write"}, {"path", "/packs/"}, {"error", "EIO"}, {"times", -1}}}})["status"] ==
+            0);
     std::vector<uint8_t> c2b(50000, 5);  // new bytes: a pack write (deduplicated ones would need none)
-    REQUIRE(call(*e, s, json{{"op", "commit"}, {"id", "c2"}, {"parent", "p2"}, {"tensors", {inline_tensor("w", 0, c2b.size())}},
-                             {"durability", "memory"}, {"wait", false}}, c2b)["status"] == 0);
+    REQUIRE(call(*e, s,
+                 json{{"op", "commit"},
+                      {"id", "c2"},
+                      {"parent", "p2"},
+                      {"tensors", {inline_tensor("w", 0, c2b.size())}},
+                      {"durability", "memory"},
+                      {"wait", false}},
+                 c2b)["status"] == 0);
     std::atomic<bool> removed{false};
     std::thread rm([&] {
       Session s2;

@@ -20,8 +20,8 @@ using cairn::SimPolicy;
 namespace {
 
 struct Small {
-  std::vector<int> reads;        // chunk numbers, in order
-  std::vector<uint64_t> bytes;   // per chunk
+  std::vector<int> reads;       // chunk numbers, in order
+  std::vector<uint64_t> bytes;  // per chunk
 };
 
 cairn::Trace to_trace(const Small& s) {
@@ -83,8 +83,8 @@ class BruteForce {
 
 Small random_small(std::mt19937& rng, bool equal_sizes) {
   Small s;
-  const int chunks = 2 + static_cast<int>(rng() % 5);   // 2..6
-  const int reads = 4 + static_cast<int>(rng() % 11);   // 4..14
+  const int chunks = 2 + static_cast<int>(rng() % 5);  // 2..6
+  const int reads = 4 + static_cast<int>(rng() % 11);  // 4..14
   for (int c = 0; c < chunks; ++c) s.bytes.push_back(equal_sizes ? 1 : 1 + rng() % 6);
   // A skewed choice, so that some chunks come back often.
   for (int r = 0; r < reads; ++r) {

@@ -142,8 +142,7 @@ TEST_CASE("An expectation outranks done and population; a read ends it and refut
   REQUIRE(p.standing(key(2)) == Standing::kOrdinary);
 }
 
-TEST_CASE("Expectations: infinity and NaN withdraw, beyond the horizon is ignored, overdue is now",
-          "[policy][hints]") {
+TEST_CASE("Expectations: infinity and NaN withdraw, beyond the horizon is ignored, overdue is now", "[policy][hints]") {
   FakeClock clock;
   HintAwarePolicy::Options o;
   o.expected_use_horizon_s = 60;
@@ -219,7 +218,8 @@ TEST_CASE("HintAwarePolicy options are checked; make_eviction_policy knows 'hint
   REQUIRE_THROWS_AS(HintAwarePolicy(clock, with([](auto& o) { o.default_bandwidth = kInf; })), std::invalid_argument);
   REQUIRE_THROWS_AS(HintAwarePolicy(clock, with([](auto& o) { o.expected_use_horizon_s = std::nan(""); })),
                     std::invalid_argument);
-  REQUIRE_THROWS_AS(HintAwarePolicy(clock, with([](auto& o) { o.expected_use_grace_s = kInf; })), std::invalid_argument);
+  REQUIRE_THROWS_AS(HintAwarePolicy(clock, with([](auto& o) { o.expected_use_grace_s = kInf; })),
+                    std::invalid_argument);
   REQUIRE_NOTHROW(HintAwarePolicy(clock, with([](auto& o) { o.expected_use_horizon_s = kInf; })));
   auto p = cairn::make_eviction_policy("hints", clock);
   REQUIRE(p.is_ok());
@@ -231,7 +231,8 @@ TEST_CASE("LRU and lineage ignore the hint hooks", "[policy][hints]") {
   FakeClock clock;
   cairn::LruPolicy lru;
   cairn::LineagePolicy lineage(clock);
-  for (cairn::EvictionPolicy* p : {static_cast<cairn::EvictionPolicy*>(&lru), static_cast<cairn::EvictionPolicy*>(&lineage)}) {
+  for (cairn::EvictionPolicy* p :
+       {static_cast<cairn::EvictionPolicy*>(&lru), static_cast<cairn::EvictionPolicy*>(&lineage)}) {
     p->track(key(1), kMiB);
     p->track(key(2), kMiB);
     p->set_expected_use(key(1), 0);
@@ -256,7 +257,7 @@ TEST_CASE("A chunk a commit wrote enters cold: it goes before chunks that were r
   HintAwarePolicy p(clock);
   p.track(key(1), kMiB);  // read into the tier
   clock.advance_ns(1'000'000);
-  p.track_written(key(2), kMiB);  // written by a commit, newer but never read
+  p.track_written(key(2), kMiB);                    // written by a commit, newer but never read
   CHECK(*p.priority(key(2)) == Approx(p.aging()));  // H = L: no access counted
   CHECK(*p.priority(key(1)) > *p.priority(key(2)));
   p.track_written(key(3), kMiB);

@@ -21,7 +21,6 @@ using cairn::testing::Build;
 
 namespace {
 
-
 Simulator make(const Trace& t) {
   auto s = Simulator::create(t);
   REQUIRE(s.is_ok());
@@ -137,7 +136,7 @@ TEST_CASE("Simulator: a will_load naming chunks keeps those, not the rest of the
   const Simulator sim = make(b.trace());
   REQUIRE(sim.run(SimPolicy::kLru, 20).hits == 0);
   const SimResult h = sim.run(SimPolicy::kHints, 20);
-  CHECK(h.hits == 1);  // A1 kept through C; A2 went
+  CHECK(h.hits == 1);                                // A1 kept through C; A2 went
   CHECK(sim.run(SimPolicy::kBelady, 20).hits == 2);  // Belady does not cache C at all
 
   SECTION("the expectation is used up by the read") {
@@ -217,7 +216,8 @@ TEST_CASE("Simulator: a chunk id with two sizes is an error naming it", "[policy
   cairn::SimOptions bad;
   bad.sequence_step_s = -1;
   REQUIRE_FALSE(Simulator::create(Trace{}, bad).is_ok());
-  REQUIRE(cairn::parse_sim_policy("opt").status().message() == "policy 'opt' is not one of lru, arc, s3fifo, lineage, hints, bound, belady");
+  REQUIRE(cairn::parse_sim_policy("opt").status().message() ==
+          "policy 'opt' is not one of lru, arc, s3fifo, lineage, hints, bound, belady");
   REQUIRE(*cairn::parse_sim_policy("belady") == SimPolicy::kBelady);
 }
 
@@ -252,8 +252,8 @@ TEST_CASE("The committed traces are the generators' output, small, and replay se
     const Simulator sim = make(*trace);
     const cairn::TraceSummary& s = sim.summary();
     REQUIRE(s.working_set_bytes > 0);
-    const auto results =
-        sim.run_fractions({SimPolicy::kLru, SimPolicy::kLineage, SimPolicy::kHints, SimPolicy::kBelady}, {0.125, 0.25, 0.5});
+    const auto results = sim.run_fractions(
+        {SimPolicy::kLru, SimPolicy::kLineage, SimPolicy::kHints, SimPolicy::kBelady}, {0.125, 0.25, 0.5});
     REQUIRE(results.size() == 12);
     for (size_t i = 0; i < results.size(); i += 4) {
       const SimResult& lru = results[i];
@@ -273,8 +273,8 @@ TEST_CASE("On the NAS trace the hint-aware policy beats LRU and the lineage scor
   auto trace = cairn::read_trace_file(std::string(CAIRN_SOURCE_DIR) + "/bench/traces/nas.csv");
   REQUIRE(trace.is_ok());
   const Simulator sim = make(*trace);
-  const auto r = sim.run_fractions({SimPolicy::kLru, SimPolicy::kLineage, SimPolicy::kHints, SimPolicy::kBelady},
-                                   {0.125, 0.25});
+  const auto r =
+      sim.run_fractions({SimPolicy::kLru, SimPolicy::kLineage, SimPolicy::kHints, SimPolicy::kBelady}, {0.125, 0.25});
   for (size_t i = 0; i < r.size(); i += 4) {
     INFO("size " << r[i].fraction << ": lru " << r[i].byte_hit_ratio() << " lineage " << r[i + 1].byte_hit_ratio()
                  << " hints " << r[i + 2].byte_hit_ratio() << " belady " << r[i + 3].byte_hit_ratio());

@@ -5,8 +5,8 @@
 #include <catch2/catch.hpp>
 #include <cstdint>
 #include <cstdio>
-#include <optional>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -64,7 +64,8 @@ Trace sample_trace() {
   scoped.bytes = 77;
   t.events.push_back(scoped);
   t.events.push_back(event(30, TraceEventKind::kEvict, {}, hex, 16 << 20, TraceTier::kDram));
-  t.events.push_back(event(9'000'000'000'000'000'000, TraceEventKind::kEvict, {"m0"}, hex, UINT64_MAX, TraceTier::kNvme));
+  t.events.push_back(
+      event(9'000'000'000'000'000'000, TraceEventKind::kEvict, {"m0"}, hex, UINT64_MAX, TraceTier::kNvme));
   return t;
 }
 
@@ -78,9 +79,7 @@ std::string error_of(const std::string& body) {
   return r.status().message();
 }
 
-std::string temp_path(const char* name) {
-  return "/tmp/cairn_test_trace_" + std::to_string(::getpid()) + "_" + name;
-}
+std::string temp_path(const char* name) { return "/tmp/cairn_test_trace_" + std::to_string(::getpid()) + "_" + name; }
 
 }  // namespace
 
@@ -101,8 +100,7 @@ TEST_CASE("A trace survives format and parse unchanged", "[policy][trace]") {
   REQUIRE(text.find("26,hint,m1,c9,77,,will_load,0.5\n") != std::string::npos);
 }
 
-TEST_CASE("The trace reader takes CRLF, comments, a missing final newline and lower-case escapes",
-          "[policy][trace]") {
+TEST_CASE("The trace reader takes CRLF, comments, a missing final newline and lower-case escapes", "[policy][trace]") {
   auto r = cairn::parse_trace(
       "#cairn-trace v1\r\ntime_ns,event,model,chunk,bytes,tier,hint,when_s\r\n# recorded by hand\r\n"
       "1,access,m%2c1,c1,10,dram,,\r\n2,access,m2,c2,0,,,");
@@ -178,8 +176,9 @@ TEST_CASE("The trace reader rejects a missing or foreign header", "[policy][trac
     REQUIRE_FALSE(r.is_ok());
     return r.status().message();
   };
-  REQUIRE(message("") == "t.csv:1: header: missing (a trace starts with '#cairn-trace v1' and "
-                         "'time_ns,event,model,chunk,bytes,tier,hint,when_s')");
+  REQUIRE(message("") ==
+          "t.csv:1: header: missing (a trace starts with '#cairn-trace v1' and "
+          "'time_ns,event,model,chunk,bytes,tier,hint,when_s')");
   REQUIRE(message("#cairn-trace v1\n").rfind("t.csv:2: header: missing", 0) == 0);
   REQUIRE(message("#cairn-trace v2\n") ==
           "t.csv:1: header: version 'v2' is not supported (this reader takes #cairn-trace v1)");
@@ -212,9 +211,9 @@ TEST_CASE("TraceWriter appends whole lines from many threads, in non-decreasing 
       for (int i = 0; i < kEach; ++i) {
         // Stamped out of order on purpose: the writer clamps.
         const int64_t time = (i * kThreads + t) * 1000 - (i % 3) * 5000;
-        const cairn::Status s = (*w)->append(event(std::max<int64_t>(0, time), TraceEventKind::kAccess,
-                                                   {"m" + std::to_string(t)}, "c" + std::to_string(i), 4096,
-                                                   TraceTier::kDram));
+        const cairn::Status s =
+            (*w)->append(event(std::max<int64_t>(0, time), TraceEventKind::kAccess, {"m" + std::to_string(t)},
+                               "c" + std::to_string(i), 4096, TraceTier::kDram));
         if (!s.is_ok()) ++failures;  // Catch2 assertions are not thread-safe
       }
     });

@@ -20,12 +20,12 @@
 #include <thread>
 #include <unordered_map>
 
-#include "unit/temp_dir.hpp"
-#include "unit/test_bytes.hpp"
 #include "core/fs.hpp"
 #include "core/safetensors.hpp"
 #include "tiers/pfs/records.hpp"
 #include "tiers/pfs/repository.hpp"
+#include "unit/temp_dir.hpp"
+#include "unit/test_bytes.hpp"
 
 namespace fs = std::filesystem;
 using namespace cairn;
@@ -193,4 +193,3 @@ bool fork_and_kill(Child child, std::mt19937_64& rng, uint64_t max_delay_us, boo
 #pragma GCC diagnostic pop
 
 }  // namespace
-

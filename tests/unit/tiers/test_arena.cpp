@@ -72,8 +72,7 @@ ChildOutcome run_in_child(const std::function<int()>& body,
   auto drain = [&] {
     char buf[4096];
     ssize_t n;
-    while ((n = ::read(pipe_fds[0], buf, sizeof buf)) > 0)
-      out.err.append(buf, static_cast<size_t>(n));
+    while ((n = ::read(pipe_fds[0], buf, sizeof buf)) > 0) out.err.append(buf, static_cast<size_t>(n));
   };
   for (;;) {
     drain();
@@ -200,8 +199,7 @@ TEST_CASE("allocator: sizes round up to the alignment, 0 counts as one unit", "[
   CHECK(a.free_extent_count() == 1);
 }
 
-TEST_CASE("allocator: best fit picks the smallest hole that fits, lowest offset on ties",
-          "[arena]") {
+TEST_CASE("allocator: best fit picks the smallest hole that fits, lowest offset on ties", "[arena]") {
   ArenaAllocator a(100 * kUnit);
   // Layout in units: A[0,10) B[10,15) C[15,35) D[35,38) E[38,46) F[46,48) G[48,56) H[56,58) rest.
   const std::array<uint64_t, 8> sizes = {10, 5, 20, 3, 8, 2, 8, 2};
@@ -250,9 +248,8 @@ TEST_CASE("allocator: every free order coalesces back to one extent", "[arena]")
     std::vector<uint8_t> used_units(capacity / kUnit, 1);
     for (int i : order) {
       a.free(offs[static_cast<size_t>(i)], sizes[static_cast<size_t>(i)] * kUnit);
-      std::fill_n(
-          used_units.begin() + static_cast<std::ptrdiff_t>(offs[static_cast<size_t>(i)] / kUnit),
-          sizes[static_cast<size_t>(i)], uint8_t{0});
+      std::fill_n(used_units.begin() + static_cast<std::ptrdiff_t>(offs[static_cast<size_t>(i)] / kUnit),
+                  sizes[static_cast<size_t>(i)], uint8_t{0});
       check_against_model(a, used_units);
     }
     REQUIRE(a.free_extent_count() == 1);
@@ -341,8 +338,7 @@ TEST_CASE("allocator: a bad free aborts with a message", "[arena]") {
     CHECK(o.err.find(needle) != std::string::npos);
   };
   SECTION("double free") {
-    expect_abort([](ArenaAllocator& a) { a.free(0, 4 * kUnit); },
-                 "overlaps the free extent [0, 256)");
+    expect_abort([](ArenaAllocator& a) { a.free(0, 4 * kUnit); }, "overlaps the free extent [0, 256)");
   }
   SECTION("a range that straddles allocated and free space") {
     expect_abort([](ArenaAllocator& a) { a.free(2 * kUnit, 4 * kUnit); }, "overlaps");
@@ -354,8 +350,7 @@ TEST_CASE("allocator: a bad free aborts with a message", "[arena]") {
     expect_abort([](ArenaAllocator& a) { a.free(16 * kUnit, kUnit); }, "outside the arena");
     expect_abort([](ArenaAllocator& a) { a.free(15 * kUnit, 2 * kUnit); }, "outside the arena");
     expect_abort([](ArenaAllocator& a) { a.free(15 * kUnit, kUnit + 1); }, "outside the arena");
-    expect_abort([](ArenaAllocator& a) { a.free(kUnit, std::numeric_limits<uint64_t>::max()); },
-                 "outside the arena");
+    expect_abort([](ArenaAllocator& a) { a.free(kUnit, std::numeric_limits<uint64_t>::max()); }, "outside the arena");
   }
   SECTION("a misaligned offset") {
     expect_abort([](ArenaAllocator& a) { a.free(4 * kUnit + 8, kUnit); }, "not a multiple");
@@ -495,8 +490,7 @@ TEST_CASE("shared arena: a 1 GiB arena is created without touching its pages", "
   REQUIRE((*arena)->capacity() == kGiB);
   std::vector<unsigned char> resident(kGiB / page());
   REQUIRE(::mincore((*arena)->base(), kGiB, resident.data()) == 0);
-  CHECK(std::count_if(resident.begin(), resident.end(), [](unsigned char r) { return r & 1; }) ==
-        0);
+  CHECK(std::count_if(resident.begin(), resident.end(), [](unsigned char r) { return r & 1; }) == 0);
   // Touching both ends works.
   (*arena)->base()[0] = 1;
   (*arena)->base()[kGiB - 1] = 2;
@@ -656,8 +650,7 @@ TEST_CASE("arena view: a forked process maps the descriptor and shares bytes", "
   auto arena = SharedArena::create(1 << 20, "cairn-test-fork");
   REQUIRE(arena.is_ok());
   SharedArena& daemon = **arena;
-  for (uint64_t i = 0; i < daemon.capacity(); i += 4096)
-    daemon.base()[i] = static_cast<uint8_t>(i >> 12);
+  for (uint64_t i = 0; i < daemon.capacity(); i += 4096) daemon.base()[i] = static_cast<uint8_t>(i >> 12);
   const int fd = daemon.fd();
   const uint64_t size = daemon.capacity();
 
@@ -701,7 +694,6 @@ TEST_CASE("arena view: a size that does not match the descriptor is rejected", "
   REQUIRE_FALSE(bad_fd.is_ok());
   CHECK(bad_fd.status().code() == StatusCode::kInvalidArgument);
 }
-
 
 TEST_CASE("shared arena: the page backing is read from the kernel's shmem THP setting", "[arena]") {
   char tmpl[] = "/tmp/cairn-thp-XXXXXX";

@@ -269,7 +269,7 @@ TEST_CASE("DramTier: each announced read is fulfilled by one read, a later reade
   for (size_t i = 1; i < h.size(); ++i) tier.hint_population(h[i], true);
   tier.hint_expected_use(h[0], 5);   // candidate 1
   tier.hint_expected_use(h[0], 50);  // candidate 2
-  auto read = [&] {  // a client's read of chunk 0: the claim, then the lease's notice
+  auto read = [&] {                  // a client's read of chunk 0: the claim, then the lease's notice
     auto c = tier.claim(h[0]);
     REQUIRE(c.kind == DramTier::ClaimKind::kResident);
     tier.unpin(h[0]);

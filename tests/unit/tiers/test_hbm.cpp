@@ -128,10 +128,10 @@ TEST_CASE("hbm device: another process opens a slab's handle and sees the same b
     REQUIRE((*up)->wait().is_ok());
     // A process of its own (CUDA IPC handles cannot be opened by the process that made them, and a
     // forked child cannot use CUDA): this test binary again, running only the hidden case below.
-    const int status = run_self("[hbm-child]", {"CAIRN_TEST_HBM_BACKEND=" + backend,
-                                                "CAIRN_TEST_HBM_HANDLE=" + slab->handle,
-                                                "CAIRN_TEST_HBM_SIZE=" + std::to_string(slab->size)})
-                           .status;
+    const int status =
+        run_self("[hbm-child]", {"CAIRN_TEST_HBM_BACKEND=" + backend, "CAIRN_TEST_HBM_HANDLE=" + slab->handle,
+                                 "CAIRN_TEST_HBM_SIZE=" + std::to_string(slab->size)})
+            .status;
     CHECK(WIFEXITED(status));
     CHECK(WEXITSTATUS(status) == 0);
     (*dev)->free_slab(*slab);

@@ -675,8 +675,8 @@ TEST_CASE("NvmeTier drops a clean chunk whose bytes do not match its hash when r
         REQUIRE(tier->contains(c.hash));
         st = read_status(*tier, c);
         REQUIRE(st.code() == StatusCode::kCorruption);
-        REQUIRE_THAT(st.message(), Catch::Contains("burst buffer") && Catch::Contains(pl.data()) &&
-                                       Catch::Contains(c.hash.hex()));
+        REQUIRE_THAT(st.message(),
+                     Catch::Contains("burst buffer") && Catch::Contains(pl.data()) && Catch::Contains(c.hash.hex()));
       }
       REQUIRE_FALSE(tier->contains(c.hash));
       REQUIRE(read_status(*tier, c).code() == StatusCode::kNotFound);
@@ -744,10 +744,10 @@ TEST_CASE("NvmeTier passes a workflow's hints to its policy: done goes first, po
       for (int i = 0; i < 8; ++i) REQUIRE(put_one(*tier, c[i], false).is_ok());
       Chunk absent = make_chunk(kMiB, 499);
       if (hinted) {
-        tier->hint_expected_use(c[0].hash, 0);    // the oldest: read next
-        tier->hint_population(c[1].hash, true);   // the next oldest: a live model uses it
-        tier->hint_done(c[5].hash);               // no more reads
-        tier->hint_done(absent.hash);             // not held: ignored
+        tier->hint_expected_use(c[0].hash, 0);   // the oldest: read next
+        tier->hint_population(c[1].hash, true);  // the next oldest: a live model uses it
+        tier->hint_done(c[5].hash);              // no more reads
+        tier->hint_done(absent.hash);            // not held: ignored
         tier->hint_population(absent.hash, true);
       }
       REQUIRE(put_one(*tier, c[8], false).is_ok());
@@ -908,7 +908,8 @@ TEST_CASE("NvmeTier stores a chunk anew when its corrupt copy is still being rea
     write_at(mem, pl.data(), at + 1000, std::string(1, static_cast<char>(a.bytes[1000] ^ 1)));
   }
   // Found wrong on all reads but one that would drop it.
-  for (uint32_t k = 1; k < NvmeTier::kBadReadsToDrop; ++k) REQUIRE(read_status(*tier, a).code() == StatusCode::kCorruption);
+  for (uint32_t k = 1; k < NvmeTier::kBadReadsToDrop; ++k)
+    REQUIRE(read_status(*tier, a).code() == StatusCode::kCorruption);
   REQUIRE(tier->contains(a.hash));
   gate.close_gate(1);  // the first reader waits; the second finds the corruption and dooms the copy
   Status slow_st, fast_st, put_st;
@@ -1387,8 +1388,10 @@ void random_sequence(Place& pl, int ops, uint32_t seed) {
   tier.reset();
   tier = open_tier(pl, kCapacity);
   for (const auto& [k, d] : model) {
-    if (d) require_reads_back(*tier, pool[k]);
-    else if (tier->contains(pool[k].hash)) require_reads_back(*tier, pool[k], 1);
+    if (d)
+      require_reads_back(*tier, pool[k]);
+    else if (tier->contains(pool[k].hash))
+      require_reads_back(*tier, pool[k], 1);
   }
   // The sequence must have exercised the paths it claims to.
   INFO("puts " << puts_ok << ", refused " << no_space << ", reads " << reads_ok << ", restarts " << reopens);
@@ -1399,14 +1402,12 @@ void random_sequence(Place& pl, int ops, uint32_t seed) {
 
 }  // namespace
 
-TEST_CASE("NvmeTier keeps every dirty chunk through a random sequence of operations and crashes (memory)",
-          "[nvme]") {
+TEST_CASE("NvmeTier keeps every dirty chunk through a random sequence of operations and crashes (memory)", "[nvme]") {
   Place pl = Place::memory();
   random_sequence(pl, 500, 20240611);
 }
 
-TEST_CASE("NvmeTier keeps every dirty chunk through a random sequence of operations and crashes (posix)",
-          "[nvme]") {
+TEST_CASE("NvmeTier keeps every dirty chunk through a random sequence of operations and crashes (posix)", "[nvme]") {
   Place pl = Place::posix();
   random_sequence(pl, 200, 7);
 }

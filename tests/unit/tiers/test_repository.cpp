@@ -352,9 +352,10 @@ TEST_CASE("chunks at any offset read back exactly with direct I/O, a pack's last
   TempDir tmp;
   ChunkStore store;
   std::vector<ModelManifest> models;
-  models.push_back(make_model("own", "", {u8_tensor(store, "a", 1, 1), u8_tensor(store, "b", 4095, 2),
-                                          u8_tensor(store, "c", kChunk + 123, 3), u8_tensor(store, "d", 4097, 4),
-                                          u8_tensor(store, "e", 3 * kChunk - 7, 5)}));
+  models.push_back(
+      make_model("own", "",
+                 {u8_tensor(store, "a", 1, 1), u8_tensor(store, "b", 4095, 2), u8_tensor(store, "c", kChunk + 123, 3),
+                  u8_tensor(store, "d", 4097, 4), u8_tensor(store, "e", 3 * kChunk - 7, 5)}));
   RepositoryOptions segments;  // small models share the writer's pack segment
   segments.own_pack_bytes = 64ull << 20;
   {
@@ -606,7 +607,7 @@ TEST_CASE("a failed commit leaves nothing behind", "[repository]") {
   SECTION("chunk lengths that disagree with the chunk size") {
     ChunkStore other;
     m.tensors.mut()[0] = make_tensor(other, "x", DType::kU8, {2 * static_cast<int64_t>(kChunk) + 3},
-                               make_bytes(2 * kChunk + 3, 2), kChunk / 2);
+                                     make_bytes(2 * kChunk + 3, 2), kChunk / 2);
     src = other.source();
     want = StatusCode::kInvalidArgument;
   }
@@ -980,7 +981,8 @@ TEST_CASE("gc killed with SIGKILL at random moments never loses a live model", "
       if (retired.count(m.id)) continue;
       INFO("model " << m.id);
       REQUIRE(repo.contains(m.id));
-      for (const auto& t : m.tensors) REQUIRE(read_tensor(repo, *repo.get(m.id)->find(t.name)) == store.tensors.at(t.name));
+      for (const auto& t : m.tensors)
+        REQUIRE(read_tensor(repo, *repo.get(m.id)->find(t.name)) == store.tensors.at(t.name));
     }
     auto f = repo.fsck(true);
     REQUIRE(f.is_ok());
@@ -1093,9 +1095,8 @@ TEST_CASE("ENOSPC writing a pack: kNoSpace, nothing visible, and a later commit 
 
 TEST_CASE("a torn log write: the commit fails and nothing is visible", "[repository][faults]") {
   FaultyRepo t;
-  t.faulty.add({.op = FaultyFileSystem::Op::kWrite,
-                .path_contains = "/logs/",
-                .effect = FaultyFileSystem::Effect::kShortWrite});
+  t.faulty.add(
+      {.op = FaultyFileSystem::Op::kWrite, .path_contains = "/logs/", .effect = FaultyFileSystem::Effect::kShortWrite});
   ModelManifest m = t.new_model("torn");
   Status s = t.repo->commit(m, t.store.source());
   INFO(s.to_string());
@@ -1113,9 +1114,8 @@ TEST_CASE("a bit flipped while reading a chunk is kCorruption, never the bytes",
   ModelManifest m = t.new_model("m");
   REQUIRE(t.repo->commit(m, t.store.source()).is_ok());
   const ChunkRef& c = m.tensors[0].chunks[1];
-  t.faulty.add({.op = FaultyFileSystem::Op::kRead,
-                .path_contains = "/packs/",
-                .effect = FaultyFileSystem::Effect::kFlipBit});
+  t.faulty.add(
+      {.op = FaultyFileSystem::Op::kRead, .path_contains = "/packs/", .effect = FaultyFileSystem::Effect::kFlipBit});
   std::string buf(c.length, '\0');
   Status s = t.repo->read_chunk(c, buf.data());
   CHECK(s.code() == StatusCode::kCorruption);

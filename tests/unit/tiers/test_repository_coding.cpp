@@ -131,7 +131,8 @@ TEST_CASE("weights are stored coded and read back exact, also after reopening", 
   CHECK(slurp(tmp.repo() + "/FORMAT") == "cairn-repository 3\nchunk_size 65536\n");
 }
 
-TEST_CASE("a fine-tune is stored as deltas against the parent's chunks, never a delta of a delta", "[repository][coding]") {
+TEST_CASE("a fine-tune is stored as deltas against the parent's chunks, never a delta of a delta",
+          "[repository][coding]") {
   TempDir tmp;
   ChunkStore store;
   Expected want;
@@ -162,7 +163,8 @@ TEST_CASE("a fine-tune is stored as deltas against the parent's chunks, never a 
   CHECK(m1.tensors[2].chunks[0] == m0.tensors[2].chunks[0]);
   // tune-2's parent holds deltas: tune-2 is coded against their base, base's chunk.
   REQUIRE(count_coding(m2, ChunkCoding::kDelta) == 4);
-  for (size_t ci = 0; ci < m2.tensors[0].chunks.size(); ++ci) CHECK(*m2.tensors[0].chunks[ci].base == m0.tensors[0].chunks[ci]);
+  for (size_t ci = 0; ci < m2.tensors[0].chunks.size(); ++ci)
+    CHECK(*m2.tensors[0].chunks[ci].base == m0.tensors[0].chunks[ci]);
   require_exact(*repo, want);
 
   Result<ModelUsage> u = repo->usage("tune-2");
@@ -323,7 +325,8 @@ TEST_CASE("no delta against a tensor of another shape or dtype", "[repository][c
   CHECK(read_tensor(*repo, m3.tensors[0]) == u);
 }
 
-TEST_CASE("chunks that split elements (a chunk size that is not a multiple of the width) read back exact", "[repository][coding]") {
+TEST_CASE("chunks that split elements (a chunk size that is not a multiple of the width) read back exact",
+          "[repository][coding]") {
   TempDir tmp;
   ChunkStore store;
   const uint64_t chunk = 4100;  // 512.5 F64 elements
@@ -335,8 +338,9 @@ TEST_CASE("chunks that split elements (a chunk size that is not a multiple of th
     double v = d(rng);
     std::memcpy(w.data() + 8 * i, &v, 8);
   }
-  ModelManifest m = make_model("f64", "", {make_tensor(store, "w", DType::kF64, {5000}, w, chunk),
-                                           make_tensor(store, "h", DType::kBF16, {7}, w.substr(0, 14), chunk)});
+  ModelManifest m = make_model("f64", "",
+                               {make_tensor(store, "w", DType::kF64, {5000}, w, chunk),
+                                make_tensor(store, "h", DType::kBF16, {7}, w.substr(0, 14), chunk)});
   REQUIRE(repo->commit(m, store.source()).is_ok());
   CHECK(count_coding(m, ChunkCoding::kPlanes) > 0);
   CHECK(read_tensor(*repo, m.tensors[0]) == w);
@@ -383,7 +387,8 @@ TEST_CASE("a version-2 repository is migrated to version 3 and reads back exact"
   CHECK_THAT(r.status().message(), Catch::Contains("version 4"));
 }
 
-TEST_CASE("kill -9 while coded chunks are written: every acknowledged model reads back exact", "[repository][coding][crash]") {
+TEST_CASE("kill -9 while coded chunks are written: every acknowledged model reads back exact",
+          "[repository][coding][crash]") {
   TempDir tmp;
   ChunkStore store;
   Expected want;
@@ -446,7 +451,8 @@ TEST_CASE("kill -9 while coded chunks are written: every acknowledged model read
   WARN("models acknowledged before the kills: " << acked.size());
 }
 
-TEST_CASE("manifest JSON: coded chunks round-trip, inconsistent coding fields are rejected by name", "[repository][coding][manifest]") {
+TEST_CASE("manifest JSON: coded chunks round-trip, inconsistent coding fields are rejected by name",
+          "[repository][coding][manifest]") {
   ChunkStore store;
   ModelManifest m = make_model("m", "", {make_tensor(store, "w", DType::kF32, {20000}, f32_weights(20000, 1))});
   m.created_ns = 1;
@@ -493,10 +499,12 @@ TEST_CASE("manifest JSON: coded chunks round-trip, inconsistent coding fields ar
   reject([](nlohmann::json& x) { x["base"]["coding"] = "delta"; }, "whose base is a delta");
   reject([](nlohmann::json& x) { x["base"].erase("stored"); }, "needs 'stored'");
   reject([](nlohmann::json& x) { x["base"]["pack"] = "../x"; }, "base.pack");
-  reject([](nlohmann::json& x) {
-    x.erase("coding");
-    x.erase("base");
-  }, "only a coded chunk");
+  reject(
+      [](nlohmann::json& x) {
+        x.erase("coding");
+        x.erase("base");
+      },
+      "only a coded chunk");
 }
 
 TEST_CASE("a delta read takes its base from the caller's memory when it is there, checked", "[repository][coding]") {

@@ -30,7 +30,8 @@ struct AckPipe {
     while ((n = ::read(fd[0], buf, sizeof buf)) > 0) all.append(buf, static_cast<size_t>(n));
     std::vector<std::string> ids;
     size_t pos = 0;
-    for (size_t nl; (nl = all.find('\n', pos)) != std::string::npos; pos = nl + 1) ids.push_back(all.substr(pos, nl - pos));
+    for (size_t nl; (nl = all.find('\n', pos)) != std::string::npos; pos = nl + 1)
+      ids.push_back(all.substr(pos, nl - pos));
     return ids;
   }
 };
@@ -110,7 +111,8 @@ TEST_CASE("small models share one pack segment and one log: few files", "[reposi
   auto pr = pfs::parse_records(log_bytes);
   bool compact = false;
   for (const auto& r : pr.records)
-    if (r.type == pfs::RecordType::kCommit) compact = compact || r.payload.find(R"("tensors":"parent")") != std::string::npos;
+    if (r.type == pfs::RecordType::kCommit)
+      compact = compact || r.payload.find(R"("tensors":"parent")") != std::string::npos;
   CHECK(compact);
   auto repo = open_repo(tmp.repo());
   CHECK(repo->stats().models == 301);
@@ -137,8 +139,8 @@ TEST_CASE("compaction: a checkpoint replaces the logs of writers that are gone",
     auto repo = open_repo(tmp.repo(), kChunk, opts);
     for (int i = 0; i < 20; ++i) {
       const ModelManifest* parent = models.empty() ? nullptr : &models[models.size() / 2];
-      ModelManifest m = small_model(store, "w" + std::to_string(w) + "-" + std::to_string(i),
-                                    parent ? parent->id : "", parent, 10 * w + i);
+      ModelManifest m = small_model(store, "w" + std::to_string(w) + "-" + std::to_string(i), parent ? parent->id : "",
+                                    parent, 10 * w + i);
       REQUIRE(repo->commit(m, store.source()).is_ok());
       models.push_back(m);
     }
@@ -216,7 +218,8 @@ TEST_CASE("a format-1 repository is migrated on open, every model exact", "[repo
 }
 
 TEST_CASE("a format-1 repository that cannot be written is refused, naming cairn migrate", "[repository][migrate]") {
-  if (::geteuid() == 0) SUCCEED("running as root: permissions do not stop root, so this case cannot be made here");
+  if (::geteuid() == 0)
+    SUCCEED("running as root: permissions do not stop root, so this case cannot be made here");
   else {
     TempDir tmp;
     fs::create_directories(tmp.path);
@@ -238,7 +241,8 @@ TEST_CASE("gc beside a live writer waits the grace and loses nothing it commits"
   auto b = open_repo(tmp.repo(), kChunk, opts);
   std::vector<ModelManifest> models;
   for (int i = 0; i < 40; ++i) {
-    ModelManifest m = make_model("r" + std::to_string(i), "", {u8_tensor(store, "t" + std::to_string(i), 2000 + i, 50 + i)});
+    ModelManifest m =
+        make_model("r" + std::to_string(i), "", {u8_tensor(store, "t" + std::to_string(i), 2000 + i, 50 + i)});
     REQUIRE(a->commit(m, store.source()).is_ok());
     models.push_back(m);
   }
@@ -274,7 +278,8 @@ TEST_CASE("gc beside a live writer waits the grace and loses nothing it commits"
   CHECK(f->ok());
 }
 
-TEST_CASE("kill -9 during group commit, beside another writer: every acknowledged model reads back", "[repository][shared][crash]") {
+TEST_CASE("kill -9 during group commit, beside another writer: every acknowledged model reads back",
+          "[repository][shared][crash]") {
   TempDir tmp;
   ChunkStore store;
   std::mt19937_64 rng(5);
@@ -339,7 +344,8 @@ TEST_CASE("kill -9 during compaction and during migration loses nothing", "[repo
     for (int w = 0; w < 6; ++w) {
       auto repo = open_repo(tmp.repo(), kChunk, opts);
       for (int i = 0; i < 60; ++i) {
-        ModelManifest m = small_model(store, "c" + std::to_string(w) + "-" + std::to_string(i), "", nullptr, 100 * w + i);
+        ModelManifest m =
+            small_model(store, "c" + std::to_string(w) + "-" + std::to_string(i), "", nullptr, 100 * w + i);
         REQUIRE(repo->commit(m, store.source()).is_ok());
         ids.push_back(m.id);
       }
@@ -366,8 +372,8 @@ TEST_CASE("kill -9 during compaction and during migration loses nothing", "[repo
       TempDir tmp;
       fs::create_directories(tmp.path);
       fs::copy(std::string(CAIRN_SOURCE_DIR) + "/tests/fixtures/repo-v1", tmp.repo(), fs::copy_options::recursive);
-      completed = fork_and_kill([&] { return Repository::open(tmp.repo(), kChunk).is_ok() ? 0 : 4; }, rng, 3000,
-                                trial >= 7);
+      completed =
+          fork_and_kill([&] { return Repository::open(tmp.repo(), kChunk).is_ok() ? 0 : 4; }, rng, 3000, trial >= 7);
       auto repo = open_repo(tmp.repo(), kChunk, RepositoryOptions{});
       CHECK(repo->stats().models == 5);
       for (const std::string& id : repo->list()) {
@@ -389,7 +395,8 @@ TEST_CASE("gc's steps: the caller's part runs under the lease and ends before th
   auto b = open_repo(tmp.repo(), kChunk, opts);
   std::vector<ModelManifest> models;
   for (int i = 0; i < 6; ++i) {
-    ModelManifest m = make_model("s" + std::to_string(i), "", {u8_tensor(store, "t" + std::to_string(i), 3000 + i, 90 + i)});
+    ModelManifest m =
+        make_model("s" + std::to_string(i), "", {u8_tensor(store, "t" + std::to_string(i), 3000 + i, 90 + i)});
     REQUIRE(a->commit(m, store.source()).is_ok());
     models.push_back(m);
   }
@@ -555,7 +562,8 @@ TEST_CASE("compact_if_needed folds the logs of writers that are gone, and only t
   for (int w = 0; w < 3; ++w) require_model_bytes(*again, "g" + std::to_string(w), store);
 }
 
-TEST_CASE("a daemon's stamp is kept, though another writer's later model was seen first or it comes out of order", "[repository][shared]") {
+TEST_CASE("a daemon's stamp is kept, though another writer's later model was seen first or it comes out of order",
+          "[repository][shared]") {
   // A daemon stamps a model when it becomes visible; its readers check that stamp. Two daemons on one
   // repository: B publishes a model stamped later than A's, A refreshes and sees it, then A's flusher
   // commits its own (earlier-stamped) model. The repository must keep A's stamp: restamping it made
@@ -725,7 +733,8 @@ TEST_CASE("gc removes a retired parent while another writer commits a child of i
   check(*open_repo(tmp.repo(), kChunk, opts));
 }
 
-TEST_CASE("a record that waits does not make the next open apply the records after it again", "[repository][shared][gc]") {
+TEST_CASE("a record that waits does not make the next open apply the records after it again",
+          "[repository][shared][gc]") {
   // b retires x after a's gc removed it (b's view was older): readers can never apply that retire.
   // Covering b's log only up to it made every open apply b's later records again, among them the
   // commit of z, whose remove (in a's log) the checkpoint had folded in: z came back from the dead,

@@ -2,18 +2,17 @@
 // built-in order, a source added in front (as a peer or GPU source will be), a copy that fails its
 // check, a source that lost its copy, readahead advice, and the per-source counters.
 #include <catch2/catch.hpp>
-
 #include <cstring>
 #include <map>
 #include <mutex>
 #include <string>
 
-#include "unit/temp_dir.hpp"
 #include "core/hash.hpp"
 #include "policy/eviction.hpp"
 #include "tiers/dram/dram_tier.hpp"
 #include "tiers/pfs/repository.hpp"
 #include "tiers/tier_manager.hpp"
+#include "unit/temp_dir.hpp"
 
 namespace cairn {
 namespace {
@@ -106,11 +105,13 @@ struct Fixture {
       t.chunks.push_back(c);
     }
     model.tensors.push_back(t);
-    REQUIRE(repo->commit(model, [&](const ChunkHash& h, uint64_t) -> Result<const void*> {
-                  for (auto& s : data)
-                    if (hash_bytes(s.data(), kChunk) == h) return static_cast<const void*>(s.data());
-                  return not_found("no such chunk");
-                }).is_ok());
+    REQUIRE(repo->commit(model,
+                         [&](const ChunkHash& h, uint64_t) -> Result<const void*> {
+                           for (auto& s : data)
+                             if (hash_bytes(s.data(), kChunk) == h) return static_cast<const void*>(s.data());
+                           return not_found("no such chunk");
+                         })
+                .is_ok());
   }
   const ChunkRef& chunk(int i) const { return model.tensors[0].chunks[static_cast<size_t>(i)]; }
 };

@@ -5,7 +5,6 @@
 #include <sys/stat.h>
 
 #include <catch2/catch.hpp>
-
 #include <filesystem>
 #include <fstream>
 #include <mutex>
@@ -64,7 +63,7 @@ TEST_CASE("node settings: the test hook names the file; the first job applies, t
   REQUIRE(a.is_ok());
   CHECK(*a == "node: shmem_enabled set to 'advise' (was 'never'; " + node.file + ")");
   CHECK(node.value() == "advise");
-  struct stat st{};
+  struct stat st {};
   REQUIRE(::stat(node.state().c_str(), &st) == 0);
   CHECK((st.st_mode & 0777) == 0600);
 
@@ -185,7 +184,7 @@ TEST_CASE("node settings: the state file is parsed strictly", "[job_node]") {
 TEST_CASE("node settings: prologs and epilogs of many jobs at once end with the node restored", "[job_node]") {
   FakeNode node;
   std::mutex mu;
-  std::set<std::string> running;  // jobs between their prolog and their epilog
+  std::set<std::string> running;      // jobs between their prolog and their epilog
   std::vector<std::string> failures;  // Catch's assertions are not for several threads at once
   auto failed = [&](const std::string& what) {
     std::lock_guard lock(mu);

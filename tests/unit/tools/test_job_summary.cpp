@@ -1,11 +1,9 @@
 // The job summary (tools/job_summary.hpp): built from a daemon's stats, written and read back, and
 // garbage rejected with the field that was wrong.
 #include <catch2/catch.hpp>
-
 #include <functional>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "tools/job_summary.hpp"
 

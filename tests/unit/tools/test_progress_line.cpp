@@ -1,11 +1,10 @@
-#include "tools/progress_line.hpp"
-
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 
-#include <catch2/catch.hpp>
+#include "tools/progress_line.hpp"
 
 using cairn::ProgressSnapshot;
 using cairn::ProgressUnit;
@@ -100,7 +99,7 @@ TEST_CASE("lines mode writes plain lines, slower, and only when something change
                                  100 * kMiB});
   }
   CHECK(line.lines_written() == 5);  // at 0, 0.25, 0.5, 0.75, 1.0
-  for (int i = 0; i < 100; ++i) {  // the same state for ten more seconds: nothing new to say
+  for (int i = 0; i < 100; ++i) {    // the same state for ten more seconds: nothing new to say
     now += 0.1;
     line.update(ProgressSnapshot{"verifying chunks", ProgressUnit::kBytes, 100 * kMiB, 100 * kMiB});
   }
