@@ -55,7 +55,7 @@ class RedisTensors:
         self.r.hset(key, mapping={"dtype": {"float32": "f32", "int64": "i64"}[a.dtype.name],
                                   "shape": ",".join(str(d) for d in a.shape), "data": a.tobytes()})
 
-    def poll_tensor(self, key, timeout=0.0):
+    def tensor_poll(self, key, timeout=0.0):
         deadline = time.monotonic() + timeout
         while not self.r.exists(key):
             if time.monotonic() >= deadline:
@@ -70,7 +70,7 @@ class RedisTensors:
         dims = tuple(int(d) for d in shape.decode().split(",") if d)
         return np.frombuffer(data, {b"f32": np.float32, b"i64": np.int64}[dtype]).reshape(dims)
 
-    def delete_tensor(self, key):
+    def tensor_delete(self, key):
         self.r.delete(key)
 
 
