@@ -6,82 +6,14 @@
 #include <new>
 #include <string>
 
+#include "api/c/cairn_c_internal.hpp"
 #include "api/cpp/client.hpp"
 #include "api/cpp/model_file.hpp"
 #include "cairn/cairn.h"
 
-struct cairn_client {
-  std::unique_ptr<cairn::Client> impl;
-};
-struct cairn_model_writer {
-  std::unique_ptr<cairn::ModelWriter> impl;
-  cairn_client* client;
-};
-struct cairn_model_reader {
-  std::unique_ptr<cairn::ModelReader> impl;
-};
-struct cairn_ticket {
-  cairn_client* client;
-  cairn::Ticket ticket;  // resolved by the client's pipeline (docs/protocol.md, "Pipelined commits")
-};
+using namespace cairn::capi;
 
 namespace {
-
-thread_local std::string g_last_error;
-
-cairn_status fail(const cairn::Status& s) {
-  g_last_error = s.to_string();
-  return static_cast<cairn_status>(s.code());
-}
-
-cairn_status fail(cairn_status code, const std::string& msg) {
-  g_last_error = std::string(cairn_status_string(code)) + ": " + msg;
-  return code;
-}
-
-cairn_status done(const cairn::Status& s) {
-  if (s.is_ok()) {
-    g_last_error.clear();
-    return CAIRN_OK;
-  }
-  return fail(s);
-}
-
-template <typename F>
-cairn_status guarded(F&& f) {
-  try {
-    return f();
-  } catch (const std::bad_alloc&) {
-    return fail(CAIRN_ERR_NO_SPACE, "out of memory");
-  } catch (const std::exception& e) {
-    return fail(CAIRN_ERR_INTERNAL, e.what());
-  } catch (...) {
-    return fail(CAIRN_ERR_INTERNAL, "unknown exception");
-  }
-}
-
-// A C caller may pass any int as an enum; loading an out-of-range value as a C++ enum is undefined,
-// so the C shim reads enum arguments through their representation.
-template <typename E>
-int raw_enum(const E& e) {
-  static_assert(sizeof(E) == sizeof(int));
-  int v;
-  std::memcpy(&v, &e, sizeof v);
-  return v;
-}
-
-bool check_dtype(const cairn_dtype& d) { return cairn::dtype_from_int(raw_enum(d)).has_value(); }
-
-cairn_status make_shape(int ndim, const int64_t* shape, std::vector<int64_t>& out) {
-  if (ndim < 0 || ndim > CAIRN_MAX_DIMS)
-    return fail(CAIRN_ERR_INVALID_ARGUMENT, "ndim " + std::to_string(ndim) + " is outside 0..8");
-  if (ndim > 0 && !shape) return fail(CAIRN_ERR_INVALID_ARGUMENT, "shape is NULL");
-  out.assign(shape, shape + ndim);
-  return CAIRN_OK;
-}
-
-#define CAIRN_REQUIRE_ARG(cond, what) \
-  if (!(cond)) return fail(CAIRN_ERR_INVALID_ARGUMENT, what)
 
 // The versioned options structs (cairn.h, "Options structs"): `out` starts from the defaults and
 // takes the first in->size bytes of *in; a larger struct (a newer header) is accepted when every
@@ -178,86 +110,6 @@ cairn_status cairn_connect(const char* address, cairn_client** out) {
 void cairn_disconnect(cairn_client* c) { delete c; }
 
 const char* cairn_client_address(const cairn_client* c) { return c ? c->impl->address().c_str() : ""; }
-
-cairn_status cairn_tensor_put(cairn_client* c, const char* key, const void* data, cairn_dtype dtype, int ndim,
-                              const int64_t* shape) {
-  return guarded([&] {
-    CAIRN_REQUIRE_ARG(c && key, "client and key must not be NULL");
-    CAIRN_REQUIRE_ARG(check_dtype(dtype), "unknown dtype " + std::to_string(raw_enum(dtype)));
-    std::vector<int64_t> s;
-    if (cairn_status st = make_shape(ndim, shape, s); st != CAIRN_OK) return st;
-    return done(c->impl->put_tensor(key, data, static_cast<cairn::DType>(dtype), s));
-  });
-}
-
-cairn_status cairn_tensor_info(cairn_client* c, const char* key, cairn_dtype* dtype, int* ndim,
-                               int64_t shape[CAIRN_MAX_DIMS], size_t* nbytes) {
-  return guarded([&] {
-    CAIRN_REQUIRE_ARG(c && key, "client and key must not be NULL");
-    auto t = c->impl->tensor_info(key);
-    if (!t.is_ok()) return fail(t.status());
-    if (dtype) *dtype = static_cast<cairn_dtype>(t->dtype);
-    if (ndim) *ndim = static_cast<int>(t->shape.size());
-    if (shape)
-      for (size_t i = 0; i < t->shape.size(); ++i) shape[i] = t->shape[i];
-    if (nbytes) *nbytes = t->nbytes;
-    return done(cairn::Status::ok());
-  });
-}
-
-cairn_status cairn_tensor_unpack(cairn_client* c, const char* key, void* dst, size_t dst_bytes) {
-  return guarded([&] {
-    CAIRN_REQUIRE_ARG(c && key, "client and key must not be NULL");
-    CAIRN_REQUIRE_ARG(dst || dst_bytes == 0, "dst is NULL");
-    return done(c->impl->unpack_tensor(key, dst, dst_bytes));
-  });
-}
-
-cairn_status cairn_tensor_unpack_alloc(cairn_client* c, const char* key, cairn_alloc_fn alloc, void* ctx) {
-  return guarded([&] {
-    CAIRN_REQUIRE_ARG(c && key && alloc, "client, key and alloc must not be NULL");
-    return done(c->impl->unpack_tensor_to(key, [&](const cairn::TensorInfo& t) -> cairn::Result<void*> {
-      return alloc(ctx, static_cast<cairn_dtype>(t.dtype), static_cast<int>(t.shape.size()), t.shape.data(),
-                   static_cast<size_t>(t.nbytes));
-    }));
-  });
-}
-
-cairn_status cairn_tensor_poll(cairn_client* c, const char* key, int timeout_ms, int* found) {
-  return guarded([&] {
-    CAIRN_REQUIRE_ARG(c && key && found, "client, key and found must not be NULL");
-    auto r = c->impl->poll_tensor(key, timeout_ms);
-    if (!r.is_ok()) return fail(r.status());
-    *found = *r ? 1 : 0;
-    return done(cairn::Status::ok());
-  });
-}
-
-cairn_status cairn_tensor_delete(cairn_client* c, const char* key) {
-  return guarded([&] {
-    CAIRN_REQUIRE_ARG(c && key, "client and key must not be NULL");
-    return done(c->impl->delete_tensor(key));
-  });
-}
-
-cairn_status cairn_put_tensor(cairn_client* c, const char* key, const void* data, cairn_dtype dtype, int ndim,
-                              const int64_t* shape) {
-  return cairn_tensor_put(c, key, data, dtype, ndim, shape);
-}
-cairn_status cairn_get_tensor_info(cairn_client* c, const char* key, cairn_dtype* dtype, int* ndim,
-                                   int64_t shape[CAIRN_MAX_DIMS], size_t* nbytes) {
-  return cairn_tensor_info(c, key, dtype, ndim, shape, nbytes);
-}
-cairn_status cairn_unpack_tensor(cairn_client* c, const char* key, void* dst, size_t dst_bytes) {
-  return cairn_tensor_unpack(c, key, dst, dst_bytes);
-}
-cairn_status cairn_unpack_tensor_alloc(cairn_client* c, const char* key, cairn_alloc_fn alloc, void* ctx) {
-  return cairn_tensor_unpack_alloc(c, key, alloc, ctx);
-}
-cairn_status cairn_poll_tensor(cairn_client* c, const char* key, int timeout_ms, int* found) {
-  return cairn_tensor_poll(c, key, timeout_ms, found);
-}
-cairn_status cairn_delete_tensor(cairn_client* c, const char* key) { return cairn_tensor_delete(c, key); }
 
 cairn_status cairn_model_create(cairn_client* c, const char* id, const char* parent, cairn_model_writer** out) {
   return guarded([&] {
