@@ -462,7 +462,7 @@ Status decode_chunk(ChunkCoding coding, const void* stored_v, size_t stored_len,
   if (coding == ChunkCoding::kRaw) {
     if (stored_len != len) return bad("raw length " + std::to_string(stored_len) + " for " + std::to_string(len));
     std::memcpy(dst, f, len);
-    return Status::ok();
+    return Status::OK();
   }
   if (stored_len < kHeaderBytes || f[0] != 'c' || f[1] != 'z') return bad("no frame header");
   if (f[2] != kFrameVersion) return bad("frame version " + std::to_string(f[2]) + " is not 1");
@@ -516,7 +516,7 @@ Status decode_chunk(ChunkCoding coding, const void* stored_v, size_t stored_len,
     by_width(w, [&](auto u) { ungroup<decltype(u)>(planes.data(), base, n, static_cast<Transform>(t), dst); });
   // The tail is stored as it is (before any transform).
   std::memcpy(dst + n * w, f + at, tail);
-  return Status::ok();
+  return Status::OK();
 }
 
 }  // namespace cairn

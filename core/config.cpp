@@ -86,7 +86,7 @@ class Overlay {
       }
       CAIRN_RETURN_IF_ERROR(apply_map(value, path));
     }
-    return Status::ok();
+    return Status::OK();
   }
 
  private:
@@ -108,7 +108,7 @@ class Overlay {
     }
     if (value.IsNull() && kind_of(key) == kString && key.choices.empty()) {
       *std::get<std::string*>(key.field(cfg_)) = "";
-      return Status::ok();
+      return Status::OK();
     }
     if (!value.IsScalar()) {
       return invalid_argument("expected " + expectation(key) + ", got " + describe(value));
@@ -185,7 +185,7 @@ Status apply_text(const std::string& text, const std::string& source, const Env&
   } catch (const YAML::ParserException& e) {
     return invalid_argument(where + ": " + at(e.mark) + "not valid YAML: " + e.msg);
   }
-  if (doc.IsNull()) return Status::ok();  // empty: nothing to override
+  if (doc.IsNull()) return Status::OK();  // empty: nothing to override
   if (!doc.IsMap()) {
     return invalid_argument(where + ": a config is a mapping of keys (" + join(names_under(""), ", ") + "), not " +
                             describe(doc));
@@ -207,7 +207,7 @@ Status apply_env(const Env& env, Config& cfg) {
       CAIRN_RETURN_IF_ERROR(set_scalar(key, it->second, env, cfg).with_context(var));
     }
   }
-  return Status::ok();
+  return Status::OK();
 }
 
 // ---- the emitter ----
@@ -325,9 +325,9 @@ Status check_config(const Config& config) {
       checked = parse_string_for(key, **text, Env{}).status();
     else if (key.host_port && !(*text)->empty())
       checked = parse_host_port(**text).status();
-    if (!checked.is_ok()) return checked.with_context(std::string(key.path));
+    if (!checked.ok()) return checked.with_context(std::string(key.path));
   }
-  return Status::ok();
+  return Status::OK();
 }
 
 Result<Config> load_config(const std::string& path, const std::map<std::string, std::string>& env) {

@@ -65,7 +65,7 @@ Status check_text(std::string_view text) {
     }
     i += len;
   }
-  return Status::ok();
+  return Status::OK();
 }
 
 }  // namespace
@@ -259,7 +259,7 @@ Status set_scalar(const Key& key, const std::string& text, const Env& env, Confi
   } else {
     return internal_error("set_scalar on a list key");
   }
-  return Status::ok();
+  return Status::OK();
 }
 
 // What a key expects, for "expected X, got Y" messages.

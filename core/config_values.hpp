@@ -42,7 +42,7 @@ Status set_list(const Key& key, const std::vector<std::string>& items, const Env
       out.push_back(*v);
     }
     **ints = std::move(out);
-    return Status::ok();
+    return Status::OK();
   }
   auto* strings = std::get<std::vector<std::string>*>(f);
   std::vector<std::string> out;
@@ -52,7 +52,7 @@ Status set_list(const Key& key, const std::vector<std::string>& items, const Env
     out.push_back(std::move(v).value());
   }
   *strings = std::move(out);
-  return Status::ok();
+  return Status::OK();
 }
 
 }  // namespace cairn::config_internal

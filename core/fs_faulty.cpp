@@ -144,7 +144,7 @@ class FaultyFile final : public File {
     if (r->effect != Faulty::Effect::kFlipBit) return injected_error("reading " + at(path(), offset), *r);
     CAIRN_RETURN_IF_ERROR(base_->pread(buf, len, offset, got));
     flip_read(buf, *got, direct());
-    return Status::ok();
+    return Status::OK();
   }
 
   // Requests no rule matches go to the base as one batch; the others are handled one by one
@@ -165,7 +165,7 @@ class FaultyFile final : public File {
     Status first = base_->write_many(plain);
     for (const auto& [q, r] : hit) {
       Status s = faulty_write(r, q.buf, q.len, q.offset);
-      if (first.is_ok()) first = s;
+      if (first.ok()) first = s;
     }
     return first;
   }
@@ -181,16 +181,16 @@ class FaultyFile final : public File {
       } else if (r->effect == Faulty::Effect::kFlipBit) {
         plain.push_back(q);
         flipped.push_back(q);
-      } else if (first.is_ok()) {
+      } else if (first.ok()) {
         first = injected_error("reading " + at(path(), q.offset), *r);
       }
     }
     if (plain.size() == reqs.size() && flipped.empty()) return base_->read_many(reqs);
     Status s = base_->read_many(plain);
-    if (s.is_ok()) {
+    if (s.ok()) {
       for (const IoRequest& q : flipped) flip_read(q.buf, q.len, direct());
     }
-    return first.is_ok() ? s : first;
+    return first.ok() ? s : first;
   }
 
   Status sync(bool data_only) override {
@@ -212,7 +212,7 @@ class FaultyFile final : public File {
     const std::string what = "writing " + at(path(), offset);
     switch (r.effect) {
       case Faulty::Effect::kDropWrite:
-        return Status::ok();
+        return Status::OK();
       case Faulty::Effect::kShortWrite: {
         size_t half = len / 2;
         if (direct()) half -= half % kDirectAlignment;  // the base would refuse a misaligned half

@@ -59,7 +59,7 @@ struct MemoryFileSystem::State {
       used -= n.data.size() - size;
     }
     n.data.resize(size);
-    return Status::ok();
+    return Status::OK();
   }
 };
 
@@ -88,13 +88,13 @@ class MemoryFile final : public File {
   Status pread(void* buf, size_t len, uint64_t offset, size_t* got) override {
     std::lock_guard lock(state_->mu);
     *got = read_locked(buf, len, offset);
-    return Status::ok();
+    return Status::OK();
   }
 
   Status write_many(std::span<const IoRequest> reqs) override {
     std::lock_guard lock(state_->mu);
     for (const IoRequest& r : reqs) CAIRN_RETURN_IF_ERROR(write_locked(r.buf, r.len, r.offset));
-    return Status::ok();
+    return Status::OK();
   }
 
   Status read_many(std::span<const IoRequest> reqs) override {
@@ -103,10 +103,10 @@ class MemoryFile final : public File {
       size_t got = read_locked(r.buf, r.len, r.offset);
       if (got != r.len) return short_read(path_, r, got);
     }
-    return Status::ok();
+    return Status::OK();
   }
 
-  Status sync(bool) override { return Status::ok(); }
+  Status sync(bool) override { return Status::OK(); }
 
   Status allocate(uint64_t offset, uint64_t len) override {
     std::lock_guard lock(state_->mu);
@@ -114,7 +114,7 @@ class MemoryFile final : public File {
     if (offset + len > node_->data.size())
       return state_->resize(*node_, offset + len,
                             "reserving " + std::to_string(len) + " bytes of " + at(path_, offset));
-    return Status::ok();
+    return Status::OK();
   }
 
   Status truncate(uint64_t size) override {
@@ -130,17 +130,17 @@ class MemoryFile final : public File {
 
  private:
   Status check_writable(const char* op) const {
-    if (writable_) return Status::ok();
+    if (writable_) return Status::OK();
     return errno_status(std::string(op) + " " + path_ + " (opened read-only)", EBADF);
   }
 
   Status write_locked(const void* buf, size_t len, uint64_t offset) {
     CAIRN_RETURN_IF_ERROR(check_writable("writing"));
-    if (len == 0) return Status::ok();
+    if (len == 0) return Status::OK();
     if (offset + len > node_->data.size())
       CAIRN_RETURN_IF_ERROR(state_->resize(*node_, offset + len, "writing " + at(path_, offset)));
     std::memcpy(node_->data.data() + offset, buf, len);
-    return Status::ok();
+    return Status::OK();
   }
 
   size_t read_locked(void* buf, size_t len, uint64_t offset) const {
@@ -197,11 +197,11 @@ Status MemoryFileSystem::rename(const std::string& from, const std::string& to) 
   }
   if (state_->dirs.count(to)) return errno_status("renaming " + from + " to " + to, EISDIR);
   if (!state_->dir_exists(parent_of(to))) return errno_status("renaming " + from + " to " + to, ENOENT);
-  if (from == to) return Status::ok();
+  if (from == to) return Status::OK();
   std::shared_ptr<State::Node> node = std::move(it->second);
   state_->files.erase(it);
   state_->files[to] = std::move(node);  // replaces (and may free) what was there, like rename(2)
-  return Status::ok();
+  return Status::OK();
 }
 
 Status MemoryFileSystem::unlink(const std::string& path) {
@@ -212,13 +212,13 @@ Status MemoryFileSystem::unlink(const std::string& path) {
     return errno_status("deleting " + path, ENOENT);
   }
   state_->files.erase(it);  // open Files keep the node (and its bytes) alive
-  return Status::ok();
+  return Status::OK();
 }
 
 Status MemoryFileSystem::sync_dir(const std::string& dir) {
   std::lock_guard lock(state_->mu);
   if (!state_->dir_exists(strip_slashes(dir))) return errno_status("opening directory " + dir + " to sync it", ENOENT);
-  return Status::ok();
+  return Status::OK();
 }
 
 Status MemoryFileSystem::make_dirs(const std::string& dir, bool) {
@@ -235,7 +235,7 @@ Status MemoryFileSystem::make_dirs(const std::string& dir, bool) {
     if (state_->files.count(cur)) return invalid_argument(cur + " exists and is not a directory");
     state_->dirs.insert(cur);
   }
-  return Status::ok();
+  return Status::OK();
 }
 
 Result<std::vector<std::string>> MemoryFileSystem::list(const std::string& dir) {
@@ -267,7 +267,7 @@ Status MemoryFileSystem::remove_all(const std::string& dir) {
     it = under(it->first) ? state_->files.erase(it) : std::next(it);
   for (auto it = state_->dirs.begin(); it != state_->dirs.end();)
     it = under(*it) ? state_->dirs.erase(it) : std::next(it);
-  return Status::ok();
+  return Status::OK();
 }
 
 uint64_t MemoryFileSystem::bytes_used() const {

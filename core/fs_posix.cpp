@@ -37,7 +37,7 @@ Status check_direct(const std::string& path, const void* buf, size_t len, uint64
   if (!aligned(reinterpret_cast<uintptr_t>(buf))) bad += "buffer address";
   if (!aligned(len)) bad += std::string(bad.empty() ? "" : ", ") + "length " + std::to_string(len);
   if (!aligned(offset)) bad += std::string(bad.empty() ? "" : ", ") + "offset " + std::to_string(offset);
-  if (bad.empty()) return Status::ok();
+  if (bad.empty()) return Status::OK();
   return invalid_argument(std::string(op) + " " + at(path, offset) + ": direct I/O needs the " + bad +
                           " to be a multiple of " + std::to_string(kDirectAlignment) + " bytes");
 }
@@ -57,7 +57,7 @@ Status pwrite_fd(int fd, const std::string& path, const void* buf, size_t len, u
     if (n == 0) return io_error("writing " + at(path, offset + done) + ": the write made no progress");
     done += static_cast<size_t>(n);
   }
-  return Status::ok();
+  return Status::OK();
 }
 
 // direct: the file is O_DIRECT. There a read that stops short of a block boundary stopped at the
@@ -79,7 +79,7 @@ Status pread_fd(int fd, const std::string& path, void* buf, size_t len, uint64_t
     if (direct && (offset + done) % kDirectAlignment != 0) break;  // end of file
   }
   *got = done;
-  return Status::ok();
+  return Status::OK();
 }
 
 class PosixFile final : public File {
@@ -116,18 +116,18 @@ class PosixFile final : public File {
       if (errno == EINTR) continue;
       return errno_status("syncing " + path_, errno);
     }
-    return Status::ok();
+    return Status::OK();
   }
 
   Status allocate(uint64_t offset, uint64_t len) override {
-    if (len == 0) return Status::ok();
+    if (len == 0) return Status::OK();
     // posix_fallocate would emulate on filesystems without fallocate by writing zeros, which on a
     // burst buffer is the very traffic we reserve space to avoid; the caller gets the error instead.
     while (::fallocate(fd_, 0, static_cast<off_t>(offset), static_cast<off_t>(len)) != 0) {
       if (errno == EINTR) continue;
       return errno_status("reserving " + std::to_string(len) + " bytes of " + at(path_, offset), errno);
     }
-    return Status::ok();
+    return Status::OK();
   }
 
   Status truncate(uint64_t size) override {
@@ -135,7 +135,7 @@ class PosixFile final : public File {
       if (errno == EINTR) continue;
       return errno_status("truncating " + path_ + " to " + std::to_string(size) + " bytes", errno);
     }
-    return Status::ok();
+    return Status::OK();
   }
 
   Result<uint64_t> size() override {
@@ -174,7 +174,7 @@ class PosixFile final : public File {
         if (got != r.len) return short_read(path_, r, got);
       }
     }
-    return Status::ok();
+    return Status::OK();
   }
 
 #ifdef CAIRN_HAVE_LIBURING
@@ -241,10 +241,10 @@ class PosixFile final : public File {
     Status first_error;
     unsigned in_flight = 0;
     auto fail = [&first_error](Status s) {
-      if (first_error.is_ok()) first_error = std::move(s);
+      if (first_error.ok()) first_error = std::move(s);
     };
-    while (in_flight > 0 || (first_error.is_ok() && !todo.empty())) {
-      while (first_error.is_ok() && !todo.empty() && in_flight < kQueueDepth) {
+    while (in_flight > 0 || (first_error.ok() && !todo.empty())) {
+      while (first_error.ok() && !todo.empty() && in_flight < kQueueDepth) {
         io_uring_sqe* sqe = ::io_uring_get_sqe(&ring);
         if (sqe == nullptr) break;
         size_t i = todo.front();
@@ -352,12 +352,12 @@ class PosixFileSystem final : public FileSystem {
 
   Status rename(const std::string& from, const std::string& to) override {
     if (::rename(from.c_str(), to.c_str()) != 0) return errno_status("renaming " + from + " to " + to, errno);
-    return Status::ok();
+    return Status::OK();
   }
 
   Status unlink(const std::string& path) override {
     if (::unlink(path.c_str()) != 0) return errno_status("deleting " + path, errno);
-    return Status::ok();
+    return Status::OK();
   }
 
   Status sync_dir(const std::string& dir) override {
@@ -390,7 +390,7 @@ class PosixFileSystem final : public FileSystem {
     struct stat st {};
     if (::stat(path.c_str(), &st) != 0) return errno_status("checking directory " + path, errno);
     if (!S_ISDIR(st.st_mode)) return invalid_argument(path + " exists and is not a directory");
-    return Status::ok();
+    return Status::OK();
   }
 
   Result<std::vector<std::string>> list(const std::string& dir) override {
@@ -418,17 +418,17 @@ class PosixFileSystem final : public FileSystem {
   Status remove_all(const std::string& dir) override {
     struct stat st {};
     if (::lstat(dir.c_str(), &st) != 0) {
-      if (errno == ENOENT) return Status::ok();
+      if (errno == ENOENT) return Status::OK();
       return errno_status("removing " + dir, errno);
     }
     if (S_ISDIR(st.st_mode)) {
       CAIRN_ASSIGN_OR_RETURN(std::vector<std::string> names, list(dir));
       for (const std::string& n : names) CAIRN_RETURN_IF_ERROR(remove_all(dir + "/" + n));
       if (::rmdir(dir.c_str()) != 0 && errno != ENOENT) return errno_status("removing directory " + dir, errno);
-      return Status::ok();
+      return Status::OK();
     }
     if (::unlink(dir.c_str()) != 0 && errno != ENOENT) return errno_status("removing " + dir, errno);
-    return Status::ok();
+    return Status::OK();
   }
 };
 

@@ -26,7 +26,7 @@ Status init_logging(const std::string& level, const std::string& file) {
     return io_error(std::string("log.file: cannot open '") + file + "': " + e.what());
   }
   spdlog::set_level(lvl);
-  return Status::ok();
+  return Status::OK();
 }
 
 void log_to_stderr_by_default() {

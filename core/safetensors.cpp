@@ -454,7 +454,7 @@ Status check_layout(Header* header) {
     return invalid_argument("the tensors cover " + std::to_string(covered) + " bytes but the data section holds " +
                             std::to_string(header->data_bytes) + " (" + std::to_string(header->data_bytes - covered) +
                             " trailing bytes belong to no tensor)");
-  return Status::ok();
+  return Status::OK();
 }
 
 // Reads exactly buf.size() bytes at offset.
@@ -469,7 +469,7 @@ Status pread_exact(int fd, std::span<uint8_t> buf, uint64_t offset) {
     if (r == 0) return io_error("file shrank while its header was read");
     done += static_cast<size_t>(r);
   }
-  return Status::ok();
+  return Status::OK();
 }
 
 class FdCloser {
@@ -550,8 +550,8 @@ Result<Header> read_header(const std::string& path) {
   for (;;) {
     uint64_t needed = 0;
     auto header = parse_header(buf, file_size, &needed);
-    if (header.is_ok() || needed <= buf.size()) {
-      if (!header.is_ok()) return header.status().with_context(context);
+    if (header.ok() || needed <= buf.size()) {
+      if (!header.ok()) return header.status().with_context(context);
       return header;
     }
     size_t have = buf.size();

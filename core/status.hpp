@@ -31,9 +31,9 @@ class [[nodiscard]] Status {
   Status() = default;  // OK
   Status(StatusCode code, std::string message);
 
-  static Status ok() { return Status(); }
-  bool is_ok() const { return rep_ == nullptr; }
-  explicit operator bool() const { return is_ok(); }
+  static Status OK() { return Status(); }
+  bool ok() const { return rep_ == nullptr; }
+  explicit operator bool() const { return ok(); }
   StatusCode code() const { return rep_ ? rep_->code : StatusCode::kOk; }
   // The message alone ("" for OK).
   const std::string& message() const;
@@ -73,11 +73,11 @@ class [[nodiscard]] Result {
   Result(T value) : v_(std::move(value)) {}         // NOLINT(google-explicit-constructor)
   Result(Status status) : v_(std::move(status)) {}  // NOLINT(google-explicit-constructor)
 
-  bool is_ok() const { return v_.index() == 0; }
-  explicit operator bool() const { return is_ok(); }
+  bool ok() const { return v_.index() == 0; }
+  explicit operator bool() const { return ok(); }
   const Status& status() const {
     static const Status kOkStatus;
-    return is_ok() ? kOkStatus : std::get<1>(v_);
+    return ok() ? kOkStatus : std::get<1>(v_);
   }
   T& value() & { return std::get<0>(v_); }
   const T& value() const& { return std::get<0>(v_); }
@@ -94,10 +94,10 @@ class [[nodiscard]] Result {
 }  // namespace cairn
 
 // Returns the status from the enclosing function if it is not OK.
-#define CAIRN_RETURN_IF_ERROR(expr)                           \
-  do {                                                        \
-    ::cairn::Status cairn_status_tmp_ = (expr);               \
-    if (!cairn_status_tmp_.is_ok()) return cairn_status_tmp_; \
+#define CAIRN_RETURN_IF_ERROR(expr)                        \
+  do {                                                     \
+    ::cairn::Status cairn_status_tmp_ = (expr);            \
+    if (!cairn_status_tmp_.ok()) return cairn_status_tmp_; \
   } while (0)
 
 #define CAIRN_CONCAT_INNER_(a, b) a##b
@@ -107,5 +107,5 @@ class [[nodiscard]] Result {
   CAIRN_ASSIGN_OR_RETURN_IMPL_(CAIRN_CONCAT_(cairn_result_, __LINE__), lhs, expr)
 #define CAIRN_ASSIGN_OR_RETURN_IMPL_(tmp, lhs, expr) \
   auto tmp = (expr);                                 \
-  if (!tmp.is_ok()) return tmp.status();             \
+  if (!tmp.ok()) return tmp.status();                \
   lhs = std::move(tmp).value()

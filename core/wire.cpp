@@ -116,7 +116,7 @@ Status read_full(int fd, void* buf, size_t n) {
     if (r == 0) return protocol_error("connection closed in the middle of a frame");
     done += static_cast<size_t>(r);
   }
-  return Status::ok();
+  return Status::OK();
 }
 
 Status write_full(int fd, const void* buf, size_t n) {
@@ -134,7 +134,7 @@ Status write_full(int fd, const void* buf, size_t n) {
     }
     done += static_cast<size_t>(r);
   }
-  return Status::ok();
+  return Status::OK();
 }
 
 Status send_frame(int sock, Kind kind, const nlohmann::json& body, std::span<const uint8_t> blob, int fd_to_pass) {
@@ -178,7 +178,7 @@ Status send_frame(int sock, Kind kind, const nlohmann::json& body, std::span<con
   }
   CAIRN_RETURN_IF_ERROR(write_full(sock, js.data(), js.size()));
   if (!blob.empty()) CAIRN_RETURN_IF_ERROR(write_full(sock, blob.data(), blob.size()));
-  return Status::ok();
+  return Status::OK();
 }
 
 Result<size_t> recv_some(int sock, void* buf, size_t n, int* passed_fd) {
@@ -224,21 +224,21 @@ Result<Frame> recv_frame(int sock) {
   };
   if (got < hb.size()) {
     Status s = read_full(sock, hb.data() + got, hb.size() - got);
-    if (!s.is_ok()) return fail(s);
+    if (!s.ok()) return fail(s);
   }
   auto h = decode_header(hb);
-  if (!h.is_ok()) return fail(h.status());
+  if (!h.ok()) return fail(h.status());
   std::vector<uint8_t> js(h->json_len);
   Status s = read_full(sock, js.data(), js.size());
-  if (!s.is_ok()) return fail(s);
+  if (!s.ok()) return fail(s);
   auto body = decode_body(h->kind, js);
-  if (!body.is_ok()) return fail(body.status());
+  if (!body.ok()) return fail(body.status());
   f.kind = h->kind;
   f.body = std::move(body).value();
   if (h->blob_len > 0) {
     f.blob.resize(h->blob_len);
     s = read_full(sock, f.blob.data(), f.blob.size());
-    if (!s.is_ok()) return fail(s);
+    if (!s.ok()) return fail(s);
   }
   return f;
 }
@@ -258,7 +258,7 @@ nlohmann::json error_response(const Status& s) {
 
 Status response_status(const nlohmann::json& body) {
   int code = body.value("status", static_cast<int>(StatusCode::kProtocol));
-  if (code == 0) return Status::ok();
+  if (code == 0) return Status::OK();
   return Status(status_code_from_int(code), body.value("error", std::string()));
 }
 

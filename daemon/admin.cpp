@@ -34,7 +34,7 @@ Result<json> Admin::list(const json& req) {
   std::set<std::string> listed;
   for (const auto& id : p_.repo.list()) {
     auto m = p_.repo.get_shared(id);
-    if (m.is_ok() && (all || (*m)->retired_ns == 0)) models.push_back(row(**m, "global"));
+    if (m.ok() && (all || (*m)->retired_ns == 0)) models.push_back(row(**m, "global"));
     listed.insert(id);
   }
   for (const auto& m : pending)
@@ -57,7 +57,7 @@ Result<json> Admin::show(const json& req) {
   const bool pending = m != nullptr;
   if (!m) {
     auto r = p_.repo.get_shared(id);  // collected models too: their lineage and metadata remain
-    if (!r.is_ok()) return not_found("model '" + id + "' does not exist (see `cairn ls`)");
+    if (!r.ok()) return not_found("model '" + id + "' does not exist (see `cairn ls`)");
     m = *r;
   }
   json tensors = json::array();
@@ -68,7 +68,7 @@ Result<json> Admin::show(const json& req) {
                        {"nbytes", t.nbytes},
                        {"chunks", t.chunks.size()}});
   json children = json::array();
-  if (auto d = p_.catalog.descendants(id, 1); d.is_ok())
+  if (auto d = p_.catalog.descendants(id, 1); d.ok())
     for (const auto& [c, depth] : *d) children.push_back(c);
   json out{{"id", m->id},
            {"parent", m->parent.empty() ? json() : json(m->parent)},
@@ -85,7 +85,7 @@ Result<json> Admin::show(const json& req) {
   // What it costs in the repository (docs/repository-format.md, "Coded chunks"): absent while the
   // model is not there yet.
   if (!pending) {
-    if (auto u = p_.repo.usage(id, Freshness::kCached); u.is_ok()) {
+    if (auto u = p_.repo.usage(id, Freshness::kCached); u.ok()) {
       uint64_t by_coding[kChunkCodingCount] = {};
       for (const auto& t : m->tensors)
         for (const auto& c : t.chunks) ++by_coding[static_cast<size_t>(c.coding)];
@@ -204,7 +204,7 @@ Result<json> Admin::remove(const json& req) {
   if (st.code() == StatusCode::kNotFound) return not_found("model '" + id + "' does not exist (see `cairn ls`)");
   CAIRN_RETURN_IF_ERROR(st);
   CAIRN_RETURN_IF_ERROR(p_.catalog.retire(id));
-  if (before.is_ok() && (*before)->retired_ns == 0) p_.references.count(**before, -1);
+  if (before.ok() && (*before)->retired_ns == 0) p_.references.count(**before, -1);
   if (p_.prefetcher) p_.prefetcher->retired(id);  // no longer read in a cycle
   return json{{"retired", id}};
 }
@@ -230,12 +230,12 @@ Result<json> Admin::gc(const json& /*req*/, OperationProgress& progress) {
       return busy(
           "gc: models committed while it waited are still on their way to the repository after 10 s (the "
           "log says why if its writes fail); run gc again");
-    return Status::ok();
+    return Status::OK();
   };
   steps.decided = [&](const GcReport& r) {
     for (const std::string& id : r.removed) {
       Status s = p_.catalog.erase(id);
-      if (!s.is_ok()) CAIRN_LOG_WARN("gc: dropping '{}' from the catalog: {}", id, s.to_string());
+      if (!s.ok()) CAIRN_LOG_WARN("gc: dropping '{}' from the catalog: {}", id, s.to_string());
     }
     gc_lock.unlock();
   };
@@ -255,7 +255,7 @@ Result<json> Admin::gc(const json& /*req*/, OperationProgress& progress) {
     Watchdog::ClientWait waiting;  // the lease again
     return p_.repo.compact();
   }();
-  if (!compacted.is_ok() && compacted.status().code() != StatusCode::kBusy)
+  if (!compacted.ok() && compacted.status().code() != StatusCode::kBusy)
     CAIRN_LOG_WARN("gc: compacting the repository: {}", compacted.status().to_string());
   RepositoryStats rs = p_.repo.stats();
   return json{{"removed", r.removed},

@@ -66,7 +66,7 @@ Status check_where(const json& where, const std::string& path, int depth) {
       CAIRN_RETURN_IF_ERROR(check_where(v, p, depth + 1));
     }
   }
-  return Status::ok();
+  return Status::OK();
 }
 
 bool values_equal(const json& a, const json& b) {
@@ -348,17 +348,17 @@ Status Catalog::add(const std::string& id, const std::string& parent, GraphHandl
   impl_->by_id.emplace(id, slot);
   if (parent_slot >= 0) impl_->models[static_cast<size_t>(parent_slot)].children.push_back(slot);
   if (!retired) impl_->index(slot);
-  return Status::ok();
+  return Status::OK();
 }
 
 Status Catalog::retire(const std::string& id) {
   std::unique_lock lock(impl_->mu);
   CAIRN_ASSIGN_OR_RETURN(uint32_t slot, impl_->slot_of(id));
   Impl::Model& m = impl_->models[slot];
-  if (m.retired) return Status::ok();
+  if (m.retired) return Status::OK();
   impl_->unindex(slot);
   m.retired = true;
-  return Status::ok();
+  return Status::OK();
 }
 
 Status Catalog::erase(const std::string& id) {
@@ -375,7 +375,7 @@ Status Catalog::erase(const std::string& id) {
   impl_->by_id.erase(id);
   m = Impl::Model{};
   impl_->free_slots.push_back(slot);
-  return Status::ok();
+  return Status::OK();
 }
 
 bool Catalog::contains(const std::string& id) const {

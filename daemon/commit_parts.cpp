@@ -145,7 +145,7 @@ Status CommitPath::reserve_locked(const std::string& id, const std::string& pare
     return already_exists(what + " already exists (model ids are immutable; choose a new id): " + claimed.message());
   CAIRN_RETURN_IF_ERROR(claimed);
   committing_[id] = parent;
-  return Status::ok();
+  return Status::OK();
 }
 
 Result<CommitPath::PlacedPart> CommitPath::place_part(Session& s, const std::vector<uint8_t>& blob, Commit& r) {
@@ -155,12 +155,12 @@ Result<CommitPath::PlacedPart> CommitPath::place_part(Session& s, const std::vec
   PlacedPart placed;
   if (!parent.empty()) {
     auto pm = p_.models.find(parent);
-    if (!pm.is_ok()) return not_found("parent model '" + parent + "' of '" + id + "' does not exist");
+    if (!pm.ok()) return not_found("parent model '" + parent + "' of '" + id + "' does not exist");
     placed.parent = *pm;
     if (!p_.catalog.contains(parent) && p_.view) (void)p_.view->refresh();
   }
   auto planned = plan(s, id, r.tensors, false, placed.parent.get(), blob);
-  if (!planned.is_ok())
+  if (!planned.ok())
     return planned.status().with_context("part " + std::to_string(r.part->index) + " of " + std::to_string(r.part->of));
   placed.plan = std::move(planned).value();
   placed.ext.resize(placed.plan.size());
@@ -168,7 +168,7 @@ Result<CommitPath::PlacedPart> CommitPath::place_part(Session& s, const std::vec
     Planned& p = placed.plan[i];
     if (p.source != Planned::kInline) continue;
     auto off = p_.dram.allocate(p.desc.nbytes);
-    if (!off.is_ok()) {
+    if (!off.ok()) {
       for (size_t j = 0; j < i; ++j)
         if (placed.plan[j].source == Planned::kInline) p_.dram.release(placed.ext[j].offset, placed.ext[j].length);
       return off.status();
@@ -193,7 +193,7 @@ Result<CommitReply> CommitPath::part_reply(Session& s, CommitReply out, uint64_t
   }
   Watchdog::ClientWait waiting;  // for the durability asked for (only the reply follows)
   CAIRN_ASSIGN_OR_RETURN(TicketBook::Outcome t, p_.tickets.wait(ticket, std::chrono::milliseconds(-1)));
-  if (!t.error.is_ok()) return t.error;
+  if (!t.error.ok()) return t.error;
   out.reached = t.reached;
   return out;
 }
@@ -240,7 +240,7 @@ Result<CommitReply> CommitPath::commit_part(Session& s, Commit& r, const std::ve
     a->parts[index].arriving = true;
   }
   auto placed = place_part(s, blob, r);
-  if (!placed.is_ok()) {
+  if (!placed.ok()) {
     cairn::MutexLock lock(mu_);
     a->parts[index].arriving = false;
     return placed.status();
@@ -285,12 +285,12 @@ Result<CommitReply> CommitPath::commit_group_part(Session& s, const std::vector<
   const std::string what = "model '" + id + "'";
   // A model of that id here (pending, announced by a member, or in the repository): refused at
   // once. A commit of it going on elsewhere is found by the home's claim, and fails the ticket.
-  if (p_.models.find(id).is_ok())
+  if (p_.models.find(id).ok())
     return already_exists(what + " already exists (model ids are immutable; choose a new id)");
   const auto i32 = static_cast<uint32_t>(index);
   CAIRN_RETURN_IF_ERROR(group_parts_->reserve_part(id, i32, static_cast<uint32_t>(of)));
   auto placed = place_part(s, blob, r);
-  if (!placed.is_ok()) {
+  if (!placed.ok()) {
     group_parts_->unreserve_part(id, i32);
     return placed.status();
   }
@@ -352,13 +352,13 @@ Status CommitPath::register_assembled(const ModelManifest& model, uint64_t ticke
   std::optional<Graph> graph;
   if (!model.architecture.is_null()) {
     auto g = parse_graph(model.architecture);
-    if (!g.is_ok()) return g.status();
+    if (!g.ok()) return g.status();
     graph = std::move(g).value();
   }
   std::shared_ptr<const ModelManifest> parent_manifest;
   if (!model.parent.empty()) {
     auto pm = p_.models.find(model.parent);
-    if (!pm.is_ok()) return not_found("its parent '" + model.parent + "' does not exist here");
+    if (!pm.ok()) return not_found("its parent '" + model.parent + "' does not exist here");
     parent_manifest = *pm;
     if (!p_.catalog.contains(model.parent) && p_.view) (void)p_.view->refresh();
   }
@@ -396,14 +396,13 @@ Status CommitPath::complete_assembly(Assembly& a) {
   std::optional<Graph> graph;
   if (!a.architecture.is_null()) {
     auto g = parse_graph(a.architecture);
-    if (!g.is_ok()) return fail(g.status().with_context("model '" + a.id + "' was not created"));
+    if (!g.ok()) return fail(g.status().with_context("model '" + a.id + "' was not created"));
     graph = std::move(g).value();
   }
   std::shared_ptr<const ModelManifest> parent_manifest;
   if (!a.parent.empty()) {
     auto pm = p_.models.find(a.parent);
-    if (!pm.is_ok())
-      return fail(not_found("model '" + a.id + "' was not created: its parent '" + a.parent + "' is gone"));
+    if (!pm.ok()) return fail(not_found("model '" + a.id + "' was not created: its parent '" + a.parent + "' is gone"));
     parent_manifest = *pm;
   }
   // The model is registered at the weakest durability any part asked for, with that part's ticket;
@@ -430,7 +429,7 @@ Status CommitPath::complete_assembly(Assembly& a) {
   build.forget_ticket_on_error = false;
   auto registered = build_and_register(std::move(build));
   gc_lock.unlock();
-  if (!registered.is_ok()) {
+  if (!registered.ok()) {
     // Its bytes were adopted (as a failed plain commit's are); the tickets learn why.
     for (uint32_t i = 0; i < a.of; ++i)
       if (i != leader) p_.tickets.finish(a.parts[i].ticket, Durability::kMemory, registered.status());
@@ -440,7 +439,7 @@ Status CommitPath::complete_assembly(Assembly& a) {
   // Visible now: every part has reached memory (and follows the model's flush from here on).
   p_.tickets.reach(a.parts[leader].ticket, Durability::kMemory);
   unreserve(a.id);
-  return Status::ok();
+  return Status::OK();
 }
 
 }  // namespace cairn

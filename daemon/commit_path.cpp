@@ -35,7 +35,7 @@ Status CommitPath::free(Session& s, const Free& r) {
   if (it == s.staging.end()) return not_found("no staging space " + std::to_string(r.space) + " in this connection");
   p_.dram.release(it->second.offset, it->second.length);
   s.staging.erase(it);
-  return Status::ok();
+  return Status::OK();
 }
 
 void CommitPath::end_session(Session& s) {
@@ -233,13 +233,13 @@ Result<std::shared_ptr<ModelManifest>> CommitPath::build_and_register(Build b) {
                        b.acknowledged_early || b.target < Durability::kGlobal};
   Status registered = p_.flusher.enqueue(std::move(entry), [&]() -> Status {
     Status added = p_.catalog.add(id, m->parent, std::move(graph), m->metadata);
-    if (!added.is_ok()) return added.with_context("registering model '" + id + "' in the catalog");
+    if (!added.ok()) return added.with_context("registering model '" + id + "' in the catalog");
     m->created_ns = p_.clock.next();
     p_.references.count(*m, +1);
-    return Status::ok();
+    return Status::OK();
   });
   for (const auto& h : pinned) p_.dram.unpin(h);
-  if (!registered.is_ok()) {
+  if (!registered.ok()) {
     if (ticket && b.forget_ticket_on_error)
       p_.tickets.forget({ticket});
     else if (ticket)
@@ -295,7 +295,7 @@ Result<CommitReply> CommitPath::commit(Session& s, Commit r, const std::vector<u
   std::shared_ptr<const ModelManifest> parent_manifest;
   if (!parent.empty()) {
     auto pm = p_.models.find(parent);
-    if (!pm.is_ok()) return not_found("parent model '" + parent + "' of '" + id + "' does not exist");
+    if (!pm.ok()) return not_found("parent model '" + parent + "' of '" + id + "' does not exist");
     parent_manifest = *pm;
     // Published by another daemon since this one's last refresh: into the catalog first.
     if (!p_.catalog.contains(parent) && p_.view) (void)p_.view->refresh();
@@ -310,7 +310,7 @@ Result<CommitReply> CommitPath::commit(Session& s, Commit r, const std::vector<u
   for (auto& p : plan) {
     if (p.source != Planned::kInline) continue;
     auto off = p_.dram.allocate(p.desc.nbytes);
-    if (!off.is_ok()) {
+    if (!off.ok()) {
       for (auto& e : inline_extents) p_.dram.release(e.offset, e.length);
       return off.status();
     }
@@ -345,7 +345,7 @@ Result<CommitReply> CommitPath::commit(Session& s, Commit r, const std::vector<u
   build.target = r.durability;
   build.acknowledged_early = !r.wait;
   auto registered = build_and_register(std::move(build));
-  if (!registered.is_ok()) return registered.status();
+  if (!registered.ok()) return registered.status();
   gc_lock.unlock();
 
   CommitReply out;
@@ -365,7 +365,7 @@ Result<CommitReply> CommitPath::commit(Session& s, Commit r, const std::vector<u
   }
   Watchdog::ClientWait waiting;  // for the durability asked for (only the reply follows)
   CAIRN_ASSIGN_OR_RETURN(TicketBook::Outcome t, p_.tickets.wait(ticket, std::chrono::milliseconds(-1)));
-  if (!t.error.is_ok()) return t.error;
+  if (!t.error.ok()) return t.error;
   out.reached = t.reached;
   return out;
 }
@@ -376,7 +376,7 @@ Result<WaitReply> CommitPath::wait(const Wait& r) {
   if (!t.done)
     return timed_out("ticket " + std::to_string(r.ticket) + " has reached '" + durability_name(t.reached) + "', not '" +
                      durability_name(t.target) + "', after " + std::to_string(r.timeout_ms) + " ms");
-  if (!t.error.is_ok()) return t.error;
+  if (!t.error.ok()) return t.error;
   return WaitReply{t.reached};
 }
 

@@ -178,7 +178,7 @@ Status ComputeWorker::start() {
   last_error_.clear();
   CAIRN_LOG_INFO("near-data compute worker started: pid {}, socket {}{}", pid_, socket_,
                  listen_.empty() ? std::string() : ", listening on " + listen_);
-  return Status::ok();
+  return Status::OK();
 }
 
 Result<json> ComputeWorker::attach(const json&) {

@@ -39,11 +39,11 @@ namespace {
 // A typed reply encoded for the wire (request.hpp); a Status alone answers an empty object.
 template <class Reply>
 Result<json> encoded(Result<Reply> reply) {
-  if (!reply.is_ok()) return reply.status();
+  if (!reply.ok()) return reply.status();
   return request::encode(*reply);
 }
 Result<json> encoded(const Status& st) {
-  if (!st.is_ok()) return st;
+  if (!st.ok()) return st;
   return json::object();
 }
 
@@ -242,7 +242,7 @@ Response Engine::handle(Session& session, const json& request, std::vector<uint8
   const auto took = std::chrono::steady_clock::now() - started;
   usage_.request_served(std::chrono::duration_cast<std::chrono::nanoseconds>(took));
   if (request_metrics_) record_request(slot, request, result.status().code(), took);
-  if (!result.is_ok()) {
+  if (!result.ok()) {
     r.body = json{{"status", static_cast<int>(result.status().code())}, {"error", result.status().message()}};
     r.blob.clear();
     return r;
@@ -315,7 +315,7 @@ Result<json> Engine::prefetch(const request::Prefetch& req, OperationProgress& p
     members = remote.get();
   }
   const double all_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (!local.is_ok()) return local.status().with_context("prefetch --all: this member");
+  if (!local.ok()) return local.status().with_context("prefetch --all: this member");
   json out = *local;
   out["seconds"] = local_s;
   out["all_seconds"] = all_s;

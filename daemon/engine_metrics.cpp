@@ -116,7 +116,7 @@ std::string Engine::metrics_text(metrics::Format format) {
 
   // The tiers and the repository, as `stats` reports them.
   auto stats = admin_->stats(json::object());
-  if (stats.is_ok()) {
+  if (stats.ok()) {
     const json& s = *stats;
     const json& tiers = field(s, "tiers");
     static const std::pair<const char*, const char*> kTiers[] = {

@@ -125,7 +125,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const Config& config, EngineOptio
     no.fs = options.nvme_fs;
     CAIRN_ASSIGN_OR_RETURN(no.policy, make_eviction_policy(config.policy.eviction));
     auto opened = NvmeTier::open(std::move(no));
-    if (!opened.is_ok())
+    if (!opened.ok())
       return opened.status().with_context("opening the burst buffer (tiers.nvme.path " + config.tiers.nvme.path + ")");
     o.nvme = std::move(opened).value();
   }
@@ -137,13 +137,13 @@ Result<std::unique_ptr<Engine>> Engine::create(const Config& config, EngineOptio
   };
   if (!config.policy.trace.empty()) {
     auto opened = TraceRecorder::open(config.policy.trace);
-    if (!opened.is_ok()) return abandon(opened.status().with_context("policy.trace"));
+    if (!opened.ok()) return abandon(opened.status().with_context("policy.trace"));
     o.trace = std::move(opened).value();
   }
   std::optional<MetricsExporter::Options> metrics_options;
   if (MetricsExporter::enabled(config)) {
     auto checked = MetricsExporter::options_from(config);
-    if (!checked.is_ok()) return abandon(checked.status());
+    if (!checked.ok()) return abandon(checked.status());
     metrics_options = std::move(checked).value();
   }
   // The job's peer group (peer_service.hpp): one more chunk source, after the NVMe tier and before
@@ -159,7 +159,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const Config& config, EngineOptio
     po.expect = config.peers.expect;
     po.timeout = o.peer_timeout;
     auto joined = PeerService::open(po, *o.dram);
-    if (!joined.is_ok()) return abandon(joined.status());
+    if (!joined.ok()) return abandon(joined.status());
     o.peers = std::move(joined).value();
 #else
     return abandon(
@@ -329,7 +329,7 @@ Engine::~Engine() {
   peers_.reset();
   if (nvme_) {
     Status st = nvme_->close();
-    if (!st.is_ok()) CAIRN_LOG_ERROR("closing the burst buffer: {}", st.to_string());
+    if (!st.ok()) CAIRN_LOG_ERROR("closing the burst buffer: {}", st.to_string());
   }
 }
 

@@ -80,7 +80,7 @@ Status Flusher::enqueue(Entry entry, const std::function<Status()>& admit) {
     local_cv_.notify_one();
   else
     global_cv_.notify_one();
-  return Status::ok();
+  return Status::OK();
 }
 
 std::shared_ptr<const ModelManifest> Flusher::find(const std::string& id) const {
@@ -170,18 +170,18 @@ void Flusher::local_loop() {
     // the device the model survives a crash of the daemon. The chunks of the tensor list the last
     // model written here had (a metadata-only child shares its parent's) are there already.
     const bool written = last_local_ && !m->tensors.empty() && m->tensors.shares_with(last_local_->tensors);
-    Status st = written ? Status::ok() : tiers_.write_local(all_chunks(*m));
-    if (st.is_ok()) st = nvme_->put_model(seq, m->id, manifest_to_json(*m).dump());
-    if (!st.is_ok())
+    Status st = written ? Status::OK() : tiers_.write_local(all_chunks(*m));
+    if (st.ok()) st = nvme_->put_model(seq, m->id, manifest_to_json(*m).dump());
+    if (!st.ok())
       CAIRN_LOG_WARN("model '{}': the burst buffer did not take it ({}); it goes to the repository directly", m->id,
                      st.to_string());
-    last_local_ = st.is_ok() ? m : nullptr;
+    last_local_ = st.ok() ? m : nullptr;
     {
       cairn::MutexLock lock(mu_);
       Pending& p = pending_[m->id];
       p.local_done = true;
-      p.on_nvme = st.is_ok();
-      if (st.is_ok() && p.ticket) tickets_.reach(p.ticket, Durability::kLocal);
+      p.on_nvme = st.ok();
+      if (st.ok() && p.ticket) tickets_.reach(p.ticket, Durability::kLocal);
     }
     global_cv_.notify_one();  // its model may be ready for the global stage
   }
@@ -274,7 +274,7 @@ void Flusher::global_loop() {
       const ModelManifest& copy = copies[i];
       const Status& st = results[i];
       uint64_t new_bytes = 0;
-      if (st.is_ok()) {
+      if (st.ok()) {
         for (const auto& t : copy.tensors)
           for (const auto& c : t.chunks) {
             auto f = fetched.find(c.hash);
@@ -302,21 +302,20 @@ void Flusher::global_loop() {
           continue;
         }
       }
-      if (!st.is_ok()) CAIRN_LOG_ERROR("flushing model '{}' to the repository failed: {}", copy.id, st.to_string());
+      if (!st.ok()) CAIRN_LOG_ERROR("flushing model '{}' to the repository failed: {}", copy.id, st.to_string());
       // A failed model's record stays on the burst buffer: the next start recovers it.
-      if (batch[i].on_nvme && st.is_ok()) (void)nvme_->model_done(copy.id);
+      if (batch[i].on_nvme && st.ok()) (void)nvme_->model_done(copy.id);
       {
         cairn::MutexLock lock(mu_);
         bytes_written_ += new_bytes;
         pending_.erase(copy.id);
-        if (!st.is_ok()) {
+        if (!st.ok()) {
           // Gone from queries; forgotten unless children (whose flushes fail in turn) name it.
           forget_failed_(copy);
           abandon_locked(copy);
         }
         // Before anyone who saw the model leave pending_ can ask the ticket.
-        if (batch[i].ticket)
-          tickets_.finish(batch[i].ticket, st.is_ok() ? Durability::kGlobal : Durability::kMemory, st);
+        if (batch[i].ticket) tickets_.finish(batch[i].ticket, st.ok() ? Durability::kGlobal : Durability::kMemory, st);
       }
     }
     if (!retried.empty()) {

@@ -38,7 +38,7 @@ Status names_from(const json& j, const char* field, size_t max, std::vector<std:
                               std::to_string(kMaxNameBytes) + " bytes of UTF-8 without NUL)");
     if (seen.insert(v.get<std::string>()).second) out->push_back(v.get<std::string>());
   }
-  return Status::ok();
+  return Status::OK();
 }
 
 }  // namespace

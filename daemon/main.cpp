@@ -29,12 +29,12 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   auto config = cairn::load_config(config_path, cairn::process_env());
-  if (!config.is_ok()) return fail(config.status());
+  if (!config.ok()) return fail(config.status());
   if (print_config) {
     std::cout << config->to_yaml();
     return 0;
   }
-  if (auto st = cairn::init_logging(config->log.level, config->log.file); !st.is_ok()) return fail(st);
+  if (auto st = cairn::init_logging(config->log.level, config->log.file); !st.ok()) return fail(st);
 
   // Block the stop signals in every thread; the main thread waits for them below.
   sigset_t stop_signals;
@@ -46,10 +46,10 @@ int main(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);
 
   auto engine = cairn::Engine::create(*config);
-  if (!engine.is_ok()) return fail(engine.status());
+  if (!engine.ok()) return fail(engine.status());
   std::string socket = cairn::socket_path_for(*config);
   auto server = cairn::Server::start(**engine, socket);
-  if (!server.is_ok()) return fail(server.status());
+  if (!server.ok()) return fail(server.status());
   auto rs = (*engine)->repository().stats();
   CAIRN_LOG_INFO("serving {} (repository {} with {} models, DRAM arena {} bytes, chunk size {})", socket,
                  config->repository, rs.models, (*engine)->arena_size(), (*engine)->repository().chunk_size());

@@ -28,7 +28,7 @@ Status write_file(const std::string& path, const std::string& text) {
     done += static_cast<size_t>(n);
   }
   if (::close(fd) != 0) return errno_status("writing '" + path + "'", errno);
-  return Status::ok();
+  return Status::OK();
 }
 
 }  // namespace
@@ -43,7 +43,7 @@ Result<MetricsExporter::Options> MetricsExporter::options_from(const Config& con
   o.textfile = config.metrics.textfile;
   if (!o.listen.empty()) {
     auto at = parse_host_port(o.listen);
-    if (!at.is_ok()) return at.status().with_context("metrics.listen");
+    if (!at.ok()) return at.status().with_context("metrics.listen");
   }
   auto interval = parse_duration(config.metrics.interval);
   if (!interval || interval->count() <= 0)
@@ -62,9 +62,9 @@ Result<std::unique_ptr<MetricsExporter>> MetricsExporter::start(Options options,
   std::unique_ptr<MetricsExporter> e(new MetricsExporter(std::move(options), std::move(render)));
   if (!e->options_.listen.empty()) {
     auto at = parse_host_port(e->options_.listen);
-    if (!at.is_ok()) return at.status().with_context("metrics.listen");
+    if (!at.ok()) return at.status().with_context("metrics.listen");
     auto http = MetricsHttp::start(*at, e->render_);
-    if (!http.is_ok())
+    if (!http.ok())
       return Status(http.status().code(),
                     "metrics.listen: " + http.status().message() +
                         " (choose a free port or another address in metrics.listen, or set it to \"\")");
@@ -74,7 +74,7 @@ Result<std::unique_ptr<MetricsExporter>> MetricsExporter::start(Options options,
   }
   if (!e->options_.textfile.empty()) {
     Status first = e->write_textfile();
-    if (!first.is_ok())
+    if (!first.ok())
       return Status(first.code(), "metrics.textfile: " + first.message() +
                                       " (its directory must exist and be writable by the daemon's user)");
     e->textfile_thread_ = std::thread([p = e.get()] { p->textfile_loop(); });
@@ -106,10 +106,10 @@ Status MetricsExporter::write_textfile() {
     return internal_error(std::string("rendering the metrics failed: ") + e.what());
   }
   Status written = write_file(temp, text);
-  if (written.is_ok() && ::rename(temp.c_str(), options_.textfile.c_str()) != 0)
+  if (written.ok() && ::rename(temp.c_str(), options_.textfile.c_str()) != 0)
     written = errno_status("renaming '" + temp + "' to '" + options_.textfile + "'", errno);
-  if (!written.is_ok()) (void)::unlink(temp.c_str());
-  wrote_textfile_ = wrote_textfile_ || written.is_ok();
+  if (!written.ok()) (void)::unlink(temp.c_str());
+  wrote_textfile_ = wrote_textfile_ || written.ok();
   return written;
 }
 
@@ -118,11 +118,11 @@ void MetricsExporter::textfile_loop() {
   while (!cv_.wait_for(lock, options_.interval, [this]() CAIRN_REQUIRES(mu_) { return stopping_; })) {
     lock.unlock();
     Status st = write_textfile();
-    if (!st.is_ok() && !write_failing_)
+    if (!st.ok() && !write_failing_)
       CAIRN_LOG_WARN("metrics.textfile: {}; trying again every {} ms", st.to_string(), options_.interval.count());
-    else if (st.is_ok() && write_failing_)
+    else if (st.ok() && write_failing_)
       CAIRN_LOG_INFO("metrics.textfile: written again");
-    write_failing_ = !st.is_ok();
+    write_failing_ = !st.ok();
     lock.lock();
   }
 }

@@ -8,7 +8,7 @@ GraphHandle graph_for(Catalog& catalog, const ModelManifest& m, const Graph* par
   if (parsed) return catalog.compile(*parsed);
   if (!m.architecture.is_null()) {
     auto g = parse_graph(m.architecture);
-    if (g.is_ok()) return catalog.compile(*g);
+    if (g.ok()) return catalog.compile(*g);
     CAIRN_LOG_WARN("model '{}': its stored architecture does not parse ({}); using one derived from its tensors", m.id,
                    g.status().to_string());
   }

@@ -46,7 +46,7 @@ Status NamedTensors::put(Session& s, const PutTensor& r, const std::vector<uint8
     named_.emplace(key, Tensor{d.dtype, d.shape, d.nbytes, ext, 0, ++generation_});
   }
   cv_.notify_all();
-  return Status::ok();
+  return Status::OK();
 }
 
 Result<TensorInfoReply> NamedTensors::info(const TensorKey& r) {
@@ -88,7 +88,7 @@ Status NamedTensors::remove(const TensorKey& r) {
   auto it = named_.find(r.key);
   if (it == named_.end()) return not_found("no tensor under key '" + r.key + "'");
   drop_locked(it);
-  return Status::ok();
+  return Status::OK();
 }
 
 void NamedTensors::unpin(const std::string& key, uint64_t generation) {

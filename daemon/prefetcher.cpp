@@ -54,7 +54,7 @@ std::vector<std::string> Prefetcher::for_chunks(const std::vector<std::string>& 
   const std::set<std::string> only(tensors.begin(), tensors.end());
   for (const std::string& id : ids) {
     auto m = p_.models.find(id);
-    if (!m.is_ok()) {
+    if (!m.ok()) {
       unknown.push_back(id);
       continue;
     }
@@ -276,7 +276,7 @@ void Prefetcher::loop() {
 
 void Prefetcher::stage(const Job& job) {
   auto m = p_.models.find(job.model);
-  if (!m.is_ok()) return;  // gone since the hint (retired and collected): nothing to do
+  if (!m.ok()) return;  // gone since the hint (retired and collected): nothing to do
   for (const TensorManifest& t : (*m)->tensors) {
     if (!job.tensors.empty() && std::find(job.tensors.begin(), job.tensors.end(), t.name) == job.tensors.end())
       continue;
@@ -296,7 +296,7 @@ void Prefetcher::stage(const Job& job) {
     }
     Status st = reads_->stage(job.model, t);
     cairn::MutexLock lock(mu_);
-    if (!st.is_ok()) {
+    if (!st.ok()) {
       ++failures_;
       CAIRN_LOG_WARN("prefetch of model '{}' ({}): {}", job.model, job.reason, st.to_string());
       continue;
@@ -319,7 +319,7 @@ void Prefetcher::stage_device(const ModelManifest& m, const Job& job) {
       continue;
     Status st = reads_->stage_device(m.id, t);
     cairn::MutexLock lock(mu_);
-    if (st.is_ok())
+    if (st.ok())
       ++tensors_to_hbm_;
     else
       ++hbm_skipped_;

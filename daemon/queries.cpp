@@ -31,7 +31,7 @@ Result<MetadataFilter> query_where(const json& q, const std::string& qop) {
   auto it = q.find("where");
   if (it == q.end()) return MetadataFilter{};
   auto f = MetadataFilter::parse(*it);
-  if (!f.is_ok()) return f.status().with_context("query '" + qop + "'");
+  if (!f.ok()) return f.status().with_context("query '" + qop + "'");
   return f;
 }
 
@@ -42,7 +42,7 @@ Result<json> CatalogQueries::best_ancestor(const json& q) {
   if (git == q.end() || !git->is_object())
     return invalid_argument("query 'best_ancestor': missing object field 'graph' (an architecture graph)");
   auto g = parse_graph(*git);
-  if (!g.is_ok()) return g.status().with_context("query 'best_ancestor'");
+  if (!g.ok()) return g.status().with_context("query 'best_ancestor'");
   CAIRN_ASSIGN_OR_RETURN(MetadataFilter where, query_where(q, "best_ancestor"));
   GraphHandle compiled = catalog_.compile(*g, /*intern_types=*/false);
   BestAncestor best = catalog_.best_ancestor(compiled, where);
@@ -55,7 +55,7 @@ Result<json> CatalogQueries::best_ancestor(const json& q) {
   // The stored model's tensors of each matching layer, for the caller to transfer.
   auto m = models_.find(best.model);
   GraphHandle mg = catalog_.graph_of(best.model);
-  if (!m.is_ok() || !mg) return out;
+  if (!m.ok() || !mg) return out;
   std::map<std::string, std::vector<std::string>> by_layer;
   for (const TensorManifest& t : (*m)->tensors) {
     auto it = mg->tensors.find(t.name);
@@ -90,7 +90,7 @@ Result<json> CatalogQueries::query(const json& req) {
   auto known = [&](const std::string& id) -> Status {
     if (!catalog_.contains(id))
       return not_found("query '" + qop + "': model '" + id + "' does not exist (see `cairn ls --all`)");
-    return Status::ok();
+    return Status::OK();
   };
   if (qop == "best_ancestor") return best_ancestor(q);
   if (qop == "ancestors") {

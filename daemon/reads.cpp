@@ -68,7 +68,7 @@ Result<LeaseReply> Reads::lease(Session& s, const Lease& r) {
     if (contiguous && !consecutive) {
       // Assemble a contiguous copy for a zero-copy view; the chunks stay where they are.
       auto off = p_.dram.allocate(t->nbytes);
-      if (!off.is_ok()) {
+      if (!off.ok()) {
         release_lease(lease);
         for (size_t j = ti + 1; j < pins.size(); ++j)  // pinned, not leased yet
           for (const auto& h : pins[j].pinned) p_.dram.unpin(h);
@@ -152,7 +152,7 @@ Status Reads::stage(const std::string& model, const TensorManifest& t) {
   std::vector<PinnedTensor> pins;
   CAIRN_RETURN_IF_ERROR(pin_tensors(one, model, true, pins));
   for (const auto& h : pins[0].pinned) p_.dram.unpin(h);
-  return Status::ok();
+  return Status::OK();
 }
 
 Result<PrefetchReply> Reads::prefetch(const Prefetch& r, OperationProgress* progress) {

@@ -64,11 +64,11 @@ Status Reads::place_on_device(const std::string& model, std::span<const TensorMa
   if (!missing.empty()) {
     std::vector<PinnedTensor> pins;
     st = pin_tensors(missing, model, !pin, pins);
-    for (size_t k = 0; st.is_ok() && k < missing.size(); ++k) {
+    for (size_t k = 0; st.ok() && k < missing.size(); ++k) {
       HbmTier::HostExtents src;
       for (const auto& e : pins[k].extents) src.emplace_back(p_.dram.base() + e.offset, e.length);
       auto placed = hbm_->acquire(device, HbmTier::key_of(hashes_of(*missing[k])), src);
-      if (!placed.is_ok())
+      if (!placed.ok())
         st = placed.status().with_context("tensor '" + missing[k]->name + "'");
       else
         out[missing_at[k]] = *placed, have[missing_at[k]] = 1;
@@ -76,7 +76,7 @@ Status Reads::place_on_device(const std::string& model, std::span<const TensorMa
     for (const auto& pt : pins)
       for (const auto& h : pt.pinned) p_.dram.unpin(h);
   }
-  if (!st.is_ok() || !pin) undo();
+  if (!st.ok() || !pin) undo();
   return st;
 }
 

@@ -42,7 +42,7 @@ Status Reads::explain_failure(const std::string& model, const Status& failure) c
   const StatusCode code = failure.code();
   if (code != StatusCode::kCorruption && code != StatusCode::kIo && code != StatusCode::kNotFound) return failure;
   auto now = p_.models.find_fresh(model);
-  if (now.is_ok() || now.status().code() != StatusCode::kNotFound) return failure;
+  if (now.ok() || now.status().code() != StatusCode::kNotFound) return failure;
   // Not the failure's own advice (such as "restore the pack from a copy"): nothing is damaged.
   return not_found(now.status().message() + " (it was removed while it was being read)");
 }
@@ -81,19 +81,19 @@ Status Reads::pin_tensors(std::span<const TensorManifest* const> tensors, const 
     L.load_off.resize(L.to_load.size());
     L.results.resize(L.to_load.size());
     L.loaded.assign(L.to_load.size(), 0);
-    if (L.to_load.empty() || !failure.is_ok()) continue;
+    if (L.to_load.empty() || !failure.ok()) continue;
     if (L.to_load.size() == n && n > 1) {
       auto off = dram.allocate(t.nbytes);
-      if (!off.is_ok())
+      if (!off.ok())
         failure = off.status();
       else {
         L.granted.push_back(Extent{*off, t.nbytes});
         for (size_t k = 0; k < L.to_load.size(); ++k) L.load_off[k] = *off + L.to_load[k] * p_.chunk_size;
       }
     } else {
-      for (size_t k = 0; failure.is_ok() && k < L.to_load.size(); ++k) {
+      for (size_t k = 0; failure.ok() && k < L.to_load.size(); ++k) {
         auto a = dram.allocate(t.chunks[L.to_load[k]].length);
-        if (!a.is_ok())
+        if (!a.ok())
           failure = a.status();
         else
           L.granted.push_back(Extent{*a, t.chunks[L.to_load[k]].length}), L.load_off[k] = *a;
@@ -105,7 +105,7 @@ Status Reads::pin_tensors(std::span<const TensorManifest* const> tensors, const 
   //    when its tensor is: a reader waiting for it (here, or a peer member that the group's
   //    directory told to wait for this daemon's load) has it while the rest still loads. Each chunk
   //    owns its sub-range of a whole-tensor allocation.
-  const bool read_any = failure.is_ok();
+  const bool read_any = failure.ok();
   if (read_any) {
     std::vector<std::pair<size_t, size_t>> work;  // (tensor, to_load entry)
     for (size_t ti = 0; ti < loads.size(); ++ti)
@@ -117,7 +117,7 @@ Status Reads::pin_tensors(std::span<const TensorManifest* const> tensors, const 
       const ChunkRef& ref = L.t->chunks[i];
       // The fastest intact copy below DRAM, verified (tiers/tier_manager.hpp).
       L.results[k] = p_.tiers.fetch(ref, dram.base() + L.load_off[k], &L.served[i]);
-      if (L.results[k].is_ok()) {
+      if (L.results[k].ok()) {
         dram.finish_load(ref.hash, L.load_off[k], ref.length);
         L.loaded[k] = 1;
       }
@@ -133,7 +133,7 @@ Status Reads::pin_tensors(std::span<const TensorManifest* const> tensors, const 
     // (Reads per source are counted by the tier manager, which knows where each chunk came from.)
     for (TensorLoad& L : loads)
       for (size_t k = 0; k < L.results.size(); ++k)
-        if (failure.is_ok() && !L.results[k].is_ok()) failure = L.results[k].with_context("tensor '" + L.t->name + "'");
+        if (failure.ok() && !L.results[k].ok()) failure = L.results[k].with_context("tensor '" + L.t->name + "'");
   }
   for (TensorLoad& L : loads) {
     if (!read_any) {
@@ -159,7 +159,7 @@ Status Reads::pin_tensors(std::span<const TensorManifest* const> tensors, const 
   // 3. The chunks another reader was loading: wait for them (or load them when that reader failed).
   for (TensorLoad& L : loads) {
     for (size_t i : L.to_wait) {
-      if (!failure.is_ok()) break;
+      if (!failure.ok()) break;
       const ChunkRef& ref = L.t->chunks[i];
       for (;;) {
         if (auto off = dram.wait_pin(ref.hash)) {
@@ -176,9 +176,9 @@ Status Reads::pin_tensors(std::span<const TensorManifest* const> tensors, const 
         }
         if (c.kind == DramTier::ClaimKind::kLoading) continue;
         auto a = dram.allocate(ref.length);
-        Status st = !a.is_ok() ? a.status() : p_.tiers.fetch(ref, dram.base() + *a, &L.served[i]);
-        if (!st.is_ok()) {
-          if (a.is_ok()) dram.release(*a, ref.length);
+        Status st = !a.ok() ? a.status() : p_.tiers.fetch(ref, dram.base() + *a, &L.served[i]);
+        if (!st.ok()) {
+          if (a.ok()) dram.release(*a, ref.length);
           dram.abort_load(ref.hash);
           failure = st.with_context("tensor '" + L.t->name + "'");
           break;
@@ -192,7 +192,7 @@ Status Reads::pin_tensors(std::span<const TensorManifest* const> tensors, const 
     }
   }
 
-  if (!failure.is_ok()) {
+  if (!failure.ok()) {
     for (TensorLoad& L : loads)
       for (size_t i = 0; i < L.have.size(); ++i)
         if (L.have[i]) dram.unpin(L.t->chunks[i].hash);
@@ -213,7 +213,7 @@ Status Reads::pin_tensors(std::span<const TensorManifest* const> tensors, const 
     if (p_.usage && !prefetch)
       for (size_t i = 0; i < chunks.size(); ++i) p_.usage->chunk_leased(L.served[i], chunks[i].length);
   }
-  return Status::ok();
+  return Status::OK();
 }
 
 }  // namespace cairn

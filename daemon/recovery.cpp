@@ -18,7 +18,7 @@ Status load_catalog(const RecoveryParts& p) {
     // parents): a model gone meanwhile is simply not in the catalog. Failing the start for it kept a
     // daemon from restarting beside a group that collects (found by the torture harness).
     auto found = p.repo.get_shared(id);
-    if (!found.is_ok() && found.status().code() == StatusCode::kNotFound) continue;
+    if (!found.ok() && found.status().code() == StatusCode::kNotFound) continue;
     CAIRN_ASSIGN_OR_RETURN(auto m, std::move(found));
     std::shared_ptr<const ModelManifest> parent;
     if (!m->parent.empty()) {
@@ -29,7 +29,7 @@ Status load_catalog(const RecoveryParts& p) {
         continue;
       }
       auto pf = p.repo.get_shared(m->parent);
-      if (!pf.is_ok() && pf.status().code() == StatusCode::kNotFound) {
+      if (!pf.ok() && pf.status().code() == StatusCode::kNotFound) {
         if (p.repo.contains(id))  // a child written after another daemon's gc removed its parent
           CAIRN_LOG_ERROR(
               "model '{}' names parent '{}', which is not in the repository: it is left out of the "
@@ -46,7 +46,7 @@ Status load_catalog(const RecoveryParts& p) {
     if (m->retired_ns == 0) live.push_back(std::move(m));
   }
   p.references.count_all(live);
-  return Status::ok();
+  return Status::OK();
 }
 
 RecoveryReport recover_from_nvme(const RecoveryParts& p) {
@@ -60,7 +60,7 @@ RecoveryReport recover_from_nvme(const RecoveryParts& p) {
   for (const auto& rec : found.pending) {
     json j = json::parse(rec.manifest_json, nullptr, false);
     auto parsed = j.is_discarded() ? Result<ModelManifest>(corruption("not JSON")) : manifest_from_json(j, false);
-    if (!parsed.is_ok()) {
+    if (!parsed.ok()) {
       CAIRN_LOG_ERROR("burst buffer: model '{}' committed `local` has an unreadable record ({}); it is lost", rec.id,
                       parsed.status().to_string());
       ++report.models_lost;
@@ -80,7 +80,7 @@ RecoveryReport recover_from_nvme(const RecoveryParts& p) {
     std::shared_ptr<const ModelManifest> parent;
     if (missing.empty() && !m->parent.empty()) {
       auto pm = p.models.find(m->parent);
-      if (pm.is_ok())
+      if (pm.ok())
         parent = *pm;
       else
         missing = "its parent '" + m->parent + "'";
@@ -98,9 +98,9 @@ RecoveryReport recover_from_nvme(const RecoveryParts& p) {
           p.catalog.add(m->id, m->parent, graph_for(p.catalog, *m, nullptr, parent.get()), m->metadata));
       p.clock.observe(m->created_ns);
       p.references.count(*m, +1);
-      return Status::ok();
+      return Status::OK();
     });
-    if (!added.is_ok()) {
+    if (!added.ok()) {
       CAIRN_LOG_ERROR("burst buffer: model '{}': {}", m->id, added.to_string());
       continue;
     }

@@ -38,11 +38,11 @@ void RepositoryWatch::loop() {
     if (stopping_) break;
     lock.unlock();
     Result<RefreshReport> r = refresh_once();
-    if (!r.is_ok()) CAIRN_LOG_WARN("refreshing the repository: {}", r.status().to_string());
+    if (!r.ok()) CAIRN_LOG_WARN("refreshing the repository: {}", r.status().to_string());
     // Now and then, fold the logs of daemons that are gone into a checkpoint.
     if (++ticks % kCompactEvery == 0) {
       auto c = p_.repo.compact_if_needed();
-      if (!c.is_ok())
+      if (!c.ok())
         CAIRN_LOG_WARN("compacting the repository: {}", c.status().to_string());
       else if (c->checkpoint_seq != 0)
         CAIRN_LOG_INFO("compacted the repository: checkpoint {}, {} logs folded in", c->checkpoint_seq,
@@ -56,7 +56,7 @@ Result<RefreshReport> RepositoryWatch::refresh_once() {
   std::lock_guard lock(mu_);
   Result<RefreshReport> r = p_.repo.refresh();
   ++refreshes_;
-  if (!r.is_ok()) {
+  if (!r.ok()) {
     ++failures_;
     return r;
   }
@@ -69,11 +69,11 @@ Result<RefreshReport> RepositoryWatch::refresh_once() {
     std::shared_ptr<const ModelManifest> parent;
     if (!m->parent.empty()) {
       auto pm = p_.repo.get_shared(m->parent);
-      if (pm.is_ok()) parent = *pm;
+      if (pm.ok()) parent = *pm;
     }
     Status s = p_.catalog.add(m->id, m->parent, graph_for(p_.catalog, *m, nullptr, parent.get()), m->metadata,
                               m->retired_ns != 0);
-    if (!s.is_ok()) {
+    if (!s.ok()) {
       CAIRN_LOG_WARN("model '{}' of another daemon: {}", m->id, s.to_string());
       continue;
     }

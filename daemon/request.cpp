@@ -204,7 +204,7 @@ Result<Commit> decode_commit(const json& req, const Edge& edge) {
   }
   if (auto a = req.find("architecture"); a != req.end() && !a->is_null()) {
     auto graph = parse_graph(*a);
-    if (!graph.is_ok()) return graph.status().with_context(what);
+    if (!graph.ok()) return graph.status().with_context(what);
     c.architecture = *a;
     c.graph = std::move(graph).value();
   }

@@ -44,7 +44,7 @@ Status prepare_directory(const std::string& dir) {
                              "); set CAIRN_SOCKET to a path of your own");
   if (st.st_mode & (S_IWGRP | S_IWOTH))
     return permission_denied("socket directory '" + dir + "' is writable by other users; make it mode 0700");
-  return Status::ok();
+  return Status::OK();
 }
 
 }  // namespace
@@ -266,7 +266,7 @@ class FrameReader {
     const size_t have = end_ - pos_;
     if (have < wire::kFrameHeaderBytes) return false;
     auto h = wire::decode_header({buf_.data() + pos_, wire::kFrameHeaderBytes});
-    return !h.is_ok() || have >= wire::kFrameHeaderBytes + h->json_len + h->blob_len;
+    return !h.ok() || have >= wire::kFrameHeaderBytes + h->json_len + h->blob_len;
   }
 
   Result<wire::Frame> next() {
@@ -358,38 +358,37 @@ void Server::serve(int fd, uint64_t conn_id, pid_t client_pid) {
   // sent together: one write for many answers. Order is always the requests' order.
   std::vector<uint8_t> out;
   auto flush = [&]() -> Status {
-    if (out.empty()) return Status::ok();
+    if (out.empty()) return Status::OK();
     Status st = wire::write_full(fd, out.data(), out.size());
     out.clear();
     if (out.capacity() > (1u << 20)) std::vector<uint8_t>().swap(out);
     return st;
   };
   for (;;) {
-    if (!reader.frame_buffered() && !flush().is_ok()) break;
+    if (!reader.frame_buffered() && !flush().ok()) break;
     auto frame = reader.next();
-    if (!frame.is_ok()) {
+    if (!frame.ok()) {
       if (frame.status().code() != StatusCode::kUnavailable) {
         // Garbage on the socket: say what was wrong, then drop the connection.
         CAIRN_LOG_WARN("connection {}: {}", conn_id, frame.status().to_string());
-        if (flush().is_ok()) (void)wire::send_frame(fd, wire::Kind::kResponse, wire::error_response(frame.status()));
+        if (flush().ok()) (void)wire::send_frame(fd, wire::Kind::kResponse, wire::error_response(frame.status()));
       }
       break;
     }
     if (frame->kind != wire::Kind::kRequest) {
-      if (flush().is_ok())
+      if (flush().ok())
         (void)wire::send_frame(fd, wire::Kind::kResponse,
                                wire::error_response(protocol_error("expected a request frame, got a response")));
       break;
     }
-    if (may_block(frame->body) && !flush().is_ok()) break;
+    if (may_block(frame->body) && !flush().ok()) break;
     const bool watched = waits_without_leases(frame->body) && begin_wait(fd, conn_id, session);
     Response r = engine_.handle(session, frame->body, frame->blob);
     if (watched) end_wait(fd, conn_id);
     bool hello = frame->body.value("op", std::string()) == "hello" && r.body.value("status", 1) == 0;
     if (hello) {
       // The arena's descriptor rides on this frame: sent on its own.
-      if (!flush().is_ok() || !wire::send_frame(fd, wire::Kind::kResponse, r.body, r.blob, engine_.arena_fd()).is_ok())
-        break;
+      if (!flush().ok() || !wire::send_frame(fd, wire::Kind::kResponse, r.body, r.blob, engine_.arena_fd()).ok()) break;
       continue;
     }
     std::vector<uint8_t> encoded = wire::encode_frame(wire::Kind::kResponse, r.body, r.blob);
@@ -398,7 +397,7 @@ void Server::serve(int fd, uint64_t conn_id, pid_t client_pid) {
       break;
     }
     out.insert(out.end(), encoded.begin(), encoded.end());
-    if (out.size() >= (256u << 10) && !flush().is_ok()) break;
+    if (out.size() >= (256u << 10) && !flush().ok()) break;
   }
   (void)flush();
   engine_.end_session(session);

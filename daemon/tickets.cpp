@@ -5,7 +5,7 @@ namespace cairn {
 uint64_t TicketBook::create(Durability target, bool assembling) {
   cairn::MutexLock lock(mu_);
   uint64_t id = next_++;
-  tickets_[id] = Ticket{target, Durability::kMemory, Status::ok(), assembling};
+  tickets_[id] = Ticket{target, Durability::kMemory, Status::OK(), assembling};
   return id;
 }
 
@@ -55,14 +55,14 @@ Result<TicketBook::Outcome> TicketBook::wait(uint64_t id, std::chrono::milliseco
   if (!tickets_.count(id)) return not_found("no ticket " + std::to_string(id) + " (already waited for?)");
   auto done = [&]() CAIRN_REQUIRES(mu_) {
     const Ticket& t = tickets_[id];
-    return stopping_ || (!t.assembling && t.reached >= t.target) || !t.error.is_ok();
+    return stopping_ || (!t.assembling && t.reached >= t.target) || !t.error.ok();
   };
   if (timeout.count() < 0)
     cv_.wait(lock, done);
   else
     cv_.wait_for(lock, timeout, done);
   const Ticket t = tickets_[id];
-  Outcome out{t.reached, t.target, t.error, (!t.assembling && t.reached >= t.target) || !t.error.is_ok()};
+  Outcome out{t.reached, t.target, t.error, (!t.assembling && t.reached >= t.target) || !t.error.ok()};
   if (out.done) tickets_.erase(id);
   return out;
 }

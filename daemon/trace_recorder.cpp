@@ -15,8 +15,8 @@ void TraceRecorder::write(TraceEvent e) {
   if (failed_.load()) return;
   e.time_ns = clock_.now_ns();
   Status st = writer_->append(e);
-  if (st.is_ok() && (events_.fetch_add(1) + 1) % kFlushEvery == 0) st = writer_->flush();
-  if (!st.is_ok() && !failed_.exchange(true))
+  if (st.ok() && (events_.fetch_add(1) + 1) % kFlushEvery == 0) st = writer_->flush();
+  if (!st.ok() && !failed_.exchange(true))
     CAIRN_LOG_ERROR("policy.trace: {}; recording stops (requests are not affected)", st.to_string());
 }
 

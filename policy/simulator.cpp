@@ -522,7 +522,7 @@ Result<Simulator> Simulator::create(const Trace& trace, SimOptions options) {
   for (size_t i = 0; i < trace.events.size(); ++i) {
     const TraceEvent& t = trace.events[i];
     // A trace built in memory has not been through the reader's checks.
-    if (Status valid = validate_trace_event(t); !valid.is_ok())
+    if (Status valid = validate_trace_event(t); !valid.ok())
       return invalid_argument("simulator: event " + std::to_string(i + 1) + ": " + valid.message());
     if (t.time_ns < last_time)
       return invalid_argument("simulator: event " + std::to_string(i + 1) + ": time_ns goes back");

@@ -229,7 +229,7 @@ Status validate_trace_event(const TraceEvent& e) {
     if (e.hint != HintKind::kWillLoad) return bad("when_s", "allowed for will_load hints only");
     if (!std::isfinite(*e.when_s) || *e.when_s < 0) return bad("when_s", "must be a finite number of seconds >= 0");
   }
-  return Status::ok();
+  return Status::OK();
 }
 
 std::string format_trace_event(const TraceEvent& e) {
@@ -305,7 +305,7 @@ Result<Trace> parse_trace(std::string_view text, std::string_view source) {
       return invalid_argument(where() + "line: empty (only comment lines starting with '#' may carry no event)");
     if (line[0] == '#') continue;
     Result<TraceEvent> e = parse_line(line);
-    if (!e.is_ok()) return invalid_argument(where() + e.status().message());
+    if (!e.ok()) return invalid_argument(where() + e.status().message());
     if (e->time_ns < last_time)
       return invalid_argument(where() + "time_ns: " + std::to_string(e->time_ns) + " is before the previous event's " +
                               std::to_string(last_time) + " (times must not decrease)");
@@ -367,7 +367,7 @@ Status TraceWriter::append(const TraceEvent& e) {
   }
   last_time_ns_ = std::max(last_time_ns_, e.time_ns);
   ++events_written_;
-  return Status::ok();
+  return Status::OK();
 }
 
 Status TraceWriter::flush() {
@@ -378,16 +378,16 @@ Status TraceWriter::flush() {
     std::clearerr(file_);
     return errno_status("policy.trace: cannot flush " + path_, err);
   }
-  return Status::ok();
+  return Status::OK();
 }
 
 Status TraceWriter::close() {
   cairn::MutexLock lock(mu_);
-  if (!file_) return Status::ok();
+  if (!file_) return Status::OK();
   const int rc = std::fclose(file_);
   file_ = nullptr;
   if (rc != 0) return errno_status("policy.trace: cannot close " + path_, errno);
-  return Status::ok();
+  return Status::OK();
 }
 
 uint64_t TraceWriter::events_written() const {

@@ -22,7 +22,7 @@ bool NvmeSource::has(const ChunkRef& ref) const { return nvme_.contains(ref.hash
 Status NvmeSource::read(const ChunkRef& ref, void* dst) {
   auto t0 = std::chrono::steady_clock::now();
   Status st = nvme_.read(ref.hash, dst, ref.length);
-  if (st.is_ok()) bw_.sample(ref.length, seconds_since(t0));
+  if (st.ok()) bw_.sample(ref.length, seconds_since(t0));
   return st;
 }
 
@@ -56,7 +56,7 @@ Status RepositorySource::read(const ChunkRef& ref, void* dst) {
   } else {
     st = repo_.read_chunk(*where, dst);
   }
-  if (st.is_ok()) bw_.sample(ref.length, seconds_since(t0));
+  if (st.ok()) bw_.sample(ref.length, seconds_since(t0));
   return st;
 }
 

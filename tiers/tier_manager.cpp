@@ -74,7 +74,7 @@ Status TierManager::fetch(const ChunkRef& ref, void* dst, const char** source) {
     const bool last = i + 1 == sources_.size();
     if (!last && !slot.source->has(ref)) continue;
     Status st = slot.source->read(ref, dst);
-    if (st.is_ok()) {
+    if (st.ok()) {
       ++slot.counters[0];
       slot.counters[1] += ref.length;
       note_cost(ref);
@@ -116,8 +116,8 @@ Status TierManager::write_local(const std::vector<ChunkRef>& chunks) {
     pinned.push_back(c.hash);
     puts.push_back(NvmeTier::Put{c.hash, dram_.base() + *off, c.length, true});
   }
-  Status st = puts.empty() ? Status::ok() : nvme_->put(puts);
-  if (st.is_ok()) {
+  Status st = puts.empty() ? Status::OK() : nvme_->put(puts);
+  if (st.ok()) {
     for (const auto& p : puts) {
       dram_.mark_clean(p.hash);
       ++local_writes_;
@@ -175,9 +175,9 @@ Result<const void*> TierManager::Source::get(const ChunkHash& hash, uint64_t len
         continue;  // that load failed: try ourselves
       }
       auto off = tm_.dram_.allocate(length);
-      Status st = off.is_ok() ? tm_.fetch(ref, tm_.dram_.base() + *off) : off.status();
-      if (!st.is_ok()) {
-        if (off.is_ok()) tm_.dram_.release(*off, length);
+      Status st = off.ok() ? tm_.fetch(ref, tm_.dram_.base() + *off) : off.status();
+      if (!st.ok()) {
+        if (off.ok()) tm_.dram_.release(*off, length);
         tm_.dram_.abort_load(hash);
         return st.with_context("chunk " + hash.hex() +
                                " is neither in DRAM nor in the burst buffer, nor could it be fetched");
@@ -262,8 +262,8 @@ void TierManager::demote(uint64_t target_free) {
       if (!admission_ || admission_->admit(c)) {
         NvmeTier::Put p{v->hash, dram_.base() + v->offset, v->length, false};
         Status st = nvme_->put(std::span<const NvmeTier::Put>(&p, 1));
-        written = st.is_ok();
-        if (!st.is_ok() && st.code() != StatusCode::kNoSpace)
+        written = st.ok();
+        if (!st.ok() && st.code() != StatusCode::kNoSpace)
           CAIRN_LOG_WARN("demoting chunk {} to the burst buffer failed: {}", v->hash.hex(), st.to_string());
       }
     }

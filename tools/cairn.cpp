@@ -92,7 +92,7 @@ int cmd_put(const std::string& id, const std::string& file, const std::string& p
             const std::string& meta_text, const std::string& durability_text, const ProgressFlags& pf,
             const char* verb = "put") {
   auto durability = parse_durability(durability_text);
-  if (!durability.is_ok()) return fail(durability.status());
+  if (!durability.ok()) return fail(durability.status());
   if (ends_with(file, ".h5") || ends_with(file, ".hdf5") || ends_with(file, ".pt") || ends_with(file, ".bin"))
     return fail(cairn::invalid_argument("'" + file + "': `cairn put` stores safetensors files; use `cairn import " +
                                         id + " " + file + "` for Keras HDF5 and torch files"));
@@ -104,14 +104,14 @@ int cmd_put(const std::string& id, const std::string& file, const std::string& p
   json arch;
   if (!arch_path.empty()) {
     auto a = read_json_file(arch_path, "architecture graph");
-    if (!a.is_ok()) return fail(a.status());
+    if (!a.ok()) return fail(a.status());
     arch = *a;
   }
   // The file is checked before connecting, so that a bad file is named even without a daemon.
   auto header = cairn::safetensors::read_header(file);
-  if (!header.is_ok()) return fail(header.status());
+  if (!header.ok()) return fail(header.status());
   auto client = connect();
-  if (!client.is_ok()) return fail(client.status());
+  if (!client.ok()) return fail(client.status());
   cairn::tool::ProgressLine line(std::string(verb) + " " + id, pf.mode(), stderr);
   uint64_t bytes = 0;
   Status st = cairn::put_safetensors_file(**client, id, file, parent, *durability, meta, arch,
@@ -119,7 +119,7 @@ int cmd_put(const std::string& id, const std::string& file, const std::string& p
                                             if (s.phase != "committing") bytes = s.done;
                                             line.update(s);
                                           });
-  if (!st.is_ok()) return fail(st);
+  if (!st.ok()) return fail(st);
   line.finish(std::string(verb) + " " + id + ": " + cairn::tool::human_bytes(bytes) + " from " + file + " committed (" +
               durability_text + ")");
   return 0;
@@ -130,11 +130,11 @@ int cmd_put(const std::string& id, const std::string& file, const std::string& p
 int cmd_get(const std::string& id, const std::string& out, const std::vector<std::string>& only,
             const ProgressFlags& pf, const char* verb = "get") {
   auto client = connect();
-  if (!client.is_ok()) return fail(client.status());
+  if (!client.ok()) return fail(client.status());
   cairn::tool::ProgressLine line(std::string(verb) + " " + id, pf.mode(), stderr);
   Status st =
       cairn::get_safetensors_file(**client, id, out, only, [&](const cairn::ProgressSnapshot& s) { line.update(s); });
-  if (!st.is_ok()) return fail(st);
+  if (!st.ok()) return fail(st);
   line.finish();
   return 0;
 }
@@ -168,7 +168,7 @@ int cmd_import(const std::string& id, const std::string& file, const std::string
   if (fmt == FileFormat::kUnknown) return fail(unknown_format(file, ext, "import"));
   if (fmt == FileFormat::kSafetensors) return cmd_put(id, file, parent, "", meta_text, durability_text, pf, "import");
   auto durability = parse_durability(durability_text);
-  if (!durability.is_ok()) return fail(durability.status());
+  if (!durability.ok()) return fail(durability.status());
   json meta = json::object();
   if (!meta_text.empty()) {
     meta = json::parse(meta_text, nullptr, false);
@@ -180,13 +180,13 @@ int cmd_import(const std::string& id, const std::string& file, const std::string
     if (!meta_text.empty()) args.insert(args.end(), {"--meta", meta_text});
     if (pf.mode() != cairn::tool::ProgressMode::kOff) args.push_back("--progress");
     auto rc = cairn::tool::run_python_io(args);
-    return rc.is_ok() ? *rc : fail(rc.status());
+    return rc.ok() ? *rc : fail(rc.status());
   }
-  if (Status h = cairn::tool::require_hdf5(file); !h.is_ok()) return fail(h);
+  if (Status h = cairn::tool::require_hdf5(file); !h.ok()) return fail(h);
   auto client = connect();
-  if (!client.is_ok()) return fail(client.status());
+  if (!client.ok()) return fail(client.status());
   Status st = cairn::tool::import_keras_h5(**client, id, file, parent, meta, *durability);
-  return st.is_ok() ? 0 : fail(st);
+  return st.ok() ? 0 : fail(st);
 }
 
 int cmd_export(const std::string& id, const std::string& file, const ProgressFlags& pf) {
@@ -198,22 +198,22 @@ int cmd_export(const std::string& id, const std::string& file, const ProgressFla
     std::vector<std::string> args{"export", id, file};
     if (pf.mode() != cairn::tool::ProgressMode::kOff) args.push_back("--progress");
     auto rc = cairn::tool::run_python_io(args);
-    return rc.is_ok() ? *rc : fail(rc.status());
+    return rc.ok() ? *rc : fail(rc.status());
   }
-  if (Status h = cairn::tool::require_hdf5(file); !h.is_ok()) return fail(h);
+  if (Status h = cairn::tool::require_hdf5(file); !h.ok()) return fail(h);
   auto client = connect();
-  if (!client.is_ok()) return fail(client.status());
+  if (!client.ok()) return fail(client.status());
   Status st = cairn::tool::export_keras_h5(**client, id, file);
-  return st.is_ok() ? 0 : fail(st);
+  return st.ok() ? 0 : fail(st);
 }
 
 // ---- catalog commands ----
 
 int cmd_ls(bool as_json, bool all) {
   auto client = connect();
-  if (!client.is_ok()) return fail(client.status());
+  if (!client.ok()) return fail(client.status());
   auto r = (*client)->call(json{{"op", "list"}, {"all", all}});
-  if (!r.is_ok()) return fail(r.status());
+  if (!r.ok()) return fail(r.status());
   const json& models = (*r)["models"];
   if (as_json) {
     std::cout << models.dump(2) << "\n";
@@ -231,9 +231,9 @@ int cmd_ls(bool as_json, bool all) {
 
 int cmd_simple(const json& request, bool print) {
   auto client = connect();
-  if (!client.is_ok()) return fail(client.status());
+  if (!client.ok()) return fail(client.status());
   auto r = (*client)->call(request);
-  if (!r.is_ok()) return fail(r.status());
+  if (!r.ok()) return fail(r.status());
   r->erase("status");
   if (print) std::cout << r->dump(2) << "\n";
   return 0;
@@ -243,16 +243,16 @@ int cmd_simple(const json& request, bool print) {
 // ancestors has) and with its ancestors, after deduplication and coding. No ID: every live model.
 int cmd_du(std::vector<std::string> ids, bool as_json) {
   auto client = connect();
-  if (!client.is_ok()) return fail(client.status());
+  if (!client.ok()) return fail(client.status());
   if (ids.empty()) {
     auto r = (*client)->call(json{{"op", "list"}});
-    if (!r.is_ok()) return fail(r.status());
+    if (!r.ok()) return fail(r.status());
     for (const json& m : (*r)["models"]) ids.push_back(m["id"].get<std::string>());
   }
   json rows = json::array();
   for (const std::string& id : ids) {
     auto r = (*client)->call(json{{"op", "show"}, {"id", id}});
-    if (!r.is_ok()) return fail(r.status());
+    if (!r.ok()) return fail(r.status());
     json row{{"id", id}, {"logical_bytes", (*r)["logical_bytes"]}};
     if (r->contains("storage")) row["storage"] = (*r)["storage"];
     rows.push_back(std::move(row));
@@ -282,9 +282,9 @@ std::string dot_id(const std::string& s) { return "\"" + dot_escape(s) + "\""; }
 // and (on a second line) its score when it has one, retired models dashed, id highlighted.
 cairn::Result<std::string> lineage_dot(const std::string& id) {
   auto client = connect();
-  if (!client.is_ok()) return client.status();
+  if (!client.ok()) return client.status();
   auto t = (*client)->query(json{{"op", "tree"}, {"model", id}});
-  if (!t.is_ok()) return t.status();
+  if (!t.ok()) return t.status();
   std::string out = "digraph lineage {\n  rankdir=TB;\n  node [shape=box, fontname=\"Helvetica\", fontsize=10];\n";
   for (const auto& n : (*t)["tree"]) {
     std::string nid = n["id"].get<std::string>();
@@ -308,19 +308,19 @@ cairn::Result<std::string> lineage_dot(const std::string& id) {
 // file (--svg FILE or --png FILE) it is drawn there with Graphviz's library.
 int cmd_lineage_picture(const std::string& id, const std::string& format, const std::string& file) {
   auto dot = lineage_dot(id);
-  if (!dot.is_ok()) return fail(dot.status());
+  if (!dot.ok()) return fail(dot.status());
   if (format.empty()) {
     std::fputs(dot->c_str(), stdout);
     return 0;
   }
   Status st = cairn::tool::render_dot(*dot, format, file);
-  if (!st.is_ok()) return fail(st);
+  if (!st.ok()) return fail(st);
   return 0;
 }
 
 int cmd_match(const std::string& path, const std::string& where_text) {
   auto graph = read_json_file(path, "graph file");
-  if (!graph.is_ok()) return fail(graph.status());
+  if (!graph.ok()) return fail(graph.status());
   json q{{"op", "best_ancestor"}, {"graph", *graph}};
   if (!where_text.empty()) {
     json w = json::parse(where_text, nullptr, false);
@@ -332,10 +332,10 @@ int cmd_match(const std::string& path, const std::string& where_text) {
 
 int cmd_gc(const ProgressFlags& pf) {
   auto client = connect();
-  if (!client.is_ok()) return fail(client.status());
+  if (!client.ok()) return fail(client.status());
   cairn::tool::ProgressLine line("gc", pf.mode(), stderr);
   auto r = call_with_progress(**client, json{{"op", "gc"}}, line);
-  if (!r.is_ok()) return fail(r.status());
+  if (!r.ok()) return fail(r.status());
   line.finish("gc: done in " + cairn::tool::human_duration(line.elapsed()));
   std::printf(
       "gc: removed %zu retired models, collected %zu (kept for their descendants' lineage); released %s, "
@@ -351,10 +351,10 @@ int cmd_gc(const ProgressFlags& pf) {
 
 int cmd_fsck(bool quick, bool as_json, const ProgressFlags& pf) {
   auto client = connect();
-  if (!client.is_ok()) return fail(client.status());
+  if (!client.ok()) return fail(client.status());
   cairn::tool::ProgressLine line("fsck", pf.mode(), stderr);
   auto r = call_with_progress(**client, json{{"op", "fsck"}, {"verify", !quick}}, line);
-  if (!r.is_ok()) return fail(r.status());
+  if (!r.ok()) return fail(r.status());
   line.finish("fsck: " + std::to_string((*r)["chunks"].get<uint64_t>()) + " chunk references, " +
               cairn::tool::human_bytes((*r)["bytes_verified"].get<uint64_t>()) + " verified in " +
               cairn::tool::human_duration(line.elapsed()));
@@ -382,11 +382,11 @@ int cmd_fsck(bool quick, bool as_json, const ProgressFlags& pf) {
 
 int cmd_lineage(const std::string& id, bool as_json) {
   auto client = connect();
-  if (!client.is_ok()) return fail(client.status());
+  if (!client.ok()) return fail(client.status());
   auto a = (*client)->query(json{{"op", "ancestors"}, {"model", id}});
-  if (!a.is_ok()) return fail(a.status());
+  if (!a.ok()) return fail(a.status());
   auto d = (*client)->query(json{{"op", "descendants"}, {"model", id}});
-  if (!d.is_ok()) return fail(d.status());
+  if (!d.ok()) return fail(d.status());
   if (as_json) {
     std::cout << json{{"model", id}, {"ancestors", (*a)["ancestors"]}, {"descendants", (*d)["descendants"]}}.dump(2)
               << "\n";
@@ -402,9 +402,9 @@ int cmd_lineage(const std::string& id, bool as_json) {
 
 int cmd_stats(bool as_json) {
   auto client = connect();
-  if (!client.is_ok()) return fail(client.status());
+  if (!client.ok()) return fail(client.status());
   auto r = (*client)->call(json{{"op", "stats"}});
-  if (!r.is_ok()) return fail(r.status());
+  if (!r.ok()) return fail(r.status());
   r->erase("status");
   if (as_json) {
     std::cout << r->dump(2) << "\n";
@@ -416,12 +416,12 @@ int cmd_stats(bool as_json) {
 
 int cmd_flush(double timeout_s, const ProgressFlags& pf) {
   auto client = connect();
-  if (!client.is_ok()) return fail(client.status());
+  if (!client.ok()) return fail(client.status());
   json req{{"op", "flush"}};
   if (timeout_s >= 0) req["timeout_ms"] = static_cast<int64_t>(timeout_s * 1000);
   cairn::tool::ProgressLine line("flush", pf.mode(), stderr);
   auto r = call_with_progress(**client, req, line);
-  if (!r.is_ok()) return fail(r.status());
+  if (!r.ok()) return fail(r.status());
   line.finish("flush: " + std::to_string((*r)["flushed_models"].get<uint64_t>()) + " models in " +
               cairn::tool::human_duration(line.elapsed()));
   std::printf("flush: %llu models written to the repository in %.2f s; nothing dirty left\n",
@@ -431,10 +431,10 @@ int cmd_flush(double timeout_s, const ProgressFlags& pf) {
 
 int cmd_sync(const ProgressFlags& pf) {
   auto client = connect();
-  if (!client.is_ok()) return fail(client.status());
+  if (!client.ok()) return fail(client.status());
   cairn::tool::ProgressLine line("sync", pf.mode(), stderr);
   auto r = call_with_progress(**client, json{{"op", "sync"}}, line);
-  if (!r.is_ok()) return fail(r.status());
+  if (!r.ok()) return fail(r.status());
   line.finish("sync: " + std::to_string((*r)["added"].get<uint64_t>()) + " models added in " +
               cairn::tool::human_duration(line.elapsed()));
   std::printf("sync: %llu models from other daemons, %llu removed, %llu retired; %llu models in the repository\n",
@@ -448,9 +448,9 @@ int cmd_sync(const ProgressFlags& pf) {
 // `cairn peers`: the job's peer group as this node's daemon sees it.
 int cmd_peers(bool as_json) {
   auto client = connect();
-  if (!client.is_ok()) return fail(client.status());
+  if (!client.ok()) return fail(client.status());
   auto r = (*client)->call(json{{"op", "peers"}});
-  if (!r.is_ok()) return fail(r.status());
+  if (!r.ok()) return fail(r.status());
   if (as_json) {
     std::printf("%s\n", r->dump(2).c_str());
     return 0;
@@ -482,14 +482,14 @@ int cmd_peers(bool as_json) {
 int cmd_prefetch(const std::string& id, bool all, bool as_json, const std::string& tier, int device,
                  const ProgressFlags& pf) {
   auto client = connect();
-  if (!client.is_ok()) return fail(client.status());
+  if (!client.ok()) return fail(client.status());
   json req{{"op", "prefetch"}, {"id", id}};
   if (all) req["all"] = true;
   if (!tier.empty()) req["tier"] = tier;  // hbm: into the GPU tier (docs/gpu.md)
   if (device >= 0) req["device"] = device;
   cairn::tool::ProgressLine line("prefetch " + id, pf.mode(), stderr);
   auto r = call_with_progress(**client, req, line);
-  if (!r.is_ok()) return fail(r.status());
+  if (!r.ok()) return fail(r.status());
   line.finish("prefetch " + id + ": " + cairn::tool::human_bytes(r->value("bytes", uint64_t{0})) + " in " +
               cairn::tool::human_duration(line.elapsed()));
   r->erase("status");
@@ -529,10 +529,10 @@ int cmd_migrate(const std::string& dir, const ProgressFlags& pf) {
   cairn::tool::ProgressLine line("migrate " + dir, pf.mode(), stderr);
   line.update(cairn::ProgressSnapshot{"opening and migrating", cairn::ProgressUnit::kItems, 0, 0});
   auto repo = cairn::Repository::open(dir, cairn::kDefaultChunkSize);
-  if (!repo.is_ok()) return fail(repo.status());
+  if (!repo.ok()) return fail(repo.status());
   line.update(cairn::ProgressSnapshot{"compacting", cairn::ProgressUnit::kItems, 0, 0});
   auto c = (*repo)->compact();
-  if (!c.is_ok()) return fail(c.status());
+  if (!c.ok()) return fail(c.status());
   line.finish("migrate " + dir + ": done in " + cairn::tool::human_duration(line.elapsed()));
   auto st = (*repo)->stats();
   std::printf("%s: repository format 3, %llu models, %llu files\n", dir.c_str(),

@@ -75,7 +75,7 @@ Result<std::vector<SimPolicy>> parse_policies(const std::string& text) {
   std::vector<SimPolicy> out;
   for (const std::string& item : split(text)) {
     Result<SimPolicy> p = cairn::parse_sim_policy(item);
-    if (!p.is_ok()) return cairn::invalid_argument("--policies: " + p.status().message());
+    if (!p.ok()) return cairn::invalid_argument("--policies: " + p.status().message());
     out.push_back(*p);
   }
   return out;
@@ -172,7 +172,7 @@ Status write_file(const std::string& path, const std::string& text) {
   f << text;
   f.close();
   if (!f) return cairn::io_error("cannot write " + path);
-  return Status::ok();
+  return Status::OK();
 }
 
 int generate(const std::string& workload, const std::string& out, uint64_t seed, double scale) {
@@ -181,9 +181,9 @@ int generate(const std::string& workload, const std::string& out, uint64_t seed,
   options.seed = seed;
   options.scale = scale;
   Result<cairn::Trace> t = cairn::generate_trace(workload, options);
-  if (!t.is_ok()) return fail(t.status());
+  if (!t.ok()) return fail(t.status());
   Status s = write_file(out, cairn::format_trace(*t));
-  if (!s.is_ok()) return fail(s);
+  if (!s.ok()) return fail(s);
   std::printf("wrote %s: %zu events\n", out.c_str(), t->events.size());
   return 0;
 }
@@ -191,22 +191,22 @@ int generate(const std::string& workload, const std::string& out, uint64_t seed,
 int simulate(const std::string& path, const std::string& sizes_text, const std::string& policies_text,
              const std::string& json_out, bool warm_writes) {
   Result<std::vector<double>> sizes = parse_sizes(sizes_text);
-  if (!sizes.is_ok()) return fail(sizes.status());
+  if (!sizes.ok()) return fail(sizes.status());
   Result<std::vector<SimPolicy>> policies = parse_policies(policies_text);
-  if (!policies.is_ok()) return fail(policies.status());
+  if (!policies.ok()) return fail(policies.status());
   Result<cairn::Trace> trace = cairn::read_trace_file(path);
-  if (!trace.is_ok()) return fail(trace.status());
+  if (!trace.ok()) return fail(trace.status());
   cairn::SimOptions options;
   options.cold_writes = !warm_writes;
   Result<cairn::Simulator> sim = cairn::Simulator::create(*trace, options);
-  if (!sim.is_ok()) return fail(sim.status().with_context(path));
+  if (!sim.ok()) return fail(sim.status().with_context(path));
   if (sim->summary().working_set_bytes == 0)
     return fail(cairn::invalid_argument(path + ": the trace reads nothing (no access events): nothing to simulate"));
   const std::vector<SimResult> results = sim->run_fractions(*policies, *sizes);
   print_table(path, sim->summary(), results);
   if (!json_out.empty()) {
     Status s = write_file(json_out, to_json(path, sim->summary(), results).dump(2) + "\n");
-    if (!s.is_ok()) return fail(s);
+    if (!s.ok()) return fail(s);
   }
   return 0;
 }

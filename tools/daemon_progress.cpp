@@ -35,7 +35,7 @@ void DaemonProgress::stop() {
 
 void DaemonProgress::poll() {
   auto client = Client::connect("");
-  if (!client.is_ok()) return;  // the request itself reports a daemon that is not there
+  if (!client.ok()) return;  // the request itself reports a daemon that is not there
   const nlohmann::json ask{{"op", "progress"}, {"id", token_}};
   cairn::MutexLock lock(mu_);
   for (;;) {
@@ -43,7 +43,7 @@ void DaemonProgress::poll() {
     lock.unlock();
     auto r = (*client)->call(ask);
     lock.lock();
-    if (!r.is_ok()) {
+    if (!r.ok()) {
       // Not running (yet, or any more): ask again. Anything else (an older daemon): stop asking.
       if (r.status().code() == StatusCode::kNotFound) continue;
       return;
@@ -51,7 +51,7 @@ void DaemonProgress::poll() {
     auto it = r->find("progress");
     if (it == r->end()) return;
     auto snap = progress_from_json(*it);
-    if (!snap.is_ok()) return;
+    if (!snap.ok()) return;
     line_.update(*snap);
     ++snapshots_;
   }

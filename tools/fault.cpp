@@ -16,13 +16,13 @@ using nlohmann::json;
 // Sends one `fault` request; prints the reply as JSON (as_json) or through `print`.
 int fault_request(json req, bool as_json, void (*print)(const json&)) {
   auto client = Client::connect("");
-  if (!client.is_ok()) {
+  if (!client.ok()) {
     std::fprintf(stderr, "cairn: %s\n", client.status().to_string().c_str());
     return 1;
   }
   req["op"] = "fault";
   auto r = (*client)->call(req);
-  if (!r.is_ok()) {
+  if (!r.ok()) {
     std::fprintf(stderr, "cairn: %s\n", r.status().to_string().c_str());
     return 1;
   }

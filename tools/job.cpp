@@ -78,7 +78,7 @@ Status check_job_id(const std::string& id) {
     if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '.' && ch != '_' && ch != '-' && ch != '[' && ch != ']')
       return invalid_argument("job id '" + id +
                               "' has a character other than letters, digits, '.', '_', '-', '[', ']'");
-  return Status::ok();
+  return Status::OK();
 }
 
 // One line per event: to <job_dir>/cairn-job.log, to syslog (LOG_DAEMON) and to stderr. The
@@ -152,18 +152,18 @@ std::string user_fallback_base() { return "/tmp/cairn-" + std::to_string(::getui
 Result<std::string> job_base(const SiteConfig& site, const JobArgs& a, bool create) {
   if (!a.job_dir.empty()) {
     if (create)
-      if (auto s = make_dirs(a.job_dir, is_root() ? 0755 : 0700); !s.is_ok()) return s;
+      if (auto s = make_dirs(a.job_dir, is_root() ? 0755 : 0700); !s.ok()) return s;
     return a.job_dir;
   }
   if (is_root()) {
     if (create)
-      if (auto s = make_dirs(site.job_dir, 0755); !s.is_ok()) return s;
+      if (auto s = make_dirs(site.job_dir, 0755); !s.ok()) return s;
     return site.job_dir;
   }
   if (::access(site.job_dir.c_str(), W_OK | X_OK) == 0) return site.job_dir;
   std::string fb = user_fallback_base();
   if (create) {
-    if (auto s = make_dirs(fb, 0700); !s.is_ok()) return s;
+    if (auto s = make_dirs(fb, 0700); !s.ok()) return s;
     struct stat st {};
     if (::stat(parent_of(fb).c_str(), &st) == 0 && st.st_uid != ::getuid())
       return permission_denied("'" + parent_of(fb) + "' belongs to uid " + std::to_string(st.st_uid) + ", not to you");
@@ -221,7 +221,7 @@ struct StartResult {
 Result<StartResult> start_daemon(const SiteConfig& site, const JobArgs& a, const User& u, const std::string& id,
                                  JobLog& log) {
   auto base = job_base(site, a, true);
-  if (!base.is_ok()) return base.status();
+  if (!base.ok()) return base.status();
   JobPaths p = paths_for(*base, id, is_root());
   log.set_file(p.job_log);
 
@@ -231,7 +231,7 @@ Result<StartResult> start_daemon(const SiteConfig& site, const JobArgs& a, const
     return StartResult{true, p.socket};
   }
 
-  if (auto s = make_dir(p.dir, 0700); !s.is_ok()) return s;
+  if (auto s = make_dir(p.dir, 0700); !s.ok()) return s;
   struct stat st {};
   if (::lstat(p.dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
     return invalid_argument("'" + p.dir + "' is not a directory");
@@ -246,7 +246,7 @@ Result<StartResult> start_daemon(const SiteConfig& site, const JobArgs& a, const
   if (!site.node_shmem_thp.empty()) {
     if (!is_root()) {
       log.info("node: the site config's node settings need root; not applied");
-    } else if (auto applied = apply_node_settings(p.base, id, site.node_shmem_thp); !applied.is_ok()) {
+    } else if (auto applied = apply_node_settings(p.base, id, site.node_shmem_thp); !applied.ok()) {
       log.error("node: cannot apply node.shmem_thp '" + site.node_shmem_thp + "': " + applied.status().message() +
                 "; the job runs with the node as it is");
     } else if (!applied->empty()) {
@@ -256,10 +256,10 @@ Result<StartResult> start_daemon(const SiteConfig& site, const JobArgs& a, const
   ::unlink(p.socket.c_str());  // a socket left by a crashed daemon of this job
 
   auto text = daemon_config(site, id, p, u);
-  if (!text.is_ok()) return text.status();
+  if (!text.ok()) return text.status();
   auto env = daemon_env(u, id, a.batch);
   // The same checks cairnd makes, here, so that a bad site config is named in the job log at once.
-  if (auto c = load_config_text(*text, "the site config's daemon section (" + site.source + ")", env); !c.is_ok())
+  if (auto c = load_config_text(*text, "the site config's daemon section (" + site.source + ")", env); !c.ok())
     return c.status();
   {
     int fd = ::open(p.config.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
@@ -301,7 +301,7 @@ Result<StartResult> start_daemon(const SiteConfig& site, const JobArgs& a, const
     ::dup2(logfd, 2);
     ::close_range(3, ~0U, 0);
     ::umask(077);
-    if (auto s = drop_privileges(u); !s.is_ok()) {
+    if (auto s = drop_privileges(u); !s.ok()) {
       ::dprintf(2, "cairn job start: %s\n", s.to_string().c_str());
       ::_exit(126);
     }
@@ -311,7 +311,7 @@ Result<StartResult> start_daemon(const SiteConfig& site, const JobArgs& a, const
     ::_exit(127);
   }
   ::close(logfd);
-  if (auto s = write_pidfile(p.pidfile, pid); !s.is_ok()) {
+  if (auto s = write_pidfile(p.pidfile, pid); !s.ok()) {
     ::kill(pid, SIGKILL);
     ::waitpid(pid, nullptr, 0);
     return s;
@@ -367,28 +367,28 @@ int cmd_start(JobArgs a) {
     log.error(why + (drain ? "; on_failure: drain (the node will be drained)" : "; the job runs without cairn"));
     return drain ? 1 : 0;
   };
-  if (!site.is_ok()) {
+  if (!site.ok()) {
     // Without a readable site config there is no job_dir either: log to the default one.
     SiteConfig defaults;
-    if (make_dirs(defaults.job_dir, 0755).is_ok() && is_root()) log.set_file(defaults.job_dir + "/cairn-job.log");
+    if (make_dirs(defaults.job_dir, 0755).ok() && is_root()) log.set_file(defaults.job_dir + "/cairn-job.log");
     return failed(site.status().message(), false);
   }
   if (is_root()) {
-    if (make_dirs(site->job_dir, 0755).is_ok()) log.set_file(site->job_dir + "/cairn-job.log");
+    if (make_dirs(site->job_dir, 0755).ok()) log.set_file(site->job_dir + "/cairn-job.log");
   }
   const bool drain = site->on_failure == SiteConfig::OnFailure::kDrain;
-  if (auto s = check_job_id(a.job); !s.is_ok()) return failed(s.message(), drain);
+  if (auto s = check_job_id(a.job); !s.ok()) return failed(s.message(), drain);
   if (!wants_cairn(*site, a)) return 0;
   if (is_root() && a.user.empty()) return failed("no job user: give --user (or SLURM_JOB_USER)", drain);
   if (!is_root() && !a.user.empty()) {
     auto me = lookup_user("");
-    if (me.is_ok() && me->name != a.user) return failed("only root can start a daemon for another user", drain);
+    if (me.ok() && me->name != a.user) return failed("only root can start a daemon for another user", drain);
   }
   auto u = lookup_user(is_root() ? a.user : "");
-  if (!u.is_ok()) return failed(u.status().message(), drain);
+  if (!u.ok()) return failed(u.status().message(), drain);
   if (u->uid == 0) return failed("refusing to run cairnd as root for a root job", drain);
   auto r = start_daemon(*site, a, *u, a.job, log);
-  if (!r.is_ok()) return failed(r.status().message(), drain);
+  if (!r.ok()) return failed(r.status().message(), drain);
   std::printf("export CAIRN_SOCKET=%s\n", r->socket.c_str());
   return 0;
 }
@@ -399,7 +399,7 @@ std::string flush_as(const User& u, const std::string& socket, double timeout_s,
   AsUser r = run_as_daemon_user(u, socket, timeout_s + 15, [&](Client& c, std::string& out) {
     json req{{"op", "flush"}, {"timeout_ms", static_cast<int64_t>(timeout_s * 1000)}};
     auto reply = c.call(req);
-    if (!reply.is_ok()) {
+    if (!reply.ok()) {
       out = reply.status().to_string();
       return false;
     }
@@ -425,7 +425,7 @@ std::string host_name() {
 Result<JobSummary> summary_as(const User& u, const std::string& socket, const std::string& job) {
   AsUser r = run_as_daemon_user(u, socket, 30, [](Client& c, std::string& out) {
     auto reply = c.call(json{{"op", "stats"}});
-    if (!reply.is_ok()) {
+    if (!reply.ok()) {
       out = reply.status().to_string();
       return false;
     }
@@ -457,7 +457,7 @@ Status write_summary(const JobPaths& p, const User& u, const JobSummary& summary
     ::unlink(tmp.c_str());
     return errno_status("cannot write the job summary '" + p.summary + "'", e);
   }
-  return Status::ok();
+  return Status::OK();
 }
 
 // The job's burst-buffer directory, from the config `cairn job start` wrote ("" when it is to be
@@ -466,7 +466,7 @@ std::string nvme_dir_to_remove(const JobPaths& p, const User& u, const std::stri
   struct stat st {};
   if (::stat(p.config.c_str(), &st) != 0) return "";
   auto c = load_config(p.config, daemon_env(u, id, batch));
-  if (!c.is_ok() || c->tiers.nvme.persistent) return "";
+  if (!c.ok() || c->tiers.nvme.persistent) return "";
   return c->tiers.nvme.path;
 }
 
@@ -475,16 +475,16 @@ int cmd_stop(JobArgs a) {
   JobLog log("stop", a.job);
   auto site_r = load_site_config(site_path(a));
   SiteConfig site;
-  if (site_r.is_ok())
+  if (site_r.ok())
     site = *site_r;
   else
     log.error(site_r.status().message() + "; stopping with the default settings");
-  if (auto s = check_job_id(a.job); !s.is_ok()) {
+  if (auto s = check_job_id(a.job); !s.ok()) {
     log.error(s.message());
     return 0;
   }
   auto base = job_base(site, a, false);
-  if (!base.is_ok()) {
+  if (!base.ok()) {
     log.error(base.status().message());
     return 0;
   }
@@ -504,7 +504,7 @@ int cmd_stop(JobArgs a) {
       return ::lstat(q.pidfile.c_str(), &st) == 0 || ::lstat(q.dir.c_str(), &st) == 0;
     };
     auto line = restore_node_settings(p.base, a.job, running);
-    if (!line.is_ok())
+    if (!line.ok())
       log.error("node: " + line.status().message());
     else if (!line->empty())
       log.info(*line);
@@ -528,7 +528,7 @@ int cmd_stop(JobArgs a) {
       u = User{dst.st_uid, dst.st_gid, std::to_string(dst.st_uid), "/", "/bin/sh"};
   } else {
     auto me = lookup_user("");
-    if (!me.is_ok()) {
+    if (!me.ok()) {
       log.error(me.status().message());
       return 0;
     }
@@ -547,11 +547,11 @@ int cmd_stop(JobArgs a) {
     // What the daemon did for the job, before the flush: the job log gets a line, the user a file.
     if (answers) {
       auto summary = summary_as(u, p.socket, a.job);
-      if (!summary.is_ok()) {
+      if (!summary.ok()) {
         log.error("no job summary: " + summary.status().message());
       } else {
         log.info(summary_line(*summary));
-        if (auto w = write_summary(p, u, *summary); !w.is_ok()) log.error(w.message());
+        if (auto w = write_summary(p, u, *summary); !w.ok()) log.error(w.message());
       }
     }
     std::string flushed =
@@ -589,9 +589,9 @@ int cmd_summary(JobArgs a) {
     std::fprintf(stderr, "cairn job summary: %s\n", why.c_str());
     return 1;
   };
-  if (auto s = check_job_id(a.job); !s.is_ok()) return fail(s.message());
+  if (auto s = check_job_id(a.job); !s.ok()) return fail(s.message());
   auto site_r = load_site_config(site_path(a));
-  if (!site_r.is_ok()) return fail(site_r.status().message());
+  if (!site_r.ok()) return fail(site_r.status().message());
   std::vector<std::string> bases;
   if (!a.job_dir.empty())
     bases.push_back(a.job_dir);
@@ -618,7 +618,7 @@ int cmd_summary(JobArgs a) {
     while ((n = ::read(fd, buf, sizeof buf)) > 0 && text.size() <= (1u << 20)) text.append(buf, static_cast<size_t>(n));
     ::close(fd);
     auto summary = parse_job_summary(text, p.summary);
-    if (!summary.is_ok()) return fail(summary.status().message());
+    if (!summary.ok()) return fail(summary.status().message());
     if (summary->job != a.job)
       return fail("'" + p.summary + "' is the summary of job '" + summary->job + "', not of job '" + a.job + "'");
     std::fputs(a.json ? summary_to_json(*summary).c_str() : summary_table(*summary).c_str(), stdout);
@@ -630,9 +630,9 @@ int cmd_summary(JobArgs a) {
 
 int cmd_env(JobArgs a) {
   fill_defaults(a);
-  if (!check_job_id(a.job).is_ok()) return 0;
+  if (!check_job_id(a.job).ok()) return 0;
   auto site_r = load_site_config(site_path(a));
-  SiteConfig site = site_r.is_ok() ? *site_r : SiteConfig{};
+  SiteConfig site = site_r.ok() ? *site_r : SiteConfig{};
   std::vector<std::string> bases;
   if (!a.job_dir.empty()) bases.push_back(a.job_dir);
   bases.push_back(site.job_dir);

@@ -81,7 +81,7 @@ Result<std::string> read_small_file(const std::string& path, bool& missing) {
 Result<std::string> current_choice(const std::string& path) {
   bool missing = false;
   auto text = read_small_file(path, missing);
-  if (!text.is_ok()) return text.status();
+  if (!text.ok()) return text.status();
   if (missing)
     return not_found("'" + path + "' does not exist (a kernel without shared-memory transparent huge pages?)");
   std::string trimmed = *text;
@@ -105,7 +105,7 @@ Status write_choice(const std::string& path, const std::string& value) {
   ::close(fd);
   if (n != static_cast<ssize_t>(line.size()))
     return errno_status("cannot write '" + value + "' to '" + path + "'", n < 0 ? e : EIO);
-  return Status::ok();
+  return Status::OK();
 }
 
 // Writes the state atomically (a temporary file renamed over it), root's, mode 0600.
@@ -123,14 +123,14 @@ Status write_state(const std::string& job_dir, const NodeState& s) {
     ::unlink(tmp.c_str());
     return errno_status("cannot write '" + path + "'", e);
   }
-  return Status::ok();
+  return Status::OK();
 }
 
 // The state, or nullopt-like `missing` when there is none.
 Result<NodeState> read_state(const std::string& job_dir, bool& missing) {
   const std::string path = state_path(job_dir);
   auto text = read_small_file(path, missing);
-  if (!text.is_ok()) return text.status();
+  if (!text.ok()) return text.status();
   if (missing) return NodeState{};
   return parse_node_state(*text, path);
 }
@@ -226,7 +226,7 @@ Result<std::string> restore_node_settings(const std::string& job_dir, const std:
   const std::string path = shmem_thp_path();
   auto current = current_choice(path);
   std::string line;
-  if (!current.is_ok()) {
+  if (!current.ok()) {
     line = "node: cannot restore shmem_enabled: " + current.status().message();
   } else if (*current != state.applied) {
     line = "node: shmem_enabled is '" + *current + "', not the '" + state.applied +

@@ -44,18 +44,18 @@ Result<User> lookup_user(const std::string& name) {
 }
 
 Status make_dir(const std::string& path, mode_t mode) {
-  if (::mkdir(path.c_str(), mode) == 0 || errno == EEXIST) return Status::ok();
+  if (::mkdir(path.c_str(), mode) == 0 || errno == EEXIST) return Status::OK();
   return errno_status("cannot create '" + path + "'", errno);
 }
 
 Status make_dirs(const std::string& path, mode_t mode) {
-  if (path.empty() || path == "/") return Status::ok();
+  if (path.empty() || path == "/") return Status::OK();
   struct stat st {};
   if (::stat(path.c_str(), &st) == 0) {
     if (!S_ISDIR(st.st_mode)) return invalid_argument("'" + path + "' exists and is not a directory");
-    return Status::ok();
+    return Status::OK();
   }
-  if (auto s = make_dirs(parent_of(path), mode); !s.is_ok()) return s;
+  if (auto s = make_dirs(parent_of(path), mode); !s.ok()) return s;
   return make_dir(path, mode);
 }
 
@@ -107,7 +107,7 @@ Status write_pidfile(const std::string& path, pid_t pid) {
   ::close(fd);
   if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0)
     return errno_status("cannot write pidfile '" + path + "'", errno);
-  return Status::ok();
+  return Status::OK();
 }
 
 bool is_our_daemon(pid_t pid, uid_t uid) {
@@ -141,13 +141,13 @@ int remove_entry(const char* path, const struct stat*, int, struct FTW*) { retur
 void remove_tree(const std::string& dir) { ::nftw(dir.c_str(), remove_entry, 16, FTW_DEPTH | FTW_PHYS); }
 
 Status drop_privileges(const User& u) {
-  if (!is_root()) return Status::ok();
+  if (!is_root()) return Status::OK();
   if (u.uid == 0) return permission_denied("refusing to run as root");
   if (::initgroups(u.name.c_str(), u.gid) != 0) return errno_status("initgroups", errno);
   if (::setgid(u.gid) != 0) return errno_status("setgid", errno);
   if (::setuid(u.uid) != 0) return errno_status("setuid", errno);
   if (::getuid() != u.uid || ::geteuid() != u.uid) return permission_denied("could not drop root privileges");
-  return Status::ok();
+  return Status::OK();
 }
 
 AsUser run_as_daemon_user(const User& u, const std::string& socket, double timeout_s,
@@ -171,9 +171,9 @@ AsUser run_as_daemon_user(const User& u, const std::string& socket, double timeo
     ::close(fds[0]);
     std::string out;
     bool ok = false;
-    if (auto s = drop_privileges(u); !s.is_ok()) {
+    if (auto s = drop_privileges(u); !s.ok()) {
       out = s.to_string();
-    } else if (auto c = Client::connect(socket); !c.is_ok()) {
+    } else if (auto c = Client::connect(socket); !c.ok()) {
       out = c.status().to_string();
     } else {
       ok = work(**c, out);
@@ -224,7 +224,7 @@ AsUser run_as_daemon_user(const User& u, const std::string& socket, double timeo
 void remove_tree_as(const User& u, const std::string& dir) {
   pid_t pid = ::fork();
   if (pid == 0) {
-    if (!drop_privileges(u).is_ok()) ::_exit(1);
+    if (!drop_privileges(u).ok()) ::_exit(1);
     remove_tree(dir);
     ::_exit(0);
   }

@@ -26,7 +26,7 @@ Result<std::string> scalar(const YAML::Node& n, const std::string& source, const
 
 Result<double> duration(const YAML::Node& n, const std::string& source, const std::string& key) {
   auto s = scalar(n, source, key);
-  if (!s.is_ok()) return s.status();
+  if (!s.ok()) return s.status();
   double v = parse_duration_seconds(*s);
   if (v < 0) return bad(source, key, "'" + *s + "' is not a duration (e.g. 30s, 500ms, 2m, 1h)");
   return v;
@@ -77,7 +77,7 @@ Result<SiteConfig> parse_site_config(const std::string& text, const std::string&
       const YAML::Node& v = kv.second;
       if (key == "enable") {
         auto s = scalar(v, source, key);
-        if (!s.is_ok()) return s.status();
+        if (!s.ok()) return s.status();
         if (*s == "opt-in")
           c.enable = SiteConfig::Enable::kOptIn;
         else if (*s == "always")
@@ -88,7 +88,7 @@ Result<SiteConfig> parse_site_config(const std::string& text, const std::string&
           return bad(source, key, "'" + *s + "' is not one of opt-in, always, never");
       } else if (key == "repository" || key == "job_dir") {
         auto s = scalar(v, source, key);
-        if (!s.is_ok()) return s.status();
+        if (!s.ok()) return s.status();
         if (key == "job_dir") {
           if (s->empty() || (*s)[0] != '/') return bad(source, key, "must be an absolute path");
           c.job_dir = *s;
@@ -112,13 +112,13 @@ Result<SiteConfig> parse_site_config(const std::string& text, const std::string&
         c.daemon_yaml = out.c_str();
       } else if (key == "drain_timeout" || key == "start_timeout" || key == "stop_timeout") {
         auto d = duration(v, source, key);
-        if (!d.is_ok()) return d.status();
+        if (!d.ok()) return d.status();
         (key == "drain_timeout"   ? c.drain_timeout_s
          : key == "start_timeout" ? c.start_timeout_s
                                   : c.stop_timeout_s) = *d;
       } else if (key == "on_failure") {
         auto s = scalar(v, source, key);
-        if (!s.is_ok()) return s.status();
+        if (!s.ok()) return s.status();
         if (*s == "continue")
           c.on_failure = SiteConfig::OnFailure::kContinue;
         else if (*s == "drain")
@@ -127,7 +127,7 @@ Result<SiteConfig> parse_site_config(const std::string& text, const std::string&
           return bad(source, key, "'" + *s + "' is not one of continue, drain");
       } else if (key == "keep_job_dir") {
         auto s = scalar(v, source, key);
-        if (!s.is_ok()) return s.status();
+        if (!s.ok()) return s.status();
         if (*s == "true" || *s == "yes")
           c.keep_job_dir = true;
         else if (*s == "false" || *s == "no")
@@ -143,7 +143,7 @@ Result<SiteConfig> parse_site_config(const std::string& text, const std::string&
           if (setting.first.Scalar() != "shmem_thp")
             return invalid_argument("site config " + source + ": unknown key '" + name + "' (known: node.shmem_thp)");
           auto s = scalar(setting.second, source, name);
-          if (!s.is_ok()) return s.status();
+          if (!s.ok()) return s.status();
           if (*s != "always" && *s != "within_size" && *s != "advise" && *s != "never")
             return bad(source, name, "'" + *s + "' is not one of always, within_size, advise, never");
           c.node_shmem_thp = *s;

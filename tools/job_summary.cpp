@@ -42,7 +42,7 @@ class Reader {
       if (!known.count(k)) return bad(join(where_, k.c_str()), "is not a field of a job summary");
     for (const char* k : keys)
       if (!obj_.contains(k)) return bad(join(where_, k), "is missing");
-    return Status::ok();
+    return Status::OK();
   }
 
   Result<const json*> field(const char* key) const {
@@ -52,33 +52,33 @@ class Reader {
   }
   Result<Reader> object(const char* key) const {
     auto f = field(key);
-    if (!f.is_ok()) return f.status();
+    if (!f.ok()) return f.status();
     if (!(*f)->is_object()) return bad(join(where_, key), "must be an object, not " + type_of(**f));
     return Reader(**f, what_, join(where_, key));
   }
   Result<uint64_t> count(const char* key) const {
     auto f = field(key);
-    if (!f.is_ok()) return f.status();
+    if (!f.ok()) return f.status();
     if (!(*f)->is_number_unsigned()) return bad(join(where_, key), "must be a non-negative integer, not " + shown(**f));
     return (*f)->get<uint64_t>();
   }
   Result<int64_t> seconds(const char* key) const {
     auto f = field(key);
-    if (!f.is_ok()) return f.status();
+    if (!f.ok()) return f.status();
     if (!(*f)->is_number_integer() || (*f)->get<int64_t>() < 0)
       return bad(join(where_, key), "must be a non-negative integer (seconds since 1970), not " + shown(**f));
     return (*f)->get<int64_t>();
   }
   Result<double> duration(const char* key) const {
     auto f = field(key);
-    if (!f.is_ok()) return f.status();
+    if (!f.ok()) return f.status();
     if (!(*f)->is_number() || !std::isfinite((*f)->get<double>()) || (*f)->get<double>() < 0)
       return bad(join(where_, key), "must be a non-negative number of seconds, not " + shown(**f));
     return (*f)->get<double>();
   }
   Result<std::string> text(const char* key, bool may_be_empty) const {
     auto f = field(key);
-    if (!f.is_ok()) return f.status();
+    if (!f.ok()) return f.status();
     if (!(*f)->is_string()) return bad(join(where_, key), "must be a string, not " + shown(**f));
     std::string s = (*f)->get<std::string>();
     if (s.empty() && !may_be_empty) return bad(join(where_, key), "must not be empty");
@@ -179,7 +179,7 @@ Result<JobSummary> parse_job_summary(std::string_view text, const std::string& s
   if (auto st = root.exactly({"format", "version", "job", "user", "host", "started_unix", "stopped_unix", "models",
                               "committed_bytes", "loaded_bytes", "repository_read_bytes", "prefetched_bytes",
                               "requests", "wait_seconds"});
-      !st.is_ok())
+      !st.ok())
     return st;
   std::string format;
   CAIRN_ASSIGN_OR_RETURN(format, root.text("format", false));
@@ -198,16 +198,16 @@ Result<JobSummary> parse_job_summary(std::string_view text, const std::string& s
   CAIRN_ASSIGN_OR_RETURN(s.stopped_unix, root.seconds("stopped_unix"));
   if (s.stopped_unix < s.started_unix) return root.bad("stopped_unix", "is before started_unix");
   CAIRN_ASSIGN_OR_RETURN(const Reader models, root.object("models"));
-  if (auto st = models.exactly({"committed", "loaded"}); !st.is_ok()) return st;
+  if (auto st = models.exactly({"committed", "loaded"}); !st.ok()) return st;
   CAIRN_ASSIGN_OR_RETURN(s.models_committed, models.count("committed"));
   CAIRN_ASSIGN_OR_RETURN(s.models_loaded, models.count("loaded"));
   CAIRN_ASSIGN_OR_RETURN(const Reader committed, root.object("committed_bytes"));
-  if (auto st = committed.exactly({"stored", "deduplicated", "inherited"}); !st.is_ok()) return st;
+  if (auto st = committed.exactly({"stored", "deduplicated", "inherited"}); !st.ok()) return st;
   CAIRN_ASSIGN_OR_RETURN(s.stored_bytes, committed.count("stored"));
   CAIRN_ASSIGN_OR_RETURN(s.deduplicated_bytes, committed.count("deduplicated"));
   CAIRN_ASSIGN_OR_RETURN(s.inherited_bytes, committed.count("inherited"));
   CAIRN_ASSIGN_OR_RETURN(const Reader loaded, root.object("loaded_bytes"));
-  if (auto st = loaded.exactly({"dram", "nvme", "peers", "repository", "other"}); !st.is_ok()) return st;
+  if (auto st = loaded.exactly({"dram", "nvme", "peers", "repository", "other"}); !st.ok()) return st;
   CAIRN_ASSIGN_OR_RETURN(s.loaded_from_dram, loaded.count("dram"));
   CAIRN_ASSIGN_OR_RETURN(s.loaded_from_nvme, loaded.count("nvme"));
   CAIRN_ASSIGN_OR_RETURN(s.loaded_from_peers, loaded.count("peers"));

@@ -22,7 +22,7 @@ namespace {
 
 int report(const cairn::Status& s, char* message, size_t message_size) {
   if (message != nullptr && message_size > 0) {
-    std::string text = s.is_ok() ? std::string() : s.to_string();
+    std::string text = s.ok() ? std::string() : s.to_string();
     size_t n = std::min(text.size(), message_size - 1);
     std::memcpy(message, text.data(), n);
     message[n] = '\0';
@@ -62,7 +62,7 @@ __attribute__((visibility("default"))) int cairn_keras_h5_import(const char* add
       if (meta.is_discarded() || !meta.is_object()) return cairn::invalid_argument("meta must be a JSON object");
     }
     auto client = cairn::Client::connect(str(address));
-    if (!client.is_ok()) return client.status();
+    if (!client.ok()) return client.status();
     return cairn::tool::import_keras_h5(**client, str(id), str(file), str(parent), meta, *level);
   });
 }
@@ -72,7 +72,7 @@ __attribute__((visibility("default"))) int cairn_keras_h5_export(const char* add
                                                                  char* message, size_t message_size) {
   return guarded(message, message_size, [&]() -> cairn::Status {
     auto client = cairn::Client::connect(str(address));
-    if (!client.is_ok()) return client.status();
+    if (!client.ok()) return client.status();
     return cairn::tool::export_keras_h5(**client, str(id), str(file));
   });
 }

@@ -64,7 +64,7 @@ Status write_attrs(hid_t obj, const json& attrs, const std::string& where) {
       if (n > 0 && H5Awrite(at.get(), type.get(), raw->data()) < 0) return h5_error("cannot write " + what);
     }
   }
-  return Status::ok();
+  return Status::OK();
 }
 
 Status write_dataset(Writer& w, hid_t parent, const std::string& name, const json& rec, const std::string& path) {
@@ -131,7 +131,7 @@ Status write_group(Writer& w, hid_t group, const json& rec, const std::string& p
       return invalid_argument("'" + child + "': the recorded link is neither a group nor a dataset");
     }
   }
-  return Status::ok();
+  return Status::OK();
 }
 
 // A Keras 2 weights-only layout for a model that was not imported from HDF5: one layer per
@@ -249,7 +249,7 @@ Status export_keras_h5(Client& client, const std::string& id, const std::string&
     tree = meta["cairn.import"].value("tree", json());
   } else {
     auto t = synthesize_tree(*reader);
-    if (!t.is_ok()) return t.status().with_context("model '" + id + "'");
+    if (!t.ok()) return t.status().with_context("model '" + id + "'");
     tree = std::move(t).value();
   }
   std::string tmp = file + ".cairn-tmp";
@@ -270,16 +270,16 @@ Status export_keras_h5(Client& client, const std::string& id, const std::string&
       st = invalid_argument(std::string("the recorded HDF5 layout is malformed: ") + e.what());
     }
     root.reset();
-    if (st.is_ok() && H5Fflush(f.get(), H5F_SCOPE_GLOBAL) < 0) st = h5_error("cannot write '" + tmp + "'");
+    if (st.ok() && H5Fflush(f.get(), H5F_SCOPE_GLOBAL) < 0) st = h5_error("cannot write '" + tmp + "'");
     f.reset();
     reader->close();
   }
-  if (st.is_ok() && std::rename(tmp.c_str(), file.c_str()) != 0) st = errno_status("renaming to '" + file + "'", errno);
-  if (!st.is_ok()) {
+  if (st.ok() && std::rename(tmp.c_str(), file.c_str()) != 0) st = errno_status("renaming to '" + file + "'", errno);
+  if (!st.ok()) {
     ::unlink(tmp.c_str());
     return st.with_context("exporting model '" + id + "' to '" + file + "'");
   }
-  return Status::ok();
+  return Status::OK();
 }
 
 #endif  // CAIRN_HAVE_HDF5

@@ -274,7 +274,7 @@ Status pread_dataset(hid_t file, const DatasetPlan& p, uint8_t* dst) {
   Hid type(H5Dget_type(ds.get()), H5Tclose);
   CAIRN_ASSIGN_OR_RETURN(Hid mem, memory_type(type.get(), what));
   if (H5Dread(ds.get(), mem.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, dst) < 0) return h5_error("cannot read " + what);
-  return Status::ok();
+  return Status::OK();
 }
 
 }  // namespace
@@ -343,7 +343,7 @@ Status import_keras_h5(Client& client, const std::string& id, const std::string&
     Hid r(H5Gopen2(f.get(), "/", H5P_DEFAULT), H5Gclose);
     return walk_group(w, r.get(), "");
   }();
-  if (!tree.is_ok()) return tree.status().with_context("'" + file + "'");
+  if (!tree.ok()) return tree.status().with_context("'" + file + "'");
   for (const auto& [path, layer] : order)
     if (!w.listed.count(path))
       return invalid_argument("'" + file + "': layer '" + layer + "' lists weight '" + path +
@@ -353,7 +353,7 @@ Status import_keras_h5(Client& client, const std::string& id, const std::string&
   std::map<std::string, std::string> layer_type;
   if (has_attr(f.get(), "model_config")) {
     auto mc = read_attr(f.get(), "model_config", "/");
-    if (mc.is_ok() && mc->text && mc->text->size() == 1) {
+    if (mc.ok() && mc->text && mc->text->size() == 1) {
       json cfg = json::parse((*mc->text)[0], nullptr, false);
       if (cfg.is_object() && cfg.contains("config")) {
         const json& c = cfg["config"];
@@ -422,7 +422,7 @@ Status import_keras_h5(Client& client, const std::string& id, const std::string&
     }
   }
   auto r = writer.commit(durability, true);
-  return r.is_ok() ? Status::ok() : r.status();
+  return r.ok() ? Status::OK() : r.status();
 }
 
 #endif  // CAIRN_HAVE_HDF5

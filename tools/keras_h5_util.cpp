@@ -23,7 +23,7 @@ Status require_hdf5(const std::string& file) {
 
 #else  // CAIRN_HAVE_HDF5
 
-Status require_hdf5(const std::string&) { return Status::ok(); }
+Status require_hdf5(const std::string&) { return Status::OK(); }
 
 namespace h5 {
 

@@ -55,9 +55,9 @@ Status render_dot(const std::string& dot, const std::string& format, const std::
   }
   agclose(g);
   gvFreeContext(gvc);
-  if (st.is_ok() && std::rename(tmp.c_str(), path.c_str()) != 0)
+  if (st.ok() && std::rename(tmp.c_str(), path.c_str()) != 0)
     st = io_error("renaming '" + tmp + "' to '" + path + "': " + std::strerror(errno));
-  if (!st.is_ok()) std::remove(tmp.c_str());
+  if (!st.ok()) std::remove(tmp.c_str());
   return st;
 #endif
 }

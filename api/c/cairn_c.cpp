@@ -65,14 +65,14 @@ cairn_status map_tensors(cairn_model_reader* r, size_t count, const char* const*
       CAIRN_REQUIRE_ARG(names[i], "names[" + std::to_string(i) + "] must not be NULL");
       list.emplace_back(names[i]);
     }
-    if (count == 0) return done(cairn::Status::ok());
+    if (count == 0) return done(cairn::Status::OK());
     auto v = ((*r->impl).*map)(list);
-    if (!v.is_ok()) return fail(v.status());
+    if (!v.ok()) return fail(v.status());
     for (size_t i = 0; i < count; ++i) {
       data[i] = (*v)[i].data();
       if (nbytes) nbytes[i] = (*v)[i].size();
     }
-    return done(cairn::Status::ok());
+    return done(cairn::Status::OK());
   });
 }
 
@@ -101,9 +101,9 @@ cairn_status cairn_connect(const char* address, cairn_client** out) {
     CAIRN_REQUIRE_ARG(out, "out is NULL");
     *out = nullptr;
     auto c = cairn::Client::connect(address ? address : "");
-    if (!c.is_ok()) return fail(c.status());
+    if (!c.ok()) return fail(c.status());
     *out = new cairn_client{std::move(c).value()};
-    return done(cairn::Status::ok());
+    return done(cairn::Status::OK());
   });
 }
 
@@ -118,7 +118,7 @@ cairn_status cairn_model_create(cairn_client* c, const char* id, const char* par
     CAIRN_REQUIRE_ARG(cairn::valid_name(id), "model ids must be 1..1024 bytes of UTF-8 without NUL");
     CAIRN_REQUIRE_ARG(!parent || cairn::valid_name(parent), "parent ids must be 1..1024 bytes of UTF-8 without NUL");
     *out = new cairn_model_writer{std::make_unique<cairn::ModelWriter>(*c->impl, id, parent ? parent : ""), c};
-    return done(cairn::Status::ok());
+    return done(cairn::Status::OK());
   });
 }
 
@@ -135,9 +135,9 @@ cairn_status cairn_model_create_part(cairn_client* c, const char* id, const char
                           ": a multi-part model has at least 2 parts, numbered from 0");
     auto w = std::make_unique<cairn::ModelWriter>(*c->impl, id, parent ? parent : "");
     cairn::Status st = w->set_part(static_cast<uint32_t>(index), static_cast<uint32_t>(count), timeout_ms);
-    if (!st.is_ok()) return fail(st);
+    if (!st.ok()) return fail(st);
     *out = new cairn_model_writer{std::move(w), c};
-    return done(cairn::Status::ok());
+    return done(cairn::Status::OK());
   });
 }
 
@@ -191,9 +191,9 @@ cairn_status cairn_model_add_tensor_space(cairn_model_writer* w, const char* nam
     std::vector<int64_t> s;
     if (cairn_status st = make_shape(ndim, shape, s); st != CAIRN_OK) return st;
     auto p = w->impl->add_tensor_space(name, static_cast<cairn::DType>(dtype), s);
-    if (!p.is_ok()) return fail(p.status());
+    if (!p.ok()) return fail(p.status());
     *data = *p;
-    return done(cairn::Status::ok());
+    return done(cairn::Status::OK());
   });
 }
 
@@ -215,7 +215,7 @@ cairn_status cairn_model_set_copy_threads(cairn_model_writer* w, unsigned thread
   return guarded([&] {
     CAIRN_REQUIRE_ARG(w, "writer is NULL");
     w->impl->set_copy_threads(threads);
-    return done(cairn::Status::ok());
+    return done(cairn::Status::OK());
   });
 }
 
@@ -278,15 +278,15 @@ cairn_status cairn_model_commit_opts(cairn_model_writer* w, const cairn_commit_o
     const auto d = static_cast<cairn::Durability>(level);
     if (o.wait) {
       auto r = w->impl->commit(d, true);
-      if (!r.is_ok()) return fail(r.status());
-      return done(cairn::Status::ok());
+      if (!r.ok()) return fail(r.status());
+      return done(cairn::Status::OK());
     }
     CAIRN_REQUIRE_ARG(ticket, "ticket is NULL: a commit with wait = 0 hands its outcome to a ticket");
     auto r = o.pipelined ? w->impl->commit_pipelined(d) : w->impl->commit_visible(d);
-    if (!r.is_ok()) return fail(r.status());
+    if (!r.ok()) return fail(r.status());
     // The ticket is answered by the client the writer came from.
     *ticket = new cairn_ticket{w->client, std::move(r).value()};
-    return done(cairn::Status::ok());
+    return done(cairn::Status::OK());
   });
   delete w;
   return st;
@@ -301,14 +301,14 @@ cairn_status cairn_model_commit(cairn_model_writer* w, cairn_durability d, cairn
                       "unknown durability " + std::to_string(level));
     if (!ticket) {
       auto r = w->impl->commit(static_cast<cairn::Durability>(level), true);
-      if (!r.is_ok()) return fail(r.status());
-      return done(cairn::Status::ok());
+      if (!r.ok()) return fail(r.status());
+      return done(cairn::Status::OK());
     }
     // At memory (not a part): pipelined; otherwise visible, the ticket waiting for the level.
     auto r = w->impl->commit_async(static_cast<cairn::Durability>(level));
-    if (!r.is_ok()) return fail(r.status());
+    if (!r.ok()) return fail(r.status());
     *ticket = new cairn_ticket{w->client, std::move(r).value()};
-    return done(cairn::Status::ok());
+    return done(cairn::Status::OK());
   });
   delete w;
   return st;
@@ -327,7 +327,7 @@ void cairn_model_abort(cairn_model_writer* w) { delete w; }
 cairn_status cairn_ticket_wait(cairn_ticket* t, int timeout_ms) {
   return guarded([&] {
     CAIRN_REQUIRE_ARG(t, "ticket is NULL");
-    if (!t->ticket || t->client == nullptr) return done(cairn::Status::ok());
+    if (!t->ticket || t->client == nullptr) return done(cairn::Status::OK());
     return done(t->client->impl->wait(t->ticket, timeout_ms));
   });
 }
@@ -350,16 +350,16 @@ cairn_status cairn_model_open(cairn_client* c, const char* id, cairn_model_reade
     CAIRN_REQUIRE_ARG(c && id && out, "client, id and out must not be NULL");
     *out = nullptr;
     auto r = cairn::ModelReader::open(*c->impl, id);
-    if (!r.is_ok()) return fail(r.status());
+    if (!r.ok()) return fail(r.status());
     *out = new cairn_model_reader{std::move(r).value()};
-    return done(cairn::Status::ok());
+    return done(cairn::Status::OK());
   });
 }
 
 cairn_status cairn_model_tensor_count(cairn_model_reader* r, size_t* count) {
   CAIRN_REQUIRE_ARG(r && count, "reader and count must not be NULL");
   *count = r->impl->tensors().size();
-  return done(cairn::Status::ok());
+  return done(cairn::Status::OK());
 }
 
 cairn_status cairn_model_tensor_info(cairn_model_reader* r, size_t index, const char** name, cairn_dtype* dtype,
@@ -376,7 +376,7 @@ cairn_status cairn_model_tensor_info(cairn_model_reader* r, size_t index, const 
   if (shape)
     for (size_t i = 0; i < t.shape.size(); ++i) shape[i] = t.shape[i];
   if (nbytes) *nbytes = t.nbytes;
-  return done(cairn::Status::ok());
+  return done(cairn::Status::OK());
 }
 
 cairn_status cairn_model_read(cairn_model_reader* r, size_t count, const char* const* names, void* const* dsts,
@@ -397,7 +397,7 @@ cairn_status cairn_model_read(cairn_model_reader* r, size_t count, const char* c
       CAIRN_REQUIRE_ARG(dsts[i] || dst_bytes[i] == 0, "dsts[" + std::to_string(i) + "] must not be NULL");
       list.emplace_back(names[i]);
     }
-    if (count == 0) return done(cairn::Status::ok());
+    if (count == 0) return done(cairn::Status::OK());
     if (device) {
       std::vector<void*> ptrs(dsts, dsts + count);
       std::vector<uint64_t> sizes(dst_bytes, dst_bytes + count);
@@ -429,7 +429,7 @@ cairn_status cairn_model_map(cairn_model_reader* r, size_t count, const char* co
       CAIRN_REQUIRE_ARG(names[i], "names[" + std::to_string(i) + "] must not be NULL");
       list.emplace_back(names[i]);
     }
-    if (count == 0) return done(cairn::Status::ok());
+    if (count == 0) return done(cairn::Status::OK());
     auto put = [&](size_t i, const void* p, size_t n) {
       data[i] = const_cast<void*>(p);  // read-only unless private_copy (cairn.h)
       if (nbytes) nbytes[i] = n;
@@ -437,31 +437,31 @@ cairn_status cairn_model_map(cairn_model_reader* r, size_t count, const char* co
     if (device) {
       if (count == 1) {
         auto v = r->impl->map_device(list[0], o.device);
-        if (!v.is_ok()) return fail(v.status());
+        if (!v.ok()) return fail(v.status());
         put(0, v->data(), v->size());
-        return done(cairn::Status::ok());
+        return done(cairn::Status::OK());
       }
       auto v = r->impl->map_many_device(list, o.device);
-      if (!v.is_ok()) return fail(v.status());
+      if (!v.ok()) return fail(v.status());
       for (size_t i = 0; i < count; ++i) put(i, (*v)[i].data(), (*v)[i].size());
-      return done(cairn::Status::ok());
+      return done(cairn::Status::OK());
     }
     if (o.private_copy) {
       auto v = r->impl->map_many_private(list);
-      if (!v.is_ok()) return fail(v.status());
+      if (!v.ok()) return fail(v.status());
       for (size_t i = 0; i < count; ++i) put(i, (*v)[i].data(), (*v)[i].size());
-      return done(cairn::Status::ok());
+      return done(cairn::Status::OK());
     }
     if (count == 1) {
       auto v = r->impl->map(list[0]);
-      if (!v.is_ok()) return fail(v.status());
+      if (!v.ok()) return fail(v.status());
       put(0, v->data(), v->size());
-      return done(cairn::Status::ok());
+      return done(cairn::Status::OK());
     }
     auto v = r->impl->map_many(list);
-    if (!v.is_ok()) return fail(v.status());
+    if (!v.ok()) return fail(v.status());
     for (size_t i = 0; i < count; ++i) put(i, (*v)[i].data(), (*v)[i].size());
-    return done(cairn::Status::ok());
+    return done(cairn::Status::OK());
   });
 }
 
@@ -550,14 +550,14 @@ cairn_status cairn_model_prefetch(cairn_client* c, const char* id, const cairn_p
     if (o.all) req["all"] = true;
     if (o.all && o.timeout_ms > 0) req["timeout_ms"] = o.timeout_ms;
     auto r = c->impl->call(req);
-    if (!r.is_ok()) return fail(r.status());
+    if (!r.ok()) return fail(r.status());
     r->erase("status");
     if (result_json) {
       char* out = dump_c(*r);
       if (!out) return fail(CAIRN_ERR_NO_SPACE, "out of memory");
       *result_json = out;
     }
-    return done(cairn::Status::ok());
+    return done(cairn::Status::OK());
   });
 }
 
@@ -577,13 +577,13 @@ cairn_status cairn_hint(cairn_client* c, const char* hint_json, char** result_js
     if (h.is_discarded() || !h.is_object())
       return fail(CAIRN_ERR_INVALID_ARGUMENT, "the hint is not a JSON object (docs/policy.md)");
     auto r = c->impl->hint(h);
-    if (!r.is_ok()) return fail(r.status());
+    if (!r.ok()) return fail(r.status());
     if (result_json) {
       char* out = dump_c(*r);
       if (!out) return fail(CAIRN_ERR_NO_SPACE, "out of memory");
       *result_json = out;
     }
-    return done(cairn::Status::ok());
+    return done(cairn::Status::OK());
   });
 }
 
@@ -619,11 +619,11 @@ cairn_status cairn_query(cairn_client* c, const char* request_json, char** resul
     auto q = nlohmann::json::parse(request_json, nullptr, false);
     if (q.is_discarded() || !q.is_object()) return fail(CAIRN_ERR_INVALID_ARGUMENT, "the query is not a JSON object");
     auto r = c->impl->query(q);
-    if (!r.is_ok()) return fail(r.status());
+    if (!r.ok()) return fail(r.status());
     char* out = dump_c(*r);
     if (!out) return fail(CAIRN_ERR_NO_SPACE, "out of memory");
     *result_json = out;
-    return done(cairn::Status::ok());
+    return done(cairn::Status::OK());
   });
 }
 
@@ -668,12 +668,12 @@ cairn_status cairn_request(cairn_client* c, const char* request_json, char** res
       return fail(CAIRN_ERR_INVALID_ARGUMENT,
                   "a request sent through cairn_request cannot carry \"release\"; leases end with cairn_model_close");
     auto r = c->impl->call(q);
-    if (!r.is_ok()) return fail(r.status());
+    if (!r.ok()) return fail(r.status());
     r->erase("status");
     char* out = dump_c(*r);
     if (!out) return fail(CAIRN_ERR_NO_SPACE, "out of memory");
     *response_json = out;
-    return done(cairn::Status::ok());
+    return done(cairn::Status::OK());
   });
 }
 

@@ -42,7 +42,7 @@ inline cairn_status fail(cairn_status code, const std::string& msg) {
 }
 
 inline cairn_status done(const cairn::Status& s) {
-  if (s.is_ok()) {
+  if (s.ok()) {
     g_last_error.clear();
     return CAIRN_OK;
   }

@@ -24,13 +24,13 @@ cairn_status cairn_tensor_info(cairn_client* c, const char* key, cairn_dtype* dt
   return guarded([&] {
     CAIRN_REQUIRE_ARG(c && key, "client and key must not be NULL");
     auto t = c->impl->tensor_info(key);
-    if (!t.is_ok()) return fail(t.status());
+    if (!t.ok()) return fail(t.status());
     if (dtype) *dtype = static_cast<cairn_dtype>(t->dtype);
     if (ndim) *ndim = static_cast<int>(t->shape.size());
     if (shape)
       for (size_t i = 0; i < t->shape.size(); ++i) shape[i] = t->shape[i];
     if (nbytes) *nbytes = t->nbytes;
-    return done(cairn::Status::ok());
+    return done(cairn::Status::OK());
   });
 }
 
@@ -56,9 +56,9 @@ cairn_status cairn_tensor_poll(cairn_client* c, const char* key, int timeout_ms,
   return guarded([&] {
     CAIRN_REQUIRE_ARG(c && key && found, "client, key and found must not be NULL");
     auto r = c->impl->poll_tensor(key, timeout_ms);
-    if (!r.is_ok()) return fail(r.status());
+    if (!r.ok()) return fail(r.status());
     *found = *r ? 1 : 0;
-    return done(cairn::Status::ok());
+    return done(cairn::Status::OK());
   });
 }
 

@@ -53,7 +53,7 @@ Status check_shape(DType dtype, const std::vector<int64_t>& shape, uint64_t* nby
   auto n = tensor_nbytes(dtype, shape);
   if (!n) return invalid_argument("shape has a negative dimension or is too large");
   *nbytes = *n;
-  return Status::ok();
+  return Status::OK();
 }
 }  // namespace client_detail
 using namespace client_detail;
@@ -94,11 +94,11 @@ Result<std::unique_ptr<Client>> Client::connect(const std::string& address_in) {
   // before the hello arrives: the send then fails, but its answer is there to read.
   const Status sent = wire::send_frame(fd, wire::Kind::kRequest, json{{"op", "hello"}});
   auto f = wire::recv_frame(fd);
-  if (!f.is_ok())
+  if (!f.ok())
     return unavailable("cairnd on " + address +
-                       " closed the connection: " + (sent.is_ok() ? f.status() : sent).to_string());
+                       " closed the connection: " + (sent.ok() ? f.status() : sent).to_string());
   Status st = wire::response_status(f->body);
-  if (!st.is_ok()) {
+  if (!st.ok()) {
     if (f->passed_fd >= 0) ::close(f->passed_fd);
     return st.with_context("cairnd on " + address);
   }
@@ -128,7 +128,7 @@ Client::~Client() {
 }
 
 Status Client::lost(const std::string& why) {
-  if (broken_.is_ok()) broken_ = unavailable("lost the connection to cairnd on " + address_ + ": " + why);
+  if (broken_.ok()) broken_ = unavailable("lost the connection to cairnd on " + address_ + ": " + why);
   // Every request in flight ends with that error (none of their replies can arrive any more).
   std::deque<ReplyHandler> pending;
   pending.swap(in_flight_);
@@ -156,17 +156,17 @@ Status Client::write_all(std::span<const uint8_t> a, std::span<const uint8_t> b)
       if (n < 0 && errno != EINTR) return lost(std::strerror(errno));
       if (n > 0 && (p.revents & POLLIN)) {
         auto c = collect(0);
-        if (!c.is_ok()) return c.status();
+        if (!c.ok()) return c.status();
       }
     }
   }
-  return Status::ok();
+  return Status::OK();
 }
 
 void Client::dispatch_buffered() {
-  while (broken_.is_ok() && rend_ - rpos_ >= wire::kFrameHeaderBytes) {
+  while (broken_.ok() && rend_ - rpos_ >= wire::kFrameHeaderBytes) {
     auto h = wire::decode_header({rbuf_.data() + rpos_, wire::kFrameHeaderBytes});
-    if (!h.is_ok()) {
+    if (!h.ok()) {
       (void)lost(h.status().message());
       return;
     }
@@ -182,7 +182,7 @@ void Client::dispatch_buffered() {
     }
     auto body = wire::decode_body(wire::Kind::kResponse, {rbuf_.data() + rpos_ + wire::kFrameHeaderBytes, h->json_len});
     rpos_ += total;
-    if (!body.is_ok()) {
+    if (!body.ok()) {
       (void)lost(body.status().message());
       return;
     }
@@ -194,7 +194,7 @@ void Client::dispatch_buffered() {
     in_flight_.pop_front();
     Status st = wire::response_status(*body);
     if (!handler) continue;
-    if (st.is_ok())
+    if (st.ok())
       handler(std::move(body).value());
     else
       handler(std::move(st));
@@ -203,7 +203,7 @@ void Client::dispatch_buffered() {
 }
 
 Result<bool> Client::collect(int timeout_ms) {
-  if (!broken_.is_ok()) return broken_;
+  if (!broken_.ok()) return broken_;
   pollfd p{fd_, POLLIN, 0};
   for (;;) {
     int n = ::poll(&p, 1, timeout_ms);
@@ -232,12 +232,12 @@ Result<bool> Client::collect(int timeout_ms) {
   if (r == 0) return lost("cairnd closed the connection");
   rend_ += static_cast<size_t>(r);
   dispatch_buffered();
-  if (!broken_.is_ok()) return broken_;
+  if (!broken_.ok()) return broken_;
   return true;
 }
 
 Status Client::send_request(const json& request_in, std::span<const uint8_t> blob, ReplyHandler on_reply) {
-  if (!broken_.is_ok()) return broken_;
+  if (!broken_.ok()) return broken_;
   const json* request = &request_in;
   json with_release;
   if (!deferred_release_.empty()) {
@@ -262,7 +262,7 @@ Status Client::send_request(const json& request_in, std::span<const uint8_t> blo
   deferred_release_.clear();  // sent, or the connection is gone and with it the leases
   CAIRN_RETURN_IF_ERROR(write_all(head, one_piece ? std::span<const uint8_t>() : blob));
   in_flight_.push_back(std::move(on_reply));
-  return Status::ok();
+  return Status::OK();
 }
 
 Result<json> Client::call(const json& request, std::span<const uint8_t> blob) {
@@ -272,7 +272,7 @@ Result<json> Client::call(const json& request, std::span<const uint8_t> blob) {
   // Replies come in request order: those of pipelined requests sent before this one first.
   while (!mine) {
     auto c = collect(-1);
-    if (!c.is_ok() && !mine) return c.status();
+    if (!c.ok() && !mine) return c.status();
   }
   return std::move(*mine);
 }
@@ -281,13 +281,13 @@ Status Client::send_pipelined(const json& request, std::span<const uint8_t> blob
   free_failed_spaces();
   while (in_flight_.size() >= kMaxInFlight) {
     auto c = collect(-1);
-    if (!c.is_ok()) return c.status();
+    if (!c.ok()) return c.status();
   }
   return send_request(request, blob, std::move(on_reply));
 }
 
 void Client::free_failed_spaces() {
-  if (spaces_to_free_.empty() || !broken_.is_ok()) return;
+  if (spaces_to_free_.empty() || !broken_.ok()) return;
   std::vector<uint64_t> ids;
   ids.swap(spaces_to_free_);
   // A space the daemon does not know (any more) is harmless to free: the replies are not needed.
@@ -298,10 +298,10 @@ Status Client::flush_pipeline() {
   free_failed_spaces();
   while (!in_flight_.empty()) {
     auto c = collect(-1);
-    if (!c.is_ok()) break;
+    if (!c.ok()) break;
   }
-  Status orphan = std::exchange(orphan_error_, Status::ok());
-  if (!orphan.is_ok()) return orphan;
+  Status orphan = std::exchange(orphan_error_, Status::OK());
+  if (!orphan.ok()) return orphan;
   return broken_;
 }
 
@@ -317,13 +317,13 @@ Status Client::wait(const Ticket& t, int timeout_ms) {
   while (!t->resolved) {
     const int left = left_ms();
     auto c = collect(left);
-    if (!c.is_ok()) break;  // the connection is lost: every ticket in flight is resolved with that
+    if (!c.ok()) break;  // the connection is lost: every ticket in flight is resolved with that
     if (!*c && !t->resolved && left == 0)
       return timed_out("the reply to the commit of model '" + t->id + "' has not arrived after " +
                        std::to_string(timeout_ms) + " ms");
   }
   if (!t->resolved) return broken_;
-  if (!t->status.is_ok() || t->daemon_ticket == 0) return t->status;
+  if (!t->status.ok() || t->daemon_ticket == 0) return t->status;
   Status st = wait(t->daemon_ticket, left_ms());
   if (st.code() == StatusCode::kTimeout) return st;  // the daemon keeps the ticket: wait again
   t->daemon_ticket = 0;
@@ -342,14 +342,14 @@ Status Client::put_tensor(const std::string& key, const void* data, DType dtype,
   stream_copy(sp.data, data, n, should_stream(n, n));
   req["space"] = sp.id;
   auto r = call(req);
-  if (!r.is_ok()) (void)free_space(sp.id);
+  if (!r.ok()) (void)free_space(sp.id);
   return r.status();
 }
 
 Result<TensorInfo> Client::tensor_info(const std::string& key) {
   CAIRN_ASSIGN_OR_RETURN(json r, call(json{{"op", "tensor_info"}, {"key", key}}));
   auto t = info_from_json(r);
-  if (t.is_ok()) t->name = key;
+  if (t.ok()) t->name = key;
   return t;
 }
 
@@ -370,7 +370,7 @@ Status Client::unpack_tensor_to(const std::string& key, const std::function<Resu
   Status st;
   void* dst = nullptr;
   auto info = info_from_json(r);
-  if (!info.is_ok()) {
+  if (!info.ok()) {
     st = info.status();
   } else if (auto expect = tensor_nbytes(info->dtype, info->shape); !expect || *expect != n) {
     st = protocol_error("daemon described tensor '" + key + "' with a size that does not match its shape");
@@ -379,14 +379,14 @@ Status Client::unpack_tensor_to(const std::string& key, const std::function<Resu
   } else {
     info->name = key;
     auto b = buffer(*info);
-    if (!b.is_ok())
+    if (!b.ok())
       st = b.status();
     else if (!*b && n)
       st = no_space("no buffer for the " + std::to_string(n) + " bytes of tensor '" + key + "'");
     else
       dst = *b;
   }
-  if (st.is_ok() && n) {
+  if (st.ok() && n) {
     view_->prefault(off, n, false);
     populate(dst, n, true);
     stream_copy(dst, view_->read_base() + off, n, should_stream(n, n));
@@ -418,10 +418,10 @@ Result<std::vector<Client::Space>> Client::allocate_many(const std::vector<uint6
   // collects every earlier reply first, so all handlers have run when it returns.
   auto got = std::make_shared<std::vector<std::optional<Result<json>>>>(sizes.size());
   Status sent;
-  for (size_t i = 0; i + 1 < sizes.size() && sent.is_ok(); ++i)
+  for (size_t i = 0; i + 1 < sizes.size() && sent.ok(); ++i)
     sent = send_pipelined(json{{"op", "allocate"}, {"nbytes", sizes[i]}}, {},
                           [got, i](Result<json> r) { (*got)[i].emplace(std::move(r)); });
-  if (sent.is_ok())
+  if (sent.ok())
     (*got).back().emplace(call(json{{"op", "allocate"}, {"nbytes", sizes.back()}}));
   else
     (void)flush_pipeline();
@@ -430,19 +430,19 @@ Result<std::vector<Client::Space>> Client::allocate_many(const std::vector<uint6
   for (size_t i = 0; i < sizes.size(); ++i) {
     auto& r = (*got)[i];
     if (!r) continue;
-    if (!r->is_ok()) {
-      if (first.is_ok()) first = r->status();
+    if (!r->ok()) {
+      if (first.ok()) first = r->status();
       continue;
     }
     uint64_t off = (*r)->value("offset", uint64_t{0}), id = (*r)->value("space", uint64_t{0});
     if (off + sizes[i] > view_->size()) {
-      if (first.is_ok()) first = protocol_error("daemon allocated space outside the arena");
+      if (first.ok()) first = protocol_error("daemon allocated space outside the arena");
       spaces_to_free_.push_back(id);
       continue;
     }
     out.push_back(Space{id, view_->write_base() + off, sizes[i]});
   }
-  if (!first.is_ok()) {
+  if (!first.ok()) {
     for (const auto& sp : out) spaces_to_free_.push_back(sp.id);  // freed with the next request
     return first;
   }
@@ -453,12 +453,12 @@ Result<std::vector<Client::Space>> Client::allocate_many(const std::vector<uint6
 Status Client::free_space(uint64_t id) { return call(json{{"op", "free"}, {"space", id}}).status(); }
 
 Status Client::release(const std::vector<uint64_t>& leases) {
-  if (leases.empty()) return Status::ok();
+  if (leases.empty()) return Status::OK();
   return call(json{{"op", "release"}, {"leases", leases}}).status();
 }
 
 Status Client::wait(uint64_t ticket, int timeout_ms) {
-  if (ticket == 0) return Status::ok();
+  if (ticket == 0) return Status::OK();
   return call(json{{"op", "wait"}, {"ticket", ticket}, {"timeout_ms", timeout_ms}}).status();
 }
 
@@ -579,7 +579,7 @@ Status ModelReader::check_buffer(const std::string& name, uint64_t dst_bytes) co
   if (t->nbytes != dst_bytes)
     return invalid_argument("tensor '" + name + "' has " + std::to_string(t->nbytes) + " bytes, the buffer " +
                             std::to_string(dst_bytes));
-  return Status::ok();
+  return Status::OK();
 }
 
 Status ModelReader::read(const std::string& name, void* dst, uint64_t dst_bytes) {
@@ -610,7 +610,7 @@ Status ModelReader::read_many(const std::vector<std::string>& names, const std::
   if (group_ends.size() > 1) return read_pipelined(names, dsts, group_ends, total);
   CAIRN_ASSIGN_OR_RETURN(auto leased, lease(names, false));
   for (size_t i = 0; i < leased.size(); ++i) copy_out(leased[i], dsts[i], total);
-  return Status::ok();
+  return Status::OK();
 }
 
 void ModelReader::copy_out(const Leased& leased, std::span<uint8_t> dst, uint64_t total) {
@@ -636,24 +636,24 @@ Status ModelReader::read_pipelined(const std::vector<std::string>& names, const 
                                    names.begin() + static_cast<std::ptrdiff_t>(group_ends[g]));
     first = client_.send_pipelined(lease_request(id_, group, false), {},
                                    [replies, g](Result<json> r) { (*replies)[g].emplace(std::move(r)); });
-    if (!first.is_ok()) break;
+    if (!first.ok()) break;
     ++sent;
   }
   // Every reply sent for is collected, also after a failure, so that its leases are released.
   for (size_t g = 0; g < sent; ++g) {
     while (!(*replies)[g]) {
       auto c = client_.collect(-1);
-      if (!c.is_ok()) return c.status();  // the connection is gone, and with it the leases
+      if (!c.ok()) return c.status();  // the connection is gone, and with it the leases
     }
     Result<json>& r = *(*replies)[g];
     const size_t from = g ? group_ends[g - 1] : 0;
-    Result<std::vector<Leased>> leased = r.is_ok() ? parse_lease(*r, group_ends[g] - from) : r.status();
-    if (!leased.is_ok()) {
-      if (first.is_ok()) first = leased.status();
+    Result<std::vector<Leased>> leased = r.ok() ? parse_lease(*r, group_ends[g] - from) : r.status();
+    if (!leased.ok()) {
+      if (first.ok()) first = leased.status();
       continue;
     }
     for (size_t k = 0; k < leased->size(); ++k) {
-      if (first.is_ok())
+      if (first.ok())
         copy_out((*leased)[k], dsts[from + k], total);
       else
         client_.release_later((*leased)[k].lease);
@@ -704,10 +704,10 @@ Result<std::vector<std::span<uint8_t>>> ModelReader::map_many_private(const std:
   std::vector<std::span<uint8_t>> out(leased.size());
   auto map_run = [&](const std::vector<View>& run, uint64_t from, uint64_t to) -> Status {
     auto p = client_.arena_view().map_private(from, to - from);
-    if (!p.is_ok()) return p.status();  // the runs mapped so far are unmapped by close()
+    if (!p.ok()) return p.status();  // the runs mapped so far are unmapped by close()
     private_.emplace_back(*p, to - from);
     for (const View& v : run) out[v.index] = {*p + (v.offset - from), v.nbytes};
-    return Status::ok();
+    return Status::OK();
   };
   constexpr uint64_t kGap = 1u << 20;
   std::vector<View> run;

@@ -24,14 +24,14 @@ Result<hbm::DeviceMapper*> Client::device_path(const std::string& what) {
   if (mapper_) return mapper_.get();
   if (!hbm_backend_.empty()) {
     auto m = hbm::open_mapper(hbm_backend_);
-    if (!m.is_ok())
+    if (!m.ok())
       return m.status().with_context(what + ": the daemon on " + address_ + " keeps its HBM tier on backend '" +
                                      hbm_backend_ + "', which this process cannot use");
     mapper_ = std::move(m).value();
     return mapper_.get();
   }
   auto m = hbm::open_mapper("cuda");
-  if (!m.is_ok())
+  if (!m.ok())
     return unavailable(what + " (CAIRN_MEM_CUDA) needs device memory, and there is none: the daemon on " + address_ +
                        " has no HBM tier (tiers.hbm.capacity is 0; tiers.hbm.backend: emulated works without a GPU), "
                        "and this process cannot copy to a GPU itself (" +
@@ -64,7 +64,7 @@ Status Client::copy_arena_device(hbm::DeviceMapper* dev, int device, void* dev_p
       std::lock_guard<std::mutex> lock(pin_mu_);
       if (pinned_[v].empty()) pinned_[v].assign((size + kPinGranule - 1) / kPinGranule, 0);
       if (!pinned_[v][g] && !pin_failed_[v]) {
-        if (dev->pin_host(base + g * kPinGranule, g_end - g * kPinGranule, to_device).is_ok())
+        if (dev->pin_host(base + g * kPinGranule, g_end - g * kPinGranule, to_device).ok())
           pinned_[v][g] = 1;
         else
           pin_failed_[v] = true;  // e.g. a locked-memory limit: the copies still work, pageable
@@ -72,12 +72,12 @@ Status Client::copy_arena_device(hbm::DeviceMapper* dev, int device, void* dev_p
     }
     Status st = to_device ? dev->copy(device, d, base + arena_off, len, hbm::CopyKind::kHostToDevice)
                           : dev->copy(device, base + arena_off, d, len, hbm::CopyKind::kDeviceToHost);
-    if (!st.is_ok()) return st;
+    if (!st.ok()) return st;
     d += len;
     arena_off += len;
     n -= len;
   }
-  return Status::ok();
+  return Status::OK();
 }
 
 Result<std::vector<std::pair<uint64_t, const uint8_t*>>> ModelReader::lease_device(
@@ -115,7 +115,7 @@ Result<std::vector<std::pair<uint64_t, const uint8_t*>>> ModelReader::lease_devi
                    n = l.value("nbytes", uint64_t{0});
     if (off > slab || n > slab - off) return give_back(protocol_error("daemon leased a device range outside its slab"));
     auto base = client_.map_slab(l.value("handle", std::string()), slab);
-    if (!base.is_ok()) return give_back(base.status().with_context("tensor '" + names[i] + "'"));
+    if (!base.ok()) return give_back(base.status().with_context("tensor '" + names[i] + "'"));
     out.emplace_back(ids[i], static_cast<const uint8_t*>(*base + off));
   }
   return out;
@@ -142,7 +142,7 @@ Status ModelReader::read_many_to_device(const std::vector<std::string>& names, c
                                         const std::vector<uint64_t>& dst_bytes) {
   if (names.size() != dsts.size() || names.size() != dst_bytes.size())
     return invalid_argument("names, dsts and dst_bytes differ in length");
-  if (names.empty()) return Status::ok();
+  if (names.empty()) return Status::OK();
   for (size_t i = 0; i < names.size(); ++i) CAIRN_RETURN_IF_ERROR(check_buffer(names[i], dst_bytes[i]));
   CAIRN_ASSIGN_OR_RETURN(hbm::DeviceMapper * dev, client_.device_path("reading " + std::to_string(names.size()) +
                                                                       " tensors into device memory"));
@@ -152,21 +152,21 @@ Status ModelReader::read_many_to_device(const std::vector<std::string>& names, c
     for (int d : client_.hbm_devices())
       if (d == device) on = d;
     auto leased = lease_device(names, on);
-    if (leased.is_ok()) {
+    if (leased.ok()) {
       std::vector<hbm::DeviceMapper::CopyOp> ops;
       ops.reserve(names.size());
       for (size_t i = 0; i < names.size(); ++i)
         if (dst_bytes[i]) ops.push_back({dsts[i], (*leased)[i].second, dst_bytes[i]});
       Status st = dev->copy_many(device, ops, hbm::CopyKind::kDeviceToDevice);
       for (const auto& l : *leased) client_.release_later(l.first);
-      if (!st.is_ok()) return st.with_context("copying " + std::to_string(ops.size()) + " tensors on the device");
-      return Status::ok();
+      if (!st.ok()) return st.with_context("copying " + std::to_string(ops.size()) + " tensors on the device");
+      return Status::OK();
     }
     // The pool is held by other device leases (all or nothing): each tensor on its own way below.
     if (leased.status().code() != StatusCode::kNoSpace) return leased.status();
   }
   for (size_t i = 0; i < names.size(); ++i) CAIRN_RETURN_IF_ERROR(read_to_device(names[i], dsts[i], dst_bytes[i]));
-  return Status::ok();
+  return Status::OK();
 }
 
 Status ModelReader::read_to_device(const std::string& name, void* dst, uint64_t dst_bytes) {
@@ -180,11 +180,11 @@ Status ModelReader::read_to_device(const std::string& name, void* dst, uint64_t 
     for (int d : client_.hbm_devices())
       if (d == device) on = d;
     auto leased = lease_device({name}, on);
-    if (leased.is_ok()) {
+    if (leased.ok()) {
       Status st = dev->copy(device, dst, (*leased)[0].second, dst_bytes, hbm::CopyKind::kDeviceToDevice);
       client_.release_later((*leased)[0].first);
-      if (!st.is_ok()) return st.with_context("copying tensor '" + name + "' on the device");
-      return Status::ok();
+      if (!st.ok()) return st.with_context("copying tensor '" + name + "' on the device");
+      return Status::OK();
     }
     // The device's pool is held by leases: the copy still works, from the arena.
     if (leased.status().code() != StatusCode::kNoSpace) return leased.status();
@@ -194,7 +194,7 @@ Status ModelReader::read_to_device(const std::string& name, void* dst, uint64_t 
   Status st;
   for (const auto& [off, len] : leased[0].extents) {
     st = client_.copy_arena_device(dev, device, out, off, len, /*to_device=*/true);
-    if (!st.is_ok()) {
+    if (!st.ok()) {
       st = st.with_context("copying tensor '" + name + "' to the GPU");
       break;
     }
@@ -222,8 +222,8 @@ Status ModelWriter::add_tensor_device(const std::string& name, const void* data,
   Status st = n ? client_.copy_arena_device(dev, on, const_cast<void*>(data),
                                             static_cast<uint64_t>(sp.data - client_.arena_view().write_base()), n,
                                             /*to_device=*/false)
-                : Status::ok();
-  if (!st.is_ok()) {
+                : Status::OK();
+  if (!st.ok()) {
     client_.spaces_to_free_.push_back(sp.id);
     return st.with_context("copying tensor '" + name + "' from the device");
   }
@@ -231,7 +231,7 @@ Status ModelWriter::add_tensor_device(const std::string& name, const void* data,
   tensors_.push_back(json{
       {"name", name}, {"dtype", dtype_name(dtype)}, {"shape", client_detail::shape_json(shape)}, {"space", sp.id}});
   names_[name] = true;
-  return Status::ok();
+  return Status::OK();
 }
 
 }  // namespace cairn

@@ -41,7 +41,7 @@ Status pread_full(int fd, uint8_t* dst, uint64_t n, uint64_t off, const std::str
     dst += r, n -= static_cast<uint64_t>(r), off += static_cast<uint64_t>(r);
     if (counter) counter->add(static_cast<uint64_t>(r));
   }
-  return Status::ok();
+  return Status::OK();
 }
 
 }  // namespace
@@ -50,50 +50,50 @@ Status put_safetensors_file(Client& client, const std::string& id, const std::st
                             Durability durability, const json& meta, const json& arch, const FileProgress& progress) {
   if (!meta.is_null() && !meta.is_object()) return invalid_argument("the metadata must be a JSON object");
   auto header = safetensors::read_header(file);
-  if (!header.is_ok()) return header.status();
+  if (!header.ok()) return header.status();
   int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return errno_status("opening '" + file + "'", errno);
   std::string header_json(header->header_bytes, '\0');
   Status st = pread_full(fd, reinterpret_cast<uint8_t*>(header_json.data()), header->header_bytes, 8, file);
-  if (!st.is_ok()) {
+  if (!st.ok()) {
     ::close(fd);
     return st;
   }
   ModelWriter w(client, id, parent);
   if (meta.is_object() && !meta.empty()) st = w.set_metadata(meta);
-  if (st.is_ok() && !arch.is_null()) st = w.set_architecture(arch);
+  if (st.ok() && !arch.is_null()) st = w.set_architecture(arch);
   w.set_source_header(header_json);
   ByteCounter counter{progress, {"reading " + file, ProgressUnit::kBytes, 0, 0}};
   for (const auto& t : header->tensors) counter.s.total += t.nbytes();
   if (progress) progress(counter.s);
   std::vector<uint8_t> small;
   for (const auto& t : header->tensors) {
-    if (!st.is_ok()) break;
+    if (!st.ok()) break;
     uint64_t off = header->data_offset() + t.begin;
     if (t.nbytes() <= kInlineLimit) {
       small.resize(t.nbytes());
       st = pread_full(fd, small.data(), t.nbytes(), off, file);
-      if (st.is_ok()) st = w.add_tensor(t.name, small.data(), t.dtype, t.shape);
-      if (st.is_ok()) counter.add(t.nbytes());
+      if (st.ok()) st = w.add_tensor(t.name, small.data(), t.dtype, t.shape);
+      if (st.ok()) counter.add(t.nbytes());
     } else {
       // Straight from the file into the daemon's arena: no intermediate buffer.
       auto space = w.add_tensor_space(t.name, t.dtype, t.shape);
-      st = space.is_ok() ? pread_full(fd, *space, t.nbytes(), off, file, &counter) : space.status();
+      st = space.ok() ? pread_full(fd, *space, t.nbytes(), off, file, &counter) : space.status();
     }
   }
   ::close(fd);
-  if (!st.is_ok()) return st;
+  if (!st.ok()) return st;
   if (progress) progress(ProgressSnapshot{"committing", ProgressUnit::kBytes, 0, 0});
   auto r = w.commit(durability, true);
-  return r.is_ok() ? Status::ok() : r.status();
+  return r.ok() ? Status::OK() : r.status();
 }
 
 Status get_safetensors_file(Client& client, const std::string& id, const std::string& out,
                             const std::vector<std::string>& only, const FileProgress& progress) {
   auto opened = client.call(json{{"op", "open"}, {"id", id}, {"with_source_header", true}});
-  if (!opened.is_ok()) return opened.status();
+  if (!opened.ok()) return opened.status();
   auto reader = ModelReader::open(client, id);
-  if (!reader.is_ok()) return reader.status();
+  if (!reader.ok()) return reader.status();
   std::vector<std::string> names;
   if (only.empty()) {
     for (const auto& t : (*reader)->tensors()) names.push_back(t.name);
@@ -115,7 +115,7 @@ Status get_safetensors_file(Client& client, const std::string& id, const std::st
     uint64_t data_bytes = 0;
     for (const auto& t : (*reader)->tensors()) data_bytes += t.nbytes;
     auto h = safetensors::parse_header({reinterpret_cast<const uint8_t*>(p.data()), p.size()}, p.size() + data_bytes);
-    if (h.is_ok()) {
+    if (h.ok()) {
       file_metadata = h->metadata;
       have_file_metadata = h->has_metadata;
       bool same_order = only.empty() && h->tensors.size() == names.size();
@@ -130,7 +130,7 @@ Status get_safetensors_file(Client& client, const std::string& id, const std::st
       entries.push_back({t->name, t->dtype, t->shape, 0, 0});
     }
     auto built = safetensors::build_header(entries, have_file_metadata ? &file_metadata : nullptr);
-    if (!built.is_ok()) return built.status();
+    if (!built.ok()) return built.status();
     prefix = std::move(built).value();
   }
   std::string tmp = out + ".cairn-tmp";
@@ -141,15 +141,15 @@ Status get_safetensors_file(Client& client, const std::string& id, const std::st
   for (const auto& n : names) counter.s.total += (*reader)->find(n)->nbytes;
   if (progress) progress(counter.s);
   for (const auto& n : names) {
-    if (!st.is_ok()) break;
+    if (!st.ok()) break;
     auto view = (*reader)->map(n);
-    if (!view.is_ok()) {
+    if (!view.ok()) {
       st = view.status();
       break;
     }
     const uint8_t* p = view->data();
     size_t left = view->size();
-    while (st.is_ok() && left > 0) {
+    while (st.ok() && left > 0) {
       ssize_t w = ::write(fd, p, std::min<size_t>(left, kProgressStep));
       if (w < 0 && errno == EINTR) continue;
       if (w < 0)
@@ -159,9 +159,9 @@ Status get_safetensors_file(Client& client, const std::string& id, const std::st
     }
     (*reader)->close();
   }
-  if (::close(fd) != 0 && st.is_ok()) st = errno_status("closing '" + tmp + "'", errno);
-  if (st.is_ok() && std::rename(tmp.c_str(), out.c_str()) != 0) st = errno_status("renaming to '" + out + "'", errno);
-  if (!st.is_ok()) ::unlink(tmp.c_str());
+  if (::close(fd) != 0 && st.ok()) st = errno_status("closing '" + tmp + "'", errno);
+  if (st.ok() && std::rename(tmp.c_str(), out.c_str()) != 0) st = errno_status("renaming to '" + out + "'", errno);
+  if (!st.ok()) ::unlink(tmp.c_str());
   return st;
 }
 

@@ -40,7 +40,7 @@ Status ModelWriter::check_name(const std::string& name) {
   if (done_) return invalid_argument("model '" + id_ + "' was already committed or aborted");
   if (!valid_name(name)) return invalid_argument("tensor names must be 1..1024 bytes of UTF-8 without NUL");
   if (names_.count(name)) return already_exists("model '" + id_ + "': tensor '" + name + "' was already added");
-  return Status::ok();
+  return Status::OK();
 }
 
 Status ModelWriter::add_tensor(const std::string& name, const void* data, DType dtype,
@@ -71,7 +71,7 @@ Status ModelWriter::add_tensor(const std::string& name, const void* data, DType 
   }
   tensors_.push_back(std::move(t));
   names_[name] = true;
-  return Status::ok();
+  return Status::OK();
 }
 
 Status ModelWriter::add_tensors(const std::vector<TensorIn>& in) {
@@ -101,7 +101,7 @@ Status ModelWriter::add_tensors(const std::vector<TensorIn>& in) {
       inline_.insert(inline_.end(), p, p + n);
     } else {
       Result<Client::Space> sp = space_for(n);
-      if (!sp.is_ok()) {  // undo this call's additions; its spaces are freed with the next request
+      if (!sp.ok()) {  // undo this call's additions; its spaces are freed with the next request
         for (size_t k = spaces_before; k < spaces_.size(); ++k) client_.spaces_to_free_.push_back(spaces_[k]);
         spaces_.resize(spaces_before);
         inline_.resize(inline_before);
@@ -127,7 +127,7 @@ Status ModelWriter::add_tensors(const std::vector<TensorIn>& in) {
     for (size_t k = 0; k < jobs.size(); ++k) tensors_[job_tensor[k]]["hashes"] = hashes_json(hashes[k]);
   }
   for (const TensorIn& t : in) names_[t.name] = true;
-  return Status::ok();
+  return Status::OK();
 }
 
 unsigned ModelWriter::copy_threads(uint64_t chunks) const {
@@ -140,7 +140,7 @@ Status ModelWriter::reserve(const std::vector<uint64_t>& sizes) {
   if (done_) return invalid_argument("model '" + id_ + "' was already committed or aborted");
   CAIRN_ASSIGN_OR_RETURN(auto spaces, client_.allocate_many(sizes));
   for (const auto& sp : spaces) reserved_.emplace(sp.nbytes, sp);
-  return Status::ok();
+  return Status::OK();
 }
 
 Result<Client::Space> ModelWriter::space_for(uint64_t n) {
@@ -180,11 +180,11 @@ Status ModelWriter::seal_tensor(const std::string& name) {
   if (t.sealed) return invalid_argument("model '" + id_ + "': tensor '" + name + "' is sealed already");
   t.sealed = true;
   const uint64_t chunk = client_.chunk_size();
-  if (chunk == 0) return Status::ok();  // a daemon that did not say its chunk size hashes at commit
+  if (chunk == 0) return Status::OK();  // a daemon that did not say its chunk size hashes at commit
   t.hashing = true;
   t.hashes.resize(chunk_count(t.nbytes, chunk));
   sealer_.add(t.data, t.nbytes, chunk, t.hashes.data(), std::min(copy_threads_, kMaxCopyThreads));
-  return Status::ok();
+  return Status::OK();
 }
 
 void ModelWriter::collect_seals() {
@@ -200,25 +200,25 @@ Status ModelWriter::inherit_tensor(const std::string& name) {
   if (parent_.empty()) return invalid_argument("model '" + id_ + "' has no parent to inherit '" + name + "' from");
   tensors_.push_back(json{{"name", name}, {"inherit", true}});
   names_[name] = true;
-  return Status::ok();
+  return Status::OK();
 }
 
 Status ModelWriter::inherit_all() {
   if (parent_.empty()) return invalid_argument("model '" + id_ + "' has no parent to inherit from");
   inherit_all_ = true;
-  return Status::ok();
+  return Status::OK();
 }
 
 Status ModelWriter::set_architecture(const json& graph) {
   if (!graph.is_object()) return invalid_argument("the architecture graph must be a JSON object");
   architecture_ = graph;
-  return Status::ok();
+  return Status::OK();
 }
 
 Status ModelWriter::set_metadata(const json& meta) {
   if (!meta.is_object()) return invalid_argument("metadata must be a JSON object");
   metadata_ = meta;
-  return Status::ok();
+  return Status::OK();
 }
 
 json ModelWriter::request(Durability d, bool wait) const {
@@ -240,7 +240,7 @@ Status ModelWriter::set_part(uint32_t index, uint32_t count, int64_t timeout_ms)
                             std::to_string(count));
   part_ = json{{"index", index}, {"of", count}};
   if (timeout_ms > 0) part_["timeout_ms"] = timeout_ms;
-  return Status::ok();
+  return Status::OK();
 }
 
 Result<uint64_t> ModelWriter::commit(Durability d, bool wait) {
@@ -248,7 +248,7 @@ Result<uint64_t> ModelWriter::commit(Durability d, bool wait) {
   drop_reserved();
   collect_seals();
   auto r = client_.call(request(d, wait), inline_);
-  if (!r.is_ok()) {
+  if (!r.ok()) {
     abort();  // frees the spaces the daemon did not take
     return r.status();
   }
@@ -293,7 +293,7 @@ Result<Ticket> ModelWriter::commit_pipelined(Durability d) {
   Status sent = client_.send_pipelined(req, inline_, [t, c, spaces, daemon_ticket](Result<json> r) {
     t->resolved = true;
     t->status = r.status();
-    if (r.is_ok()) {
+    if (r.ok()) {
       if (daemon_ticket) t->daemon_ticket = r->value("ticket", uint64_t{0});
       return;
     }
@@ -301,9 +301,9 @@ Result<Ticket> ModelWriter::commit_pipelined(Durability d) {
     if (r.status().code() != StatusCode::kUnavailable)
       c->spaces_to_free_.insert(c->spaces_to_free_.end(), spaces.begin(), spaces.end());
     // Nobody holds the ticket any more: keep the error for flush_pipeline.
-    if (t.use_count() == 1 && c->orphan_error_.is_ok()) c->orphan_error_ = r.status();
+    if (t.use_count() == 1 && c->orphan_error_.ok()) c->orphan_error_ = r.status();
   });
-  if (!sent.is_ok()) {
+  if (!sent.ok()) {
     abort();
     return sent;
   }

@@ -147,7 +147,7 @@ constexpr uint64_t kArenaBytes = uint64_t{1} << 30;
 void create_cairn(benchmark::State& state) {
   for (auto _ : state) {
     auto arena = cairn::SharedArena::create(kArenaBytes, "cairn-bench-arena");
-    if (!arena.is_ok()) {
+    if (!arena.ok()) {
       state.SkipWithError(arena.status().to_string().c_str());
       break;
     }

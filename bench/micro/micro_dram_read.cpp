@@ -79,38 +79,38 @@ Resident* resident(std::string* error) {
   config.tiers.dram.capacity = 3 * total + (64ull << 20);
 
   auto engine = cairn::Engine::create(config);
-  if (!engine.is_ok()) return fail("starting the engine", engine.status());
+  if (!engine.ok()) return fail("starting the engine", engine.status());
   r.engine = std::move(*engine);
   // A daemon backs its arena at start-up, long before the first read.
   while (!r.engine->dram().prefault_finished()) ::usleep(1000);
   auto server = cairn::Server::start(*r.engine, config.socket);
-  if (!server.is_ok()) return fail("starting the server", server.status());
+  if (!server.ok()) return fail("starting the server", server.status());
   r.server = std::move(*server);
   auto client = cairn::Client::connect(config.socket);
-  if (!client.is_ok()) return fail("connecting", client.status());
+  if (!client.ok()) return fail("connecting", client.status());
   r.client = std::move(*client);
   {
     cairn::ModelWriter w(*r.client, "resident", "");
     for (uint64_t s : kSizes) {
       const std::vector<uint8_t> bytes = cairn::bench::random_bytes(s, s);
       cairn::Status st = w.add_tensor(tensor_name(s), bytes.data(), cairn::DType::kU8, {static_cast<int64_t>(s)});
-      if (!st.is_ok()) return fail("add_tensor", st);
+      if (!st.ok()) return fail("add_tensor", st);
     }
     auto c = w.commit(cairn::Durability::kGlobal, true);
-    if (!c.is_ok()) return fail("commit", c.status());
+    if (!c.ok()) return fail("commit", c.status());
   }
   auto reader = cairn::ModelReader::open(*r.client, "resident");
-  if (!reader.is_ok()) return fail("open", reader.status());
+  if (!reader.ok()) return fail("open", reader.status());
   r.reader = std::move(*reader);
   // The first read and map on a connection fault in the client's mappings of the arena.
   for (uint64_t s : kSizes) {
     std::vector<uint8_t> dst(s);
     cairn::Status st = r.reader->read(tensor_name(s), dst.data(), s);
-    if (!st.is_ok()) return fail("first read", st);
+    if (!st.ok()) return fail("first read", st);
     const std::vector<uint8_t> expected = cairn::bench::random_bytes(s, s);
     if (dst != expected) return fail("first read", cairn::internal_error("bytes differ"));
     auto view = r.reader->map(tensor_name(s));
-    if (!view.is_ok()) return fail("first map", view.status());
+    if (!view.ok()) return fail("first map", view.status());
     if (std::memcmp(view->data(), expected.data(), s) != 0)
       return fail("first map", cairn::internal_error("bytes differ"));
     r.reader->close();
@@ -129,7 +129,7 @@ void read_copy(benchmark::State& state, uint64_t size) {
   std::vector<uint8_t> dst(size, 1);  // faulted in before timing
   for (auto _ : state) {
     cairn::Status s = r->reader->read(name, dst.data(), size);
-    if (!s.is_ok()) {
+    if (!s.ok()) {
       state.SkipWithError(s.to_string().c_str());
       break;
     }
@@ -148,7 +148,7 @@ void read_map(benchmark::State& state, uint64_t size) {
   const std::string name = tensor_name(size);
   for (auto _ : state) {
     auto view = r->reader->map(name);
-    if (!view.is_ok()) {
+    if (!view.ok()) {
       state.SkipWithError(view.status().to_string().c_str());
       break;
     }

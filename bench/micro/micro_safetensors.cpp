@@ -110,7 +110,7 @@ struct Model {
 Model make_model(const std::string& name, std::vector<TensorEntry> tensors) {
   Model m{name, std::move(tensors)};
   auto prefix = cairn::safetensors::build_header(m.tensors, &m.metadata);
-  if (!prefix.is_ok()) throw std::runtime_error("build_header(" + name + "): " + prefix.status().to_string());
+  if (!prefix.ok()) throw std::runtime_error("build_header(" + name + "): " + prefix.status().to_string());
   m.prefix = std::move(*prefix);
   m.file_size = m.prefix.size() + m.tensors.back().end;
   return m;
@@ -128,7 +128,7 @@ void set_counters(benchmark::State& state, const Model& m) {
 void parse_cairn(benchmark::State& state, const Model* m) {
   for (auto _ : state) {
     auto h = cairn::safetensors::parse_header(bytes_of(m->prefix), m->file_size);
-    if (!h.is_ok()) {
+    if (!h.ok()) {
       state.SkipWithError(h.status().to_string().c_str());
       break;
     }
@@ -151,7 +151,7 @@ void build_cairn(benchmark::State& state, const Model* m) {
   std::vector<TensorEntry> tensors = m->tensors;
   for (auto _ : state) {
     auto prefix = cairn::safetensors::build_header(tensors, &m->metadata);
-    if (!prefix.is_ok()) {
+    if (!prefix.ok()) {
       state.SkipWithError(prefix.status().to_string().c_str());
       break;
     }

@@ -72,12 +72,12 @@ void codec_cairn(benchmark::State& state, const Message* m) {
     std::vector<uint8_t> frame = cairn::wire::encode_frame(m->kind, m->body, m->blob);
     std::span<const uint8_t> bytes(frame);
     auto h = cairn::wire::decode_header(bytes.first(cairn::wire::kFrameHeaderBytes));
-    if (!h.is_ok()) {
+    if (!h.ok()) {
       state.SkipWithError(h.status().to_string().c_str());
       break;
     }
     auto body = cairn::wire::decode_body(h->kind, bytes.subspan(cairn::wire::kFrameHeaderBytes, h->json_len));
-    if (!body.is_ok()) {
+    if (!body.ok()) {
       state.SkipWithError(body.status().to_string().c_str());
       break;
     }
@@ -133,13 +133,13 @@ void roundtrip_cairn(benchmark::State& state, const RoundTrip* rt) {
   }
   // Answers frames until the client end shuts down.
   std::thread server([&] {
-    while (cairn::wire::recv_frame(sp.fd[1]).is_ok())
-      if (!cairn::wire::send_frame(sp.fd[1], rt->response.kind, rt->response.body, rt->response.blob).is_ok()) break;
+    while (cairn::wire::recv_frame(sp.fd[1]).ok())
+      if (!cairn::wire::send_frame(sp.fd[1], rt->response.kind, rt->response.body, rt->response.blob).ok()) break;
   });
   for (auto _ : state) {
     cairn::Status s = cairn::wire::send_frame(sp.fd[0], rt->request.kind, rt->request.body, rt->request.blob);
-    auto r = s.is_ok() ? cairn::wire::recv_frame(sp.fd[0]) : cairn::Result<cairn::wire::Frame>(s);
-    if (!r.is_ok()) {
+    auto r = s.ok() ? cairn::wire::recv_frame(sp.fd[0]) : cairn::Result<cairn::wire::Frame>(s);
+    if (!r.ok()) {
       state.SkipWithError(r.status().to_string().c_str());
       break;
     }
@@ -162,14 +162,14 @@ void roundtrip_bare(benchmark::State& state, const RoundTrip* rt) {
       cairn::wire::encode_frame(rt->response.kind, rt->response.body, rt->response.blob);
   std::thread server([&] {
     std::vector<uint8_t> in(request.size());
-    while (cairn::wire::read_full(sp.fd[1], in.data(), in.size()).is_ok())
-      if (!cairn::wire::write_full(sp.fd[1], response.data(), response.size()).is_ok()) break;
+    while (cairn::wire::read_full(sp.fd[1], in.data(), in.size()).ok())
+      if (!cairn::wire::write_full(sp.fd[1], response.data(), response.size()).ok()) break;
   });
   std::vector<uint8_t> in(response.size());
   for (auto _ : state) {
     cairn::Status s = cairn::wire::write_full(sp.fd[0], request.data(), request.size());
-    if (s.is_ok()) s = cairn::wire::read_full(sp.fd[0], in.data(), in.size());
-    if (!s.is_ok()) {
+    if (s.ok()) s = cairn::wire::read_full(sp.fd[0], in.data(), in.size());
+    if (!s.ok()) {
       state.SkipWithError(s.to_string().c_str());
       break;
     }

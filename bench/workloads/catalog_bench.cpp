@@ -112,7 +112,7 @@ extern "C" void on_signal(int sig) {
 }
 
 void check(const cairn::Status& s, const std::string& what) {
-  if (!s.is_ok()) fail(what + ": " + s.to_string());
+  if (!s.ok()) fail(what + ": " + s.to_string());
 }
 
 // ---- memory ----

@@ -154,7 +154,7 @@ int main(int argc, char** argv) {
         cairn::Status s =
             cairn::decode_chunk(e.coding, e.bytes.data(), e.bytes.size(), with_base ? base.data() + c * chunk : nullptr,
                                 copy.data() + c * chunk, piece(c));
-        if (!s.is_ok()) fail(s.to_string());
+        if (!s.ok()) fail(s.to_string());
       }
     });
     if (copy != raw) fail("cairn round trip differs");

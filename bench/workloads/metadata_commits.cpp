@@ -54,7 +54,7 @@ void check_c(cairn_status s, const char* what) {
 }
 
 void check(const cairn::Status& s, const char* what) {
-  if (!s.is_ok()) {
+  if (!s.ok()) {
     std::fprintf(stderr, "cairn_bench_metadata: %s: %s\n", what, s.to_string().c_str());
     std::exit(1);
   }

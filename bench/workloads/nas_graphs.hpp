@@ -478,7 +478,7 @@ inline Graph finish(std::vector<Layer> layers, const NasSpace& sp) {
     Graph plain;
     plain.layers = std::move(copy);
     auto parsed = parse_graph(plain.to_json());
-    if (!parsed.is_ok()) throw std::logic_error("nas_graphs produced an invalid graph: " + parsed.status().to_string());
+    if (!parsed.ok()) throw std::logic_error("nas_graphs produced an invalid graph: " + parsed.status().to_string());
     if (!same_layers(parsed->layers, g.layers) || !parsed->tensors.empty())
       throw std::logic_error("nas_graphs: parse_graph orders or reads this graph differently: " +
                              plain.to_json().dump());

@@ -38,7 +38,7 @@ double median(std::vector<double> v) {
 }
 
 void check(const cairn::Status& s, const char* what) {
-  if (!s.is_ok()) {
+  if (!s.ok()) {
     std::fprintf(stderr, "cairn_bench_read: %s: %s\n", what, s.to_string().c_str());
     std::exit(1);
   }

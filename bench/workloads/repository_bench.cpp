@@ -54,7 +54,7 @@ double seconds(Clock::duration d) { return std::chrono::duration<double>(d).coun
 }
 
 void check(const cairn::Status& s, const std::string& what) {
-  if (!s.is_ok()) die(what, s);
+  if (!s.ok()) die(what, s);
 }
 
 // A field of /proc/self/status or /proc/meminfo, in bytes (the files give kB).
@@ -185,7 +185,7 @@ std::unique_ptr<Repository> open_repo(const fs::path& dir, uint64_t chunk_size, 
   auto t0 = Clock::now();
   auto r = Repository::open(dir.string(), chunk_size);
   if (took) *took = seconds(Clock::now() - t0);
-  if (!r.is_ok()) die("opening " + dir.string(), r.status());
+  if (!r.ok()) die("opening " + dir.string(), r.status());
   return std::move(r).value();
 }
 

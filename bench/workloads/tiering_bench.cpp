@@ -69,7 +69,7 @@ double median(std::vector<double> v) {
 }
 
 void check(const cairn::Status& s, const char* what) {
-  if (!s.is_ok()) die(std::string(what) + ": " + s.to_string());
+  if (!s.ok()) die(std::string(what) + ": " + s.to_string());
 }
 
 template <typename T>
@@ -325,7 +325,7 @@ json bench_commit(const fs::path& dir, uint64_t bytes, uint64_t tensors, int rep
     // for less until one extent fits; this only warms the client's page tables.
     uint64_t want = d.engine->dram().free_bytes() / kAlign * kAlign;
     cairn::Result<cairn::Client::Space> got = d.client->allocate(want);
-    while (!got.is_ok() && want > 64 * kMiB) {
+    while (!got.ok() && want > 64 * kMiB) {
       want = want / 2 / kAlign * kAlign;
       got = d.client->allocate(want);
     }

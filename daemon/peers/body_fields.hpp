@@ -45,7 +45,7 @@ class Body {
     for (const char* f : optional) known.insert(f);
     for (const auto& [k, v] : j_.items())
       if (!known.count(k)) return fault("unknown field '" + k + "' (a cairnd of another release?)");
-    return Status::ok();
+    return Status::OK();
   }
   const json& at(const char* f) const { return j_.at(f); }
   bool has(const char* f) const { return j_.contains(f); }
@@ -124,7 +124,7 @@ class Body {
   }
   Result<ModelManifest> manifest(const char* f) const {
     auto m = manifest_from_json(j_.at(f), /*with_locations=*/false);
-    if (!m.is_ok()) return fault(std::string(f) + ": " + m.status().message());
+    if (!m.ok()) return fault(std::string(f) + ": " + m.status().message());
     return std::move(m).value();
   }
 

@@ -126,10 +126,10 @@ void GroupParts::worker_loop() {
 Status GroupParts::send(const std::string& member, PeerMsg type, json body) {
   if (member == t_.self()) {
     post([this, type, body = std::move(body), member] { handle(type, body, member); });
-    return Status::ok();
+    return Status::OK();
   }
   Status st = t_.send(member, type, std::move(body));
-  if (!st.is_ok()) CAIRN_LOG_WARN("peers: {} message to {}: {}", peer_msg_name(type), member, st.to_string());
+  if (!st.ok()) CAIRN_LOG_WARN("peers: {} message to {}: {}", peer_msg_name(type), member, st.to_string());
   return st;
 }
 
@@ -145,9 +145,9 @@ void GroupParts::handle(PeerMsg type, const json& body, const std::string& from)
   // Decoded, then handed to its role; a body that does not decode is dropped and logged.
   auto run = [&](auto decode, auto step) {
     auto m = decode(body);
-    if (m.is_ok()) {
+    if (m.ok()) {
       step(std::move(m).value());
-      return Status::ok();
+      return Status::OK();
     }
     return m.status();
   };
@@ -168,7 +168,7 @@ void GroupParts::handle(PeerMsg type, const json& body, const std::string& from)
     default:
       return;
   }
-  if (bad.is_ok()) return;
+  if (bad.ok()) return;
   {
     cairn::MutexLock lock(mu_);
     ++bad_messages_;

@@ -33,7 +33,7 @@ void GroupParts::on_part(PartMessage m, const std::string& from) {
     // The first part here: the id is reserved for the job (the shared repository's claim), and the
     // first part's timeout counts.
     Status reserved = p_.commits.reserve_assembly(id, m.part.parent);
-    if (!reserved.is_ok()) return reject(reserved);
+    if (!reserved.ok()) return reject(reserved);
     Assembly a;
     a.parent = m.part.parent;
     a.of = m.of;
@@ -103,7 +103,7 @@ void GroupParts::complete(const std::string& id, Assembly a) {
     // It claims the id for itself; the claim goes back first (one live writer holds a claim).
     p_.commits.release_assembly(id);
     Status sent = send(registrar, PeerMsg::kAssemble, encode_assemble(am));
-    if (sent.is_ok()) {
+    if (sent.ok()) {
       CAIRN_LOG_INFO("peers: {}: its {} parts are in; member {}, which holds the most of its bytes, registers it",
                      quoted(id), a.of, registrar);
       for (const std::string& h : am.holders())
@@ -135,7 +135,7 @@ void GroupParts::on_assemble(AssembleMessage m, const std::string& from, bool re
   Checking c{std::move(m), from, {}, Clock::now() + p_.peer_timeout};
   if (!reserved) {
     Status r = p_.commits.reserve_assembly(id, c.assembly.model.parent);
-    if (!r.is_ok()) {
+    if (!r.ok()) {
       // Not reserved here: nothing to give back.
       CAIRN_LOG_WARN("peers: {} (sent by its home, member {})", r.message(), from);
       for (const std::string& h : c.assembly.holders())
@@ -190,7 +190,7 @@ void GroupParts::register_model(Checking c) {
   const uint64_t ticket = p_.tickets.create(Durability::kGlobal);
   Status registered = p_.commits.register_assembled(m.model, ticket);
   p_.commits.release_assembly(id);  // the flusher holds the id from here on (or it is free again)
-  if (!registered.is_ok()) {
+  if (!registered.ok()) {
     const Status error = failed_because(id, registered);
     CAIRN_LOG_WARN("peers: {}", error.message());
     for (const std::string& h : holders)
@@ -209,7 +209,7 @@ void GroupParts::register_model(Checking c) {
     waiters_[ticket] = std::thread([this, id, ticket] {
       auto out = p_.tickets.wait(ticket, std::chrono::milliseconds(-1));
       TicketBook::Outcome o;
-      if (out.is_ok()) o = *out;
+      if (out.ok()) o = *out;
       post([this, id, o] { on_flushed(id, o); });
     });
   }
@@ -235,7 +235,7 @@ void GroupParts::on_flushed(const std::string& id, TicketBook::Outcome o) {
   if (waiter.joinable()) waiter.join();  // it posted this and returned
   if (!o.done) return;                   // the daemon is stopping
   PartStateMessage m{id, PartPhase::kGlobal, "", Durability::kMemory, {}, {}};
-  if (o.error.is_ok()) {
+  if (o.error.ok()) {
     for (const std::string& h : r.holders) send_state(h, m);
     return;
   }

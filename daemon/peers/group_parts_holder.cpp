@@ -30,7 +30,7 @@ Status GroupParts::reserve_part(const std::string& id, uint32_t index, uint32_t 
     return invalid_argument(quoted(id) + ", part " + std::to_string(index) + " of " + std::to_string(of) +
                             " was committed twice");
   h.placing.insert(index);
-  return Status::ok();
+  return Status::OK();
 }
 
 void GroupParts::unreserve_part(const std::string& id, uint32_t index) {
@@ -65,7 +65,7 @@ void GroupParts::hold(PartMessage part, uint64_t ticket, std::vector<ChunkRef> p
   }
   post([this, id, index, home, body = encode_part(part)]() mutable {
     Status st = send(home, PeerMsg::kPart, std::move(body));
-    if (!st.is_ok())
+    if (!st.ok())
       fail_held(id,
                 failed_because(
                     id, st.with_context("sending part " + std::to_string(index) + " to member " + home + ", its home")),
@@ -149,7 +149,7 @@ void GroupParts::on_state(const PartStateMessage& m, const std::string& from) {
       break;
     case PartPhase::kGlobal:
       for (const HeldPart& p : parts) {
-        p_.tickets.finish(p.ticket, Durability::kGlobal, Status::ok());
+        p_.tickets.finish(p.ticket, Durability::kGlobal, Status::OK());
         release_chunks(p.chunks, true);
       }
       cv_.notify_all();
@@ -161,9 +161,9 @@ void GroupParts::on_state(const PartStateMessage& m, const std::string& from) {
 
 void GroupParts::write_local(const std::string& id, std::vector<ChunkRef> chunks, const std::string& registrar) {
   Status st = p_.tiers.write_local(chunks);
-  if (!st.is_ok())
+  if (!st.ok())
     CAIRN_LOG_WARN("peers: the parts of {} held here did not go to the burst buffer: {}", quoted(id), st.to_string());
-  (void)send(registrar, PeerMsg::kPartAck, encode_part_ack(PartAckMessage{id, AckOf::kLocal, st.is_ok()}));
+  (void)send(registrar, PeerMsg::kPartAck, encode_part_ack(PartAckMessage{id, AckOf::kLocal, st.ok()}));
 }
 
 void GroupParts::fail_held(const std::string& id, const Status& error, const std::vector<uint32_t>& which) {

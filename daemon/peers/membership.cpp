@@ -42,7 +42,7 @@ Status check_job(const std::string& job) {
   if (job.find('\0') != std::string::npos) return bad("contains a NUL character");
   if (job.find('/') != std::string::npos) return bad("contains '/'");
   if (job == "." || job == "..") return bad("is not a directory name");
-  return Status::ok();
+  return Status::OK();
 }
 
 // mkdir -p with the usual mode (0777 less the umask): the rendezvous directory may be shared.
@@ -63,7 +63,7 @@ Status make_parents(const std::string& path) {
   struct stat st;
   if (::stat(path.c_str(), &st) != 0) return errno_status("rendezvous directory " + path, errno);
   if (!S_ISDIR(st.st_mode)) return invalid_argument("peers.rendezvous " + path + " is not a directory");
-  return Status::ok();
+  return Status::OK();
 }
 
 // Creates dir (mode 0700) if missing, then checks it is a directory of this user.
@@ -82,7 +82,7 @@ Status make_private_dir(const std::string& dir) {
     CAIRN_LOG_WARN("peers: {} has mode {}: other users can write in the group's directory (chmod 700 it)", dir,
                    mode_octal(st.st_mode));
   }
-  return Status::ok();
+  return Status::OK();
 }
 
 Status write_all(int fd, const std::string& data, const std::string& what) {
@@ -95,7 +95,7 @@ Status write_all(int fd, const std::string& data, const std::string& what) {
     }
     done += static_cast<size_t>(n);
   }
-  return Status::ok();
+  return Status::OK();
 }
 
 // Reads up to limit bytes of an open file; false on a read error.
@@ -175,7 +175,7 @@ Result<std::string> read_or_create_secret(const std::string& dir) {
   const std::string path = dir + "/secret";
   for (int attempt = 0; attempt < 5; ++attempt) {
     auto existing = read_secret(path);
-    if (existing.is_ok() || existing.status().code() != StatusCode::kNotFound) return existing;
+    if (existing.ok() || existing.status().code() != StatusCode::kNotFound) return existing;
 
     const std::string tmp = dir + "/.secret." + to_hex(random_bytes(8)) + ".tmp";
     int fd = ::open(tmp.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_NOFOLLOW | O_CLOEXEC, 0600);
@@ -183,10 +183,10 @@ Result<std::string> read_or_create_secret(const std::string& dir) {
     std::string secret = random_bytes(kSecretBytes);
     Status s;
     if (::fchmod(fd, 0600) != 0) s = errno_status("chmod " + tmp, errno);  // whatever the umask
-    if (s.is_ok()) s = write_all(fd, secret, tmp);
-    if (s.is_ok() && ::fsync(fd) != 0) s = errno_status("fsync " + tmp, errno);
-    if (::close(fd) != 0 && s.is_ok()) s = errno_status("closing " + tmp, errno);
-    if (!s.is_ok()) {
+    if (s.ok()) s = write_all(fd, secret, tmp);
+    if (s.ok() && ::fsync(fd) != 0) s = errno_status("fsync " + tmp, errno);
+    if (::close(fd) != 0 && s.ok()) s = errno_status("closing " + tmp, errno);
+    if (!s.ok()) {
       ::unlink(tmp.c_str());
       return s;
     }
@@ -270,10 +270,10 @@ Status publish(const std::string& dir, const std::string& file, const MemberInfo
   int fd = ::open(tmp.c_str(), O_CREAT | O_TRUNC | O_WRONLY | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0) return errno_status("creating the member file " + tmp, errno);
   Status s = write_all(fd, member_json(self).dump() + "\n", tmp);
-  if (s.is_ok() && ::fsync(fd) != 0) s = errno_status("fsync " + tmp, errno);
-  if (::close(fd) != 0 && s.is_ok()) s = errno_status("closing " + tmp, errno);
-  if (s.is_ok() && ::rename(tmp.c_str(), file.c_str()) != 0) s = errno_status("publishing " + file, errno);
-  if (!s.is_ok()) ::unlink(tmp.c_str());
+  if (s.ok() && ::fsync(fd) != 0) s = errno_status("fsync " + tmp, errno);
+  if (::close(fd) != 0 && s.ok()) s = errno_status("closing " + tmp, errno);
+  if (s.ok() && ::rename(tmp.c_str(), file.c_str()) != 0) s = errno_status("publishing " + file, errno);
+  if (!s.ok()) ::unlink(tmp.c_str());
   return s;
 }
 
@@ -305,7 +305,7 @@ Result<std::unique_ptr<Membership>> Membership::join(const std::string& rendezvo
   m->self_.started = static_cast<int64_t>(::time(nullptr));
   m->file_ = dir + "/members/" + m->self_.id + ".json";
   Status s = publish(m->dir_, m->file_, m->self_);
-  if (!s.is_ok()) {
+  if (!s.ok()) {
     m->left_ = true;  // nothing to remove
     return s;
   }
@@ -381,8 +381,8 @@ std::vector<MemberInfo> Membership::scan() {
 
 Status Membership::heartbeat() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (left_) return Status::ok();  // a member that left stays gone
-  if (::utimensat(AT_FDCWD, file_.c_str(), nullptr, AT_SYMLINK_NOFOLLOW) == 0) return Status::ok();
+  if (left_) return Status::OK();  // a member that left stays gone
+  if (::utimensat(AT_FDCWD, file_.c_str(), nullptr, AT_SYMLINK_NOFOLLOW) == 0) return Status::OK();
   int err = errno;
   if (err != ENOENT) return errno_status("touching the member file " + file_, err);
   CAIRN_LOG_WARN("peers: {} was removed (taken for a dead member?): writing it again", file_);

@@ -186,15 +186,14 @@ namespace {
 template <class Decode, class Encode>
 Status round_trip(const json& body, Decode decode, Encode encode) {
   auto first = decode(body);
-  if (!first.is_ok()) return first.status();
+  if (!first.ok()) return first.status();
   const json again = encode(*first);
   auto second = decode(again);
-  if (!second.is_ok())
-    return internal_error("a decoded part message does not decode again: " + second.status().message());
+  if (!second.ok()) return internal_error("a decoded part message does not decode again: " + second.status().message());
   // Compared by encoding (a NaN in metadata is not == itself).
   if (json::to_cbor(encode(*second)) != json::to_cbor(again))
     return internal_error("a part message changed in a round trip");
-  return Status::ok();
+  return Status::OK();
 }
 
 }  // namespace
@@ -211,7 +210,7 @@ Status check_part_body(PeerMsg type, const json& body) {
       case PeerMsg::kPartAck:
         return round_trip(body, decode_part_ack, encode_part_ack);
       default:
-        return Status::ok();
+        return Status::OK();
     }
   } catch (const std::exception& e) {
     return internal_error(std::string("a part message decoder threw: ") + e.what());

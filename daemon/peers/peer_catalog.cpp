@@ -11,7 +11,7 @@ std::shared_ptr<const ModelManifest> PeerCatalog::parent_of(const ModelManifest&
   if (auto pending = p_.flusher.find(m.parent)) return pending;
   if (auto remote = remote_.find(m.parent)) return remote;
   auto stored = p_.repo.get_shared(m.parent);
-  if (!stored.is_ok() || (*stored)->collected) return nullptr;
+  if (!stored.ok() || (*stored)->collected) return nullptr;
   return std::move(stored).value();
 }
 
@@ -24,7 +24,7 @@ void PeerCatalog::add(ModelManifest model, const std::string& member) {
   auto m = std::make_shared<const ModelManifest>(std::move(model));
   std::shared_ptr<const ModelManifest> parent = parent_of(*m);
   Status added = p_.catalog.add(m->id, m->parent, graph_for(p_.catalog, *m, nullptr, parent.get()), m->metadata);
-  if (!added.is_ok()) {
+  if (!added.ok()) {
     CAIRN_LOG_WARN("model '{}' of peer {}: {}", m->id, member, added.to_string());
     return;
   }
@@ -44,7 +44,7 @@ void PeerCatalog::drop(const std::string& id, const std::string& member, const s
   auto m = remote_.find(id);
   if (!m || remote_.member_of(id) != member || !remote_.erase(id)) return;
   // Published before the member left: the repository serves it (get looks the id up on a miss).
-  if (p_.repo.get_shared(id).is_ok()) return;
+  if (p_.repo.get_shared(id).ok()) return;
   (void)p_.catalog.retire(id);
   (void)p_.catalog.erase(id);
   p_.references.count(*m, -1);

@@ -16,7 +16,7 @@ constexpr size_t kReplayRing = 32;  // the frames a replaying member keeps to se
 }  // namespace
 
 Status PeerService::Impl::set_faults(const char* spec) {
-  if (!spec) return Status::ok();
+  if (!spec) return Status::OK();
   std::string_view rest(spec);
   while (!rest.empty()) {
     const size_t comma = rest.find(',');
@@ -47,7 +47,7 @@ Status PeerService::Impl::set_faults(const char* spec) {
                                             : "this member sends signed frames with bodies no member can read, "
                                               "and random bytes");
   }
-  return Status::ok();
+  return Status::OK();
 }
 
 void PeerService::Impl::send_faults(const Outgoing& o) {

@@ -58,7 +58,7 @@ Status PeerService::Impl::fetch(const ChunkRef& ref, void* dst) {
       return timed_out("peer group: the home of chunk " + ref.hash.hex() + " (" + home_id + ") did not answer within " +
                        std::to_string(opts.timeout.count()) + " ms");
     }
-    if (!answer->status.is_ok()) return answer->status;
+    if (!answer->status.ok()) return answer->status;
     if (answer->verdict != ChunkDirectory::Verdict::kFetch || answer->holder.empty() || answer->holder == self)
       return not_found("peer group: this member reads chunk " + ref.hash.hex() + " from the repository for the job");
     // 2. Fetch the body from the holder, straight into dst.
@@ -70,7 +70,7 @@ Status PeerService::Impl::fetch(const ChunkRef& ref, void* dst) {
       deliver_all(directory.fetch_done(ref.hash, holder, self, PClock::now()), out);
     else if (auto o = to_member(home_id, PeerMsg::kFetched, json{{"chunk", ref.hash.hex()}, {"holder", holder}}))
       out.push_back(std::move(*o));
-    if (st.is_ok()) {
+    if (st.ok()) {
       auto it = members.find(holder);
       if (it != members.end()) {
         ++it->second.chunks_fetched;
@@ -81,7 +81,7 @@ Status PeerService::Impl::fetch(const ChunkRef& ref, void* dst) {
     }
     lock.unlock();
     send(out);
-    if (st.is_ok()) return st;
+    if (st.ok()) return st;
     last = st;
     if (st.code() == StatusCode::kTimeout) return st;  // the timeout is spent: the repository next
   }
@@ -117,20 +117,20 @@ Status PeerService::Impl::fetch_from(cairn::MutexLock& lock, const std::string& 
     }
     cv.notify_all();
   });
-  if (posted.is_ok()) {
+  if (posted.ok()) {
     Status sent = fabric->send_control(handle, get.frame);
-    if (!sent.is_ok()) {
+    if (!sent.ok()) {
       data->cancel_body_receive(tag);
       posted = sent;
     }
   }
   lock.lock();
-  if (!posted.is_ok()) {
+  if (!posted.ok()) {
     pendings.erase(req);
     return posted;
   }
   auto p = wait(lock, req, PClock::now() + opts.timeout);
-  const bool got_body = p && p->status.is_ok() && body_done->load();
+  const bool got_body = p && p->status.ok() && body_done->load();
   if (!got_body) {
     // Make sure the fabric no longer writes into dst before it goes back to the caller.
     lock.unlock();
@@ -146,8 +146,8 @@ Status PeerService::Impl::fetch_from(cairn::MutexLock& lock, const std::string& 
       return timed_out("peer group: holder " + holder + " did not send chunk " + ref.hash.hex() + " within " +
                        std::to_string(opts.timeout.count()) + " ms");
     }
-    return p->status.is_ok() ? unavailable("peer group: the body of chunk " + ref.hash.hex() + " did not arrive")
-                             : p->status;
+    return p->status.ok() ? unavailable("peer group: the body of chunk " + ref.hash.hex() + " did not arrive")
+                          : p->status;
   }
   if (p->bytes != ref.length || hash_bytes(dst, ref.length) != ref.hash) {
     ++bad_bodies;
@@ -155,7 +155,7 @@ Status PeerService::Impl::fetch_from(cairn::MutexLock& lock, const std::string& 
                    p->bytes, ref.length);
     return corruption("peer group: chunk " + ref.hash.hex() + " from " + holder + " fails its hash");
   }
-  return Status::ok();
+  return Status::OK();
 }
 
 }  // namespace cairn

@@ -34,7 +34,7 @@ const char* verdict_name(ChunkDirectory::Verdict v) {
 // A body's decoded value, or nullopt when its decoder refused it (counted and logged as malformed).
 template <class T>
 std::optional<T> readable(PeerService::Impl& s, const PeerMessage& m, Result<T> r) CAIRN_REQUIRES(s.mu) {
-  if (r.is_ok()) return std::move(r).value();
+  if (r.ok()) return std::move(r).value();
   s.malformed(m, r.status());
   return std::nullopt;
 }
@@ -110,7 +110,7 @@ void PeerService::Impl::on_message(std::span<const uint8_t> frame) {
   auto decoded = decode_peer_message(frame, secret);
   std::vector<Outgoing> out;
   cairn::MutexLock lock(mu);
-  if (!decoded.is_ok()) {
+  if (!decoded.ok()) {
     ++refused_frames;
     auto now = PClock::now();
     if (now - last_refusal_log > std::chrono::seconds(5)) {
@@ -340,9 +340,9 @@ void PeerService::Impl::serve_get(Member& mem, const GetBody& g, std::vector<Out
   bodies.push_back([this, handle, data_handle, tag, src, length, hash, copy, to, req, released] {
     Status st = data->send_body(data_handle, tag, src, length, [this, hash, copy, released](const Status& s, size_t) {
       if (!released->exchange(true)) dram.unpin(hash);
-      if (!s.is_ok()) CAIRN_LOG_DEBUG("peers: sending chunk {}: {}", hash.hex(), s.to_string());
+      if (!s.ok()) CAIRN_LOG_DEBUG("peers: sending chunk {}: {}", hash.hex(), s.to_string());
     });
-    if (!st.is_ok()) {
+    if (!st.ok()) {
       if (!released->exchange(true)) dram.unpin(hash);
       std::vector<Outgoing> o{make(to, handle, PeerMsg::kGetReply, json{{"req", req}, {"error", st.message()}})};
       send(o);
@@ -369,12 +369,12 @@ void PeerService::Impl::drain_late_body(uint64_t tag) {
   auto scratch = std::make_shared<std::array<uint8_t, 64>>();
   Status st = data->post_body_receive(tag, scratch->data(), scratch->size(), [this, scratch](const Status& s, size_t) {
     // A body longer than the scratch completes truncated: taken and dropped, as meant.
-    if (s.is_ok() || s.message().find("cancelled") == std::string::npos) {
+    if (s.ok() || s.message().find("cancelled") == std::string::npos) {
       cairn::MutexLock g(mu);
       ++late_bodies_drained;
     }
   });
-  if (!st.is_ok()) {
+  if (!st.ok()) {
     CAIRN_LOG_DEBUG("peers: posting the drain of a late body: {}", st.to_string());
     return;
   }

@@ -80,10 +80,10 @@ bool PeerService::Impl::reach(Member& mem, const std::string& published) {
     return false;
   }
   auto c = fabric->add_peer(published.substr(2, n));
-  auto d = c.is_ok() ? data->add_peer(published.substr(2 + n)) : Result<uint64_t>(c.status());
-  if (!c.is_ok() || !d.is_ok()) {
+  auto d = c.ok() ? data->add_peer(published.substr(2 + n)) : Result<uint64_t>(c.status());
+  if (!c.ok() || !d.ok()) {
     CAIRN_LOG_WARN("peers: member {} at {}: {}", mem.info.id, mem.info.host,
-                   (c.is_ok() ? d.status() : c.status()).to_string());
+                   (c.ok() ? d.status() : c.status()).to_string());
     return false;  // (an address added to one vector stays: removing one may crash rxm)
   }
   mem.handle = *c;
@@ -189,7 +189,7 @@ class PeerSource final : public ChunkSource {
   Status read(const ChunkRef& ref, void* dst) override {
     auto t0 = PClock::now();
     Status st = service_.fetch(ref, dst);
-    if (st.is_ok()) bw_.sample(ref.length, std::chrono::duration<double>(PClock::now() - t0).count());
+    if (st.ok()) bw_.sample(ref.length, std::chrono::duration<double>(PClock::now() - t0).count());
     return st;
   }
   double cost(uint64_t bytes) const override { return bw_.seconds_for(bytes); }
@@ -209,14 +209,14 @@ Result<std::unique_ptr<PeerService>> PeerService::open(const Options& options, D
   fo.provider = options.provider;
   fo.address = options.address;
   auto fabric = Fabric::open(fo);
-  if (!fabric.is_ok()) return fabric.status().with_context("peers: opening the fabric");
+  if (!fabric.ok()) return fabric.status().with_context("peers: opening the fabric");
   impl->fabric = std::move(fabric).value();
   auto data = Fabric::open(fo);
-  if (!data.is_ok()) return data.status().with_context("peers: opening the fabric's data endpoint");
+  if (!data.ok()) return data.status().with_context("peers: opening the fabric's data endpoint");
   impl->data = std::move(data).value();
   CAIRN_RETURN_IF_ERROR(impl->data->register_region(dram.base(), dram.arena_size()));
   auto joined = Membership::join(options.rendezvous, options.job, impl->published_address(), options.timeout);
-  if (!joined.is_ok()) return joined.status().with_context("peers: joining job " + options.job);
+  if (!joined.ok()) return joined.status().with_context("peers: joining job " + options.job);
   impl->membership = std::move(joined).value();
   impl->self = impl->membership->self().id;
   impl->secret = impl->membership->secret();
@@ -343,9 +343,8 @@ Status PeerService::send_part_message(const std::string& member, PeerMsg type, j
     out.push_back(std::move(o));
   }
   Status st = s.fabric->send_control(out[0].handle, out[0].frame);
-  if (!st.is_ok())
-    return st.with_context(std::string("sending a ") + peer_msg_name(type) + " message to peer " + member);
-  return Status::ok();
+  if (!st.ok()) return st.with_context(std::string("sending a ") + peer_msg_name(type) + " message to peer " + member);
+  return Status::OK();
 }
 
 bool PeerService::has_members() const {

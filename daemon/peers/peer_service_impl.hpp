@@ -206,7 +206,7 @@ struct PeerService::Impl {
   }
   void send_one(const Outgoing& o) {
     Status st = (o.via_data ? data : fabric)->send_control(o.handle, o.frame);
-    if (!st.is_ok()) CAIRN_LOG_DEBUG("peers: sending to {}: {}", o.to, st.to_string());
+    if (!st.ok()) CAIRN_LOG_DEBUG("peers: sending to {}: {}", o.to, st.to_string());
   }
   // The replay and forge test hooks after o was sent (peer_faults.cpp).
   void send_faults(const Outgoing& o);

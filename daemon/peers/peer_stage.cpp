@@ -30,8 +30,8 @@ void PeerService::Impl::serve_stage(Member& mem, const StageBody& stage) {
     const auto t0 = PClock::now();
     Result<uint64_t> r = events->stage(model);
     const double seconds = std::chrono::duration<double>(PClock::now() - t0).count();
-    json reply{{"req", req}, {"ok", r.is_ok()}, {"seconds", seconds}};
-    if (r.is_ok())
+    json reply{{"req", req}, {"ok", r.ok()}, {"seconds", seconds}};
+    if (r.ok())
       reply["bytes"] = *r;
     else
       reply["error"] = r.status().to_string().substr(0, 4000);  // peer_bodies.hpp: at most kMaxErrorBytes
@@ -89,7 +89,7 @@ json PeerService::stage_all(const std::string& model, PClock::time_point deadlin
     if (!p) {
       a["ok"] = false;
       a["error"] = "no answer before the deadline";
-    } else if (!p->status.is_ok()) {
+    } else if (!p->status.ok()) {
       a["ok"] = false;
       a["error"] = p->status.to_string();
     } else {

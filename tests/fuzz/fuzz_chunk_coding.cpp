@@ -39,7 +39,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (e.coding == cairn::ChunkCoding::kRaw) return 0;
   std::vector<uint8_t> back(size + 1);
   cairn::Status s = cairn::decode_chunk(e.coding, e.bytes.data(), e.bytes.size(), base.data(), back.data(), size);
-  if (!s.is_ok()) std::abort();
+  if (!s.ok()) std::abort();
   for (size_t i = 0; i < size; ++i)
     if (back[i] != data[i]) std::abort();
   return 0;

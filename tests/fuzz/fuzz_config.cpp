@@ -12,12 +12,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const std::map<std::string, std::string> kEmptyEnv;
   std::string text(reinterpret_cast<const char*>(data), size);
   cairn::Result<cairn::Config> r = cairn::load_config_text(text, "fuzz", kEmptyEnv);
-  if (!r.is_ok()) {
+  if (!r.ok()) {
     if (r.status().code() != cairn::StatusCode::kInvalidArgument) std::abort();
     return 0;
   }
   std::string yaml = r->to_yaml();
   cairn::Result<cairn::Config> back = cairn::load_config_text(yaml, "round trip", kEmptyEnv);
-  if (!back.is_ok() || back->to_yaml() != yaml) std::abort();
+  if (!back.ok() || back->to_yaml() != yaml) std::abort();
   return 0;
 }

@@ -13,7 +13,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (j.is_discarded()) return 0;
   // The rule alone.
   auto r = cairn::parse_fault_rule(j.is_object() && j.contains("rule") ? j["rule"] : j);
-  if (!r.is_ok()) {
+  if (!r.ok()) {
     if (r.status().message().rfind("fault: ", 0) != 0) std::abort();  // every message names the field
   } else {
     if (r->skip < 0 || r->times == 0 || r->times < -1 || r->delay_ms > cairn::kMaxFaultDelayMs) std::abort();
@@ -22,7 +22,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     nlohmann::json back = cairn::fault_rule_json({*r, 0});
     back.erase("injected");
     auto again = cairn::parse_fault_rule(back);
-    if (!again.is_ok() || again->op != r->op || again->effect != r->effect || again->err != r->err ||
+    if (!again.ok() || again->op != r->op || again->effect != r->effect || again->err != r->err ||
         again->skip != r->skip || again->times != r->times || again->delay_ms != r->delay_ms ||
         again->path_contains != r->path_contains)
       std::abort();
@@ -33,7 +33,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FaultyFileSystem fs(mem);
   cairn::FaultInjection faults(&fs);
   auto out = faults.handle(j);
-  if (!out.is_ok() && out.status().message().rfind("fault: ", 0) != 0) std::abort();
-  if (out.is_ok() && fs.rules().size() > 1) std::abort();
+  if (!out.ok() && out.status().message().rfind("fault: ", 0) != 0) std::abort();
+  if (out.ok() && fs.rules().size() > 1) std::abort();
   return 0;
 }

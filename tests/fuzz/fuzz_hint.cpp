@@ -10,7 +10,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto j = nlohmann::json::parse(data, data + size, nullptr, false);
   if (j.is_discarded()) return 0;
   auto h = cairn::parse_hint(j);
-  if (!h.is_ok()) {
+  if (!h.ok()) {
     if (h.status().message().rfind("hint", 0) != 0) std::abort();  // every message names the field
     return 0;
   }

@@ -14,21 +14,21 @@
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);
   auto s = cairn::tool::parse_job_summary(text, "fuzz.json");
-  if (!s.is_ok()) {
+  if (!s.ok()) {
     if (s.status().code() != cairn::StatusCode::kInvalidArgument) std::abort();
     if (s.status().message().find("fuzz.json") == std::string::npos) std::abort();
   } else {
     const std::string again = cairn::tool::summary_to_json(*s);
     auto back = cairn::tool::parse_job_summary(again, "again");
-    if (!back.is_ok() || cairn::tool::summary_to_json(*back) != again) std::abort();
+    if (!back.ok() || cairn::tool::summary_to_json(*back) != again) std::abort();
     (void)cairn::tool::summary_table(*s);
     (void)cairn::tool::summary_line(*s);
   }
   auto n = cairn::tool::parse_node_state(text, "state.json");
-  if (!n.is_ok()) {
+  if (!n.ok()) {
     if (n.status().code() != cairn::StatusCode::kInvalidArgument) std::abort();
     if (n.status().message().find("state.json") == std::string::npos) std::abort();
-  } else if (!cairn::tool::parse_node_state(cairn::tool::node_state_to_json(*n), "again").is_ok()) {
+  } else if (!cairn::tool::parse_node_state(cairn::tool::node_state_to_json(*n), "again").ok()) {
     std::abort();
   }
   return 0;

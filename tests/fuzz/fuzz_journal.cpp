@@ -29,7 +29,7 @@ std::unique_ptr<cairn::NvmeTier> open_tier(cairn::FileSystem& fs) {
   o.persistent = true;
   o.fs = &fs;
   auto t = cairn::NvmeTier::open(std::move(o));
-  if (!t.is_ok()) return nullptr;
+  if (!t.ok()) return nullptr;
   return std::move(t).value();
 }
 
@@ -48,21 +48,21 @@ const Valid& valid() {
     for (size_t i = 0; i < chunks.size(); ++i) {
       cairn::NvmeTier::Put p{cairn::hash_bytes(chunks[i].data(), chunks[i].size()), chunks[i].data(), chunks[i].size(),
                              i % 2 == 0};
-      if (!t->put(std::span<const cairn::NvmeTier::Put>(&p, 1)).is_ok()) std::abort();
+      if (!t->put(std::span<const cairn::NvmeTier::Put>(&p, 1)).ok()) std::abort();
     }
     t->remove(cairn::hash_bytes(chunks[1].data(), chunks[1].size()));
     t->mark_clean(cairn::hash_bytes(chunks[2].data(), chunks[2].size()));
-    if (!t->put_model(1, "a", "{\"x\":1}").is_ok() || !t->put_model(2, "b", "{}").is_ok()) std::abort();
+    if (!t->put_model(1, "a", "{\"x\":1}").ok() || !t->put_model(2, "b", "{}").ok()) std::abort();
     (void)t->model_done("a");
     t.reset();  // as a crash leaves it (no close)
     auto* out = new Valid;
     for (auto [name, dst] : {std::pair{"/bb/data", &out->data}, std::pair{"/bb/journal", &out->journal}}) {
       auto f = fs.open(name, cairn::kRead);
-      if (!f.is_ok()) std::abort();
+      if (!f.ok()) std::abort();
       uint64_t n = *(*f)->size();
       dst->resize(n);
       size_t got = 0;
-      if (!(*f)->pread(dst->data(), n, 0, &got).is_ok()) std::abort();
+      if (!(*f)->pread(dst->data(), n, 0, &got).ok()) std::abort();
     }
     return out;
   }();
@@ -71,8 +71,8 @@ const Valid& valid() {
 
 void write_file(cairn::FileSystem& fs, const std::string& path, const std::string& content) {
   auto f = fs.open(path, cairn::kCreate | cairn::kTruncate);
-  if (!f.is_ok()) std::abort();
-  if (!content.empty() && !(*f)->pwrite(content.data(), content.size(), 0).is_ok()) std::abort();
+  if (!f.ok()) std::abort();
+  if (!content.empty() && !(*f)->pwrite(content.data(), content.size(), 0).ok()) std::abort();
 }
 
 }  // namespace
@@ -93,7 +93,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       journal[at + i] = static_cast<char>(journal[at + i] ^ in[i]);
   }
   cairn::MemoryFileSystem fs;
-  if (!fs.make_dirs("/bb").is_ok()) std::abort();
+  if (!fs.make_dirs("/bb").ok()) std::abort();
   write_file(fs, "/bb/data", v.data);
   write_file(fs, "/bb/journal", journal);
   auto t = open_tier(fs);
@@ -105,13 +105,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<uint8_t> extra = bytes(777, 99);
   cairn::ChunkHash eh = cairn::hash_bytes(extra.data(), extra.size());
   cairn::NvmeTier::Put p{eh, extra.data(), extra.size(), true};
-  bool put_ok = t->put(std::span<const cairn::NvmeTier::Put>(&p, 1)).is_ok();
+  bool put_ok = t->put(std::span<const cairn::NvmeTier::Put>(&p, 1)).ok();
   t.reset();
   auto again = open_tier(fs);
   if (!again) std::abort();  // a journal the tier wrote itself must open
   if (put_ok && !again->contains(eh)) std::abort();
   std::vector<uint8_t> back(extra.size());
-  if (put_ok && !again->read(eh, back.data(), back.size()).is_ok()) std::abort();
+  if (put_ok && !again->read(eh, back.data(), back.size()).ok()) std::abort();
   if (put_ok && back != extra) std::abort();
   return 0;
 }

@@ -90,13 +90,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   const std::vector<uint8_t> frame = frame_with_body(type, body);
   auto m = cairn::decode_peer_message(std::span<const uint8_t>(frame), kSecret);
-  if (!m.is_ok()) {
+  if (!m.ok()) {
     expect(m.status().code() == cairn::StatusCode::kProtocol);
     return 0;
   }
   expect(m->type == type && m->to == "m2222222222222222");
   const cairn::Status st = cairn::check_peer_body(type, m->body);
-  if (!st.is_ok()) {
+  if (!st.ok()) {
     expect(st.code() == cairn::StatusCode::kProtocol);
     expect(st.message().rfind(std::string("peer message ") + cairn::peer_msg_name(type), 0) == 0);
     return 0;

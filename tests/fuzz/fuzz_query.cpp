@@ -22,7 +22,7 @@ cairn::Catalog& catalog() {
             layer("skip", "Add", nlohmann::json::object(), {"in", "relu"}),
             layer("fc", "Linear", {{"out_features", 10}}, {"skip"})}}};
       auto parsed = cairn::parse_graph(g);
-      if (!parsed.is_ok()) std::abort();
+      if (!parsed.ok()) std::abort();
       (void)c->add("m" + std::to_string(w), "", c->compile(*parsed), {{"score", w / 64.0}, {"tags", {{"w", w}}}});
     }
     return c;
@@ -37,7 +37,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (j.is_discarded()) return 0;
   // As a filter.
   auto f = cairn::MetadataFilter::parse(j);
-  if (!f.is_ok()) {
+  if (!f.ok()) {
     if (f.status().message().empty()) std::abort();
   } else {
     (void)f->matches(j);
@@ -45,9 +45,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   // As a graph.
   auto g = cairn::parse_graph(j);
-  if (g.is_ok()) {
+  if (g.ok()) {
     auto h = catalog().compile(*g, /*intern_types=*/false);
-    cairn::MetadataFilter where = f.is_ok() ? *f : cairn::MetadataFilter{};
+    cairn::MetadataFilter where = f.ok() ? *f : cairn::MetadataFilter{};
     if (!(catalog().best_ancestor(h, where) == catalog().best_ancestor_scan(h, where))) std::abort();
   }
   return 0;

@@ -53,7 +53,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (j.is_discarded()) continue;
     for (const cairn::ModelManifest* p : {static_cast<const cairn::ModelManifest*>(nullptr), &parent()}) {
       auto m = cairn::decode_commit(j, p);
-      if (!m.is_ok()) {
+      if (!m.ok()) {
         if (m.status().message().empty()) std::abort();
         continue;
       }
@@ -64,7 +64,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         continue;  // strings the parser accepted but dump() will not write (invalid UTF-8 escapes)
       }
       auto back = cairn::decode_commit(nlohmann::json::parse(again), p);
-      if (!back.is_ok() || !(*back == *m)) std::abort();
+      if (!back.ok() || !(*back == *m)) std::abort();
     }
   }
   return 0;

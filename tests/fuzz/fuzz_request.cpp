@@ -12,7 +12,7 @@
 namespace {
 
 void refused(const cairn::Status& st) {
-  if (st.is_ok() || st.message().empty()) std::abort();
+  if (st.ok() || st.message().empty()) std::abort();
   if (st.code() != cairn::StatusCode::kInvalidArgument) std::abort();
 }
 
@@ -25,7 +25,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (j.is_discarded() || !j.is_object()) return 0;
   namespace rq = cairn::request;
 
-  if (auto c = rq::decode_commit(j, edge); c.is_ok()) {
+  if (auto c = rq::decode_commit(j, edge); c.ok()) {
     if (!cairn::valid_name(c->id) || (!c->parent.empty() && !cairn::valid_name(c->parent))) std::abort();
     if (!c->metadata.is_object() || (c->graph.has_value() == c->architecture.is_null())) std::abort();
     if (c->part && (c->part->of < 2 || c->part->index >= c->part->of || c->part->timeout_ms == 0 || c->inherit_all))
@@ -38,31 +38,31 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } else {
     refused(c.status());
   }
-  if (auto o = rq::decode_open(j); o.is_ok() ? !cairn::valid_name(o->id) : (refused(o.status()), false)) std::abort();
+  if (auto o = rq::decode_open(j); o.ok() ? !cairn::valid_name(o->id) : (refused(o.status()), false)) std::abort();
   for (auto l : {rq::decode_lease(j), rq::decode_lease_device(j)}) {
-    if (!l.is_ok()) {
+    if (!l.ok()) {
       refused(l.status());
       continue;
     }
     if (!cairn::valid_name(l->id)) std::abort();
   }
-  if (auto p = rq::decode_prefetch(j); p.is_ok()) {
+  if (auto p = rq::decode_prefetch(j); p.ok()) {
     if (!cairn::valid_name(p->id) || (p->device && p->tier != rq::Prefetch::Tier::kHbm)) std::abort();
   } else {
     refused(p.status());
   }
   auto leases = j.find("leases");
-  if (auto r = rq::decode_release(leases == j.end() ? nullptr : &*leases); !r.is_ok()) refused(r.status());
-  if (auto a = rq::decode_allocate(j); !a.is_ok()) refused(a.status());
-  if (auto f = rq::decode_free(j); !f.is_ok()) refused(f.status());
-  if (auto w = rq::decode_wait(j); !w.is_ok()) refused(w.status());
-  if (auto p = rq::decode_put_tensor(j); p.is_ok()) {
+  if (auto r = rq::decode_release(leases == j.end() ? nullptr : &*leases); !r.ok()) refused(r.status());
+  if (auto a = rq::decode_allocate(j); !a.ok()) refused(a.status());
+  if (auto f = rq::decode_free(j); !f.ok()) refused(f.status());
+  if (auto w = rq::decode_wait(j); !w.ok()) refused(w.status());
+  if (auto p = rq::decode_put_tensor(j); p.ok()) {
     if (!cairn::valid_name(p->key)) std::abort();
   } else {
     refused(p.status());
   }
-  if (auto k = rq::decode_tensor_key(j); k.is_ok() ? !cairn::valid_name(k->key) : (refused(k.status()), false))
+  if (auto k = rq::decode_tensor_key(j); k.ok() ? !cairn::valid_name(k->key) : (refused(k.status()), false))
     std::abort();
-  if (auto p = rq::decode_poll_tensor(j); !p.is_ok()) refused(p.status());
+  if (auto p = rq::decode_poll_tensor(j); !p.ok()) refused(p.status());
   return 0;
 }

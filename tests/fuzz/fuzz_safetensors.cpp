@@ -62,7 +62,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   uint64_t needed = 1;
   auto parsed = cairn::safetensors::parse_header(file, size, &needed);
   check(needed == 0, "asked for more than the whole file");
-  if (!parsed.is_ok()) {
+  if (!parsed.ok()) {
     check(parsed.status().code() == cairn::StatusCode::kInvalidArgument, "unexpected code",
           parsed.status().to_string());
     check(!parsed.status().message().empty(), "rejection without a message");
@@ -74,21 +74,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // The exact prefix is enough; one byte less asks for exactly the prefix.
   const uint64_t prefix_len = h.data_offset();
   auto exact = cairn::safetensors::parse_header(file.first(prefix_len), size, &needed);
-  check(exact.is_ok() && needed == 0 && same_tensors(h, *exact), "exact prefix disagrees");
+  check(exact.ok() && needed == 0 && same_tensors(h, *exact), "exact prefix disagrees");
   auto shorter = cairn::safetensors::parse_header(file.first(prefix_len - 1), size, &needed);
-  check(!shorter.is_ok() && needed == prefix_len, "short prefix not reported");
+  check(!shorter.ok() && needed == prefix_len, "short prefix not reported");
 
   // What we read, we can write, and read back the same.
   std::vector<TensorEntry> tensors = h.tensors;
   auto built = cairn::safetensors::build_header(tensors, h.has_metadata ? &h.metadata : nullptr);
-  check(built.is_ok(), "build_header rejected a parsed header", built.status().to_string());
+  check(built.ok(), "build_header rejected a parsed header", built.status().to_string());
   for (size_t i = 0; i < tensors.size(); ++i)
     check(tensors[i].begin == h.tensors[i].begin && tensors[i].end == h.tensors[i].end, "build_header moved a tensor",
           tensors[i].name);
   check(built->size() % 8 == 0, "built header not padded");
   const uint64_t rebuilt_size = built->size() + h.data_bytes;
   auto again = cairn::safetensors::parse_header(bytes_of(*built), rebuilt_size);
-  check(again.is_ok(), "built header rejected", again.status().to_string());
+  check(again.ok(), "built header rejected", again.status().to_string());
   check(same_tensors(h, *again), "round trip changed the header");
   check_layout(*again, rebuilt_size);
   return 0;

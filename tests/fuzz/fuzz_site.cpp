@@ -13,7 +13,7 @@
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string text(reinterpret_cast<const char*>(data), size);
   auto r = cairn::tool::parse_site_config(text, "fuzz");
-  if (!r.is_ok()) {
+  if (!r.ok()) {
     if (r.status().code() != cairn::StatusCode::kInvalidArgument) std::abort();
     if (r.status().message().find("site config fuzz") == std::string::npos) std::abort();
     return 0;

@@ -14,17 +14,17 @@
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view text(reinterpret_cast<const char*>(data), size);
   cairn::Result<cairn::Trace> r = cairn::parse_trace(text, "fuzz");
-  if (!r.is_ok()) {
+  if (!r.ok()) {
     if (r.status().code() != cairn::StatusCode::kInvalidArgument) std::abort();
     if (r.status().message().rfind("fuzz:", 0) != 0) std::abort();
     return 0;
   }
   const std::string formatted = cairn::format_trace(*r);
   cairn::Result<cairn::Trace> back = cairn::parse_trace(formatted, "round trip");
-  if (!back.is_ok() || !(*back == *r) || cairn::format_trace(*back) != formatted) std::abort();
+  if (!back.ok() || !(*back == *r) || cairn::format_trace(*back) != formatted) std::abort();
 
   cairn::Result<cairn::Simulator> sim = cairn::Simulator::create(*r);
-  if (!sim.is_ok()) {
+  if (!sim.ok()) {
     if (sim.status().code() != cairn::StatusCode::kInvalidArgument) std::abort();
     return 0;
   }

@@ -12,20 +12,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace cairn::wire;
   std::span<const uint8_t> in(data, size);
   auto h = decode_header(in);
-  if (!h.is_ok()) return 0;
+  if (!h.ok()) return 0;
   if (h->json_len > in.size() - kFrameHeaderBytes) return 0;
   auto body = decode_body(h->kind, in.subspan(kFrameHeaderBytes, h->json_len));
-  if (!body.is_ok()) return 0;
+  if (!body.ok()) return 0;
   auto again = encode_frame(h->kind, *body);
   auto h2 = decode_header(again);
-  if (!h2.is_ok()) std::abort();
+  if (!h2.ok()) std::abort();
   auto body2 = decode_body(h2->kind, std::span<const uint8_t>(again).subspan(kFrameHeaderBytes, h2->json_len));
-  if (!body2.is_ok() || *body2 != *body) std::abort();
+  if (!body2.ok() || *body2 != *body) std::abort();
   if (auto p = body->find("progress"); h->kind == Kind::kResponse && p != body->end()) {
     auto snap = cairn::progress_from_json(*p);
-    if (snap.is_ok()) {
+    if (snap.ok()) {
       auto again_snap = cairn::progress_from_json(cairn::progress_to_json(*snap));
-      if (!again_snap.is_ok() || !(*again_snap == *snap)) std::abort();
+      if (!again_snap.ok() || !(*again_snap == *snap)) std::abort();
     }
   }
   return 0;

@@ -92,14 +92,14 @@ class DeviceMapper {
   };
   virtual Status copy_many(int device, const std::vector<CopyOp>& ops, CopyKind kind) {
     for (const auto& op : ops) CAIRN_RETURN_IF_ERROR(copy(device, op.dst, op.src, op.n, kind));
-    return Status::ok();
+    return Status::OK();
   }
   // The device a device pointer belongs to (-1 when the backend cannot tell, or it is not one).
   virtual int device_of(const void* p) = 0;
   // Page-locks [p, p + n) of this process's memory for DMA (cudaHostRegister; read_only: the range
   // is mapped read-only), so that copies to and from it run at the link's speed instead of through
   // the driver's staging buffers. Undone by unpin_host(p). A no-op where copies need no pinning.
-  virtual Status pin_host(void* /*p*/, uint64_t /*n*/, bool /*read_only*/) { return Status::ok(); }
+  virtual Status pin_host(void* /*p*/, uint64_t /*n*/, bool /*read_only*/) { return Status::OK(); }
   virtual void unpin_host(void* /*p*/) {}
 };
 

@@ -22,7 +22,7 @@ std::string cuda_error(const std::string& what, cudaError_t e) {
 }
 
 Status cuda_status(const std::string& what, cudaError_t e) {
-  if (e == cudaSuccess) return Status::ok();
+  if (e == cudaSuccess) return Status::OK();
   if (e == cudaErrorMemoryAllocation) return no_space(cuda_error(what, e) + "; lower tiers.hbm.capacity");
   if (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver || e == cudaErrorInvalidDevice)
     return unavailable(cuda_error(what, e));
@@ -131,7 +131,7 @@ class CudaDevice final : public Device {
   Status register_host(void* p, uint64_t n) override {
     cudaSetDevice(ordinal_);
     cudaError_t e = cudaHostRegister(p, n, cudaHostRegisterPortable);
-    if (e == cudaErrorHostMemoryAlreadyRegistered) return Status::ok();
+    if (e == cudaErrorHostMemoryAlreadyRegistered) return Status::OK();
     return cuda_status("cudaHostRegister of " + std::to_string(n) + " bytes", e);
   }
   void unregister_host(void* p) override { cudaHostUnregister(p); }
@@ -200,7 +200,7 @@ class CudaMapper final : public DeviceMapper {
     cudaError_t e = cudaHostRegister(p, n, flags);
     if (e == cudaErrorHostMemoryAlreadyRegistered) {
       (void)cudaGetLastError();
-      return Status::ok();
+      return Status::OK();
     }
     return cuda_status("cudaHostRegister of " + std::to_string(n) + " bytes of the arena", e);
   }

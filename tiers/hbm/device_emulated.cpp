@@ -115,7 +115,7 @@ class EmulatedDevice final : public Device {
     return std::unique_ptr<Completion>(new EmulatedCompletion(state));
   }
 
-  Status register_host(void*, uint64_t) override { return Status::ok(); }
+  Status register_host(void*, uint64_t) override { return Status::OK(); }
   void unregister_host(void*) override {}
 
  private:
@@ -166,7 +166,7 @@ class EmulatedMapper final : public DeviceMapper {
   void close(void* p, uint64_t size) override { ::munmap(p, size); }
   Status copy(int, void* dst, const void* src, uint64_t n, CopyKind) override {
     if (n) std::memcpy(dst, src, n);
-    return Status::ok();
+    return Status::OK();
   }
   int device_of(const void*) override { return -1; }
 };

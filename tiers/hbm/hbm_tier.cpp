@@ -61,7 +61,7 @@ Result<std::unique_ptr<HbmTier>> HbmTier::open(Options o, void* arena, uint64_t 
         return invalid_argument("tiers.hbm.devices: device " + std::to_string(d) + " is listed twice");
     auto pool = std::make_unique<Pool>();
     auto dev = hbm::open_device(t->options_.backend, d);
-    if (!dev.is_ok())
+    if (!dev.ok())
       return dev.status().with_context("tiers.hbm (backend " + t->options_.backend + ", device " + std::to_string(d) +
                                        ")");
     pool->device = std::move(dev).value();
@@ -69,8 +69,8 @@ Result<std::unique_ptr<HbmTier>> HbmTier::open(Options o, void* arena, uint64_t 
     if (arena && arena_size) {
       // Pinned for DMA; without it copies still work, staged through pageable memory by the driver.
       Status reg = pool->device->register_host(arena, arena_size);
-      pool->host_registered = reg.is_ok();
-      if (!reg.is_ok())
+      pool->host_registered = reg.ok();
+      if (!reg.ok())
         CAIRN_LOG_WARN(
             "tiers.hbm: the DRAM arena could not be pinned for device {} ({}); copies into HBM will be "
             "slower",
@@ -198,7 +198,7 @@ Result<HbmTier::Placement> HbmTier::acquire(int device, const ChunkHash& key, co
   uint64_t pos = 0;
   for (const auto& [ptr, n] : src) {
     auto c = p->device->copy_async(dst + pos, ptr, n, hbm::CopyKind::kHostToDevice);
-    if (!c.is_ok()) {
+    if (!c.ok()) {
       st = c.status();
       break;
     }
@@ -207,11 +207,11 @@ Result<HbmTier::Placement> HbmTier::acquire(int device, const ChunkHash& key, co
   }
   for (auto& c : copies) {
     Status w = c->wait();
-    if (st.is_ok()) st = w;
+    if (st.ok()) st = w;
   }
   cairn::MutexLock lock(mu_);
   auto it = p->entries.find(key);
-  if (!st.is_ok()) {
+  if (!st.ok()) {
     p->allocators[it->second.slab].free(it->second.offset, it->second.length);
     p->pinned_bytes -= length;
     p->entries.erase(it);
@@ -246,10 +246,10 @@ Status HbmTier::copy_out(int device, const ChunkHash& key, void* dst, uint64_t l
   auto placed = pin_if_resident(device, key);
   if (!placed) return not_found("entry not resident on device " + std::to_string(device));
   Pool* p = pool_of(device);
-  Status st = placed->length != length ? invalid_argument("copy_out: wrong length") : Status::ok();
-  if (st.is_ok()) {
+  Status st = placed->length != length ? invalid_argument("copy_out: wrong length") : Status::OK();
+  if (st.ok()) {
     auto c = p->device->copy_async(dst, placed->pointer, length, hbm::CopyKind::kDeviceToHost);
-    st = c.is_ok() ? (*c)->wait() : c.status();
+    st = c.ok() ? (*c)->wait() : c.status();
   }
   unpin(device, key);
   return st;

@@ -17,7 +17,7 @@ bool aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % kBlock == 
 }  // namespace
 
 Status read_extent(File& data, uint64_t offset, void* dst, uint64_t length) {
-  if (length == 0) return Status::ok();
+  if (length == 0) return Status::OK();
   const bool direct = data.direct();
   auto* out = static_cast<uint8_t*>(dst);
   std::vector<IoRequest> reqs;
@@ -37,16 +37,16 @@ Status read_extent(File& data, uint64_t offset, void* dst, uint64_t length) {
   if (rest) add_pieces(tail.data(), offset + body, round_up(rest));
   CAIRN_RETURN_IF_ERROR(data.read_many(reqs));
   if (rest) std::memcpy(out + body, tail.data(), rest);
-  return Status::ok();
+  return Status::OK();
 }
 
 Status write_extent(File& data, uint64_t offset, const void* src, uint64_t length, std::vector<IoRequest>& reqs,
                     std::vector<std::unique_ptr<AlignedBuffer>>& keep) {
-  if (length == 0) return Status::ok();
+  if (length == 0) return Status::OK();
   auto* in = static_cast<const uint8_t*>(src);
   if (!data.direct()) {
     reqs.push_back(IoRequest{const_cast<uint8_t*>(in), static_cast<size_t>(length), offset});
-    return Status::ok();
+    return Status::OK();
   }
   const uint64_t body = aligned(in) ? length / kBlock * kBlock : 0;
   const uint64_t rest = length - body;
@@ -59,7 +59,7 @@ Status write_extent(File& data, uint64_t offset, const void* src, uint64_t lengt
     reqs.push_back(IoRequest{buf->data(), static_cast<size_t>(round_up(rest)), offset + body});
     keep.push_back(std::move(buf));
   }
-  return Status::ok();
+  return Status::OK();
 }
 
 }  // namespace cairn::nvme

@@ -69,14 +69,14 @@ Status NvmeTier::read(const ChunkHash& hash, void* dst, uint64_t length) {
     offset = it->second.offset;
   }
   Status st = nvme::read_extent(*im.data, offset, dst, length);
-  bool bad = st.is_ok() && hash_bytes(dst, length) != hash;
+  bool bad = st.ok() && hash_bytes(dst, length) != hash;
   // A mismatch may be the transfer's, not the device's bytes: read again before judging the copy.
   // Dropping it at the first bad read lost models acknowledged `local` whose only copy was intact
   // (the torture harness, flipped bits injected on burst-buffer reads).
   for (int again = 0; bad && again < 2; ++again) {
     st = nvme::read_extent(*im.data, offset, dst, length);
-    bad = st.is_ok() && hash_bytes(dst, length) != hash;
-    if (st.is_ok() && !bad)
+    bad = st.ok() && hash_bytes(dst, length) != hash;
+    if (st.ok() && !bad)
       CAIRN_LOG_WARN("burst buffer {}: chunk {} at [{}, +{}) read wrong once, then right: kept", im.data_path,
                      hash.hex(), offset, length);
   }
@@ -94,7 +94,7 @@ Status NvmeTier::read(const ChunkHash& hash, void* dst, uint64_t length) {
         dropping = true;
       }
     }
-    if (st.is_ok() && !bad) {
+    if (st.ok() && !bad) {
       it->second.bad_reads = 0;
       ++im.hits;
       im.policy->touch(hash);
@@ -191,14 +191,14 @@ Status NvmeTier::close() {
   im.journal.reset();
   for (const std::string& p : {im.data_path, im.journal_path, im.journal_path + ".tmp"}) {
     Status st = im.fs->unlink(p);
-    if (!st.is_ok() && st.code() != StatusCode::kNotFound) return st;
+    if (!st.ok() && st.code() != StatusCode::kNotFound) return st;
   }
   if (im.lock_fd >= 0) {
     (void)im.fs->unlink(im.lock_path);
     ::close(im.lock_fd);
     im.lock_fd = -1;
   }
-  return Status::ok();
+  return Status::OK();
 }
 
 }  // namespace cairn

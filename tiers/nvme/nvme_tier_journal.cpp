@@ -34,7 +34,7 @@ Status NvmeTier::Impl::append_locked(const std::string& records, bool sync, cons
   if (broken) CAIRN_RETURN_IF_ERROR(compact_locked());
   if (!records.empty()) {
     Status st = journal->pwrite(records.data(), records.size(), jsize);
-    if (!st.is_ok()) {
+    if (!st.ok()) {
       broken = true;
       return st;
     }
@@ -46,7 +46,7 @@ Status NvmeTier::Impl::append_locked(const std::string& records, bool sync, cons
       released.swap(quarantine);
     }
     Status st = journal->sync(true);
-    if (!st.is_ok()) {
+    if (!st.ok()) {
       broken = true;
       cairn::MutexLock l(mu);
       quarantine.insert(quarantine.end(), released.begin(), released.end());
@@ -56,7 +56,7 @@ Status NvmeTier::Impl::append_locked(const std::string& records, bool sync, cons
   cairn::MutexLock l(mu);
   for (auto [off, len] : released) alloc->free(off, len);
   if (on_durable) on_durable();
-  return Status::ok();
+  return Status::OK();
 }
 
 void NvmeTier::Impl::drop_locked(const ChunkHash& h, std::string& records) {
@@ -99,11 +99,11 @@ Status NvmeTier::Impl::compact_locked() {
     return st;
   };
   auto f = fs->open(tmp, kCreate | kTruncate);
-  if (!f.is_ok()) return fail(f.status());
-  Status st = snap.empty() ? Status::ok() : (*f)->pwrite(snap.data(), snap.size(), 0);
-  if (st.is_ok()) st = (*f)->sync(false);
-  if (st.is_ok()) st = fs->rename(tmp, journal_path);
-  if (!st.is_ok()) return fail(st);
+  if (!f.ok()) return fail(f.status());
+  Status st = snap.empty() ? Status::OK() : (*f)->pwrite(snap.data(), snap.size(), 0);
+  if (st.ok()) st = (*f)->sync(false);
+  if (st.ok()) st = fs->rename(tmp, journal_path);
+  if (!st.ok()) return fail(st);
   (void)fs->sync_dir(opt.path);
   journal = std::move(*f);
   jsize = snap.size();
@@ -111,7 +111,7 @@ Status NvmeTier::Impl::compact_locked() {
   broken = false;
   cairn::MutexLock l(mu);
   for (auto [off, len] : released) alloc->free(off, len);
-  return Status::ok();
+  return Status::OK();
 }
 
 Status NvmeTier::Impl::maybe_compact() {
@@ -121,7 +121,7 @@ Status NvmeTier::Impl::maybe_compact() {
     size = jsize;
     live = jlive_hint;
   }
-  if (size < (64ull << 20) || size < 8 * live) return Status::ok();
+  if (size < (64ull << 20) || size < 8 * live) return Status::OK();
   return compact();
 }
 

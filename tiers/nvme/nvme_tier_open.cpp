@@ -77,7 +77,7 @@ Result<std::unique_ptr<NvmeTier>> NvmeTier::open(Options options) {
   std::string jbytes;
   {
     auto jf = fs.open(impl->journal_path, kCreate);
-    if (!jf.is_ok()) return jf.status();
+    if (!jf.ok()) return jf.status();
     CAIRN_ASSIGN_OR_RETURN(uint64_t jlen, (*jf)->size());
     jbytes.resize(jlen);
     size_t got = 0;
@@ -153,10 +153,10 @@ Result<std::unique_ptr<NvmeTier>> NvmeTier::open(Options options) {
     if (!e.dirty) continue;
     nvme::AlignedBuffer buf(round_up(e.length));
     Status st = buf.data() ? nvme::read_extent(*impl->data, e.offset, buf.data(), e.length) : no_space("no memory");
-    if (!st.is_ok() || hash_bytes(buf.data(), e.length) != h) {
+    if (!st.ok() || hash_bytes(buf.data(), e.length) != h) {
       ++report.discarded;
       CAIRN_LOG_ERROR("burst buffer {}: chunk {} at [{}, +{}) does not hold its bytes ({}); discarded", dir, h.hex(),
-                      e.offset, e.length, st.is_ok() ? "hash mismatch" : st.to_string());
+                      e.offset, e.length, st.ok() ? "hash mismatch" : st.to_string());
       bad.push_back(h);
     } else {
       ++report.dirty_chunks;

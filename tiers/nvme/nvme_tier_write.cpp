@@ -32,7 +32,7 @@ Status NvmeTier::put(std::span<const Put> chunks) {
   Impl& im = *impl_;
   std::vector<Put> later;  // chunks another put was storing: stored (or found) once it is done
   Status st = im.put_batch(chunks, later);
-  while (st.is_ok() && !later.empty()) {
+  while (st.ok() && !later.empty()) {
     {
       cairn::MutexLock l(im.mu);
       im.landed.wait(l, [&] {
@@ -162,7 +162,7 @@ Status NvmeTier::Impl::put_batch(std::span<const Put> chunks, std::vector<Put>& 
       }
       l.unlock();
       Status st = im.append_locked(dels, release);
-      if (!st.is_ok()) {
+      if (!st.ok()) {
         l.lock();
         give_back_locked();
         return st.with_context("writing the burst buffer journal");
@@ -191,10 +191,10 @@ Status NvmeTier::Impl::put_batch(std::span<const Put> chunks, std::vector<Put>& 
   std::vector<std::unique_ptr<AlignedBuffer>> keep;
   Status st;
   for (const auto& pl : planned)
-    if (st.is_ok()) st = nvme::write_extent(*im.data, pl.offset, pl.put->data, pl.put->length, reqs, keep);
-  if (st.is_ok() && !reqs.empty()) st = im.data->write_many(reqs);
-  if (st.is_ok() && !planned.empty()) st = im.data->sync(true);
-  if (!st.is_ok()) {
+    if (st.ok()) st = nvme::write_extent(*im.data, pl.offset, pl.put->data, pl.put->length, reqs, keep);
+  if (st.ok() && !reqs.empty()) st = im.data->write_many(reqs);
+  if (st.ok() && !planned.empty()) st = im.data->sync(true);
+  if (!st.ok()) {
     {
       cairn::MutexLock l(im.mu);
       give_back_locked();  // nothing names these bytes
@@ -212,7 +212,7 @@ Status NvmeTier::Impl::put_batch(std::span<const Put> chunks, std::vector<Put>& 
       if (pl.put->dirty) im.dirty_bytes += pl.put->length;
     }
   });
-  if (!js.is_ok()) {
+  if (!js.ok()) {
     // The bytes are written but their records may or may not be in the journal. The append marked
     // the journal broken, so it is rewritten from the state (which lacks these chunks) before any
     // other record: the extents can be given out again.
@@ -242,7 +242,7 @@ Status NvmeTier::model_done(const std::string& id) {
   cairn::MutexLock jl(impl_->jmu);
   {
     cairn::MutexLock l(impl_->mu);
-    if (!impl_->models.erase(id)) return Status::ok();
+    if (!impl_->models.erase(id)) return Status::OK();
   }
   append_record(rec, nvme::kDone, id);
   return impl_->append_locked(rec, false);

@@ -80,7 +80,7 @@ Status Fabric::Impl::reg_mr(const void* base, size_t length, uint64_t access, fi
     }
   }
   *desc = fi_mr_desc(*mr);
-  return Status::ok();
+  return Status::OK();
 }
 
 void Fabric::Impl::close_mr(fid_mr*& mr) {
@@ -92,7 +92,7 @@ void Fabric::Impl::close_mr(fid_mr*& mr) {
 
 Status Fabric::Impl::describe(Op* op, uint64_t access) {
   op->desc = nullptr;
-  if (!need_desc || op->length == 0) return Status::ok();
+  if (!need_desc || op->length == 0) return Status::OK();
   auto a = reinterpret_cast<uintptr_t>(op->data);
   {
     std::shared_lock l(regions_mu);
@@ -102,7 +102,7 @@ Status Fabric::Impl::describe(Op* op, uint64_t access) {
       const Region& r = it->second;
       if (a >= r.base && a + op->length <= r.base + r.length) {
         op->desc = r.desc;
-        return Status::ok();
+        return Status::OK();
       }
     }
   }
@@ -228,7 +228,7 @@ Result<std::unique_ptr<Fabric>> Fabric::open(const FabricOptions& options) {
     op->desc = raw->ring_desc;
     Status st = raw->submit(op.get());
     raw->ring.push_back(std::move(op));
-    if (!st.is_ok()) return st;
+    if (!st.ok()) return st;
   }
   std::unique_ptr<Fabric> f(new Fabric(std::move(im)));
   CAIRN_LOG_DEBUG("{}: open at {} (mr_mode {:#x}, {} data progress, {})", raw->where(), f->address_text(), mr_mode,
@@ -293,12 +293,12 @@ Status Fabric::register_region(void* base, size_t length) {
     if (it->second.length >= length) {
       l.unlock();
       Impl::close_mr(r.mr);
-      return Status::ok();
+      return Status::OK();
     }
     if (it->second.mr) im.retired_mrs.push_back(it->second.mr);
     it->second = r;
   }
-  return Status::ok();
+  return Status::OK();
 }
 
 Status Fabric::send_control(uint64_t peer, std::span<const uint8_t> message, Completion done) {
@@ -314,7 +314,7 @@ Status Fabric::send_control(uint64_t peer, std::span<const uint8_t> message, Com
   op->done = std::move(done);
   if (im.need_desc) {
     auto slot = im.take_slot();
-    if (!slot.is_ok()) return slot.status();
+    if (!slot.ok()) return slot.status();
     op->slot = std::move(slot).value();
     if (!message.empty()) std::memcpy(op->slot->buf.get(), message.data(), message.size());
     op->data = op->slot->buf.get();
@@ -324,12 +324,12 @@ Status Fabric::send_control(uint64_t peer, std::span<const uint8_t> message, Com
     op->data = op->owned.data();
   }
   Status st = im.submit(op.get());
-  if (!st.is_ok()) {
+  if (!st.ok()) {
     if (op->slot) im.give_slot(std::move(op->slot));
     return st;
   }
   op.release();  // the progress thread frees it
-  return Status::ok();
+  return Status::OK();
 }
 
 Status Fabric::post_body_receive(uint64_t tag, void* dst, size_t length, Completion done) {
@@ -345,7 +345,7 @@ Status Fabric::post_body_receive(uint64_t tag, void* dst, size_t length, Complet
   op->done = std::move(done);
   CAIRN_RETURN_IF_ERROR(im.describe(op.get(), FI_RECV));
   Status st = im.submit(op.get());
-  if (!st.is_ok()) {
+  if (!st.ok()) {
     Impl::close_mr(op->temp_mr);
     return st;
   }
@@ -353,7 +353,7 @@ Status Fabric::post_body_receive(uint64_t tag, void* dst, size_t length, Complet
   // A cancel (or close) that came while posting found nothing to cancel yet.
   std::lock_guard l(im.mu);
   if (im.in_flight.count(raw) && (raw->cancel_requested || im.closing.load())) fi_cancel(&im.ep->fid, &raw->c);
-  return Status::ok();
+  return Status::OK();
 }
 
 void Fabric::cancel_body_receive(uint64_t tag) {
@@ -384,12 +384,12 @@ Status Fabric::send_body(uint64_t peer, uint64_t tag, const void* src, size_t le
   op->done = std::move(done);
   CAIRN_RETURN_IF_ERROR(im.describe(op.get(), FI_SEND));
   Status st = im.submit(op.get());
-  if (!st.is_ok()) {
+  if (!st.ok()) {
     Impl::close_mr(op->temp_mr);
     return st;
   }
   op.release();
-  return Status::ok();
+  return Status::OK();
 }
 
 nlohmann::json Fabric::stats() const {

@@ -96,19 +96,19 @@ Status Fabric::Impl::submit(Op* op) {
     if (queued_per_peer.count(op->peer)) {
       enqueue(op);
       wake();
-      return Status::ok();
+      return Status::OK();
     }
   }
   ssize_t ret = try_post(op);
   if (ret == 0) {
     wake();
-    return Status::ok();
+    return Status::OK();
   }
   if (ret == -FI_EAGAIN) {
     std::lock_guard l(queue_mu);
     enqueue(op);
     wake();
-    return Status::ok();
+    return Status::OK();
   }
   untrack(op);
   ++errors;
@@ -260,7 +260,7 @@ void Fabric::Impl::complete(const Event& ev) {
   }
   switch (op->kind) {
     case OpKind::kControlRecv: {
-      if (st.is_ok()) {
+      if (st.ok()) {
         ++control_received;
         bytes_received += ev.len;
         std::shared_ptr<const ControlHandler> h;
@@ -285,30 +285,30 @@ void Fabric::Impl::complete(const Event& ev) {
       }
       if (ev.err == FI_ECANCELED || closing.load()) return;  // the ring stays down
       Status p = submit(op);
-      if (!p.is_ok() && !closing.load()) CAIRN_LOG_ERROR("{}: reposting a control receive: {}", where(), p.to_string());
+      if (!p.ok() && !closing.load()) CAIRN_LOG_ERROR("{}: reposting a control receive: {}", where(), p.to_string());
       return;
     }
     case OpKind::kControlSend:
-      if (st.is_ok()) {
+      if (st.ok()) {
         ++control_sent;
         bytes_sent += op->length;
       }
-      run(op->done, st, st.is_ok() ? op->length : 0, "control send");
+      run(op->done, st, st.ok() ? op->length : 0, "control send");
       if (op->slot) give_slot(std::move(op->slot));
       break;
     case OpKind::kBodyRecv:
-      if (st.is_ok()) {
+      if (st.ok()) {
         ++body_received;
         bytes_received += ev.len;
       }
-      run(op->done, st, st.is_ok() ? ev.len : 0, "body receive");
+      run(op->done, st, st.ok() ? ev.len : 0, "body receive");
       break;
     case OpKind::kBodySend:
-      if (st.is_ok()) {
+      if (st.ok()) {
         ++body_sent;
         bytes_sent += op->length;
       }
-      run(op->done, st, st.is_ok() ? op->length : 0, "body send");
+      run(op->done, st, st.ok() ? op->length : 0, "body send");
       break;
   }
   delete op;

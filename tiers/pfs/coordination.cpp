@@ -52,7 +52,7 @@ bool valid_wid(const std::string& w) {
 
 Status ensure_dir(const std::string& path) {
   if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) return errno_status("creating directory " + path, errno);
-  return Status::ok();
+  return Status::OK();
 }
 
 }  // namespace
@@ -72,7 +72,7 @@ Coordination::~Coordination() {
 
 Status Coordination::register_writer() {
   std::lock_guard lock(mu_);
-  if (registered_) return Status::ok();
+  if (registered_) return Status::OK();
   std::string wdir = join_path(dir_, kWritersDir);
   CAIRN_RETURN_IF_ERROR(ensure_dir(wdir));
   // Written and locked under a temporary name, then renamed into place (the lock stays with the
@@ -107,7 +107,7 @@ Status Coordination::register_writer() {
   writer_fd_ = std::move(fd);
   registered_ = true;
   last_heartbeat_ = std::chrono::steady_clock::now();
-  return Status::ok();
+  return Status::OK();
 }
 
 void Coordination::unregister() {
@@ -185,7 +185,7 @@ Status Coordination::write_intent(char sign, const std::string& id) {
   // One write() with O_APPEND: the entry lands whole, after every earlier one.
   ssize_t w = ::write(intents_fd_.get(), entry.data(), entry.size());
   if (w != static_cast<ssize_t>(entry.size())) return errno_status("writing the intents of writer " + wid_, errno);
-  return Status::ok();
+  return Status::OK();
 }
 
 void Coordination::read_intents() {
@@ -205,7 +205,7 @@ void Coordination::read_intents() {
     if (::fstat(in.fd.get(), &st) != 0 || static_cast<uint64_t>(st.st_size) <= in.read_to) continue;
     std::string buf(static_cast<size_t>(st.st_size) - in.read_to, '\0');
     size_t got = 0;
-    if (!pread_all(in.fd.get(), buf.data(), buf.size(), in.read_to, name, &got).is_ok()) continue;
+    if (!pread_all(in.fd.get(), buf.data(), buf.size(), in.read_to, name, &got).ok()) continue;
     buf.resize(got);
     uint64_t base = in.read_to - in.partial.size();
     std::string text = in.partial + buf;
@@ -278,7 +278,7 @@ Status Coordination::claim(const std::string& id) {
     if (!rival(id, &w, &off)) {
       std::lock_guard lock(mu_);
       claims_.insert(id);
-      return Status::ok();
+      return Status::OK();
     }
     CAIRN_RETURN_IF_ERROR(write_intent('-', id));
     // The same claim of the same rival still standing after we stood back: it won.
@@ -330,7 +330,7 @@ Status Coordination::create_exclusive(const std::string& path, std::string* hold
   int rc = ::link(tmp.c_str(), path.c_str());
   int err = errno;
   ::unlink(tmp.c_str());
-  if (rc == 0) return Status::ok();
+  if (rc == 0) return Status::OK();
   if (err == EEXIST) {
     *holder = read_text(path);
     return already_exists(path + " is held by " + (holder->empty() ? std::string("another writer") : *holder));
@@ -360,10 +360,10 @@ Status Coordination::take_lease(const std::string& what, std::chrono::millisecon
   std::string holder;
   for (;;) {
     Status s = create_exclusive(path, &holder);
-    if (s.is_ok()) {
+    if (s.ok()) {
       std::lock_guard lock(mu_);
       lease_held_ = true;
-      return Status::ok();
+      return Status::OK();
     }
     if (s.code() != StatusCode::kExists) return s.with_context(what);
     if (holder == wid_) return busy(what + ": this process is running maintenance on the repository already");

@@ -110,7 +110,7 @@ Status check_object(const json& j, const std::string& where, std::initializer_li
   }
   for (const char* f : fields)
     if (j.find(f) == j.end()) return invalid_argument(where + ": missing field '" + f + "'");
-  return Status::ok();
+  return Status::OK();
 }
 
 std::string field_path(const std::string& where, const char* field) {
@@ -311,7 +311,7 @@ Status validate_manifest(const ModelManifest& m, bool with_locations) {
       return bad(where + ".chunks",
                  "they hold " + std::to_string(sum) + " bytes, the tensor " + std::to_string(t.nbytes));
   }
-  return Status::ok();
+  return Status::OK();
 }
 
 Status validate_chunking(const ModelManifest& m, uint64_t chunk_size) {
@@ -331,7 +331,7 @@ Status validate_chunking(const ModelManifest& m, uint64_t chunk_size) {
       left -= len;
     }
   }
-  return Status::ok();
+  return Status::OK();
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -57,7 +57,7 @@ Status pread_all(int fd, void* dst, size_t size, uint64_t offset, const std::str
     done += static_cast<size_t>(n);
   }
   *got = done;
-  return Status::ok();
+  return Status::OK();
 }
 
 Status fsync_dir(const std::string& path) {
@@ -68,7 +68,7 @@ Status fsync_dir(const std::string& path) {
     if (errno == EINVAL || errno == EROFS) break;  // filesystems that cannot sync directories
     return errno_status("syncing directory " + path, errno);
   }
-  return Status::ok();
+  return Status::OK();
 }
 
 Status list_dir(const std::string& path, std::vector<std::string>* names, bool* missing) {
@@ -78,7 +78,7 @@ Status list_dir(const std::string& path, std::vector<std::string>* names, bool* 
   if (d == nullptr) {
     if (errno == ENOENT && missing) {
       *missing = true;
-      return Status::ok();
+      return Status::OK();
     }
     return errno_status("listing directory " + path, errno);
   }
@@ -92,7 +92,7 @@ Status list_dir(const std::string& path, std::vector<std::string>* names, bool* 
   ::closedir(d);
   if (err != 0) return errno_status("listing directory " + path, err);
   std::sort(names->begin(), names->end());
-  return Status::ok();
+  return Status::OK();
 }
 
 Status AtomicFileWriter::publish(FileSystem& fs, const std::string& dir, const std::string& final_name,
@@ -100,13 +100,13 @@ Status AtomicFileWriter::publish(FileSystem& fs, const std::string& dir, const s
   std::string tmp = join_path(dir, tmp_name);
   std::string final_path = join_path(dir, final_name);
   Status s = write_synced(fs, tmp, pieces);
-  if (s.is_ok()) s = fs.rename(tmp, final_path);
-  if (!s.is_ok()) {
+  if (s.ok()) s = fs.rename(tmp, final_path);
+  if (!s.ok()) {
     (void)fs.unlink(tmp);  // best effort: the next open of the repository removes stray temporaries
     return s;
   }
   s = fs.sync_dir(dir);
-  if (!s.is_ok() && !replacing) (void)fs.unlink(final_path);
+  if (!s.ok() && !replacing) (void)fs.unlink(final_path);
   return s;
 }
 
@@ -139,7 +139,7 @@ const std::vector<std::string>& DirListing::get(const std::string& dir) {
   constexpr int64_t kTrustAfterNs = 2'000'000'000;  // mtimes younger than this are listed anyway
   if (mtime == mtime_ns_ && now_ns - mtime > kTrustAfterNs) return names_;
   names_.clear();
-  if (!list_dir(dir, &names_, nullptr).is_ok()) names_.clear();
+  if (!list_dir(dir, &names_, nullptr).ok()) names_.clear();
   mtime_ns_ = mtime;
   return names_;
 }

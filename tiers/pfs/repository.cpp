@@ -71,10 +71,10 @@ Status Repository::claim(const std::string& id) {
   // The id may have been published before our claim: look at every log now.
   RefreshReport ignored;
   Status s = impl_->refresh(&ignored);
-  if (s.is_ok() && contains(id, Freshness::kCached))
+  if (s.ok() && contains(id, Freshness::kCached))
     s = already_exists("model " + quote(id) + " is already in repository " + impl_->dir_ +
                        "; models are immutable, commit under a new id");
-  if (!s.is_ok()) impl_->coord_->release(id);
+  if (!s.ok()) impl_->coord_->release(id);
   return s;
 }
 

@@ -63,15 +63,14 @@ Status Repository::Impl::ensure_log() {
     std::lock_guard lock(sync_mu_);
     written = log_written_ + queued_.size();
   }
-  if (log_ && written < options_.log_bytes) return Status::ok();
+  if (log_ && written < options_.log_bytes) return Status::OK();
   if (log_) {
     // Roll over: everything queued goes to the old log, then a seal record ends it.
     CAIRN_RETURN_IF_ERROR(wait_durable(queued_gen()));
     json seal = {{"log", log_name_}};
     std::string rec = pfs::encode_record(RecordType::kSeal, seal.dump());
     std::lock_guard lock(sync_mu_);
-    if (log_->pwrite(rec.data(), rec.size(), log_written_).is_ok() && log_->sync(true).is_ok())
-      log_written_ += rec.size();
+    if (log_->pwrite(rec.data(), rec.size(), log_written_).ok() && log_->sync(true).ok()) log_written_ += rec.size();
     own_sealed_logs_[log_name_] = log_written_;
     {
       std::unique_lock clock(mu_);
@@ -88,12 +87,12 @@ Status Repository::Impl::ensure_log() {
   log_ = std::move(f);
   log_name_ = name;
   log_written_ = 0;
-  return Status::ok();
+  return Status::OK();
 }
 
 Status Repository::Impl::ensure_segment(uint64_t more_bytes) {
   if (seg_ && (seg_end_ + more_bytes <= options_.segment_bytes || seg_end_ == pfs::kSegmentHeaderBytes))
-    return Status::ok();
+    return Status::OK();
   if (seg_) {
     // Sealed: its bytes are synced by the records queued so far; no more go in.
     CAIRN_RETURN_IF_ERROR(wait_durable(queued_gen()));
@@ -118,9 +117,9 @@ Status Repository::Impl::ensure_segment(uint64_t more_bytes) {
   std::string header = "cairn-pack-segment 2\n" + wid() + "\n";
   header.resize(pfs::kSegmentHeaderBytes, '\n');
   Status s = f->pwrite(header.data(), header.size(), 0);
-  if (s.is_ok()) s = f->sync(true);
-  if (s.is_ok()) s = fs_->sync_dir(packs_dir_);
-  if (!s.is_ok()) {
+  if (s.ok()) s = f->sync(true);
+  if (s.ok()) s = fs_->sync_dir(packs_dir_);
+  if (!s.ok()) {
     (void)fs_->unlink(path);
     return s.with_context("creating pack segment " + path);
   }
@@ -128,13 +127,13 @@ Status Repository::Impl::ensure_segment(uint64_t more_bytes) {
   seg_ = std::move(f);
   seg_name_ = name;
   seg_end_ = pfs::kSegmentHeaderBytes;
-  return Status::ok();
+  return Status::OK();
 }
 
 void Repository::Impl::seal() {
   std::lock_guard wlock(write_mu_);
   if (!log_) return;
-  if (!wait_durable(queued_gen()).is_ok()) return;
+  if (!wait_durable(queued_gen()).ok()) return;
   json seal = {{"log", log_name_}};
   if (seg_) seal["pack"] = seg_name_;
   (void)append_durable(pfs::encode_record(RecordType::kSeal, seal.dump()), 1);
@@ -159,8 +158,8 @@ Status Repository::Impl::wait_durable(uint64_t gen) {
   for (;;) {
     for (const auto& [lo, failure] : failed_)
       if (gen >= lo && gen <= failure.first) return failure.second;
-    if (durable_gen_ >= gen && !syncing_) return Status::ok();
-    if (durable_gen_ >= gen) return Status::ok();
+    if (durable_gen_ >= gen && !syncing_) return Status::OK();
+    if (durable_gen_ >= gen) return Status::OK();
     if (syncing_) {
       sync_cv_.wait(lock);
       continue;
@@ -178,20 +177,20 @@ Status Repository::Impl::wait_durable(uint64_t gen) {
     lock.unlock();
     Status s;
     if (seg_dirty && seg != nullptr) s = seg->sync(true).with_context("syncing pack segment");
-    if (s.is_ok() && !bytes.empty()) {
+    if (s.ok() && !bytes.empty()) {
       if (log == nullptr) {
         s = internal_error("records queued without a log");
       } else {
         s = log->pwrite(bytes.data(), bytes.size(), at);
-        if (s.is_ok()) s = log->sync(true);
-        if (!s.is_ok()) {
+        if (s.ok()) s = log->sync(true);
+        if (!s.ok()) {
           s = s.with_context("writing the repository log " + join_path(logs_dir_, log_name_));
           (void)log->truncate(at);  // readers never see the failed batch
         }
       }
     }
     lock.lock();
-    if (s.is_ok()) {
+    if (s.ok()) {
       log_written_ = at + bytes.size();
       ++group_syncs_;
     } else {
@@ -212,7 +211,7 @@ Status Repository::Impl::append_durable(const std::string& bytes, uint64_t count
 
 Status Repository::Impl::commit_batch(std::vector<ModelManifest>& ms, const Repository::ChunkSource& src,
                                       std::vector<Status>* results, const Repository::ChunkSource& resident) {
-  results->assign(ms.size(), Status::ok());
+  results->assign(ms.size(), Status::OK());
   Status first;
   auto fail_all = [&](const Status& s) {
     for (Status& r : *results) r = s;
@@ -222,7 +221,7 @@ Status Repository::Impl::commit_batch(std::vector<ModelManifest>& ms, const Repo
   // Plans dedup against the catalog: it must not be older than half the gc grace (gc frees bytes
   // a grace after the records that made them dead).
   Status rs = refresh_if_older(options_.gc_grace / 4);
-  if (!rs.is_ok()) return fail_all(rs.with_context("committing"));
+  if (!rs.ok()) return fail_all(rs.with_context("committing"));
   std::vector<size_t> staged;
   std::vector<bool> claimed_here(ms.size(), false);
   uint64_t gen = 0;
@@ -230,14 +229,14 @@ Status Repository::Impl::commit_batch(std::vector<ModelManifest>& ms, const Repo
   {
     std::lock_guard wlock(write_mu_);
     Status ls = ensure_log();
-    if (!ls.is_ok()) return fail_all(ls.with_context("committing"));
+    if (!ls.ok()) return fail_all(ls.with_context("committing"));
     std::string records;
     for (size_t i = 0; i < ms.size(); ++i) {
       ModelManifest& m = ms[i];
       Status s;
       if (!coord_->holds(m.id)) {
         s = coord_->claim(m.id);
-        if (s.is_ok()) {
+        if (s.ok()) {
           claimed_here[i] = true;
           bool known = false;
           {
@@ -251,16 +250,16 @@ Status Repository::Impl::commit_batch(std::vector<ModelManifest>& ms, const Repo
             std::shared_lock lock(mu_);
             known = models_.count(m.id) != 0;
           }
-          if (s.is_ok() && known)
+          if (s.ok() && known)
             s = already_exists("committing model " + quote(m.id) + ": it is already in repository " + dir_ +
                                "; models are immutable, commit under a new id");
         }
       }
       std::string rec;
-      if (s.is_ok()) s = stage(m, src, resident, &rec);
-      if (!s.is_ok()) {
+      if (s.ok()) s = stage(m, src, resident, &rec);
+      if (!s.ok()) {
         (*results)[i] = s;
-        if (first.is_ok()) first = s;
+        if (first.ok()) first = s;
         // The commit will not happen: the id is free again (also when the daemon claimed it).
         if (s.code() != StatusCode::kExists || claimed_here[i]) coord_->release(m.id);
         continue;
@@ -272,20 +271,20 @@ Status Repository::Impl::commit_batch(std::vector<ModelManifest>& ms, const Repo
   }
   if (staged.empty()) return first;
   Status d = wait_durable(gen);
-  if (auto took = std::chrono::steady_clock::now() - planned_at; d.is_ok() && took > options_.gc_grace / 2)
+  if (auto took = std::chrono::steady_clock::now() - planned_at; d.ok() && took > options_.gc_grace / 2)
     CAIRN_LOG_WARN(
         "repository {}: a commit took {} ms from plan to sync, more than half the gc grace ({} ms): the "
         "gc grace assumption did not hold (a gc of another daemon may have freed a chunk it reuses); "
         "raise gc_grace on a filesystem this slow",
         dir_, std::chrono::duration_cast<std::chrono::milliseconds>(took).count(), options_.gc_grace.count());
-  if (!d.is_ok()) {
+  if (!d.ok()) {
     std::unique_lock lock(mu_);
     for (auto it = staged.rbegin(); it != staged.rend(); ++it) drop_model(ms[*it].id);
   }
   for (size_t i : staged) {
-    if (!d.is_ok()) {
+    if (!d.ok()) {
       (*results)[i] = d;
-      if (first.is_ok()) first = d;
+      if (first.ok()) first = d;
       coord_->release(ms[i].id);
     } else {
       coord_->settle(ms[i].id);
@@ -315,7 +314,7 @@ class ChunkCoder {
       for (NewChunk& nc : chunks) {
         if (!nc.base) continue;
         Result<const void*> r = resident(nc.base->hash, nc.length);
-        if (r.is_ok() && *r != nullptr && hash_bytes(*r, nc.length) == nc.base->hash) nc.base_data = *r;
+        if (r.ok() && *r != nullptr && hash_bytes(*r, nc.length) == nc.base->hash) nc.base_data = *r;
       }
     if (threads == 0) threads = std::thread::hardware_concurrency();
     threads = std::max<size_t>(1, std::min(threads, chunks.size()));
@@ -352,7 +351,7 @@ class ChunkCoder {
       const void* b = nc.base_data;
       if (nc.base && b == nullptr) {
         base.resize(nc.length);
-        if (read_(*nc.base, base.data()).is_ok()) b = base.data();
+        if (read_(*nc.base, base.data()).ok()) b = base.data();
       }
       nc.coded = encode_chunk(nc.data, nc.length, nc.width, b, options_);
       if (nc.coded.coding == ChunkCoding::kDelta && b == nullptr) nc.coded = EncodedChunk{};
@@ -418,7 +417,7 @@ Result<uint64_t> Repository::Impl::header_room(const ModelManifest& m, const std
                                                const std::map<std::string, std::string>& meta) const {
   std::vector<safetensors::TensorEntry> entries = pack_entries(m, chunks, tensor_first, whole_candidate, true);
   Result<std::string> header = safetensors::build_header(entries, &meta);
-  if (!header.is_ok())
+  if (!header.ok())
     return header.status().with_context("committing model " + quote(m.id) + ": building the pack header");
   return (header->size() + 7) / 8 * 8;
 }
@@ -442,9 +441,9 @@ Status Repository::Impl::stage(ModelManifest& in, const Repository::ChunkSource&
       s = validate_manifest(head, /*with_locations=*/false);
     } else {
       s = validate_manifest(in, /*with_locations=*/false);
-      if (s.is_ok()) s = validate_chunking(in, chunk_size_);
+      if (s.ok()) s = validate_chunking(in, chunk_size_);
     }
-    if (!s.is_ok()) return s.with_context("committing " + model);
+    if (!s.ok()) return s.with_context("committing " + model);
   }
   ModelManifest m = in;
   std::shared_ptr<const ModelManifest> parent;
@@ -555,7 +554,7 @@ Status Repository::Impl::stage(ModelManifest& in, const Repository::ChunkSource&
                             " chunks are new to the repository but no chunk source was given");
   for (NewChunk& nc : new_chunks) {
     Result<const void*> r = src(nc.hash, nc.length);
-    if (!r.is_ok()) return r.status().with_context("committing " + model + ": fetching chunk " + nc.hash.hex());
+    if (!r.ok()) return r.status().with_context("committing " + model + ": fetching chunk " + nc.hash.hex());
     if (*r == nullptr)
       return invalid_argument("committing " + model + ": the chunk source gave no bytes for chunk " + nc.hash.hex());
     nc.data = *r;
@@ -612,7 +611,7 @@ Status Repository::Impl::stage(ModelManifest& in, const Repository::ChunkSource&
     pack_name = wid() + "-" + seq6(++file_seq_) + std::string(kPackSuffix);
     tmp_path = join_path(packs_dir_, tmp_name());
     Result<std::unique_ptr<File>> f = fs_->open(tmp_path, kCreate | kExclusive);
-    if (!f.is_ok()) return f.status().with_context("committing " + model + ": writing its pack");
+    if (!f.ok()) return f.status().with_context("committing " + model + ": writing its pack");
     own = std::move(f).value();
   } else if (!new_chunks.empty()) {
     // Room for the raw bytes: the stored ones are no more.
@@ -641,7 +640,7 @@ Status Repository::Impl::stage(ModelManifest& in, const Repository::ChunkSource&
       batch.push_back({const_cast<void*>(nc.stored()), static_cast<size_t>(nc.stored_bytes()), nc.offset});
       if (i + 1 == new_chunks.size() || !coder.ready(i + 1)) {
         Status st = out->write_many(batch);
-        if (!st.is_ok()) return fail(st, writing);
+        if (!st.ok()) return fail(st, writing);
         batch.clear();
       }
     }
@@ -654,7 +653,7 @@ Status Repository::Impl::stage(ModelManifest& in, const Repository::ChunkSource&
   if (own_pack) {
     std::vector<safetensors::TensorEntry> entries = pack_entries(m, new_chunks, tensor_first, whole_candidate);
     Result<std::string> header = safetensors::build_header(entries, &meta);
-    if (!header.is_ok()) return fail(header.status(), "building the pack header");
+    if (!header.ok()) return fail(header.status(), "building the pack header");
     std::string prefix = std::move(header).value();
     if (prefix.size() > data_at)
       return fail(internal_error("the pack header takes " + std::to_string(prefix.size()) + " bytes, more than the " +
@@ -668,18 +667,18 @@ Status Repository::Impl::stage(ModelManifest& in, const Repository::ChunkSource&
       return fail(internal_error("pack entries laid out with a size other than their chunks'"),
                   "building the pack header");
     Status st = own->pwrite(prefix.data(), prefix.size(), 0);
-    if (st.is_ok()) st = own->sync(/*data_only=*/false);
-    if (st.is_ok()) {
+    if (st.ok()) st = own->sync(/*data_only=*/false);
+    if (st.ok()) {
       own.reset();
       st = fs_->rename(tmp_path, join_path(packs_dir_, pack_name));
-      if (st.is_ok()) {
+      if (st.ok()) {
         st = fs_->sync_dir(packs_dir_);
-        if (!st.is_ok()) (void)fs_->unlink(join_path(packs_dir_, pack_name));
+        if (!st.ok()) (void)fs_->unlink(join_path(packs_dir_, pack_name));
       } else {
         (void)fs_->unlink(tmp_path);
       }
     }
-    if (!st.is_ok()) return fail(st, writing);
+    if (!st.ok()) return fail(st, writing);
   } else if (!new_chunks.empty()) {
     seg_end_ += data_bytes;
     std::lock_guard lock(sync_mu_);
@@ -718,11 +717,11 @@ Status Repository::Impl::stage(ModelManifest& in, const Repository::ChunkSource&
   {
     std::unique_lock lock(mu_);
     Status s = add_model(shared);
-    if (!s.is_ok()) return s.with_context("committing " + model);
+    if (!s.ok()) return s.with_context("committing " + model);
   }
   *record = pfs::encode_record(RecordType::kCommit, payload);
   in = std::move(m);
-  return Status::ok();
+  return Status::OK();
 }
 
 }  // namespace cairn

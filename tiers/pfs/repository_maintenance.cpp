@@ -83,7 +83,7 @@ Status Repository::Impl::remove(const std::string& id) {
     }
     if (deleted) (void)fsync_dir(packs_dir_);
   }
-  return Status::ok();
+  return Status::OK();
 }
 
 bool Repository::Impl::others_alive() const {
@@ -104,7 +104,7 @@ Status Repository::Impl::retire(const std::string& id) {
     if (it == models_.end()) return not_found("model " + quote(id) + " is not in repository " + dir_);
     old = it->second;
   }
-  if (old->retired_ns != 0) return Status::ok();
+  if (old->retired_ns != 0) return Status::OK();
   auto now =
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
   nlohmann::json body = {{"id", id}, {"retired_ns", std::max<int64_t>(now, 1)}};
@@ -118,7 +118,7 @@ Status Repository::Impl::retire(const std::string& id) {
     it->second = std::move(m);
     ++retired_;
   }
-  return Status::ok();
+  return Status::OK();
 }
 
 namespace {
@@ -175,7 +175,7 @@ void Repository::Impl::reclaim(const std::vector<std::string>& dead, GcReport* r
   // Files nothing references whose writers are gone: packs of commits that died before their
   // record, temporary files of a crash, claims of dead writers.
   std::vector<std::string> names;
-  if (list_dir(packs_dir_, &names).is_ok()) {
+  if (list_dir(packs_dir_, &names).ok()) {
     for (const std::string& name : names) {
       bool tmp = pfs::starts_with(name, pfs::kTmpPrefix);
       std::string owner = tmp ? file_writer(name.substr(pfs::kTmpPrefix.size())) : file_writer(name);
@@ -196,7 +196,7 @@ void Repository::Impl::reclaim(const std::vector<std::string>& dead, GcReport* r
   // The intents files of writers that are gone: their claims are void.
   std::vector<std::string> claims;
   std::string cdir = join_path(dir_, pfs::kClaimsDir);
-  if (list_dir(cdir, &claims).is_ok()) {
+  if (list_dir(cdir, &claims).ok()) {
     for (const std::string& c : claims) {
       std::string owner = file_writer(c.size() > 17 ? c.substr(0, 17) + "-" : c);
       if (owner.empty() || owner == wid() || coord_->alive(owner)) continue;
@@ -312,7 +312,7 @@ Status Repository::Impl::whole_view_locked() {
     CAIRN_RETURN_IF_ERROR(load(nullptr));
     reload_needed_ = false;
   }
-  return Status::ok();
+  return Status::OK();
 }
 
 Status Repository::Impl::revive_parents(
@@ -335,7 +335,7 @@ Status Repository::Impl::revive_parents(
       }
     }
   }
-  if (wanted.empty()) return Status::ok();
+  if (wanted.empty()) return Status::OK();
   // Parents first: report->removed lists children before their parents.
   std::vector<std::string> order;
   for (auto it = report->removed.rbegin(); it != report->removed.rend(); ++it)
@@ -365,7 +365,7 @@ Status Repository::Impl::revive_parents(
     report->removed.erase(std::remove(report->removed.begin(), report->removed.end(), id), report->removed.end());
     report->collected.push_back(id);
   }
-  return Status::ok();
+  return Status::OK();
 }
 
 Result<GcReport> Repository::Impl::gc(const GcSteps& steps) {
@@ -517,7 +517,7 @@ Result<FsckReport> Repository::Impl::fsck(bool verify_data, OperationProgress* p
         if (!verify_data) continue;
         buf.resize(c.length);
         Status s = read_chunk(c, buf.data());
-        if (!s.is_ok()) {
+        if (!s.ok()) {
           problem(s.message());
           continue;
         }

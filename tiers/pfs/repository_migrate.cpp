@@ -59,7 +59,7 @@ Status Repository::Impl::migrate_v1() {
   } release{coord_.get()};
   int version = 0;
   CAIRN_RETURN_IF_ERROR(init_or_read_format(chunk_size_, &version));
-  if (version != 1) return Status::ok();  // another process migrated it while we waited
+  if (version != 1) return Status::OK();  // another process migrated it while we waited
   std::vector<std::shared_ptr<ModelManifest>> models;
   CAIRN_RETURN_IF_ERROR(load_v1(&models).with_context("migrating repository " + dir_ + " to version 2"));
   for (const std::string& sub : {packs_dir_, ckpt_dir_}) {
@@ -70,7 +70,7 @@ Status Repository::Impl::migrate_v1() {
   CAIRN_RETURN_IF_ERROR(write_format(2).with_context("migrating repository " + dir_));
   CAIRN_RETURN_IF_ERROR(fs_->remove_all(join_path(dir_, pfs::kManifestsDir)));
   CAIRN_LOG_INFO("migrated repository {} to version 2: {} models, their packs unchanged", dir_, models.size());
-  return Status::ok();
+  return Status::OK();
 }
 
 Status Repository::Impl::load_v1(std::vector<std::shared_ptr<ModelManifest>>* out) {
@@ -87,19 +87,19 @@ Status Repository::Impl::load_v1(std::vector<std::shared_ptr<ModelManifest>>* ou
     if (!ends_with(name, kManifestSuffix)) continue;  // not ours (an editor's backup, say)
     std::string text;
     Status s = read_small_file(path, kMaxManifestBytes, &text);
-    if (!s.is_ok()) return s.code() == StatusCode::kNotFound ? corruption(s.message()) : s;
+    if (!s.ok()) return s.code() == StatusCode::kNotFound ? corruption(s.message()) : s;
     const std::string what = "manifest " + path;
     const std::string todo = "; restore it, or move it out of manifests/ to drop that model";
     json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded()) return corruption(what + " is not valid JSON" + todo);
     Result<ModelManifest> r = manifest_from_json(j);
-    if (!r.is_ok()) return corruption(what + ": " + r.status().message() + todo);
+    if (!r.ok()) return corruption(what + ": " + r.status().message() + todo);
     auto m = std::make_shared<ModelManifest>(std::move(r).value());
     if (name != manifest_file(m->id))
       return corruption(what + " holds model " + quote(m->id) + ", whose manifest is named " + manifest_file(m->id) +
                         todo);
     Status cs = validate_chunking(*m, chunk_size_);
-    if (!cs.is_ok()) return corruption(what + ": " + cs.message() + todo);
+    if (!cs.ok()) return corruption(what + ": " + cs.message() + todo);
     by_id.emplace(m->id, loaded.size());
     loaded.push_back({std::move(m), path});
   }
@@ -190,7 +190,7 @@ Status Repository::Impl::load_v1(std::vector<std::shared_ptr<ModelManifest>>* ou
   });
   out->clear();
   for (LoadedModel& lm : loaded) out->push_back(std::move(lm.m));
-  return Status::ok();
+  return Status::OK();
 }
 
 }  // namespace cairn

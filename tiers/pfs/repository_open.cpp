@@ -55,7 +55,7 @@ Status make_dirs(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) return errno_status("checking directory " + path, errno);
   if (!S_ISDIR(st.st_mode)) return invalid_argument(path + " exists and is not a directory");
-  return Status::ok();
+  return Status::OK();
 }
 
 }  // namespace
@@ -75,13 +75,13 @@ Status read_small_file(const std::string& path, uint64_t max_bytes, std::string*
   size_t got = 0;
   CAIRN_RETURN_IF_ERROR(pread_all(fd.get(), out->data(), out->size(), 0, path, &got));
   out->resize(got);
-  return Status::ok();
+  return Status::OK();
 }
 
 // ---- open: FORMAT ----
 
 Status Repository::Impl::check_writable() {
-  if (writable_) return Status::ok();
+  if (writable_) return Status::OK();
   return permission_denied("repository " + dir_ + " is not writable by this process; it can be read, not changed");
 }
 
@@ -158,7 +158,7 @@ Status Repository::Impl::init_or_read_format(uint64_t chunk_size, int* version) 
     return corruption(bad);
   chunk_size_ = cs;
   *version = static_cast<int>(v);
-  return Status::ok();
+  return Status::OK();
 }
 
 Status Repository::Impl::open(const std::string& dir, uint64_t chunk_size) {
@@ -209,7 +209,7 @@ Status Repository::Impl::open(const std::string& dir, uint64_t chunk_size) {
   // A migration that died after FORMAT said 2 leaves version 1's manifests behind; they are in
   // the checkpoint, so they go.
   if (writable_ && fs_->exists(join_path(dir_, pfs::kManifestsDir)) &&
-      coord_->take_lease("removing version 1 manifests", std::chrono::milliseconds(0)).is_ok()) {
+      coord_->take_lease("removing version 1 manifests", std::chrono::milliseconds(0)).ok()) {
     (void)fs_->remove_all(join_path(dir_, pfs::kManifestsDir));
     coord_->release_lease();
   }
@@ -224,10 +224,10 @@ Status Repository::Impl::open(const std::string& dir, uint64_t chunk_size) {
     if (dead_logs >= options_.compact_after_logs) {
       CompactReport ignored;
       Status s = compact(&ignored, /*take_lease=*/true);
-      if (!s.is_ok() && s.code() != StatusCode::kBusy) return s.with_context("compacting at open");
+      if (!s.ok() && s.code() != StatusCode::kBusy) return s.with_context("compacting at open");
     }
   }
-  return Status::ok();
+  return Status::OK();
 }
 
 Repository::Impl::~Impl() {
@@ -250,7 +250,7 @@ void Repository::Impl::clear_catalog() {
 }
 
 Status Repository::Impl::register_pack(const std::string& pack) {
-  if (packs_.count(pack)) return Status::ok();
+  if (packs_.count(pack)) return Status::OK();
   PackInfo info;
   if (ends_with(pack, pfs::kSegmentSuffix)) {
     info.data_begin = pfs::kSegmentHeaderBytes;
@@ -264,7 +264,7 @@ Status Repository::Impl::register_pack(const std::string& pack) {
         // packs still referenced once the load is done must exist (load() checks).
         info.missing = true;
         packs_.emplace(pack, std::move(info));
-        return Status::ok();
+        return Status::OK();
       }
       return errno_status("opening pack " + path, err);
     }
@@ -278,7 +278,7 @@ Status Repository::Impl::register_pack(const std::string& pack) {
     info.data_begin = 8 + n;
   }
   packs_.emplace(pack, std::move(info));
-  return Status::ok();
+  return Status::OK();
 }
 
 // ---- the catalog's bookkeeping (mu_ held exclusively) ----
@@ -313,7 +313,7 @@ Status Repository::Impl::add_model(std::shared_ptr<const ModelManifest> m) {
   if (m->retired_ns != 0) ++retired_;
   last_created_ns_ = std::max(last_created_ns_, m->created_ns);
   models_.emplace(id, std::move(m));
-  return Status::ok();
+  return Status::OK();
 }
 
 std::vector<std::string> Repository::Impl::drop_model(const std::string& id) {

@@ -51,7 +51,7 @@ Result<std::shared_ptr<File>> Repository::Impl::pack_file(const std::string& pac
   if (it != fds_.end()) return it->second;
   std::string path = join_path(packs_dir_, pack);
   Result<std::unique_ptr<File>> f = fs_->open(path, options_.direct_reads ? kRead | kDirect : kRead);
-  if (!f.is_ok()) {
+  if (!f.ok()) {
     if (f.status().code() == StatusCode::kNotFound)
       return not_found("pack " + path +
                        " does not exist (its model was removed, or the "
@@ -116,11 +116,11 @@ Status Repository::Impl::read_direct(File& file, const ChunkRef& ref, void* dst,
       size_t piece = 0;
       Status s = file.pread(buf + p, n, begin + p, &piece);
       std::lock_guard lock(mu);
-      if (!s.is_ok())
+      if (!s.ok())
         st = std::move(s);
       else
         in = p += piece;
-      if (!st.is_ok() || piece < n) break;
+      if (!st.ok() || piece < n) break;
       arrived.notify_one();
     }
     std::lock_guard lock(mu);
@@ -145,7 +145,7 @@ Status Repository::Impl::read_direct(File& file, const ChunkRef& ref, void* dst,
   }
   const ChunkHash h = copy_and_hash_as_ready(dst, buf + head, ref.length, ready);
   if (reader.joinable()) reader.join();
-  if (st.is_ok()) {
+  if (st.ok()) {
     *got = static_cast<size_t>(std::min<uint64_t>(ref.length, in - std::min(in, head)));
     if (*got == ref.length) *hash = h;
   }
@@ -172,13 +172,13 @@ Status Repository::Impl::read_coded(File& file, const ChunkRef& ref, void* dst,
   if (ref.coding == ChunkCoding::kDelta && !ref.base) return corruption(where + ": a delta without its base");
   if (ref.coding == ChunkCoding::kDelta && resident && *resident) {
     Result<const void*> r = (*resident)(ref.base->hash, ref.length);
-    if (r.is_ok() && *r != nullptr && hash_bytes(*r, ref.length) == ref.base->hash) base_bytes = *r;
+    if (r.ok() && *r != nullptr && hash_bytes(*r, ref.length) == ref.base->hash) base_bytes = *r;
   }
   if (ref.coding == ChunkCoding::kDelta && base_bytes == nullptr) {
     base.b = take_scratch(ref.length);
     if (!base.b) return no_space("no memory for a " + std::to_string(ref.length) + "-byte buffer to read " + where);
     Status s = read_chunk(*ref.base, base.b->data());
-    if (!s.is_ok()) return s.with_context("reading the base of " + where);
+    if (!s.ok()) return s.with_context("reading the base of " + where);
     base_bytes = base.b->data();
   }
   // The stored bytes, through a scratch buffer (aligned for direct I/O).
@@ -193,7 +193,7 @@ Status Repository::Impl::read_coded(File& file, const ChunkRef& ref, void* dst,
     if (!scratch) return no_space("no memory for a " + std::to_string(span) + "-byte buffer to read " + where);
     size_t in = 0;
     Status s = file.pread(scratch->data(), span, begin, &in);
-    if (!s.is_ok()) {
+    if (!s.ok()) {
       give_back_scratch(std::move(scratch));
       return s.with_context("reading " + where);
     }
@@ -203,7 +203,7 @@ Status Repository::Impl::read_coded(File& file, const ChunkRef& ref, void* dst,
     scratch = take_scratch(n);
     if (!scratch) return no_space("no memory for a " + std::to_string(n) + "-byte buffer to read " + where);
     Status s = file.pread(scratch->data(), n, ref.offset, &got);
-    if (!s.is_ok()) {
+    if (!s.ok()) {
       give_back_scratch(std::move(scratch));
       return s.with_context("reading " + where);
     }
@@ -215,14 +215,14 @@ Status Repository::Impl::read_coded(File& file, const ChunkRef& ref, void* dst,
                     " of its bytes (truncated); restore the pack from a copy");
   } else {
     st = decode_chunk(ref.coding, stored, n, base_bytes, dst, ref.length);
-    if (!st.is_ok())
+    if (!st.ok())
       st = corruption(where + ": the stored bytes do not decode (" + st.message() + "); restore the pack from a copy");
   }
   if (scratch) give_back_scratch(std::move(scratch));
   CAIRN_RETURN_IF_ERROR(st);
   if (hash_bytes(dst, ref.length) != ref.hash)
     return corruption(where + ": the decoded bytes do not match the chunk's hash; restore the pack from a copy");
-  return Status::ok();
+  return Status::OK();
 }
 
 Status Repository::Impl::read_chunk(const ChunkRef& ref, void* dst, const Repository::ChunkSource* resident) const {
@@ -252,7 +252,7 @@ Status Repository::Impl::read_chunk(const ChunkRef& ref, void* dst, const Reposi
     return corruption(where +
                       ": the bytes do not match the chunk's hash; restore the pack from a "
                       "copy");
-  return Status::ok();
+  return Status::OK();
 }
 
 }  // namespace cairn

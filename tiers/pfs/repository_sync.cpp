@@ -160,7 +160,7 @@ Status Repository::Impl::apply(RecordType type, std::string_view payload, const 
                             pfs::record_type_name(type) + " record at byte " + std::to_string(offset);
   auto defer = [&] {
     deferred_.push_back({type, std::string(payload), log, offset});
-    return Status::ok();
+    return Status::OK();
   };
   json j = parse_json(payload);
   if (j.is_discarded()) return corruption(where + ": the payload is not JSON");
@@ -184,17 +184,17 @@ Status Repository::Impl::apply(RecordType type, std::string_view payload, const 
         // Two writers published one id: claims make this impossible unless a writer was judged
         // dead while it was not (no flock and a heartbeat 60 s late). The first one applied stays.
         CAIRN_LOG_WARN("{}: model {} is in the repository already; this record is ignored", where, quote(id));
-        return Status::ok();
+        return Status::OK();
       }
       Result<ModelManifest> r = decode_commit(std::move(j), parent.get());
-      if (!r.is_ok()) return corruption(where + ": " + r.status().message());
+      if (!r.ok()) return corruption(where + ": " + r.status().message());
       Status cs = validate_chunking(*r, chunk_size_);
-      if (!cs.is_ok()) return corruption(where + ": " + cs.message());
+      if (!cs.ok()) return corruption(where + ": " + cs.message());
       auto m = std::make_shared<const ModelManifest>(std::move(r).value());
       CAIRN_RETURN_IF_ERROR(add_model(m).with_context(where + ", model " + quote(m->id)));
       unreported_.added.push_back(m);
       if (rep) rep->added.push_back(std::move(m));
-      return Status::ok();
+      return Status::OK();
     }
     case RecordType::kRetire:
     case RecordType::kCollect:
@@ -215,16 +215,16 @@ Status Repository::Impl::apply(RecordType type, std::string_view payload, const 
         collected_base_.erase(id);
         unreported_.removed.push_back(id);
         if (rep) rep->removed.push_back(id);
-        return Status::ok();
+        return Status::OK();
       }
       auto m = std::make_shared<ModelManifest>(*old);
       if (type == RecordType::kRetire) {
-        if (old->retired_ns != 0) return Status::ok();
+        if (old->retired_ns != 0) return Status::OK();
         auto ns = j.value("retired_ns", int64_t{1});
         m->retired_ns = ns > 0 ? ns : 1;
         ++retired_;
       } else {
-        if (old->collected) return Status::ok();
+        if (old->collected) return Status::OK();
         collected_base_[id] = old;
         std::vector<std::string> dead;
         release_data(*old, &dead);
@@ -240,12 +240,12 @@ Status Repository::Impl::apply(RecordType type, std::string_view payload, const 
       mit->second = std::move(m);
       unreported_.retired.push_back(id);
       if (rep) rep->retired.push_back(id);
-      return Status::ok();
+      return Status::OK();
     }
     case RecordType::kSeal: {
       for (const char* key : {"log", "pack"})
         if (j.is_object() && j.contains(key) && j[key].is_string()) sealed_.insert(j[key].get<std::string>());
-      return Status::ok();
+      return Status::OK();
     }
     case RecordType::kCheckpointBegin:
     case RecordType::kCheckpointEnd:
@@ -262,7 +262,7 @@ void Repository::Impl::apply_deferred(RefreshReport* rep) {
     for (Deferred& d : waiting) {
       size_t before = deferred_.size();
       Status s = apply(d.type, d.payload, d.log, d.offset, rep);
-      if (!s.is_ok()) CAIRN_LOG_ERROR("repository {}: {}", dir_, s.to_string());
+      if (!s.ok()) CAIRN_LOG_ERROR("repository {}: {}", dir_, s.to_string());
       if (deferred_.size() == before) progress = true;
     }
   }
@@ -364,7 +364,7 @@ Status Repository::Impl::read_checkpoint(const std::string& name, uint64_t* seq,
       return corruption("checkpoint " + path + ": covers." + log + " is not an offset" + todo);
     (*covers)[log] = off.get<uint64_t>();
   }
-  if (header_only) return Status::ok();
+  if (header_only) return Status::OK();
   uint64_t n = begin["models"].get<uint64_t>();
   if (pr.records.back().type != RecordType::kCheckpointEnd)
     return corruption("checkpoint " + path + " does not end with a checkpoint record" + todo);
@@ -383,7 +383,7 @@ Status Repository::Impl::read_checkpoint(const std::string& name, uint64_t* seq,
   if (commits != n)
     return corruption("checkpoint " + path + " holds " + std::to_string(commits) + " models where its header says " +
                       std::to_string(n) + todo);
-  return Status::ok();
+  return Status::OK();
 }
 
 // The newest checkpoint's name, or "".
@@ -427,13 +427,13 @@ Status Repository::Impl::load(RefreshReport* rep) {
     if (!newest.empty()) {
       std::map<std::string, uint64_t> covers;
       st = read_checkpoint(newest, &ckpt_seq_, &covers, /*header_only=*/false, &mine);
-      if (st.is_ok())
+      if (st.ok())
         read_to_ = std::move(covers);
       else if (st.code() == StatusCode::kNotFound)
         reload = true;  // replaced by a newer one just now
     }
-    if (st.is_ok()) st = read_logs(&mine, &reload, /*own_too=*/true);
-    if (!st.is_ok() && !reload) return st;
+    if (st.ok()) st = read_logs(&mine, &reload, /*own_too=*/true);
+    if (!st.ok() && !reload) return st;
     if (!reload || attempt == kAttempts) {
       if (reload)
         CAIRN_LOG_WARN(
@@ -474,7 +474,7 @@ Status Repository::Impl::check_packs_present() {
                           ", which is missing; restore the pack from a copy");
     }
   }
-  return Status::ok();
+  return Status::OK();
 }
 
 Status Repository::Impl::read_logs(RefreshReport* rep, bool* reload, bool own_too) {
@@ -494,7 +494,7 @@ Status Repository::Impl::read_logs(RefreshReport* rep, bool* reload, bool own_to
     auto fit = log_files_.find(name);
     if (fit == log_files_.end()) {
       Result<std::unique_ptr<File>> f = fs_->open(join_path(logs_dir_, name), kRead);
-      if (!f.is_ok()) {
+      if (!f.ok()) {
         if (f.status().code() == StatusCode::kNotFound) {
           // Compacted just now, between the listing and here: as if it had not been listed, so that
           // the check below reloads when the newest checkpoint covers what we never read of it.
@@ -517,7 +517,7 @@ Status Repository::Impl::read_logs(RefreshReport* rep, bool* reload, bool own_to
       std::unique_lock lock(mu_);
       for (const pfs::ParsedRecord& r : pr.records) {
         Status s = apply(r.type, r.payload, name, at + r.offset, rep);
-        if (!s.is_ok()) return s;
+        if (!s.ok()) return s;
       }
       apply_deferred(rep);
     }
@@ -547,7 +547,7 @@ Status Repository::Impl::read_logs(RefreshReport* rep, bool* reload, bool own_to
   bool have_covers = false;
   if (newest_seq > ckpt_seq_) {
     uint64_t s = 0;
-    if (read_checkpoint(newest, &s, &covers, /*header_only=*/true, nullptr).is_ok()) have_covers = true;
+    if (read_checkpoint(newest, &s, &covers, /*header_only=*/true, nullptr).ok()) have_covers = true;
   }
   for (auto it = read_to_.begin(); it != read_to_.end();) {
     if (present.count(it->first) || file_writer(it->first) == wid()) {
@@ -567,7 +567,7 @@ Status Repository::Impl::read_logs(RefreshReport* rep, bool* reload, bool own_to
       if (off > 0 && !read_to_.count(log)) *reload = true;  // a log we never saw, compacted away
     }
   }
-  return Status::ok();
+  return Status::OK();
 }
 
 Status Repository::Impl::refresh(RefreshReport* rep) {
@@ -580,11 +580,11 @@ Status Repository::Impl::refresh(RefreshReport* rep) {
     // Rebuild from the newest checkpoint. Our own records must be in our log first.
     if (!write_mu_.try_lock()) {
       reload_needed_ = true;  // a commit of ours holds it: the next refresh does it
-      return Status::ok();
+      return Status::OK();
     }
     std::lock_guard wlock(write_mu_, std::adopt_lock);
     Status d = wait_durable(queued_gen());
-    if (!d.is_ok()) return d;
+    if (!d.ok()) return d;
     std::unordered_map<std::string, std::shared_ptr<const ModelManifest>> before;
     {
       std::shared_lock slock(mu_);
@@ -615,13 +615,13 @@ Status Repository::Impl::refresh(RefreshReport* rep) {
     CAIRN_LOG_INFO("repository {}: logs were compacted under this process; the catalog was rebuilt", dir_);
   }
   view_time_ = last_refresh_;
-  return Status::ok();
+  return Status::OK();
 }
 
 Status Repository::Impl::refresh_if_older(std::chrono::milliseconds max_age) {
   {
     std::lock_guard lock(refresh_mu_);
-    if (std::chrono::steady_clock::now() - last_refresh_ < max_age) return Status::ok();
+    if (std::chrono::steady_clock::now() - last_refresh_ < max_age) return Status::OK();
   }
   RefreshReport ignored;
   return refresh(&ignored);
@@ -717,10 +717,10 @@ Status Repository::Impl::compact(CompactReport* report, bool take_lease, std::ch
   for (const auto& [name, off] : covers) {
     if (owner_may_append(name)) continue;
     Result<std::unique_ptr<File>> f = fs_->open(join_path(logs_dir_, name), kRead);
-    if (!f.is_ok()) continue;
+    if (!f.ok()) continue;
     Result<uint64_t> size = (*f)->size();
-    if (!size.is_ok() || *size > off) continue;
-    if (fs_->unlink(join_path(logs_dir_, name)).is_ok()) {
+    if (!size.ok() || *size > off) continue;
+    if (fs_->unlink(join_path(logs_dir_, name)).ok()) {
       ++report->logs_deleted;
       deleted = true;
       log_files_.erase(name);
@@ -734,7 +734,7 @@ Status Repository::Impl::compact(CompactReport* report, bool take_lease, std::ch
   for (const std::string& n : names) {
     uint64_t s = checkpoint_seq(n);
     if ((s != 0 && s < seq) || starts_with(n, pfs::kTmpPrefix)) {
-      if (fs_->unlink(join_path(ckpt_dir_, n)).is_ok() && s != 0) ++report->checkpoints_deleted;
+      if (fs_->unlink(join_path(ckpt_dir_, n)).ok() && s != 0) ++report->checkpoints_deleted;
     }
   }
   // Writers that are gone and have no log left.
@@ -745,7 +745,7 @@ Status Repository::Impl::compact(CompactReport* report, bool take_lease, std::ch
     coord_->forget_dead(w);
     ++report->writers_forgotten;
   }
-  return Status::ok();
+  return Status::OK();
 }
 
 }  // namespace cairn

@@ -125,10 +125,10 @@ int main(int argc, char** argv) {
   std::filesystem::create_directories(baseline_dir);
 
   auto client = cairn::Client::connect("");
-  if (!client.is_ok()) return die(client.status());
+  if (!client.ok()) return die(client.status());
   cairn::Client& c = **client;
   auto stats0 = c.call({{"op", "stats"}});
-  if (!stats0.is_ok()) return die(stats0.status());
+  if (!stats0.ok()) return die(stats0.status());
 
   const std::vector<Param> params = resnet18();
   std::vector<std::string> layers;
@@ -164,7 +164,7 @@ int main(int argc, char** argv) {
       // Load the parent: a copy into a user buffer, a zero-copy map, and the one-file baseline.
       auto t0 = Clock::now();
       auto reader = cairn::ModelReader::open(c, parent);
-      if (!reader.is_ok()) return die(reader.status());
+      if (!reader.ok()) return die(reader.status());
       uint64_t pos = 0;
       std::vector<std::string> names;
       std::vector<std::span<uint8_t>> dsts;
@@ -173,11 +173,11 @@ int main(int argc, char** argv) {
         dsts.emplace_back(readback.data() + pos, t.nbytes);
         pos += t.nbytes;
       }
-      if (auto st = (*reader)->read_many(names, dsts); !st.is_ok()) return die(st);
+      if (auto st = (*reader)->read_many(names, dsts); !st.ok()) return die(st);
       cairn_copy_ms.push_back(ms(Clock::now() - t0));
       t0 = Clock::now();
       auto views = (*reader)->map_many(names);
-      if (!views.is_ok()) return die(views.status());
+      if (!views.ok()) return die(views.status());
       cairn_map_ms.push_back(ms(Clock::now() - t0));
       (*reader)->close();
 
@@ -187,7 +187,7 @@ int main(int argc, char** argv) {
       if (fd < 0) return die(cairn::errno_status(file, errno));
       // Into a reused buffer, as cairn's read above: both measure the read, not page faults.
       file_buf.resize(std::filesystem::file_size(file));
-      if (auto st = cairn::wire::read_full(fd, file_buf.data(), file_buf.size()); !st.is_ok()) return die(st);
+      if (auto st = cairn::wire::read_full(fd, file_buf.data(), file_buf.size()); !st.ok()) return die(st);
       ::close(fd);
       file_read_ms.push_back(ms(Clock::now() - t0));
     }
@@ -209,9 +209,9 @@ int main(int argc, char** argv) {
       buf.resize(nbytes(p));
       if (changed) {
         fill(buf, rng);
-        if (auto st = w.add_tensor(p.name, buf.data(), p.dtype, p.shape); !st.is_ok()) return die(st);
+        if (auto st = w.add_tensor(p.name, buf.data(), p.dtype, p.shape); !st.ok()) return die(st);
       } else {
-        if (auto st = w.inherit_tensor(p.name); !st.is_ok()) return die(st);
+        if (auto st = w.inherit_tensor(p.name); !st.ok()) return die(st);
         inherited_bytes += buf.size();
       }
       entries.push_back({p.name, p.dtype, p.shape, 0, 0});
@@ -219,13 +219,13 @@ int main(int argc, char** argv) {
     }
     (void)w.set_metadata({{"score", score}, {"generation", n}, {"mutated", mutated}});
     auto ticket = w.commit(cairn::Durability::kGlobal, true);
-    if (!ticket.is_ok()) return die(ticket.status());
+    if (!ticket.ok()) return die(ticket.status());
     store_ms.push_back(ms(Clock::now() - t0));
 
     // The baseline: the whole model in its own safetensors file (the inherited tensors come from
     // the parent's file, which is what a user would have in memory after loading it).
     auto header = cairn::safetensors::build_header(entries, nullptr);
-    if (!header.is_ok()) return die(header.status());
+    if (!header.ok()) return die(header.status());
     std::vector<uint8_t> parent_file;
     if (!parent.empty()) {
       std::string pf = baseline_dir + "/" + parent + ".safetensors";
@@ -257,7 +257,7 @@ int main(int argc, char** argv) {
   }
 
   auto stats1 = c.call({{"op", "stats"}});
-  if (!stats1.is_ok()) return die(stats1.status());
+  if (!stats1.ok()) return die(stats1.status());
   const auto& r0 = (*stats0)["repository"];
   const auto& r1 = (*stats1)["repository"];
   uint64_t physical = r1["physical_bytes"].get<uint64_t>() - r0["physical_bytes"].get<uint64_t>();

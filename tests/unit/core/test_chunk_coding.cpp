@@ -72,7 +72,7 @@ std::string roundtrip(const EncodedChunk& e, const std::string& raw, const std::
   Status s =
       decode_chunk(e.coding, e.bytes.data(), e.bytes.size(), base ? base->data() : nullptr, out.data(), out.size());
   INFO(s.to_string());
-  REQUIRE(s.is_ok());
+  REQUIRE(s.ok());
   return out;
 }
 
@@ -185,7 +185,7 @@ TEST_CASE("damaged frames are errors naming what is wrong, never wrong bytes or 
                     const void* b = nullptr) {
     return decode_chunk(c, f.data(), f.size(), b ? b : base.data(), out.data(), len ? len : raw.size());
   };
-  CHECK(decode(e.bytes).is_ok());
+  CHECK(decode(e.bytes).ok());
   SECTION("truncated") {
     for (size_t cut : {size_t{0}, size_t{5}, size_t{16}, size_t{40}, e.bytes.size() - 1}) {
       std::vector<uint8_t> f(e.bytes.begin(), e.bytes.begin() + static_cast<std::ptrdiff_t>(cut));
@@ -206,7 +206,7 @@ TEST_CASE("damaged frames are errors naming what is wrong, never wrong bytes or 
       Status s = decode(f);
       // Some bytes (a plane's mode from zstd to stored and back) can still decode to other bytes;
       // the repository's hash check catches those. Either way: no crash, and any error names it.
-      if (!s.is_ok()) CHECK(s.code() == StatusCode::kCorruption);
+      if (!s.ok()) CHECK(s.code() == StatusCode::kCorruption);
     }
   }
   SECTION("garbage") {

@@ -30,14 +30,14 @@ std::string current_user() {
 Config load_ok(const std::string& text, const Env& env = {}) {
   Result<Config> r = load_config_text(text, "test.yaml", env);
   INFO(r.status().to_string());
-  REQUIRE(r.is_ok());
+  REQUIRE(r.ok());
   return *r;
 }
 
 // The message of a load that must fail with kInvalidArgument.
 std::string load_error(const std::string& text, const Env& env = {}) {
   Result<Config> r = load_config_text(text, "/etc/cairn.yaml", env);
-  REQUIRE_FALSE(r.is_ok());
+  REQUIRE_FALSE(r.ok());
   CHECK(r.status().code() == StatusCode::kInvalidArgument);
   return r.status().message();
 }
@@ -95,7 +95,7 @@ bool contains(const std::string& haystack, const std::string& needle) {
 
 TEST_CASE("config: no file gives the documented defaults", "[config]") {
   Result<Config> r = load_config("", {});
-  REQUIRE(r.is_ok());
+  REQUIRE(r.ok());
   const Config& c = *r;
   CHECK(c.socket.empty());
   CHECK(c.repository == "./cairn-repo");
@@ -416,8 +416,8 @@ TEST_CASE("config: bad enum values list the allowed ones", "[config]") {
 }
 
 TEST_CASE("config: check_config checks a config built in code as a file's", "[config]") {
-  CHECK(check_config(Config{}).is_ok());
-  CHECK(check_config(load_ok("watchdog: 90s\npeers: {timeout: 2s}\n")).is_ok());
+  CHECK(check_config(Config{}).ok());
+  CHECK(check_config(load_ok("watchdog: 90s\npeers: {timeout: 2s}\n")).ok());
   Config c;
   c.watchdog = "banana";
   CHECK(check_config(c).message() ==
@@ -434,7 +434,7 @@ TEST_CASE("config: check_config checks a config built in code as a file's", "[co
   // Free text is taken as it is: a path may hold a '$' once the config's references are expanded.
   c = Config{};
   c.repository = "/scratch/$odd";
-  CHECK(check_config(c).is_ok());
+  CHECK(check_config(c).ok());
 }
 
 TEST_CASE("config: bad sizes give examples", "[config]") {
@@ -464,7 +464,7 @@ TEST_CASE("config: durations are checked when the config is read", "[config]") {
   CHECK(contains(load_ok("watchdog: 120s").to_yaml(), "\nwatchdog: 2m\n"));
   CHECK(format_duration(std::chrono::milliseconds(61000)) == "61s");
   Result<Config> env = load_config_text("", "test.yaml", {{"CAIRN_WATCHDOG", "banana"}});
-  REQUIRE_FALSE(env.is_ok());
+  REQUIRE_FALSE(env.ok());
   CHECK(env.status().message() ==
         "CAIRN_WATCHDOG: 'banana' is not a duration (a number and ms, s or m: 500ms, 10s, 10m; 0 = off)");
   CHECK(parse_duration("1500ms") == std::chrono::milliseconds(1500));
@@ -527,7 +527,7 @@ TEST_CASE("config: non-scalar keys are rejected", "[config]") {
 
 TEST_CASE("config: an empty source name still gives a location", "[config]") {
   Result<Config> r = load_config_text("bogus: 1", "", {});
-  REQUIRE_FALSE(r.is_ok());
+  REQUIRE_FALSE(r.ok());
   CHECK(contains(r.status().message(), "config: bogus: unknown key"));
 }
 
@@ -535,39 +535,39 @@ TEST_CASE("config: files", "[config]") {
   SECTION("a readable file") {
     TempFile f("tiers:\n  dram:\n    capacity: 2GiB\n");
     Result<Config> r = load_config(f.path(), {});
-    REQUIRE(r.is_ok());
+    REQUIRE(r.ok());
     CHECK(r->tiers.dram.capacity == 2 * kGiB);
   }
   SECTION("every message from a file names it") {
     TempFile f("tiers:\n  dram:\n    capacity: 12 parsecs\n");
     Result<Config> r = load_config(f.path(), {});
-    REQUIRE_FALSE(r.is_ok());
+    REQUIRE_FALSE(r.ok());
     CHECK(r.status().code() == StatusCode::kInvalidArgument);
     CHECK(r.status().message().rfind(f.path() + ": tiers.dram.capacity: '12 parsecs'", 0) == 0);
   }
   SECTION("a syntax error in a file names it and the line") {
     TempFile f("log:\n  level: info\n  file: [\n");
     Result<Config> r = load_config(f.path(), {});
-    REQUIRE_FALSE(r.is_ok());
+    REQUIRE_FALSE(r.ok());
     CHECK(r.status().code() == StatusCode::kInvalidArgument);
     CHECK(contains(r.status().message(), f.path() + ": line "));
   }
   SECTION("a missing file is kNotFound with its path") {
     Result<Config> r = load_config("/nonexistent/cairn/config.yaml", {});
-    REQUIRE_FALSE(r.is_ok());
+    REQUIRE_FALSE(r.ok());
     CHECK(r.status().code() == StatusCode::kNotFound);
     CHECK(contains(r.status().message(), "/nonexistent/cairn/config.yaml"));
   }
   SECTION("a directory is an I/O error with its path") {
     Result<Config> r = load_config("/tmp", {});
-    REQUIRE_FALSE(r.is_ok());
+    REQUIRE_FALSE(r.ok());
     CHECK(r.status().code() == StatusCode::kIo);
     CHECK(contains(r.status().message(), "'/tmp'"));
   }
   SECTION("a huge file is refused") {
     TempFile f(std::string(2 << 20, '#'));
     Result<Config> r = load_config(f.path(), {});
-    REQUIRE_FALSE(r.is_ok());
+    REQUIRE_FALSE(r.ok());
     CHECK(r.status().code() == StatusCode::kInvalidArgument);
     CHECK(contains(r.status().message(), f.path() + ": is "));
   }
@@ -624,7 +624,7 @@ TEST_CASE("config: bad metrics values are rejected with the key", "[config][metr
   CHECK(contains(load_error("metrics: {port: 9464}"),
                  "metrics.port: unknown key (valid keys here: listen, textfile, interval)"));
   Result<Config> env = load_config_text("", "test.yaml", {{"CAIRN_METRICS_LISTEN", "9464"}});
-  REQUIRE_FALSE(env.is_ok());
+  REQUIRE_FALSE(env.ok());
   CHECK(env.status().message() ==
         "CAIRN_METRICS_LISTEN: '9464' has no port (write HOST:PORT, such as 127.0.0.1:9464, 0.0.0.0:9464 or "
         "[::1]:9464)");
@@ -634,7 +634,7 @@ TEST_CASE("config: parse_host_port", "[config][metrics]") {
   auto ok = [](const std::string& text) {
     Result<HostPort> r = parse_host_port(text);
     INFO(text << ": " << r.status().to_string());
-    REQUIRE(r.is_ok());
+    REQUIRE(r.ok());
     return *r;
   };
   CHECK(ok("127.0.0.1:9464").host == "127.0.0.1");
@@ -644,7 +644,7 @@ TEST_CASE("config: parse_host_port", "[config][metrics]") {
   CHECK(ok("n_1.x-y:1").host == "n_1.x-y");
   CHECK(ok("h:00080").port == 80);
   for (const char* bad : {"", ":", "h", "h:", "h:p", "h:1:2", "[]:1", "[::1]x:1", "h:99999", "h :1", "h:+1"})
-    CHECK_FALSE(parse_host_port(bad).is_ok());
+    CHECK_FALSE(parse_host_port(bad).ok());
 }
 
 // ---- environment ----
@@ -700,7 +700,7 @@ TEST_CASE("config: an empty list variable clears the list", "[config]") {
 TEST_CASE("config: bad environment values name the variable", "[config]") {
   auto env_error = [](const std::string& var, const std::string& value) {
     Result<Config> r = load_config_text("", "test.yaml", {{var, value}});
-    REQUIRE_FALSE(r.is_ok());
+    REQUIRE_FALSE(r.ok());
     CHECK(r.status().code() == StatusCode::kInvalidArgument);
     return r.status().message();
   };
@@ -841,7 +841,7 @@ TEST_CASE("config: random mutations of a valid config never throw or crash", "[c
       "  address: 'eth0'\n"
       "log: {level: debug, file: \"\"}\n"
       "metrics: {listen: \"127.0.0.1:9464\", textfile: /tmp/c.prom, interval: 15s}\n";
-  REQUIRE(load_config_text(base, "base", {}).is_ok());
+  REQUIRE(load_config_text(base, "base", {}).ok());
   const std::string alphabet = ":-[]{},#&*!|>'\"%@`?$ \t\n\r\\.0123456789KMGiBabcxyz~\x80\xff";
   std::mt19937 rng(20240607);  // fixed: the loop must be reproducible
   auto pick = [&](size_t n) { return n == 0 ? 0 : static_cast<size_t>(rng() % n); };
@@ -879,12 +879,12 @@ TEST_CASE("config: random mutations of a valid config never throw or crash", "[c
     INFO("iteration " << iter << ":\n" << text);
     Result<Config> r = Result<Config>(internal_error("not run"));
     REQUIRE_NOTHROW(r = load_config_text(text, "mutant", {}));
-    if (r.is_ok()) {
+    if (r.ok()) {
       ++ok;
       Result<Config> back = Result<Config>(internal_error("not run"));
       REQUIRE_NOTHROW(back = load_config_text(r->to_yaml(), "round trip", {}));
       INFO(r->to_yaml() << "\n" << back.status().to_string());
-      REQUIRE(back.is_ok());
+      REQUIRE(back.ok());
       REQUIRE(back->to_yaml() == r->to_yaml());
     } else {
       ++rejected;

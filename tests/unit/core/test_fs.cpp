@@ -52,18 +52,18 @@ struct AlignedBuf {
 std::unique_ptr<File> open_ok(FileSystem& fs, const std::string& path, unsigned flags) {
   auto r = fs.open(path, flags);
   INFO(path << ": " << r.status().to_string());
-  REQUIRE(r.is_ok());
+  REQUIRE(r.ok());
   return std::move(r).value();
 }
 
 void require_ok(const Status& s) {
   INFO(s.to_string());
-  REQUIRE(s.is_ok());
+  REQUIRE(s.ok());
 }
 
 std::string read_all(File& f) {
   auto size = f.size();
-  REQUIRE(size.is_ok());
+  REQUIRE(size.ok());
   std::string out(*size, '\0');
   size_t got = 0;
   require_ok(f.pread(out.data(), out.size(), 0, &got));
@@ -146,17 +146,17 @@ TEST_CASE("posix files round-trip bytes, buffered and direct", "[fs][posix]") {
 
   SECTION("open flags") {
     auto r = fs.open(tmp.path + "/missing", kRead);
-    REQUIRE_FALSE(r.is_ok());
+    REQUIRE_FALSE(r.ok());
     CHECK(r.status().code() == StatusCode::kNotFound);
     CHECK_THAT(r.status().message(), Catch::Contains(tmp.path + "/missing"));
     write_str(fs, tmp.path + "/f", "abc");
     auto ex = fs.open(tmp.path + "/f", kCreate | kExclusive);
-    REQUIRE_FALSE(ex.is_ok());
+    REQUIRE_FALSE(ex.ok());
     CHECK(ex.status().code() == StatusCode::kExists);
     auto t = open_ok(fs, tmp.path + "/f", kReadWrite | kTruncate);
     CHECK(*t->size() == 0);
     auto ro = open_ok(fs, tmp.path + "/f", kRead);
-    CHECK_FALSE(ro->pwrite("x", 1, 0).is_ok());
+    CHECK_FALSE(ro->pwrite("x", 1, 0).ok());
   }
 }
 
@@ -201,7 +201,7 @@ TEST_CASE("a direct read past the end of a file whose length is not a block mult
   {
     auto w = open_ok(posix_fs(), path, kCreate);
     std::vector<uint8_t> bytes(kDirectAlignment + 752, 0x3c);
-    REQUIRE(w->pwrite(bytes.data(), bytes.size(), 0).is_ok());
+    REQUIRE(w->pwrite(bytes.data(), bytes.size(), 0).ok());
   }
   auto f = open_ok(posix_fs(), path, kDirect);
   if (!f->direct()) {
@@ -212,7 +212,7 @@ TEST_CASE("a direct read past the end of a file whose length is not a block mult
   size_t got = 0;
   Status s = f->pread(buf.data(), 3 * kDirectAlignment, 0, &got);
   INFO(s.to_string());
-  REQUIRE(s.is_ok());
+  REQUIRE(s.ok());
   CHECK(got == kDirectAlignment + 752);
   CHECK(buf.data()[kDirectAlignment + 751] == 0x3c);
 }
@@ -275,11 +275,11 @@ TEST_CASE("one posix file takes batches from several threads at once", "[fs][pos
       }
       for (size_t i = 0; i < kPerThread; ++i) reqs.push_back({bufs[i].data(), kLen, (i * kThreads + t) * kLen});
       results[t] = f->write_many(reqs);
-      if (!results[t].is_ok()) return;
+      if (!results[t].ok()) return;
       for (auto& b : bufs) std::memset(b.data(), 0, kLen);
       results[t] = f->read_many(reqs);
       for (auto& b : bufs)
-        if (results[t].is_ok() && b.str() != std::string(kLen, static_cast<char>('a' + t)))
+        if (results[t].ok() && b.str() != std::string(kLen, static_cast<char>('a' + t)))
           results[t] = internal_error("thread " + std::to_string(t) + " read back other bytes");
     });
   }
@@ -325,7 +325,7 @@ TEST_CASE("posix directories: make_dirs, list, rename, unlink, sync_dir, remove_
   write_str(fs, d + "/alpha", "a");
   require_ok(fs.make_dirs(d + "/mid"));
   auto names = fs.list(d);
-  REQUIRE(names.is_ok());
+  REQUIRE(names.ok());
   CHECK(*names == std::vector<std::string>{"alpha", "mid", "zeta"});
   CHECK(fs.list(tmp.path + "/nope").status().code() == StatusCode::kNotFound);
 
@@ -337,7 +337,7 @@ TEST_CASE("posix directories: make_dirs, list, rename, unlink, sync_dir, remove_
   require_ok(fs.unlink(d + "/zeta"));
   CHECK(fs.unlink(d + "/zeta").code() == StatusCode::kNotFound);
   require_ok(fs.sync_dir(d));
-  CHECK_FALSE(fs.sync_dir(tmp.path + "/nope").is_ok());
+  CHECK_FALSE(fs.sync_dir(tmp.path + "/nope").ok());
 
   require_ok(fs.remove_all(tmp.path + "/a"));
   CHECK_FALSE(fs.exists(tmp.path + "/a"));
@@ -367,14 +367,14 @@ TEST_CASE("memory files: round trip, directories, flags", "[fs][memory]") {
   CHECK(fs.open("/d/f", kCreate | kExclusive).status().code() == StatusCode::kExists);
   CHECK(fs.open("/d/g", kRead).status().code() == StatusCode::kNotFound);
   auto ro = open_ok(fs, "/d/f", kRead);
-  CHECK_FALSE(ro->pwrite("x", 1, 0).is_ok());
+  CHECK_FALSE(ro->pwrite("x", 1, 0).ok());
   auto t = open_ok(fs, "/d/f", kReadWrite | kTruncate);
   CHECK(*f->size() == 0);  // the same file
   CHECK(fs.bytes_used() == 0);
 
   write_str(fs, "/d/b", "b");
   auto names = fs.list("/d");
-  REQUIRE(names.is_ok());
+  REQUIRE(names.ok());
   CHECK(*names == std::vector<std::string>{"b", "e", "f"});
   CHECK(fs.list("/nope").status().code() == StatusCode::kNotFound);
   require_ok(fs.sync_dir("/d"));
@@ -515,10 +515,10 @@ TEST_CASE("faulty fs: each effect", "[fs][faulty]") {
     fs.add({.op = Op::kAllocate, .err = ENOSPC});
     CHECK(f->allocate(0, 100).code() == StatusCode::kNoSpace);
     fs.add({.op = Op::kRename, .path_contains = "/x/g"});  // matches the target name too
-    CHECK_FALSE(fs.rename("/x/f", "/x/g").is_ok());
+    CHECK_FALSE(fs.rename("/x/f", "/x/g").ok());
     CHECK(mem.exists("/x/f"));
     fs.add({.op = Op::kUnlink});
-    CHECK_FALSE(fs.unlink("/x/f").is_ok());
+    CHECK_FALSE(fs.unlink("/x/f").ok());
     CHECK(mem.exists("/x/f"));
     CHECK(fs.injected() == 6);
     require_ok(fs.unlink("/x/f"));
@@ -535,30 +535,30 @@ TEST_CASE("faulty fs: skip, times and path filtering", "[fs][faulty]") {
 
   SECTION("skip lets the first matches through, times bounds the failures") {
     fs.add({.op = Op::kWrite, .skip = 2, .times = 2});
-    CHECK(a->pwrite("1", 1, 0).is_ok());
-    CHECK(b->pwrite("2", 1, 0).is_ok());
-    CHECK_FALSE(a->pwrite("3", 1, 0).is_ok());
-    CHECK_FALSE(b->pwrite("4", 1, 0).is_ok());
-    CHECK(a->pwrite("5", 1, 0).is_ok());
+    CHECK(a->pwrite("1", 1, 0).ok());
+    CHECK(b->pwrite("2", 1, 0).ok());
+    CHECK_FALSE(a->pwrite("3", 1, 0).ok());
+    CHECK_FALSE(b->pwrite("4", 1, 0).ok());
+    CHECK(a->pwrite("5", 1, 0).ok());
     CHECK(fs.injected() == 2);
   }
   SECTION("times = -1 is forever, clear() removes the rules") {
     fs.add({.op = Op::kWrite, .times = -1});
-    for (int i = 0; i < 10; ++i) CHECK_FALSE(a->pwrite("x", 1, 0).is_ok());
+    for (int i = 0; i < 10; ++i) CHECK_FALSE(a->pwrite("x", 1, 0).ok());
     CHECK(fs.injected() == 10);
     fs.clear();
-    CHECK(a->pwrite("x", 1, 0).is_ok());
+    CHECK(a->pwrite("x", 1, 0).ok());
   }
   SECTION("only paths that contain the string") {
     fs.add({.op = Op::kWrite, .path_contains = "manifest", .times = -1});
-    CHECK(a->pwrite("x", 1, 0).is_ok());
-    CHECK_FALSE(b->pwrite("x", 1, 0).is_ok());
-    CHECK(a->pwrite("x", 1, 0).is_ok());
+    CHECK(a->pwrite("x", 1, 0).ok());
+    CHECK_FALSE(b->pwrite("x", 1, 0).ok());
+    CHECK(a->pwrite("x", 1, 0).ok());
     CHECK(fs.injected() == 1);
   }
   SECTION("the op must match") {
     fs.add({.op = Op::kRead, .times = -1});
-    CHECK(a->pwrite("x", 1, 0).is_ok());
+    CHECK(a->pwrite("x", 1, 0).ok());
     CHECK(fs.injected() == 0);
   }
   SECTION("rules are checked in order; a skipped rule leaves the operation to later ones") {
@@ -566,7 +566,7 @@ TEST_CASE("faulty fs: skip, times and path filtering", "[fs][faulty]") {
     fs.add({.op = Op::kWrite, .err = EIO});
     CHECK(a->pwrite("x", 1, 0).code() == StatusCode::kIo);       // first rule skips, second fires
     CHECK(a->pwrite("x", 1, 0).code() == StatusCode::kNoSpace);  // first rule fires
-    CHECK(a->pwrite("x", 1, 0).is_ok());
+    CHECK(a->pwrite("x", 1, 0).ok());
   }
 }
 

@@ -13,7 +13,7 @@ json conv(const std::string& name, int out, const std::vector<std::string>& inpu
 }
 std::string error_of(const json& j) {
   auto g = parse_graph(j);
-  REQUIRE_FALSE(g.is_ok());
+  REQUIRE_FALSE(g.ok());
   CHECK(g.status().code() == StatusCode::kInvalidArgument);
   return g.status().message();
 }
@@ -23,7 +23,7 @@ TEST_CASE("graphs parse, sort topologically and map tensors to layers", "[graph]
   json j{{"layers", {conv("b", 64, {"a"}), conv("a", 32, {}), {{"name", "fc"}, {"type", "Linear"}, {"inputs", {"b"}}}}},
          {"tensors", {{"head.w", "fc"}}}};
   auto g = parse_graph(j);
-  REQUIRE(g.is_ok());
+  REQUIRE(g.ok());
   REQUIRE(g->layers.size() == 3);
   CHECK(g->layers[0].name == "a");
   CHECK(g->layers[2].name == "fc");
@@ -31,7 +31,7 @@ TEST_CASE("graphs parse, sort topologically and map tensors to layers", "[graph]
   CHECK(g->layer_of("b.weight") == "b");
   CHECK_FALSE(g->layer_of("zzz.weight").has_value());
   auto again = parse_graph(g->to_json());
-  REQUIRE(again.is_ok());
+  REQUIRE(again.ok());
   CHECK(layer_signatures(*again) == layer_signatures(*g));
 }
 
@@ -64,8 +64,8 @@ TEST_CASE("signatures ignore layer names, key order and number spelling, but not
       {"name":"c0","type":"Conv2d","config":{"lr":5e-1,"k":3.0,"out":64},"inputs":[]},
       {"name":"r0","type":"ReLU","inputs":["c0"]},
       {"name":"fc","type":"Linear","config":{"out":100},"inputs":["r0"]}]})"));
-  REQUIRE(g1.is_ok());
-  REQUIRE(g2.is_ok());
+  REQUIRE(g1.ok());
+  REQUIRE(g2.ok());
   auto s1 = layer_signatures(*g1), s2 = layer_signatures(*g2);
   CHECK(s1["stem"] == s2["c0"]);
   CHECK(s1["body"] == s2["r0"]);
@@ -100,7 +100,7 @@ TEST_CASE("a model without a graph gets one layer per tensor-name prefix", "[gra
   auto s1 = layer_signatures(g), s2 = layer_signatures(graph_from_tensors(other));
   CHECK(s1["bn1"] == s2["bn1"]);
   CHECK_FALSE(s1["fc"] == s2["fc"]);
-  REQUIRE(parse_graph(g.to_json()).is_ok());
+  REQUIRE(parse_graph(g.to_json()).ok());
 }
 
 TEST_CASE("deep chains and random garbage neither overflow nor crash", "[graph]") {
@@ -110,7 +110,7 @@ TEST_CASE("deep chains and random garbage neither overflow nor crash", "[graph]"
                       {"type", "Linear"},
                       {"inputs", i ? json{"l" + std::to_string(i - 1)} : json::array()}});
   auto g = parse_graph(json{{"layers", layers}});
-  REQUIRE(g.is_ok());
+  REQUIRE(g.ok());
   CHECK(layer_signatures(*g).size() == 200000);
 
   std::mt19937_64 rng(5);
@@ -122,7 +122,7 @@ TEST_CASE("deep chains and random garbage neither overflow nor crash", "[graph]"
     json j = json::parse(s, nullptr, false);
     if (j.is_discarded()) continue;
     auto r = parse_graph(j);
-    if (r.is_ok())
+    if (r.ok())
       CHECK(layer_signatures(*r).size() == r->layers.size());
     else
       CHECK_FALSE(r.status().message().empty());

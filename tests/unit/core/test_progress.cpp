@@ -13,7 +13,7 @@ TEST_CASE("a progress snapshot round-trips through its wire form", "[core][progr
   json j = cairn::progress_to_json(s);
   CHECK(j == json{{"phase", "verifying chunks"}, {"unit", "bytes"}, {"done", 12}, {"total", 34}});
   auto back = cairn::progress_from_json(j);
-  REQUIRE(back.is_ok());
+  REQUIRE(back.ok());
   CHECK(*back == s);
 }
 
@@ -21,7 +21,7 @@ TEST_CASE("the progress decoder refuses anything but its four typed fields", "[c
   const json good{{"phase", "p"}, {"unit", "items"}, {"done", 1}, {"total", 2}};
   auto refused = [](const json& j, const std::string& names) {
     auto r = cairn::progress_from_json(j);
-    REQUIRE_FALSE(r.is_ok());
+    REQUIRE_FALSE(r.ok());
     CHECK(r.status().code() == StatusCode::kProtocol);
     CHECK(r.status().message().find(names) != std::string::npos);
   };

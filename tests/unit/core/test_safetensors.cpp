@@ -39,7 +39,7 @@ Result<Header> parse_json(std::string_view json, uint64_t data_bytes) {
 // The message of a rejected parse. Fails the test if the parse succeeded.
 template <typename T>
 std::string error_of(const Result<T>& r) {
-  REQUIRE_FALSE(r.is_ok());
+  REQUIRE_FALSE(r.ok());
   CHECK(r.status().code() == StatusCode::kInvalidArgument);
   CHECK_FALSE(r.status().message().empty());
   return r.status().message();
@@ -57,7 +57,7 @@ TensorEntry entry(std::string name, DType dtype, std::vector<int64_t> shape) {
 std::string build_file(std::vector<TensorEntry>& tensors,
                        const std::map<std::string, std::string>* metadata = nullptr) {
   auto prefix = build_header(tensors, metadata);
-  REQUIRE(prefix.is_ok());
+  REQUIRE(prefix.ok());
   uint64_t data = tensors.empty() ? 0 : tensors.back().end;
   return *prefix + std::string(data, '\x33');
 }
@@ -89,7 +89,7 @@ TEST_CASE("safetensors: every dtype round-trips through build_header and parse_h
   }
   std::string file = build_file(tensors);
   auto h = parse_file(file);
-  REQUIRE(h.is_ok());
+  REQUIRE(h.ok());
   check_consistent(*h, file.size());
   REQUIRE(h->tensors.size() == tensors.size());
   for (size_t i = 0; i < tensors.size(); ++i) {
@@ -110,7 +110,7 @@ TEST_CASE("safetensors: build_header lays tensors out contiguously and pads to 8
                                       entry("c", DType::kF64, {1, 1})};
   tensors[0].begin = 99;  // recomputed
   auto prefix = build_header(tensors, nullptr);
-  REQUIRE(prefix.is_ok());
+  REQUIRE(prefix.ok());
   CHECK(prefix->size() % 8 == 0);
   CHECK(tensors[0].begin == 0);
   CHECK(tensors[0].end == 12);
@@ -128,7 +128,7 @@ TEST_CASE("safetensors: 0-d scalars and zero-element tensors", "[safetensors]") 
                                       entry("empty2d", DType::kI16, {4, 0}), entry("after", DType::kBool, {2})};
   std::string file = build_file(tensors);
   auto h = parse_file(file);
-  REQUIRE(h.is_ok());
+  REQUIRE(h.ok());
   check_consistent(*h, file.size());
   const TensorEntry* s = h->find("scalar");
   REQUIRE(s != nullptr);
@@ -144,7 +144,7 @@ TEST_CASE("safetensors: 0-d scalars and zero-element tensors", "[safetensors]") 
     std::vector<TensorEntry> none;
     std::string empty_file = build_file(none);
     auto e = parse_file(empty_file);
-    REQUIRE(e.is_ok());
+    REQUIRE(e.ok());
     CHECK(e->tensors.empty());
     CHECK(e->data_bytes == 0);
   }
@@ -152,7 +152,7 @@ TEST_CASE("safetensors: 0-d scalars and zero-element tensors", "[safetensors]") 
     auto z = parse_json(R"({"a":{"dtype":"F32","shape":[0],"data_offsets":[0,0]},)"
                         R"("b":{"dtype":"U8","shape":[0,7],"data_offsets":[0,0]}})",
                         0);
-    REQUIRE(z.is_ok());
+    REQUIRE(z.ok());
     CHECK(z->tensors.size() == 2);
   }
 }
@@ -164,7 +164,7 @@ TEST_CASE("safetensors: metadata is kept", "[safetensors]") {
   std::string file = build_file(tensors, &metadata);
   CHECK(file.find("{\"__metadata__\":{") == 8);
   auto h = parse_file(file);
-  REQUIRE(h.is_ok());
+  REQUIRE(h.ok());
   CHECK(h->has_metadata);
   CHECK(h->metadata == metadata);
 
@@ -172,7 +172,7 @@ TEST_CASE("safetensors: metadata is kept", "[safetensors]") {
     std::map<std::string, std::string> none;
     std::vector<TensorEntry> ts = {entry("w", DType::kU8, {1})};
     auto e = parse_file(build_file(ts, &none));
-    REQUIRE(e.is_ok());
+    REQUIRE(e.ok());
     CHECK(e->has_metadata);
     CHECK(e->metadata.empty());
   }
@@ -184,7 +184,7 @@ TEST_CASE("safetensors: tensors come back in data-offset order", "[safetensors]"
                       R"("__metadata__":{"k":"v"}} )"
                       "\n\t ",
                       6);
-  REQUIRE(h.is_ok());
+  REQUIRE(h.ok());
   REQUIRE(h->tensors.size() == 2);
   CHECK(h->tensors[0].name == "y");
   CHECK(h->tensors[1].name == "z");
@@ -290,7 +290,7 @@ TEST_CASE("safetensors: rejects bad tensor entries, naming the tensor", "[safete
     CHECK_THAT(reject(R"({"dtype":"U8","shape":[1,1,1,1,1,1,1,1,1],"data_offsets":[0,1]})", 1),
                Contains("'w.0'") && Contains("more than 8 dimensions"));
     auto h = parse_json(R"({"w":{"dtype":"U8","shape":[1,1,1,1,1,1,1,2],"data_offsets":[0,2]}})", 2);
-    CHECK(h.is_ok());
+    CHECK(h.ok());
   }
   SECTION("shape not an array") {
     CHECK_THAT(reject(R"({"dtype":"U8","shape":4,"data_offsets":[0,4]})", 4),
@@ -420,7 +420,7 @@ TEST_CASE("safetensors: rejects duplicate and invalid names", "[safetensors]") {
   }
   SECTION("non-ASCII UTF-8 names are fine") {
     auto h = parse_json(R"({"poids.ñ.𝄞":{"dtype":"U8","shape":[0],"data_offsets":[0,0]}})", 0);
-    REQUIRE(h.is_ok());
+    REQUIRE(h.ok());
     CHECK(h->tensors[0].name == "poids.ñ.𝄞");
   }
 }
@@ -481,38 +481,38 @@ TEST_CASE("safetensors: a short prefix says how many bytes are needed", "[safete
   std::vector<TensorEntry> tensors = {entry("a", DType::kF32, {2}), entry("b", DType::kI8, {3})};
   std::string file = build_file(tensors);
   auto full = parse_file(file);
-  REQUIRE(full.is_ok());
+  REQUIRE(full.ok());
   const uint64_t header_end = full->data_offset();
   auto span = bytes_of(file);
   for (uint64_t len = 0; len < header_end; ++len) {
     uint64_t needed = 12345;
     auto r = parse_header(span.first(len), file.size(), &needed);
-    REQUIRE_FALSE(r.is_ok());
+    REQUIRE_FALSE(r.ok());
     CHECK(r.status().code() == StatusCode::kInvalidArgument);
     CHECK(needed == (len < 8 ? 8 : header_end));
     auto again = parse_header(span.first(len), file.size());  // null needed_prefix is fine
-    CHECK_FALSE(again.is_ok());
+    CHECK_FALSE(again.ok());
   }
   uint64_t needed = 12345;
   auto exact = parse_header(span.first(header_end), file.size(), &needed);
-  REQUIRE(exact.is_ok());
+  REQUIRE(exact.ok());
   CHECK(needed == 0);
   CHECK(exact->tensors.size() == 2);
 
   SECTION("format errors leave needed_prefix at 0") {
     needed = 12345;
     std::string bad = file_with_json("[]      ", 0);
-    CHECK_FALSE(parse_header(bytes_of(bad), bad.size(), &needed).is_ok());
+    CHECK_FALSE(parse_header(bytes_of(bad), bad.size(), &needed).ok());
     CHECK(needed == 0);
     needed = 12345;
-    CHECK_FALSE(parse_header(span.first(4), 6, &needed).is_ok());  // file too short: no retry
+    CHECK_FALSE(parse_header(span.first(4), 6, &needed).ok());  // file too short: no retry
     CHECK(needed == 0);
     needed = 12345;
     std::string huge = le64(kMaxHeaderBytes + 8);
-    CHECK_FALSE(parse_header(bytes_of(huge), uint64_t{1} << 40, &needed).is_ok());
+    CHECK_FALSE(parse_header(bytes_of(huge), uint64_t{1} << 40, &needed).ok());
     CHECK(needed == 0);
   }
-  SECTION("a prefix longer than the file is an error") { CHECK_FALSE(parse_header(span, file.size() - 1).is_ok()); }
+  SECTION("a prefix longer than the file is an error") { CHECK_FALSE(parse_header(span, file.size() - 1).ok()); }
 }
 
 TEST_CASE("safetensors: read_header reads files and names them in errors", "[safetensors]") {
@@ -528,14 +528,14 @@ TEST_CASE("safetensors: read_header reads files and names them in errors", "[saf
   std::string file = build_file(tensors, &metadata);
 
   auto good = read_header(write("good.safetensors", file));
-  REQUIRE(good.is_ok());
+  REQUIRE(good.ok());
   check_consistent(*good, file.size());
   CHECK(good->metadata == metadata);
   CHECK(good->find("bias")->begin == 64);
 
   std::string cut_path = write("cut.safetensors", file.substr(0, file.size() - 4));
   auto cut = read_header(cut_path);
-  REQUIRE_FALSE(cut.is_ok());
+  REQUIRE_FALSE(cut.ok());
   CHECK_THAT(cut.status().message(), Contains(cut_path) && Contains("'bias'"));
 
   std::string tiny_path = write("tiny.safetensors", "abc");
@@ -558,7 +558,7 @@ TEST_CASE("safetensors: random mutations never crash the parser", "[safetensors]
   std::vector<TensorEntry> tensors = {entry("a", DType::kF32, {2, 2}), entry("b", DType::kU8, {}),
                                       entry("c", DType::kBF16, {0, 3}), entry("d", DType::kI64, {1, 1, 1})};
   const std::string base = build_file(tensors, &metadata);
-  REQUIRE(parse_file(base).is_ok());
+  REQUIRE(parse_file(base).ok());
 
   static constexpr char kTokens[] = "{}[]\",:-0123456789. eE\\u\x00\xff";
   std::mt19937_64 rng(0x5afe7e45);
@@ -602,7 +602,7 @@ TEST_CASE("safetensors: random mutations never crash the parser", "[safetensors]
     uint64_t needed = 1;
     auto r = parse_header(bytes_of(f), f.size(), &needed);
     CHECK(needed == 0);
-    if (r.is_ok()) {
+    if (r.ok()) {
       ++accepted;
       check_consistent(*r, f.size());
     } else {

@@ -17,10 +17,10 @@ TEST_CASE("frames round-trip through a socket pair, with a passed descriptor", "
   for (size_t i = 0; i < blob.size(); ++i) blob[i] = static_cast<uint8_t>(i * 7);
   json body{{"op", "put_tensor"}, {"key", "k"}, {"shape", {2, 3}}};
   int passed = ::dup(0);
-  std::thread t([&] { REQUIRE(wire::send_frame(sv[0], wire::Kind::kRequest, body, blob, passed).is_ok()); });
+  std::thread t([&] { REQUIRE(wire::send_frame(sv[0], wire::Kind::kRequest, body, blob, passed).ok()); });
   auto f = wire::recv_frame(sv[1]);
   t.join();
-  REQUIRE(f.is_ok());
+  REQUIRE(f.ok());
   CHECK(f->kind == wire::Kind::kRequest);
   CHECK(f->body == body);
   CHECK(f->blob == blob);
@@ -37,12 +37,12 @@ TEST_CASE("frame headers with bad fields are rejected with the field named", "[w
   auto good = wire::encode_frame(wire::Kind::kRequest, json{{"op", "ping"}});
   auto expect = [&](std::vector<uint8_t> bytes, const char* needle) {
     auto h = wire::decode_header(bytes);
-    REQUIRE_FALSE(h.is_ok());
+    REQUIRE_FALSE(h.ok());
     CHECK(h.status().code() == StatusCode::kProtocol);
     INFO(h.status().message());
     CHECK(h.status().message().find(needle) != std::string::npos);
   };
-  REQUIRE(wire::decode_header(good).is_ok());
+  REQUIRE(wire::decode_header(good).ok());
   auto b = good;
   b[0] = 'X';
   expect(b, "magic");
@@ -66,13 +66,13 @@ TEST_CASE("frame headers with bad fields are rejected with the field named", "[w
 
 TEST_CASE("frame bodies must be objects with op or status", "[wire]") {
   auto body = [](const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); };
-  CHECK(wire::decode_body(wire::Kind::kRequest, body("{\"op\":\"ping\"}")).is_ok());
-  CHECK_FALSE(wire::decode_body(wire::Kind::kRequest, body("{\"op\":1}")).is_ok());
-  CHECK_FALSE(wire::decode_body(wire::Kind::kRequest, body("[1,2]")).is_ok());
-  CHECK_FALSE(wire::decode_body(wire::Kind::kRequest, body("{\"op\":")).is_ok());
-  CHECK(wire::decode_body(wire::Kind::kResponse, body("{\"status\":0}")).is_ok());
-  CHECK_FALSE(wire::decode_body(wire::Kind::kResponse, body("{\"status\":999}")).is_ok());
-  CHECK_FALSE(wire::decode_body(wire::Kind::kResponse, body("{\"status\":1,\"error\":5}")).is_ok());
+  CHECK(wire::decode_body(wire::Kind::kRequest, body("{\"op\":\"ping\"}")).ok());
+  CHECK_FALSE(wire::decode_body(wire::Kind::kRequest, body("{\"op\":1}")).ok());
+  CHECK_FALSE(wire::decode_body(wire::Kind::kRequest, body("[1,2]")).ok());
+  CHECK_FALSE(wire::decode_body(wire::Kind::kRequest, body("{\"op\":")).ok());
+  CHECK(wire::decode_body(wire::Kind::kResponse, body("{\"status\":0}")).ok());
+  CHECK_FALSE(wire::decode_body(wire::Kind::kResponse, body("{\"status\":999}")).ok());
+  CHECK_FALSE(wire::decode_body(wire::Kind::kResponse, body("{\"status\":1,\"error\":5}")).ok());
 }
 
 TEST_CASE("random garbage never crashes the decoders", "[wire]") {
@@ -84,10 +84,10 @@ TEST_CASE("random garbage never crashes the decoders", "[wire]") {
     for (int k = 0; k < flips; ++k) b[rng() % b.size()] = static_cast<uint8_t>(rng());
     if (rng() % 5 == 0) b.resize(rng() % b.size());
     auto h = wire::decode_header(b);
-    if (!h.is_ok()) continue;
+    if (!h.ok()) continue;
     if (h->json_len > b.size() - wire::kFrameHeaderBytes) continue;
     auto body = wire::decode_body(h->kind, std::span<const uint8_t>(b).subspan(wire::kFrameHeaderBytes, h->json_len));
-    if (body.is_ok()) CHECK(body->is_object());
+    if (body.ok()) CHECK(body->is_object());
   }
 }
 
@@ -97,6 +97,6 @@ TEST_CASE("status codes, C enum and messages come from one list", "[status]") {
   Status s = not_found("model 'x' does not exist");
   CHECK(s.to_string() == "not found: model 'x' does not exist");
   CHECK(s.with_context("open").message() == "open: model 'x' does not exist");
-  CHECK(Status::ok().is_ok());
+  CHECK(Status::OK().ok());
   CHECK(errno_status("write", ENOSPC).code() == StatusCode::kNoSpace);
 }

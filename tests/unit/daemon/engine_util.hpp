@@ -41,8 +41,8 @@ inline std::unique_ptr<Engine> make_engine(const std::string& repo, const std::f
   c.tiers.dram.capacity = kArenaBytes;
   if (tweak) tweak(c);
   auto e = Engine::create(c, options);
-  INFO((e.is_ok() ? std::string() : e.status().to_string()));
-  REQUIRE(e.is_ok());
+  INFO((e.ok() ? std::string() : e.status().to_string()));
+  REQUIRE(e.ok());
   return std::move(e).value();
 }
 

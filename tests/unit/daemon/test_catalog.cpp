@@ -15,7 +15,7 @@ namespace {
 
 Graph graph_of(const json& j) {
   auto g = parse_graph(j);
-  REQUIRE(g.is_ok());
+  REQUIRE(g.ok());
   return *g;
 }
 
@@ -85,18 +85,18 @@ TEST_CASE("catalog: best_ancestor from the index equals a brute-force scan on ra
       meta["tags"] = {{"family", i % 3 == 0 ? "resnet" : "other"}};
       std::string id = "m" + std::to_string(i);
       std::string parent = run.parent[i] >= 0 ? "m" + std::to_string(run.parent[i]) : "";
-      REQUIRE(cat.add(id, parent, cat.compile(run.graphs[i]), meta).is_ok());
+      REQUIRE(cat.add(id, parent, cat.compile(run.graphs[i]), meta).ok());
       brute.add(id, run.graphs[i], meta);
     }
     // Retire some: they must never be returned.
     for (size_t i = 0; i < n; i += 17) {
-      REQUIRE(cat.retire("m" + std::to_string(i)).is_ok());
+      REQUIRE(cat.retire("m" + std::to_string(i)).ok());
       brute.models[i].live = false;
     }
     auto where_score = MetadataFilter::parse(json{{"score", {{">=", 0.5}}}});
     auto where_tag = MetadataFilter::parse(json{{"tags", {{"family", "resnet"}}}});
-    REQUIRE(where_score.is_ok());
-    REQUIRE(where_tag.is_ok());
+    REQUIRE(where_score.ok());
+    REQUIRE(where_tag.ok());
     const MetadataFilter none;
     size_t nonempty = 0, partial = 0;
     for (int q = 0; q < 120; ++q) {
@@ -141,22 +141,22 @@ TEST_CASE(
     json meta = {{"score", std::round(run.score[i] * 10) / 10}, {"tags", {{"family", i % 3 ? "other" : "resnet"}}}};
     std::string id = "m" + std::to_string(i);
     std::string parent = run.parent[i] >= 0 ? "m" + std::to_string(run.parent[i]) : "";
-    REQUIRE(cat.add(id, parent, cat.compile(run.graphs[i]), meta).is_ok());
+    REQUIRE(cat.add(id, parent, cat.compile(run.graphs[i]), meta).ok());
     brute.add(id, run.graphs[i], meta);
     for (size_t k = 0; k < rng() % 4; ++k) {
       json cm = {{"score", static_cast<double>(rng() % 12) / 10}, {"tags", {{"family", rng() % 2 ? "resnet" : "x"}}}};
       std::string cid = id + "/c" + std::to_string(k);
-      REQUIRE(cat.add(cid, id, cat.graph_of(id), cm).is_ok());
+      REQUIRE(cat.add(cid, id, cat.graph_of(id), cm).ok());
       brute.add(cid, run.graphs[i], cm);
     }
   }
   // Retire some parents and some children (a graph's best member going leaves the next one).
   for (size_t e = 0; e < brute.models.size(); e += 7) {
-    REQUIRE(cat.retire(brute.models[e].id).is_ok());
+    REQUIRE(cat.retire(brute.models[e].id).ok());
     brute.models[e].live = false;
   }
   auto where_tag = MetadataFilter::parse(json{{"tags", {{"family", "resnet"}}}});
-  REQUIRE(where_tag.is_ok());
+  REQUIRE(where_tag.ok());
   const MetadataFilter none;
   size_t nonempty = 0;
   for (int q = 0; q < 80; ++q) {
@@ -174,7 +174,7 @@ TEST_CASE(
   }
   CHECK(nonempty > 100);
   // Kept up to date after it was built: a retirement and a new model.
-  REQUIRE(cat.retire(brute.models[1].id).is_ok());
+  REQUIRE(cat.retire(brute.models[1].id).ok());
   brute.models[1].live = false;
   GraphHandle h = cat.compile(run.graphs[3]);
   auto [bid, bn] = brute.best(run.graphs[3], none);
@@ -194,8 +194,8 @@ TEST_CASE("catalog: matches, ties, branches, filters and retirement on hand-buil
           layer("head", "Linear", {{"out_features", head_out}}, {"join"})}}});
   };
   Catalog cat;
-  REQUIRE(cat.add("X", "", cat.compile(branchy(32, 99, 10)), json{{"score", 0.9}}).is_ok());  // matches stem, a1, a2
-  REQUIRE(cat.add("Y", "", cat.compile(branchy(99, 32, 10)), json{{"score", 0.8}}).is_ok());  // matches stem, b1
+  REQUIRE(cat.add("X", "", cat.compile(branchy(32, 99, 10)), json{{"score", 0.9}}).ok());  // matches stem, a1, a2
+  REQUIRE(cat.add("Y", "", cat.compile(branchy(99, 32, 10)), json{{"score", 0.8}}).ok());  // matches stem, b1
   GraphHandle q = cat.compile(branchy(32, 32, 10));
   BestAncestor best = cat.best_ancestor(q);
   CHECK(best.model == "X");
@@ -212,35 +212,35 @@ TEST_CASE("catalog: matches, ties, branches, filters and retirement on hand-buil
     l["name"] = "z_" + l["name"].get<std::string>();
     for (auto& in : l["inputs"]) in = "z_" + in.get<std::string>();
   }
-  REQUIRE(cat.add("Z", "X", cat.compile(graph_of(zj)), json{{"score", 0.1}}).is_ok());
+  REQUIRE(cat.add("Z", "X", cat.compile(graph_of(zj)), json{{"score", 0.1}}).ok());
   best = cat.best_ancestor(q);
   CHECK(best.model == "Z");
   CHECK(best.matched == 5);
   CHECK(best.source_layers == std::vector<std::string>{"z_stem", "z_a1", "z_b1", "z_a2", "z_join"});
 
   // Ties: an equal match goes to the higher score, then to the newer model.
-  REQUIRE(cat.add("Z2", "", cat.compile(branchy(32, 32, 5)), json{{"score", 0.1}}).is_ok());
+  REQUIRE(cat.add("Z2", "", cat.compile(branchy(32, 32, 5)), json{{"score", 0.1}}).ok());
   CHECK(cat.best_ancestor(q).model == "Z2");  // same score, newer
-  REQUIRE(cat.add("Z3", "", cat.compile(branchy(32, 32, 6)), json{{"score", 0.05}}).is_ok());
+  REQUIRE(cat.add("Z3", "", cat.compile(branchy(32, 32, 6)), json{{"score", 0.05}}).ok());
   CHECK(cat.best_ancestor(q).model == "Z2");  // newer but lower score
-  REQUIRE(cat.add("Z4", "", cat.compile(branchy(32, 32, 7)), json::object()).is_ok());
+  REQUIRE(cat.add("Z4", "", cat.compile(branchy(32, 32, 7)), json::object()).ok());
   CHECK(cat.best_ancestor(q).model == "Z2");  // no score ranks below any score
 
   // Filters.
   auto f = MetadataFilter::parse(json{{"score", {{">", 0.5}}}});
-  REQUIRE(f.is_ok());
+  REQUIRE(f.ok());
   CHECK(cat.best_ancestor(q, *f).model == "X");
   f = MetadataFilter::parse(json{{"score", {{">", 5}}}});
-  REQUIRE(f.is_ok());
+  REQUIRE(f.ok());
   CHECK(cat.best_ancestor(q, *f).model.empty());
 
   // Retired models take no part; erase needs no children.
-  REQUIRE(cat.retire("Z2").is_ok());
-  REQUIRE(cat.retire("Z").is_ok());
+  REQUIRE(cat.retire("Z2").ok());
+  REQUIRE(cat.retire("Z").ok());
   CHECK(cat.best_ancestor(q).model == "Z3");
   CHECK(cat.erase("X").code() == StatusCode::kBusy);
-  REQUIRE(cat.erase("Z").is_ok());
-  REQUIRE(cat.erase("X").is_ok());
+  REQUIRE(cat.erase("Z").ok());
+  REQUIRE(cat.erase("X").ok());
   CHECK(cat.best_ancestor(q).model == "Z3");
   CHECK(cat.best_ancestor_scan(q) == cat.best_ancestor(q));
   CHECK(cat.add("Q", "nope", q).code() == StatusCode::kNotFound);
@@ -262,7 +262,7 @@ TEST_CASE("catalog: repeated identical layers map in order", "[catalog]") {
                layer(p + "cat", "Concat", json::object(), {p + "l", p + "r"})}}});
   };
   Catalog cat;
-  REQUIRE(cat.add("m", "", cat.compile(g("m_"))).is_ok());
+  REQUIRE(cat.add("m", "", cat.compile(g("m_"))).ok());
   BestAncestor b = cat.best_ancestor(cat.compile(g("q_")));
   CHECK(b.matched == 4);
   CHECK(b.source_layers == std::vector<std::string>{"m_in", "m_l", "m_r", "m_cat"});
@@ -273,31 +273,31 @@ TEST_CASE("catalog: lineage on a 10,000-generation chain and a wide tree", "[cat
   GraphHandle g = cat.compile(graph_of(json{{"layers", {layer("a", "Linear", json::object(), {})}}}));
   const int kDeep = 10000;
   for (int i = 0; i < kDeep; ++i)
-    REQUIRE(cat.add("c" + std::to_string(i), i ? "c" + std::to_string(i - 1) : "", g).is_ok());
+    REQUIRE(cat.add("c" + std::to_string(i), i ? "c" + std::to_string(i - 1) : "", g).ok());
   auto anc = cat.ancestors("c9999");
-  REQUIRE(anc.is_ok());
+  REQUIRE(anc.ok());
   REQUIRE(anc->size() == 9999);
   CHECK(anc->front() == "c9998");
   CHECK(anc->back() == "c0");
   auto desc = cat.descendants("c0", -1);
-  REQUIRE(desc.is_ok());
+  REQUIRE(desc.ok());
   REQUIRE(desc->size() == 9999);
   CHECK(desc->back() == std::make_pair(std::string("c9999"), 9999));
   CHECK(cat.descendants("c0", 3)->size() == 3);
   CHECK(*cat.lca("c5000", "c9999") == std::optional<std::string>("c5000"));
   auto p = cat.path("c9999", "c9990");
-  REQUIRE(p.is_ok());
+  REQUIRE(p.ok());
   CHECK(p->size() == 10);
   CHECK(p->front() == "c9999");
   CHECK(p->back() == "c9990");
 
   // A wide tree: root with 2,000 children, each with 2 grandchildren.
-  REQUIRE(cat.add("root", "", g).is_ok());
+  REQUIRE(cat.add("root", "", g).ok());
   for (int i = 0; i < 2000; ++i) {
     std::string c = "k" + std::to_string(i);
-    REQUIRE(cat.add(c, "root", g).is_ok());
-    REQUIRE(cat.add(c + "a", c, g).is_ok());
-    REQUIRE(cat.add(c + "b", c, g).is_ok());
+    REQUIRE(cat.add(c, "root", g).ok());
+    REQUIRE(cat.add(c + "a", c, g).ok());
+    REQUIRE(cat.add(c + "b", c, g).ok());
   }
   CHECK(cat.descendants("root", 1)->size() == 2000);
   CHECK(cat.descendants("root", -1)->size() == 6000);
@@ -322,13 +322,13 @@ TEST_CASE("catalog: find by a chain of layer types", "[catalog]") {
                              i ? std::vector<std::string>{"l" + std::to_string(i - 1)} : std::vector<std::string>{}));
     return graph_of(json{{"layers", layers}});
   };
-  REQUIRE(cat.add("cbr", "", cat.compile(chain({"Conv2d", "BatchNorm2d", "ReLU", "Linear"})), json{{"score", 0.95}})
-              .is_ok());
-  REQUIRE(cat.add("cr", "", cat.compile(chain({"Conv2d", "ReLU", "BatchNorm2d"})), json{{"score", 0.99}}).is_ok());
-  REQUIRE(cat.add("cbr2", "", cat.compile(chain({"Input", "Conv2d", "BatchNorm2d", "ReLU"})), json{{"score", 0.5}})
-              .is_ok());
+  REQUIRE(
+      cat.add("cbr", "", cat.compile(chain({"Conv2d", "BatchNorm2d", "ReLU", "Linear"})), json{{"score", 0.95}}).ok());
+  REQUIRE(cat.add("cr", "", cat.compile(chain({"Conv2d", "ReLU", "BatchNorm2d"})), json{{"score", 0.99}}).ok());
+  REQUIRE(
+      cat.add("cbr2", "", cat.compile(chain({"Input", "Conv2d", "BatchNorm2d", "ReLU"})), json{{"score", 0.5}}).ok());
   auto r = cat.find({"Conv2d", "BatchNorm2d", "ReLU"}, {}, 100);
-  REQUIRE(r.is_ok());
+  REQUIRE(r.ok());
   CHECK(*r == std::vector<std::string>{"cbr2", "cbr"});  // newest first
   auto f = MetadataFilter::parse(json{{"score", {{">=", 0.9}}}});
   CHECK(*cat.find({"Conv2d", "BatchNorm2d", "ReLU"}, *f, 100) == std::vector<std::string>{"cbr"});
@@ -336,7 +336,7 @@ TEST_CASE("catalog: find by a chain of layer types", "[catalog]") {
   CHECK(cat.find({"LSTM"}, {}, 10)->empty());
   CHECK(*cat.find({"ReLU"}, {}, 10) == std::vector<std::string>{"cbr2", "cr", "cbr"});
   CHECK(cat.find({}, {}, 10).status().code() == StatusCode::kInvalidArgument);
-  REQUIRE(cat.retire("cbr").is_ok());
+  REQUIRE(cat.retire("cbr").ok());
   CHECK(*cat.find({"Conv2d", "BatchNorm2d", "ReLU"}, {}, 100) == std::vector<std::string>{"cbr2"});
 }
 
@@ -344,7 +344,7 @@ TEST_CASE("catalog: metadata filters", "[catalog]") {
   json meta{{"score", 0.93}, {"owner", "ana"}, {"epochs", 12}, {"tags", {{"task", "cifar10"}, {"stage", 2}}}};
   auto m = [&](const json& where) {
     auto f = MetadataFilter::parse(where);
-    REQUIRE(f.is_ok());
+    REQUIRE(f.ok());
     return f->matches(meta);
   };
   CHECK(m(json::object()));
@@ -365,7 +365,7 @@ TEST_CASE("catalog: metadata filters", "[catalog]") {
 
   auto bad = [](const json& where, const std::string& what) {
     auto f = MetadataFilter::parse(where);
-    REQUIRE_FALSE(f.is_ok());
+    REQUIRE_FALSE(f.ok());
     CHECK(f.status().code() == StatusCode::kInvalidArgument);
     CHECK_THAT(f.status().message(), Catch::Contains(what));
   };

@@ -62,7 +62,7 @@ TEST_CASE("engine: create checks a config built in code before it opens anything
   c.tiers.dram.capacity = kArenaBytes;
   c.watchdog = "banana";
   auto r = Engine::create(c);
-  REQUIRE_FALSE(r.is_ok());
+  REQUIRE_FALSE(r.ok());
   CHECK(r.status().code() == StatusCode::kInvalidArgument);
   CHECK(r.status().message() ==
         "watchdog: 'banana' is not a duration (a number and ms, s or m: 500ms, 10s, 10m; 0 = off)");
@@ -70,15 +70,15 @@ TEST_CASE("engine: create checks a config built in code before it opens anything
   c.watchdog = "10m";
   c.repository_refresh = "1h";
   r = Engine::create(c);
-  REQUIRE_FALSE(r.is_ok());
+  REQUIRE_FALSE(r.ok());
   CHECK(r.status().message().rfind("repository_refresh: '1h' is not a duration", 0) == 0);
   c.repository_refresh = "1s";
   c.compute.start_timeout = "0";
   r = Engine::create(c);
-  REQUIRE_FALSE(r.is_ok());
+  REQUIRE_FALSE(r.ok());
   CHECK(r.status().message().rfind("compute.start_timeout: '0' is not a positive duration", 0) == 0);
   c.compute.start_timeout = "60s";
-  CHECK(Engine::create(c).is_ok());
+  CHECK(Engine::create(c).ok());
 }
 
 TEST_CASE("engine: hello, ping, and ops it does not know", "[engine]") {
@@ -374,7 +374,7 @@ TEST_CASE("engine: prefetch loads a model into DRAM; later leases read nothing f
   REQUIRE(stats(e, s)["tiers"]["pfs"]["hits"] == 4);
   // Prefetch pins nothing: the whole arena can be taken back.
   auto all = e.dram().allocate(e.arena_size());
-  REQUIRE(all.is_ok());
+  REQUIRE(all.ok());
   e.dram().release(*all, e.arena_size());
   fails(e, s, {{"op", "prefetch"}, {"id", "nope"}}, StatusCode::kNotFound, "'nope'");
 }
@@ -411,7 +411,7 @@ TEST_CASE("engine: concurrent cold readers of one tensor read each chunk from th
   REQUIRE(st["tiers"]["pfs"]["hits"] == 4);
   REQUIRE(st["tiers"]["dram"]["misses"] == 4);
   auto all = e.dram().allocate(e.arena_size());  // nothing is left pinned
-  REQUIRE(all.is_ok());
+  REQUIRE(all.ok());
   e.dram().release(*all, e.arena_size());
 }
 
@@ -651,7 +651,7 @@ TEST_CASE("engine: end_session releases the connection's leases and staging spac
   REQUIRE(used_bytes(e) == used0 - 4096);
   // And no chunk is pinned: the whole arena can be taken back.
   auto all = e.dram().allocate(e.arena_size());
-  REQUIRE(all.is_ok());
+  REQUIRE(all.ok());
   e.dram().release(*all, e.arena_size());
 }
 

@@ -24,13 +24,13 @@ std::unique_ptr<Engine> make_hbm_engine(const std::string& repo) {
 // The bytes a device lease names, read through the emulated device's mapper as a client would.
 std::vector<uint8_t> device_bytes(const json& lease) {
   auto m = hbm::open_mapper("emulated");
-  REQUIRE(m.is_ok());
+  REQUIRE(m.ok());
   const uint64_t slab = lease["slab_bytes"].get<uint64_t>(), off = lease["offset"].get<uint64_t>(),
                  n = lease["nbytes"].get<uint64_t>();
   auto p = (*m)->open(lease["handle"].get<std::string>(), slab);
-  REQUIRE(p.is_ok());
+  REQUIRE(p.ok());
   std::vector<uint8_t> out(n);
-  REQUIRE((*m)->copy(0, out.data(), static_cast<uint8_t*>(*p) + off, n, hbm::CopyKind::kDeviceToHost).is_ok());
+  REQUIRE((*m)->copy(0, out.data(), static_cast<uint8_t*>(*p) + off, n, hbm::CopyKind::kDeviceToHost).ok());
   (*m)->close(*p, slab);
   return out;
 }
@@ -115,8 +115,8 @@ TEST_CASE("hbm reads: prefetch and will_load hints with tier hbm promote without
   CHECK(r["leases"][0]["hit"] == true);
   CHECK(r["leases"][1]["hit"] == false);
 
-  CHECK_FALSE(parse_hint(json{{"kind", "will_load"}, {"models", {"q"}}, {"tier", "gpu"}}).is_ok());
-  CHECK_FALSE(parse_hint(json{{"kind", "done"}, {"models", {"q"}}, {"tier", "hbm"}}).is_ok());
+  CHECK_FALSE(parse_hint(json{{"kind", "will_load"}, {"models", {"q"}}, {"tier", "gpu"}}).ok());
+  CHECK_FALSE(parse_hint(json{{"kind", "done"}, {"models", {"q"}}, {"tier", "hbm"}}).ok());
   CHECK(parse_hint(json{{"kind", "will_load"}, {"models", {"q"}}, {"tier", "hbm"}})->hbm);
 }
 

@@ -230,7 +230,7 @@ TEST_CASE("metrics: an address in use or a textfile that cannot be written fails
   c.tiers.dram.capacity = kArenaBytes;
   c.metrics.listen = taken;
   auto r = Engine::create(c);
-  REQUIRE_FALSE(r.is_ok());
+  REQUIRE_FALSE(r.ok());
   INFO(r.status().to_string());
   CHECK(r.status().message().rfind("metrics.listen: cannot listen on '" + taken + "': ", 0) == 0);
   CHECK(contains(r.status().message(), "in use"));
@@ -239,7 +239,7 @@ TEST_CASE("metrics: an address in use or a textfile that cannot be written fails
   c.metrics.listen = "";
   c.metrics.textfile = dir.path + "/no/such/dir/cairn.prom";
   r = Engine::create(c);
-  REQUIRE_FALSE(r.is_ok());
+  REQUIRE_FALSE(r.ok());
   CHECK(r.status().message().rfind("metrics.textfile: ", 0) == 0);
   CHECK(contains(r.status().message(), "no/such/dir"));
 
@@ -247,12 +247,12 @@ TEST_CASE("metrics: an address in use or a textfile that cannot be written fails
   c.metrics.textfile = dir.path + "/cairn.prom";
   c.metrics.interval = "0";
   r = Engine::create(c);
-  REQUIRE_FALSE(r.is_ok());
+  REQUIRE_FALSE(r.ok());
   CHECK(r.status().message() == "metrics.interval: '0' is not a positive duration (such as 500ms, 10s or 2m)");
   c.metrics.interval = "15s";
   c.metrics.listen = "localhost";
   r = Engine::create(c);
-  REQUIRE_FALSE(r.is_ok());
+  REQUIRE_FALSE(r.ok());
   CHECK(r.status().message().rfind("metrics.listen: 'localhost' has no port", 0) == 0);
 }
 

@@ -61,7 +61,7 @@ std::vector<std::pair<PeerMsg, json>> sent_bodies() {
 
 std::string refused(PeerMsg type, const json& body) {
   cairn::Status st = cairn::check_peer_body(type, body);
-  REQUIRE_FALSE(st.is_ok());
+  REQUIRE_FALSE(st.ok());
   REQUIRE(st.code() == cairn::StatusCode::kProtocol);
   REQUIRE(st.message().rfind(std::string("peer message ") + cairn::peer_msg_name(type) + ": ", 0) == 0);
   return st.message();
@@ -83,7 +83,7 @@ TEST_CASE("peer bodies: what the daemon sends decodes", "[peers][bodies]") {
     INFO(cairn::peer_msg_name(type) << " " << body.dump());
     cairn::Status st = cairn::check_peer_body(type, body);
     INFO(st.to_string());
-    REQUIRE(st.is_ok());
+    REQUIRE(st.ok());
   }
   auto hello = cairn::decode_hello(sent_bodies()[0].second);
   REQUIRE(hello->nonce == std::string(16, '\xaa'));
@@ -207,7 +207,7 @@ TEST_CASE("peer bodies: random bodies of every type are refused by name, never t
     for (int k = 0; k < n; ++k) body[keys[rng() % std::size(keys)]] = values[rng() % std::size(values)];
     for (uint8_t t = 1; t <= cairn::kMaxPeerMsg; ++t) {
       cairn::Status st = cairn::check_peer_body(static_cast<PeerMsg>(t), body);
-      if (st.is_ok())
+      if (st.ok())
         ++accepted;
       else
         REQUIRE(st.code() == cairn::StatusCode::kProtocol);
@@ -231,7 +231,7 @@ TEST_CASE("peer bodies: the fuzzers' seeds are valid messages", "[peers][bodies]
     json body = json::parse(bytes.begin() + 1, bytes.end());
     cairn::Status st = cairn::check_peer_body(type, body);
     INFO(st.to_string());
-    REQUIRE(st.is_ok());
+    REQUIRE(st.ok());
     ++seeds;
   }
   REQUIRE(seeds >= cairn::kMaxPeerMsg);

@@ -27,7 +27,7 @@ std::unique_ptr<Membership> join_ok(const std::string& rendezvous, const std::st
                                     const std::string& address = "addr", std::chrono::milliseconds timeout = 10s) {
   auto m = Membership::join(rendezvous, job, address, timeout);
   INFO(m.status().to_string());
-  REQUIRE(m.is_ok());
+  REQUIRE(m.ok());
   return std::move(m).value();
 }
 
@@ -120,7 +120,7 @@ TEST_CASE("peer membership: two members of a job see each other and share the se
   CHECK_FALSE(fs::exists(b_file));
   CHECK(ids(a->scan()) == std::vector<std::string>{a->self().id});
   b->leave();  // twice is harmless
-  CHECK(b->heartbeat().is_ok());
+  CHECK(b->heartbeat().ok());
   CHECK_FALSE(fs::exists(b_file));  // a member that left stays gone
 
   // The destructor leaves too.
@@ -198,13 +198,13 @@ TEST_CASE("peer membership: heartbeat touches the file and rewrites it when remo
   CHECK_FALSE(fs::exists(a_file));
   // ... while a still sees itself, and its next heartbeat brings the file back.
   CHECK(contains(a->scan(), a->self().id));
-  REQUIRE(a->heartbeat().is_ok());
+  REQUIRE(a->heartbeat().ok());
   REQUIRE(fs::exists(a_file));
   CHECK(b->scan().size() == 2);
 
   // A heartbeat refreshes the mtime.
   set_mtime_ago(a_file, 1h);
-  REQUIRE(a->heartbeat().is_ok());
+  REQUIRE(a->heartbeat().ok());
   CHECK(b->scan().size() == 2);
   CHECK(fs::exists(a_file));
 }
@@ -218,14 +218,14 @@ TEST_CASE("peer membership: the secret must be the user's own 0600 file of 32 by
   SECTION("mode 0644 is refused, naming the mode") {
     REQUIRE(::chmod(secret.c_str(), 0644) == 0);
     auto m = Membership::join(tmp.path, "job", "addr", 10s);
-    REQUIRE_FALSE(m.is_ok());
+    REQUIRE_FALSE(m.ok());
     CHECK(m.status().code() == StatusCode::kPermission);
     CHECK_THAT(m.status().message(), Catch::Contains("0644") && Catch::Contains("0600") && Catch::Contains(secret));
   }
   SECTION("a secret of the wrong length is refused") {
     write_file(secret, std::string(16, 'x'), 0600);
     auto m = Membership::join(tmp.path, "job", "addr", 10s);
-    REQUIRE_FALSE(m.is_ok());
+    REQUIRE_FALSE(m.ok());
     CHECK(m.status().code() == StatusCode::kPermission);
     CHECK_THAT(m.status().message(), Catch::Contains("16 bytes") && Catch::Contains("32"));
   }
@@ -234,7 +234,7 @@ TEST_CASE("peer membership: the secret must be the user's own 0600 file of 32 by
     REQUIRE(::unlink(secret.c_str()) == 0);
     REQUIRE(::symlink((tmp.path + "/elsewhere").c_str(), secret.c_str()) == 0);
     auto m = Membership::join(tmp.path, "job", "addr", 10s);
-    REQUIRE_FALSE(m.is_ok());
+    REQUIRE_FALSE(m.ok());
     CHECK(m.status().code() == StatusCode::kPermission);
     CHECK_THAT(m.status().message(), Catch::Contains("symbolic link"));
   }
@@ -242,7 +242,7 @@ TEST_CASE("peer membership: the secret must be the user's own 0600 file of 32 by
     REQUIRE(::unlink(secret.c_str()) == 0);
     REQUIRE(::mkdir(secret.c_str(), 0700) == 0);
     auto m = Membership::join(tmp.path, "job", "addr", 10s);
-    REQUIRE_FALSE(m.is_ok());
+    REQUIRE_FALSE(m.ok());
     CHECK(m.status().code() == StatusCode::kPermission);
     CHECK_THAT(m.status().message(), Catch::Contains("regular file"));
   }
@@ -265,7 +265,7 @@ TEST_CASE("peer membership: another user's directory or secret is refused", "[pe
   SECTION("the job directory") {
     REQUIRE(::chown(dir.c_str(), 12345, 12345) == 0);
     auto m = Membership::join(tmp.path, "job", "addr", 10s);
-    REQUIRE_FALSE(m.is_ok());
+    REQUIRE_FALSE(m.ok());
     CHECK(m.status().code() == StatusCode::kPermission);
     CHECK_THAT(m.status().message(), Catch::Contains("belongs to uid 12345") && Catch::Contains(dir) &&
                                          Catch::Contains("another user's job cannot be joined"));
@@ -273,7 +273,7 @@ TEST_CASE("peer membership: another user's directory or secret is refused", "[pe
   SECTION("the secret") {
     REQUIRE(::chown((dir + "/secret").c_str(), 12345, 12345) == 0);
     auto m = Membership::join(tmp.path, "job", "addr", 10s);
-    REQUIRE_FALSE(m.is_ok());
+    REQUIRE_FALSE(m.ok());
     CHECK(m.status().code() == StatusCode::kPermission);
     CHECK_THAT(m.status().message(), Catch::Contains("uid 12345") && Catch::Contains("secret"));
   }
@@ -285,7 +285,7 @@ TEST_CASE("peer membership: bad job ids are rejected", "[peers]") {
                                  std::string("/abs"), std::string("a\0b", 3), std::string(201, 'j')}) {
     INFO("job '" << job << "'");
     auto m = Membership::join(tmp.path, job, "addr", 10s);
-    REQUIRE_FALSE(m.is_ok());
+    REQUIRE_FALSE(m.ok());
     CHECK(m.status().code() == StatusCode::kInvalidArgument);
     CHECK_THAT(m.status().message(), Catch::Contains("peers.job"));
   }
@@ -339,7 +339,7 @@ TEST_CASE("peer membership: concurrent first joins agree on one secret", "[peers
     for (int i = 0; i < kThreads; ++i) {
       threads.emplace_back([&, i] {
         auto m = Membership::join(rv, "race", "addr" + std::to_string(i), 10s);
-        if (m.is_ok()) {
+        if (m.ok()) {
           ms[i] = std::move(m).value();
         } else {
           errors[i] = m.status().to_string();
@@ -366,7 +366,7 @@ TEST_CASE("peer membership: concurrent first joins agree on one secret", "[peers
       REQUIRE(p >= 0);
       if (p == 0) {
         auto m = Membership::join(rv, "race", "addr", 10s);
-        if (!m.is_ok()) ::_exit(2);
+        if (!m.ok()) ::_exit(2);
         std::ofstream(tmp.path + "/secret." + std::to_string(i)) << (*m)->secret();
         ::_exit(0);
       }

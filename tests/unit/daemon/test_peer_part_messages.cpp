@@ -52,7 +52,7 @@ cairn::PartMessage a_part() {
 // The kProtocol message of a decoder's error, checked to name the message type.
 template <class R>
 std::string fault(const R& r, const std::string& type) {
-  REQUIRE_FALSE(r.is_ok());
+  REQUIRE_FALSE(r.ok());
   REQUIRE(r.status().code() == cairn::StatusCode::kProtocol);
   REQUIRE(r.status().message().rfind("peer message " + type + ": ", 0) == 0);
   return r.status().message();
@@ -63,7 +63,7 @@ std::string fault(const R& r, const std::string& type) {
 TEST_CASE("every part message round-trips", "[peers][parts]") {
   const cairn::PartMessage p = a_part();
   auto part = cairn::decode_part(cairn::encode_part(p));
-  REQUIRE(part.is_ok());
+  REQUIRE(part.ok());
   REQUIRE(part->part == p.part);
   REQUIRE((part->index == 2 && part->of == 4 && part->timeout_ms == 60000));
   REQUIRE(part->durability == Durability::kLocal);
@@ -77,7 +77,7 @@ TEST_CASE("every part message round-trips", "[peers][parts]") {
       s.error = cairn::unavailable("model 'run7/step1200' was not created: part 2 of 4 did not arrive");
     }
     auto back = cairn::decode_part_state(cairn::encode_part_state(s));
-    REQUIRE(back.is_ok());
+    REQUIRE(back.ok());
     REQUIRE(back->model == s.model);
     REQUIRE(back->phase == phase);
     if (phase == PartPhase::kDelegated) REQUIRE(back->registrar == kMember);
@@ -91,14 +91,14 @@ TEST_CASE("every part message round-trips", "[peers][parts]") {
 
   cairn::AssembleMessage a{part_manifest(), Durability::kMemory, {kMember, "m2", kMember}};
   auto assemble = cairn::decode_assemble(cairn::encode_assemble(a));
-  REQUIRE(assemble.is_ok());
+  REQUIRE(assemble.ok());
   REQUIRE(assemble->model == a.model);
   REQUIRE(assemble->part_holders == a.part_holders);
   REQUIRE(assemble->holders() == std::vector<std::string>{kMember, "m2"});
 
   for (AckOf what : {AckOf::kHeld, AckOf::kLocal}) {
     auto ack = cairn::decode_part_ack(cairn::encode_part_ack({"run7/step1200", what, true}));
-    REQUIRE(ack.is_ok());
+    REQUIRE(ack.ok());
     REQUIRE((ack->model == "run7/step1200" && ack->what == what && ack->ok));
   }
 }
@@ -189,9 +189,9 @@ TEST_CASE("the part decoders name each fault", "[peers][parts]") {
 }
 
 TEST_CASE("check_part_body accepts the encodings and refuses random bodies without throwing", "[peers][parts]") {
-  REQUIRE(cairn::check_part_body(PeerMsg::kPart, cairn::encode_part(a_part())).is_ok());
-  REQUIRE(cairn::check_part_body(PeerMsg::kPartAck, cairn::encode_part_ack({"x", AckOf::kLocal, false})).is_ok());
-  REQUIRE(cairn::check_part_body(PeerMsg::kHello, json::array()).is_ok());  // not a part message
+  REQUIRE(cairn::check_part_body(PeerMsg::kPart, cairn::encode_part(a_part())).ok());
+  REQUIRE(cairn::check_part_body(PeerMsg::kPartAck, cairn::encode_part_ack({"x", AckOf::kLocal, false})).ok());
+  REQUIRE(cairn::check_part_body(PeerMsg::kHello, json::array()).ok());  // not a part message
   // Random JSON of the shapes a body could have: every outcome is OK or kProtocol, never a throw.
   std::mt19937_64 rng(42);
   const json values[] = {json(),
@@ -215,7 +215,7 @@ TEST_CASE("check_part_body accepts the encodings and refuses random bodies witho
     if (rng() % 3 == 0) body["durability"] = "global";
     for (PeerMsg t : {PeerMsg::kPart, PeerMsg::kPartState, PeerMsg::kAssemble, PeerMsg::kPartAck}) {
       cairn::Status st = cairn::check_part_body(t, body);
-      if (!st.is_ok()) REQUIRE(st.code() == cairn::StatusCode::kProtocol);
+      if (!st.ok()) REQUIRE(st.code() == cairn::StatusCode::kProtocol);
     }
   }
 }
@@ -232,10 +232,10 @@ TEST_CASE("the fuzzer's seeds of the part messages decode and pass check_part_bo
     REQUIRE(bytes.size() > 1);
     REQUIRE(bytes[0] == 0);
     auto m = cairn::decode_peer_message(std::span<const uint8_t>(bytes.data() + 1, bytes.size() - 1), secret);
-    REQUIRE(m.is_ok());
+    REQUIRE(m.ok());
     REQUIRE(cairn::is_part_message(m->type));
     cairn::Status st = cairn::check_part_body(m->type, m->body);
     INFO(st.to_string());
-    REQUIRE(st.is_ok());
+    REQUIRE(st.ok());
   }
 }

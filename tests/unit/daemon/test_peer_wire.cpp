@@ -56,7 +56,7 @@ void resign(std::vector<uint8_t>& f, const std::string& secret = kSecret) {
 
 std::string decode_error(const std::vector<uint8_t>& f, const std::string& secret = kSecret) {
   auto r = cairn::decode_peer_message(f, secret);
-  REQUIRE_FALSE(r.is_ok());
+  REQUIRE_FALSE(r.ok());
   REQUIRE(r.status().code() == cairn::StatusCode::kProtocol);
   REQUIRE(r.status().message().rfind("peer message: ", 0) == 0);
   return r.status().message();
@@ -106,7 +106,7 @@ TEST_CASE("every peer message round-trips", "[peers]") {
     REQUIRE(f.size() == cairn::kPeerHeaderBytes + m.from.size() + m.to.size() + json::to_cbor(m.body).size() +
                             cairn::kPeerMacBytes);
     auto r = cairn::decode_peer_message(f, kSecret);
-    REQUIRE(r.is_ok());
+    REQUIRE(r.ok());
     REQUIRE(r->type == m.type);
     REQUIRE(r->seq == m.seq);
     REQUIRE(r->from == m.from);
@@ -144,7 +144,7 @@ TEST_CASE("the frame layout is the documented one", "[peers]") {
 
 TEST_CASE("decode names each fault", "[peers]") {
   const auto good = cairn::encode_peer_message(make(PeerMsg::kLookup, {{"req", 1}, {"chunk", "ab"}}), kSecret);
-  REQUIRE(cairn::decode_peer_message(good, kSecret).is_ok());
+  REQUIRE(cairn::decode_peer_message(good, kSecret).ok());
 
   SECTION("short") {
     REQUIRE_THAT(decode_error(std::vector<uint8_t>(12, 0)), Catch::Contains("12 bytes, shorter than a header"));
@@ -186,8 +186,8 @@ TEST_CASE("decode names each fault", "[peers]") {
     auto body = json::to_cbor(json{{"a", 1}});
     REQUIRE_THAT(decode_error(raw_frame(1, "", body)), Catch::Contains("sender id of 0 bytes"));
     REQUIRE_THAT(decode_error(raw_frame(1, std::string(65, 'x'), body)), Catch::Contains("sender id of 65 bytes"));
-    REQUIRE(cairn::decode_peer_message(raw_frame(1, std::string(64, 'x'), body), kSecret).is_ok());
-    REQUIRE(cairn::decode_peer_message(raw_frame(1, "x", body), kSecret).is_ok());
+    REQUIRE(cairn::decode_peer_message(raw_frame(1, std::string(64, 'x'), body), kSecret).ok());
+    REQUIRE(cairn::decode_peer_message(raw_frame(1, "x", body), kSecret).ok());
   }
   SECTION("receiver id length") {
     auto body = json::to_cbor(json{{"a", 1}});
@@ -195,7 +195,7 @@ TEST_CASE("decode names each fault", "[peers]") {
     REQUIRE_THAT(decode_error(raw_frame(1, kFrom, body, kSecret, std::string(65, 'y'))),
                  Catch::Contains("receiver id of 65 bytes"));
     auto r = cairn::decode_peer_message(raw_frame(1, kFrom, body, kSecret, std::string(64, 'y')), kSecret);
-    REQUIRE(r.is_ok());
+    REQUIRE(r.ok());
     REQUIRE(r->to == std::string(64, 'y'));
   }
   SECTION("the receiver id is under the MAC") {
@@ -228,7 +228,7 @@ TEST_CASE("decode names each fault", "[peers]") {
     // A frame signed with another group's secret.
     auto other = cairn::encode_peer_message(make(PeerMsg::kLookup, {{"req", 1}}), "another group's secret");
     REQUIRE_THAT(decode_error(other), Catch::Contains("bad MAC (not signed with this group's secret)"));
-    REQUIRE(cairn::decode_peer_message(other, "another group's secret").is_ok());
+    REQUIRE(cairn::decode_peer_message(other, "another group's secret").ok());
     // An empty secret is a secret like any other.
     REQUIRE_THAT(decode_error(other, ""), Catch::Contains("bad MAC"));
   }
@@ -255,7 +255,7 @@ TEST_CASE("decode names each fault", "[peers]") {
     ok.insert(ok.begin(), {0xa1, 0x61, 'a'});
     ok.push_back(0xa0);
     auto r = cairn::decode_peer_message(raw_frame(3, kFrom, ok), kSecret);
-    REQUIRE(r.is_ok());
+    REQUIRE(r.ok());
   }
   SECTION("body is not an object") {
     for (const json& j : {json::array({1, 2}), json(5), json("text"), json(nullptr), json(true)}) {
@@ -273,7 +273,7 @@ TEST_CASE("any single flipped byte is rejected", "[peers]") {
         f[i] ^= x;
         auto r = cairn::decode_peer_message(f, kSecret);
         INFO(cairn::peer_msg_name(m.type) << " byte " << i << " ^ " << int(x));
-        REQUIRE_FALSE(r.is_ok());
+        REQUIRE_FALSE(r.ok());
         REQUIRE(r.status().code() == cairn::StatusCode::kProtocol);
         REQUIRE(r.status().message().rfind("peer message: ", 0) == 0);
       }
@@ -288,11 +288,11 @@ TEST_CASE("any truncation or extension is rejected", "[peers]") {
       std::vector<uint8_t> f(good.begin(), good.begin() + static_cast<std::ptrdiff_t>(n));
       auto r = cairn::decode_peer_message(f, kSecret);
       INFO(cairn::peer_msg_name(m.type) << " cut to " << n << " of " << good.size());
-      REQUIRE_FALSE(r.is_ok());
+      REQUIRE_FALSE(r.ok());
       REQUIRE(r.status().code() == cairn::StatusCode::kProtocol);
     }
     auto longer = good;
     longer.push_back(0);
-    REQUIRE_FALSE(cairn::decode_peer_message(longer, kSecret).is_ok());
+    REQUIRE_FALSE(cairn::decode_peer_message(longer, kSecret).ok());
   }
 }

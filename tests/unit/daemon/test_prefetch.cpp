@@ -35,7 +35,7 @@ TEST_CASE("hints: the parser rejects garbage naming the field", "[hints]") {
   auto bad = [](const json& j, const std::string& needle) {
     auto h = parse_hint(j);
     INFO(j.dump());
-    REQUIRE_FALSE(h.is_ok());
+    REQUIRE_FALSE(h.ok());
     CHECK(h.status().code() == StatusCode::kInvalidArgument);
     CHECK_THAT(h.status().message(), Catch::Contains(needle));
   };
@@ -54,12 +54,12 @@ TEST_CASE("hints: the parser rejects garbage naming the field", "[hints]") {
   bad(json{{"kind", "sequence"}, {"models", {"a"}}, {"ahead", 1000}}, "hint.ahead");
 
   auto h = parse_hint(json{{"kind", "will_load"}, {"models", {"a", "b", "a"}}, {"tensors", {"w"}}, {"when", "next"}});
-  REQUIRE(h.is_ok());
+  REQUIRE(h.ok());
   CHECK(h->models == std::vector<std::string>{"a", "b"});  // duplicates dropped, order kept
   CHECK(h->tensors == std::vector<std::string>{"w"});
   CHECK(h->when_s == 0);
   auto q = parse_hint(json{{"kind", "sequence"}, {"models", {"x", "y"}}, {"ahead", 3}});
-  REQUIRE(q.is_ok());
+  REQUIRE(q.ok());
   CHECK(q->kind == Hint::Kind::kSequence);
   CHECK(q->ahead == 3);
 }
@@ -114,7 +114,7 @@ TEST_CASE("hints: will_load of some tensors expects only their chunks, and the t
   e->end_session(s);
   e.reset();  // closes the trace
   auto t = read_trace_file(trace);
-  REQUIRE(t.is_ok());
+  REQUIRE(t.ok());
   std::vector<TraceEvent> scoped, whole;
   for (const TraceEvent& ev : t->events) {
     if (ev.kind != TraceEventKind::kHint) continue;

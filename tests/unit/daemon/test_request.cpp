@@ -37,7 +37,7 @@ TEST_CASE("request: a commit decodes into its fields, in order", "[request]") {
               {"hashes", {std::string(32, 'a'), std::string(32, 'b'), std::string(32, 'c')}}},
              {{"name", "b"}, {"inherit", true}}}}};
   auto c = rq::decode_commit(wire(req), {16});
-  REQUIRE(c.is_ok());
+  REQUIRE(c.ok());
   CHECK(c->id == "m");
   CHECK(c->parent == "p");
   CHECK(c->durability == Durability::kMemory);
@@ -59,7 +59,7 @@ TEST_CASE("request: a commit decodes into its fields, in order", "[request]") {
 
   // The defaults: global, waited, with a ticket, no parent.
   auto d = rq::decode_commit(json{{"op", "commit"}, {"id", "n"}, {"tensors", json::array()}}, {16});
-  REQUIRE(d.is_ok());
+  REQUIRE(d.ok());
   CHECK(d->durability == Durability::kGlobal);
   CHECK(d->wait);
   CHECK(d->want_ticket);
@@ -104,7 +104,7 @@ TEST_CASE("request: a malformed commit is refused naming the field", "[request]"
 
 TEST_CASE("request: reads and named tensors decode, and refuse naming the op and field", "[request]") {
   auto lease = rq::decode_lease(json{{"op", "lease"}, {"id", "m"}, {"tensors", {"a", "b"}}, {"contiguous", true}});
-  REQUIRE(lease.is_ok());
+  REQUIRE(lease.ok());
   CHECK(lease->tensors == std::vector<std::string>{"a", "b"});
   CHECK(lease->contiguous);
   refused(rq::decode_lease(json{{"op", "lease"}, {"id", "m"}}).status(),
@@ -120,7 +120,7 @@ TEST_CASE("request: reads and named tensors decode, and refuse naming the op and
 
   auto p = rq::decode_prefetch(
       wire({{"op", "prefetch"}, {"id", "m"}, {"tier", "hbm"}, {"device", 1}, {"all", true}, {"timeout_ms", 5}}));
-  REQUIRE(p.is_ok());
+  REQUIRE(p.ok());
   CHECK(p->tier == rq::Prefetch::Tier::kHbm);
   CHECK(p->device == 1);
   CHECK(p->all);
@@ -130,7 +130,7 @@ TEST_CASE("request: reads and named tensors decode, and refuse naming the op and
           "request 'prefetch': field 'all' must be true or false");
 
   auto put = rq::decode_put_tensor(json{{"op", "put_tensor"}, {"key", "k"}, {"dtype", "I32"}, {"shape", {3}}});
-  REQUIRE(put.is_ok());
+  REQUIRE(put.ok());
   CHECK(put->desc.nbytes == 12);
   CHECK_FALSE(put->space);
   refused(rq::decode_tensor_key(json{{"op", "tensor_info"}}).status(),

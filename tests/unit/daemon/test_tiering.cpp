@@ -205,7 +205,7 @@ TEST_CASE("tiering: ENOSPC on the repository is a clear NO_SPACE and loses nothi
   check_model(t.e(), t.session, "nospace", kMiB, 13);
   check_model(t.e(), t.session, "before", kMiB, 11);
   auto fsck = t.e().repository().fsck(true);
-  REQUIRE(fsck.is_ok());
+  REQUIRE(fsck.ok());
   REQUIRE(fsck->ok());
 }
 
@@ -278,7 +278,7 @@ TEST_CASE("tiering: kill -9 at any moment of a flush loses nothing committed loc
       c.chunk_size = kChunk;
       tweak(c);
       auto e = Engine::create(c);
-      if (!e.is_ok()) ::_exit(3);
+      if (!e.ok()) ::_exit(3);
       Session s;
       for (int i = first; i < first + 40; ++i) {
         std::vector<uint8_t> blob = pattern(kMiB + 123, 1000 + i);
@@ -316,7 +316,7 @@ TEST_CASE("tiering: kill -9 at any moment of a flush loses nothing committed loc
       REQUIRE(read_tensor(*e, s, "k" + std::to_string(i), "w") == pattern(kMiB + 123, 1000 + i));
     }
     auto fsck = e->repository().fsck(true);
-    REQUIRE(fsck.is_ok());
+    REQUIRE(fsck.ok());
     REQUIRE(fsck->ok());
     e->end_session(s);
   }

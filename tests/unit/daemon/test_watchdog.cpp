@@ -96,7 +96,7 @@ TEST_CASE("thread stacks: every thread is listed, a blocked one with its frames"
 
 TEST_CASE("fault rules: fields are parsed with their defaults, and garbage is refused naming the field", "[faults]") {
   auto r = parse_fault_rule(json{{"op", "write"}, {"path", "/packs/"}, {"error", "ENOSPC"}, {"times", -1}});
-  REQUIRE(r.is_ok());
+  REQUIRE(r.ok());
   CHECK(r->op == FaultyFileSystem::Op::kWrite);
   CHECK(r->effect == FaultyFileSystem::Effect::kFail);
   CHECK(r->err == ENOSPC);
@@ -105,7 +105,7 @@ TEST_CASE("fault rules: fields are parsed with their defaults, and garbage is re
   CHECK(fault_rule_json({*r, 3})["injected"] == 3);
   CHECK(fault_rule_json({*r, 0})["error"] == "ENOSPC");
   auto d = parse_fault_rule(json{{"op", "sync"}, {"effect", "delay"}, {"delay_ms", 10}});
-  REQUIRE(d.is_ok());
+  REQUIRE(d.ok());
   CHECK(d->delay_ms == 10);
 
   const std::pair<json, const char*> bad[] = {
@@ -129,7 +129,7 @@ TEST_CASE("fault rules: fields are parsed with their defaults, and garbage is re
   for (const auto& [rule, field] : bad) {
     auto p = parse_fault_rule(rule);
     INFO(rule.dump());
-    REQUIRE_FALSE(p.is_ok());
+    REQUIRE_FALSE(p.ok());
     CHECK(p.status().code() == StatusCode::kInvalidArgument);
     CHECK(p.status().message().rfind("fault: ", 0) == 0);
     CHECK(p.status().message().find(field) != std::string::npos);

@@ -103,7 +103,7 @@ TEST_CASE("Belady equals the exhaustive optimum when chunks are the same size", 
     const Small s = random_small(rng, true);
     const uint64_t capacity = rng() % 5;  // 0..4 chunks
     auto sim = cairn::Simulator::create(to_trace(s));
-    REQUIRE(sim.is_ok());
+    REQUIRE(sim.ok());
     const cairn::SimResult belady = sim->run(SimPolicy::kBelady, capacity);
     BruteForce brute(s, capacity);
     const uint64_t best = brute.best();
@@ -123,7 +123,7 @@ TEST_CASE("With unequal sizes Belady lies between LRU and the exhaustive optimum
     const Small s = random_small(rng, false);
     const uint64_t capacity = 1 + rng() % 12;
     auto sim = cairn::Simulator::create(to_trace(s));
-    REQUIRE(sim.is_ok());
+    REQUIRE(sim.ok());
     const uint64_t belady = sim->run(SimPolicy::kBelady, capacity).bytes_hit;
     const uint64_t lru = sim->run(SimPolicy::kLru, capacity).bytes_hit;
     BruteForce brute(s, capacity);

@@ -222,7 +222,7 @@ TEST_CASE("HintAwarePolicy options are checked; make_eviction_policy knows 'hint
                     std::invalid_argument);
   REQUIRE_NOTHROW(HintAwarePolicy(clock, with([](auto& o) { o.expected_use_horizon_s = kInf; })));
   auto p = cairn::make_eviction_policy("hints", clock);
-  REQUIRE(p.is_ok());
+  REQUIRE(p.ok());
   REQUIRE(std::string((*p)->name()) == "hints");
   REQUIRE(std::string(cairn::standing_name(Standing::kPopulation)) == "population");
 }

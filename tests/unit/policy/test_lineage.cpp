@@ -504,7 +504,7 @@ TEST_CASE("LineagePolicy beats LRU on a NAS-like trace with a scan", "[policy][l
 TEST_CASE("make_eviction_policy builds lineage with the given clock", "[policy][lineage]") {
   FakeClock clock;
   auto p = cairn::make_eviction_policy("lineage", clock);
-  REQUIRE(p.is_ok());
+  REQUIRE(p.ok());
   REQUIRE(std::string((*p)->name()) == "lineage");
   auto* lineage = dynamic_cast<LineagePolicy*>(p->get());
   REQUIRE(lineage != nullptr);
@@ -517,13 +517,13 @@ TEST_CASE("make_eviction_policy builds lineage with the given clock", "[policy][
 TEST_CASE("Admission policies", "[policy][admission]") {
   using Candidate = cairn::AdmissionPolicy::Candidate;
   auto all = cairn::make_admission_policy("all");
-  REQUIRE(all.is_ok());
+  REQUIRE(all.ok());
   REQUIRE(std::string((*all)->name()) == "all");
   REQUIRE((*all)->admit(Candidate{}));
   REQUIRE((*all)->admit(Candidate{16 * kMiB, 1, 0, 0.5}));
 
   auto reuse = cairn::make_admission_policy("reuse");
-  REQUIRE(reuse.is_ok());
+  REQUIRE(reuse.ok());
   REQUIRE(std::string((*reuse)->name()) == "reuse");
   REQUIRE_FALSE((*reuse)->admit(Candidate{}));
   REQUIRE_FALSE((*reuse)->admit(Candidate{16 * kMiB, 1, 1, 10.0}));  // read once, one model: a scan
@@ -531,7 +531,7 @@ TEST_CASE("Admission policies", "[policy][admission]") {
   REQUIRE((*reuse)->admit(Candidate{16 * kMiB, 0, 2, 0}));
 
   auto bad = cairn::make_admission_policy("x");
-  REQUIRE_FALSE(bad.is_ok());
+  REQUIRE_FALSE(bad.ok());
   REQUIRE(bad.status().code() == cairn::StatusCode::kInvalidArgument);
   REQUIRE(bad.status().message() == "policy.admission: 'x' is not one of all, reuse");
 }

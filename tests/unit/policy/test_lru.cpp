@@ -26,14 +26,14 @@ TEST_CASE("LRU evicts the least recently used evictable chunk", "[policy]") {
 
 TEST_CASE("make_eviction_policy rejects unknown names", "[policy]") {
   auto p = cairn::make_eviction_policy("fifo");
-  REQUIRE_FALSE(p.is_ok());
+  REQUIRE_FALSE(p.ok());
   REQUIRE(p.status().code() == cairn::StatusCode::kInvalidArgument);
   REQUIRE(p.status().message() == "policy.eviction: 'fifo' is not one of lru, lineage, hints");
   auto lru = cairn::make_eviction_policy("lru");
-  REQUIRE(lru.is_ok());
+  REQUIRE(lru.ok());
   REQUIRE(std::string((*lru)->name()) == "lru");
   auto lineage = cairn::make_eviction_policy("lineage");
-  REQUIRE(lineage.is_ok());
+  REQUIRE(lineage.ok());
   REQUIRE(std::string((*lineage)->name()) == "lineage");
 }
 

@@ -23,7 +23,7 @@ namespace {
 
 Simulator make(const Trace& t) {
   auto s = Simulator::create(t);
-  REQUIRE(s.is_ok());
+  REQUIRE(s.ok());
   return std::move(s).value();
 }
 
@@ -185,7 +185,7 @@ TEST_CASE("Simulator: a model re-read in a cycle keeps a stable part resident (h
   cairn::SimOptions o;
   o.competing_admission = false;
   auto plain = Simulator::create(b.trace(), o);
-  REQUIRE(plain.is_ok());
+  REQUIRE(plain.ok());
   CHECK(plain->run(SimPolicy::kHints, 20).hits == 2);
 }
 
@@ -210,12 +210,12 @@ TEST_CASE("Simulator: a chunk id with two sizes is an error naming it", "[policy
   Build b;
   b.access("m", "a", 10).access("m", "a", 11);
   auto sim = Simulator::create(b.trace());
-  REQUIRE_FALSE(sim.is_ok());
+  REQUIRE_FALSE(sim.ok());
   REQUIRE(sim.status().message() ==
           "simulator: event 2: chunk a has 11 bytes, but 10 before (a chunk id names one content)");
   cairn::SimOptions bad;
   bad.sequence_step_s = -1;
-  REQUIRE_FALSE(Simulator::create(Trace{}, bad).is_ok());
+  REQUIRE_FALSE(Simulator::create(Trace{}, bad).ok());
   REQUIRE(cairn::parse_sim_policy("opt").status().message() ==
           "policy 'opt' is not one of lru, arc, s3fifo, lineage, hints, bound, belady");
   REQUIRE(*cairn::parse_sim_policy("belady") == SimPolicy::kBelady);
@@ -242,12 +242,12 @@ TEST_CASE("The committed traces are the generators' output, small, and replay se
     REQUIRE(!text.empty());
     REQUIRE(text.size() < 200 * 1024);
     auto generated = cairn::generate_trace(workload);
-    REQUIRE(generated.is_ok());
+    REQUIRE(generated.ok());
     // Regenerate with: cairn-sim --generate <workload> --out bench/traces/<workload>.csv
     REQUIRE(cairn::format_trace(*generated) == text);
 
     auto trace = cairn::read_trace_file(path);
-    REQUIRE(trace.is_ok());
+    REQUIRE(trace.ok());
     REQUIRE(*trace == *generated);
     const Simulator sim = make(*trace);
     const cairn::TraceSummary& s = sim.summary();
@@ -271,7 +271,7 @@ TEST_CASE("The committed traces are the generators' output, small, and replay se
 TEST_CASE("On the NAS trace the hint-aware policy beats LRU and the lineage scorer at every size",
           "[policy][sim][traces]") {
   auto trace = cairn::read_trace_file(std::string(CAIRN_SOURCE_DIR) + "/bench/traces/nas.csv");
-  REQUIRE(trace.is_ok());
+  REQUIRE(trace.ok());
   const Simulator sim = make(*trace);
   const auto r =
       sim.run_fractions({SimPolicy::kLru, SimPolicy::kLineage, SimPolicy::kHints, SimPolicy::kBelady}, {0.125, 0.25});
@@ -294,15 +294,15 @@ TEST_CASE("The generators are deterministic and refuse unknown workloads", "[pol
     INFO(workload);
     auto a = cairn::generate_trace(workload, o);
     auto b = cairn::generate_trace(workload, o);
-    REQUIRE(a.is_ok());
+    REQUIRE(a.ok());
     REQUIRE(*a == *b);
     const std::string text = cairn::format_trace(*a);
     auto back = cairn::parse_trace(text);
-    REQUIRE(back.is_ok());
+    REQUIRE(back.ok());
     REQUIRE(*back == *a);
   }
   REQUIRE(cairn::generate_trace("zoo").status().message() ==
           "generate: workload 'zoo' is not one of nas, ensemble, sweep, checkpoint");
   o.scale = 0;
-  REQUIRE_FALSE(cairn::generate_trace("nas", o).is_ok());
+  REQUIRE_FALSE(cairn::generate_trace("nas", o).ok());
 }

@@ -74,7 +74,7 @@ const char* kHeader = "#cairn-trace v1\ntime_ns,event,model,chunk,bytes,tier,hin
 // The error for a trace of the header plus `body`.
 std::string error_of(const std::string& body) {
   auto r = cairn::parse_trace(kHeader + body, "t.csv");
-  REQUIRE_FALSE(r.is_ok());
+  REQUIRE_FALSE(r.ok());
   REQUIRE(r.status().code() == cairn::StatusCode::kInvalidArgument);
   return r.status().message();
 }
@@ -85,11 +85,11 @@ std::string temp_path(const char* name) { return "/tmp/cairn_test_trace_" + std:
 
 TEST_CASE("A trace survives format and parse unchanged", "[policy][trace]") {
   const Trace t = sample_trace();
-  for (const TraceEvent& e : t.events) REQUIRE(cairn::validate_trace_event(e).is_ok());
+  for (const TraceEvent& e : t.events) REQUIRE(cairn::validate_trace_event(e).ok());
   const std::string text = cairn::format_trace(t);
   INFO(text);
   auto back = cairn::parse_trace(text);
-  REQUIRE(back.is_ok());
+  REQUIRE(back.ok());
   REQUIRE(*back == t);
   REQUIRE(cairn::format_trace(*back) == text);
   // Separators, quotes and newlines in a model id are escaped; the line stays one line.
@@ -104,13 +104,13 @@ TEST_CASE("The trace reader takes CRLF, comments, a missing final newline and lo
   auto r = cairn::parse_trace(
       "#cairn-trace v1\r\ntime_ns,event,model,chunk,bytes,tier,hint,when_s\r\n# recorded by hand\r\n"
       "1,access,m%2c1,c1,10,dram,,\r\n2,access,m2,c2,0,,,");
-  REQUIRE(r.is_ok());
+  REQUIRE(r.ok());
   REQUIRE(r->events.size() == 2);
   REQUIRE(r->events[0].models == std::vector<std::string>{"m,1"});
   REQUIRE(r->events[0].tier == TraceTier::kDram);
   REQUIRE(r->events[1].bytes == 0);
   auto empty = cairn::parse_trace(kHeader);
-  REQUIRE(empty.is_ok());
+  REQUIRE(empty.ok());
   REQUIRE(empty->events.empty());
 }
 
@@ -173,7 +173,7 @@ TEST_CASE("The trace reader rejects bad lines, naming the line and the field", "
 TEST_CASE("The trace reader rejects a missing or foreign header", "[policy][trace]") {
   auto message = [](const std::string& text) {
     auto r = cairn::parse_trace(text, "t.csv");
-    REQUIRE_FALSE(r.is_ok());
+    REQUIRE_FALSE(r.ok());
     return r.status().message();
   };
   REQUIRE(message("") ==
@@ -188,7 +188,7 @@ TEST_CASE("The trace reader rejects a missing or foreign header", "[policy][trac
 
 TEST_CASE("validate_trace_event checks what the writer is given", "[policy][trace]") {
   TraceEvent e = event(1, TraceEventKind::kAccess, {"m"}, "c", 1);
-  REQUIRE(cairn::validate_trace_event(e).is_ok());
+  REQUIRE(cairn::validate_trace_event(e).ok());
   e.time_ns = -1;
   REQUIRE(cairn::validate_trace_event(e).message() == "time_ns: must be >= 0");
   e = hint(1, HintKind::kWillLoad, {"m"}, -2.0);
@@ -202,7 +202,7 @@ TEST_CASE("validate_trace_event checks what the writer is given", "[policy][trac
 TEST_CASE("TraceWriter appends whole lines from many threads, in non-decreasing time", "[policy][trace]") {
   const std::string path = temp_path("writer.csv");
   auto w = cairn::TraceWriter::open(path);
-  REQUIRE(w.is_ok());
+  REQUIRE(w.ok());
   constexpr int kThreads = 4, kEach = 500;
   std::atomic<int> failures{0};
   std::vector<std::thread> threads;
@@ -214,7 +214,7 @@ TEST_CASE("TraceWriter appends whole lines from many threads, in non-decreasing 
         const cairn::Status s =
             (*w)->append(event(std::max<int64_t>(0, time), TraceEventKind::kAccess, {"m" + std::to_string(t)},
                                "c" + std::to_string(i), 4096, TraceTier::kDram));
-        if (!s.is_ok()) ++failures;  // Catch2 assertions are not thread-safe
+        if (!s.ok()) ++failures;  // Catch2 assertions are not thread-safe
       }
     });
   }
@@ -225,22 +225,22 @@ TEST_CASE("TraceWriter appends whole lines from many threads, in non-decreasing 
   REQUIRE(bad.code() == cairn::StatusCode::kInvalidArgument);
   REQUIRE(bad.message() == "model: required for access");
   REQUIRE((*w)->events_written() == kThreads * kEach);
-  REQUIRE((*w)->close().is_ok());
-  REQUIRE((*w)->close().is_ok());
+  REQUIRE((*w)->close().ok());
+  REQUIRE((*w)->close().ok());
   REQUIRE((*w)->append(event(1, TraceEventKind::kAccess, {"m"}, "c", 1)).code() == cairn::StatusCode::kIo);
 
   auto back = cairn::read_trace_file(path);
-  REQUIRE(back.is_ok());
+  REQUIRE(back.ok());
   REQUIRE(back->events.size() == kThreads * kEach);
   std::remove(path.c_str());
 }
 
 TEST_CASE("TraceWriter and read_trace_file name the path when they fail", "[policy][trace]") {
   auto w = cairn::TraceWriter::open("/nonexistent-dir/x/trace.csv");
-  REQUIRE_FALSE(w.is_ok());
+  REQUIRE_FALSE(w.ok());
   REQUIRE(w.status().message().find("/nonexistent-dir/x/trace.csv") != std::string::npos);
   auto r = cairn::read_trace_file("/nonexistent-dir/trace.csv");
-  REQUIRE_FALSE(r.is_ok());
+  REQUIRE_FALSE(r.ok());
   REQUIRE(r.status().code() == cairn::StatusCode::kIo);
   REQUIRE(r.status().message().find("/nonexistent-dir/trace.csv") != std::string::npos);
 
@@ -250,7 +250,7 @@ TEST_CASE("TraceWriter and read_trace_file name the path when they fail", "[poli
     f << kHeader << "1,access,m,c,1,,,\n2,access,m,c,x,,,\n";
   }
   auto bad = cairn::read_trace_file(path);
-  REQUIRE_FALSE(bad.is_ok());
+  REQUIRE_FALSE(bad.ok());
   REQUIRE(bad.status().message() == path + ":4: bytes: 'x' is not an unsigned decimal integer");
   std::remove(path.c_str());
 }

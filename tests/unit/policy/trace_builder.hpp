@@ -38,7 +38,7 @@ class Build {
   const Trace& trace() const { return t_; }
   Simulator simulator() const {
     auto s = Simulator::create(t_);
-    REQUIRE(s.is_ok());
+    REQUIRE(s.ok());
     return std::move(s).value();
   }
 
@@ -53,7 +53,7 @@ class Build {
     e.bytes = bytes;
     e.tier = tier;
     e.hint = hint;
-    REQUIRE(cairn::validate_trace_event(e).is_ok());
+    REQUIRE(cairn::validate_trace_event(e).ok());
     t_.events.push_back(std::move(e));
     return *this;
   }

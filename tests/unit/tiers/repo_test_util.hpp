@@ -108,7 +108,7 @@ std::string read_tensor(const Repository& repo, const TensorManifest& t) {
     std::string buf(c.length, '\0');
     Status s = repo.read_chunk(c, buf.data());
     INFO(s.to_string());
-    REQUIRE(s.is_ok());
+    REQUIRE(s.ok());
     out += buf;
   }
   return out;
@@ -116,7 +116,7 @@ std::string read_tensor(const Repository& repo, const TensorManifest& t) {
 
 void require_model_bytes(const Repository& repo, const std::string& id, const ChunkStore& store) {
   Result<ModelManifest> m = repo.get(id);
-  REQUIRE(m.is_ok());
+  REQUIRE(m.ok());
   for (const TensorManifest& t : m->tensors) {
     INFO("tensor " << t.name);
     REQUIRE(read_tensor(repo, t) == store.tensors.at(t.name));
@@ -135,7 +135,7 @@ std::unique_ptr<Repository> open_repo(const std::string& dir, uint64_t chunk_siz
                                       const RepositoryOptions& options = own_packs()) {
   auto r = Repository::open(dir, chunk_size, nullptr, options);
   INFO(r.status().to_string());
-  REQUIRE(r.is_ok());
+  REQUIRE(r.ok());
   return std::move(r).value();
 }
 

@@ -469,7 +469,7 @@ uint64_t page() { return static_cast<uint64_t>(::sysconf(_SC_PAGESIZE)); }
 
 TEST_CASE("shared arena: capacity rounds up to whole pages", "[arena]") {
   auto arena = SharedArena::create(page() + 1, "cairn-test-round");
-  REQUIRE(arena.is_ok());
+  REQUIRE(arena.ok());
   CHECK((*arena)->capacity() == 2 * page());
   CHECK((*arena)->fd() >= 0);
   CHECK((*arena)->base() != nullptr);
@@ -478,7 +478,7 @@ TEST_CASE("shared arena: capacity rounds up to whole pages", "[arena]") {
 
 TEST_CASE("shared arena: a zero capacity is rejected", "[arena]") {
   auto arena = SharedArena::create(0, "cairn-test-zero");
-  REQUIRE_FALSE(arena.is_ok());
+  REQUIRE_FALSE(arena.ok());
   CHECK(arena.status().code() == StatusCode::kInvalidArgument);
   CHECK(arena.status().message().find("cairn-test-zero") != std::string::npos);
 }
@@ -486,7 +486,7 @@ TEST_CASE("shared arena: a zero capacity is rejected", "[arena]") {
 TEST_CASE("shared arena: a 1 GiB arena is created without touching its pages", "[arena]") {
   constexpr uint64_t kGiB = uint64_t{1} << 30;
   auto arena = SharedArena::create(kGiB, "cairn-test-lazy");
-  REQUIRE(arena.is_ok());
+  REQUIRE(arena.ok());
   REQUIRE((*arena)->capacity() == kGiB);
   std::vector<unsigned char> resident(kGiB / page());
   REQUIRE(::mincore((*arena)->base(), kGiB, resident.data()) == 0);
@@ -499,12 +499,12 @@ TEST_CASE("shared arena: a 1 GiB arena is created without touching its pages", "
 
 TEST_CASE("arena view: the daemon and a client see the same bytes", "[arena]") {
   auto arena = SharedArena::create(1 << 20, "cairn-test-view");
-  REQUIRE(arena.is_ok());
+  REQUIRE(arena.ok());
   SharedArena& daemon = **arena;
   const int client_fd = ::dup(daemon.fd());
   REQUIRE(client_fd >= 0);
   auto view = ArenaView::map(client_fd, daemon.capacity());
-  REQUIRE(view.is_ok());
+  REQUIRE(view.ok());
   ArenaView& client = **view;
   CHECK(client.size() == daemon.capacity());
   CHECK(client.read_base() != client.write_base());
@@ -534,17 +534,17 @@ TEST_CASE("arena view: the daemon and a client see the same bytes", "[arena]") {
 TEST_CASE("arena view: copy-on-write views never change the arena and outlive the view", "[arena]") {
   const uint64_t cap = 8ull << 20;
   auto arena = SharedArena::create(cap, "cairn-test-cow");
-  REQUIRE(arena.is_ok());
+  REQUIRE(arena.ok());
   uint8_t* base = (*arena)->base();
   for (uint64_t i = 0; i < cap; ++i) base[i] = static_cast<uint8_t>(i * 7 + 1);
   auto view = ArenaView::map(::dup((*arena)->fd()), (*arena)->capacity());
-  REQUIRE(view.is_ok());
+  REQUIRE(view.ok());
 
   // Not page-aligned, over 1 MiB (populated), and a small one: both see the arena's bytes.
   auto big = (*view)->map_private(4096 + 100, 3ull << 20);
   auto small = (*view)->map_private(5000, 64);
-  REQUIRE(big.is_ok());
-  REQUIRE(small.is_ok());
+  REQUIRE(big.ok());
+  REQUIRE(small.ok());
   CHECK(std::memcmp(*big, base + 4196, 3ull << 20) == 0);
   CHECK(std::memcmp(*small, base + 5000, 64) == 0);
   // A write changes that view only: not the arena, not the shared views, not another private view
@@ -559,9 +559,9 @@ TEST_CASE("arena view: copy-on-write views never change the arena and outlive th
 
   // Out of range and empty views are refused with a message.
   auto bad = (*view)->map_private(cap - 10, 20);
-  REQUIRE_FALSE(bad.is_ok());
+  REQUIRE_FALSE(bad.ok());
   CHECK(bad.status().message().find("outside the arena") != std::string::npos);
-  CHECK_FALSE((*view)->map_private(0, 0).is_ok());
+  CHECK_FALSE((*view)->map_private(0, 0).ok());
 
   // The views outlive the ArenaView they came from, until unmapped.
   view->reset();
@@ -593,10 +593,10 @@ static long mapped_pages(const uint8_t* p, uint64_t n) {
 TEST_CASE("arena view: prefault maps pages once and any range is safe to ask for", "[arena]") {
   const uint64_t cap = 16ull << 20;
   auto arena = SharedArena::create(cap, "cairn-test-prefault");
-  REQUIRE(arena.is_ok());
+  REQUIRE(arena.ok());
   std::memset((*arena)->base(), 3, cap);
   auto view = ArenaView::map(::dup((*arena)->fd()), (*arena)->capacity());
-  REQUIRE(view.is_ok());
+  REQUIRE(view.ok());
   ArenaView& v = **view;
   const long before = mapped_pages(v.read_base(), cap);
   if (before < 0) {
@@ -625,9 +625,9 @@ TEST_CASE("arena view: prefault maps pages once and any range is safe to ask for
 
 TEST_CASE("arena view: the read-only mapping faults on a write", "[arena]") {
   auto arena = SharedArena::create(1 << 16, "cairn-test-ro");
-  REQUIRE(arena.is_ok());
+  REQUIRE(arena.ok());
   auto view = ArenaView::map(::dup((*arena)->fd()), (*arena)->capacity());
-  REQUIRE(view.is_ok());
+  REQUIRE(view.ok());
   const uint8_t* ro = (*view)->read_base();
   const ChildOutcome o = run_in_child([ro] {
     *const_cast<volatile uint8_t*>(ro + 100) = 1;
@@ -648,7 +648,7 @@ TEST_CASE("arena view: the read-only mapping faults on a write", "[arena]") {
 
 TEST_CASE("arena view: a forked process maps the descriptor and shares bytes", "[arena]") {
   auto arena = SharedArena::create(1 << 20, "cairn-test-fork");
-  REQUIRE(arena.is_ok());
+  REQUIRE(arena.ok());
   SharedArena& daemon = **arena;
   for (uint64_t i = 0; i < daemon.capacity(); i += 4096) daemon.base()[i] = static_cast<uint8_t>(i >> 12);
   const int fd = daemon.fd();
@@ -656,7 +656,7 @@ TEST_CASE("arena view: a forked process maps the descriptor and shares bytes", "
 
   const ChildOutcome o = run_in_child([fd, size] {
     auto view = ArenaView::map(::dup(fd), size);
-    if (!view.is_ok()) return 2;
+    if (!view.ok()) return 2;
     for (uint64_t i = 0; i < size; i += 4096) {
       if ((*view)->read_base()[i] != static_cast<uint8_t>(i >> 12)) return 3;
     }
@@ -670,14 +670,14 @@ TEST_CASE("arena view: a forked process maps the descriptor and shares bytes", "
 
 TEST_CASE("arena view: a size that does not match the descriptor is rejected", "[arena]") {
   auto arena = SharedArena::create(1 << 20, "cairn-test-size");
-  REQUIRE(arena.is_ok());
+  REQUIRE(arena.ok());
   const uint64_t capacity = (*arena)->capacity();
 
   for (uint64_t wrong : {capacity + page(), capacity - page(), capacity + 1}) {
     const int fd = ::dup((*arena)->fd());
     REQUIRE(fd >= 0);
     auto view = ArenaView::map(fd, wrong);
-    REQUIRE_FALSE(view.is_ok());
+    REQUIRE_FALSE(view.ok());
     CHECK(view.status().code() == StatusCode::kProtocol);
     CHECK(view.status().message().find(std::to_string(capacity)) != std::string::npos);
     CHECK(view.status().message().find(std::to_string(wrong)) != std::string::npos);
@@ -686,12 +686,12 @@ TEST_CASE("arena view: a size that does not match the descriptor is rejected", "
 
   const int fd = ::dup((*arena)->fd());
   auto empty = ArenaView::map(fd, 0);
-  REQUIRE_FALSE(empty.is_ok());
+  REQUIRE_FALSE(empty.ok());
   CHECK(empty.status().code() == StatusCode::kInvalidArgument);
   CHECK(::fcntl(fd, F_GETFD) == -1);
 
   auto bad_fd = ArenaView::map(-1, capacity);
-  REQUIRE_FALSE(bad_fd.is_ok());
+  REQUIRE_FALSE(bad_fd.ok());
   CHECK(bad_fd.status().code() == StatusCode::kInvalidArgument);
 }
 
@@ -720,7 +720,7 @@ TEST_CASE("shared arena: the page backing is read from the kernel's shmem THP se
 
   // The arena says what backs it, on this machine's setting.
   auto arena = SharedArena::create(4u << 20, "cairn-test-pages");
-  REQUIRE(arena.is_ok());
+  REQUIRE(arena.ok());
   const std::string mode = shmem_thp_mode();
   const bool huge = mode == "always" || mode == "within_size" || mode == "advise" || mode == "force";
   CHECK((*arena)->huge_pages() == huge);

@@ -24,7 +24,7 @@ constexpr uint64_t kChunk = kMiB;  // four chunks fill the arena
 
 std::unique_ptr<DramTier> make_tier(uint64_t capacity = kArena) {
   auto t = DramTier::create(capacity, std::make_unique<LruPolicy>(), "cairn-test-dram");
-  REQUIRE(t.is_ok());
+  REQUIRE(t.ok());
   return std::move(t).value();
 }
 
@@ -33,7 +33,7 @@ ChunkHash hash_n(uint64_t n) { return ChunkHash{0xC0FFEE, n}; }
 // Allocates kChunk bytes, fills them with `fill` and adopts them as chunk h (pinned once).
 uint64_t put_chunk(DramTier& tier, const ChunkHash& h, bool dirty, uint8_t fill = 0x5A) {
   auto off = tier.allocate(kChunk);
-  REQUIRE(off.is_ok());
+  REQUIRE(off.ok());
   std::memset(tier.base() + *off, fill, kChunk);
   return tier.adopt(h, *off, kChunk, dirty);
 }
@@ -59,8 +59,8 @@ TEST_CASE("DramTier allocates and releases arena space", "[dram]") {
 
   auto a = tier->allocate(1000);
   auto b = tier->allocate(kMiB);
-  REQUIRE(a.is_ok());
-  REQUIRE(b.is_ok());
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
   REQUIRE(*a != *b);
   REQUIRE(tier->stats().used_bytes == 4096 + kMiB);  // rounded to the 4 KiB unit (direct I/O alignment)
   // The whole arena is writable.
@@ -73,9 +73,9 @@ TEST_CASE("DramTier allocates and releases arena space", "[dram]") {
 
   // Nothing to evict: a request larger than the free space fails and names the config key.
   auto all = tier->allocate(kArena);
-  REQUIRE(all.is_ok());
+  REQUIRE(all.ok());
   auto more = tier->allocate(64);
-  REQUIRE_FALSE(more.is_ok());
+  REQUIRE_FALSE(more.ok());
   REQUIRE(more.status().code() == StatusCode::kNoSpace);
   REQUIRE(more.status().message().find("tiers.dram.capacity") != std::string::npos);
   tier->release(*all, kArena);
@@ -93,7 +93,7 @@ TEST_CASE("DramTier claim: a miss is loaded once, then resident and pinned; a se
   REQUIRE_FALSE(tier->offset_of(h).has_value());  // not resident while loading
 
   auto off = tier->allocate(kChunk);
-  REQUIRE(off.is_ok());
+  REQUIRE(off.ok());
   std::memset(tier->base() + *off, 7, kChunk);
   tier->finish_load(h, *off, kChunk);
   REQUIRE(tier->offset_of(h) == *off);
@@ -115,7 +115,7 @@ TEST_CASE("DramTier claim: a miss is loaded once, then resident and pinned; a se
   tier->unpin(h);
   // Unpinned and clean: it is evicted to make room.
   auto all = tier->allocate(kArena);
-  REQUIRE(all.is_ok());
+  REQUIRE(all.ok());
   REQUIRE_FALSE(tier->offset_of(h).has_value());
   REQUIRE(tier->stats().bytes_out == kChunk);
   REQUIRE(tier->stats().chunks == 0);
@@ -138,7 +138,7 @@ TEST_CASE("DramTier: a concurrent claimer waits for the loader and gets the load
   CHECK(still_blocked(done));  // CHECK: the thread must be joined either way
 
   auto off = tier->allocate(kChunk);
-  REQUIRE(off.is_ok());
+  REQUIRE(off.ok());
   tier->finish_load(h, *off, kChunk);
   waiter.join();
   REQUIRE(done);
@@ -150,7 +150,7 @@ TEST_CASE("DramTier: a concurrent claimer waits for the loader and gets the load
   REQUIRE(tier->allocate(kArena).status().code() == StatusCode::kNoSpace);
   tier->unpin(h);
   auto all = tier->allocate(kArena);
-  REQUIRE(all.is_ok());
+  REQUIRE(all.ok());
   tier->release(*all, kArena);
 }
 
@@ -183,13 +183,13 @@ TEST_CASE("DramTier adopt deduplicates: a second copy is released and the first 
   auto tier = make_tier();
   const ChunkHash h = hash_n(4);
   auto a = tier->allocate(kChunk);
-  REQUIRE(a.is_ok());
+  REQUIRE(a.ok());
   REQUIRE(tier->adopt(h, *a, kChunk, /*dirty=*/false) == *a);
   REQUIRE(tier->stats().used_bytes == kChunk);
   REQUIRE(tier->stats().bytes_in == kChunk);
 
   auto b = tier->allocate(kChunk);
-  REQUIRE(b.is_ok());
+  REQUIRE(b.ok());
   REQUIRE(*b != *a);
   REQUIRE(tier->stats().used_bytes == 2 * kChunk);
   REQUIRE(tier->adopt(h, *b, kChunk, /*dirty=*/false) == *a);
@@ -201,7 +201,7 @@ TEST_CASE("DramTier adopt deduplicates: a second copy is released and the first 
 
   // The released range is usable again.
   auto c = tier->allocate(kChunk);
-  REQUIRE(c.is_ok());
+  REQUIRE(c.ok());
   tier->release(*c, kChunk);
 
   tier->unpin(h);
@@ -227,7 +227,7 @@ TEST_CASE("DramTier evicts clean unpinned chunks in LRU order", "[dram]") {
   tier->unpin(h[0]);
 
   auto x = tier->allocate(kChunk);
-  REQUIRE(x.is_ok());
+  REQUIRE(x.ok());
   REQUIRE(*x == off[1]);
   REQUIRE_FALSE(tier->offset_of(h[1]).has_value());
   REQUIRE(tier->offset_of(h[0]).has_value());
@@ -235,13 +235,13 @@ TEST_CASE("DramTier evicts clean unpinned chunks in LRU order", "[dram]") {
   REQUIRE(tier->stats().bytes_out == kChunk);
 
   auto y = tier->allocate(kChunk);
-  REQUIRE(y.is_ok());
+  REQUIRE(y.ok());
   REQUIRE(*y == off[2]);
   REQUIRE_FALSE(tier->offset_of(h[2]).has_value());
   REQUIRE(tier->offset_of(h[3]).has_value());
 
   auto z = tier->allocate(kChunk);
-  REQUIRE(z.is_ok());
+  REQUIRE(z.ok());
   REQUIRE(*z == off[3]);
   REQUIRE(tier->offset_of(h[0]) == off[0]);  // the recently read one goes last
 
@@ -259,7 +259,7 @@ TEST_CASE("DramTier: each announced read is fulfilled by one read, a later reade
   // chunk a victim the second still needs. Chunks 1-3 belong to the live population: they outrank an
   // ordinary chunk, and an expected read outranks them (docs/policy.md, standings).
   auto t = DramTier::create(kArena, std::make_unique<HintAwarePolicy>(), "cairn-test-dram-hints");
-  REQUIRE(t.is_ok());
+  REQUIRE(t.ok());
   DramTier& tier = **t;
   std::vector<ChunkHash> h{hash_n(20), hash_n(21), hash_n(22), hash_n(23)};
   for (const ChunkHash& c : h) {
@@ -277,11 +277,11 @@ TEST_CASE("DramTier: each announced read is fulfilled by one read, a later reade
   };
   read();  // candidate 1 reads it; candidate 2's read is still announced
   auto x = tier.allocate(kChunk);
-  REQUIRE(x.is_ok());
+  REQUIRE(x.ok());
   CHECK(tier.offset_of(h[0]).has_value());  // a population chunk went, not the expected one
   read();  // candidate 2 reads it: no read is announced any more, so it is ordinary now
   auto y = tier.allocate(kChunk);
-  REQUIRE(y.is_ok());
+  REQUIRE(y.ok());
   CHECK_FALSE(tier.offset_of(h[0]).has_value());
   int population_left = 0;
   for (size_t i = 1; i < h.size(); ++i) population_left += tier.offset_of(h[i]).has_value();
@@ -304,7 +304,7 @@ TEST_CASE("DramTier never evicts pinned or dirty chunks", "[dram]") {
   REQUIRE(s.dirty_bytes == 3 * kChunk);
 
   auto r = tier->allocate(kChunk);
-  REQUIRE_FALSE(r.is_ok());
+  REQUIRE_FALSE(r.ok());
   REQUIRE(r.status().code() == StatusCode::kNoSpace);
   REQUIRE(r.status().message().find("tiers.dram.capacity") != std::string::npos);
   REQUIRE(tier->stats().chunks == 4);
@@ -314,7 +314,7 @@ TEST_CASE("DramTier never evicts pinned or dirty chunks", "[dram]") {
   tier->mark_clean(dirty1);
   REQUIRE(tier->stats().dirty_bytes == 2 * kChunk);
   auto r2 = tier->allocate(kChunk);
-  REQUIRE(r2.is_ok());
+  REQUIRE(r2.ok());
   REQUIRE_FALSE(tier->offset_of(dirty1).has_value());
   REQUIRE(tier->offset_of(dirty2).has_value());
   REQUIRE(tier->allocate(kChunk).status().code() == StatusCode::kNoSpace);
@@ -322,7 +322,7 @@ TEST_CASE("DramTier never evicts pinned or dirty chunks", "[dram]") {
   // A clean chunk that is still pinned stays; once unpinned it can go.
   tier->unpin(pinned);
   auto r3 = tier->allocate(kChunk);
-  REQUIRE(r3.is_ok());
+  REQUIRE(r3.ok());
   REQUIRE_FALSE(tier->offset_of(pinned).has_value());
 
   // Unpinned but dirty: still never evicted.
@@ -332,7 +332,7 @@ TEST_CASE("DramTier never evicts pinned or dirty chunks", "[dram]") {
   tier->mark_clean(dirty2);
   REQUIRE(tier->stats().dirty_bytes == 0);
   auto r4 = tier->allocate(2 * kChunk);
-  REQUIRE(r4.is_ok());
+  REQUIRE(r4.ok());
   REQUIRE(tier->stats().chunks == 0);
   REQUIRE(tier->stats().bytes_out == 4 * kChunk);
   tier->release(*r2, kChunk);
@@ -350,7 +350,7 @@ TEST_CASE("DramTier adopt(dirty) of a resident clean chunk makes it dirty and un
 
   // The same bytes written again, now as part of a model not yet in the repository.
   auto again = tier->allocate(kChunk);
-  REQUIRE(again.is_ok());
+  REQUIRE(again.ok());
   REQUIRE(tier->adopt(h, *again, kChunk, /*dirty=*/true) == first);
   REQUIRE(tier->stats().dirty_bytes == kChunk);
   REQUIRE(tier->stats().used_bytes == kChunk);
@@ -358,7 +358,7 @@ TEST_CASE("DramTier adopt(dirty) of a resident clean chunk makes it dirty and un
 
   // A clean copy adopted over a dirty one leaves it dirty.
   auto third = tier->allocate(kChunk);
-  REQUIRE(third.is_ok());
+  REQUIRE(third.ok());
   REQUIRE(tier->adopt(h, *third, kChunk, /*dirty=*/false) == first);
   REQUIRE(tier->stats().dirty_bytes == kChunk);
   tier->unpin(h);
@@ -368,7 +368,7 @@ TEST_CASE("DramTier adopt(dirty) of a resident clean chunk makes it dirty and un
   tier->mark_clean(h);  // idempotent
   REQUIRE(tier->stats().dirty_bytes == 0);
   auto all = tier->allocate(kArena);
-  REQUIRE(all.is_ok());
+  REQUIRE(all.ok());
   tier->release(*all, kArena);
 }
 
@@ -381,8 +381,8 @@ TEST_CASE("DramTier adopt of a chunk being loaded waits for the load and shares 
   REQUIRE(tier->claim(h).kind == DramTier::ClaimKind::kLoad);
   auto loaded = tier->allocate(kChunk);
   auto written = tier->allocate(kChunk);
-  REQUIRE(loaded.is_ok());
-  REQUIRE(written.is_ok());
+  REQUIRE(loaded.ok());
+  REQUIRE(written.ok());
 
   std::atomic<bool> done{false};
   uint64_t adopted_at = 0;
@@ -402,7 +402,7 @@ TEST_CASE("DramTier adopt of a chunk being loaded waits for the load and shares 
   tier->unpin(h);  // the writer's pin
   tier->unpin(h);  // the loader's pin
   auto all = tier->allocate(kArena);
-  REQUIRE(all.is_ok());
+  REQUIRE(all.ok());
   tier->release(*all, kArena);
 }
 
@@ -411,7 +411,7 @@ TEST_CASE("DramTier adopt of a chunk whose load is aborted keeps the adopted cop
   const ChunkHash h = hash_n(41);
   REQUIRE(tier->claim(h).kind == DramTier::ClaimKind::kLoad);
   auto written = tier->allocate(kChunk);
-  REQUIRE(written.is_ok());
+  REQUIRE(written.ok());
 
   std::atomic<bool> done{false};
   uint64_t adopted_at = 0;
@@ -451,7 +451,7 @@ TEST_CASE("DramTier stats count bytes in and out, dirty bytes and chunks", "[dra
   tier->unpin(b);
   // Three chunks' worth: b (clean) must go; a (dirty) must stay.
   auto big = tier->allocate(3 * kChunk);
-  REQUIRE(big.is_ok());
+  REQUIRE(big.ok());
   s = tier->stats();
   REQUIRE(s.chunks == 1);
   REQUIRE(s.bytes_out == kChunk);
@@ -483,7 +483,7 @@ TEST_CASE("DramTier: hint_cyclic reaches the policy and survives a chunk leaving
   auto owned = std::make_unique<HintAwarePolicy>();
   HintAwarePolicy& policy = *owned;  // owned by the tier; read here between calls, single-threaded
   auto t = DramTier::create(kArena, std::move(owned), "cairn-test-dram-cyclic");
-  REQUIRE(t.is_ok());
+  REQUIRE(t.ok());
   DramTier& tier = **t;
   std::vector<ChunkHash> h{hash_n(30), hash_n(31), hash_n(32), hash_n(33)};
   for (const ChunkHash& c : h) {  // taken in in this order
@@ -495,7 +495,7 @@ TEST_CASE("DramTier: hint_cyclic reaches the policy and survives a chunk leaving
 
   // Room for one more chunk: the newest taken in goes, the first three stay.
   auto x = tier.allocate(kChunk);
-  REQUIRE(x.is_ok());
+  REQUIRE(x.ok());
   CHECK_FALSE(tier.offset_of(h[3]).has_value());
   for (size_t i = 0; i < 3; ++i) CHECK(tier.offset_of(h[i]).has_value());
   CHECK_FALSE(policy.cyclic(h[3]).has_value());  // the policy forgot it with the chunk
@@ -515,7 +515,7 @@ TEST_CASE("DramTier: hint_cyclic reaches the policy and survives a chunk leaving
   tier.hint_cyclic(h[0], false);
   CHECK(policy.cyclic(h[0]) == std::optional<bool>(false));
   auto y = tier.allocate(kChunk);
-  REQUIRE(y.is_ok());
+  REQUIRE(y.ok());
   CHECK_FALSE(tier.offset_of(h[0]).has_value());
   for (size_t i = 1; i < 4; ++i) CHECK(tier.offset_of(h[i]).has_value());
 
@@ -526,7 +526,7 @@ TEST_CASE("DramTier: hint_cyclic reaches the policy and survives a chunk leaving
   tier.unpin(h[0]);
   CHECK(policy.cyclic(h[0]) == std::optional<bool>(true));
   auto z = tier.allocate(kChunk);
-  REQUIRE(z.is_ok());
+  REQUIRE(z.ok());
   CHECK_FALSE(tier.offset_of(h[0]).has_value());
   for (size_t i = 1; i < 4; ++i) CHECK(tier.offset_of(h[i]).has_value());
   tier.release(*z, kChunk);

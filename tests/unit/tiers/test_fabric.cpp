@@ -94,7 +94,7 @@ struct Done {
 std::unique_ptr<Fabric> open_fabric(const FabricOptions& o) {
   auto f = Fabric::open(o);
   INFO(f.status().to_string());
-  REQUIRE(f.is_ok());
+  REQUIRE(f.ok());
   return std::move(f).value();
 }
 
@@ -126,10 +126,10 @@ struct Pair {
     a->set_control_handler(inbox_a.handler());
     b->set_control_handler(inbox_b.handler());
     auto pb = a->add_peer(b->address());
-    REQUIRE(pb.is_ok());
+    REQUIRE(pb.ok());
     a_to_b = *pb;
     auto pa = b->add_peer(a->address());
-    REQUIRE(pa.is_ok());
+    REQUIRE(pa.ok());
     b_to_a = *pa;
   }
 };
@@ -172,10 +172,10 @@ TEST_CASE("fabric: control messages both ways, exact bytes", "[fabric]") {
   }
   sent_ab.push_back(random_bytes(Fabric::kMaxControlBytes, 7));  // the largest there may be
   auto count_ok = [&](const Status& st, size_t) {
-    if (st.is_ok()) ++done_ok;
+    if (st.ok()) ++done_ok;
   };
-  for (const Bytes& m : sent_ab) REQUIRE(p.a->send_control(p.a_to_b, m, count_ok).is_ok());
-  for (const Bytes& m : sent_ba) REQUIRE(p.b->send_control(p.b_to_a, m, count_ok).is_ok());
+  for (const Bytes& m : sent_ab) REQUIRE(p.a->send_control(p.a_to_b, m, count_ok).ok());
+  for (const Bytes& m : sent_ba) REQUIRE(p.b->send_control(p.b_to_a, m, count_ok).ok());
   REQUIRE(p.inbox_b.wait_count(sent_ab.size()));
   REQUIRE(p.inbox_a.wait_count(sent_ba.size()));
   // FI_ORDER_SAS (tcp;ofi_rxm has it): one sender's messages arrive in the order sent.
@@ -203,7 +203,7 @@ TEST_CASE("fabric: concurrent control senders", "[fabric]") {
   for (int t = 0; t < 2; ++t)
     threads.emplace_back([&, t] {
       for (int i = 0; i < kPerThread; ++i)
-        if (!p.a->send_control(p.a_to_b, message_for(t * 10000 + i)).is_ok()) ++failures;
+        if (!p.a->send_control(p.a_to_b, message_for(t * 10000 + i)).ok()) ++failures;
     });
   for (auto& t : threads) t.join();
   CHECK(failures.load() == 0);
@@ -219,10 +219,10 @@ TEST_CASE("fabric: a handler may reply from the progress thread", "[fabric]") {
   // b echoes every message back; a counts the echoes.
   p.b->set_control_handler([&](std::span<const uint8_t> m) {
     Status st = p.b->send_control(p.b_to_a, m);
-    CHECK(st.is_ok());
+    CHECK(st.ok());
   });
   constexpr int kCount = 100;
-  for (int i = 0; i < kCount; ++i) REQUIRE(p.a->send_control(p.a_to_b, message_for(i)).is_ok());
+  for (int i = 0; i < kCount; ++i) REQUIRE(p.a->send_control(p.a_to_b, message_for(i)).ok());
   REQUIRE(p.inbox_a.wait_count(kCount));
   CHECK(p.inbox_a.take().size() == kCount);
 }
@@ -234,7 +234,7 @@ TEST_CASE("fabric: oversize control message is rejected", "[fabric]") {
   CHECK(st.code() == StatusCode::kInvalidArgument);
   CHECK(st.message().find(std::to_string(Fabric::kMaxControlBytes)) != std::string::npos);
   // Nothing was sent: the next message is the first to arrive.
-  REQUIRE(p.a->send_control(p.a_to_b, message_for(1)).is_ok());
+  REQUIRE(p.a->send_control(p.a_to_b, message_for(1)).ok());
   REQUIRE(p.inbox_b.wait_count(1));
   std::this_thread::sleep_for(50ms);
   auto got = p.inbox_b.take();
@@ -246,17 +246,17 @@ TEST_CASE("fabric: oversize control message is rejected", "[fabric]") {
 void send_one_body(Pair& p, size_t n, bool register_src, bool register_dst, uint64_t seed) {
   Bytes src = random_bytes(n, seed);
   Bytes dst(n + 4096, 0xee);  // room to spare: exactly n bytes must land, the rest untouched
-  if (register_src) REQUIRE(p.a->register_region(src.data(), src.size()).is_ok());
-  if (register_dst) REQUIRE(p.b->register_region(dst.data(), dst.size()).is_ok());
+  if (register_src) REQUIRE(p.a->register_region(src.data(), src.size()).ok());
+  if (register_dst) REQUIRE(p.b->register_region(dst.data(), dst.size()).ok());
   uint64_t tag = Fabric::kBodyTagBit | seed;
   Done recv, send;
-  REQUIRE(p.b->post_body_receive(tag, dst.data(), dst.size(), recv.fn()).is_ok());
-  REQUIRE(p.a->send_body(p.a_to_b, tag, src.data(), src.size(), send.fn()).is_ok());
+  REQUIRE(p.b->post_body_receive(tag, dst.data(), dst.size(), recv.fn()).ok());
+  REQUIRE(p.a->send_body(p.a_to_b, tag, src.data(), src.size(), send.fn()).ok());
   REQUIRE(recv.wait());
   REQUIRE(send.wait());
   INFO(recv.status.to_string() + " / " + send.status.to_string());
-  REQUIRE(recv.status.is_ok());
-  REQUIRE(send.status.is_ok());
+  REQUIRE(recv.status.ok());
+  REQUIRE(send.status.ok());
   CHECK(recv.bytes == n);
   CHECK(send.bytes == n);
   CHECK((n == 0 || std::memcmp(dst.data(), src.data(), n) == 0));  // an empty vector's data() may be null
@@ -298,7 +298,7 @@ TEST_CASE("fabric: bodies with different tags in flight, posted in a shuffled or
   std::vector<Bytes> src, dst;
   std::vector<size_t> sizes;
   Bytes arena(8u << 20);  // b's registered region: the even bodies land in it
-  REQUIRE(p.b->register_region(arena.data(), arena.size()).is_ok());
+  REQUIRE(p.b->register_region(arena.data(), arena.size()).ok());
   size_t arena_used = 0;
   std::vector<uint8_t*> where;
   for (int i = 0; i < kBodies; ++i) {
@@ -324,19 +324,19 @@ TEST_CASE("fabric: bodies with different tags in flight, posted in a shuffled or
     REQUIRE(p.b->post_body_receive(Fabric::kBodyTagBit | (500 + static_cast<uint64_t>(i)),
                                    where[static_cast<size_t>(i)], sizes[static_cast<size_t>(i)],
                                    recv[static_cast<size_t>(i)]->fn())
-                .is_ok());
+                .ok());
   }
   std::shuffle(order.begin(), order.end(), rng);
   for (int i : order) {
     auto k = static_cast<size_t>(i);
     send[k] = std::make_unique<Done>();
-    REQUIRE(p.a->send_body(p.a_to_b, Fabric::kBodyTagBit | (500 + k), src[k].data(), sizes[k], send[k]->fn()).is_ok());
+    REQUIRE(p.a->send_body(p.a_to_b, Fabric::kBodyTagBit | (500 + k), src[k].data(), sizes[k], send[k]->fn()).ok());
   }
   for (size_t k = 0; k < kBodies; ++k) {
     INFO("body " << k);
     REQUIRE(recv[k]->wait());
     REQUIRE(send[k]->wait());
-    CHECK(recv[k]->status.is_ok());
+    CHECK(recv[k]->status.ok());
     CHECK(recv[k]->bytes == sizes[k]);
     CHECK(std::memcmp(where[k], src[k].data(), sizes[k]) == 0);
   }
@@ -349,7 +349,7 @@ TEST_CASE("fabric: body tags are checked", "[fabric]") {
   CHECK(p.b->post_body_receive(7, buf.data(), buf.size(), d.fn()).code() == StatusCode::kInvalidArgument);
   CHECK(p.a->send_body(p.a_to_b, 7, buf.data(), buf.size(), d.fn()).code() == StatusCode::kInvalidArgument);
   uint64_t tag = Fabric::kBodyTagBit | 9;
-  REQUIRE(p.b->post_body_receive(tag, buf.data(), buf.size(), d.fn()).is_ok());
+  REQUIRE(p.b->post_body_receive(tag, buf.data(), buf.size(), d.fn()).ok());
   Done d2;
   CHECK(p.b->post_body_receive(tag, buf.data(), buf.size(), d2.fn()).code() == StatusCode::kInvalidArgument);
   p.b->cancel_body_receive(tag);
@@ -362,12 +362,12 @@ TEST_CASE("fabric: cancel of a posted receive calls done once, with an error", "
   Bytes buf(1 << 20);
   uint64_t tag = Fabric::kBodyTagBit | 77;
   Done d;
-  REQUIRE(p.b->post_body_receive(tag, buf.data(), buf.size(), d.fn()).is_ok());
+  REQUIRE(p.b->post_body_receive(tag, buf.data(), buf.size(), d.fn()).ok());
   std::this_thread::sleep_for(20ms);
   CHECK(d.count() == 0);
   p.b->cancel_body_receive(tag);
   REQUIRE(d.wait());
-  CHECK_FALSE(d.status.is_ok());
+  CHECK_FALSE(d.status.ok());
   CHECK(d.status.message().find("cancel") != std::string::npos);
   p.b->cancel_body_receive(tag);  // nothing posted any more: nothing happens
   p.b->cancel_body_receive(Fabric::kBodyTagBit | 12345);
@@ -377,10 +377,10 @@ TEST_CASE("fabric: cancel of a posted receive calls done once, with an error", "
   // The tag is free again, and a body sent with it now lands in the new receive.
   Bytes src = random_bytes(buf.size(), 77);
   Done again, sent;
-  REQUIRE(p.b->post_body_receive(tag, buf.data(), buf.size(), again.fn()).is_ok());
-  REQUIRE(p.a->send_body(p.a_to_b, tag, src.data(), src.size(), sent.fn()).is_ok());
+  REQUIRE(p.b->post_body_receive(tag, buf.data(), buf.size(), again.fn()).ok());
+  REQUIRE(p.a->send_body(p.a_to_b, tag, src.data(), src.size(), sent.fn()).ok());
   REQUIRE(again.wait());
-  CHECK(again.status.is_ok());
+  CHECK(again.status.ok());
   CHECK(buf == src);
   CHECK(again.count() == 1);
 }
@@ -396,17 +396,17 @@ TEST_CASE("fabric: a body nobody receives completes once a small receive takes i
     Bytes src = random_bytes(n, n);
     const uint64_t tag = Fabric::kBodyTagBit | (5000 + n);
     Done sent;
-    REQUIRE(p.a->send_body(p.a_to_b, tag, src.data(), src.size(), sent.fn()).is_ok());
+    REQUIRE(p.a->send_body(p.a_to_b, tag, src.data(), src.size(), sent.fn()).ok());
     std::this_thread::sleep_for(300ms);
     CHECK(sent.count() == 0);  // still pending: no receive is posted
     Bytes scratch(16);
     Done drained;
-    REQUIRE(p.b->post_body_receive(tag, scratch.data(), scratch.size(), drained.fn()).is_ok());
+    REQUIRE(p.b->post_body_receive(tag, scratch.data(), scratch.size(), drained.fn()).ok());
     REQUIRE(drained.wait());
-    CHECK_FALSE(drained.status.is_ok());
+    CHECK_FALSE(drained.status.ok());
     CHECK(drained.status.message().find("Truncation") != std::string::npos);
     REQUIRE(sent.wait());
-    CHECK(sent.status.is_ok());
+    CHECK(sent.status.ok());
   }
 }
 
@@ -414,12 +414,12 @@ TEST_CASE("fabric: closing with a receive posted completes it with an error, pro
   auto f = open_fabric("127.0.0.3");
   Bytes buf(4096);
   Done d;
-  REQUIRE(f->post_body_receive(Fabric::kBodyTagBit | 1, buf.data(), buf.size(), d.fn()).is_ok());
+  REQUIRE(f->post_body_receive(Fabric::kBodyTagBit | 1, buf.data(), buf.size(), d.fn()).ok());
   auto t0 = std::chrono::steady_clock::now();
   f.reset();
   CHECK(std::chrono::steady_clock::now() - t0 < 3s);
   CHECK(d.count() == 1);
-  CHECK_FALSE(d.status.is_ok());
+  CHECK_FALSE(d.status.ok());
 }
 
 TEST_CASE("fabric: a send to a peer whose fabric was destroyed fails, bounded", "[fabric]") {
@@ -429,7 +429,7 @@ TEST_CASE("fabric: a send to a peer whose fabric was destroyed fails, bounded", 
   o.busy_timeout_ms = 500;
   Pair p(o);
   if (connected_before) {
-    REQUIRE(p.a->send_control(p.a_to_b, message_for(1)).is_ok());
+    REQUIRE(p.a->send_control(p.a_to_b, message_for(1)).ok());
     REQUIRE(p.inbox_b.wait_count(1));
   }
   p.b.reset();
@@ -445,14 +445,14 @@ TEST_CASE("fabric: a send to a peer whose fabric was destroyed fails, bounded", 
   for (int i = 0; i < 5 && !failed; ++i) {
     Done d;
     Status st = p.a->send_control(p.a_to_b, message_for(2), d.fn());
-    if (!st.is_ok()) {
+    if (!st.ok()) {
       INFO(st.to_string());
       CHECK(st.code() == StatusCode::kUnavailable);
       failed = true;
       break;
     }
     REQUIRE(d.wait(5s));  // within the busy timeout and some slack
-    if (!d.status.is_ok()) {
+    if (!d.status.ok()) {
       INFO(d.status.to_string());
       CHECK(d.status.code() == StatusCode::kUnavailable);
       CHECK(d.count() == 1);
@@ -466,9 +466,9 @@ TEST_CASE("fabric: a send to a peer whose fabric was destroyed fails, bounded", 
   auto t1 = std::chrono::steady_clock::now();
   p.a.reset();
   CHECK(std::chrono::steady_clock::now() - t1 < 3s);
-  if (bst.is_ok()) {
+  if (bst.ok()) {
     CHECK(body_done.count() == 1);
-    CHECK_FALSE(body_done.status.is_ok());
+    CHECK_FALSE(body_done.status.ok());
   }
 }
 
@@ -480,25 +480,25 @@ TEST_CASE("fabric: closing completes queued sends to an unreachable peer", "[fab
   std::vector<std::unique_ptr<Done>> dones;
   for (int i = 0; i < 10; ++i) {
     dones.push_back(std::make_unique<Done>());
-    REQUIRE(p.a->send_control(p.a_to_b, message_for(i), dones.back()->fn()).is_ok());
+    REQUIRE(p.a->send_control(p.a_to_b, message_for(i), dones.back()->fn()).ok());
   }
   auto t0 = std::chrono::steady_clock::now();
   p.a.reset();
   CHECK(std::chrono::steady_clock::now() - t0 < 3s);
   for (auto& d : dones) {
     CHECK(d->count() == 1);
-    CHECK_FALSE(d->status.is_ok());
+    CHECK_FALSE(d->status.ok());
   }
 }
 
 TEST_CASE("fabric: remove_peer and add it again", "[fabric]") {
   Pair p;
-  REQUIRE(p.a->send_control(p.a_to_b, message_for(1)).is_ok());
+  REQUIRE(p.a->send_control(p.a_to_b, message_for(1)).ok());
   REQUIRE(p.inbox_b.wait_count(1));
   p.a->remove_peer(p.a_to_b);
   auto again = p.a->add_peer(p.b->address());
-  REQUIRE(again.is_ok());
-  REQUIRE(p.a->send_control(*again, message_for(2)).is_ok());
+  REQUIRE(again.ok());
+  REQUIRE(p.a->send_control(*again, message_for(2)).ok());
   REQUIRE(p.inbox_b.wait_count(2));
   CHECK(p.a->add_peer("").status().code() == StatusCode::kInvalidArgument);
   CHECK(p.a->add_peer("abc").status().code() == StatusCode::kInvalidArgument);
@@ -509,7 +509,7 @@ TEST_CASE("fabric: open with an unknown provider names it", "[fabric]") {
   o.provider = "nonesuch";
   o.address = "127.0.0.1";
   auto f = Fabric::open(o);
-  REQUIRE_FALSE(f.is_ok());
+  REQUIRE_FALSE(f.ok());
   INFO(f.status().to_string());
   CHECK(f.status().code() == StatusCode::kInvalidArgument);
   CHECK(f.status().message().find("'nonesuch'") != std::string::npos);
@@ -520,7 +520,7 @@ TEST_CASE("fabric: open on an address that is not this host's fails", "[fabric]"
   FabricOptions o;
   o.address = "203.0.113.7";  // TEST-NET-3: never a local address
   auto f = Fabric::open(o);
-  REQUIRE_FALSE(f.is_ok());
+  REQUIRE_FALSE(f.ok());
   INFO(f.status().to_string());
   CHECK(f.status().code() == StatusCode::kInvalidArgument);
   CHECK(f.status().message().find("203.0.113.7") != std::string::npos);
@@ -532,7 +532,7 @@ TEST_CASE("fabric: shm between two endpoints of one process", "[fabric]") {
   Pair p(o, "", "");
   CHECK(p.a->provider() == "shm");
   CHECK(p.a->address() != p.b->address());
-  REQUIRE(p.a->send_control(p.a_to_b, message_for(3)).is_ok());
+  REQUIRE(p.a->send_control(p.a_to_b, message_for(3)).ok());
   REQUIRE(p.inbox_b.wait_count(1));
   CHECK(p.inbox_b.take()[0] == message_for(3));
   send_one_body(p, 16u << 20, false, true, 9);

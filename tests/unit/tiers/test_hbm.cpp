@@ -73,7 +73,7 @@ std::unique_ptr<HbmTier> make_tier(const std::string& backend, uint64_t capacity
   o.capacity = capacity;
   o.slab_size = slab;
   auto t = HbmTier::open(o, arena, arena_size);
-  REQUIRE(t.is_ok());
+  REQUIRE(t.ok());
   return std::move(t).value();
 }
 
@@ -82,7 +82,7 @@ ChunkHash key(uint64_t n) { return ChunkHash{0x4842, n}; }
 // The bytes of an entry, read back through the device.
 std::string read_back(HbmTier& t, const ChunkHash& k, uint64_t n) {
   std::string out(n, '\0');
-  REQUIRE(t.copy_out(0, k, out.data(), n).is_ok());
+  REQUIRE(t.copy_out(0, k, out.data(), n).ok());
   return out;
 }
 
@@ -92,24 +92,24 @@ TEST_CASE("hbm device: slabs, asynchronous copies both ways and device-to-device
   for (const std::string& backend : backends_here()) {
     INFO("backend " << backend);
     auto dev = hbm::open_device(backend, 0);
-    REQUIRE(dev.is_ok());
+    REQUIRE(dev.ok());
     CHECK(std::string((*dev)->backend()) == backend);
     auto slab = (*dev)->allocate_slab(1 << 20);
-    REQUIRE(slab.is_ok());
+    REQUIRE(slab.ok());
     CHECK(slab->size == (1u << 20));
     CHECK(slab->handle.rfind(backend + ":", 0) == 0);
     const std::string src = testing::make_bytes(300 * kKiB, 7);
     auto up = (*dev)->copy_async(slab->base, src.data(), src.size(), hbm::CopyKind::kHostToDevice);
-    REQUIRE(up.is_ok());
-    REQUIRE((*up)->wait().is_ok());
+    REQUIRE(up.ok());
+    REQUIRE((*up)->wait().ok());
     CHECK((*up)->done());
     auto dd = (*dev)->copy_async(slab->base + 512 * kKiB, slab->base, src.size(), hbm::CopyKind::kDeviceToDevice);
-    REQUIRE(dd.is_ok());
-    REQUIRE((*dd)->wait().is_ok());
+    REQUIRE(dd.ok());
+    REQUIRE((*dd)->wait().ok());
     std::string back(src.size(), '\0');
     auto down = (*dev)->copy_async(back.data(), slab->base + 512 * kKiB, back.size(), hbm::CopyKind::kDeviceToHost);
-    REQUIRE(down.is_ok());
-    REQUIRE((*down)->wait().is_ok());
+    REQUIRE(down.ok());
+    REQUIRE((*down)->wait().ok());
     CHECK(back == src);
     (*dev)->free_slab(*slab);
   }
@@ -119,13 +119,13 @@ TEST_CASE("hbm device: another process opens a slab's handle and sees the same b
   for (const std::string& backend : backends_here()) {
     INFO("backend " << backend);
     auto dev = hbm::open_device(backend, 0);
-    REQUIRE(dev.is_ok());
+    REQUIRE(dev.ok());
     auto slab = (*dev)->allocate_slab(256 * kKiB);
-    REQUIRE(slab.is_ok());
+    REQUIRE(slab.ok());
     const std::string src = testing::make_bytes(256 * kKiB, 11);
     auto up = (*dev)->copy_async(slab->base, src.data(), src.size(), hbm::CopyKind::kHostToDevice);
-    REQUIRE(up.is_ok());
-    REQUIRE((*up)->wait().is_ok());
+    REQUIRE(up.ok());
+    REQUIRE((*up)->wait().ok());
     // A process of its own (CUDA IPC handles cannot be opened by the process that made them, and a
     // forked child cannot use CUDA): this test binary again, running only the hidden case below.
     const int status =
@@ -148,11 +148,11 @@ TEST_CASE("hbm device: (child) open a handle from another process", "[.hbm-child
   REQUIRE(size);
   const uint64_t n = std::strtoull(size, nullptr, 10);
   auto m = hbm::open_mapper(backend);
-  REQUIRE(m.is_ok());
+  REQUIRE(m.ok());
   auto p = (*m)->open(handle, n);
-  REQUIRE(p.is_ok());
+  REQUIRE(p.ok());
   std::string seen(n, '\0');
-  REQUIRE((*m)->copy(0, seen.data(), *p, n, hbm::CopyKind::kDeviceToHost).is_ok());
+  REQUIRE((*m)->copy(0, seen.data(), *p, n, hbm::CopyKind::kDeviceToHost).ok());
   CHECK(seen == testing::make_bytes(n, 11));
   (*m)->close(*p, n);
 }
@@ -160,24 +160,24 @@ TEST_CASE("hbm device: (child) open a handle from another process", "[.hbm-child
 // The other process of the test below: allocates an emulated slab and exits without freeing it.
 TEST_CASE("hbm device: (child) leave an emulated segment behind", "[.hbm-orphan-child]") {
   auto d = hbm::open_device("emulated", 0);
-  REQUIRE(d.is_ok());
-  REQUIRE((*d)->allocate_slab(64 * kKiB).is_ok());
+  REQUIRE(d.ok());
+  REQUIRE((*d)->allocate_slab(64 * kKiB).ok());
   std::fflush(nullptr);
   ::_exit(0);  // without freeing it, as a daemon killed with -9
 }
 
 TEST_CASE("hbm device: bad handles and backends are refused, naming why", "[hbm]") {
   auto m = hbm::open_mapper("emulated");
-  REQUIRE(m.is_ok());
+  REQUIRE(m.ok());
   CHECK((*m)->open("emulated:/not-ours", 4096).status().code() == StatusCode::kInvalidArgument);
   CHECK((*m)->open("cuda:0:00", 4096).status().code() == StatusCode::kInvalidArgument);
-  CHECK_FALSE((*m)->open("emulated:/cairn-hbm-1-0-1-gone", 4096).is_ok());
+  CHECK_FALSE((*m)->open("emulated:/cairn-hbm-1-0-1-gone", 4096).ok());
   auto bad = hbm::open_device("opencl", 0);
-  REQUIRE_FALSE(bad.is_ok());
+  REQUIRE_FALSE(bad.ok());
   CHECK(bad.status().message().find("cuda or emulated") != std::string::npos);
   if (hbm::cuda_device_count() == 0) {
     auto cuda = hbm::open_device("cuda", 0);
-    REQUIRE_FALSE(cuda.is_ok());
+    REQUIRE_FALSE(cuda.ok());
     CHECK(cuda.status().code() == StatusCode::kUnavailable);
     CHECK(cuda.status().message().find(hbm::cuda_compiled() ? "no GPU" : "without CUDA") != std::string::npos);
   }
@@ -185,9 +185,9 @@ TEST_CASE("hbm device: bad handles and backends are refused, naming why", "[hbm]
 
 TEST_CASE("hbm device: a dead daemon's emulated segments are removed, a live one's kept", "[hbm]") {
   auto dev = hbm::open_device("emulated", 0);
-  REQUIRE(dev.is_ok());
+  REQUIRE(dev.ok());
   auto live = (*dev)->allocate_slab(64 * kKiB);
-  REQUIRE(live.is_ok());
+  REQUIRE(live.ok());
   // A segment named after a pid that does not exist: what a daemon killed with -9 leaves (the test
   // binary run again, allocating a slab and exiting without freeing it).
   const SelfRun child = run_self("[hbm-orphan-child]", {});
@@ -203,10 +203,10 @@ TEST_CASE("hbm device: a dead daemon's emulated segments are removed, a live one
   CHECK(hbm::remove_stale_emulated_segments() >= 1);
   CHECK_FALSE(exists_prefix(dead));
   auto m = hbm::open_mapper("emulated");
-  REQUIRE(m.is_ok());
+  REQUIRE(m.ok());
   auto p = (*m)->open(live->handle, live->size);
-  CHECK(p.is_ok());
-  if (p.is_ok()) (*m)->close(*p, live->size);
+  CHECK(p.ok());
+  if (p.ok()) (*m)->close(*p, live->size);
   (*dev)->free_slab(*live);
 }
 
@@ -222,7 +222,7 @@ TEST_CASE("hbm tier: a miss promotes, the next acquire hits the same bytes, stat
     HbmTier::HostExtents src{{reinterpret_cast<const uint8_t*>(arena.data()), 100 * kKiB},
                              {reinterpret_cast<const uint8_t*>(arena.data()) + 300 * kKiB, 50 * kKiB}};
     auto a = t->acquire(0, k, src);
-    REQUIRE(a.is_ok());
+    REQUIRE(a.ok());
     CHECK_FALSE(a->hit);
     CHECK(a->length == 150 * kKiB);
     CHECK(a->offset % 4096 == 0);
@@ -257,18 +257,18 @@ TEST_CASE("hbm tier: when full, unpinned entries are evicted in the policy's ord
     auto t = make_tier(backend, 256 * kKiB, 0);  // room for two 100 KiB entries
     auto a = t->acquire(0, key(1), src);
     auto b = t->acquire(0, key(2), src);
-    REQUIRE(a.is_ok());
-    REQUIRE(b.is_ok());
+    REQUIRE(a.ok());
+    REQUIRE(b.ok());
     // Both pinned (device leases): a third does not fit, and the message says what holds the space.
     auto c = t->acquire(0, key(3), src);
-    REQUIRE_FALSE(c.is_ok());
+    REQUIRE_FALSE(c.ok());
     CHECK(c.status().code() == StatusCode::kNoSpace);
     CHECK(c.status().message().find("held by device leases") != std::string::npos);
     CHECK_FALSE(t->resident(0, key(3)));
     // Release 1, touch 2 (still pinned); the third goes where 1 was, 2 does not move.
     t->unpin(0, key(1));
     c = t->acquire(0, key(3), src);
-    REQUIRE(c.is_ok());
+    REQUIRE(c.ok());
     CHECK_FALSE(t->resident(0, key(1)));
     auto b2 = t->pin_if_resident(0, key(2));
     REQUIRE(b2);
@@ -281,7 +281,7 @@ TEST_CASE("hbm tier: when full, unpinned entries are evicted in the policy's ord
     t->unpin(0, key(3));
     REQUIRE(t->pin_if_resident(0, key(2)));
     t->unpin(0, key(2));
-    REQUIRE(t->acquire(0, key(4), src).is_ok());
+    REQUIRE(t->acquire(0, key(4), src).ok());
     CHECK_FALSE(t->resident(0, key(3)));
     CHECK(t->resident(0, key(2)));
     CHECK(t->stats().bytes_out == 200 * kKiB);
@@ -297,14 +297,14 @@ TEST_CASE("hbm tier: slabs are taken as needed up to the capacity; a tensor larg
     CHECK(t->device_stats()[0]["slabs"] == 0);  // nothing until needed
     auto a = t->acquire(0, key(1), src);
     auto b = t->acquire(0, key(2), src);
-    REQUIRE(a.is_ok());
-    REQUIRE(b.is_ok());
+    REQUIRE(a.ok());
+    REQUIRE(b.ok());
     CHECK(a->handle != b->handle);
     CHECK(t->device_stats()[0]["slabs"] == 2);
     CHECK(t->acquire(0, key(3), src).status().code() == StatusCode::kNoSpace);
     const std::string big = testing::make_bytes(300 * kKiB, 1);
     auto too_big = t->acquire(0, key(4), {{reinterpret_cast<const uint8_t*>(big.data()), big.size()}});
-    REQUIRE_FALSE(too_big.is_ok());
+    REQUIRE_FALSE(too_big.ok());
     CHECK(too_big.status().code() == StatusCode::kNoSpace);
     CHECK(too_big.status().message().find("does not fit a slab") != std::string::npos);
   }
@@ -321,7 +321,7 @@ TEST_CASE("hbm tier: concurrent acquires of one entry load it once and share it"
     for (size_t i = 0; i < seen.size(); ++i)
       threads.emplace_back([&, i] {
         auto p = t->acquire(0, key(7), src);
-        if (p.is_ok()) seen[i] = p->pointer;
+        if (p.ok()) seen[i] = p->pointer;
       });
     for (auto& th : threads) th.join();
     for (uint8_t* p : seen) CHECK(p == seen[0]);
@@ -344,7 +344,7 @@ TEST_CASE("hbm tier: options are checked; devices default from the environment",
   CHECK(HbmTier::open(o, nullptr, 0).status().code() == StatusCode::kInvalidArgument);
   o.devices = {0, 1};
   auto two = HbmTier::open(o, nullptr, 0);
-  REQUIRE(two.is_ok());
+  REQUIRE(two.ok());
   CHECK((*two)->has_device(1));
   CHECK_FALSE((*two)->has_device(2));
   CHECK((*two)->stats().capacity_bytes == 2u << 20);

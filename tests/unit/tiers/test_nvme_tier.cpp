@@ -107,7 +107,7 @@ std::unique_ptr<NvmeTier> open_tier(const Place& pl, uint64_t capacity, bool per
   o.fs = fs ? fs : (pl.is_posix() ? nullptr : pl.fs);
   auto t = NvmeTier::open(std::move(o));
   INFO(t.status().to_string());
-  REQUIRE(t.is_ok());
+  REQUIRE(t.ok());
   return std::move(t).value();
 }
 
@@ -127,7 +127,7 @@ void require_reads_back(NvmeTier& tier, const Chunk& c, uint64_t misalign = 0) {
   Buffer dst(c.size(), misalign);
   Status st = tier.read(c.hash, dst.p, c.size());
   INFO("chunk of " << c.size() << " bytes: " << st.to_string());
-  REQUIRE(st.is_ok());
+  REQUIRE(st.ok());
   REQUIRE(std::memcmp(dst.p, c.bytes.data(), c.size()) == 0);
 }
 
@@ -138,29 +138,29 @@ Status read_status(NvmeTier& tier, const Chunk& c) {
 
 std::string slurp(FileSystem& fs, const std::string& path) {
   auto f = fs.open(path, kRead);
-  REQUIRE(f.is_ok());
+  REQUIRE(f.ok());
   auto n = (*f)->size();
-  REQUIRE(n.is_ok());
+  REQUIRE(n.ok());
   std::string s(*n, '\0');
   size_t got = 0;
-  if (*n) REQUIRE((*f)->pread(s.data(), s.size(), 0, &got).is_ok());
+  if (*n) REQUIRE((*f)->pread(s.data(), s.size(), 0, &got).ok());
   s.resize(got);
   return s;
 }
 
 void write_at(FileSystem& fs, const std::string& path, uint64_t offset, const std::string& bytes) {
   auto f = fs.open(path, kReadWrite);
-  REQUIRE(f.is_ok());
-  REQUIRE((*f)->pwrite(bytes.data(), bytes.size(), offset).is_ok());
-  REQUIRE((*f)->sync(false).is_ok());
+  REQUIRE(f.ok());
+  REQUIRE((*f)->pwrite(bytes.data(), bytes.size(), offset).ok());
+  REQUIRE((*f)->sync(false).ok());
 }
 
 void append_to(FileSystem& fs, const std::string& path, const std::string& bytes) {
   auto f = fs.open(path, kReadWrite);
-  REQUIRE(f.is_ok());
+  REQUIRE(f.ok());
   auto n = (*f)->size();
-  REQUIRE(n.is_ok());
-  REQUIRE((*f)->pwrite(bytes.data(), bytes.size(), *n).is_ok());
+  REQUIRE(n.ok());
+  REQUIRE((*f)->pwrite(bytes.data(), bytes.size(), *n).ok());
 }
 
 // Offset of a chunk's bytes in the data file (found by content: chunk bytes are unique).
@@ -326,7 +326,7 @@ void round_trip(Place& pl) {
       NvmeTier::Put p{c.hash, src.p, n, dirty};
       Status st = tier->put(std::span<const NvmeTier::Put>(&p, 1));
       INFO("put of " << n << " bytes from a buffer " << src_misalign << " past 4 KiB: " << st.to_string());
-      REQUIRE(st.is_ok());
+      REQUIRE(st.ok());
       REQUIRE(tier->contains(c.hash));
       REQUIRE(tier->is_dirty(c.hash) == dirty);
       used += round_up(n);
@@ -355,14 +355,14 @@ void round_trip(Place& pl) {
   REQUIRE(tier->stats().hits == reads);
 
   // A chunk already held is not stored twice.
-  REQUIRE(put_one(*tier, chunks[1], false).is_ok());
+  REQUIRE(put_one(*tier, chunks[1], false).ok());
   REQUIRE(tier->stats().bytes_in == bytes_in);
   REQUIRE(tier->stats().used_bytes == used);
   // A held clean chunk asked for dirty becomes dirty; a held dirty one asked for clean stays dirty.
   REQUIRE_FALSE(tier->is_dirty(chunks[1].hash));
-  REQUIRE(put_one(*tier, chunks[1], true).is_ok());
+  REQUIRE(put_one(*tier, chunks[1], true).ok());
   REQUIRE(tier->is_dirty(chunks[1].hash));
-  REQUIRE(put_one(*tier, chunks[0], false).is_ok());
+  REQUIRE(put_one(*tier, chunks[0], false).ok());
   REQUIRE(tier->is_dirty(chunks[0].hash));
   REQUIRE(tier->stats().dirty_bytes == dirty_bytes + chunks[1].size());
   auto dirty_list = tier->dirty_chunks();
@@ -414,15 +414,15 @@ void restart(Place& pl) {
   Chunk d = make_chunk(3 * kBlock, 14);      // clean, then removed
   {
     auto tier = open_tier(pl, 8 * kMiB);
-    REQUIRE(put_one(*tier, a, true).is_ok());
-    REQUIRE(put_one(*tier, b, false).is_ok());
-    REQUIRE(put_many(*tier, {&c, &d}, true).is_ok());
-    REQUIRE(put_one(*tier, d, false).is_ok());
-    REQUIRE(tier->put_model(2, "m2", R"({"name":"two"})").is_ok());
-    REQUIRE(tier->put_model(1, "m1", R"({"name":"one","tensors":[1,2,3]})").is_ok());
-    REQUIRE(tier->put_model(3, "m3", R"({"name":"three"})").is_ok());
-    REQUIRE(tier->model_done("m3").is_ok());
-    REQUIRE(tier->model_done("never-recorded").is_ok());
+    REQUIRE(put_one(*tier, a, true).ok());
+    REQUIRE(put_one(*tier, b, false).ok());
+    REQUIRE(put_many(*tier, {&c, &d}, true).ok());
+    REQUIRE(put_one(*tier, d, false).ok());
+    REQUIRE(tier->put_model(2, "m2", R"({"name":"two"})").ok());
+    REQUIRE(tier->put_model(1, "m1", R"({"name":"one","tensors":[1,2,3]})").ok());
+    REQUIRE(tier->put_model(3, "m3", R"({"name":"three"})").ok());
+    REQUIRE(tier->model_done("m3").ok());
+    REQUIRE(tier->model_done("never-recorded").ok());
     tier->mark_clean(c.hash);
     tier->remove(d.hash);
     REQUIRE_FALSE(tier->contains(d.hash));
@@ -462,10 +462,10 @@ void restart(Place& pl) {
     require_reads_back(*tier, c);
     REQUIRE(read_status(*tier, d).code() == StatusCode::kNotFound);
 
-    REQUIRE(tier->model_done("m1").is_ok());
+    REQUIRE(tier->model_done("m1").ok());
     // The freed extent of d and the rest are usable: fill the tier with a dirty chunk.
     Chunk e = make_chunk(8 * kMiB - s.used_bytes, 15);
-    REQUIRE(put_one(*tier, e, true).is_ok());
+    REQUIRE(put_one(*tier, e, true).ok());
     REQUIRE(tier->stats().used_bytes == 8 * kMiB);
   }
   {
@@ -496,11 +496,11 @@ TEST_CASE("NvmeTier hands pending models back in seq order, not id or insertion 
   Place pl = Place::memory();
   {
     auto tier = open_tier(pl, 2 * kMiB);
-    REQUIRE(tier->put_model(30, "a", "{}").is_ok());
-    REQUIRE(tier->put_model(10, "c", R"({"x":1})").is_ok());
-    REQUIRE(tier->put_model(20, "b", "").is_ok());
+    REQUIRE(tier->put_model(30, "a", "{}").ok());
+    REQUIRE(tier->put_model(10, "c", R"({"x":1})").ok());
+    REQUIRE(tier->put_model(20, "b", "").ok());
     // Re-recording a model replaces it.
-    REQUIRE(tier->put_model(5, "a", R"({"again":true})").is_ok());
+    REQUIRE(tier->put_model(5, "a", R"({"again":true})").ok());
   }
   auto tier = open_tier(pl, 2 * kMiB);
   const auto& p = tier->open_report().pending;
@@ -524,9 +524,9 @@ void torn_journal(const std::string& tail_kind) {
   std::string record_copy;
   {
     auto tier = open_tier(pl, 4 * kMiB);
-    REQUIRE(put_one(*tier, a, true).is_ok());
-    REQUIRE(put_one(*tier, b, false).is_ok());
-    REQUIRE(tier->put_model(7, "m7", R"({"k":"v"})").is_ok());
+    REQUIRE(put_one(*tier, a, true).ok());
+    REQUIRE(put_one(*tier, b, false).ok());
+    REQUIRE(tier->put_model(7, "m7", R"({"k":"v"})").ok());
   }
   std::string journal = slurp(*pl.fs, pl.journal());
   REQUIRE(journal.size() > 60);
@@ -552,7 +552,7 @@ void torn_journal(const std::string& tail_kind) {
     require_reads_back(*tier, b);
     REQUIRE(tier->is_dirty(a.hash));
     // The torn tail is cut: what is recorded now is found at the next start.
-    REQUIRE(put_one(*tier, c, true).is_ok());
+    REQUIRE(put_one(*tier, c, true).ok());
   }
   auto tier = open_tier(pl, 4 * kMiB);
   const auto& r = tier->open_report();
@@ -575,7 +575,7 @@ TEST_CASE("NvmeTier cuts a torn record on the real filesystem too", "[nvme]") {
   Chunk a = make_chunk(3 * kBlock + 1, 31);
   {
     auto tier = open_tier(pl, 2 * kMiB);
-    REQUIRE(put_one(*tier, a, true).is_ok());
+    REQUIRE(put_one(*tier, a, true).ok());
   }
   append_to(*pl.fs, pl.journal(), "\x43\x4e\x4a\x31partial");  // the magic, then nothing sensible
   auto tier = open_tier(pl, 2 * kMiB);
@@ -595,7 +595,7 @@ TEST_CASE("NvmeTier never serves bytes that have no journal record, and reuses t
       Chunk torn = make_chunk(256 * kKiB, 42);
       {
         auto tier = open_tier(pl, 2 * kMiB);
-        REQUIRE(put_one(*tier, a, true).is_ok());
+        REQUIRE(put_one(*tier, a, true).ok());
         REQUIRE(offset_of(*pl.fs, pl, a) == 0);
       }
       // A crash after the bytes of `torn` reached the device but before its PUT record did.
@@ -608,7 +608,7 @@ TEST_CASE("NvmeTier never serves bytes that have no journal record, and reuses t
       REQUIRE(tier->stats().used_bytes == kBlock);
       // Everything but a's block is free: one dirty chunk takes it all, nothing is evicted.
       Chunk rest = make_chunk(2 * kMiB - kBlock, 43);
-      REQUIRE(put_one(*tier, rest, true).is_ok());
+      REQUIRE(put_one(*tier, rest, true).ok());
       REQUIRE(tier->contains(a.hash));
       require_reads_back(*tier, rest);
       require_reads_back(*tier, a);
@@ -626,8 +626,8 @@ TEST_CASE("NvmeTier discards a dirty chunk whose bytes changed while it was down
       Chunk d = make_chunk(64 * kKiB + 9, 51), e = make_chunk(kMiB, 52);
       {
         auto tier = open_tier(pl, 4 * kMiB);
-        REQUIRE(put_one(*tier, d, true).is_ok());
-        REQUIRE(put_one(*tier, e, true).is_ok());
+        REQUIRE(put_one(*tier, d, true).ok());
+        REQUIRE(put_one(*tier, e, true).ok());
       }
       flip_in_data(*pl.fs, pl, d, 40000);
       {
@@ -645,7 +645,7 @@ TEST_CASE("NvmeTier discards a dirty chunk whose bytes changed while it was down
         REQUIRE(s.used_bytes == round_up(e.size()));
         require_reads_back(*tier, e);
         // The space is free again and the chunk can be stored anew.
-        REQUIRE(put_one(*tier, d, true).is_ok());
+        REQUIRE(put_one(*tier, d, true).ok());
         require_reads_back(*tier, d);
       }
       auto tier = open_tier(pl, 4 * kMiB);
@@ -662,8 +662,8 @@ TEST_CASE("NvmeTier drops a clean chunk whose bytes do not match its hash when r
       Chunk c = make_chunk(2 * kBlock + 100, 61), other = make_chunk(5000, 62);
       {
         auto tier = open_tier(pl, 2 * kMiB);
-        REQUIRE(put_one(*tier, c, false).is_ok());
-        REQUIRE(put_one(*tier, other, false).is_ok());
+        REQUIRE(put_one(*tier, c, false).ok());
+        REQUIRE(put_one(*tier, other, false).ok());
       }
       flip_in_data(*pl.fs, pl, c, 2 * kBlock + 50);  // in the unaligned tail
       auto tier = open_tier(pl, 2 * kMiB);
@@ -683,7 +683,7 @@ TEST_CASE("NvmeTier drops a clean chunk whose bytes do not match its hash when r
       REQUIRE(tier->stats().chunks == 1);
       require_reads_back(*tier, other);
       // The bad extent is reusable once its DEL record is durable (the next put syncs the journal).
-      REQUIRE(put_one(*tier, c, false).is_ok());
+      REQUIRE(put_one(*tier, c, false).ok());
       REQUIRE(tier->stats().used_bytes == round_up(other.size()) + round_up(c.size()));
       require_reads_back(*tier, c);
       require_reads_back(*tier, c, 5);
@@ -699,11 +699,11 @@ TEST_CASE("NvmeTier evicts clean chunks in LRU order, only as many as it needs",
   auto tier = open_tier(pl, 8 * kMiB);
   std::vector<Chunk> c;
   for (int i = 0; i < 12; ++i) c.push_back(make_chunk(kMiB, 100 + i));
-  for (int i = 0; i < 8; ++i) REQUIRE(put_one(*tier, c[i], false).is_ok());
+  for (int i = 0; i < 8; ++i) REQUIRE(put_one(*tier, c[i], false).ok());
   REQUIRE(tier->stats().used_bytes == 8 * kMiB);
   require_reads_back(*tier, c[0]);  // c[0] is now the most recently used; c[1] the least
 
-  REQUIRE(put_one(*tier, c[8], false).is_ok());
+  REQUIRE(put_one(*tier, c[8], false).ok());
   auto held = [&] {
     std::vector<int> out;
     for (int i = 0; i < 12; ++i)
@@ -713,10 +713,10 @@ TEST_CASE("NvmeTier evicts clean chunks in LRU order, only as many as it needs",
   REQUIRE(held() == std::vector<int>{0, 2, 3, 4, 5, 6, 7, 8});
   REQUIRE(tier->stats().bytes_out == kMiB);
 
-  REQUIRE(put_one(*tier, c[9], false).is_ok());
+  REQUIRE(put_one(*tier, c[9], false).ok());
   REQUIRE(held() == std::vector<int>{0, 3, 4, 5, 6, 7, 8, 9});
   require_reads_back(*tier, c[3]);
-  REQUIRE(put_many(*tier, {&c[10], &c[11]}, false).is_ok());
+  REQUIRE(put_many(*tier, {&c[10], &c[11]}, false).ok());
   REQUIRE(held() == std::vector<int>{0, 3, 6, 7, 8, 9, 10, 11});
   TierStats s = tier->stats();
   REQUIRE(s.chunks == 8);
@@ -737,11 +737,11 @@ TEST_CASE("NvmeTier passes a workflow's hints to its policy: done goes first, po
       o.fs = pl.fs;
       o.policy = std::make_unique<HintAwarePolicy>();
       auto opened = NvmeTier::open(std::move(o));
-      REQUIRE(opened.is_ok());
+      REQUIRE(opened.ok());
       auto tier = std::move(opened).value();
       std::vector<Chunk> c;
       for (int i = 0; i < 14; ++i) c.push_back(make_chunk(kMiB, 400 + i));
-      for (int i = 0; i < 8; ++i) REQUIRE(put_one(*tier, c[i], false).is_ok());
+      for (int i = 0; i < 8; ++i) REQUIRE(put_one(*tier, c[i], false).ok());
       Chunk absent = make_chunk(kMiB, 499);
       if (hinted) {
         tier->hint_expected_use(c[0].hash, 0);   // the oldest: read next
@@ -750,11 +750,11 @@ TEST_CASE("NvmeTier passes a workflow's hints to its policy: done goes first, po
         tier->hint_done(absent.hash);            // not held: ignored
         tier->hint_population(absent.hash, true);
       }
-      REQUIRE(put_one(*tier, c[8], false).is_ok());
+      REQUIRE(put_one(*tier, c[8], false).ok());
       // Without hints the least recently written goes; with them the done chunk does.
       REQUIRE_FALSE(tier->contains(c[hinted ? 5 : 0].hash));
       REQUIRE(tier->contains(c[hinted ? 0 : 5].hash));
-      for (int i = 9; i < 14; ++i) REQUIRE(put_one(*tier, c[i], false).is_ok());
+      for (int i = 9; i < 14; ++i) REQUIRE(put_one(*tier, c[i], false).ok());
       // Six chunks went; the hinted two outlast every ordinary chunk written after them.
       REQUIRE(tier->contains(c[0].hash) == hinted);
       REQUIRE(tier->contains(c[1].hash) == hinted);
@@ -773,7 +773,7 @@ TEST_CASE("NvmeTier refuses a put when every chunk is dirty, and takes it after 
   Chunk x = make_chunk(kMiB, 299);
   {
     auto tier = open_tier(pl, 8 * kMiB);
-    for (const Chunk& c : d) REQUIRE(put_one(*tier, c, true).is_ok());
+    for (const Chunk& c : d) REQUIRE(put_one(*tier, c, true).ok());
     Status st = put_one(*tier, x, true);
     REQUIRE(st.code() == StatusCode::kNoSpace);
     REQUIRE_THAT(st.message(), Catch::Contains("burst buffer") && Catch::Contains(pl.path) &&
@@ -793,7 +793,7 @@ TEST_CASE("NvmeTier refuses a put when every chunk is dirty, and takes it after 
     REQUIRE_FALSE(tier->contains(x.hash));
     tier->mark_clean(d[3].hash);
     REQUIRE(tier->stats().dirty_bytes == 7 * kMiB);
-    REQUIRE(put_one(*tier, x, true).is_ok());
+    REQUIRE(put_one(*tier, x, true).ok());
     REQUIRE_FALSE(tier->contains(d[3].hash));
     require_reads_back(*tier, x);
     for (int i = 0; i < 8; ++i)
@@ -811,7 +811,7 @@ TEST_CASE("NvmeTier refuses an empty chunk", "[nvme]") {
   Place pl = Place::memory();
   auto tier = open_tier(pl, kMiB);
   Chunk a = make_chunk(kBlock, 311);
-  REQUIRE(put_one(*tier, a, true).is_ok());
+  REQUIRE(put_one(*tier, a, true).ok());
   NvmeTier::Put empty{hash_bytes("", 0), "", 0, false};
   Status st = tier->put(std::span<const NvmeTier::Put>(&empty, 1));
   REQUIRE(st.code() == StatusCode::kInvalidArgument);
@@ -825,7 +825,7 @@ TEST_CASE("NvmeTier refuses a chunk larger than the whole tier", "[nvme]") {
   Place pl = Place::memory();
   auto tier = open_tier(pl, kMiB);
   Chunk small = make_chunk(1000, 301), big = make_chunk(kMiB + 1, 302);
-  REQUIRE(put_one(*tier, small, false).is_ok());
+  REQUIRE(put_one(*tier, small, false).ok());
   REQUIRE(put_one(*tier, big, false).code() == StatusCode::kNoSpace);
   REQUIRE_FALSE(tier->contains(big.hash));
   REQUIRE(tier->stats().chunks <= 1);
@@ -838,7 +838,7 @@ TEST_CASE("NvmeTier never evicts a chunk that is being read", "[nvme]") {
   auto tier = open_tier(pl, 4 * kMiB, false, &gate);
   std::vector<Chunk> c;
   for (int i = 0; i < 6; ++i) c.push_back(make_chunk(kMiB, 400 + i));
-  for (int i = 0; i < 4; ++i) REQUIRE(put_one(*tier, c[i], false).is_ok());
+  for (int i = 0; i < 4; ++i) REQUIRE(put_one(*tier, c[i], false).ok());
 
   // c[0] is the least recently used; a read of it holds it pinned at the gate.
   gate.close_gate();
@@ -847,7 +847,7 @@ TEST_CASE("NvmeTier never evicts a chunk that is being read", "[nvme]") {
   std::thread reader([&] { read_st = tier->read(c[0].hash, got.data(), kMiB); });
   Unblock unblock{gate, {&reader}};
   REQUIRE(gate.wait_for_waiters(1));
-  REQUIRE(put_one(*tier, c[4], false).is_ok());
+  REQUIRE(put_one(*tier, c[4], false).ok());
   CHECK(tier->contains(c[0].hash));
   CHECK_FALSE(tier->contains(c[1].hash));
   // remove() of a pinned chunk hides it at once and drops it when the read is done.
@@ -855,11 +855,11 @@ TEST_CASE("NvmeTier never evicts a chunk that is being read", "[nvme]") {
   CHECK_FALSE(tier->contains(c[0].hash));
   gate.open_gate();
   reader.join();
-  REQUIRE(read_st.is_ok());
+  REQUIRE(read_st.ok());
   REQUIRE(got == c[0].bytes);
   REQUIRE_FALSE(tier->contains(c[0].hash));
   REQUIRE(tier->stats().chunks == 3);
-  REQUIRE(put_one(*tier, c[5], false).is_ok());
+  REQUIRE(put_one(*tier, c[5], false).ok());
   REQUIRE(tier->stats().chunks == 4);
 }
 
@@ -871,7 +871,7 @@ TEST_CASE("NvmeTier keeps a chunk put again after it was removed while being rea
   Place pl = Place::memory();
   auto tier = open_tier(pl, 2 * kMiB, false, &gate);
   Chunk a = make_chunk(100 * kKiB, 451);
-  REQUIRE(put_one(*tier, a, false).is_ok());
+  REQUIRE(put_one(*tier, a, false).ok());
   gate.close_gate();
   Status read_st;
   std::string got(a.size(), '\0');
@@ -880,11 +880,11 @@ TEST_CASE("NvmeTier keeps a chunk put again after it was removed while being rea
   REQUIRE(gate.wait_for_waiters(1));
   tier->remove(a.hash);
   REQUIRE_FALSE(tier->contains(a.hash));
-  REQUIRE(put_one(*tier, a, true).is_ok());
+  REQUIRE(put_one(*tier, a, true).ok());
   REQUIRE(tier->contains(a.hash));
   gate.open_gate();
   reader.join();
-  REQUIRE(read_st.is_ok());
+  REQUIRE(read_st.ok());
   REQUIRE(tier->contains(a.hash));
   REQUIRE(tier->is_dirty(a.hash));
   require_reads_back(*tier, a);
@@ -900,7 +900,7 @@ TEST_CASE("NvmeTier stores a chunk anew when its corrupt copy is still being rea
   Place pl = Place::memory();
   auto tier = open_tier(pl, 2 * kMiB, false, &gate);
   Chunk a = make_chunk(100 * kKiB, 461);
-  REQUIRE(put_one(*tier, a, false).is_ok());
+  REQUIRE(put_one(*tier, a, false).ok());
   {
     std::string data = slurp(mem, pl.data());
     size_t at = data.find(a.bytes.substr(0, 256));
@@ -933,7 +933,7 @@ TEST_CASE("NvmeTier stores a chunk anew when its corrupt copy is still being rea
   REQUIRE(put_done);
   REQUIRE(slow_st.code() == StatusCode::kCorruption);
   INFO(put_st.to_string());
-  REQUIRE(put_st.is_ok());
+  REQUIRE(put_st.ok());
   REQUIRE(tier->contains(a.hash));
   REQUIRE(tier->is_dirty(a.hash));
   require_reads_back(*tier, a);
@@ -949,8 +949,8 @@ TEST_CASE("NvmeTier refuses a put when the rest of the tier is being read", "[nv
   Place pl = Place::memory();
   auto tier = open_tier(pl, 2 * kMiB, false, &gate);
   Chunk a = make_chunk(kMiB, 501), b = make_chunk(kMiB, 502), x = make_chunk(kMiB, 503);
-  REQUIRE(put_one(*tier, a, false).is_ok());
-  REQUIRE(put_one(*tier, b, true).is_ok());
+  REQUIRE(put_one(*tier, a, false).ok());
+  REQUIRE(put_one(*tier, b, true).ok());
   gate.close_gate();
   Status read_st;
   std::string got(kMiB, '\0');
@@ -962,10 +962,10 @@ TEST_CASE("NvmeTier refuses a put when the rest of the tier is being read", "[nv
   reader.join();
   REQUIRE(st.code() == StatusCode::kNoSpace);
   REQUIRE_THAT(st.message(), Catch::Contains("being read"));
-  REQUIRE(read_st.is_ok());
+  REQUIRE(read_st.ok());
   REQUIRE(got == a.bytes);
   REQUIRE(tier->contains(a.hash));
-  REQUIRE(put_one(*tier, x, false).is_ok());
+  REQUIRE(put_one(*tier, x, false).ok());
   REQUIRE_FALSE(tier->contains(a.hash));
 }
 
@@ -987,7 +987,7 @@ TEST_CASE("NvmeTier: ENOSPC writing the data file fails the put and records noth
     REQUIRE(tier->stats().used_bytes == 0);
     REQUIRE(tier->stats().dirty_bytes == 0);
     // The extent is free again: the whole tier is usable.
-    REQUIRE(put_one(*tier, b, true).is_ok());
+    REQUIRE(put_one(*tier, b, true).ok());
     require_reads_back(*tier, b);
   }
   auto tier = open_tier(pl, kMiB, false, &faulty);
@@ -1005,11 +1005,11 @@ TEST_CASE("NvmeTier: a torn journal write fails the put; after a restart the chu
       Chunk keep = make_chunk(5000, 611), a = make_chunk(200 * kKiB, 612), b = make_chunk(300 * kKiB, 613);
       {
         auto tier = open_tier(pl, 2 * kMiB, false, &faulty);
-        REQUIRE(put_one(*tier, keep, true).is_ok());
+        REQUIRE(put_one(*tier, keep, true).ok());
         faulty.add(rule(Op::kWrite, "/journal", Effect::kShortWrite));
         Status st = put_one(*tier, a, true);
         REQUIRE(faulty.injected() == 1);
-        REQUIRE_FALSE(st.is_ok());
+        REQUIRE_FALSE(st.ok());
         REQUIRE_THAT(st.message(), Catch::Contains("journal"));
         REQUIRE_FALSE(tier->contains(a.hash));
         REQUIRE(tier->stats().dirty_bytes == keep.size());
@@ -1020,8 +1020,8 @@ TEST_CASE("NvmeTier: a torn journal write fails the put; after a restart the chu
         REQUIRE(tier->open_report().chunks == 1);
         REQUIRE_FALSE(tier->contains(a.hash));
         require_reads_back(*tier, keep);
-        REQUIRE(put_one(*tier, b, true).is_ok());
-        REQUIRE(put_one(*tier, a, false).is_ok());
+        REQUIRE(put_one(*tier, b, true).ok());
+        REQUIRE(put_one(*tier, a, false).ok());
       }
       auto tier = open_tier(pl, 2 * kMiB, false, &faulty);
       REQUIRE(tier->open_report().torn_records == 0);
@@ -1043,15 +1043,15 @@ TEST_CASE("NvmeTier: a torn journal write does not let a later put lose its chun
   for (uint64_t i = 0; i < 6; ++i) c.push_back(make_chunk(256 * kKiB, seed + i));
   {
     auto tier = open_tier(pl, kMiB, false, &faulty);
-    REQUIRE(put_many(*tier, {&c[0], &c[1], &c[2], &c[3]}, false).is_ok());
+    REQUIRE(put_many(*tier, {&c[0], &c[1], &c[2], &c[3]}, false).ok());
     faulty.add(rule(Op::kWrite, "/journal", Effect::kShortWrite));
     // Needs four evictions (DEL records) and one PUT: the torn write keeps about half of them.
-    REQUIRE_FALSE(put_many(*tier, {&c[4], &c[5]}, true).is_ok());
+    REQUIRE_FALSE(put_many(*tier, {&c[4], &c[5]}, true).ok());
     faulty.clear();
     for (int i = 4; i < 6; ++i) {
       Status st = put_one(*tier, c[i], true);
       INFO(st.to_string());
-      REQUIRE(st.is_ok());
+      REQUIRE(st.ok());
     }
   }
   auto tier = open_tier(pl, kMiB, false, &faulty);
@@ -1076,10 +1076,10 @@ TEST_CASE("NvmeTier: a failed journal sync never lets a dirty chunk be lost at t
       {
         auto tier = open_tier(pl, 2 * kMiB, false, &faulty);
         faulty.add(rule(Op::kSync, "/journal", Effect::kFail));
-        REQUIRE_FALSE(put_one(*tier, a, true).is_ok());
+        REQUIRE_FALSE(put_one(*tier, a, true).ok());
         REQUIRE_FALSE(tier->contains(a.hash));
         faulty.clear();
-        REQUIRE(put_one(*tier, b, true).is_ok());
+        REQUIRE(put_one(*tier, b, true).ok());
       }
       auto tier = open_tier(pl, 2 * kMiB, false, &faulty);
       REQUIRE(tier->contains(b.hash));
@@ -1095,7 +1095,7 @@ TEST_CASE("NvmeTier: a read that comes back wrong once is read again; the copy s
   FaultyFileSystem faulty(*pl.fs);
   Chunk a = make_chunk(3 * kMiB + 17, 673);
   auto tier = open_tier(pl, 4 * kMiB, false, &faulty);
-  REQUIRE(put_one(*tier, a, true).is_ok());
+  REQUIRE(put_one(*tier, a, true).ok());
   faulty.add(rule(Op::kRead, "/data", Effect::kFlipBit, EIO, 1));  // wrong once, right when read again
   require_reads_back(*tier, a);
   REQUIRE(faulty.injected() == 1);
@@ -1108,7 +1108,7 @@ TEST_CASE("NvmeTier: a flipped bit on every read of a chunk is reported as corru
   FaultyFileSystem faulty(*pl.fs);
   Chunk a = make_chunk(3 * kMiB + 17, 671);
   auto tier = open_tier(pl, 4 * kMiB, false, &faulty);
-  REQUIRE(put_one(*tier, a, true).is_ok());
+  REQUIRE(put_one(*tier, a, true).ok());
   faulty.add(rule(Op::kRead, "/data", Effect::kFlipBit, EIO, -1));  // every read, and every read again
   Status st;
   for (uint32_t k = 1; k < NvmeTier::kBadReadsToDrop; ++k) {
@@ -1127,7 +1127,7 @@ TEST_CASE("NvmeTier: a flipped bit on every read of a chunk is reported as corru
   // The dropped extent is reusable: a chunk as large as the whole tier fits.
   faulty.clear();
   Chunk all = make_chunk(4 * kMiB, 672);
-  REQUIRE(put_one(*tier, all, true).is_ok());
+  REQUIRE(put_one(*tier, all, true).ok());
   require_reads_back(*tier, all);
 }
 
@@ -1150,7 +1150,7 @@ TEST_CASE("NvmeTier: a failing sync of the data file fails the put and records n
       auto tier = open_tier(pl, kMiB, false, &faulty);
       REQUIRE(tier->open_report().chunks == 0);
       REQUIRE_FALSE(tier->contains(a.hash));
-      REQUIRE(put_one(*tier, b, true).is_ok());
+      REQUIRE(put_one(*tier, b, true).ok());
       require_reads_back(*tier, b);
     }
   }
@@ -1165,7 +1165,7 @@ TEST_CASE("NvmeTier: a failing open of the journal fails open() with the filesys
   o.capacity = kMiB;
   o.fs = &faulty;
   auto t = NvmeTier::open(std::move(o));
-  REQUIRE_FALSE(t.is_ok());
+  REQUIRE_FALSE(t.ok());
   REQUIRE(t.status().code() == StatusCode::kPermission);
 }
 
@@ -1176,10 +1176,10 @@ TEST_CASE("NvmeTier close removes its files unless persistent", "[nvme]") {
   Place pl = Place::posix();
   Chunk a = make_chunk(kMiB, 701);
   auto tier = open_tier(pl, 2 * kMiB);
-  REQUIRE(put_one(*tier, a, true).is_ok());
+  REQUIRE(put_one(*tier, a, true).ok());
   REQUIRE(stdfs::exists(pl.data()));
   REQUIRE(stdfs::exists(pl.journal()));
-  REQUIRE(tier->close().is_ok());
+  REQUIRE(tier->close().ok());
   tier.reset();
   REQUIRE_FALSE(stdfs::exists(pl.data()));
   REQUIRE_FALSE(stdfs::exists(pl.journal()));
@@ -1196,9 +1196,9 @@ TEST_CASE("NvmeTier close keeps a persistent tier's contents", "[nvme]") {
       Chunk clean1 = make_chunk(kMiB, 711), clean2 = make_chunk(12345, 712), dirty = make_chunk(4096, 713);
       {
         auto tier = open_tier(pl, 4 * kMiB, true);
-        REQUIRE(put_many(*tier, {&clean1, &clean2}, false).is_ok());
-        REQUIRE(put_one(*tier, dirty, true).is_ok());
-        REQUIRE(tier->close().is_ok());
+        REQUIRE(put_many(*tier, {&clean1, &clean2}, false).ok());
+        REQUIRE(put_one(*tier, dirty, true).ok());
+        REQUIRE(tier->close().ok());
       }
       REQUIRE(pl.fs->exists(pl.data()));
       REQUIRE(pl.fs->exists(pl.journal()));
@@ -1252,9 +1252,9 @@ TEST_CASE("NvmeTier stores a chunk once when several threads put it at the same 
       threads.emplace_back([&] {
         for (int round = 0; round < 16; ++round) {
           const Chunk& x = c[static_cast<size_t>(round)];  // every thread the same chunk at about the same time
-          if (!put_one(*tier, x, true).is_ok()) ++failures;
+          if (!put_one(*tier, x, true).ok()) ++failures;
           std::string buf(x.size(), '\0');
-          if (!tier->read(x.hash, buf.data(), buf.size()).is_ok() || buf != x.bytes) ++failures;
+          if (!tier->read(x.hash, buf.data(), buf.size()).ok() || buf != x.bytes) ++failures;
         }
       });
     }
@@ -1323,7 +1323,7 @@ void random_sequence(Place& pl, int ops, uint32_t seed) {
     if (what < 40) {
       const bool dirty = rng() % 3 == 0;
       Status st = put_one(*tier, c, dirty);
-      if (st.is_ok()) {
+      if (st.ok()) {
         ++puts_ok;
         auto it = model.find(i);
         const bool was_held_dirty = it != model.end() && it->second;
@@ -1355,12 +1355,12 @@ void random_sequence(Place& pl, int ops, uint32_t seed) {
         REQUIRE(st.code() == StatusCode::kNotFound);
       } else if (it->second) {
         INFO(st.to_string());
-        REQUIRE(st.is_ok());
-      } else if (!st.is_ok()) {
+        REQUIRE(st.ok());
+      } else if (!st.ok()) {
         REQUIRE(st.code() == StatusCode::kNotFound);
         model.erase(it);  // evicted
       }
-      if (st.is_ok()) {
+      if (st.ok()) {
         ++reads_ok;
         REQUIRE(dst == c.bytes);
       }

@@ -28,7 +28,7 @@ TEST_CASE("open rejects what is not a cairn repository", "[repository]") {
     fs::create_directories(tmp.repo());
     spit(tmp.repo() + "/notes.txt", "hello");
     auto r = Repository::open(tmp.repo(), kChunk);
-    REQUIRE_FALSE(r.is_ok());
+    REQUIRE_FALSE(r.ok());
     CHECK(r.status().code() == StatusCode::kInvalidArgument);
     CHECK_THAT(r.status().message(), Catch::Contains("not a cairn repository"));
     CHECK_FALSE(fs::exists(tmp.repo() + "/FORMAT"));
@@ -37,7 +37,7 @@ TEST_CASE("open rejects what is not a cairn repository", "[repository]") {
     fs::create_directories(tmp.repo());
     spit(tmp.repo() + "/FORMAT", "cairn-repository 4\nchunk_size 65536\n");
     auto r = Repository::open(tmp.repo(), kChunk);
-    REQUIRE_FALSE(r.is_ok());
+    REQUIRE_FALSE(r.ok());
     CHECK(r.status().code() == StatusCode::kInvalidArgument);
     CHECK_THAT(r.status().message(), Catch::Contains("version 4"));
   }
@@ -45,13 +45,13 @@ TEST_CASE("open rejects what is not a cairn repository", "[repository]") {
     fs::create_directories(tmp.repo());
     spit(tmp.repo() + "/FORMAT", "cairn-repository 1\nchunk_size lots\n");
     auto r = Repository::open(tmp.repo(), kChunk);
-    REQUIRE_FALSE(r.is_ok());
+    REQUIRE_FALSE(r.ok());
     CHECK(r.status().code() == StatusCode::kCorruption);
     CHECK_THAT(r.status().message(), Catch::Contains("FORMAT"));
   }
   SECTION("a zero chunk size for a new repository") {
     auto r = Repository::open(tmp.repo(), 0);
-    REQUIRE_FALSE(r.is_ok());
+    REQUIRE_FALSE(r.ok());
     CHECK(r.status().code() == StatusCode::kInvalidArgument);
   }
 }
@@ -70,7 +70,7 @@ TEST_CASE("commit then get round-trips manifests and bytes", "[repository]") {
   ModelManifest committed = m;
   Status s = repo->commit(committed, store.source());
   INFO(s.to_string());
-  REQUIRE(s.is_ok());
+  REQUIRE(s.ok());
 
   CHECK(store.bytes_asked == m.logical_bytes());
   CHECK_FALSE(committed.pack.empty());
@@ -85,7 +85,7 @@ TEST_CASE("commit then get round-trips manifests and bytes", "[repository]") {
   CHECK(fs::exists(tmp.repo() + "/packs/" + committed.pack));
 
   Result<ModelManifest> got = repo->get(m.id);
-  REQUIRE(got.is_ok());
+  REQUIRE(got.ok());
   CHECK(*got == committed);
   CHECK(got->metadata == m.metadata);
   CHECK(got->architecture == m.architecture);
@@ -110,7 +110,7 @@ TEST_CASE("commit then get round-trips manifests and bytes", "[repository]") {
   CHECK(st.chunks == 1 + 4 + 2 + 1);
 
   auto missing = repo->get("absent");
-  REQUIRE_FALSE(missing.is_ok());
+  REQUIRE_FALSE(missing.ok());
   CHECK(missing.status().code() == StatusCode::kNotFound);
   CHECK_THAT(missing.status().message(), Catch::Contains("absent"));
 }
@@ -121,7 +121,7 @@ TEST_CASE("a derived model stores only the tensor it changed", "[repository]") {
   ChunkStore store;
   ModelManifest parent = make_model(
       "p", "", {u8_tensor(store, "a", 100000, 1), u8_tensor(store, "b", 70000, 2), u8_tensor(store, "c", 5000, 3)});
-  REQUIRE(repo->commit(parent, store.source()).is_ok());
+  REQUIRE(repo->commit(parent, store.source()).ok());
   auto before = repo->stats();
 
   // The child recomputes hashes of a and c (same bytes), changes b.
@@ -129,7 +129,7 @@ TEST_CASE("a derived model stores only the tensor it changed", "[repository]") {
   ModelManifest child = make_model("c", "p",
                                    {u8_tensor(child_store, "a", 100000, 1), u8_tensor(child_store, "b", 70000, 99),
                                     u8_tensor(child_store, "c", 5000, 3)});
-  REQUIRE(repo->commit(child, child_store.source()).is_ok());
+  REQUIRE(repo->commit(child, child_store.source()).ok());
   auto after = repo->stats();
   CHECK(after.physical_bytes - before.physical_bytes == 70000);
   CHECK(child_store.bytes_asked == 70000);
@@ -149,13 +149,13 @@ TEST_CASE("an inherited tensor costs no bytes and no source call", "[repository]
   auto repo = open_repo(tmp.repo());
   ChunkStore store;
   ModelManifest parent = make_model("p", "", {u8_tensor(store, "w", 3 * kChunk, 1)});
-  REQUIRE(repo->commit(parent, store.source()).is_ok());
+  REQUIRE(repo->commit(parent, store.source()).ok());
   auto before = repo->stats();
 
   ModelManifest child = make_model("c", "p", {parent.tensors[0]});  // same ChunkRefs as the parent
   child.tensors.mut()[0].name = "w";
   ChunkStore empty;
-  REQUIRE(repo->commit(child, empty.source()).is_ok());
+  REQUIRE(repo->commit(child, empty.source()).ok());
   CHECK(empty.calls == 0);
   CHECK(child.pack.empty());
   CHECK(child.tensors[0].chunks == parent.tensors[0].chunks);
@@ -167,7 +167,7 @@ TEST_CASE("an inherited tensor costs no bytes and no source call", "[repository]
   CHECK(files_in(tmp.repo() + "/packs").size() == 1);
   // Even with no source at all.
   ModelManifest grandchild = make_model("g", "c", {parent.tensors[0]});
-  REQUIRE(repo->commit(grandchild, nullptr).is_ok());
+  REQUIRE(repo->commit(grandchild, nullptr).ok());
   require_model_bytes(*repo, "g", store);
 }
 
@@ -178,8 +178,8 @@ TEST_CASE("identical tensors of unrelated models are stored once", "[repository]
   ModelManifest a = make_model("a", "", {u8_tensor(s1, "emb", 2 * kChunk + 10, 7)});
   ModelManifest b =
       make_model("b", "", {u8_tensor(s2, "embedding", 2 * kChunk + 10, 7), u8_tensor(s2, "head", 1000, 8)});
-  REQUIRE(repo->commit(a, s1.source()).is_ok());
-  REQUIRE(repo->commit(b, s2.source()).is_ok());
+  REQUIRE(repo->commit(a, s1.source()).ok());
+  REQUIRE(repo->commit(b, s2.source()).ok());
   CHECK(s2.bytes_asked == 1000);
   auto st = repo->stats();
   CHECK(st.physical_bytes == 2 * kChunk + 10 + 1000);
@@ -189,7 +189,7 @@ TEST_CASE("identical tensors of unrelated models are stored once", "[repository]
   // Same content, no new chunk at all: no pack.
   ChunkStore s3;
   ModelManifest c = make_model("c", "", {u8_tensor(s3, "x", 1000, 8)});
-  REQUIRE(repo->commit(c, s3.source()).is_ok());
+  REQUIRE(repo->commit(c, s3.source()).ok());
   CHECK(c.pack.empty());
   CHECK(repo->stats().packs == 2);
 }
@@ -203,7 +203,7 @@ TEST_CASE("repeated chunks inside one model are written once", "[repository]") {
       "z", "",
       {make_tensor(store, "zeros", DType::kF32, {static_cast<int64_t>(3 * kChunk / 4)}, zeros),
        make_tensor(store, "more_zeros", DType::kU8, {static_cast<int64_t>(kChunk)}, std::string(kChunk, '\0'))});
-  REQUIRE(repo->commit(m, store.source()).is_ok());
+  REQUIRE(repo->commit(m, store.source()).ok());
   CHECK(store.calls == 1);
   CHECK(repo->stats().physical_bytes == kChunk);
   CHECK(repo->stats().chunks == 1);
@@ -214,7 +214,7 @@ TEST_CASE("repeated chunks inside one model are written once", "[repository]") {
   CHECK(c.stored < 1000);
   CHECK(repo->stats().stored_bytes == c.stored);
   auto h = safetensors::read_header(tmp.repo() + "/packs/" + m.pack);
-  REQUIRE(h.is_ok());
+  REQUIRE(h.ok());
   REQUIRE(h->tensors.size() == 1);
   CHECK(h->tensors[0].name == "__coded__." + c.hash.hex());
   CHECK(h->tensors[0].dtype == DType::kU8);
@@ -229,7 +229,7 @@ TEST_CASE("empty and 0-d tensors", "[repository]") {
                                {make_tensor(store, "empty", DType::kF32, {0, 16}, ""),
                                 make_tensor(store, "scalar", DType::kF64, {}, make_bytes(8, 5)),
                                 make_tensor(store, "empty1d", DType::kI64, {0}, "")});
-  REQUIRE(repo->commit(m, store.source()).is_ok());
+  REQUIRE(repo->commit(m, store.source()).ok());
   CHECK(m.tensors[0].chunks.empty());
   CHECK(m.tensors[1].chunks.size() == 1);
   CHECK(repo->stats().physical_bytes == 8);
@@ -238,18 +238,18 @@ TEST_CASE("empty and 0-d tensors", "[repository]") {
   repo.reset();
   repo = open_repo(tmp.repo());
   auto got = repo->get("m");
-  REQUIRE(got.is_ok());
+  REQUIRE(got.ok());
   CHECK(*got == m);
   CHECK(got->tensors[1].shape.empty());
   CHECK(got->tensors[0].shape == std::vector<int64_t>{0, 16});
 
   // A model of only empty tensors writes no pack.
   ModelManifest e = make_model("e", "", {make_tensor(store, "nothing", DType::kBF16, {4, 0}, "")});
-  REQUIRE(repo->commit(e, store.source()).is_ok());
+  REQUIRE(repo->commit(e, store.source()).ok());
   CHECK(e.pack.empty());
   // A model without tensors is fine too.
   ModelManifest bare = make_model("bare", "e", {});
-  REQUIRE(repo->commit(bare, nullptr).is_ok());
+  REQUIRE(repo->commit(bare, nullptr).ok());
 }
 
 TEST_CASE("reopening rebuilds the same catalog", "[repository]") {
@@ -265,7 +265,7 @@ TEST_CASE("reopening rebuilds the same catalog", "[repository]") {
     ModelManifest c = make_model("c", "a", {u8_tensor(store, "y2", 500, 2)});
     ModelManifest d = make_model("d", "", {u8_tensor(store, "w", 10, 4)});
     for (ModelManifest* m : {&a, &b, &c, &d}) {
-      REQUIRE(repo->commit(*m, store.source()).is_ok());
+      REQUIRE(repo->commit(*m, store.source()).ok());
       committed.push_back(*m);
     }
     before = repo->stats();
@@ -277,7 +277,7 @@ TEST_CASE("reopening rebuilds the same catalog", "[repository]") {
   CHECK(repo->children("a") == std::vector<std::string>{"b", "c"});
   for (const ModelManifest& m : committed) {
     auto got = repo->get(m.id);
-    REQUIRE(got.is_ok());
+    REQUIRE(got.ok());
     CHECK(*got == m);
     for (const TensorManifest& t : m.tensors)
       for (const ChunkRef& c : t.chunks) CHECK(repo->locate(c.hash).has_value());
@@ -286,7 +286,7 @@ TEST_CASE("reopening rebuilds the same catalog", "[repository]") {
   // Commits after a reopen keep the order and dedup against what was there.
   ModelManifest e = make_model("e", "d", {u8_tensor(store, "x", 3 * kChunk, 1)});
   ChunkStore none;
-  REQUIRE(repo->commit(e, none.source()).is_ok());
+  REQUIRE(repo->commit(e, none.source()).ok());
   CHECK(none.calls == 0);
   CHECK(repo->list().back() == "e");
   CHECK(e.created_ns > committed.back().created_ns);
@@ -297,7 +297,7 @@ TEST_CASE("a pack is an ordinary safetensors file", "[repository]") {
   auto repo = open_repo(tmp.repo());
   ChunkStore store;
   ModelManifest p = make_model("parent", "", {u8_tensor(store, "shared", 1000, 1)});
-  REQUIRE(repo->commit(p, store.source()).is_ok());
+  REQUIRE(repo->commit(p, store.source()).ok());
   std::string fp16 = make_bytes(2 * 3 * 5000 * 2, 2);
   std::string multi = make_bytes(4 * (3 * 16384 + 5), 3);
   // "mixed" shares its first chunk with "multi", so it is not stored whole: its second chunk goes
@@ -308,12 +308,12 @@ TEST_CASE("a pack is an ordinary safetensors file", "[repository]") {
                                 make_tensor(store, "multi", DType::kI32, {3 * 16384 + 5}, multi),  // 4 chunks
                                 u8_tensor(store, "shared", 1000, 1),  // the parent's: not stored
                                 make_tensor(store, "mixed", DType::kU8, {2 * kChunk}, mixed)});
-  REQUIRE(repo->commit(m, store.source()).is_ok());
+  REQUIRE(repo->commit(m, store.source()).ok());
 
   std::string path = tmp.repo() + "/packs/" + m.pack;
   auto h = safetensors::read_header(path);
   INFO(h.status().to_string());
-  REQUIRE(h.is_ok());
+  REQUIRE(h.ok());
   CHECK(h->metadata.at("cairn.format") == "3");
   CHECK(h->metadata.at("cairn.model") == "child");
   CHECK(h->metadata.at("cairn.parent") == "parent");
@@ -360,13 +360,13 @@ TEST_CASE("chunks at any offset read back exactly with direct I/O, a pack's last
   segments.own_pack_bytes = 64ull << 20;
   {
     auto repo = open_repo(tmp.repo());
-    REQUIRE(repo->commit(models[0], store.source()).is_ok());
+    REQUIRE(repo->commit(models[0], store.source()).ok());
   }
   auto writer = open_repo(tmp.repo(), kChunk, segments);
   for (int i = 0; i < 3; ++i) {
     models.push_back(make_model("seg" + std::to_string(i), "",
                                 {u8_tensor(store, "s" + std::to_string(i), 1000 + 3001 * i, 10 + i)}));
-    REQUIRE(writer->commit(models.back(), store.source()).is_ok());
+    REQUIRE(writer->commit(models.back(), store.source()).ok());
   }
   // Another handle reads while the writer's segment is still open for appending.
   auto reader = open_repo(tmp.repo());
@@ -389,7 +389,7 @@ TEST_CASE("a corrupt chunk is reported, never returned", "[repository]") {
   ModelManifest m = make_model("m", "", {u8_tensor(store, "w", 2 * kChunk, 1)});
   {
     auto repo = open_repo(tmp.repo());
-    REQUIRE(repo->commit(m, store.source()).is_ok());
+    REQUIRE(repo->commit(m, store.source()).ok());
   }
   const ChunkRef& c = m.tensors[0].chunks[1];
   std::string path = tmp.repo() + "/packs/" + m.pack;
@@ -407,7 +407,7 @@ TEST_CASE("a corrupt chunk is reported, never returned", "[repository]") {
     // The other chunk is fine.
     const ChunkRef& c0 = m.tensors[0].chunks[0];
     std::string buf0(c0.length, '\0');
-    CHECK(repo->read_chunk(c0, buf0.data()).is_ok());
+    CHECK(repo->read_chunk(c0, buf0.data()).ok());
   }
   SECTION("a truncated pack: open works, the chunk read and fsck report it") {
     fs::resize_file(path, c.offset + 10);
@@ -417,13 +417,13 @@ TEST_CASE("a corrupt chunk is reported, never returned", "[repository]") {
     CHECK(s.code() == StatusCode::kCorruption);
     CHECK_THAT(s.message(), Catch::Contains(m.pack));
     auto f = repo->fsck(false);
-    REQUIRE(f.is_ok());
+    REQUIRE(f.ok());
     CHECK(f->dangling.size() == 1);
   }
   SECTION("a missing pack fails open, naming model and pack") {
     fs::remove(path);
     auto r = Repository::open(tmp.repo(), kChunk);
-    REQUIRE_FALSE(r.is_ok());
+    REQUIRE_FALSE(r.ok());
     CHECK(r.status().code() == StatusCode::kCorruption);
     CHECK_THAT(r.status().message(), Catch::Contains(m.pack));
     CHECK_THAT(r.status().message(), Catch::Contains("'m'"));
@@ -438,7 +438,7 @@ TEST_CASE("a corrupt chunk is reported, never returned", "[repository]") {
     text[pr.records[0].offset + pfs::kRecordHeaderBytes + 3] ^= 0x01;
     spit(log, text);
     auto r = Repository::open(tmp.repo(), kChunk);
-    REQUIRE_FALSE(r.is_ok());
+    REQUIRE_FALSE(r.ok());
     CHECK(r.status().code() == StatusCode::kCorruption);
     CHECK_THAT(r.status().message(), Catch::Contains(log));
     CHECK_THAT(r.status().message(), Catch::Contains("checksum"));
@@ -464,7 +464,7 @@ TEST_CASE("a corrupt chunk is reported, never returned", "[repository]") {
     std::string rest = text.substr(pr.records[0].offset + pfs::kRecordHeaderBytes + pr.records[0].payload.size());
     spit(log, pfs::encode_record(pfs::RecordType::kCommit, j.dump()) + rest);
     auto r = Repository::open(tmp.repo(), kChunk);
-    REQUIRE_FALSE(r.is_ok());
+    REQUIRE_FALSE(r.ok());
     CHECK(r.status().code() == StatusCode::kCorruption);
     CHECK_THAT(r.status().message(), Catch::Contains("tensors[0].dtype"));
     CHECK_THAT(r.status().message(), Catch::Contains(log));
@@ -488,7 +488,7 @@ TEST_CASE("what a crash leaves is inert, and gc removes it once its writer is go
   RepositoryStats before;
   {
     auto repo = open_repo(tmp.repo());
-    REQUIRE(repo->commit(m, store.source()).is_ok());
+    REQUIRE(repo->commit(m, store.source()).ok());
     before = repo->stats();
   }
   std::string packs = tmp.repo() + "/packs/";
@@ -508,9 +508,9 @@ TEST_CASE("what a crash leaves is inert, and gc removes it once its writer is go
   // Its claim does not keep the id: a dead writer's claim is broken.
   ChunkStore xs;
   ModelManifest x = make_model("x", "", {u8_tensor(xs, "w", 10, 5)});
-  REQUIRE(repo->commit(x, xs.source()).is_ok());
+  REQUIRE(repo->commit(x, xs.source()).ok());
   auto r = repo->gc();
-  REQUIRE(r.is_ok());
+  REQUIRE(r.ok());
   CHECK(files_in(packs) == std::set<std::string>{m.pack, x.pack});
   CHECK(files_in(tmp.repo() + "/claims") == std::set<std::string>{repo->writer_id() + ".intents"});
 }
@@ -522,7 +522,7 @@ TEST_CASE("remove keeps lineage and packs that are still referenced", "[reposito
   ModelManifest a = make_model("a", "", {u8_tensor(store, "t1", 2 * kChunk, 1), u8_tensor(store, "t2", 3000, 2)});
   ModelManifest b = make_model("b", "a", {a.tensors[0], u8_tensor(store, "t3", 4000, 3)});
   ModelManifest d = make_model("d", "", {u8_tensor(store, "t2", 3000, 2), u8_tensor(store, "t4", 5000, 4)});
-  for (ModelManifest* m : {&a, &b, &d}) REQUIRE(repo->commit(*m, store.source()).is_ok());
+  for (ModelManifest* m : {&a, &b, &d}) REQUIRE(repo->commit(*m, store.source()).ok());
   const std::string packs = tmp.repo() + "/packs/";
   REQUIRE(files_in(packs) == std::set<std::string>{a.pack, b.pack, d.pack});
   const uint64_t all_bytes = 2 * kChunk + 3000 + 4000 + 5000;
@@ -535,7 +535,7 @@ TEST_CASE("remove keeps lineage and packs that are still referenced", "[reposito
   CHECK(repo->remove("nope").code() == StatusCode::kNotFound);
 
   // A leaf: its manifest and its own pack go.
-  REQUIRE(repo->remove("b").is_ok());
+  REQUIRE(repo->remove("b").ok());
   CHECK_FALSE(repo->contains("b"));
   CHECK(repo->children("a").empty());
   CHECK(files_in(packs) == std::set<std::string>{a.pack, d.pack});
@@ -545,7 +545,7 @@ TEST_CASE("remove keeps lineage and packs that are still referenced", "[reposito
 
   // a's pack holds t2, which d still uses: the file stays (cairn gc punches out t1's bytes), and
   // physical bytes count only what a manifest references.
-  REQUIRE(repo->remove("a").is_ok());
+  REQUIRE(repo->remove("a").ok());
   CHECK(files_in(packs) == std::set<std::string>{a.pack, d.pack});
   auto st = repo->stats();
   CHECK(st.models == 1);
@@ -562,7 +562,7 @@ TEST_CASE("remove keeps lineage and packs that are still referenced", "[reposito
   CHECK(same_stats(repo->stats(), st));
   CHECK(files_in(packs) == std::set<std::string>{a.pack, d.pack});
 
-  REQUIRE(repo->remove("d").is_ok());
+  REQUIRE(repo->remove("d").ok());
   CHECK(files_in(packs).empty());
   st = repo->stats();
   CHECK(st.models == 0);
@@ -573,7 +573,7 @@ TEST_CASE("remove keeps lineage and packs that are still referenced", "[reposito
   // An id can be committed again after removal.
   ChunkStore again;
   ModelManifest a2 = make_model("a", "", {u8_tensor(again, "t1", 2 * kChunk, 1)});
-  REQUIRE(repo->commit(a2, again.source()).is_ok());
+  REQUIRE(repo->commit(a2, again.source()).ok());
   require_model_bytes(*repo, "a", again);
 }
 
@@ -582,7 +582,7 @@ TEST_CASE("a failed commit leaves nothing behind", "[repository]") {
   auto repo = open_repo(tmp.repo());
   ChunkStore store;
   ModelManifest base = make_model("base", "", {u8_tensor(store, "w", kChunk + 10, 1)});
-  REQUIRE(repo->commit(base, store.source()).is_ok());
+  REQUIRE(repo->commit(base, store.source()).ok());
   const auto packs_before = files_in(tmp.repo() + "/packs");
   const auto logs_before = slurp(only_file(tmp.repo() + "/logs"));
   const auto stats_before = repo->stats();
@@ -678,7 +678,7 @@ TEST_CASE("a failed commit leaves nothing behind", "[repository]") {
   CHECK(repo->list() == std::vector<std::string>{"base"});
   // And a good commit still works afterwards.
   ModelManifest ok = make_model("ok", "base", {u8_tensor(store, "z", 1000, 9)});
-  REQUIRE(repo->commit(ok, store.source()).is_ok());
+  REQUIRE(repo->commit(ok, store.source()).ok());
 }
 
 TEST_CASE("readers run while commits land", "[repository]") {
@@ -693,7 +693,7 @@ TEST_CASE("readers run while commits land", "[repository]") {
     if (i > 0) ts.push_back(models[0].tensors[0]);  // filled after model 0 commits
     models[i] = make_model("m" + std::to_string(i), i > 0 ? "m" + std::to_string(i - 1) : "", ts);
   }
-  REQUIRE(repo->commit(models[0], store.source()).is_ok());
+  REQUIRE(repo->commit(models[0], store.source()).ok());
 
   std::atomic<int> committed{1};
   std::atomic<bool> done{false};
@@ -708,7 +708,7 @@ TEST_CASE("readers run while commits land", "[repository]") {
         const std::string id = "m" + std::to_string(k % static_cast<unsigned>(n));
         ++k;
         auto m = repo->get(id);
-        if (!m.is_ok()) {
+        if (!m.ok()) {
           ++failures;
           continue;
         }
@@ -716,7 +716,7 @@ TEST_CASE("readers run while commits land", "[repository]") {
           std::string bytes;
           for (const ChunkRef& c : t.chunks) {
             std::string buf(c.length, '\0');
-            if (!repo->read_chunk(c, buf.data()).is_ok()) ++failures;
+            if (!repo->read_chunk(c, buf.data()).ok()) ++failures;
             bytes += buf;
           }
           if (bytes != store.tensors.at(t.name)) ++failures;
@@ -730,7 +730,7 @@ TEST_CASE("readers run while commits land", "[repository]") {
   for (int i = 1; i < kModels; ++i) {
     models[i].tensors.mut()[1] = models[0].tensors[0];
     Status s = repo->commit(models[i], store.source());
-    REQUIRE(s.is_ok());
+    REQUIRE(s.ok());
     committed.store(i + 1);
   }
   while (reads.load() < 200) std::this_thread::yield();
@@ -749,17 +749,17 @@ TEST_CASE("two handles on one repository both write, see each other and keep ids
   CHECK(one->writer_id() != two->writer_id());
   ChunkStore store;
   ModelManifest a = make_model("a", "", {u8_tensor(store, "w", kChunk + 5, 1)});
-  REQUIRE(one->commit(a, store.source()).is_ok());
+  REQUIRE(one->commit(a, store.source()).ok());
   // An unknown id is looked up on the spot.
   REQUIRE(two->contains("a"));
   require_model_bytes(*two, "a", store);
   // A child through the other handle, deduplicating against the first one's chunks.
   ModelManifest b = make_model("b", "a", {a.tensors[0], u8_tensor(store, "x", 100, 2)});
   store.bytes_asked = 0;
-  REQUIRE(two->commit(b, store.source()).is_ok());
+  REQUIRE(two->commit(b, store.source()).ok());
   CHECK(store.bytes_asked == 100);
   auto rr = one->refresh();
-  REQUIRE(rr.is_ok());
+  REQUIRE(rr.ok());
   REQUIRE(rr->added.size() == 1);
   CHECK(rr->added[0]->id == "b");
   CHECK(one->children("a") == std::vector<std::string>{"b"});
@@ -767,16 +767,16 @@ TEST_CASE("two handles on one repository both write, see each other and keep ids
   ModelManifest again = make_model("a", "", {u8_tensor(store, "y", 10, 3)});
   CHECK(two->commit(again, store.source()).code() == StatusCode::kExists);
   // A claim held by a live writer: kExists naming it; released, the id is free.
-  REQUIRE(one->claim("c").is_ok());
+  REQUIRE(one->claim("c").ok());
   Status s = two->claim("c");
   CHECK(s.code() == StatusCode::kExists);
   CHECK_THAT(s.message(), Catch::Contains(one->writer_id()));
   one->release_claim("c");
-  CHECK(two->claim("c").is_ok());
+  CHECK(two->claim("c").ok());
   two->release_claim("c");
   // Retire through one, seen by the other.
-  REQUIRE(one->retire("b").is_ok());
-  REQUIRE(two->refresh().is_ok());
+  REQUIRE(one->retire("b").ok());
+  REQUIRE(two->refresh().ok());
   CHECK(two->get("b")->retired_ns != 0);
   CHECK(two->stats().writers_alive == 2);
   // Both close; a reopen sees everything.
@@ -786,7 +786,7 @@ TEST_CASE("two handles on one repository both write, see each other and keep ids
   CHECK(three->list().size() == 2);
   require_model_bytes(*three, "b", store);
   auto f = three->fsck(true);
-  REQUIRE(f.is_ok());
+  REQUIRE(f.ok());
   CHECK(f->ok());
 }
 
@@ -817,12 +817,12 @@ TEST_CASE("manifest JSON is strict and round-trips", "[repository]") {
   CHECK(j["tensors"][0]["dtype"] == "BF16");
   CHECK(j["source_header"] == "AgAAAAAAAAB7fQ==");
   auto back = manifest_from_json(nlohmann::json::parse(j.dump()));
-  REQUIRE(back.is_ok());
+  REQUIRE(back.ok());
   CHECK(*back == m);
 
   auto expect_error = [](const nlohmann::json& bad, const std::string& field) {
     auto r = manifest_from_json(bad);
-    REQUIRE_FALSE(r.is_ok());
+    REQUIRE_FALSE(r.ok());
     CHECK(r.status().code() == StatusCode::kInvalidArgument);
     CHECK_THAT(r.status().message(), Catch::Contains(field));
   };
@@ -894,24 +894,24 @@ TEST_CASE("retire and gc: collected lineage, exact reclaim, holes punched, state
   ModelManifest a = make_model("a", "", {u8_tensor(store, "t1", 2 * kChunk, 1), u8_tensor(store, "t2", kChunk, 2)});
   ModelManifest b = make_model("b", "a", {a.tensors[0], u8_tensor(store, "t3", kChunk, 3)});
   ModelManifest c = make_model("c", "b", {b.tensors[1], u8_tensor(store, "t4", kChunk, 4)});
-  for (ModelManifest* m : {&a, &b, &c}) REQUIRE(repo->commit(*m, store.source()).is_ok());
+  for (ModelManifest* m : {&a, &b, &c}) REQUIRE(repo->commit(*m, store.source()).ok());
   CHECK(repo->stats().physical_bytes == 5 * kChunk);
   CHECK(repo->retire("nope").code() == StatusCode::kNotFound);
 
   // Retiring changes no data; gc with nothing retired does nothing.
   auto r = repo->gc();
-  REQUIRE(r.is_ok());
+  REQUIRE(r.ok());
   CHECK(r->removed.empty());
   CHECK(r->bytes_released == 0);
-  REQUIRE(repo->retire("a").is_ok());
-  REQUIRE(repo->retire("a").is_ok());
+  REQUIRE(repo->retire("a").ok());
+  REQUIRE(repo->retire("a").ok());
   CHECK(repo->stats().retired == 1);
   CHECK(repo->stats().physical_bytes == 5 * kChunk);
   require_model_bytes(*repo, "a", store);
 
   // a has live descendants: collected. Only t2 was a's alone.
   r = repo->gc();
-  REQUIRE(r.is_ok());
+  REQUIRE(r.ok());
   CHECK(r->removed.empty());
   CHECK(r->collected == std::vector<std::string>{"a"});
   CHECK(r->bytes_released == kChunk);
@@ -919,13 +919,13 @@ TEST_CASE("retire and gc: collected lineage, exact reclaim, holes punched, state
   CHECK(r->bytes_punched >= kChunk - 8192);
   CHECK(repo->stats().physical_bytes == 4 * kChunk);
   auto ga = repo->get("a");
-  REQUIRE(ga.is_ok());
+  REQUIRE(ga.ok());
   CHECK(ga->collected);
   CHECK(ga->tensors.empty());
   require_model_bytes(*repo, "b", store);
   require_model_bytes(*repo, "c", store);
   auto f = repo->fsck(true);
-  REQUIRE(f.is_ok());
+  REQUIRE(f.ok());
   CHECK(f->ok());
   CHECK(f->orphaned.empty());
   CHECK(f->bytes_verified == 5 * kChunk);  // b: t1 (2 chunks) + t3; c: t3 + t4
@@ -938,10 +938,10 @@ TEST_CASE("retire and gc: collected lineage, exact reclaim, holes punched, state
   CHECK(repo->get("a")->collected);
 
   // Retire the rest: c goes first (a leaf), then b and a, whose last child went.
-  REQUIRE(repo->retire("b").is_ok());
-  REQUIRE(repo->retire("c").is_ok());
+  REQUIRE(repo->retire("b").ok());
+  REQUIRE(repo->retire("c").ok());
   r = repo->gc();
-  REQUIRE(r.is_ok());
+  REQUIRE(r.ok());
   CHECK(r->removed == std::vector<std::string>{"c", "b", "a"});
   CHECK(r->bytes_released == 4 * kChunk);
   CHECK(repo->stats().models == 0);
@@ -967,12 +967,12 @@ TEST_CASE("gc killed with SIGKILL at random moments never loses a live model", "
           if (ts.size() < 4) ts.push_back(t);
       }
       ModelManifest m = make_model("n" + std::to_string(i), parent, ts);
-      REQUIRE(repo->commit(m, store.source()).is_ok());
+      REQUIRE(repo->commit(m, store.source()).ok());
       models.push_back(m);
     }
     for (const auto& m : models)
       if (rng() % 2 == 0) {
-        REQUIRE(repo->retire(m.id).is_ok());
+        REQUIRE(repo->retire(m.id).ok());
         retired.insert(m.id);
       }
   }
@@ -985,7 +985,7 @@ TEST_CASE("gc killed with SIGKILL at random moments never loses a live model", "
         REQUIRE(read_tensor(repo, *repo.get(m.id)->find(t.name)) == store.tensors.at(t.name));
     }
     auto f = repo.fsck(true);
-    REQUIRE(f.is_ok());
+    REQUIRE(f.ok());
     REQUIRE(f->dangling.empty());
   };
   size_t interrupted_midway = 0;
@@ -996,8 +996,8 @@ TEST_CASE("gc killed with SIGKILL at random moments never loses a live model", "
     completed = fork_and_kill(
         [&] {
           auto repo = Repository::open(tmp.repo(), kChunk);
-          if (!repo.is_ok() || !(*repo)->writable()) return 3;
-          return (*repo)->gc().is_ok() ? 0 : 4;
+          if (!repo.ok() || !(*repo)->writable()) return 3;
+          return (*repo)->gc().ok() ? 0 : 4;
         },
         rng, 60000, trial >= 11);
     size_t now = model_count();
@@ -1009,10 +1009,10 @@ TEST_CASE("gc killed with SIGKILL at random moments never loses a live model", "
   // Finish (or repeat) the collection; everything dead is gone and nothing live is.
   auto repo = open_repo(tmp.repo());
   auto r = repo->gc();
-  REQUIRE(r.is_ok());
+  REQUIRE(r.ok());
   check_live(*repo);
   auto f = repo->fsck(false);
-  REQUIRE(f.is_ok());
+  REQUIRE(f.ok());
   CHECK(f->orphaned.empty());
   uint64_t live_bytes = 0;
   std::set<ChunkHash> seen;
@@ -1044,10 +1044,10 @@ struct FaultyRepo {
   FaultyRepo() {
     auto r = Repository::open(tmp.repo(), kChunk, &faulty);
     INFO(r.status().to_string());
-    REQUIRE(r.is_ok());
+    REQUIRE(r.ok());
     repo = std::move(r).value();
     ModelManifest base = make_model("base", "", {u8_tensor(store, "w", kChunk + 10, 1)});
-    REQUIRE(repo->commit(base, store.source()).is_ok());
+    REQUIRE(repo->commit(base, store.source()).ok());
     packs_before = files_in(tmp.repo() + "/packs");
     log_before = slurp(only_file(tmp.repo() + "/logs"));
     stats_before = repo->stats();
@@ -1085,7 +1085,7 @@ TEST_CASE("ENOSPC writing a pack: kNoSpace, nothing visible, and a later commit 
 
   t.faulty.clear();
   copy = m;
-  REQUIRE(t.repo->commit(copy, t.store.source()).is_ok());
+  REQUIRE(t.repo->commit(copy, t.store.source()).ok());
   require_model_bytes(*t.repo, "new", t.store);
   t.repo.reset();
   auto reopened = open_repo(t.tmp.repo());
@@ -1112,7 +1112,7 @@ TEST_CASE("a torn log write: the commit fails and nothing is visible", "[reposit
 TEST_CASE("a bit flipped while reading a chunk is kCorruption, never the bytes", "[repository][faults]") {
   FaultyRepo t;
   ModelManifest m = t.new_model("m");
-  REQUIRE(t.repo->commit(m, t.store.source()).is_ok());
+  REQUIRE(t.repo->commit(m, t.store.source()).ok());
   const ChunkRef& c = m.tensors[0].chunks[1];
   t.faulty.add(
       {.op = FaultyFileSystem::Op::kRead, .path_contains = "/packs/", .effect = FaultyFileSystem::Effect::kFlipBit});
@@ -1123,7 +1123,7 @@ TEST_CASE("a bit flipped while reading a chunk is kCorruption, never the bytes",
   CHECK_THAT(s.message(), Catch::Contains(c.hash.hex()));
   CHECK(t.faulty.injected() == 1);
   // The stored bytes are intact: the next read (the rule is spent) returns them.
-  REQUIRE(t.repo->read_chunk(c, buf.data()).is_ok());
+  REQUIRE(t.repo->read_chunk(c, buf.data()).ok());
   CHECK(hash_bytes(buf.data(), buf.size()) == c.hash);
 }
 

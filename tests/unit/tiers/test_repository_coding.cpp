@@ -55,7 +55,7 @@ void require_exact(const Repository& repo, const Expected& e) {
   for (const auto& [id, tensors] : e) {
     INFO("model " << id);
     Result<ModelManifest> m = repo.get(id);
-    REQUIRE(m.is_ok());
+    REQUIRE(m.ok());
     for (const TensorManifest& t : m->tensors) {
       INFO("tensor " << t.name);
       REQUIRE(read_tensor(repo, t) == tensors.at(t.name));
@@ -72,10 +72,10 @@ BaseAndTune commit_base_and_tune(Repository& repo, ChunkStore& store) {
   BaseAndTune b;
   b.w0 = make_weights(1);
   b.m0 = weights_model(store, "base", "", b.w0);
-  REQUIRE(repo.commit(b.m0, store.source()).is_ok());
+  REQUIRE(repo.commit(b.m0, store.source()).ok());
   b.w1 = make_weights(2, &b.w0);
   b.m1 = weights_model(store, "tune", "base", b.w1);
-  REQUIRE(repo.commit(b.m1, store.source()).is_ok());
+  REQUIRE(repo.commit(b.m1, store.source()).ok());
   return b;
 }
 
@@ -97,7 +97,7 @@ TEST_CASE("weights are stored coded and read back exact, also after reopening", 
   ModelManifest m = weights_model(store, "root", "", w);
   {
     auto repo = open_repo(tmp.repo());
-    REQUIRE(repo->commit(m, store.source()).is_ok());
+    REQUIRE(repo->commit(m, store.source()).ok());
     // The float chunks are coded in planes; the random bytes stay raw.
     CHECK(count_coding(m, ChunkCoding::kPlanes) == 4);
     CHECK(count_coding(m, ChunkCoding::kRaw) == 1);
@@ -120,11 +120,11 @@ TEST_CASE("weights are stored coded and read back exact, also after reopening", 
   }
   auto repo = open_repo(tmp.repo());
   Result<ModelManifest> got = repo->get("root");
-  REQUIRE(got.is_ok());
+  REQUIRE(got.ok());
   CHECK(*got == m);
   require_exact(*repo, want);
   auto f = repo->fsck(true);
-  REQUIRE(f.is_ok());
+  REQUIRE(f.ok());
   CHECK(f->dangling.empty());
   CHECK(f->orphaned.empty());
   CHECK(f->bytes_verified == m.logical_bytes());
@@ -139,15 +139,15 @@ TEST_CASE("a fine-tune is stored as deltas against the parent's chunks, never a 
   auto repo = open_repo(tmp.repo(), kChunk, RepositoryOptions{});  // the shared segment, as the daemon writes
   Weights w0 = make_weights(1);
   ModelManifest m0 = weights_model(store, "base", "", w0);
-  REQUIRE(repo->commit(m0, store.source()).is_ok());
+  REQUIRE(repo->commit(m0, store.source()).ok());
   expect(&want, "base", w0);
   Weights w1 = make_weights(2, &w0);
   ModelManifest m1 = weights_model(store, "tune-1", "base", w1);
-  REQUIRE(repo->commit(m1, store.source()).is_ok());
+  REQUIRE(repo->commit(m1, store.source()).ok());
   expect(&want, "tune-1", w1);
   Weights w2 = make_weights(3, &w1);
   ModelManifest m2 = weights_model(store, "tune-2", "tune-1", w2);
-  REQUIRE(repo->commit(m2, store.source()).is_ok());
+  REQUIRE(repo->commit(m2, store.source()).ok());
   expect(&want, "tune-2", w2);
 
   // tune-1's float chunks are deltas against base's chunk at the same place; the U8 tensor is
@@ -168,23 +168,23 @@ TEST_CASE("a fine-tune is stored as deltas against the parent's chunks, never a 
   require_exact(*repo, want);
 
   Result<ModelUsage> u = repo->usage("tune-2");
-  REQUIRE(u.is_ok());
+  REQUIRE(u.ok());
   CHECK(u->ancestors == 2);
   CHECK(u->logical_bytes == m2.logical_bytes());
   CHECK(u->own_stored_bytes < u->stored_bytes);  // its bases and the U8 chunk are base's
   CHECK(u->lineage_stored_bytes == repo->stats().stored_bytes);
   Result<ModelUsage> u0 = repo->usage("base");
-  REQUIRE(u0.is_ok());
+  REQUIRE(u0.ok());
   CHECK(u0->own_stored_bytes == u0->stored_bytes);
   CHECK(u0->ancestors == 0);
 
   // Deltas survive a checkpoint and a rebuild from it.
-  REQUIRE(repo->compact().is_ok());
+  REQUIRE(repo->compact().ok());
   repo.reset();
   repo = open_repo(tmp.repo(), kChunk, RepositoryOptions{});
   require_exact(*repo, want);
   auto got = repo->get("tune-2");
-  REQUIRE(got.is_ok());
+  REQUIRE(got.ok());
   CHECK(*got == m2);
 }
 
@@ -200,30 +200,30 @@ TEST_CASE("a delta's base stays while the delta needs it: retire, collect, remov
 
   // base retired and collected: its tensors are gone, its chunks are the bases of tune's deltas
   // and stay, whole.
-  REQUIRE(repo->retire("base").is_ok());
+  REQUIRE(repo->retire("base").ok());
   auto gc = repo->gc();
-  REQUIRE(gc.is_ok());
+  REQUIRE(gc.ok());
   CHECK(gc->collected == std::vector<std::string>{"base"});
   CHECK(repo->stats().stored_bytes == stored_both);
   require_exact(*repo, want);
   auto f = repo->fsck(true);
-  REQUIRE(f.is_ok());
+  REQUIRE(f.ok());
   CHECK(f->dangling.empty());
   CHECK(f->orphaned.empty());
   // Also from a checkpoint: the collected model has no tensors left to name the bases.
-  REQUIRE(repo->compact().is_ok());
+  REQUIRE(repo->compact().ok());
   repo.reset();
   repo = open_repo(tmp.repo());
   require_exact(*repo, want);
   CHECK(repo->stats().stored_bytes == stored_both);
   auto f2 = repo->fsck(true);
-  REQUIRE(f2.is_ok());
+  REQUIRE(f2.ok());
   CHECK(f2->dangling.empty());
 
   // tune retired too: both go, and with them every byte.
-  REQUIRE(repo->retire("tune").is_ok());
+  REQUIRE(repo->retire("tune").ok());
   auto gc2 = repo->gc();
-  REQUIRE(gc2.is_ok());
+  REQUIRE(gc2.ok());
   RepositoryStats st = repo->stats();
   CHECK(st.models == 0);
   CHECK(st.physical_bytes == 0);
@@ -266,11 +266,11 @@ TEST_CASE("a damaged coded chunk is detected, never served", "[repository][codin
   CHECK(s.code() == StatusCode::kCorruption);
   CHECK_THAT(s.message(), Catch::Contains(c.hash.hex()));
   auto f = repo->fsck(true);
-  REQUIRE(f.is_ok());
+  REQUIRE(f.ok());
   CHECK_FALSE(f->dangling.empty());
   // The other chunks are intact and read.
   std::string ok(m1.tensors[0].chunks[0].length, '\0');
-  CHECK(repo->read_chunk(m1.tensors[0].chunks[0], ok.data()).is_ok());
+  CHECK(repo->read_chunk(m1.tensors[0].chunks[0], ok.data()).ok());
 }
 
 TEST_CASE("repository options: compression off, planes without deltas", "[repository][coding]") {
@@ -283,9 +283,9 @@ TEST_CASE("repository options: compression off, planes without deltas", "[reposi
     o.compress = false;
     auto repo = open_repo(tmp.repo(), kChunk, o);
     ModelManifest m0 = weights_model(store, "base", "", w0);
-    REQUIRE(repo->commit(m0, store.source()).is_ok());
+    REQUIRE(repo->commit(m0, store.source()).ok());
     ModelManifest m1 = weights_model(store, "tune", "base", w1);
-    REQUIRE(repo->commit(m1, store.source()).is_ok());
+    REQUIRE(repo->commit(m1, store.source()).ok());
     CHECK(count_coding(m1, ChunkCoding::kRaw) == 5);
     CHECK(repo->stats().stored_bytes == repo->stats().physical_bytes);
     // A raw pack is what it was: whole tensors under their names.
@@ -295,9 +295,9 @@ TEST_CASE("repository options: compression off, planes without deltas", "[reposi
     o.deltas = false;
     auto repo = open_repo(tmp.repo(), kChunk, o);
     ModelManifest m0 = weights_model(store, "base", "", w0);
-    REQUIRE(repo->commit(m0, store.source()).is_ok());
+    REQUIRE(repo->commit(m0, store.source()).ok());
     ModelManifest m1 = weights_model(store, "tune", "base", w1);
-    REQUIRE(repo->commit(m1, store.source()).is_ok());
+    REQUIRE(repo->commit(m1, store.source()).ok());
     CHECK(count_coding(m1, ChunkCoding::kDelta) == 0);
     CHECK(count_coding(m1, ChunkCoding::kPlanes) == 4);
   }
@@ -310,17 +310,17 @@ TEST_CASE("no delta against a tensor of another shape or dtype", "[repository][c
   std::string w = f32_weights(20000, 1);
   std::string tuned = f32_weights(20000, 2, &w);
   ModelManifest m0 = make_model("base", "", {make_tensor(store, "w", DType::kF32, {100, 200}, w)});
-  REQUIRE(repo->commit(m0, store.source()).is_ok());
+  REQUIRE(repo->commit(m0, store.source()).ok());
   ModelManifest m1 = make_model("reshaped", "base", {make_tensor(store, "w", DType::kF32, {200, 100}, tuned)});
-  REQUIRE(repo->commit(m1, store.source()).is_ok());
+  REQUIRE(repo->commit(m1, store.source()).ok());
   CHECK(count_coding(m1, ChunkCoding::kDelta) == 0);
   ModelManifest m2 = make_model("same", "base", {make_tensor(store, "w", DType::kF32, {100, 200}, tuned)});
   // The same bytes as reshaped's: deduplicated against its chunks, whatever their coding.
-  REQUIRE(repo->commit(m2, store.source()).is_ok());
+  REQUIRE(repo->commit(m2, store.source()).ok());
   CHECK(m2.tensors[0].chunks == m1.tensors[0].chunks);
   std::string u = f32_weights(20000, 3, &w);
   ModelManifest m3 = make_model("renamed", "base", {make_tensor(store, "v", DType::kF32, {100, 200}, u)});
-  REQUIRE(repo->commit(m3, store.source()).is_ok());
+  REQUIRE(repo->commit(m3, store.source()).ok());
   CHECK(count_coding(m3, ChunkCoding::kDelta) == 0);
   CHECK(read_tensor(*repo, m3.tensors[0]) == u);
 }
@@ -341,7 +341,7 @@ TEST_CASE("chunks that split elements (a chunk size that is not a multiple of th
   ModelManifest m = make_model("f64", "",
                                {make_tensor(store, "w", DType::kF64, {5000}, w, chunk),
                                 make_tensor(store, "h", DType::kBF16, {7}, w.substr(0, 14), chunk)});
-  REQUIRE(repo->commit(m, store.source()).is_ok());
+  REQUIRE(repo->commit(m, store.source()).ok());
   CHECK(count_coding(m, ChunkCoding::kPlanes) > 0);
   CHECK(read_tensor(*repo, m.tensors[0]) == w);
   CHECK(read_tensor(*repo, m.tensors[1]) == w.substr(0, 14));
@@ -359,9 +359,9 @@ TEST_CASE("a version-2 repository is migrated to version 3 and reads back exact"
     o.compress = false;
     auto repo = open_repo(tmp.repo(), kChunk, o);
     ModelManifest m0 = weights_model(store, "base", "", w0);
-    REQUIRE(repo->commit(m0, store.source()).is_ok());
+    REQUIRE(repo->commit(m0, store.source()).ok());
     ModelManifest m1 = weights_model(store, "tune", "base", w1);
-    REQUIRE(repo->commit(m1, store.source()).is_ok());
+    REQUIRE(repo->commit(m1, store.source()).ok());
   }
   expect(&want, "base", w0);
   expect(&want, "tune", w1);
@@ -372,18 +372,18 @@ TEST_CASE("a version-2 repository is migrated to version 3 and reads back exact"
   // New models of the migrated repository are coded, against raw parents too.
   Weights w2 = make_weights(3, &w1);
   ModelManifest m2 = weights_model(store, "tune-2", "tune", w2);
-  REQUIRE(repo->commit(m2, store.source()).is_ok());
+  REQUIRE(repo->commit(m2, store.source()).ok());
   CHECK(count_coding(m2, ChunkCoding::kDelta) == 4);
   expect(&want, "tune-2", w2);
   require_exact(*repo, want);
   auto f = repo->fsck(true);
-  REQUIRE(f.is_ok());
+  REQUIRE(f.ok());
   CHECK(f->dangling.empty());
   // A newer format is refused, naming the versions.
   repo.reset();
   spit(tmp.repo() + "/FORMAT", "cairn-repository 4\nchunk_size 65536\n");
   auto r = Repository::open(tmp.repo(), kChunk);
-  REQUIRE_FALSE(r.is_ok());
+  REQUIRE_FALSE(r.ok());
   CHECK_THAT(r.status().message(), Catch::Contains("version 4"));
 }
 
@@ -414,14 +414,14 @@ TEST_CASE("kill -9 while coded chunks are written: every acknowledged model read
     if (pid == 0) {
       ::close(fds[0]);
       auto repo = Repository::open(tmp.repo(), kChunk);
-      if (!repo.is_ok()) ::_exit(3);
+      if (!repo.ok()) ::_exit(3);
       for (size_t i = next; i < planned.size(); i += 2) {
         std::vector<ModelManifest> batch{planned[i]};
         if (i + 1 < planned.size()) batch.push_back(planned[i + 1]);
         std::vector<Status> results;
         (void)(*repo)->commit_batch(batch, store.source(), &results);
         for (size_t k = 0; k < batch.size(); ++k)
-          if (results[k].is_ok()) {
+          if (results[k].ok()) {
             std::string line = batch[k].id + "\n";
             if (::write(fds[1], line.data(), line.size()) < 0) ::_exit(4);
           }
@@ -443,7 +443,7 @@ TEST_CASE("kill -9 while coded chunks are written: every acknowledged model read
     for (const std::string& id : acked) sure[id] = want.at(id);
     require_exact(*repo, sure);
     auto f = repo->fsck(true);
-    REQUIRE(f.is_ok());
+    REQUIRE(f.ok());
     REQUIRE(f->dangling.empty());
     // The next trial goes on after the last model that made it.
     while (next < planned.size() && repo->contains(planned[next].id)) ++next;
@@ -475,7 +475,7 @@ TEST_CASE("manifest JSON: coded chunks round-trip, inconsistent coding fields ar
   nlohmann::json j = manifest_to_json(m);
   Result<ModelManifest> back = manifest_from_json(j);
   INFO(back.status().to_string());
-  REQUIRE(back.is_ok());
+  REQUIRE(back.ok());
   CHECK(*back == m);
   CHECK_FALSE(j["tensors"][0]["chunks"][1].contains("coding"));  // raw: no coding fields
   CHECK_FALSE(j["tensors"][0]["chunks"][0]["base"].contains("length"));
@@ -484,7 +484,7 @@ TEST_CASE("manifest JSON: coded chunks round-trip, inconsistent coding fields ar
     nlohmann::json bad = j;
     change(bad["tensors"][0]["chunks"][0]);
     Result<ModelManifest> r = manifest_from_json(bad);
-    REQUIRE_FALSE(r.is_ok());
+    REQUIRE_FALSE(r.ok());
     CHECK(r.status().code() == StatusCode::kInvalidArgument);
     CHECK_THAT(r.status().message(), Catch::Contains("tensors[0].chunks[0]"));
     CHECK_THAT(r.status().message(), Catch::Contains(says));
@@ -525,7 +525,7 @@ TEST_CASE("a delta read takes its base from the caller's memory when it is there
       CHECK(n == c.length);
       return static_cast<const void*>(base.data());
     };
-    REQUIRE(repo->read_chunk(c, out.data(), resident).is_ok());
+    REQUIRE(repo->read_chunk(c, out.data(), resident).ok());
     CHECK(asked == 1);
     CHECK(out == want);
   }
@@ -536,7 +536,7 @@ TEST_CASE("a delta read takes its base from the caller's memory when it is there
       ++asked;
       return static_cast<const void*>(wrong.data());
     };
-    REQUIRE(repo->read_chunk(c, out.data(), resident).is_ok());
+    REQUIRE(repo->read_chunk(c, out.data(), resident).ok());
     CHECK(asked == 1);
     CHECK(out == want);
   }
@@ -545,7 +545,7 @@ TEST_CASE("a delta read takes its base from the caller's memory when it is there
       ++asked;
       return not_found("no");
     };
-    REQUIRE(repo->read_chunk(c, out.data(), resident).is_ok());
+    REQUIRE(repo->read_chunk(c, out.data(), resident).ok());
     CHECK(out == want);
   }
 }

@@ -95,12 +95,12 @@ TEST_CASE("small models share one pack segment and one log: few files", "[reposi
     for (int i = 0; i < 300; ++i) {
       const ModelManifest* parent = i ? &models[static_cast<size_t>(i / 2)] : nullptr;
       ModelManifest m = small_model(store, "m" + std::to_string(i), parent ? parent->id : "", parent, 1000 + i);
-      REQUIRE(repo->commit(m, store.source()).is_ok());
+      REQUIRE(repo->commit(m, store.source()).ok());
       models.push_back(m);
     }
     // A metadata-only child: its record says "tensors": "parent".
     ModelManifest meta = make_model("meta", "m299", models.back().tensors.vec());
-    REQUIRE(repo->commit(meta, store.source()).is_ok());
+    REQUIRE(repo->commit(meta, store.source()).ok());
     models.push_back(meta);
     CHECK(repo->stats().models == 301);
   }
@@ -118,12 +118,12 @@ TEST_CASE("small models share one pack segment and one log: few files", "[reposi
   CHECK(repo->stats().models == 301);
   for (const auto& m : models) {
     auto got = repo->get(m.id);
-    REQUIRE(got.is_ok());
+    REQUIRE(got.ok());
     CHECK(got->tensors.size() == m.tensors.size());
     require_model_bytes(*repo, m.id, store);
   }
   auto f = repo->fsck(true);
-  REQUIRE(f.is_ok());
+  REQUIRE(f.ok());
   CHECK(f->ok());
   CHECK(f->orphaned.empty());
 }
@@ -141,17 +141,17 @@ TEST_CASE("compaction: a checkpoint replaces the logs of writers that are gone",
       const ModelManifest* parent = models.empty() ? nullptr : &models[models.size() / 2];
       ModelManifest m = small_model(store, "w" + std::to_string(w) + "-" + std::to_string(i), parent ? parent->id : "",
                                     parent, 10 * w + i);
-      REQUIRE(repo->commit(m, store.source()).is_ok());
+      REQUIRE(repo->commit(m, store.source()).ok());
       models.push_back(m);
     }
-    if (w == 2) REQUIRE(repo->retire(models[3].id).is_ok());
+    if (w == 2) REQUIRE(repo->retire(models[3].id).ok());
   }
   CHECK(files_in(tmp.repo() + "/logs").size() == 5);
   {
     auto compactor = open_repo(tmp.repo(), kChunk, opts);
     auto c = compactor->compact();
     INFO(c.status().to_string());
-    REQUIRE(c.is_ok());
+    REQUIRE(c.ok());
     CHECK(c->models == models.size());
     CHECK(c->logs_deleted == 5);
     CHECK(files_in(tmp.repo() + "/checkpoints").size() == 1);
@@ -159,7 +159,7 @@ TEST_CASE("compaction: a checkpoint replaces the logs of writers that are gone",
   }
   // The watcher had read nothing of the deleted logs: it notices and rebuilds from the checkpoint.
   auto rr = watcher->refresh();
-  REQUIRE(rr.is_ok());
+  REQUIRE(rr.ok());
   CHECK(rr->reloaded);
   CHECK(watcher->stats().models == models.size());
   CHECK(watcher->get(models[3].id)->retired_ns != 0);
@@ -169,8 +169,8 @@ TEST_CASE("compaction: a checkpoint replaces the logs of writers that are gone",
   for (const auto& m : models) require_model_bytes(*repo, m.id, store);
   // And keeps working: commits after it land in a new log, a second compaction folds that in.
   ModelManifest late = small_model(store, "late", models[0].id, &models[0], 999);
-  REQUIRE(repo->commit(late, store.source()).is_ok());
-  REQUIRE(repo->compact().is_ok());
+  REQUIRE(repo->commit(late, store.source()).ok());
+  REQUIRE(repo->compact().ok());
   repo.reset();
   auto again = open_repo(tmp.repo(), kChunk, opts);
   CHECK(again->contains("late"));
@@ -189,7 +189,7 @@ TEST_CASE("a format-1 repository is migrated on open, every model exact", "[repo
     for (auto& [id, want] : expected.items()) {
       INFO("model " << id);
       auto m = repo.get(id);
-      REQUIRE(m.is_ok());
+      REQUIRE(m.ok());
       CHECK(m->parent == want["parent"].get<std::string>());
       CHECK(m->metadata == want["metadata"]);
       CHECK(m->collected == want["collected"].get<bool>());
@@ -213,7 +213,7 @@ TEST_CASE("a format-1 repository is migrated on open, every model exact", "[repo
   auto repo = open_repo(tmp.repo(), kChunk, RepositoryOptions{});
   check(*repo);
   auto f = repo->fsck(true);
-  REQUIRE(f.is_ok());
+  REQUIRE(f.ok());
   CHECK(f->ok());
 }
 
@@ -227,7 +227,7 @@ TEST_CASE("a format-1 repository that cannot be written is refused, naming cairn
     fs::permissions(tmp.repo(), fs::perms::owner_write, fs::perm_options::remove);
     auto r = Repository::open(tmp.repo(), kChunk);
     fs::permissions(tmp.repo(), fs::perms::owner_write, fs::perm_options::add);
-    REQUIRE_FALSE(r.is_ok());
+    REQUIRE_FALSE(r.ok());
     CHECK_THAT(r.status().message(), Catch::Contains("cairn migrate"));
   }
 }
@@ -243,14 +243,14 @@ TEST_CASE("gc beside a live writer waits the grace and loses nothing it commits"
   for (int i = 0; i < 40; ++i) {
     ModelManifest m =
         make_model("r" + std::to_string(i), "", {u8_tensor(store, "t" + std::to_string(i), 2000 + i, 50 + i)});
-    REQUIRE(a->commit(m, store.source()).is_ok());
+    REQUIRE(a->commit(m, store.source()).ok());
     models.push_back(m);
   }
-  for (int i = 0; i < 40; i += 2) REQUIRE(a->retire(models[static_cast<size_t>(i)].id).is_ok());
-  REQUIRE(b->refresh().is_ok());
+  for (int i = 0; i < 40; i += 2) REQUIRE(a->retire(models[static_cast<size_t>(i)].id).ok());
+  REQUIRE(b->refresh().ok());
   // b is a live writer once it has written.
   ModelManifest first = make_model("b-first", "", {u8_tensor(store, "bf", 100, 77)});
-  REQUIRE(b->commit(first, store.source()).is_ok());
+  REQUIRE(b->commit(first, store.source()).ok());
   // b commits models that reuse the retired models' chunks while a collects.
   std::atomic<bool> done{false};
   std::vector<std::string> committed;
@@ -258,7 +258,7 @@ TEST_CASE("gc beside a live writer waits the grace and loses nothing it commits"
     for (int i = 0; i < 40 && !done; i += 2) {
       ModelManifest m = make_model("reuse" + std::to_string(i), "", {models[static_cast<size_t>(i)].tensors[0]});
       m.tensors.mut()[0].name = "t" + std::to_string(i);
-      if (b->commit(m, store.source()).is_ok()) committed.push_back(m.id);
+      if (b->commit(m, store.source()).ok()) committed.push_back(m.id);
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
   });
@@ -267,14 +267,14 @@ TEST_CASE("gc beside a live writer waits the grace and loses nothing it commits"
   auto took = std::chrono::steady_clock::now() - t0;
   done = true;
   writer.join();
-  REQUIRE(r.is_ok());
+  REQUIRE(r.ok());
   CHECK(took >= opts.gc_grace);
   CHECK(r->removed.size() == 20);
-  REQUIRE(a->refresh().is_ok());
+  REQUIRE(a->refresh().ok());
   for (const std::string& id : committed) require_model_bytes(*a, id, store);
   for (int i = 1; i < 40; i += 2) require_model_bytes(*a, models[static_cast<size_t>(i)].id, store);
   auto f = a->fsck(true);
-  REQUIRE(f.is_ok());
+  REQUIRE(f.ok());
   CHECK(f->ok());
 }
 
@@ -296,7 +296,7 @@ TEST_CASE("kill -9 during group commit, beside another writer: every acknowledge
     REQUIRE(pid >= 0);
     if (pid == 0) {
       auto repo = Repository::open(tmp.repo(), kChunk);
-      if (!repo.is_ok()) ::_exit(3);
+      if (!repo.ok()) ::_exit(3);
       // Batches of 8 through commit_batch (group commit), ids this trial owns.
       for (int i = trial; i < 400; i += 6 * 8) {
         std::vector<ModelManifest> batch;
@@ -304,7 +304,7 @@ TEST_CASE("kill -9 during group commit, beside another writer: every acknowledge
         std::vector<Status> results;
         (void)(*repo)->commit_batch(batch, store.source(), &results);
         for (size_t k = 0; k < batch.size(); ++k)
-          if (results[k].is_ok()) pipe.send(batch[k].id);
+          if (results[k].ok()) pipe.send(batch[k].id);
       }
       ::_exit(0);
     }
@@ -312,7 +312,7 @@ TEST_CASE("kill -9 during group commit, beside another writer: every acknowledge
     for (int k = 0; k < 5; ++k) {
       ModelManifest m = small_model(store, "o" + std::to_string(other_n), "", nullptr, 90000 + other_n);
       ++other_n;
-      REQUIRE(other->commit(m, store.source()).is_ok());
+      REQUIRE(other->commit(m, store.source()).ok());
     }
     ::usleep(static_cast<useconds_t>(rng() % 30000));
     ::kill(pid, SIGKILL);
@@ -327,7 +327,7 @@ TEST_CASE("kill -9 during group commit, beside another writer: every acknowledge
     }
     for (int k = 0; k < other_n; ++k) REQUIRE(repo->contains("o" + std::to_string(k)));
     auto f = repo->fsck(true);
-    REQUIRE(f.is_ok());
+    REQUIRE(f.ok());
     REQUIRE(f->dangling.empty());
   }
   WARN("models acknowledged before the kills: " << acked.size());
@@ -346,7 +346,7 @@ TEST_CASE("kill -9 during compaction and during migration loses nothing", "[repo
       for (int i = 0; i < 60; ++i) {
         ModelManifest m =
             small_model(store, "c" + std::to_string(w) + "-" + std::to_string(i), "", nullptr, 100 * w + i);
-        REQUIRE(repo->commit(m, store.source()).is_ok());
+        REQUIRE(repo->commit(m, store.source()).ok());
         ids.push_back(m.id);
       }
     }
@@ -357,8 +357,8 @@ TEST_CASE("kill -9 during compaction and during migration loses nothing", "[repo
             RepositoryOptions o;
             o.compact_after_logs = 0;
             auto repo = Repository::open(tmp.repo(), kChunk, nullptr, o);
-            if (!repo.is_ok()) return 3;
-            return (*repo)->compact().is_ok() ? 0 : 4;
+            if (!repo.ok()) return 3;
+            return (*repo)->compact().ok() ? 0 : 4;
           },
           rng, 20000, trial >= 7);
       auto repo = open_repo(tmp.repo(), kChunk, opts);
@@ -373,12 +373,12 @@ TEST_CASE("kill -9 during compaction and during migration loses nothing", "[repo
       fs::create_directories(tmp.path);
       fs::copy(std::string(CAIRN_SOURCE_DIR) + "/tests/fixtures/repo-v1", tmp.repo(), fs::copy_options::recursive);
       completed =
-          fork_and_kill([&] { return Repository::open(tmp.repo(), kChunk).is_ok() ? 0 : 4; }, rng, 3000, trial >= 7);
+          fork_and_kill([&] { return Repository::open(tmp.repo(), kChunk).ok() ? 0 : 4; }, rng, 3000, trial >= 7);
       auto repo = open_repo(tmp.repo(), kChunk, RepositoryOptions{});
       CHECK(repo->stats().models == 5);
       for (const std::string& id : repo->list()) {
         auto m = repo->get(id);
-        REQUIRE(m.is_ok());
+        REQUIRE(m.ok());
         for (const auto& t : m->tensors) read_tensor(*repo, t);
       }
       CHECK_FALSE(fs::exists(tmp.repo() + "/manifests"));
@@ -397,12 +397,12 @@ TEST_CASE("gc's steps: the caller's part runs under the lease and ends before th
   for (int i = 0; i < 6; ++i) {
     ModelManifest m =
         make_model("s" + std::to_string(i), "", {u8_tensor(store, "t" + std::to_string(i), 3000 + i, 90 + i)});
-    REQUIRE(a->commit(m, store.source()).is_ok());
+    REQUIRE(a->commit(m, store.source()).ok());
     models.push_back(m);
   }
-  for (int i = 0; i < 6; i += 2) REQUIRE(a->retire(models[static_cast<size_t>(i)].id).is_ok());
+  for (int i = 0; i < 6; i += 2) REQUIRE(a->retire(models[static_cast<size_t>(i)].id).ok());
   ModelManifest first = make_model("b-first", "", {u8_tensor(store, "bf", 100, 78)});
-  REQUIRE(b->commit(first, store.source()).is_ok());  // b is a live writer: a's gc takes the grace
+  REQUIRE(b->commit(first, store.source()).ok());  // b is a live writer: a's gc takes the grace
 
   // A caller's error at `deciding` ends gc before anything changed, and gives the lease back.
   GcSteps refuse;
@@ -410,7 +410,7 @@ TEST_CASE("gc's steps: the caller's part runs under the lease and ends before th
   bool refused_decided = false;
   refuse.decided = [&](const GcReport&) { refused_decided = true; };
   auto r0 = a->gc(refuse);
-  REQUIRE_FALSE(r0.is_ok());
+  REQUIRE_FALSE(r0.ok());
   CHECK(r0.status().code() == StatusCode::kBusy);
   CHECK_FALSE(refused_decided);
   require_model_bytes(*a, models[0].id, store);
@@ -424,7 +424,7 @@ TEST_CASE("gc's steps: the caller's part runs under the lease and ends before th
   steps.deciding = [&] {
     ++decidings;
     t_deciding = Clock::now();
-    return Status::ok();
+    return Status::OK();
   };
   std::atomic<bool> is_decided{false};
   steps.decided = [&](const GcReport& rep) {
@@ -451,7 +451,7 @@ TEST_CASE("gc's steps: the caller's part runs under the lease and ends before th
   ModelManifest reuse = make_model("reuse-during-grace", "", {models[2].tensors[0]});
   std::thread writer([&] {
     while (!is_decided) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    committed = a->commit(reuse, store.source()).is_ok();
+    committed = a->commit(reuse, store.source()).ok();
   });
   auto t0 = Clock::now();
   auto r = a->gc(steps);
@@ -459,7 +459,7 @@ TEST_CASE("gc's steps: the caller's part runs under the lease and ends before th
   writer.join();
   other.join();
   CHECK(b_gc.code() == StatusCode::kBusy);
-  REQUIRE(r.is_ok());
+  REQUIRE(r.ok());
   CHECK(decidings == 1);
   // b's gc held the lease: a's caller was not called while a waited for it.
   CHECK(t_deciding - t0 >= std::chrono::milliseconds(200));
@@ -471,7 +471,7 @@ TEST_CASE("gc's steps: the caller's part runs under the lease and ends before th
   require_model_bytes(*a, reuse.id, store);
   for (int i = 1; i < 6; i += 2) require_model_bytes(*a, models[static_cast<size_t>(i)].id, store);
   auto f = a->fsck(true);
-  REQUIRE(f.is_ok());
+  REQUIRE(f.ok());
   CHECK(f->ok());
 }
 
@@ -486,19 +486,19 @@ TEST_CASE("a parent collected by gc: its other writer's child still opens, befor
     auto a = open_repo(tmp.repo(), kChunk, opts);
     auto b = open_repo(tmp.repo(), kChunk, opts);
     ModelManifest p = make_model("p", "", {u8_tensor(store, "a", 3000, 1), u8_tensor(store, "b", 4000, 2)});
-    REQUIRE(a->commit(p, store.source()).is_ok());
+    REQUIRE(a->commit(p, store.source()).ok());
     // The child inherits tensor 1 ("b") by position.
     ModelManifest c = make_model("p/c", "p", {u8_tensor(store, "x", 500, 3), p.tensors[1]});
-    REQUIRE(b->commit(c, store.source()).is_ok());
-    REQUIRE(a->retire("p").is_ok());
+    REQUIRE(b->commit(c, store.source()).ok());
+    REQUIRE(a->retire("p").ok());
     auto r = a->gc();
-    REQUIRE(r.is_ok());
+    REQUIRE(r.ok());
     CHECK(r->collected == std::vector<std::string>{"p"});
   }
   auto check = [&] {
     auto repo = open_repo(tmp.repo(), kChunk, opts);
     auto c = repo->get("p/c");
-    REQUIRE(c.is_ok());
+    REQUIRE(c.ok());
     REQUIRE(c->tensors.size() == 2);
     CHECK(c->tensors[1].name == "b");
     require_model_bytes(*repo, "p/c", store);
@@ -506,7 +506,7 @@ TEST_CASE("a parent collected by gc: its other writer's child still opens, befor
     return repo;
   };
   check();
-  REQUIRE(check()->compact().is_ok());
+  REQUIRE(check()->compact().ok());
   check();
 }
 
@@ -516,21 +516,21 @@ TEST_CASE("refresh() reports what any internal refresh read (a lookup's, a claim
   auto a = open_repo(tmp.repo(), kChunk, RepositoryOptions{});
   auto b = open_repo(tmp.repo(), kChunk, RepositoryOptions{});
   ModelManifest m = make_model("m", "", {u8_tensor(store, "w", 100, 1)});
-  REQUIRE(a->commit(m, store.source()).is_ok());
+  REQUIRE(a->commit(m, store.source()).ok());
   REQUIRE(b->contains("m"));  // found on the spot by a lookup's refresh
   ModelManifest n = make_model("n", "", {u8_tensor(store, "v", 100, 2)});
-  REQUIRE(a->commit(n, store.source()).is_ok());
-  REQUIRE(b->claim("z").is_ok());  // a claim reads every log too
+  REQUIRE(a->commit(n, store.source()).ok());
+  REQUIRE(b->claim("z").ok());  // a claim reads every log too
   b->release_claim("z");
-  REQUIRE(a->retire("m").is_ok());
+  REQUIRE(a->retire("m").ok());
   auto r = b->refresh();
-  REQUIRE(r.is_ok());
+  REQUIRE(r.ok());
   std::set<std::string> added;
   for (const auto& x : r->added) added.insert(x->id);
   CHECK(added == std::set<std::string>{"m", "n"});
   CHECK(r->retired == std::vector<std::string>{"m"});
   auto again = b->refresh();
-  REQUIRE(again.is_ok());
+  REQUIRE(again.ok());
   CHECK(again->added.empty());
 }
 
@@ -543,17 +543,17 @@ TEST_CASE("compact_if_needed folds the logs of writers that are gone, and only t
   for (int w = 0; w < 3; ++w) {
     auto gone = open_repo(tmp.repo(), kChunk, opts);
     ModelManifest m = small_model(store, "g" + std::to_string(w), "", nullptr, 40 + w);
-    REQUIRE(gone->commit(m, store.source()).is_ok());
+    REQUIRE(gone->commit(m, store.source()).ok());
     if (w == 1) {
-      REQUIRE(live->refresh().is_ok());
+      REQUIRE(live->refresh().ok());
       auto none = live->compact_if_needed();
-      REQUIRE(none.is_ok());
+      REQUIRE(none.ok());
       CHECK(none->checkpoint_seq == 0);  // two dead logs: not yet
     }
   }
-  REQUIRE(live->refresh().is_ok());
+  REQUIRE(live->refresh().ok());
   auto c = live->compact_if_needed();
-  REQUIRE(c.is_ok());
+  REQUIRE(c.ok());
   CHECK(c->checkpoint_seq != 0);
   CHECK(c->logs_deleted == 3);
   CHECK(files_in(tmp.repo() + "/logs").empty());
@@ -574,26 +574,26 @@ TEST_CASE("a daemon's stamp is kept, though another writer's later model was see
   auto b = open_repo(tmp.repo(), kChunk, RepositoryOptions{});
   ModelManifest late = small_model(store, "late", "", nullptr, 1);
   late.created_ns = 2'000'000'000'000'000'000;
-  REQUIRE(b->commit(late, store.source()).is_ok());
+  REQUIRE(b->commit(late, store.source()).ok());
   CHECK(late.created_ns == 2'000'000'000'000'000'000);
-  REQUIRE(a->get("late").is_ok());  // A has indexed B's model now
+  REQUIRE(a->get("late").ok());  // A has indexed B's model now
   ModelManifest early = small_model(store, "early", "", nullptr, 2);
   early.created_ns = 1'900'000'000'000'000'000;
-  REQUIRE(a->commit(early, store.source()).is_ok());
+  REQUIRE(a->commit(early, store.source()).ok());
   CHECK(early.created_ns == 1'900'000'000'000'000'000);
   auto got = a->get("early");
-  REQUIRE(got.is_ok());
+  REQUIRE(got.ok());
   CHECK(got->created_ns == 1'900'000'000'000'000'000);
   // Two of A's commits that became visible in one order and reach the repository in the other keep
   // their stamps too.
   ModelManifest again = small_model(store, "again", "", nullptr, 3);
   again.created_ns = 1'800'000'000'000'000'000;
-  REQUIRE(a->commit(again, store.source()).is_ok());
+  REQUIRE(a->commit(again, store.source()).ok());
   CHECK(again.created_ns == 1'800'000'000'000'000'000);
   // A commit without a stamp (the tool without a daemon) takes one after every stamp seen.
   ModelManifest plain = small_model(store, "plain", "", nullptr, 4);
   plain.created_ns = 0;
-  REQUIRE(a->commit(plain, store.source()).is_ok());
+  REQUIRE(a->commit(plain, store.source()).ok());
   CHECK(plain.created_ns > 2'000'000'000'000'000'000);
 }
 
@@ -605,14 +605,14 @@ TEST_CASE("maintenance from two threads of one writer at once: each runs or is t
   ChunkStore store;
   auto repo = open_repo(tmp.repo(), kChunk, RepositoryOptions{});
   ModelManifest m = small_model(store, "m", "", nullptr, 7);
-  REQUIRE(repo->commit(m, store.source()).is_ok());
+  REQUIRE(repo->commit(m, store.source()).ok());
   std::atomic<int> other_errors{0};
   std::string first_error;
   std::mutex mu;
   auto run = [&](bool gc) {
     for (int i = 0; i < 150; ++i) {
       Status s = gc ? repo->gc().status() : repo->compact().status();
-      if (!s.is_ok() && s.code() != StatusCode::kBusy) {
+      if (!s.ok() && s.code() != StatusCode::kBusy) {
         std::lock_guard lock(mu);
         if (other_errors++ == 0) first_error = s.to_string();
       }
@@ -642,32 +642,32 @@ TEST_CASE("a chunk stored twice: gc frees neither copy while a manifest names it
   {
     auto a = open_repo(tmp.repo(), kChunk, opts);
     ModelManifest p = make_model("p", "", {shared_t, u8_tensor(store, "pb", 2000, 12)});
-    REQUIRE(a->commit(p, store.source()).is_ok());
+    REQUIRE(a->commit(p, store.source()).ok());
     ModelManifest c = make_model("p/c", "p", {p.tensors[1], u8_tensor(store, "cx", 700, 13)});
-    REQUIRE(a->commit(c, store.source()).is_ok());
-    REQUIRE(a->retire("p").is_ok());
+    REQUIRE(a->commit(c, store.source()).ok());
+    REQUIRE(a->retire("p").ok());
     auto r = a->gc();
-    REQUIRE(r.is_ok());
+    REQUIRE(r.ok());
     REQUIRE(r->collected == std::vector<std::string>{"p"});
     // The same bytes again: stored anew, since gc freed the first copy.
     ModelManifest m = make_model("m", "", {shared_t});
-    REQUIRE(a->commit(m, store.source()).is_ok());
+    REQUIRE(a->commit(m, store.source()).ok());
     auto mm = a->get("m");
-    REQUIRE(mm.is_ok());
-    REQUIRE(a->compact().is_ok());
+    REQUIRE(mm.ok());
+    REQUIRE(a->compact().ok());
   }
   {
     auto a = open_repo(tmp.repo(), kChunk, opts);
     require_model_bytes(*a, "m", store);
     auto r = a->gc();
-    REQUIRE(r.is_ok());
+    REQUIRE(r.ok());
     require_model_bytes(*a, "m", store);
     // A new commit of those bytes reuses a copy that is still there.
     ModelManifest n = make_model("n", "", {shared_t});
-    REQUIRE(a->commit(n, store.source()).is_ok());
+    REQUIRE(a->commit(n, store.source()).ok());
     require_model_bytes(*a, "n", store);
     auto f = a->fsck(true);
-    REQUIRE(f.is_ok());
+    REQUIRE(f.ok());
     for (const auto& d : f->dangling) UNSCOPED_INFO(d.model + " " + d.pack + " " + d.detail);
     CHECK(f->ok());
   }
@@ -685,14 +685,14 @@ TEST_CASE("gc removes a retired parent while another writer commits a child of i
   auto a = open_repo(tmp.repo(), kChunk, opts);
   FaultyFileSystem slow(posix_fs());
   auto br = Repository::open(tmp.repo(), kChunk, &slow, opts);
-  REQUIRE(br.is_ok());
+  REQUIRE(br.ok());
   auto b = std::move(br).value();
   ModelManifest p = make_model("p", "", {u8_tensor(store, "pa", 3000, 21), u8_tensor(store, "pb", 4000, 22)});
-  REQUIRE(a->commit(p, store.source()).is_ok());
-  REQUIRE(a->retire("p").is_ok());
+  REQUIRE(a->commit(p, store.source()).ok());
+  REQUIRE(a->retire("p").ok());
   ModelManifest first = make_model("b-first", "", {u8_tensor(store, "bf", 100, 23)});
-  REQUIRE(b->commit(first, store.source()).is_ok());  // b is a live writer
-  REQUIRE(b->refresh().is_ok());
+  REQUIRE(b->commit(first, store.source()).ok());  // b is a live writer
+  REQUIRE(b->refresh().ok());
   // b plans the child against a view that has p, and its record reaches the log only after a's gc
   // decided (a slow log write), well inside the grace.
   ModelManifest c = make_model("p/c", "p", {p.tensors[1], u8_tensor(store, "cx", 900, 24)});
@@ -707,20 +707,20 @@ TEST_CASE("gc removes a retired parent while another writer commits a child of i
   std::this_thread::sleep_for(std::chrono::milliseconds(150));
   auto r = a->gc();
   writer.join();
-  REQUIRE(child.is_ok());
-  REQUIRE(r.is_ok());
+  REQUIRE(child.ok());
+  REQUIRE(r.ok());
   CHECK(r->removed.empty());
   CHECK(r->collected == std::vector<std::string>{"p"});
   auto check = [&](Repository& repo) {
     auto pm = repo.get("p");
-    REQUIRE(pm.is_ok());
+    REQUIRE(pm.ok());
     CHECK(pm->collected);
     auto cm = repo.get("p/c");
-    REQUIRE(cm.is_ok());
+    REQUIRE(cm.ok());
     CHECK(cm->parent == "p");
     require_model_bytes(repo, "p/c", store);
     auto f = repo.fsck(true);
-    REQUIRE(f.is_ok());
+    REQUIRE(f.ok());
     for (const auto& d : f->dangling) UNSCOPED_INFO(d.model + " " + d.pack + " " + d.detail);
     CHECK(f->ok());
   };
@@ -729,7 +729,7 @@ TEST_CASE("gc removes a retired parent while another writer commits a child of i
   a.reset();
   auto fresh = open_repo(tmp.repo(), kChunk, opts);
   check(*fresh);
-  REQUIRE(fresh->compact().is_ok());
+  REQUIRE(fresh->compact().ok());
   check(*open_repo(tmp.repo(), kChunk, opts));
 }
 
@@ -751,11 +751,11 @@ TEST_CASE("a record that waits does not make the next open apply the records aft
   {
     auto a = open_repo(tmp.repo(), kChunk, opts);
     auto b = open_repo(tmp.repo(), kChunk, opts);
-    REQUIRE(commit(*a, "x", 31).is_ok());
-    REQUIRE(commit(*a, "keep", 32).is_ok());
-    REQUIRE(commit(*b, "b0", 33).is_ok());
-    REQUIRE(b->refresh().is_ok());
-    REQUIRE(a->retire("x").is_ok());
+    REQUIRE(commit(*a, "x", 31).ok());
+    REQUIRE(commit(*a, "keep", 32).ok());
+    REQUIRE(commit(*b, "b0", 33).ok());
+    REQUIRE(b->refresh().ok());
+    REQUIRE(a->retire("x").ok());
     Status late;
     std::thread stale([&] {
       std::this_thread::sleep_for(std::chrono::milliseconds(150));
@@ -763,15 +763,15 @@ TEST_CASE("a record that waits does not make the next open apply the records aft
     });
     auto g1 = a->gc();
     stale.join();
-    REQUIRE(g1.is_ok());
+    REQUIRE(g1.ok());
     REQUIRE(g1->removed == std::vector<std::string>{"x"});
-    REQUIRE(late.is_ok());
-    REQUIRE(commit(*b, "z", 34).is_ok());
-    REQUIRE(b->retire("z").is_ok());
+    REQUIRE(late.ok());
+    REQUIRE(commit(*b, "z", 34).ok());
+    REQUIRE(b->retire("z").ok());
     auto g2 = a->gc();
-    REQUIRE(g2.is_ok());
+    REQUIRE(g2.ok());
     REQUIRE(g2->removed == std::vector<std::string>{"z"});
-    REQUIRE(a->compact().is_ok());
+    REQUIRE(a->compact().ok());
   }
   for (int round = 0; round < 2; ++round) {
     auto c = open_repo(tmp.repo(), kChunk, opts);
@@ -779,9 +779,9 @@ TEST_CASE("a record that waits does not make the next open apply the records aft
     CHECK(c->get("x").status().code() == StatusCode::kNotFound);
     require_model_bytes(*c, "keep", store);
     auto f = c->fsck(true);
-    REQUIRE(f.is_ok());
+    REQUIRE(f.ok());
     for (const auto& d : f->dangling) UNSCOPED_INFO(d.model + " " + d.pack + " " + d.detail);
     CHECK(f->ok());
-    REQUIRE(c->compact().is_ok());
+    REQUIRE(c->compact().ok());
   }
 }

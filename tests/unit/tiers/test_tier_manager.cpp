@@ -51,7 +51,7 @@ class MemorySource final : public ChunkSource {
       chunks_.erase(it);
       return corruption("memory source: chunk " + ref.hash.hex() + " failed its check");
     }
-    return Status::ok();
+    return Status::OK();
   }
   double cost(uint64_t bytes) const override { return static_cast<double>(bytes) / 1e11; }
   void will_read(std::span<const ChunkRef* const> refs) override {
@@ -85,10 +85,10 @@ struct Fixture {
 
   Fixture() {
     auto r = Repository::open(dir.path + "/repo", kChunk);
-    REQUIRE(r.is_ok());
+    REQUIRE(r.ok());
     repo = std::move(r).value();
     auto d = DramTier::create(8 * kChunk, std::make_unique<LruPolicy>(), "cairn-test-tier-manager");
-    REQUIRE(d.is_ok());
+    REQUIRE(d.ok());
     dram = std::move(d).value();
     tiers = std::make_unique<TierManager>(*dram, nullptr, *repo, nullptr);
     model.id = "m";
@@ -111,7 +111,7 @@ struct Fixture {
                              if (hash_bytes(s.data(), kChunk) == h) return static_cast<const void*>(s.data());
                            return not_found("no such chunk");
                          })
-                .is_ok());
+                .ok());
   }
   const ChunkRef& chunk(int i) const { return model.tensors[0].chunks[static_cast<size_t>(i)]; }
 };
@@ -124,7 +124,7 @@ TEST_CASE("tier manager: fetch walks the sources in order, first intact copy win
   std::string out(kChunk, '\0');
 
   SECTION("the built-in order reads the repository and counts it") {
-    REQUIRE(f.tiers->fetch(f.chunk(0), out.data()).is_ok());
+    REQUIRE(f.tiers->fetch(f.chunk(0), out.data()).ok());
     CHECK(out == f.data[0]);
     auto s = f.tiers->stats();
     CHECK(s["reads_from_repository"] == 1);
@@ -139,9 +139,9 @@ TEST_CASE("tier manager: fetch walks the sources in order, first intact copy win
 
   SECTION("a source added in front serves what it has; the repository the rest") {
     m->put(f.chunk(0).hash, f.data[0]);
-    REQUIRE(f.tiers->fetch(f.chunk(0), out.data()).is_ok());
+    REQUIRE(f.tiers->fetch(f.chunk(0), out.data()).ok());
     CHECK(out == f.data[0]);
-    REQUIRE(f.tiers->fetch(f.chunk(1), out.data()).is_ok());
+    REQUIRE(f.tiers->fetch(f.chunk(1), out.data()).ok());
     CHECK(out == f.data[1]);
     CHECK(m->reads == 1);  // asked only for what it has
     auto s = f.tiers->stats();
@@ -153,7 +153,7 @@ TEST_CASE("tier manager: fetch walks the sources in order, first intact copy win
     std::string bad = f.data[0];
     bad[100] ^= 1;
     m->put(f.chunk(0).hash, bad);
-    REQUIRE(f.tiers->fetch(f.chunk(0), out.data()).is_ok());
+    REQUIRE(f.tiers->fetch(f.chunk(0), out.data()).ok());
     CHECK(out == f.data[0]);
     auto s = f.tiers->stats();
     CHECK(s["memory_copies_failed_check"] == 1);
@@ -173,7 +173,7 @@ TEST_CASE("tier manager: fetch walks the sources in order, first intact copy win
     ChunkRef bad_pack = f.chunk(0);
     bad_pack.pack = "missing.safetensors";
     st = f.tiers->fetch(bad_pack, out.data());
-    CHECK_FALSE(st.is_ok());
+    CHECK_FALSE(st.ok());
   }
 
   SECTION("readahead tells each source only about the chunks it would serve") {

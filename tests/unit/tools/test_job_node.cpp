@@ -60,7 +60,7 @@ TEST_CASE("node settings: the test hook names the file; the first job applies, t
   FakeNode node;
   CHECK(shmem_thp_path() == node.file);
   auto a = apply_node_settings(node.job_dir, "100", "advise");
-  REQUIRE(a.is_ok());
+  REQUIRE(a.ok());
   CHECK(*a == "node: shmem_enabled set to 'advise' (was 'never'; " + node.file + ")");
   CHECK(node.value() == "advise");
   struct stat st {};
@@ -68,52 +68,52 @@ TEST_CASE("node settings: the test hook names the file; the first job applies, t
   CHECK((st.st_mode & 0777) == 0600);
 
   auto b = apply_node_settings(node.job_dir, "101", "advise");
-  REQUIRE(b.is_ok());
+  REQUIRE(b.ok());
   CHECK(b->find("is 'advise' already") != std::string::npos);
   auto state = parse_node_state(read(node.state()), node.state());
-  REQUIRE(state.is_ok());
+  REQUIRE(state.ok());
   CHECK(state->previous == "never");
   CHECK(state->applied == "advise");
   CHECK(state->jobs == std::vector<std::string>{"100", "101"});
 
   // Job 100 ends while 101 runs: the setting stays.
   auto r = restore_node_settings(node.job_dir, "100", [](const std::string& j) { return j == "101"; });
-  REQUIRE(r.is_ok());
+  REQUIRE(r.ok());
   CHECK(r->find("stays 'advise' for 1 other cairn job") != std::string::npos);
   CHECK(node.value() == "advise");
   // Job 101 ends last: restored, state gone.
   r = restore_node_settings(node.job_dir, "101", none_running);
-  REQUIRE(r.is_ok());
+  REQUIRE(r.ok());
   CHECK(*r == "node: shmem_enabled restored to 'never' (" + node.file + ")");
   CHECK(node.value() == "never");
   CHECK_FALSE(node.has_state());
   // Nothing applied: nothing to say.
   r = restore_node_settings(node.job_dir, "102", none_running);
-  REQUIRE(r.is_ok());
+  REQUIRE(r.ok());
   CHECK(r->empty());
   // Empty wanted: nothing done.
   auto none = apply_node_settings(node.job_dir, "103", "");
-  REQUIRE(none.is_ok());
+  REQUIRE(none.ok());
   CHECK(none->empty());
   CHECK_FALSE(node.has_state());
 }
 
 TEST_CASE("node settings: a job whose epilog never ran does not keep the setting forever", "[job_node]") {
   FakeNode node;
-  REQUIRE(apply_node_settings(node.job_dir, "200", "advise").is_ok());
+  REQUIRE(apply_node_settings(node.job_dir, "200", "advise").ok());
   // Another job's epilog (one that applied nothing) finds 200 gone: the node goes back.
   auto r = restore_node_settings(node.job_dir, "201", none_running);
-  REQUIRE(r.is_ok());
+  REQUIRE(r.ok());
   CHECK(r->find("restored to 'never'") != std::string::npos);
   CHECK(node.value() == "never");
 }
 
 TEST_CASE("node settings: a value someone changed since is left alone", "[job_node]") {
   FakeNode node;
-  REQUIRE(apply_node_settings(node.job_dir, "300", "advise").is_ok());
+  REQUIRE(apply_node_settings(node.job_dir, "300", "advise").ok());
   write(node.file, "[always] within_size advise never deny force\n");
   auto r = restore_node_settings(node.job_dir, "300", none_running);
-  REQUIRE(r.is_ok());
+  REQUIRE(r.ok());
   CHECK(r->find("is 'always', not the 'advise' cairn applied") != std::string::npos);
   CHECK(node.value() == "[always] within_size advise never deny force");
   CHECK_FALSE(node.has_state());
@@ -123,10 +123,10 @@ TEST_CASE("node settings: a setting already as asked is recorded and left as it 
   FakeNode node;
   write(node.file, "always within_size [advise] never deny force\n");
   auto a = apply_node_settings(node.job_dir, "400", "advise");
-  REQUIRE(a.is_ok());
+  REQUIRE(a.ok());
   CHECK(a->find("already") != std::string::npos);
   auto r = restore_node_settings(node.job_dir, "400", none_running);
-  REQUIRE(r.is_ok());
+  REQUIRE(r.ok());
   CHECK(r->find("stays 'advise' (it was so before") != std::string::npos);
   CHECK(node.value() == "always within_size [advise] never deny force");
 }
@@ -136,23 +136,23 @@ TEST_CASE("node settings: a missing or unreadable setting and a garbage state ar
   FakeNode node;
   write(node.file, "no choice here\n");
   auto a = apply_node_settings(node.job_dir, "500", "advise");
-  REQUIRE_FALSE(a.is_ok());
+  REQUIRE_FALSE(a.ok());
   CHECK(a.status().message().find(node.file) != std::string::npos);
   CHECK(a.status().message().find("no selected value") != std::string::npos);
   CHECK_FALSE(node.has_state());
   std::filesystem::remove(node.file);
   a = apply_node_settings(node.job_dir, "500", "advise");
-  REQUIRE_FALSE(a.is_ok());
+  REQUIRE_FALSE(a.ok());
   CHECK(a.status().message().find("does not exist") != std::string::npos);
 
   write(node.file, "always within_size advise [never] deny force\n");
   write(node.state(), "{\"previous\": \"never\"");
   a = apply_node_settings(node.job_dir, "501", "advise");
-  REQUIRE_FALSE(a.is_ok());
+  REQUIRE_FALSE(a.ok());
   CHECK(a.status().message().find(node.state()) != std::string::npos);
   CHECK(node.value() == "always within_size advise [never] deny force");  // not touched
   auto r = restore_node_settings(node.job_dir, "501", none_running);
-  REQUIRE_FALSE(r.is_ok());
+  REQUIRE_FALSE(r.ok());
   CHECK(r.status().message().find("not valid JSON") != std::string::npos);
 }
 
@@ -160,7 +160,7 @@ TEST_CASE("node settings: the state file is parsed strictly", "[job_node]") {
   auto bad = [](const std::string& text, const std::string& needle) {
     auto r = parse_node_state(text, "state.json");
     INFO(text);
-    REQUIRE_FALSE(r.is_ok());
+    REQUIRE_FALSE(r.ok());
     INFO(r.status().message());
     CHECK(r.status().message().find("state.json") != std::string::npos);
     CHECK(r.status().message().find(needle) != std::string::npos);
@@ -176,9 +176,9 @@ TEST_CASE("node settings: the state file is parsed strictly", "[job_node]") {
   bad(R"({"previous": "never", "applied": "advise", "jobs": [7]})", "not a job id");
   bad(R"({"previous": "never", "applied": "advise", "jobs": [], "extra": 1})", "unknown field 'extra'");
   auto ok = parse_node_state(R"({"previous": "never", "applied": "advise", "jobs": ["1", "2"]})", "s");
-  REQUIRE(ok.is_ok());
+  REQUIRE(ok.ok());
   CHECK(ok->jobs.size() == 2);
-  CHECK(parse_node_state(node_state_to_json(*ok), "s").is_ok());
+  CHECK(parse_node_state(node_state_to_json(*ok), "s").ok());
 }
 
 TEST_CASE("node settings: prologs and epilogs of many jobs at once end with the node restored", "[job_node]") {
@@ -200,14 +200,14 @@ TEST_CASE("node settings: prologs and epilogs of many jobs at once end with the 
           running.insert(id);
         }
         auto a = apply_node_settings(node.job_dir, id, "advise");
-        if (!a.is_ok()) failed(id + " apply: " + a.status().message());
+        if (!a.ok()) failed(id + " apply: " + a.status().message());
         // This job runs: the setting holds.
         if (std::string v = node.value(); v != "advise") failed(id + " ran with '" + v + "'");
         auto r = restore_node_settings(node.job_dir, id, [&](const std::string& j) {
           std::lock_guard lock(mu);
           return running.count(j) > 0 && j != id;
         });
-        if (!r.is_ok()) failed(id + " restore: " + r.status().message());
+        if (!r.ok()) failed(id + " restore: " + r.status().message());
         std::lock_guard lock(mu);
         running.erase(id);
       }

@@ -8,7 +8,7 @@ namespace {
 
 std::string error_of(const std::string& text) {
   auto r = parse_site_config(text, "site.yaml");
-  REQUIRE_FALSE(r.is_ok());
+  REQUIRE_FALSE(r.ok());
   CHECK(r.status().code() == StatusCode::kInvalidArgument);
   CHECK(r.status().message().find("site config site.yaml") != std::string::npos);
   return r.status().message();
@@ -16,18 +16,18 @@ std::string error_of(const std::string& text) {
 
 TEST_CASE("site config: node.shmem_thp is off unless set, and takes the kernel's four choices", "[job_site]") {
   auto none = parse_site_config("enable: always\n", "site.yaml");
-  REQUIRE(none.is_ok());
+  REQUIRE(none.ok());
   CHECK(none->node_shmem_thp.empty());
   auto empty_node = parse_site_config("node:\n", "site.yaml");
-  REQUIRE(empty_node.is_ok());
+  REQUIRE(empty_node.ok());
   CHECK(empty_node->node_shmem_thp.empty());
   for (const char* v : {"always", "within_size", "advise", "never"}) {
     auto c = parse_site_config(std::string("node: {shmem_thp: ") + v + "}\n", "site.yaml");
-    REQUIRE(c.is_ok());
+    REQUIRE(c.ok());
     CHECK(c->node_shmem_thp == v);
   }
   auto block = parse_site_config("job_dir: /run/x\nnode:\n  shmem_thp: advise\n", "site.yaml");
-  REQUIRE(block.is_ok());
+  REQUIRE(block.ok());
   CHECK(block->node_shmem_thp == "advise");
   CHECK(block->job_dir == "/run/x");
 }

@@ -27,7 +27,7 @@ json stats_response() {
 
 JobSummary sample() {
   auto s = summary_from_stats(stats_response(), "1234", "alice", "node7", 1700000100);
-  REQUIRE(s.is_ok());
+  REQUIRE(s.ok());
   return *s;
 }
 
@@ -50,7 +50,7 @@ TEST_CASE("job summary: built from stats, written as JSON and read back the same
   CHECK(j["version"] == 1);
   CHECK(j["loaded_bytes"]["peers"] == 25);
   auto back = parse_job_summary(text, "f.json");
-  REQUIRE(back.is_ok());
+  REQUIRE(back.ok());
   CHECK(summary_to_json(*back) == text);
 
   const std::string table = summary_table(s);
@@ -66,19 +66,19 @@ TEST_CASE("job summary: stats without usage or with a malformed field give no su
   json no_usage = stats_response();
   no_usage.erase("usage");
   auto r = summary_from_stats(no_usage, "1", "u", "h", 1);
-  REQUIRE_FALSE(r.is_ok());
+  REQUIRE_FALSE(r.ok());
   CHECK(r.status().message().find("'usage'") != std::string::npos);
 
   json bad = stats_response();
   bad["usage"]["leased_bytes"]["nvme"] = -1;
   r = summary_from_stats(bad, "1", "u", "h", 1);
-  REQUIRE_FALSE(r.is_ok());
+  REQUIRE_FALSE(r.ok());
   CHECK(r.status().message().find("usage.leased_bytes.nvme") != std::string::npos);
 
   bad = stats_response();
   bad["tiers"].erase("pfs");
   r = summary_from_stats(bad, "1", "u", "h", 1);
-  REQUIRE_FALSE(r.is_ok());
+  REQUIRE_FALSE(r.ok());
   CHECK(r.status().message().find("tiers.pfs") != std::string::npos);
 }
 
@@ -86,7 +86,7 @@ TEST_CASE("job summary: stats without usage or with a malformed field give no su
 void rejected(const std::string& text, const std::string& needle) {
   auto r = parse_job_summary(text, "/run/cairn/9.summary.json");
   INFO(text);
-  REQUIRE_FALSE(r.is_ok());
+  REQUIRE_FALSE(r.ok());
   INFO(r.status().message());
   CHECK(r.status().code() == StatusCode::kInvalidArgument);
   CHECK(r.status().message().find("/run/cairn/9.summary.json") != std::string::npos);
