@@ -22,9 +22,10 @@
 #include <cmath>
 #include <deque>
 #include <limits>
-#include <mutex>
 #include <set>
 #include <unordered_set>
+
+#include "core/sync.hpp"
 
 namespace cairn {
 
@@ -187,22 +188,22 @@ struct Catalog::Impl {
     Rank rank(uint32_t slot) const { return Rank{score, seq, slot}; }
   };
 
-  mutable std::shared_mutex mu;
-  std::vector<Model> models;
-  std::vector<uint32_t> free_slots;
-  std::unordered_map<std::string, uint32_t> by_id;
-  std::unordered_map<Signature, std::set<Rank>, ChunkHashHasher> postings;
-  std::map<uint64_t, uint32_t> live_order;  // seq -> slot, live models only
-  uint64_t next_seq = 1;
+  mutable SharedMutex mu;
+  std::vector<Model> models CAIRN_GUARDED_BY(mu);
+  std::vector<uint32_t> free_slots CAIRN_GUARDED_BY(mu);
+  std::unordered_map<std::string, uint32_t> by_id CAIRN_GUARDED_BY(mu);
+  std::unordered_map<Signature, std::set<Rank>, ChunkHashHasher> postings CAIRN_GUARDED_BY(mu);
+  std::map<uint64_t, uint32_t> live_order CAIRN_GUARDED_BY(mu);  // seq -> slot, live models only
+  uint64_t next_seq CAIRN_GUARDED_BY(mu) = 1;
 
-  std::mutex type_mu;
-  std::unordered_map<std::string, uint32_t> type_ids;
+  Mutex type_mu;
+  std::unordered_map<std::string, uint32_t> type_ids CAIRN_GUARDED_BY(type_mu);
 
-  const Model* find(const std::string& id) const {
+  const Model* find(const std::string& id) const CAIRN_REQUIRES_SHARED(mu) {
     auto it = by_id.find(id);
     return it == by_id.end() ? nullptr : &models[it->second];
   }
-  Result<uint32_t> slot_of(const std::string& id) const {
+  Result<uint32_t> slot_of(const std::string& id) const CAIRN_REQUIRES_SHARED(mu) {
     auto it = by_id.find(id);
     if (it == by_id.end()) return not_found("model '" + id + "' is not in the catalog");
     return it->second;
@@ -211,22 +212,22 @@ struct Catalog::Impl {
   // The posting sets are built when first needed after a bulk load (a daemon's start): inserting
   // every layer of 100,000 models one set at a time was most of a restart (6.2 million insertions
   // for children of a 62-layer base), and listing, reading and committing need none of it.
-  bool postings_built = true;
-  void post(uint32_t slot) {
+  bool postings_built CAIRN_GUARDED_BY(mu) = true;
+  void post(uint32_t slot) CAIRN_REQUIRES(mu) {
     const Model& m = models[slot];
     Rank r = m.rank(slot);
     for (const Signature& s : m.graph->sorted_signatures) postings[s].insert(r);
   }
-  void build_postings() {
+  void build_postings() CAIRN_REQUIRES(mu) {
     for (uint32_t slot = 0; slot < models.size(); ++slot)
       if (models[slot].used && !models[slot].retired) post(slot);
     postings_built = true;
   }
-  void index(uint32_t slot) {
+  void index(uint32_t slot) CAIRN_REQUIRES(mu) {
     if (postings_built) post(slot);
     live_order.emplace(models[slot].seq, slot);
   }
-  void unindex(uint32_t slot) {
+  void unindex(uint32_t slot) CAIRN_REQUIRES(mu) {
     const Model& m = models[slot];
     Rank r = m.rank(slot);
     if (postings_built) {
@@ -247,7 +248,7 @@ struct Catalog::Impl {
     return n;
   }
 
-  BestAncestor describe(const CompiledGraph& g, uint32_t slot) const;
+  BestAncestor describe(const CompiledGraph& g, uint32_t slot) const CAIRN_REQUIRES_SHARED(mu);
 };
 
 BestAncestor Catalog::Impl::describe(const CompiledGraph& g, uint32_t slot) const {
@@ -291,7 +292,7 @@ GraphHandle Catalog::compile(const Graph& g, bool intern_types) {
     c->inputs.push_back(std::move(in));
   }
   {
-    std::lock_guard lock(impl_->type_mu);
+    MutexLock lock(impl_->type_mu);
     for (const Layer& l : g.layers) {
       if (intern_types) {
         auto [it, _] = impl_->type_ids.try_emplace(l.type, static_cast<uint32_t>(impl_->type_ids.size()));
@@ -312,7 +313,7 @@ GraphHandle Catalog::compile(const Graph& g, bool intern_types) {
 
 Status Catalog::add(const std::string& id, const std::string& parent, GraphHandle graph, json metadata, bool retired) {
   if (!graph) return invalid_argument("model '" + id + "': no graph given to the catalog");
-  std::unique_lock lock(impl_->mu);
+  WriterLock lock(impl_->mu);
   if (impl_->by_id.count(id)) return already_exists("model '" + id + "' is already in the catalog");
   int64_t parent_slot = -1;
   if (!parent.empty()) {
@@ -352,7 +353,7 @@ Status Catalog::add(const std::string& id, const std::string& parent, GraphHandl
 }
 
 Status Catalog::retire(const std::string& id) {
-  std::unique_lock lock(impl_->mu);
+  WriterLock lock(impl_->mu);
   CAIRN_ASSIGN_OR_RETURN(uint32_t slot, impl_->slot_of(id));
   Impl::Model& m = impl_->models[slot];
   if (m.retired) return Status::OK();
@@ -362,7 +363,7 @@ Status Catalog::retire(const std::string& id) {
 }
 
 Status Catalog::erase(const std::string& id) {
-  std::unique_lock lock(impl_->mu);
+  WriterLock lock(impl_->mu);
   CAIRN_ASSIGN_OR_RETURN(uint32_t slot, impl_->slot_of(id));
   Impl::Model& m = impl_->models[slot];
   if (!m.children.empty())
@@ -379,38 +380,38 @@ Status Catalog::erase(const std::string& id) {
 }
 
 bool Catalog::contains(const std::string& id) const {
-  std::shared_lock lock(impl_->mu);
+  ReaderLock lock(impl_->mu);
   return impl_->by_id.count(id) > 0;
 }
 
 GraphHandle Catalog::graph_of(const std::string& id) const {
-  std::shared_lock lock(impl_->mu);
+  ReaderLock lock(impl_->mu);
   const Impl::Model* m = impl_->find(id);
   return m ? m->graph : nullptr;
 }
 
 size_t Catalog::size() const {
-  std::shared_lock lock(impl_->mu);
+  ReaderLock lock(impl_->mu);
   return impl_->by_id.size();
 }
 
 size_t Catalog::live() const {
-  std::shared_lock lock(impl_->mu);
+  ReaderLock lock(impl_->mu);
   return impl_->live_order.size();
 }
 
 void Catalog::defer_index() {
-  std::unique_lock lock(impl_->mu);
+  WriterLock lock(impl_->mu);
   impl_->postings.clear();
   impl_->postings_built = false;
 }
 
 void Catalog::build_index() const {
   {
-    std::shared_lock lock(impl_->mu);
+    ReaderLock lock(impl_->mu);
     if (impl_->postings_built) return;
   }
-  std::unique_lock lock(impl_->mu);
+  WriterLock lock(impl_->mu);
   if (!impl_->postings_built) impl_->build_postings();
 }
 
@@ -418,7 +419,7 @@ BestAncestor Catalog::best_ancestor(const GraphHandle& gh, const MetadataFilter&
   const CompiledGraph& g = *gh;
   const size_t n = g.signatures.size();
   build_index();
-  std::shared_lock lock(impl_->mu);
+  ReaderLock lock(impl_->mu);
 
   // E: the layers of g some live model holds, with their posting sets.
   std::vector<const std::set<Rank>*> post(n, nullptr);
@@ -439,7 +440,7 @@ BestAncestor Catalog::best_ancestor(const GraphHandle& gh, const MetadataFilter&
   bool have_best = false;
   size_t best_count = 0;
   Rank best_rank{};
-  auto consider = [&](const Rank& r) {
+  auto consider = [&](const Rank& r) CAIRN_REQUIRES_SHARED(impl_->mu) {
     auto [it, fresh] = scored.try_emplace(r.slot, 0);
     if (!fresh) return;
     it->second = Impl::count_matches(g, *impl_->models[r.slot].graph);
@@ -450,7 +451,9 @@ BestAncestor Catalog::best_ancestor(const GraphHandle& gh, const MetadataFilter&
     }
   };
   const bool filtered = !where.empty();
-  auto passes = [&](const Rank& r) { return !filtered || where.matches(impl_->models[r.slot].metadata); };
+  auto passes = [&](const Rank& r) CAIRN_REQUIRES_SHARED(impl_->mu) {
+    return !filtered || where.matches(impl_->models[r.slot].metadata);
+  };
 
   // Step 1: the best-ranked holder of each layer.
   for (size_t j = 0; j < n; ++j) {
@@ -497,7 +500,7 @@ BestAncestor Catalog::best_ancestor(const GraphHandle& gh, const MetadataFilter&
 
 BestAncestor Catalog::best_ancestor_scan(const GraphHandle& gh, const MetadataFilter& where) const {
   const CompiledGraph& g = *gh;
-  std::shared_lock lock(impl_->mu);
+  ReaderLock lock(impl_->mu);
   bool have_best = false;
   size_t best_count = 0;
   Rank best_rank{};
@@ -518,7 +521,7 @@ BestAncestor Catalog::best_ancestor_scan(const GraphHandle& gh, const MetadataFi
 }
 
 Result<std::vector<std::string>> Catalog::ancestors(const std::string& id) const {
-  std::shared_lock lock(impl_->mu);
+  ReaderLock lock(impl_->mu);
   CAIRN_ASSIGN_OR_RETURN(uint32_t slot, impl_->slot_of(id));
   std::vector<std::string> out;
   for (int64_t p = impl_->models[slot].parent; p >= 0; p = impl_->models[static_cast<size_t>(p)].parent)
@@ -527,7 +530,7 @@ Result<std::vector<std::string>> Catalog::ancestors(const std::string& id) const
 }
 
 Result<std::vector<std::pair<std::string, int>>> Catalog::descendants(const std::string& id, int depth) const {
-  std::shared_lock lock(impl_->mu);
+  ReaderLock lock(impl_->mu);
   CAIRN_ASSIGN_OR_RETURN(uint32_t slot, impl_->slot_of(id));
   std::vector<std::pair<std::string, int>> out;
   std::deque<std::pair<uint32_t, int>> queue{{slot, 0}};
@@ -544,7 +547,7 @@ Result<std::vector<std::pair<std::string, int>>> Catalog::descendants(const std:
 }
 
 Result<std::optional<std::string>> Catalog::lca(const std::string& a, const std::string& b) const {
-  std::shared_lock lock(impl_->mu);
+  ReaderLock lock(impl_->mu);
   CAIRN_ASSIGN_OR_RETURN(uint32_t sa, impl_->slot_of(a));
   CAIRN_ASSIGN_OR_RETURN(uint32_t sb, impl_->slot_of(b));
   std::unordered_set<uint32_t> up;
@@ -555,7 +558,7 @@ Result<std::optional<std::string>> Catalog::lca(const std::string& a, const std:
 }
 
 Result<std::vector<std::string>> Catalog::path(const std::string& from, const std::string& to) const {
-  std::shared_lock lock(impl_->mu);
+  ReaderLock lock(impl_->mu);
   CAIRN_ASSIGN_OR_RETURN(uint32_t sa, impl_->slot_of(from));
   CAIRN_ASSIGN_OR_RETURN(uint32_t sb, impl_->slot_of(to));
   std::unordered_map<uint32_t, size_t> up;  // slot -> distance from `from`
@@ -579,7 +582,7 @@ Result<std::vector<std::string>> Catalog::path(const std::string& from, const st
 }
 
 Result<std::vector<Catalog::TreeNode>> Catalog::tree(const std::string& id) const {
-  std::shared_lock lock(impl_->mu);
+  ReaderLock lock(impl_->mu);
   CAIRN_ASSIGN_OR_RETURN(uint32_t slot, impl_->slot_of(id));
   while (impl_->models[slot].parent >= 0) slot = static_cast<uint32_t>(impl_->models[slot].parent);
   std::vector<TreeNode> out;
@@ -604,7 +607,7 @@ Result<std::vector<std::string>> Catalog::find(const std::vector<std::string>& t
   if (type_path.size() > 64) return invalid_argument("contains_path: at most 64 layer types");
   std::vector<uint32_t> want;
   {
-    std::lock_guard lock(impl_->type_mu);
+    MutexLock lock(impl_->type_mu);
     for (const std::string& t : type_path) {
       auto it = impl_->type_ids.find(t);
       if (it == impl_->type_ids.end()) return std::vector<std::string>{};  // no graph has that type
@@ -627,7 +630,7 @@ Result<std::vector<std::string>> Catalog::find(const std::vector<std::string>& t
     }
     return false;
   };
-  std::shared_lock lock(impl_->mu);
+  ReaderLock lock(impl_->mu);
   std::unordered_map<const CompiledGraph*, bool> seen;
   std::vector<std::string> out;
   for (auto it = impl_->live_order.rbegin(); it != impl_->live_order.rend() && out.size() < limit; ++it) {

@@ -84,7 +84,7 @@ Result<RefreshReport> Repository::refresh() {
   RefreshReport ignored;
   CAIRN_RETURN_IF_ERROR(impl_->refresh(&ignored));
   // Everything other writers' records changed since the last call, whichever refresh read them.
-  std::unique_lock lock(impl_->mu_);
+  WriterLock lock(impl_->mu_);
   RefreshReport r = std::move(impl_->unreported_);
   impl_->unreported_ = RefreshReport{};
   return r;
@@ -115,7 +115,7 @@ Result<CompactReport> Repository::compact_if_needed() {
 std::shared_ptr<const ModelManifest> Repository::find(const std::string& id, Freshness fresh) const {
   for (int pass = 0; pass < 2; ++pass) {
     {
-      std::shared_lock lock(impl_->mu_);
+      ReaderLock lock(impl_->mu_);
       auto it = impl_->models_.find(id);
       if (it != impl_->models_.end()) return it->second;
     }
@@ -136,12 +136,12 @@ Result<ModelManifest> Repository::get(const std::string& id, Freshness fresh) co
 }
 
 std::vector<std::string> Repository::list() const {
-  std::shared_lock lock(impl_->mu_);
+  ReaderLock lock(impl_->mu_);
   return impl_->order_;
 }
 
 std::vector<std::string> Repository::children(const std::string& id) const {
-  std::shared_lock lock(impl_->mu_);
+  ReaderLock lock(impl_->mu_);
   auto it = impl_->children_.find(id);
   if (it == impl_->children_.end()) return {};
   return it->second;
@@ -150,7 +150,7 @@ std::vector<std::string> Repository::children(const std::string& id) const {
 std::optional<ChunkRef> Repository::locate(const ChunkHash& hash, Freshness fresh) const {
   for (int pass = 0; pass < 2; ++pass) {
     {
-      std::shared_lock lock(impl_->mu_);
+      ReaderLock lock(impl_->mu_);
       auto it = impl_->chunks_.find(hash);
       if (it != impl_->chunks_.end()) return it->second.ref;
     }
@@ -194,7 +194,7 @@ RepositoryStats Repository::stats() const {
     std::lock_guard lock(impl_->sync_mu_);
     s.group_syncs = impl_->group_syncs_;
   }
-  std::shared_lock lock(impl_->mu_);
+  ReaderLock lock(impl_->mu_);
   s.models = impl_->models_.size();
   s.packs = impl_->packs_.size();
   s.logical_bytes = impl_->logical_bytes_;
@@ -208,7 +208,7 @@ RepositoryStats Repository::stats() const {
 
 Result<ModelUsage> Repository::usage(const std::string& id, Freshness fresh) const {
   if (!find(id, fresh)) return not_found("model " + quote(id) + " is not in repository " + impl_->dir_);
-  std::shared_lock lock(impl_->mu_);
+  ReaderLock lock(impl_->mu_);
   auto mit = impl_->models_.find(id);
   if (mit == impl_->models_.end()) return not_found("model " + quote(id) + " is not in repository " + impl_->dir_);
   // Locations as (pack, offset): the same bytes stored twice are two locations.

@@ -73,7 +73,7 @@ Status Repository::Impl::ensure_log() {
     if (log_->pwrite(rec.data(), rec.size(), log_written_).ok() && log_->sync(true).ok()) log_written_ += rec.size();
     own_sealed_logs_[log_name_] = log_written_;
     {
-      std::unique_lock clock(mu_);
+      WriterLock clock(mu_);
       sealed_.insert(log_name_);
     }
     log_.reset();
@@ -104,7 +104,7 @@ Status Repository::Impl::ensure_segment(uint64_t more_bytes) {
     json seal = {{"pack", seg_name_}};
     CAIRN_RETURN_IF_ERROR(append_durable(pfs::encode_record(RecordType::kSeal, seal.dump()), 1));
     {
-      std::unique_lock clock(mu_);
+      WriterLock clock(mu_);
       sealed_.insert(seg_name_);
     }
     std::lock_guard lock(sync_mu_);
@@ -247,7 +247,7 @@ Status Repository::Impl::commit_batch(std::vector<ModelManifest>& ms, const Repo
             if (reload) reload_needed_ = true;
           }
           {
-            std::shared_lock lock(mu_);
+            ReaderLock lock(mu_);
             known = models_.count(m.id) != 0;
           }
           if (s.ok() && known)
@@ -278,7 +278,7 @@ Status Repository::Impl::commit_batch(std::vector<ModelManifest>& ms, const Repo
         "raise gc_grace on a filesystem this slow",
         dir_, std::chrono::duration_cast<std::chrono::milliseconds>(took).count(), options_.gc_grace.count());
   if (!d.ok()) {
-    std::unique_lock lock(mu_);
+    WriterLock lock(mu_);
     for (auto it = staged.rbegin(); it != staged.rend(); ++it) drop_model(ms[*it].id);
   }
   for (size_t i : staged) {
@@ -430,7 +430,7 @@ Status Repository::Impl::stage(ModelManifest& in, const Repository::ChunkSource&
     // repository checked when the parent was committed: only the rest is checked again.
     bool inherited_whole = false;
     if (!in.parent.empty()) {
-      std::shared_lock lock(mu_);
+      ReaderLock lock(mu_);
       auto pit = models_.find(in.parent);
       inherited_whole = pit != models_.end() && !in.tensors.empty() && in.tensors.shares_with(pit->second->tensors);
     }
@@ -457,7 +457,7 @@ Status Repository::Impl::stage(ModelManifest& in, const Repository::ChunkSource&
   std::vector<bool> whole_candidate;                              // per tensor: every chunk new, none repeated
   std::vector<size_t> tensor_first;  // per tensor: the new chunks it introduced, [first, next tensor's)
   {
-    std::shared_lock lock(mu_);
+    ReaderLock lock(mu_);
     if (models_.count(m.id))
       return already_exists(model + " is already in repository " + dir_ +
                             "; models are immutable, commit under a new id");
@@ -529,7 +529,7 @@ Status Repository::Impl::stage(ModelManifest& in, const Repository::ChunkSource&
     tensor_first[tensors.size()] = new_chunks.size();
     // Chunks the repository holds already (inherited ones among them) take its location; the
     // others get one in the new pack below, whatever the caller put there.
-    auto located = [&](const ChunkRef& c) {
+    auto located = [&](const ChunkRef& c) CAIRN_REQUIRES_SHARED(mu_) {
       auto it = chunks_.find(c.hash);
       if (it != chunks_.end()) return it->second.ref;
       ChunkRef r = c;
@@ -581,8 +581,12 @@ Status Repository::Impl::stage(ModelManifest& in, const Repository::ChunkSource&
   // their next read fail as if the id had been deleted and committed again; the torture harness
   // found both. A commit without one (the `cairn` tool without a daemon) takes a stamp after every
   // one this handle has seen or made.
-  m.created_ns =
-      in.created_ns > 0 ? in.created_ns : std::max<int64_t>(now, std::max(last_created_ns_, own_last_created_ns_) + 1);
+  if (in.created_ns > 0) {
+    m.created_ns = in.created_ns;
+  } else {
+    ReaderLock lock(mu_);
+    m.created_ns = std::max<int64_t>(now, std::max(last_created_ns_, own_last_created_ns_) + 1);
+  }
 
   // Metadata that cannot be written as JSON fails the commit before any byte is written.
   try {
@@ -715,7 +719,7 @@ Status Repository::Impl::stage(ModelManifest& in, const Repository::ChunkSource&
   // In the catalog (visible to this process) now; durable with its record.
   auto shared = std::make_shared<const ModelManifest>(m);
   {
-    std::unique_lock lock(mu_);
+    WriterLock lock(mu_);
     Status s = add_model(shared);
     if (!s.ok()) return s.with_context("committing " + model);
   }

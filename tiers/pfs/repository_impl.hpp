@@ -56,6 +56,7 @@
 
 #include "core/fs.hpp"
 #include "core/hash.hpp"
+#include "core/sync.hpp"
 #include "tiers/pfs/coordination.hpp"
 #include "tiers/pfs/records.hpp"
 #include "tiers/pfs/repo_files.hpp"
@@ -173,31 +174,31 @@ struct Repository::Impl {
   std::chrono::steady_clock::time_point last_refresh_{};
 
   // The catalog. Read under a shared lock, changed under an exclusive one.
-  mutable std::shared_mutex mu_;
-  std::unordered_map<std::string, std::shared_ptr<const ModelManifest>> models_;
-  std::vector<std::string> order_;  // commit order (as this handle learnt of them)
-  std::unordered_map<std::string, std::vector<std::string>> children_;
-  std::unordered_map<ChunkHash, ChunkInfo, ChunkHashHasher> chunks_;
-  std::unordered_map<std::string, PackInfo> packs_;
+  mutable SharedMutex mu_;
+  std::unordered_map<std::string, std::shared_ptr<const ModelManifest>> models_ CAIRN_GUARDED_BY(mu_);
+  std::vector<std::string> order_ CAIRN_GUARDED_BY(mu_);  // commit order (as this handle learnt of them)
+  std::unordered_map<std::string, std::vector<std::string>> children_ CAIRN_GUARDED_BY(mu_);
+  std::unordered_map<ChunkHash, ChunkInfo, ChunkHashHasher> chunks_ CAIRN_GUARDED_BY(mu_);
+  std::unordered_map<std::string, PackInfo> packs_ CAIRN_GUARDED_BY(mu_);
   // Models holding each shared tensor list (TensorList::identity). A list's chunks are counted in
   // chunks_ and packs_ once, however many models share it: a million metadata-only children of one
   // parent cost a million counter increments here, not a million times the parent's chunk count.
-  std::unordered_map<const void*, uint64_t> list_refs_;
-  uint64_t logical_bytes_ = 0;
-  uint64_t physical_bytes_ = 0;  // bytes of the distinct chunks some manifest references
-  uint64_t stored_bytes_ = 0;    // what their locations take in the packs (coded)
+  std::unordered_map<const void*, uint64_t> list_refs_ CAIRN_GUARDED_BY(mu_);
+  uint64_t logical_bytes_ CAIRN_GUARDED_BY(mu_) = 0;
+  uint64_t physical_bytes_ CAIRN_GUARDED_BY(mu_) = 0;  // bytes of the distinct chunks some manifest references
+  uint64_t stored_bytes_ CAIRN_GUARDED_BY(mu_) = 0;    // what their locations take in the packs (coded)
   using CodingCount = RepositoryStats::Coding;
-  std::array<CodingCount, kChunkCodingCount> codings_{};  // locations by coding
-  uint64_t retired_ = 0;
-  int64_t last_created_ns_ = 0;      // the latest stamp of any model indexed (every writer's)
-  int64_t own_last_created_ns_ = 0;  // the latest stamp this handle committed (or was given)
-  std::vector<Deferred> deferred_;   // records waiting for their model (or its parent)
+  std::array<CodingCount, kChunkCodingCount> codings_ CAIRN_GUARDED_BY(mu_){};  // locations by coding
+  uint64_t retired_ CAIRN_GUARDED_BY(mu_) = 0;
+  int64_t last_created_ns_ CAIRN_GUARDED_BY(mu_) = 0;  // the latest stamp of any model indexed (every writer's)
+  int64_t own_last_created_ns_ = 0;  // write_mu_: the latest stamp this handle committed (or was given)
+  std::vector<Deferred> deferred_ CAIRN_GUARDED_BY(mu_);  // records waiting for their model (or its parent)
   // What records of other writers changed since the public refresh() last handed it out (every
   // internal refresh adds to it: a claim's, a lookup's, gc's).
   RefreshReport unreported_;
   // Collected models as they were before gc released their data: their children's commit records
   // name the parent's tensors by position. Written to checkpoints as a commit and a collect record.
-  std::unordered_map<std::string, std::shared_ptr<const ModelManifest>> collected_base_;
+  std::unordered_map<std::string, std::shared_ptr<const ModelManifest>> collected_base_ CAIRN_GUARDED_BY(mu_);
   std::set<std::string> sealed_;  // files whose writers sealed them
 
   // Open packs for reading, at most kMaxOpenPacks (repository_read.cpp); shared so a reader keeps
@@ -235,29 +236,29 @@ struct Repository::Impl {
   // ---- catalog changes (repository_open.cpp; mu_ held exclusively) ----
 
   // False (and nothing changed) when a pack it references cannot be registered.
-  Status add_model(std::shared_ptr<const ModelManifest> m);
+  Status add_model(std::shared_ptr<const ModelManifest> m) CAIRN_REQUIRES(mu_);
   // Registers a pack the catalog has not seen (reading a safetensors pack's prefix).
-  Status register_pack(const std::string& pack);
+  Status register_pack(const std::string& pack) CAIRN_REQUIRES(mu_);
   // Returns the packs that no model references any more (already dropped from the catalog).
-  std::vector<std::string> drop_model(const std::string& id);
+  std::vector<std::string> drop_model(const std::string& id) CAIRN_REQUIRES(mu_);
   // Drops m's chunk and pack references; appends packs nothing references any more to *dead.
-  void release_data(const ModelManifest& m, std::vector<std::string>* dead);
+  void release_data(const ModelManifest& m, std::vector<std::string>* dead) CAIRN_REQUIRES(mu_);
   // Adds (sign +1) or removes (-1) a stored location from the byte counters.
-  void count_location(const ChunkRef& c, int sign);
+  void count_location(const ChunkRef& c, int sign) CAIRN_REQUIRES(mu_);
   // One more reference to the chunk stored at c (a new copy when it is stored elsewhere already).
-  void add_chunk_ref(const ChunkRef& c);
+  void add_chunk_ref(const ChunkRef& c) CAIRN_REQUIRES(mu_);
   // One reference less to the copy at c; a copy nobody references leaves the index.
-  void release_chunk_ref(const ChunkRef& c);
-  void clear_catalog();
+  void release_chunk_ref(const ChunkRef& c) CAIRN_REQUIRES(mu_);
+  void clear_catalog() CAIRN_REQUIRES(mu_);
 
   // ---- records, refresh, checkpoints (repository_sync.cpp) ----
 
   // Applies one record (mu_ held exclusively). A record about a model not known yet is deferred.
   // rep (may be null) collects what changed.
   Status apply(pfs::RecordType type, std::string_view payload, const std::string& log, uint64_t offset,
-               RefreshReport* rep);
+               RefreshReport* rep) CAIRN_REQUIRES(mu_);
   // Retries deferred records until none applies (mu_ held exclusively).
-  void apply_deferred(RefreshReport* rep);
+  void apply_deferred(RefreshReport* rep) CAIRN_REQUIRES(mu_);
   // Loads the newest checkpoint and every log (open, and a rebuild). refresh_mu_ held or at open.
   Status load(RefreshReport* rep);
   // Reads the logs' new records (own_too: this writer's logs as well). *reload: logs were compacted
@@ -341,8 +342,10 @@ struct Repository::Impl {
 };
 
 // Calls f with each pack location a chunk reference keeps live: the chunk's own, and a delta's base.
+// f runs in its caller's scope, with its caller's locks held: the analysis checks f's body against
+// f's own annotations (a lambda that reads guarded members declares CAIRN_REQUIRES), not this call.
 template <class F>
-void for_each_location(const ChunkRef& c, F&& f) {
+void for_each_location(const ChunkRef& c, F&& f) CAIRN_NO_THREAD_SAFETY_ANALYSIS {
   f(c);
   if (c.base) f(*c.base);
 }

@@ -52,7 +52,7 @@ Status Repository::Impl::remove(const std::string& id) {
   std::lock_guard write_lock(write_mu_);
   const std::string model = "model " + quote(id);
   {
-    std::shared_lock lock(mu_);
+    ReaderLock lock(mu_);
     if (!models_.count(id)) return not_found(model + " is not in repository " + dir_);
     auto cit = children_.find(id);
     if (cit != children_.end() && !cit->second.empty()) {
@@ -68,7 +68,7 @@ Status Repository::Impl::remove(const std::string& id) {
       append_durable(pfs::encode_record(pfs::RecordType::kRemove, body.dump()), 1).with_context("removing " + model));
   std::vector<std::string> dead;
   {
-    std::unique_lock lock(mu_);
+    WriterLock lock(mu_);
     collected_base_.erase(id);
     dead = drop_model(id);
   }
@@ -99,7 +99,7 @@ Status Repository::Impl::retire(const std::string& id) {
   std::lock_guard write_lock(write_mu_);
   std::shared_ptr<const ModelManifest> old;
   {
-    std::shared_lock lock(mu_);
+    ReaderLock lock(mu_);
     auto it = models_.find(id);
     if (it == models_.end()) return not_found("model " + quote(id) + " is not in repository " + dir_);
     old = it->second;
@@ -112,7 +112,7 @@ Status Repository::Impl::retire(const std::string& id) {
                             .with_context("retiring model " + quote(id)));
   auto m = std::make_shared<ModelManifest>(*old);
   m->retired_ns = std::max<int64_t>(now, 1);
-  std::unique_lock lock(mu_);
+  WriterLock lock(mu_);
   auto it = models_.find(id);
   if (it != models_.end() && it->second->retired_ns == 0) {
     it->second = std::move(m);
@@ -182,7 +182,7 @@ void Repository::Impl::reclaim(const std::vector<std::string>& dead, GcReport* r
       if (!tmp && !(ends_with(name, kPackSuffix) || ends_with(name, pfs::kSegmentSuffix))) continue;
       if (tmp ? (!owner.empty() && (owner == wid() || coord_->alive(owner))) : owner_may_append(name)) continue;
       {
-        std::shared_lock lock(mu_);
+        ReaderLock lock(mu_);
         if (!tmp && packs_.count(name)) continue;
       }
       forget_pack_file(name);
@@ -213,7 +213,7 @@ void Repository::Impl::reclaim(const std::vector<std::string>& dead, GcReport* r
   std::vector<Plan> plan;
   std::vector<std::string> pack_names;
   {
-    std::shared_lock lock(mu_);
+    ReaderLock lock(mu_);
     for (const auto& [name, info] : packs_) pack_names.push_back(name);
   }
   std::unordered_set<std::string> skip;
@@ -224,7 +224,7 @@ void Repository::Impl::reclaim(const std::vector<std::string>& dead, GcReport* r
     // Live: every location some manifest names. From the chunk index (every copy of a chunk), and
     // again from the manifests themselves: nothing is freed unless both agree it is dead, and a
     // disagreement (a counting error in the index) is reported.
-    std::shared_lock lock(mu_);
+    ReaderLock lock(mu_);
     view_models = models_.size();
     std::unordered_map<std::string, std::vector<Range>> live;
     std::set<std::tuple<std::string, uint64_t, uint64_t>> indexed;
@@ -323,7 +323,7 @@ Status Repository::Impl::revive_parents(
   // freed as nobody's. Such parents come back, collected: their record as it was, then a collect.
   std::set<std::string> wanted;
   {
-    std::shared_lock lock(mu_);
+    ReaderLock lock(mu_);
     for (const Deferred& d : deferred_) {
       if (d.type != pfs::RecordType::kCommit) continue;
       nlohmann::json j = nlohmann::json::parse(d.payload, nullptr, false);
@@ -352,7 +352,7 @@ Status Repository::Impl::revive_parents(
   }
   CAIRN_RETURN_IF_ERROR(append_durable(records, applied.size()).with_context("gc: keeping parents of new children"));
   {
-    std::unique_lock lock(mu_);
+    WriterLock lock(mu_);
     for (const auto& [type, payload] : applied)
       CAIRN_RETURN_IF_ERROR(apply(type, payload, log_name_, 0, nullptr).with_context("gc: keeping a parent"));
     apply_deferred(nullptr);
@@ -389,7 +389,7 @@ Result<GcReport> Repository::Impl::gc(const GcSteps& steps) {
   std::vector<std::string> to_collect;
   uint64_t physical_before;
   {
-    std::shared_lock lock(mu_);
+    ReaderLock lock(mu_);
     physical_before = physical_bytes_;
     std::unordered_set<std::string> removing;
     for (auto it = order_.rbegin(); it != order_.rend(); ++it) {
@@ -424,7 +424,7 @@ Result<GcReport> Repository::Impl::gc(const GcSteps& steps) {
   std::vector<std::string> dead;
   std::unordered_map<std::string, std::shared_ptr<const ModelManifest>> removed_as_was;  // before gc
   {
-    std::unique_lock lock(mu_);
+    WriterLock lock(mu_);
     for (const std::string& id : to_collect) {
       std::shared_ptr<const ModelManifest>& slot = models_.at(id);
       auto m = std::make_shared<ModelManifest>(*slot);
@@ -459,8 +459,9 @@ Result<GcReport> Repository::Impl::gc(const GcSteps& steps) {
     write_lock.lock();
     CAIRN_RETURN_IF_ERROR(whole_view_locked());  // reclaim frees what this view does not reference
     CAIRN_RETURN_IF_ERROR(revive_parents(removed_as_was, &report));
-    std::shared_lock lock(mu_);
-    dead.erase(std::remove_if(dead.begin(), dead.end(), [&](const std::string& p) { return packs_.count(p) > 0; }),
+    ReaderLock lock(mu_);
+    dead.erase(std::remove_if(dead.begin(), dead.end(),
+                              [&](const std::string& p) CAIRN_REQUIRES_SHARED(mu_) { return packs_.count(p) > 0; }),
                dead.end());
   }
   // 4. The bytes: only what no record references.
@@ -473,7 +474,7 @@ Result<FsckReport> Repository::Impl::fsck(bool verify_data, OperationProgress* p
   std::vector<std::shared_ptr<const ModelManifest>> models;
   std::unordered_map<std::string, uint64_t> data_begin;  // referenced pack -> start of its data
   {
-    std::shared_lock lock(mu_);
+    ReaderLock lock(mu_);
     for (const std::string& id : order_) models.push_back(models_.at(id));
     for (const auto& [name, info] : packs_) data_begin.emplace(name, info.data_begin);
   }

@@ -203,7 +203,7 @@ Status Repository::Impl::open(const std::string& dir, uint64_t chunk_size) {
   {
     std::lock_guard lock(refresh_mu_);
     CAIRN_RETURN_IF_ERROR(load(nullptr));
-    std::unique_lock clock(mu_);
+    WriterLock clock(mu_);
     unreported_ = RefreshReport{};  // the caller reads the catalog it opened with
   }
   // A migration that died after FORMAT said 2 leaves version 1's manifests behind; they are in
@@ -304,7 +304,7 @@ Status Repository::Impl::add_model(std::shared_ptr<const ModelManifest> m) {
   for (const TensorManifest& t : first ? m->tensors : TensorList()) {
     for (const ChunkRef& c : t.chunks) {
       // A delta's base counts as one more reference of the model: it stays while the delta does.
-      for_each_location(c, [&](const ChunkRef& at) {
+      for_each_location(c, [&](const ChunkRef& at) CAIRN_REQUIRES(mu_) {
         packs_.at(at.pack).refs++;
         add_chunk_ref(at);
       });
@@ -398,7 +398,7 @@ void Repository::Impl::release_chunk_ref(const ChunkRef& c) {
 
 void Repository::Impl::release_data(const ModelManifest& m, std::vector<std::string>* dead) {
   logical_bytes_ -= m.logical_bytes();
-  auto release_pack = [&](const std::string& name) {
+  auto release_pack = [&](const std::string& name) CAIRN_REQUIRES(mu_) {
     auto pit = packs_.find(name);
     if (pit == packs_.end()) return;
     if (--pit->second.refs > 0) return;
@@ -436,7 +436,7 @@ void Repository::Impl::release_data(const ModelManifest& m, std::vector<std::str
   if (last)
     for (const TensorManifest& t : m.tensors) {
       for (const ChunkRef& c : t.chunks) {
-        for_each_location(c, [&](const ChunkRef& at) {
+        for_each_location(c, [&](const ChunkRef& at) CAIRN_REQUIRES(mu_) {
           release_chunk_ref(at);
           release_pack(at.pack);
         });

@@ -158,7 +158,7 @@ Status Repository::Impl::apply(RecordType type, std::string_view payload, const 
                                RefreshReport* rep) {
   const std::string where = (log.empty() ? std::string("a checkpoint") : "log " + join_path(logs_dir_, log)) + ", " +
                             pfs::record_type_name(type) + " record at byte " + std::to_string(offset);
-  auto defer = [&] {
+  auto defer = [&]() CAIRN_REQUIRES(mu_) {
     deferred_.push_back({type, std::string(payload), log, offset});
     return Status::OK();
   };
@@ -368,7 +368,7 @@ Status Repository::Impl::read_checkpoint(const std::string& name, uint64_t* seq,
   uint64_t n = begin["models"].get<uint64_t>();
   if (pr.records.back().type != RecordType::kCheckpointEnd)
     return corruption("checkpoint " + path + " does not end with a checkpoint record" + todo);
-  std::unique_lock lock(mu_);
+  WriterLock lock(mu_);
   uint64_t commits = 0;
   for (size_t k = 1; k + 1 < pr.records.size(); ++k) {
     const pfs::ParsedRecord& r = pr.records[k];
@@ -412,7 +412,7 @@ Status Repository::Impl::load(RefreshReport* rep) {
   constexpr int kAttempts = 20;
   for (int attempt = 1;; ++attempt) {
     {
-      std::unique_lock lock(mu_);
+      WriterLock lock(mu_);
       clear_catalog();
       deferred_.clear();
       collected_base_.clear();
@@ -451,7 +451,7 @@ Status Repository::Impl::load(RefreshReport* rep) {
   }
   view_time_ = last_refresh_ = std::chrono::steady_clock::now();
   {
-    std::shared_lock lock(mu_);
+    ReaderLock lock(mu_);
     std::string logs;
     for (const auto& [name, at] : read_to_) logs += (logs.empty() ? "" : ", ") + name + ":" + std::to_string(at);
     CAIRN_LOG_INFO("repository {}: loaded checkpoint {} and the logs ({}): {} models, {} records waiting", dir_,
@@ -461,7 +461,7 @@ Status Repository::Impl::load(RefreshReport* rep) {
 }
 
 Status Repository::Impl::check_packs_present() {
-  std::shared_lock lock(mu_);
+  ReaderLock lock(mu_);
   for (const auto& [name, info] : packs_) {
     if (!info.missing) continue;
     for (const std::string& id : order_) {
@@ -514,7 +514,7 @@ Status Repository::Impl::read_logs(RefreshReport* rep, bool* reload, bool own_to
     buf.resize(got);
     pfs::ParseResult pr = pfs::parse_records(buf);
     {
-      std::unique_lock lock(mu_);
+      WriterLock lock(mu_);
       for (const pfs::ParsedRecord& r : pr.records) {
         Status s = apply(r.type, r.payload, name, at + r.offset, rep);
         if (!s.ok()) return s;
@@ -587,14 +587,14 @@ Status Repository::Impl::refresh(RefreshReport* rep) {
     if (!d.ok()) return d;
     std::unordered_map<std::string, std::shared_ptr<const ModelManifest>> before;
     {
-      std::shared_lock slock(mu_);
+      ReaderLock slock(mu_);
       before = models_;
     }
     CAIRN_RETURN_IF_ERROR(load(nullptr));
     reload_needed_ = false;
     rep->reloaded = true;
     {
-      std::unique_lock ulock(mu_);
+      WriterLock ulock(mu_);
       // What the rebuild changed, as seen from before it (load() reported every model as new).
       unreported_ = RefreshReport{};
       unreported_.reloaded = true;
@@ -634,7 +634,7 @@ bool Repository::Impl::owner_may_append(const std::string& name) const {
   if (w.empty()) return false;  // version 1's packs: nobody appends to them
   if (w == wid()) return name == log_name_ || name == seg_name_;
   {
-    std::shared_lock lock(mu_);
+    ReaderLock lock(mu_);
     if (sealed_.count(name)) return false;
   }
   return coord_->alive(w);
@@ -676,7 +676,7 @@ Status Repository::Impl::compact(CompactReport* report, bool take_lease, std::ch
   // harness.)
   std::vector<Deferred> carried;
   {
-    std::shared_lock lock(mu_);
+    ReaderLock lock(mu_);
     std::set<std::string> waiting;
     for (const Deferred& d : deferred_) {
       if (d.type != RecordType::kCommit) continue;
@@ -698,7 +698,7 @@ Status Repository::Impl::compact(CompactReport* report, bool take_lease, std::ch
   uint64_t seq = std::max(ckpt_seq_, checkpoint_seq(newest_checkpoint())) + 1;
   std::unordered_map<std::string, std::shared_ptr<const ModelManifest>> bases;
   {
-    std::shared_lock lock(mu_);
+    ReaderLock lock(mu_);
     bases = collected_base_;
   }
   CAIRN_RETURN_IF_ERROR(
