@@ -21,6 +21,7 @@ struct cairn_model_writer {
 };
 struct cairn_model_reader {
   std::unique_ptr<cairn::ModelReader> impl;
+  std::string metadata_text;  // cairn_model_describe's, made on first use
 };
 struct cairn_ticket {
   cairn_client* client;
