@@ -7,7 +7,7 @@
 #include <string>
 
 #include "api/c/cairn_c_internal.hpp"
-#include "api/cpp/client.hpp"
+#include "api/cpp/connection.hpp"
 #include "api/cpp/model_file.hpp"
 #include "cairn/cairn.h"
 
@@ -73,7 +73,7 @@ cairn_status read_kind(const cairn_read_options& o, bool& device) {
 }
 
 // cairn_model_map_tensors and cairn_model_map_tensors_private: the names checked and listed, one
-// request through `map` (a ModelReader member), the views written out.
+// request through `map` (a ConnectionReader member), the views written out.
 template <typename View, typename MapMany>
 cairn_status map_tensors(cairn_model_reader* r, size_t count, const char* const* names, View* data, size_t* nbytes,
                          MapMany map) {
@@ -120,7 +120,7 @@ cairn_status cairn_connect(const char* address, cairn_client** out) {
   return guarded([&] {
     CAIRN_REQUIRE_ARG(out, "out is NULL");
     *out = nullptr;
-    auto c = cairn::Client::connect(address ? address : "");
+    auto c = cairn::Connection::connect(address ? address : "");
     if (!c.ok()) return fail(c.status());
     *out = new cairn_client{std::move(c).value()};
     return done(cairn::Status::OK());
@@ -137,7 +137,7 @@ cairn_status cairn_model_create(cairn_client* c, const char* id, const char* par
     *out = nullptr;
     CAIRN_REQUIRE_ARG(cairn::valid_name(id), "model ids must be 1..1024 bytes of UTF-8 without NUL");
     CAIRN_REQUIRE_ARG(!parent || cairn::valid_name(parent), "parent ids must be 1..1024 bytes of UTF-8 without NUL");
-    *out = new cairn_model_writer{std::make_unique<cairn::ModelWriter>(*c->impl, id, parent ? parent : ""), c};
+    *out = new cairn_model_writer{std::make_unique<cairn::ConnectionWriter>(*c->impl, id, parent ? parent : ""), c};
     return done(cairn::Status::OK());
   });
 }
@@ -153,7 +153,7 @@ cairn_status cairn_model_create_part(cairn_client* c, const char* id, const char
     CAIRN_REQUIRE_ARG(count >= 2 && index >= 0 && index < count,
                       "part " + std::to_string(index) + " of " + std::to_string(count) +
                           ": a multi-part model has at least 2 parts, numbered from 0");
-    auto w = std::make_unique<cairn::ModelWriter>(*c->impl, id, parent ? parent : "");
+    auto w = std::make_unique<cairn::ConnectionWriter>(*c->impl, id, parent ? parent : "");
     cairn::Status st = w->set_part(static_cast<uint32_t>(index), static_cast<uint32_t>(count), timeout_ms);
     if (!st.ok()) return fail(st);
     *out = new cairn_model_writer{std::move(w), c};
@@ -176,7 +176,7 @@ cairn_status cairn_model_add_tensors(cairn_model_writer* w, const cairn_tensor_i
   return guarded([&] {
     CAIRN_REQUIRE_ARG(w, "writer must not be NULL");
     CAIRN_REQUIRE_ARG(tensors || n == 0, "tensors must not be NULL");
-    std::vector<cairn::ModelWriter::TensorIn> in(n);
+    std::vector<cairn::ConnectionWriter::TensorIn> in(n);
     for (size_t i = 0; i < n; ++i) {
       const cairn_tensor_in& t = tensors[i];
       CAIRN_REQUIRE_ARG(t.name, "tensors[" + std::to_string(i) + "].name must not be NULL");
@@ -372,7 +372,7 @@ cairn_status cairn_model_open(cairn_client* c, const char* id, cairn_model_reade
   return guarded([&] {
     CAIRN_REQUIRE_ARG(c && id && out, "client, id and out must not be NULL");
     *out = nullptr;
-    auto r = cairn::ModelReader::open(*c->impl, id);
+    auto r = cairn::ConnectionReader::open(*c->impl, id);
     if (!r.ok()) return fail(r.status());
     *out = new cairn_model_reader{std::move(r).value(), {}};
     return done(cairn::Status::OK());
