@@ -42,14 +42,14 @@ constexpr cairn_commit_options kCommitDefaults = CAIRN_COMMIT_OPTIONS_INIT;
 constexpr cairn_prefetch_options kPrefetchDefaults = CAIRN_PREFETCH_OPTIONS_INIT;
 constexpr cairn_file_options kFileDefaults = CAIRN_FILE_OPTIONS_INIT;
 
-// JSON text of an options field (NULL or "": null), or an error naming the field.
-cairn_status parse_json_field(const char* text, const char* field, bool object, nlohmann::json& out) {
+// JSON text of an argument (NULL or "": null), or an error naming what it is (`what`).
+cairn_status parse_json_field(const char* text, const char* what, bool object, nlohmann::json& out) {
   out = nullptr;
   if (!text || !*text) return CAIRN_OK;
   out = nlohmann::json::parse(text, nullptr, false);
   if (out.is_discarded() || (object && !out.is_object()))
     return fail(CAIRN_ERR_INVALID_ARGUMENT,
-                std::string("cairn_file_options.") + field + (object ? " is not a JSON object" : " is not valid JSON"));
+                std::string(what) + (object ? " is not a JSON object" : " is not valid JSON"));
   return CAIRN_OK;
 }
 
@@ -630,27 +630,15 @@ cairn_status cairn_hint(cairn_client* c, const char* hint_json, char** result_js
 
 cairn_status cairn_model_put_file(cairn_client* c, const char* id, const char* path, const char* parent,
                                   cairn_durability d, const char* meta_json) {
-  return guarded([&] {
-    CAIRN_REQUIRE_ARG(c && id && path, "client, id and path must not be NULL");
-    const int level = raw_enum(d);
-    CAIRN_REQUIRE_ARG(level >= CAIRN_DURABILITY_MEMORY && level <= CAIRN_DURABILITY_GLOBAL,
-                      "unknown durability " + std::to_string(level));
-    nlohmann::json meta = nullptr;
-    if (meta_json && *meta_json) {
-      meta = nlohmann::json::parse(meta_json, nullptr, false);
-      if (meta.is_discarded() || !meta.is_object())
-        return fail(CAIRN_ERR_INVALID_ARGUMENT, "metadata is not a JSON object");
-    }
-    return done(cairn::put_safetensors_file(*c->impl, id, path, parent ? parent : "",
-                                            static_cast<cairn::Durability>(level), meta));
-  });
+  cairn_file_options o = kFileDefaults;
+  o.parent = parent;
+  std::memcpy(&o.durability, &d, sizeof d);  // checked by cairn_model_put_file_opts (raw_enum)
+  o.metadata_json = meta_json;
+  return cairn_model_put_file_opts(c, id, path, &o);
 }
 
 cairn_status cairn_model_get_file(cairn_client* c, const char* id, const char* path) {
-  return guarded([&] {
-    CAIRN_REQUIRE_ARG(c && id && path, "client, id and path must not be NULL");
-    return done(cairn::get_safetensors_file(*c->impl, id, path));
-  });
+  return cairn_model_get_file_opts(c, id, path, nullptr);
 }
 
 cairn_status cairn_model_put_file_opts(cairn_client* c, const char* id, const char* path,
@@ -661,12 +649,12 @@ cairn_status cairn_model_put_file_opts(cairn_client* c, const char* id, const ch
     if (cairn_status e = read_options(opts, kFileDefaults, "cairn_file_options", o); e != CAIRN_OK) return e;
     const int level = raw_enum(o.durability);
     CAIRN_REQUIRE_ARG(level >= CAIRN_DURABILITY_MEMORY && level <= CAIRN_DURABILITY_GLOBAL,
-                      "cairn_file_options.durability: unknown durability " + std::to_string(level));
+                      "unknown durability " + std::to_string(level));
     CAIRN_REQUIRE_ARG(o.count == 0 && !o.names,
                       "cairn_file_options.count and names choose the tensors of a get, not of a put");
     nlohmann::json meta, arch;
-    if (cairn_status e = parse_json_field(o.metadata_json, "metadata_json", true, meta); e != CAIRN_OK) return e;
-    if (cairn_status e = parse_json_field(o.architecture_json, "architecture_json", false, arch); e != CAIRN_OK)
+    if (cairn_status e = parse_json_field(o.metadata_json, "the metadata", true, meta); e != CAIRN_OK) return e;
+    if (cairn_status e = parse_json_field(o.architecture_json, "the architecture graph", false, arch); e != CAIRN_OK)
       return e;
     return done(cairn::put_safetensors_file(*c->impl, id, path, o.parent ? o.parent : "",
                                             static_cast<cairn::Durability>(level), meta, arch, file_progress(o)));
