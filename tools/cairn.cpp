@@ -501,7 +501,9 @@ int cmd_prefetch(const std::string& id, bool all, bool as_json, const std::strin
   auto client = connect();
   if (!client.ok()) return fail(client.status());
   if (!tier.empty() && tier != "dram" && tier != "hbm")
-    return fail(cairn::invalid_argument("--tier '" + tier + "' is not one of dram, hbm"));
+    return fail(cairn::invalid_argument("prefetch --tier " + tier +
+                                        ": cairn prefetches into dram or hbm (the burst buffer is filled by commits "
+                                        "at durability local and by DRAM evictions)"));
   cairn_prefetch_options opts = CAIRN_PREFETCH_OPTIONS_INIT;
   opts.all = all ? 1 : 0;
   if (tier == "hbm") {  // into the GPU tier (docs/gpu.md)
