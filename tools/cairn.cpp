@@ -248,7 +248,7 @@ int cmd_simple(const json& request, bool print) {
   auto client = connect();
   if (!client.ok()) return fail(client.status());
   const std::string op = request.value("op", "");
-  auto r = op == "hint"    ? cairn::tool::parse_reply(client->hint(request["hint"].dump()), "the hint")
+  auto r = op == "hint"    ? cairn::tool::hint(*client, request["hint"])
            : op == "query" ? cairn::tool::query(*client, request["query"])
                            : cairn::tool::request(*client, request);
   if (!r.ok()) return fail(r.status());

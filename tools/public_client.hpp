@@ -52,6 +52,11 @@ inline Result<nlohmann::json> query(v1::Client& client, const nlohmann::json& q)
   return parse_reply(client.query(q.dump()), "the query");
 }
 
+// cairn_hint: a hint (docs/policy.md); the daemon's answer.
+inline Result<nlohmann::json> hint(v1::Client& client, const nlohmann::json& h) {
+  return parse_reply(client.hint(h.dump()), "the hint");
+}
+
 // The C API's dtypes are cairn::DType's, in the same order (cairn.h, core/dtype.hpp).
 inline cairn_dtype to_c(DType d) { return static_cast<cairn_dtype>(d); }
 inline DType from_c(cairn_dtype d) { return static_cast<DType>(d); }
