@@ -1,4 +1,4 @@
-// cairn: the command-line tool. Talks to the node's cairnd through the client library.
+// cairn: the command-line tool. Talks to the node's cairnd through the public C++ client (cairn/client.hpp).
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -13,8 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "api/cpp/client.hpp"
-#include "api/cpp/model_file.hpp"
+#include "cairn/client.hpp"
 #include "core/safetensors.hpp"
 #include "core/version.hpp"
 #include "core/wire.hpp"
@@ -25,6 +24,7 @@
 #include "tools/keras_h5.hpp"
 #include "tools/lineage_picture.hpp"
 #include "tools/progress_line.hpp"
+#include "tools/public_client.hpp"
 #include "tools/python_io.hpp"
 #include "tools/usage_report.hpp"
 
@@ -42,7 +42,7 @@ int fail(const Status& s) {
   return 1;
 }
 
-Result<std::unique_ptr<cairn::Client>> connect() { return cairn::Client::connect(""); }
+Result<cairn::v1::Client> connect() { return cairn::tool::connect(); }
 
 Result<cairn::Durability> parse_durability(const std::string& s) {
   if (auto d = cairn::durability_from_name(s)) return *d;
@@ -73,11 +73,11 @@ void add_progress_flags(CLI::App* cmd, ProgressFlags& flags) {
 }
 
 // A long daemon request with its progress shown while it runs: the request's result.
-Result<json> call_with_progress(cairn::Client& client, json request, cairn::tool::ProgressLine& line) {
+Result<json> call_with_progress(cairn::v1::Client& client, json request, cairn::tool::ProgressLine& line) {
   cairn::tool::DaemonProgress watch(line);
   watch.add_token(request);
   watch.start();
-  auto r = client.call(request);
+  auto r = cairn::tool::request(client, request);
   watch.stop();
   return r;
 }
@@ -114,11 +114,18 @@ int cmd_put(const std::string& id, const std::string& file, const std::string& p
   if (!client.ok()) return fail(client.status());
   cairn::tool::ProgressLine line(std::string(verb) + " " + id, pf.mode(), stderr);
   uint64_t bytes = 0;
-  Status st = cairn::put_safetensors_file(**client, id, file, parent, *durability, meta, arch,
-                                          [&](const cairn::ProgressSnapshot& s) {
-                                            if (s.phase != "committing") bytes = s.done;
-                                            line.update(s);
-                                          });
+  cairn_file_options opts = CAIRN_FILE_OPTIONS_INIT;
+  opts.parent = parent.empty() ? nullptr : parent.c_str();
+  opts.durability = static_cast<cairn_durability>(*durability);
+  const std::string meta_json = meta.is_object() ? meta.dump() : "";
+  const std::string arch_json = arch.is_null() ? "" : arch.dump();
+  opts.metadata_json = meta_json.empty() ? nullptr : meta_json.c_str();
+  opts.architecture_json = arch_json.empty() ? nullptr : arch_json.c_str();
+  Status st = cairn::tool::to_status(
+      client->model_put_file(id, file, opts, [&](const char* phase, uint64_t done, uint64_t total) {
+        if (std::string_view(phase) != "committing") bytes = done;
+        line.update(cairn::ProgressSnapshot{phase, cairn::ProgressUnit::kBytes, done, total});
+      }));
   if (!st.ok()) return fail(st);
   line.finish(std::string(verb) + " " + id + ": " + cairn::tool::human_bytes(bytes) + " from " + file + " committed (" +
               durability_text + ")");
@@ -132,8 +139,15 @@ int cmd_get(const std::string& id, const std::string& out, const std::vector<std
   auto client = connect();
   if (!client.ok()) return fail(client.status());
   cairn::tool::ProgressLine line(std::string(verb) + " " + id, pf.mode(), stderr);
-  Status st =
-      cairn::get_safetensors_file(**client, id, out, only, [&](const cairn::ProgressSnapshot& s) { line.update(s); });
+  std::vector<const char*> names;
+  for (const std::string& n : only) names.push_back(n.c_str());
+  cairn_file_options opts = CAIRN_FILE_OPTIONS_INIT;
+  opts.count = names.size();
+  opts.names = names.empty() ? nullptr : names.data();
+  Status st = cairn::tool::to_status(
+      client->model_get_file(id, out, opts, [&](const char* phase, uint64_t done, uint64_t total) {
+        line.update(cairn::ProgressSnapshot{phase, cairn::ProgressUnit::kBytes, done, total});
+      }));
   if (!st.ok()) return fail(st);
   line.finish();
   return 0;
@@ -185,7 +199,7 @@ int cmd_import(const std::string& id, const std::string& file, const std::string
   if (Status h = cairn::tool::require_hdf5(file); !h.ok()) return fail(h);
   auto client = connect();
   if (!client.ok()) return fail(client.status());
-  Status st = cairn::tool::import_keras_h5(**client, id, file, parent, meta, *durability);
+  Status st = cairn::tool::import_keras_h5(*client, id, file, parent, meta, *durability);
   return st.ok() ? 0 : fail(st);
 }
 
@@ -203,7 +217,7 @@ int cmd_export(const std::string& id, const std::string& file, const ProgressFla
   if (Status h = cairn::tool::require_hdf5(file); !h.ok()) return fail(h);
   auto client = connect();
   if (!client.ok()) return fail(client.status());
-  Status st = cairn::tool::export_keras_h5(**client, id, file);
+  Status st = cairn::tool::export_keras_h5(*client, id, file);
   return st.ok() ? 0 : fail(st);
 }
 
@@ -212,7 +226,7 @@ int cmd_export(const std::string& id, const std::string& file, const ProgressFla
 int cmd_ls(bool as_json, bool all) {
   auto client = connect();
   if (!client.ok()) return fail(client.status());
-  auto r = (*client)->call(json{{"op", "list"}, {"all", all}});
+  auto r = cairn::tool::request(*client, json{{"op", "list"}, {"all", all}});
   if (!r.ok()) return fail(r.status());
   const json& models = (*r)["models"];
   if (as_json) {
@@ -229,12 +243,15 @@ int cmd_ls(bool as_json, bool all) {
   return 0;
 }
 
+// Sends a request (a hint and a query through their own calls) and prints the answer (print).
 int cmd_simple(const json& request, bool print) {
   auto client = connect();
   if (!client.ok()) return fail(client.status());
-  auto r = (*client)->call(request);
+  const std::string op = request.value("op", "");
+  auto r = op == "hint"    ? cairn::tool::hint(*client, request["hint"])
+           : op == "query" ? cairn::tool::query(*client, request["query"])
+                           : cairn::tool::request(*client, request);
   if (!r.ok()) return fail(r.status());
-  r->erase("status");
   if (print) std::cout << r->dump(2) << "\n";
   return 0;
 }
@@ -245,13 +262,13 @@ int cmd_du(std::vector<std::string> ids, bool as_json) {
   auto client = connect();
   if (!client.ok()) return fail(client.status());
   if (ids.empty()) {
-    auto r = (*client)->call(json{{"op", "list"}});
+    auto r = cairn::tool::request(*client, json{{"op", "list"}});
     if (!r.ok()) return fail(r.status());
     for (const json& m : (*r)["models"]) ids.push_back(m["id"].get<std::string>());
   }
   json rows = json::array();
   for (const std::string& id : ids) {
-    auto r = (*client)->call(json{{"op", "show"}, {"id", id}});
+    auto r = cairn::tool::request(*client, json{{"op", "show"}, {"id", id}});
     if (!r.ok()) return fail(r.status());
     json row{{"id", id}, {"logical_bytes", (*r)["logical_bytes"]}};
     if (r->contains("storage")) row["storage"] = (*r)["storage"];
@@ -283,7 +300,7 @@ std::string dot_id(const std::string& s) { return "\"" + dot_escape(s) + "\""; }
 cairn::Result<std::string> lineage_dot(const std::string& id) {
   auto client = connect();
   if (!client.ok()) return client.status();
-  auto t = (*client)->query(json{{"op", "tree"}, {"model", id}});
+  auto t = cairn::tool::query(*client, json{{"op", "tree"}, {"model", id}});
   if (!t.ok()) return t.status();
   std::string out = "digraph lineage {\n  rankdir=TB;\n  node [shape=box, fontname=\"Helvetica\", fontsize=10];\n";
   for (const auto& n : (*t)["tree"]) {
@@ -334,7 +351,7 @@ int cmd_gc(const ProgressFlags& pf) {
   auto client = connect();
   if (!client.ok()) return fail(client.status());
   cairn::tool::ProgressLine line("gc", pf.mode(), stderr);
-  auto r = call_with_progress(**client, json{{"op", "gc"}}, line);
+  auto r = call_with_progress(*client, json{{"op", "gc"}}, line);
   if (!r.ok()) return fail(r.status());
   line.finish("gc: done in " + cairn::tool::human_duration(line.elapsed()));
   std::printf(
@@ -353,7 +370,7 @@ int cmd_fsck(bool quick, bool as_json, const ProgressFlags& pf) {
   auto client = connect();
   if (!client.ok()) return fail(client.status());
   cairn::tool::ProgressLine line("fsck", pf.mode(), stderr);
-  auto r = call_with_progress(**client, json{{"op", "fsck"}, {"verify", !quick}}, line);
+  auto r = call_with_progress(*client, json{{"op", "fsck"}, {"verify", !quick}}, line);
   if (!r.ok()) return fail(r.status());
   line.finish("fsck: " + std::to_string((*r)["chunks"].get<uint64_t>()) + " chunk references, " +
               cairn::tool::human_bytes((*r)["bytes_verified"].get<uint64_t>()) + " verified in " +
@@ -383,9 +400,9 @@ int cmd_fsck(bool quick, bool as_json, const ProgressFlags& pf) {
 int cmd_lineage(const std::string& id, bool as_json) {
   auto client = connect();
   if (!client.ok()) return fail(client.status());
-  auto a = (*client)->query(json{{"op", "ancestors"}, {"model", id}});
+  auto a = cairn::tool::query(*client, json{{"op", "ancestors"}, {"model", id}});
   if (!a.ok()) return fail(a.status());
-  auto d = (*client)->query(json{{"op", "descendants"}, {"model", id}});
+  auto d = cairn::tool::query(*client, json{{"op", "descendants"}, {"model", id}});
   if (!d.ok()) return fail(d.status());
   if (as_json) {
     std::cout << json{{"model", id}, {"ancestors", (*a)["ancestors"]}, {"descendants", (*d)["descendants"]}}.dump(2)
@@ -403,7 +420,7 @@ int cmd_lineage(const std::string& id, bool as_json) {
 int cmd_stats(bool as_json) {
   auto client = connect();
   if (!client.ok()) return fail(client.status());
-  auto r = (*client)->call(json{{"op", "stats"}});
+  auto r = cairn::tool::request(*client, json{{"op", "stats"}});
   if (!r.ok()) return fail(r.status());
   r->erase("status");
   if (as_json) {
@@ -420,7 +437,7 @@ int cmd_flush(double timeout_s, const ProgressFlags& pf) {
   json req{{"op", "flush"}};
   if (timeout_s >= 0) req["timeout_ms"] = static_cast<int64_t>(timeout_s * 1000);
   cairn::tool::ProgressLine line("flush", pf.mode(), stderr);
-  auto r = call_with_progress(**client, req, line);
+  auto r = call_with_progress(*client, req, line);
   if (!r.ok()) return fail(r.status());
   line.finish("flush: " + std::to_string((*r)["flushed_models"].get<uint64_t>()) + " models in " +
               cairn::tool::human_duration(line.elapsed()));
@@ -433,7 +450,7 @@ int cmd_sync(const ProgressFlags& pf) {
   auto client = connect();
   if (!client.ok()) return fail(client.status());
   cairn::tool::ProgressLine line("sync", pf.mode(), stderr);
-  auto r = call_with_progress(**client, json{{"op", "sync"}}, line);
+  auto r = call_with_progress(*client, json{{"op", "sync"}}, line);
   if (!r.ok()) return fail(r.status());
   line.finish("sync: " + std::to_string((*r)["added"].get<uint64_t>()) + " models added in " +
               cairn::tool::human_duration(line.elapsed()));
@@ -449,7 +466,7 @@ int cmd_sync(const ProgressFlags& pf) {
 int cmd_peers(bool as_json) {
   auto client = connect();
   if (!client.ok()) return fail(client.status());
-  auto r = (*client)->call(json{{"op", "peers"}});
+  auto r = cairn::tool::request(*client, json{{"op", "peers"}});
   if (!r.ok()) return fail(r.status());
   if (as_json) {
     std::printf("%s\n", r->dump(2).c_str());
@@ -483,16 +500,26 @@ int cmd_prefetch(const std::string& id, bool all, bool as_json, const std::strin
                  const ProgressFlags& pf) {
   auto client = connect();
   if (!client.ok()) return fail(client.status());
-  json req{{"op", "prefetch"}, {"id", id}};
-  if (all) req["all"] = true;
-  if (!tier.empty()) req["tier"] = tier;  // hbm: into the GPU tier (docs/gpu.md)
-  if (device >= 0) req["device"] = device;
+  if (!tier.empty() && tier != "dram" && tier != "hbm")
+    return fail(cairn::invalid_argument("prefetch --tier " + tier +
+                                        ": cairn prefetches into dram or hbm (the burst buffer is filled by commits "
+                                        "at durability local and by DRAM evictions)"));
+  cairn_prefetch_options opts = CAIRN_PREFETCH_OPTIONS_INIT;
+  opts.all = all ? 1 : 0;
+  if (tier == "hbm") {  // into the GPU tier (docs/gpu.md)
+    opts.kind = CAIRN_MEM_CUDA;
+    opts.device = device >= 0 ? device : CAIRN_DEVICE_DEFAULT;
+  }
   cairn::tool::ProgressLine line("prefetch " + id, pf.mode(), stderr);
-  auto r = call_with_progress(**client, req, line);
+  cairn::tool::DaemonProgress watch(line);
+  const std::string progress_id = watch.token();
+  opts.progress_id = progress_id.empty() ? nullptr : progress_id.c_str();
+  watch.start();
+  auto r = cairn::tool::parse_reply(client->model_prefetch(id, opts), "the prefetch");
+  watch.stop();
   if (!r.ok()) return fail(r.status());
   line.finish("prefetch " + id + ": " + cairn::tool::human_bytes(r->value("bytes", uint64_t{0})) + " in " +
               cairn::tool::human_duration(line.elapsed()));
-  r->erase("status");
   if (as_json) std::printf("%s\n", r->dump(2).c_str());
   if (!as_json && tier == "hbm")
     std::printf("%s: %s in HBM on device %d\n", id.c_str(), human_bytes(r->value("bytes", uint64_t{0})).c_str(),

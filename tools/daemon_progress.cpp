@@ -5,7 +5,8 @@
 #include <chrono>
 #include <random>
 
-#include "api/cpp/client.hpp"
+#include "core/progress.hpp"
+#include "tools/public_client.hpp"
 
 namespace cairn::tool {
 
@@ -17,6 +18,8 @@ DaemonProgress::DaemonProgress(ProgressLine& line) : line_(line) {
 void DaemonProgress::add_token(nlohmann::json& request) const {
   if (line_.enabled()) request["progress"] = token_;
 }
+
+std::string DaemonProgress::token() const { return line_.enabled() ? token_ : std::string(); }
 
 void DaemonProgress::start() {
   if (!line_.enabled() || thread_.joinable()) return;
@@ -34,14 +37,14 @@ void DaemonProgress::stop() {
 }
 
 void DaemonProgress::poll() {
-  auto client = Client::connect("");
+  auto client = connect();
   if (!client.ok()) return;  // the request itself reports a daemon that is not there
   const nlohmann::json ask{{"op", "progress"}, {"id", token_}};
   cairn::MutexLock lock(mu_);
   for (;;) {
     if (cv_.wait_for(lock, std::chrono::milliseconds(100), [&]() CAIRN_REQUIRES(mu_) { return stopping_; })) return;
     lock.unlock();
-    auto r = (*client)->call(ask);
+    auto r = request(*client, ask);
     lock.lock();
     if (!r.ok()) {
       // Not running (yet, or any more): ask again. Anything else (an older daemon): stop asking.

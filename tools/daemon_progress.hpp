@@ -28,6 +28,8 @@ class DaemonProgress {
 
   // Adds the token to a request when the line is enabled.
   void add_token(nlohmann::json& request) const;
+  // The token a request carries: "" when the line is disabled (no progress to ask for).
+  std::string token() const;
   // Starts polling (nothing when the line is off).
   void start();
   // Stops polling and joins the thread; the line is the caller's again.

@@ -6,7 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "api/cpp/client.hpp"
+#include "tools/public_client.hpp"
 
 namespace cairn::tool {
 namespace {
@@ -15,13 +15,13 @@ using nlohmann::json;
 
 // Sends one `fault` request; prints the reply as JSON (as_json) or through `print`.
 int fault_request(json req, bool as_json, void (*print)(const json&)) {
-  auto client = Client::connect("");
+  auto client = connect();
   if (!client.ok()) {
     std::fprintf(stderr, "cairn: %s\n", client.status().to_string().c_str());
     return 1;
   }
   req["op"] = "fault";
-  auto r = (*client)->call(req);
+  auto r = request(*client, req);
   if (!r.ok()) {
     std::fprintf(stderr, "cairn: %s\n", r.status().to_string().c_str());
     return 1;

@@ -36,7 +36,6 @@
 #include <thread>
 #include <vector>
 
-#include "api/cpp/client.hpp"
 #include "core/config.hpp"
 #include "tools/job_node.hpp"
 #include "tools/job_process.hpp"
@@ -396,9 +395,9 @@ int cmd_start(JobArgs a) {
 // Flushes the daemon as its user. Returns a line for the log.
 std::string flush_as(const User& u, const std::string& socket, double timeout_s, bool& ok) {
   // The flush is bounded by the daemon (timeout_ms); the extra margin covers a daemon that hangs.
-  AsUser r = run_as_daemon_user(u, socket, timeout_s + 15, [&](Client& c, std::string& out) {
+  AsUser r = run_as_daemon_user(u, socket, timeout_s + 15, [&](v1::Client& c, std::string& out) {
     json req{{"op", "flush"}, {"timeout_ms", static_cast<int64_t>(timeout_s * 1000)}};
-    auto reply = c.call(req);
+    auto reply = request(c, req);
     if (!reply.ok()) {
       out = reply.status().to_string();
       return false;
@@ -423,8 +422,8 @@ std::string host_name() {
 
 // The daemon's summary for the job, from its stats, asked as its user (bounded: 30 s).
 Result<JobSummary> summary_as(const User& u, const std::string& socket, const std::string& job) {
-  AsUser r = run_as_daemon_user(u, socket, 30, [](Client& c, std::string& out) {
-    auto reply = c.call(json{{"op", "stats"}});
+  AsUser r = run_as_daemon_user(u, socket, 30, [](v1::Client& c, std::string& out) {
+    auto reply = request(c, json{{"op", "stats"}});
     if (!reply.ok()) {
       out = reply.status().to_string();
       return false;

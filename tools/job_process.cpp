@@ -151,7 +151,7 @@ Status drop_privileges(const User& u) {
 }
 
 AsUser run_as_daemon_user(const User& u, const std::string& socket, double timeout_s,
-                          const std::function<bool(Client&, std::string&)>& work) {
+                          const std::function<bool(v1::Client&, std::string&)>& work) {
   AsUser r;
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) {
@@ -173,10 +173,10 @@ AsUser run_as_daemon_user(const User& u, const std::string& socket, double timeo
     bool ok = false;
     if (auto s = drop_privileges(u); !s.ok()) {
       out = s.to_string();
-    } else if (auto c = Client::connect(socket); !c.ok()) {
+    } else if (auto c = connect(socket); !c.ok()) {
       out = c.status().to_string();
     } else {
-      ok = work(**c, out);
+      ok = work(*c, out);
     }
     for (size_t done = 0; done < out.size();) {
       ssize_t n = ::write(fds[1], out.data() + done, out.size() - done);

@@ -8,8 +8,8 @@
 #include <functional>
 #include <string>
 
-#include "api/cpp/client.hpp"
 #include "core/status.hpp"
+#include "tools/public_client.hpp"
 
 namespace cairn::tool {
 
@@ -59,6 +59,6 @@ struct AsUser {
 // `socket`, calls work with the client and writes what work returns to a pipe; it exits 0 when
 // work says ok. The parent reads the pipe as it comes and kills the child at the deadline.
 AsUser run_as_daemon_user(const User& u, const std::string& socket, double timeout_s,
-                          const std::function<bool(Client&, std::string&)>& work);
+                          const std::function<bool(v1::Client&, std::string&)>& work);
 
 }  // namespace cairn::tool

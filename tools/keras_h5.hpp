@@ -6,8 +6,9 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "api/cpp/client.hpp"
+#include "core/durability.hpp"
 #include "core/status.hpp"
+#include "tools/public_client.hpp"
 
 namespace cairn::tool {
 
@@ -18,12 +19,12 @@ Status require_hdf5(const std::string& file);
 // `id`: one tensor per dataset, a chain graph of the layers, and in metadata["cairn.import"] what
 // export_keras_h5 needs to write the same file structure back. `meta` (an object) is merged in.
 // Returns once the model has reached `durability`.
-Status import_keras_h5(Client& client, const std::string& id, const std::string& file, const std::string& parent,
+Status import_keras_h5(v1::Client& client, const std::string& id, const std::string& file, const std::string& parent,
                        const nlohmann::json& meta, Durability durability);
 
 // Writes model `id` as a Keras HDF5 weights file: the recorded layout of an imported file, else a
 // Keras 2 weights-only layout made from the tensor names (layer = name up to the last dot). Writes a
 // temporary file beside `file` and renames it into place, so a failure leaves nothing behind.
-Status export_keras_h5(Client& client, const std::string& id, const std::string& file);
+Status export_keras_h5(v1::Client& client, const std::string& id, const std::string& file);
 
 }  // namespace cairn::tool

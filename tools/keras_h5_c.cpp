@@ -13,7 +13,6 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "api/cpp/client.hpp"
 #include "core/durability.hpp"
 #include "core/status.hpp"
 #include "tools/keras_h5.hpp"
@@ -61,9 +60,9 @@ __attribute__((visibility("default"))) int cairn_keras_h5_import(const char* add
       meta = nlohmann::json::parse(meta_json, nullptr, false);
       if (meta.is_discarded() || !meta.is_object()) return cairn::invalid_argument("meta must be a JSON object");
     }
-    auto client = cairn::Client::connect(str(address));
+    auto client = cairn::tool::connect(str(address));
     if (!client.ok()) return client.status();
-    return cairn::tool::import_keras_h5(**client, str(id), str(file), str(parent), meta, *level);
+    return cairn::tool::import_keras_h5(*client, str(id), str(file), str(parent), meta, *level);
   });
 }
 
@@ -71,9 +70,9 @@ __attribute__((visibility("default"))) int cairn_keras_h5_import(const char* add
 __attribute__((visibility("default"))) int cairn_keras_h5_export(const char* address, const char* id, const char* file,
                                                                  char* message, size_t message_size) {
   return guarded(message, message_size, [&]() -> cairn::Status {
-    auto client = cairn::Client::connect(str(address));
+    auto client = cairn::tool::connect(str(address));
     if (!client.ok()) return client.status();
-    return cairn::tool::export_keras_h5(**client, str(id), str(file));
+    return cairn::tool::export_keras_h5(*client, str(id), str(file));
   });
 }
 

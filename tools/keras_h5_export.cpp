@@ -17,7 +17,7 @@ using nlohmann::json;
 
 #ifndef CAIRN_HAVE_HDF5
 
-Status export_keras_h5(Client&, const std::string&, const std::string& file) { return require_hdf5(file); }
+Status export_keras_h5(v1::Client&, const std::string&, const std::string& file) { return require_hdf5(file); }
 
 #else  // CAIRN_HAVE_HDF5
 
@@ -27,10 +27,24 @@ using namespace h5;
 
 namespace {
 
+// A tensor of the model being exported, as cairn::DType.
+struct Tensor {
+  std::string name;
+  DType dtype = DType::kU8;
+  std::vector<int64_t> shape;
+  uint64_t nbytes = 0;
+};
+
 struct Writer {
   hid_t file = -1;
-  ModelReader* reader = nullptr;
+  v1::Client* client = nullptr;
   std::string model;
+  std::vector<Tensor> tensors;
+  const Tensor* find(const std::string& name) const {
+    for (const Tensor& t : tensors)
+      if (t.name == name) return &t;
+    return nullptr;
+  }
 };
 
 Status write_attrs(hid_t obj, const json& attrs, const std::string& where) {
@@ -72,7 +86,7 @@ Status write_dataset(Writer& w, hid_t parent, const std::string& name, const jso
   if (!rec.is_object() || !rec.value("tensor", json()).is_string())
     return invalid_argument(what + ": the recorded layout names no tensor");
   std::string tensor = rec["tensor"].get<std::string>();
-  const TensorInfo* t = w.reader->find(tensor);
+  const Tensor* t = w.find(tensor);
   if (!t) return not_found(what + ": model '" + w.model + "' has no tensor '" + tensor + "'");
   CAIRN_ASSIGN_OR_RETURN(Hid type, decode_type(rec.value("h5t", json()), what));
   CAIRN_ASSIGN_OR_RETURN(DType dt, cairn_dtype(type.get(), what));
@@ -99,10 +113,15 @@ Status write_dataset(Writer& w, hid_t parent, const std::string& name, const jso
   Hid ds(H5Dcreate2(parent, name.c_str(), type.get(), space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT), H5Dclose);
   if (!ds.ok()) return h5_error("cannot create " + what);
   if (t->nbytes > 0) {
-    CAIRN_ASSIGN_OR_RETURN(auto view, w.reader->map(tensor));
+    // A reader of its own per tensor, closed after the write: one tensor pinned at a time, so models
+    // larger than the arena export too (the model's description is cached: no request to open it).
+    auto reader = w.client->model_open(w.model);
+    if (!reader) return to_status(reader.status());
+    auto view = reader->map({tensor});
+    if (!view) return to_status(view.status());
     CAIRN_ASSIGN_OR_RETURN(Hid mem, memory_type(type.get(), what));
-    herr_t wr = H5Dwrite(ds.get(), mem.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, view.data());
-    w.reader->close();  // one tensor pinned at a time: models larger than the arena export too
+    herr_t wr = H5Dwrite(ds.get(), mem.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, (*view)[0].data);
+    reader->close();
     if (wr < 0) return h5_error("cannot write " + what);
   }
   return write_attrs(ds.get(), rec.value("attrs", json::array()), path);
@@ -136,7 +155,7 @@ Status write_group(Writer& w, hid_t group, const json& rec, const std::string& p
 
 // A Keras 2 weights-only layout for a model that was not imported from HDF5: one layer per
 // tensor-name prefix (up to the last dot), weight "<layer>/<suffix>:0".
-Result<json> synthesize_tree(const ModelReader& r) {
+Result<json> synthesize_tree(const std::vector<Tensor>& tensors) {
   auto string_attr = [](const std::string& name, const std::vector<std::string>& values, bool scalar) -> Result<json> {
     Hid t(H5Tcopy(H5T_C_S1), H5Tclose);
     H5Tset_size(t.get(), H5T_VARIABLE);
@@ -152,8 +171,8 @@ Result<json> synthesize_tree(const ModelReader& r) {
     return json{{"name", name}, {"h5t", h5t}, {"shape", json::array({0})}, {"data", ""}};
   };
   std::vector<std::string> layer_order;
-  std::map<std::string, std::vector<const TensorInfo*> > by_layer;
-  for (const auto& t : r.tensors()) {
+  std::map<std::string, std::vector<const Tensor*> > by_layer;
+  for (const auto& t : tensors) {
     auto dot = t.name.rfind('.');
     std::string layer = dot == std::string::npos || dot == 0 ? t.name : t.name.substr(0, dot);
     if (layer.find('/') != std::string::npos)
@@ -165,7 +184,7 @@ Result<json> synthesize_tree(const ModelReader& r) {
   for (const auto& layer : layer_order) {
     std::vector<std::string> wnames;
     json inner = json::array();
-    for (const TensorInfo* t : by_layer[layer]) {
+    for (const Tensor* t : by_layer[layer]) {
       std::string suffix = t->name.size() > layer.size() ? t->name.substr(layer.size() + 1) : t->name;
       wnames.push_back(layer + "/" + suffix + ":0");
       Hid type;
@@ -239,16 +258,26 @@ Result<json> synthesize_tree(const ModelReader& r) {
 
 }  // namespace
 
-Status export_keras_h5(Client& client, const std::string& id, const std::string& file) {
+Status export_keras_h5(v1::Client& client, const std::string& id, const std::string& file) {
   silence_hdf5();
-  CAIRN_ASSIGN_OR_RETURN(auto reader, ModelReader::open(client, id));
-  const json& meta = reader->metadata();
+  std::vector<Tensor> tensors;
+  json meta;
+  {
+    auto reader = client.model_open(id);
+    if (!reader) return to_status(reader.status());
+    auto described = reader->describe();
+    if (!described) return to_status(described.status());
+    meta = json::parse(described->metadata_json, nullptr, false);
+    auto infos = reader->tensors();
+    if (!infos) return to_status(infos.status());
+    for (const v1::TensorInfo& t : *infos) tensors.push_back(Tensor{t.name, from_c(t.dtype), t.shape, t.nbytes});
+  }
   json tree;
   if (meta.is_object() && meta.contains("cairn.import") && meta["cairn.import"].is_object() &&
       meta["cairn.import"].value("format", "") == "keras-h5") {
     tree = meta["cairn.import"].value("tree", json());
   } else {
-    auto t = synthesize_tree(*reader);
+    auto t = synthesize_tree(tensors);
     if (!t.ok()) return t.status().with_context("model '" + id + "'");
     tree = std::move(t).value();
   }
@@ -263,7 +292,7 @@ Status export_keras_h5(Client& client, const std::string& id, const std::string&
     Hid f(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, fcpl.get(), H5P_DEFAULT), H5Fclose);
     if (!f.ok()) return h5_error("cannot create '" + tmp + "'");
     Hid root(H5Gopen2(f.get(), "/", H5P_DEFAULT), H5Gclose);
-    Writer w{f.get(), reader.get(), id};
+    Writer w{f.get(), &client, id, std::move(tensors)};
     try {
       st = write_group(w, root.get(), tree, "");
     } catch (const json::exception& e) {
@@ -272,7 +301,6 @@ Status export_keras_h5(Client& client, const std::string& id, const std::string&
     root.reset();
     if (st.ok() && H5Fflush(f.get(), H5F_SCOPE_GLOBAL) < 0) st = h5_error("cannot write '" + tmp + "'");
     f.reset();
-    reader->close();
   }
   if (st.ok() && std::rename(tmp.c_str(), file.c_str()) != 0) st = errno_status("renaming to '" + file + "'", errno);
   if (!st.ok()) {

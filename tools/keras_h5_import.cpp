@@ -18,7 +18,7 @@ using nlohmann::json;
 
 #ifndef CAIRN_HAVE_HDF5
 
-Status import_keras_h5(Client&, const std::string&, const std::string& file, const std::string&, const json&,
+Status import_keras_h5(v1::Client&, const std::string&, const std::string& file, const std::string&, const json&,
                        Durability) {
   return require_hdf5(file);
 }
@@ -28,6 +28,10 @@ Status import_keras_h5(Client&, const std::string&, const std::string& file, con
 using namespace h5;
 
 namespace {
+
+// Tensors up to this size are read into a buffer and sent with the request (as libcairn sends any
+// tensor of up to 64 KiB); larger ones are read straight into arena space.
+constexpr uint64_t kSmallTensor = 64 * 1024;
 
 // ---- attributes ----
 
@@ -279,7 +283,7 @@ Status pread_dataset(hid_t file, const DatasetPlan& p, uint8_t* dst) {
 
 }  // namespace
 
-Status import_keras_h5(Client& client, const std::string& id, const std::string& file, const std::string& parent,
+Status import_keras_h5(v1::Client& client, const std::string& id, const std::string& file, const std::string& parent,
                        const json& meta, Durability durability) {
   silence_hdf5();
   if (H5Fis_hdf5(file.c_str()) <= 0) {
@@ -404,25 +408,27 @@ Status import_keras_h5(Client& client, const std::string& id, const std::string&
   for (const auto& [path, layer] : order) plans.push_back(&w.listed[path]);
   for (const auto& p : w.other) plans.push_back(&p);
 
-  ModelWriter writer(client, id, parent);
-  CAIRN_RETURN_IF_ERROR(writer.set_metadata(metadata));
-  CAIRN_RETURN_IF_ERROR(writer.set_architecture(graph));
+  auto created = client.model_create(id, parent);
+  if (!created) return to_status(created.status());
+  v1::Writer& writer = *created;
+  CAIRN_RETURN_IF_ERROR(to_status(writer.set_metadata(metadata.dump())));
+  CAIRN_RETURN_IF_ERROR(to_status(writer.set_architecture(graph.dump())));
   std::vector<uint8_t> small;
   for (const DatasetPlan* p : plans) {
     auto nbytes = tensor_nbytes(p->dtype, p->shape);
     if (!nbytes) return invalid_argument("'" + file + "': dataset '" + p->path + "' is too large");
-    if (*nbytes <= kInlineLimit) {
+    if (*nbytes <= kSmallTensor) {
       small.assign(*nbytes, 0);
       if (*nbytes) CAIRN_RETURN_IF_ERROR(pread_dataset(f.get(), *p, small.data()).with_context("'" + file + "'"));
-      CAIRN_RETURN_IF_ERROR(writer.add_tensor(p->tensor, small.data(), p->dtype, p->shape));
+      CAIRN_RETURN_IF_ERROR(to_status(writer.add_tensor(p->tensor, small.data(), to_c(p->dtype), p->shape)));
     } else {
       // Straight from the file into the daemon's arena.
-      CAIRN_ASSIGN_OR_RETURN(uint8_t * dst, writer.add_tensor_space(p->tensor, p->dtype, p->shape));
-      CAIRN_RETURN_IF_ERROR(pread_dataset(f.get(), *p, dst).with_context("'" + file + "'"));
+      auto dst = writer.add_tensor_space(p->tensor, to_c(p->dtype), p->shape);
+      if (!dst) return to_status(dst.status());
+      CAIRN_RETURN_IF_ERROR(pread_dataset(f.get(), *p, static_cast<uint8_t*>(*dst)).with_context("'" + file + "'"));
     }
   }
-  auto r = writer.commit(durability, true);
-  return r.ok() ? Status::OK() : r.status();
+  return to_status(writer.commit(static_cast<cairn_durability>(durability)));
 }
 
 #endif  // CAIRN_HAVE_HDF5

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "api/c/cairn_c_internal.hpp"
-#include "api/cpp/client.hpp"
+#include "api/cpp/connection.hpp"
 #include "api/cpp/model_file.hpp"
 #include "cairn/cairn.h"
 
@@ -40,6 +40,26 @@ cairn_status read_options(const Options* in, const Options& defaults, const char
 constexpr cairn_read_options kReadDefaults = CAIRN_READ_OPTIONS_INIT;
 constexpr cairn_commit_options kCommitDefaults = CAIRN_COMMIT_OPTIONS_INIT;
 constexpr cairn_prefetch_options kPrefetchDefaults = CAIRN_PREFETCH_OPTIONS_INIT;
+constexpr cairn_file_options kFileDefaults = CAIRN_FILE_OPTIONS_INIT;
+
+// JSON text of an argument (NULL or "": null), or an error naming what it is (`what`).
+cairn_status parse_json_field(const char* text, const char* what, bool object, nlohmann::json& out) {
+  out = nullptr;
+  if (!text || !*text) return CAIRN_OK;
+  out = nlohmann::json::parse(text, nullptr, false);
+  if (out.is_discarded() || (object && !out.is_object()))
+    return fail(CAIRN_ERR_INVALID_ARGUMENT,
+                std::string(what) + (object ? " is not a JSON object" : " is not valid JSON"));
+  return CAIRN_OK;
+}
+
+// The FileProgress that reports to a cairn_progress_fn (none without one).
+cairn::FileProgress file_progress(const cairn_file_options& o) {
+  if (!o.progress) return {};
+  return [fn = o.progress, ctx = o.progress_ctx](const cairn::ProgressSnapshot& s) {
+    fn(ctx, s.phase.c_str(), s.done, s.total);
+  };
+}
 
 // The memory kind of read options: host or CUDA, anything else an error naming the value.
 cairn_status read_kind(const cairn_read_options& o, bool& device) {
@@ -53,7 +73,7 @@ cairn_status read_kind(const cairn_read_options& o, bool& device) {
 }
 
 // cairn_model_map_tensors and cairn_model_map_tensors_private: the names checked and listed, one
-// request through `map` (a ModelReader member), the views written out.
+// request through `map` (a ConnectionReader member), the views written out.
 template <typename View, typename MapMany>
 cairn_status map_tensors(cairn_model_reader* r, size_t count, const char* const* names, View* data, size_t* nbytes,
                          MapMany map) {
@@ -100,7 +120,7 @@ cairn_status cairn_connect(const char* address, cairn_client** out) {
   return guarded([&] {
     CAIRN_REQUIRE_ARG(out, "out is NULL");
     *out = nullptr;
-    auto c = cairn::Client::connect(address ? address : "");
+    auto c = cairn::Connection::connect(address ? address : "");
     if (!c.ok()) return fail(c.status());
     *out = new cairn_client{std::move(c).value()};
     return done(cairn::Status::OK());
@@ -117,7 +137,7 @@ cairn_status cairn_model_create(cairn_client* c, const char* id, const char* par
     *out = nullptr;
     CAIRN_REQUIRE_ARG(cairn::valid_name(id), "model ids must be 1..1024 bytes of UTF-8 without NUL");
     CAIRN_REQUIRE_ARG(!parent || cairn::valid_name(parent), "parent ids must be 1..1024 bytes of UTF-8 without NUL");
-    *out = new cairn_model_writer{std::make_unique<cairn::ModelWriter>(*c->impl, id, parent ? parent : ""), c};
+    *out = new cairn_model_writer{std::make_unique<cairn::ConnectionWriter>(*c->impl, id, parent ? parent : ""), c};
     return done(cairn::Status::OK());
   });
 }
@@ -133,7 +153,7 @@ cairn_status cairn_model_create_part(cairn_client* c, const char* id, const char
     CAIRN_REQUIRE_ARG(count >= 2 && index >= 0 && index < count,
                       "part " + std::to_string(index) + " of " + std::to_string(count) +
                           ": a multi-part model has at least 2 parts, numbered from 0");
-    auto w = std::make_unique<cairn::ModelWriter>(*c->impl, id, parent ? parent : "");
+    auto w = std::make_unique<cairn::ConnectionWriter>(*c->impl, id, parent ? parent : "");
     cairn::Status st = w->set_part(static_cast<uint32_t>(index), static_cast<uint32_t>(count), timeout_ms);
     if (!st.ok()) return fail(st);
     *out = new cairn_model_writer{std::move(w), c};
@@ -156,7 +176,7 @@ cairn_status cairn_model_add_tensors(cairn_model_writer* w, const cairn_tensor_i
   return guarded([&] {
     CAIRN_REQUIRE_ARG(w, "writer must not be NULL");
     CAIRN_REQUIRE_ARG(tensors || n == 0, "tensors must not be NULL");
-    std::vector<cairn::ModelWriter::TensorIn> in(n);
+    std::vector<cairn::ConnectionWriter::TensorIn> in(n);
     for (size_t i = 0; i < n; ++i) {
       const cairn_tensor_in& t = tensors[i];
       CAIRN_REQUIRE_ARG(t.name, "tensors[" + std::to_string(i) + "].name must not be NULL");
@@ -259,6 +279,9 @@ void cairn_commit_options_init(cairn_commit_options* o) {
 void cairn_prefetch_options_init(cairn_prefetch_options* o) {
   if (o) *o = kPrefetchDefaults;
 }
+void cairn_file_options_init(cairn_file_options* o) {
+  if (o) *o = kFileDefaults;
+}
 
 cairn_status cairn_model_commit_opts(cairn_model_writer* w, const cairn_commit_options* opts, cairn_ticket** ticket) {
   if (!w) return fail(CAIRN_ERR_INVALID_ARGUMENT, "writer is NULL");
@@ -349,9 +372,9 @@ cairn_status cairn_model_open(cairn_client* c, const char* id, cairn_model_reade
   return guarded([&] {
     CAIRN_REQUIRE_ARG(c && id && out, "client, id and out must not be NULL");
     *out = nullptr;
-    auto r = cairn::ModelReader::open(*c->impl, id);
+    auto r = cairn::ConnectionReader::open(*c->impl, id);
     if (!r.ok()) return fail(r.status());
-    *out = new cairn_model_reader{std::move(r).value()};
+    *out = new cairn_model_reader{std::move(r).value(), {}};
     return done(cairn::Status::OK());
   });
 }
@@ -519,6 +542,23 @@ cairn_status cairn_model_read_tensors_device(cairn_model_reader* r, size_t count
   return cairn_model_read(r, count, names, dsts, dst_bytes, &o);
 }
 
+cairn_status cairn_model_describe(cairn_model_reader* r, const char** id, const char** parent,
+                                  const char** metadata_json) {
+  return guarded([&] {
+    CAIRN_REQUIRE_ARG(r, "reader is NULL");
+    if (id) *id = r->impl->id().c_str();
+    if (parent) *parent = r->impl->parent().c_str();
+    if (metadata_json) {
+      if (r->metadata_text.empty()) {
+        const nlohmann::json& m = r->impl->metadata();
+        r->metadata_text = m.is_object() ? m.dump() : "{}";
+      }
+      *metadata_json = r->metadata_text.c_str();
+    }
+    return done(cairn::Status::OK());
+  });
+}
+
 void cairn_model_close(cairn_model_reader* r) { delete r; }
 
 // A malloc'ed copy of j's text (freed by cairn_free), or nullptr when out of memory.
@@ -549,6 +589,7 @@ cairn_status cairn_model_prefetch(cairn_client* c, const char* id, const cairn_p
     }
     if (o.all) req["all"] = true;
     if (o.all && o.timeout_ms > 0) req["timeout_ms"] = o.timeout_ms;
+    if (o.progress_id && *o.progress_id) req["progress"] = o.progress_id;
     auto r = c->impl->call(req);
     if (!r.ok()) return fail(r.status());
     r->erase("status");
@@ -589,26 +630,54 @@ cairn_status cairn_hint(cairn_client* c, const char* hint_json, char** result_js
 
 cairn_status cairn_model_put_file(cairn_client* c, const char* id, const char* path, const char* parent,
                                   cairn_durability d, const char* meta_json) {
-  return guarded([&] {
-    CAIRN_REQUIRE_ARG(c && id && path, "client, id and path must not be NULL");
-    const int level = raw_enum(d);
-    CAIRN_REQUIRE_ARG(level >= CAIRN_DURABILITY_MEMORY && level <= CAIRN_DURABILITY_GLOBAL,
-                      "unknown durability " + std::to_string(level));
-    nlohmann::json meta = nullptr;
-    if (meta_json && *meta_json) {
-      meta = nlohmann::json::parse(meta_json, nullptr, false);
-      if (meta.is_discarded() || !meta.is_object())
-        return fail(CAIRN_ERR_INVALID_ARGUMENT, "metadata is not a JSON object");
-    }
-    return done(cairn::put_safetensors_file(*c->impl, id, path, parent ? parent : "",
-                                            static_cast<cairn::Durability>(level), meta));
-  });
+  cairn_file_options o = kFileDefaults;
+  o.parent = parent;
+  std::memcpy(&o.durability, &d, sizeof d);  // checked by cairn_model_put_file_opts (raw_enum)
+  o.metadata_json = meta_json;
+  return cairn_model_put_file_opts(c, id, path, &o);
 }
 
 cairn_status cairn_model_get_file(cairn_client* c, const char* id, const char* path) {
+  return cairn_model_get_file_opts(c, id, path, nullptr);
+}
+
+cairn_status cairn_model_put_file_opts(cairn_client* c, const char* id, const char* path,
+                                       const cairn_file_options* opts) {
   return guarded([&] {
     CAIRN_REQUIRE_ARG(c && id && path, "client, id and path must not be NULL");
-    return done(cairn::get_safetensors_file(*c->impl, id, path));
+    cairn_file_options o;
+    if (cairn_status e = read_options(opts, kFileDefaults, "cairn_file_options", o); e != CAIRN_OK) return e;
+    const int level = raw_enum(o.durability);
+    CAIRN_REQUIRE_ARG(level >= CAIRN_DURABILITY_MEMORY && level <= CAIRN_DURABILITY_GLOBAL,
+                      "unknown durability " + std::to_string(level));
+    CAIRN_REQUIRE_ARG(o.count == 0 && !o.names,
+                      "cairn_file_options.count and names choose the tensors of a get, not of a put");
+    nlohmann::json meta, arch;
+    if (cairn_status e = parse_json_field(o.metadata_json, "the metadata", true, meta); e != CAIRN_OK) return e;
+    if (cairn_status e = parse_json_field(o.architecture_json, "the architecture graph", false, arch); e != CAIRN_OK)
+      return e;
+    return done(cairn::put_safetensors_file(*c->impl, id, path, o.parent ? o.parent : "",
+                                            static_cast<cairn::Durability>(level), meta, arch, file_progress(o)));
+  });
+}
+
+cairn_status cairn_model_get_file_opts(cairn_client* c, const char* id, const char* path,
+                                       const cairn_file_options* opts) {
+  return guarded([&] {
+    CAIRN_REQUIRE_ARG(c && id && path, "client, id and path must not be NULL");
+    cairn_file_options o;
+    if (cairn_status e = read_options(opts, kFileDefaults, "cairn_file_options", o); e != CAIRN_OK) return e;
+    CAIRN_REQUIRE_ARG(!o.parent && !o.metadata_json && !o.architecture_json,
+                      "cairn_file_options.parent, metadata_json and architecture_json are for a put, not a get");
+    CAIRN_REQUIRE_ARG(o.count == 0 || o.names,
+                      "cairn_file_options.names is NULL with a count of " + std::to_string(o.count));
+    std::vector<std::string> names;
+    names.reserve(o.count);
+    for (size_t i = 0; i < o.count; ++i) {
+      CAIRN_REQUIRE_ARG(o.names[i], "cairn_file_options.names[" + std::to_string(i) + "] must not be NULL");
+      names.emplace_back(o.names[i]);
+    }
+    return done(cairn::get_safetensors_file(*c->impl, id, path, names, file_progress(o)));
   });
 }
 

@@ -9,18 +9,19 @@
 #include <string>
 #include <vector>
 
-#include "api/cpp/client.hpp"
+#include "api/cpp/connection.hpp"
 #include "cairn/cairn.h"
 
 struct cairn_client {
-  std::unique_ptr<cairn::Client> impl;
+  std::unique_ptr<cairn::Connection> impl;
 };
 struct cairn_model_writer {
-  std::unique_ptr<cairn::ModelWriter> impl;
+  std::unique_ptr<cairn::ConnectionWriter> impl;
   cairn_client* client;
 };
 struct cairn_model_reader {
-  std::unique_ptr<cairn::ModelReader> impl;
+  std::unique_ptr<cairn::ConnectionReader> impl;
+  std::string metadata_text;  // cairn_model_describe's, made on first use
 };
 struct cairn_ticket {
   cairn_client* client;

@@ -46,8 +46,9 @@ Status pread_full(int fd, uint8_t* dst, uint64_t n, uint64_t off, const std::str
 
 }  // namespace
 
-Status put_safetensors_file(Client& client, const std::string& id, const std::string& file, const std::string& parent,
-                            Durability durability, const json& meta, const json& arch, const FileProgress& progress) {
+Status put_safetensors_file(Connection& client, const std::string& id, const std::string& file,
+                            const std::string& parent, Durability durability, const json& meta, const json& arch,
+                            const FileProgress& progress) {
   if (!meta.is_null() && !meta.is_object()) return invalid_argument("the metadata must be a JSON object");
   auto header = safetensors::read_header(file);
   if (!header.ok()) return header.status();
@@ -59,7 +60,7 @@ Status put_safetensors_file(Client& client, const std::string& id, const std::st
     ::close(fd);
     return st;
   }
-  ModelWriter w(client, id, parent);
+  ConnectionWriter w(client, id, parent);
   if (meta.is_object() && !meta.empty()) st = w.set_metadata(meta);
   if (st.ok() && !arch.is_null()) st = w.set_architecture(arch);
   w.set_source_header(header_json);
@@ -88,11 +89,11 @@ Status put_safetensors_file(Client& client, const std::string& id, const std::st
   return r.ok() ? Status::OK() : r.status();
 }
 
-Status get_safetensors_file(Client& client, const std::string& id, const std::string& out,
+Status get_safetensors_file(Connection& client, const std::string& id, const std::string& out,
                             const std::vector<std::string>& only, const FileProgress& progress) {
   auto opened = client.call(json{{"op", "open"}, {"id", id}, {"with_source_header", true}});
   if (!opened.ok()) return opened.status();
-  auto reader = ModelReader::open(client, id);
+  auto reader = ConnectionReader::open(client, id);
   if (!reader.ok()) return reader.status();
   std::vector<std::string> names;
   if (only.empty()) {

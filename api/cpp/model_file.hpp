@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "api/cpp/client.hpp"
+#include "api/cpp/connection.hpp"
 #include "core/progress.hpp"
 #include "core/status.hpp"
 
@@ -23,14 +23,14 @@ using FileProgress = std::function<void(const ProgressSnapshot&)>;
 // the same bytes. `metadata` (an object or null) and `architecture` (a graph or null) go with it.
 // progress: the phase "reading FILE" (the tensor bytes copied into the daemon), then "committing"
 // (0 of 0 bytes: the daemon's own work, until the commit returns).
-Status put_safetensors_file(Client& client, const std::string& id, const std::string& path, const std::string& parent,
-                            Durability durability, const nlohmann::json& metadata = nullptr,
+Status put_safetensors_file(Connection& client, const std::string& id, const std::string& path,
+                            const std::string& parent, Durability durability, const nlohmann::json& metadata = nullptr,
                             const nlohmann::json& architecture = nullptr, const FileProgress& progress = {});
 
 // Writes model `id` (or only the tensors `names`) as the safetensors file `path`, atomically (a
 // temporary file renamed into place). The whole model of a file stored with put_safetensors_file
 // comes back byte for byte. progress: the phase "writing FILE" (tensor bytes written).
-Status get_safetensors_file(Client& client, const std::string& id, const std::string& path,
+Status get_safetensors_file(Connection& client, const std::string& id, const std::string& path,
                             const std::vector<std::string>& names = {}, const FileProgress& progress = {});
 
 }  // namespace cairn

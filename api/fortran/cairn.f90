@@ -160,6 +160,7 @@ module cairn
   type, bind(C) :: cairn_prefetch_options
     integer(c_size_t) :: size
     integer(c_int) :: kind, device, all, timeout_ms
+    type(c_ptr) :: progress_id
   end type cairn_prefetch_options
 
   ! The C API (include/cairn/cairn.h) and cairn_fortran_error.c, as bind(C) interfaces.

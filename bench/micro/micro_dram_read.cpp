@@ -1,12 +1,15 @@
-// DRAM-hit reads through the client library from a real engine and server in this process (the
-// same path an application takes: a Unix socket for the lease, the shared arena for the bytes).
+// DRAM-hit reads through the public C++ client (cairn/client.hpp over libcairn.so) from a real
+// engine and server in this process (the same path an application takes: a Unix socket for the
+// lease, the shared arena for the bytes).
 //
 // One model, "resident", holds tensors of 1, 16 and 64 MiB, committed before the first benchmark
 // and read once (copy and map) so the client's arena mapping is faulted in. Per tensor size:
-//   dram_read   ModelReader::read into a pre-faulted user buffer (a lease round trip, a memcpy out
-//               of the arena; the release rides on the next request)
-//   dram_map    ModelReader::map + close (a lease round trip, a release round trip; no byte copied).
-//               Bytes/s is the tensor's size over that time: how fast the tensor becomes usable.
+//   dram_read   Reader::read_tensor into a pre-faulted user buffer (a lease round trip, a memcpy
+//               out of the arena; the release rides on the next request)
+//   dram_map    Client::model_open + Reader::map + close (the open is served by the client's cache
+//               of model descriptions, no request; a lease round trip, a release round trip; no
+//               byte copied). Bytes/s is the tensor's size over that time: how fast the tensor
+//               becomes usable.
 //   memcpy      memcpy of the same number of bytes between pre-faulted private buffers
 #include <benchmark/benchmark.h>
 #include <unistd.h>
@@ -15,12 +18,12 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
-#include <span>
+#include <optional>
 #include <string>
 #include <vector>
 
-#include "api/cpp/client.hpp"
 #include "bench/micro/micro_common.hpp"
+#include "cairn/client.hpp"
 #include "core/config.hpp"
 #include "daemon/engine.hpp"
 #include "daemon/server.hpp"
@@ -28,6 +31,7 @@
 namespace {
 
 namespace fs = std::filesystem;
+namespace cn = cairn::v1;
 
 constexpr uint64_t kSizes[] = {uint64_t{1} << 20, uint64_t{16} << 20, uint64_t{64} << 20};
 
@@ -37,13 +41,13 @@ struct Resident {
   fs::path dir;
   std::unique_ptr<cairn::Engine> engine;
   std::unique_ptr<cairn::Server> server;
-  std::unique_ptr<cairn::Client> client;
-  std::unique_ptr<cairn::ModelReader> reader;
+  cn::Client client;
+  std::optional<cn::Reader> reader;
   std::string error;  // why it could not start, or empty
 
   ~Resident() {
     reader.reset();
-    client.reset();
+    client = cn::Client();
     if (server) server->stop();
     server.reset();
     engine.reset();
@@ -63,11 +67,13 @@ Resident* resident(std::string* error) {
   }
   g_resident = std::make_unique<Resident>();
   Resident& r = *g_resident;
-  auto fail = [&](const std::string& what, const cairn::Status& s) -> Resident* {
-    r.error = what + ": " + s.to_string();
+  auto fail_with = [&](const std::string& what, const std::string& message) -> Resident* {
+    r.error = what + ": " + message;
     *error = r.error;
     return nullptr;
   };
+  auto fail = [&](const std::string& what, const cairn::Status& s) { return fail_with(what, s.to_string()); };
+  auto fail_v1 = [&](const std::string& what, const cn::Status& s) { return fail_with(what, s.message()); };
   r.dir = fs::temp_directory_path() / ("cairn-bench-micro-" + std::to_string(::getpid()));
   fs::create_directories(r.dir);
   uint64_t total = 0;
@@ -86,35 +92,36 @@ Resident* resident(std::string* error) {
   auto server = cairn::Server::start(*r.engine, config.socket);
   if (!server.ok()) return fail("starting the server", server.status());
   r.server = std::move(*server);
-  auto client = cairn::Client::connect(config.socket);
-  if (!client.ok()) return fail("connecting", client.status());
+  auto client = cn::Client::connect(config.socket);
+  if (!client) return fail_v1("connecting", client.status());
   r.client = std::move(*client);
   {
-    cairn::ModelWriter w(*r.client, "resident", "");
+    auto w = r.client.model_create("resident");
+    if (!w) return fail_v1("create", w.status());
     for (uint64_t s : kSizes) {
       const std::vector<uint8_t> bytes = cairn::bench::random_bytes(s, s);
-      cairn::Status st = w.add_tensor(tensor_name(s), bytes.data(), cairn::DType::kU8, {static_cast<int64_t>(s)});
-      if (!st.ok()) return fail("add_tensor", st);
+      cn::Status st = w->add_tensor(tensor_name(s), bytes.data(), CAIRN_DTYPE_U8, {static_cast<int64_t>(s)});
+      if (!st) return fail_v1("add_tensor", st);
     }
-    auto c = w.commit(cairn::Durability::kGlobal, true);
-    if (!c.ok()) return fail("commit", c.status());
+    if (cn::Status st = w->commit(CAIRN_DURABILITY_GLOBAL); !st) return fail_v1("commit", st);
   }
-  auto reader = cairn::ModelReader::open(*r.client, "resident");
-  if (!reader.ok()) return fail("open", reader.status());
-  r.reader = std::move(*reader);
   // The first read and map on a connection fault in the client's mappings of the arena.
   for (uint64_t s : kSizes) {
+    auto reader = r.client.model_open("resident");
+    if (!reader) return fail_v1("open", reader.status());
     std::vector<uint8_t> dst(s);
-    cairn::Status st = r.reader->read(tensor_name(s), dst.data(), s);
-    if (!st.ok()) return fail("first read", st);
+    cn::Status st = reader->read_tensor(tensor_name(s), dst.data(), s);
+    if (!st) return fail_v1("first read", st);
     const std::vector<uint8_t> expected = cairn::bench::random_bytes(s, s);
     if (dst != expected) return fail("first read", cairn::internal_error("bytes differ"));
-    auto view = r.reader->map(tensor_name(s));
-    if (!view.ok()) return fail("first map", view.status());
-    if (std::memcmp(view->data(), expected.data(), s) != 0)
+    auto view = reader->map({tensor_name(s)});
+    if (!view) return fail_v1("first map", view.status());
+    if (std::memcmp((*view)[0].data, expected.data(), s) != 0)
       return fail("first map", cairn::internal_error("bytes differ"));
-    r.reader->close();
   }
+  auto reader = r.client.model_open("resident");
+  if (!reader) return fail_v1("open", reader.status());
+  r.reader.emplace(std::move(*reader));
   return &r;
 }
 
@@ -128,9 +135,9 @@ void read_copy(benchmark::State& state, uint64_t size) {
   const std::string name = tensor_name(size);
   std::vector<uint8_t> dst(size, 1);  // faulted in before timing
   for (auto _ : state) {
-    cairn::Status s = r->reader->read(name, dst.data(), size);
-    if (!s.ok()) {
-      state.SkipWithError(s.to_string().c_str());
+    cn::Status s = r->reader->read_tensor(name, dst.data(), size);
+    if (!s) {
+      state.SkipWithError(s.message().c_str());
       break;
     }
     benchmark::DoNotOptimize(dst.data());
@@ -147,13 +154,14 @@ void read_map(benchmark::State& state, uint64_t size) {
   }
   const std::string name = tensor_name(size);
   for (auto _ : state) {
-    auto view = r->reader->map(name);
-    if (!view.ok()) {
-      state.SkipWithError(view.status().to_string().c_str());
+    auto reader = r->client.model_open("resident");
+    auto view = reader ? reader->map({name}) : cn::Result<std::vector<cn::Reader::View>>(reader.status());
+    if (!view) {
+      state.SkipWithError(view.status().message().c_str());
       break;
     }
-    benchmark::DoNotOptimize(view->data());
-    r->reader->close();
+    benchmark::DoNotOptimize((*view)[0].data);
+    reader->close();
   }
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * size));
 }

@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "api/cpp/client.hpp"
+#include "cairn/client.hpp"
 #include "core/config.hpp"
 #include "core/wire.hpp"
 #include "daemon/engine.hpp"
@@ -42,6 +42,19 @@ void check(const cairn::Status& s, const char* what) {
     std::fprintf(stderr, "cairn_bench_read: %s: %s\n", what, s.to_string().c_str());
     std::exit(1);
   }
+}
+
+void check(const cairn::v1::Status& s, const char* what) {
+  if (!s.ok()) {
+    std::fprintf(stderr, "cairn_bench_read: %s: %s\n", what, s.message().c_str());
+    std::exit(1);
+  }
+}
+
+template <typename T>
+T value_or_die(cairn::v1::Result<T> r, const char* what) {
+  check(r.status(), what);
+  return std::move(*r);
 }
 
 // Evicts a file from the page cache: drop_caches when allowed (root), else fadvise.
@@ -113,10 +126,12 @@ int main(int argc, char** argv) {
 
   nlohmann::json out;
   std::vector<std::string> names;
-  std::vector<std::span<uint8_t>> dsts;  // the model read into one user buffer, tensor after tensor
+  std::vector<void*> dsts;  // the model read into one user buffer, tensor after tensor
+  std::vector<size_t> dst_bytes;
   for (uint64_t t = 0; t < kTensors; ++t) {
     names.push_back("layer" + std::to_string(t) + ".weight");
-    dsts.emplace_back(dst.data() + t * tensor_bytes, tensor_bytes);
+    dsts.push_back(dst.data() + t * tensor_bytes);
+    dst_bytes.push_back(tensor_bytes);
   }
   {
     auto engine = cairn::Engine::create(config);
@@ -124,18 +139,15 @@ int main(int argc, char** argv) {
     while (!(*engine)->dram().prefault_finished()) ::usleep(1000);
     auto server = cairn::Server::start(**engine, config.socket);
     check(server.status(), "starting the server");
-    auto client = cairn::Client::connect(config.socket);
-    check(client.status(), "connecting");
+    auto client = value_or_die(cairn::v1::Client::connect(config.socket), "connecting");
     {
-      cairn::ModelWriter w(**client, "bench", "");
+      auto w = value_or_die(client.model_create("bench"), "create");
       for (uint64_t t = 0; t < kTensors; ++t)
-        check(w.add_tensor(names[t], src.data() + t * tensor_bytes, cairn::DType::kU8,
-                           {static_cast<int64_t>(tensor_bytes)}),
-              "add_tensor");
-      check(w.commit(cairn::Durability::kGlobal, true).status(), "commit");
+        check(
+            w.add_tensor(names[t], src.data() + t * tensor_bytes, CAIRN_DTYPE_U8, {static_cast<int64_t>(tensor_bytes)}),
+            "add_tensor");
+      check(w.commit(CAIRN_DURABILITY_GLOBAL), "commit");
     }
-    auto reader = cairn::ModelReader::open(**client, "bench");
-    check(reader.status(), "open");
 
     std::vector<double> t_memcpy, t_read, t_map, t_map_consume, t_memcpy_consume;
     volatile uint64_t sink = 0;
@@ -149,18 +161,20 @@ int main(int argc, char** argv) {
       sink = sink + consume(src.data(), total);
       t_memcpy_consume.push_back(seconds(Clock::now() - t0));
 
+      // A reader per repeat, its views ended by close (the model's description is cached: the open
+      // sends no request).
+      auto reader = value_or_die(client.model_open("bench"), "open");
       t0 = Clock::now();
-      check((*reader)->read_many(names, dsts), "read");
+      check(reader.read(names, dsts, dst_bytes), "read");
       t_read.push_back(seconds(Clock::now() - t0));
 
       t0 = Clock::now();
-      auto views = (*reader)->map_many(names);
-      check(views.status(), "map");
+      auto views = value_or_die(reader.map(names), "map");
       t_map.push_back(seconds(Clock::now() - t0));
       t0 = Clock::now();
-      for (const auto& v : *views) sink = sink + consume(v.data(), v.size());
+      for (const auto& v : views) sink = sink + consume(static_cast<const uint8_t*>(v.data), v.nbytes);
       t_map_consume.push_back(seconds(Clock::now() - t0) + t_map.back());
-      (*reader)->close();
+      reader.close();
     }
     if (std::memcmp(dst.data(), src.data(), total) != 0) {
       std::fprintf(stderr, "cairn_bench_read: data read back differs\n");
@@ -176,8 +190,7 @@ int main(int argc, char** argv) {
     out["scan_private_buffer_GBps"] = gb / median(t_memcpy_consume);
     out["map_and_scan_vs_memcpy"] = median(t_memcpy) / median(t_map_consume);
     out["map_and_scan_vs_scan"] = median(t_memcpy_consume) / median(t_map_consume);
-    reader->reset();
-    client->reset();
+    client = cairn::v1::Client();
     (*server)->stop();
   }
 
@@ -198,21 +211,19 @@ int main(int argc, char** argv) {
     while (!(*engine)->dram().prefault_finished()) ::usleep(1000);
     auto server = cairn::Server::start(**engine, c.socket);
     check(server.status(), "restarting the server");
-    auto client = cairn::Client::connect(c.socket);
-    check(client.status(), "connecting");
-    auto reader = cairn::ModelReader::open(**client, "bench");
-    check(reader.status(), "open");
+    auto client = value_or_die(cairn::v1::Client::connect(c.socket), "connecting");
+    auto reader = value_or_die(client.model_open("bench"), "open");
     method = drop_cache(packs);
     auto t0 = Clock::now();
-    check((*reader)->read_many(names, dsts), "cold read");
+    check(reader.read(names, dsts, dst_bytes), "cold read");
     const double t = seconds(Clock::now() - t0);
     if (std::memcmp(dst.data(), src.data(), total) != 0) {
       std::fprintf(stderr, "cairn_bench_read: cold data read back differs\n");
       std::exit(1);
     }
     std::fill(dst.begin(), dst.end(), 1);
-    reader->reset();
-    client->reset();
+    reader.close();
+    client = cairn::v1::Client();
     (*server)->stop();
     return t;
   };

@@ -8,8 +8,8 @@
  *    cairn_model_create/(cairn_model_commit_opts|cairn_model_abort), cairn_model_open/cairn_model_close,
  *    a commit's ticket/cairn_ticket_free. Strings returned by the library are freed with cairn_free.
  *  - Names are cairn_<object>_<verb>: the object acted on (tensor, model, ticket, pipeline, client,
- *    status, library, read_options, commit_options, prefetch_options), then what is done to it
- *    (cairn_tensor_put, cairn_model_commit_opts, cairn_ticket_wait, cairn_pipeline_flush). Calls on
+ *    status, library, read_options, commit_options, prefetch_options, file_options), then what is
+ *    done to it (cairn_tensor_put, cairn_model_commit_opts, cairn_ticket_wait, cairn_pipeline_flush). Calls on
  *    the connection as a whole have no object: cairn_connect, cairn_disconnect, cairn_hint,
  *    cairn_query, cairn_request, cairn_free, cairn_last_error. The C++ interface (client.hpp), the
  *    Python package and the Fortran module use the same names without the "cairn_" prefix and
@@ -145,22 +145,49 @@ typedef struct cairn_commit_options {
 
 /* What cairn_model_prefetch stages, and where. */
 typedef struct cairn_prefetch_options {
-  size_t size;        /* sizeof(cairn_prefetch_options), set by the initialiser */
-  cairn_memkind kind; /* CAIRN_MEM_HOST (default): into the daemon's DRAM. CAIRN_MEM_CUDA: into its
-                       * HBM tier (on `device`) */
-  int device;         /* with CAIRN_MEM_CUDA: the HBM device (default CAIRN_DEVICE_DEFAULT) */
-  int all;            /* 1: into every member of the job's peer group at once (docs/peers.md),
-                       * waiting until all have it. Default 0: this node's daemon only */
-  int timeout_ms;     /* with all: how long the members may take (default 0: the daemon's, 600 s) */
+  size_t size;             /* sizeof(cairn_prefetch_options), set by the initialiser */
+  cairn_memkind kind;      /* CAIRN_MEM_HOST (default): into the daemon's DRAM. CAIRN_MEM_CUDA: into its
+                            * HBM tier (on `device`) */
+  int device;              /* with CAIRN_MEM_CUDA: the HBM device (default CAIRN_DEVICE_DEFAULT) */
+  int all;                 /* 1: into every member of the job's peer group at once (docs/peers.md),
+                            * waiting until all have it. Default 0: this node's daemon only */
+  int timeout_ms;          /* with all: how long the members may take (default 0: the daemon's, 600 s) */
+  const char* progress_id; /* a name under which the daemon reports the prefetch's progress while it
+                            * runs: cairn_request {"op":"progress","id":progress_id} from another
+                            * client (docs/protocol.md, "progress"). Default NULL: none */
 } cairn_prefetch_options;
 #define CAIRN_PREFETCH_OPTIONS_INIT \
-  { sizeof(cairn_prefetch_options), CAIRN_MEM_HOST, CAIRN_DEVICE_DEFAULT, 0, 0 }
+  { sizeof(cairn_prefetch_options), CAIRN_MEM_HOST, CAIRN_DEVICE_DEFAULT, 0, 0, NULL }
+
+/* Called on the calling thread as cairn_model_put_file_opts or cairn_model_get_file_opts moves a
+ * file: the phase in a few words ("reading FILE", "committing", "writing FILE"), the tensor bytes
+ * done and the bytes in all (0: not known), at least once per 8 MiB and once at the end of each
+ * phase. phase is valid during the call only. */
+typedef void (*cairn_progress_fn)(void* ctx, const char* phase, uint64_t done, uint64_t total);
+
+/* How cairn_model_put_file_opts stores a safetensors file and cairn_model_get_file_opts writes one. */
+typedef struct cairn_file_options {
+  size_t size;                   /* sizeof(cairn_file_options), set by the initialiser */
+  const char* parent;            /* put: the parent model (default NULL: none) */
+  cairn_durability durability;   /* put: what the call waits for (default CAIRN_DURABILITY_GLOBAL) */
+  const char* metadata_json;     /* put: a JSON object stored as the model's metadata (default NULL) */
+  const char* architecture_json; /* put: the architecture graph as JSON (docs/graph-format.md;
+                                  * default NULL: none) */
+  size_t count;                  /* get: write only the `count` tensors `names`, in that order
+                                  * (default 0: the whole model, byte for byte as it was put) */
+  const char* const* names;      /* get: the `count` tensor names */
+  cairn_progress_fn progress;    /* put and get: called as the bytes move (default NULL: not called) */
+  void* progress_ctx;            /* passed to progress */
+} cairn_file_options;
+#define CAIRN_FILE_OPTIONS_INIT \
+  { sizeof(cairn_file_options), NULL, CAIRN_DURABILITY_GLOBAL, NULL, NULL, 0, NULL, NULL, NULL }
 
 /* The same defaults as the *_INIT macros, for callers without the C preprocessor (Fortran,
  * ctypes). Always succeed; NULL is ignored. */
 CAIRN_EXPORT void cairn_read_options_init(cairn_read_options* o);
 CAIRN_EXPORT void cairn_commit_options_init(cairn_commit_options* o);
 CAIRN_EXPORT void cairn_prefetch_options_init(cairn_prefetch_options* o);
+CAIRN_EXPORT void cairn_file_options_init(cairn_file_options* o);
 
 /* ---- status ---- */
 
@@ -307,6 +334,12 @@ CAIRN_EXPORT void cairn_model_abort(cairn_model_writer* w);
  * A file that is not valid safetensors is CAIRN_ERR_INVALID_ARGUMENT naming what is wrong. */
 CAIRN_EXPORT cairn_status cairn_model_put_file(cairn_client* c, const char* id, const char* path, const char* parent,
                                                cairn_durability d, const char* meta_json);
+/* cairn_model_put_file as opts say (NULL: the defaults, no parent, CAIRN_DURABILITY_GLOBAL): also
+ * the architecture graph, and progress reports -- the phase "reading PATH" (the tensor bytes copied
+ * into the daemon), then "committing" (0 of 0 bytes, until the commit returns). opts->count and
+ * opts->names are CAIRN_ERR_INVALID_ARGUMENT here (they choose what a get writes). */
+CAIRN_EXPORT cairn_status cairn_model_put_file_opts(cairn_client* c, const char* id, const char* path,
+                                                    const cairn_file_options* opts);
 
 /* ---- tickets and the pipeline ---- */
 
@@ -360,10 +393,20 @@ CAIRN_EXPORT cairn_status cairn_model_read(cairn_model_reader* r, size_t count, 
  *    private_copy is CAIRN_ERR_INVALID_ARGUMENT. */
 CAIRN_EXPORT cairn_status cairn_model_map(cairn_model_reader* r, size_t count, const char* const* names, void** data,
                                           size_t* nbytes, const cairn_read_options* opts);
+/* The open model's id, its parent ("" for none) and its metadata as JSON text ("{}" for none); any
+ * out pointer may be NULL. The strings stay valid until cairn_model_close(r). */
+CAIRN_EXPORT cairn_status cairn_model_describe(cairn_model_reader* r, const char** id, const char** parent,
+                                               const char** metadata_json);
 CAIRN_EXPORT void cairn_model_close(cairn_model_reader* r);
 /* Writes model `id` as the safetensors file `path` (written to a temporary file, then renamed into
  * place). A model stored from a file comes back byte for byte. */
 CAIRN_EXPORT cairn_status cairn_model_get_file(cairn_client* c, const char* id, const char* path);
+/* cairn_model_get_file as opts say (NULL: the whole model, no progress): only the opts->count
+ * tensors opts->names, in that order (CAIRN_ERR_NOT_FOUND naming a tensor the model lacks), and
+ * progress reports -- the phase "writing PATH" (tensor bytes written). put's parent,
+ * metadata_json and architecture_json are CAIRN_ERR_INVALID_ARGUMENT here; durability is not read. */
+CAIRN_EXPORT cairn_status cairn_model_get_file_opts(cairn_client* c, const char* id, const char* path,
+                                                    const cairn_file_options* opts);
 
 /* ---- hints and queries ---- */
 

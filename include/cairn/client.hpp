@@ -11,8 +11,8 @@
 // Writer::add_tensor, cairn_model_commit_opts -> Writer::commit), Reader the open model
 // (cairn_model_read -> Reader::read, cairn_model_map -> Reader::map), Ticket the ticket
 // (cairn_ticket_wait -> Ticket::wait). Options are cairn.h's structs (cairn_read_options,
-// cairn_commit_options, cairn_prefetch_options), defaulted to their *_INIT values. Older method
-// names are [[deprecated]] for one release (docs/api.md lists them).
+// cairn_commit_options, cairn_prefetch_options, cairn_file_options), defaulted to their *_INIT
+// values. Older method names are [[deprecated]] for one release (docs/api.md lists them).
 //
 //   namespace cn = cairn::v1;
 //   auto client = cn::Client::connect();             // $CAIRN_SOCKET, then the default socket
@@ -242,6 +242,16 @@ class Reader {
   }
   ~Reader() { close(); }
 
+  // cairn_model_describe: the open model's id, parent ("" for none) and metadata (JSON text).
+  struct Description {
+    std::string id, parent, metadata_json;
+  };
+  Result<Description> describe() {
+    const char *id = nullptr, *parent = nullptr, *meta = nullptr;
+    Status s = Status::from(cairn_model_describe(r_, &id, &parent, &meta));
+    if (!s) return s;
+    return Description{id, parent, meta};
+  }
   // cairn_model_tensor_count.
   Result<size_t> tensor_count() {
     size_t n = 0;
@@ -479,6 +489,22 @@ class Client {
   Status model_get_file(const std::string& id, const std::string& path) {
     return Status::from(cairn_model_get_file(c_, id.c_str(), path.c_str()));
   }
+  // cairn_file_options.progress as a function: the phase, the bytes done, the bytes in all.
+  using Progress = std::function<void(const char* phase, uint64_t done, uint64_t total)>;
+  // cairn_model_put_file_opts: the file stored as opts say (parent, durability, metadata,
+  // architecture); progress, when given, is called as the bytes move (it replaces opts.progress).
+  Status model_put_file(const std::string& id, const std::string& path, cairn_file_options opts,
+                        const Progress& progress = {}) {
+    with_progress(opts, progress);
+    return Status::from(cairn_model_put_file_opts(c_, id.c_str(), path.c_str(), &opts));
+  }
+  // cairn_model_get_file_opts: the model, or the tensors opts.names, written as the file `path`;
+  // progress as for model_put_file.
+  Status model_get_file(const std::string& id, const std::string& path, cairn_file_options opts,
+                        const Progress& progress = {}) {
+    with_progress(opts, progress);
+    return Status::from(cairn_model_get_file_opts(c_, id.c_str(), path.c_str(), &opts));
+  }
   // cairn_model_prefetch: stages the model as opts say; the daemon's answer as JSON text.
   Result<std::string> model_prefetch(const std::string& id,
                                      const cairn_prefetch_options& opts = CAIRN_PREFETCH_OPTIONS_INIT) {
@@ -572,6 +598,14 @@ class Client {
     std::string result(out ? out : "{}");
     cairn_free(out);
     return result;
+  }
+  // Points opts' progress callback at `progress` (which outlives the call it is used in).
+  static void with_progress(cairn_file_options& opts, const Progress& progress) {
+    if (!progress) return;
+    opts.progress = [](void* ctx, const char* phase, uint64_t done, uint64_t total) {
+      (*static_cast<const Progress*>(ctx))(phase, done, total);
+    };
+    opts.progress_ctx = const_cast<Progress*>(&progress);
   }
   cairn_client* c_ = nullptr;
 };

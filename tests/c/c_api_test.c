@@ -9,6 +9,22 @@
 
 #include "cairn/cairn.h"
 
+/* What cairn_file_options.progress reported: calls, the "committing" phase, the last bytes done. */
+struct progress_count {
+  int calls;
+  int committing;
+  uint64_t bytes;
+};
+static void count_progress(void* ctx, const char* phase, uint64_t done, uint64_t total) {
+  struct progress_count* p = (struct progress_count*)ctx;
+  (void)total;
+  ++p->calls;
+  if (strcmp(phase, "committing") == 0)
+    ++p->committing;
+  else
+    p->bytes = done;
+}
+
 static int checks = 0;
 static int failures = 0;
 
@@ -562,6 +578,48 @@ int main(int argc, char** argv) {
     CHECK(cairn_model_put_file(c, "c-bad-meta", in_path, NULL, CAIRN_DURABILITY_GLOBAL, "[1]") ==
           CAIRN_ERR_INVALID_ARGUMENT);
     CHECK(cairn_model_get_file(c, "c-no-such-model", out_path) == CAIRN_ERR_NOT_FOUND);
+    {
+      /* cairn_model_put_file_opts / cairn_model_get_file_opts: architecture, progress, some tensors. */
+      char opts_id[128];
+      const char* only[1] = {"w"};
+      const char* missing[1] = {"no-such-tensor"};
+      const char *got_id = NULL, *got_parent = NULL, *got_meta = NULL;
+      struct progress_count count = {0, 0, 0};
+      cairn_file_options fo;
+      cairn_model_reader* fr = NULL;
+      snprintf(opts_id, sizeof opts_id, "c-file-opts%s", suffix);
+      cairn_file_options_init(&fo);
+      fo.parent = file_id;
+      fo.durability = CAIRN_DURABILITY_MEMORY;
+      fo.metadata_json = "{\"score\": 0.25}";
+      fo.architecture_json =
+          "{\"layers\": [{\"name\": \"fc\", \"type\": \"Linear\", \"config\": {}, \"inputs\": []}], "
+          "\"tensors\": {\"w\": \"fc\"}}";
+      fo.progress = count_progress;
+      fo.progress_ctx = &count;
+      CHECK_OK(cairn_model_put_file_opts(c, opts_id, in_path, &fo));
+      CHECK(count.calls >= 2 && count.committing == 1 && count.bytes == 16);
+      CHECK_OK(cairn_model_open(c, opts_id, &fr));
+      CHECK_OK(cairn_model_describe(fr, &got_id, &got_parent, &got_meta));
+      CHECK(got_id && strcmp(got_id, opts_id) == 0 && got_parent && strcmp(got_parent, file_id) == 0);
+      CHECK(got_meta && strstr(got_meta, "0.25") != NULL);
+      cairn_model_close(fr);
+      fo.names = only; /* a put takes no names */
+      fo.count = 1;
+      CHECK(cairn_model_put_file_opts(c, "c-file-opts-bad", in_path, &fo) == CAIRN_ERR_INVALID_ARGUMENT);
+      CHECK(cairn_model_get_file_opts(c, opts_id, out_path, &fo) == CAIRN_ERR_INVALID_ARGUMENT); /* a parent */
+      cairn_file_options_init(&fo);
+      fo.names = only;
+      fo.count = 1;
+      fo.progress = count_progress;
+      fo.progress_ctx = &count;
+      count.calls = count.bytes = 0;
+      CHECK_OK(cairn_model_get_file_opts(c, opts_id, out_path, &fo));
+      CHECK(count.calls >= 1 && count.bytes == 16);
+      fo.names = missing;
+      CHECK(cairn_model_get_file_opts(c, opts_id, out_path, &fo) == CAIRN_ERR_NOT_FOUND);
+      CHECK(strstr(cairn_last_error(), "no-such-tensor") != NULL);
+    }
     remove(in_path);
     remove(out_path);
     remove(bad_path);
@@ -582,6 +640,7 @@ int main(int argc, char** argv) {
     cairn_read_options ro = CAIRN_READ_OPTIONS_INIT, ro_init;
     cairn_commit_options co = CAIRN_COMMIT_OPTIONS_INIT, co_init;
     cairn_prefetch_options po = CAIRN_PREFETCH_OPTIONS_INIT, po_init;
+    cairn_file_options fo_init;
     /* A struct from a newer header: this library's fields, then one it does not know. */
     struct {
       cairn_read_options known;
@@ -597,15 +656,20 @@ int main(int argc, char** argv) {
     memset(&ro_init, 0xff, sizeof ro_init);
     memset(&co_init, 0xff, sizeof co_init);
     memset(&po_init, 0xff, sizeof po_init);
+    memset(&fo_init, 0xff, sizeof fo_init);
     cairn_read_options_init(&ro_init);
     cairn_commit_options_init(&co_init);
     cairn_prefetch_options_init(&po_init);
+    cairn_file_options_init(&fo_init);
     CHECK(ro_init.size == sizeof ro && ro_init.kind == CAIRN_MEM_HOST && ro_init.device == CAIRN_DEVICE_DEFAULT &&
           ro_init.private_copy == 0);
     CHECK(co_init.size == sizeof co && co_init.durability == CAIRN_DURABILITY_GLOBAL && co_init.wait == 1 &&
           co_init.pipelined == 0);
     CHECK(po_init.size == sizeof po && po_init.kind == CAIRN_MEM_HOST && po_init.device == CAIRN_DEVICE_DEFAULT &&
-          po_init.all == 0 && po_init.timeout_ms == 0);
+          po_init.all == 0 && po_init.timeout_ms == 0 && po_init.progress_id == NULL);
+    CHECK(fo_init.size == sizeof fo_init && fo_init.parent == NULL && fo_init.durability == CAIRN_DURABILITY_GLOBAL &&
+          fo_init.metadata_json == NULL && fo_init.architecture_json == NULL && fo_init.count == 0 &&
+          fo_init.names == NULL && fo_init.progress == NULL && fo_init.progress_ctx == NULL);
     cairn_read_options_init(NULL);
 
     /* Waited (the default): no ticket is handed out. */
@@ -722,6 +786,14 @@ int main(int argc, char** argv) {
     po = po_init;
     po.all = 2;
     CHECK(cairn_model_prefetch(c, child, &po, NULL) == CAIRN_ERR_INVALID_ARGUMENT);
+    /* A progress id: the prefetch runs as without one. A struct of a header before progress_id
+     * (size up to timeout_ms) works too. */
+    po = po_init;
+    po.progress_id = "c-prefetch-progress";
+    CHECK_OK(cairn_model_prefetch(c, child, &po, NULL));
+    po = po_init;
+    po.size = offsetof(cairn_prefetch_options, progress_id);
+    CHECK_OK(cairn_model_prefetch(c, child, &po, NULL));
   }
 
   cairn_disconnect(c);

@@ -2,6 +2,7 @@
 // compiled against the installed headers and libcairn.so only. Run by tests/integration/test_c_api.py.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -193,6 +194,39 @@ int main(int argc, char** argv) {
     CHECK(rf && rf->read_tensor("b", got_b.data(), 256));
     CHECK(got_b == b);
     CHECK(client->model_put_file("cpp-bad" + suffix, "/nonexistent.safetensors").code() != CAIRN_OK);
+    // With options: architecture and metadata in, progress reported, one tensor out.
+    cairn_file_options fo = CAIRN_FILE_OPTIONS_INIT;
+    const std::string parent = "cpp-base" + suffix;
+    fo.parent = parent.c_str();
+    fo.durability = CAIRN_DURABILITY_MEMORY;
+    fo.metadata_json = "{\"epoch\": 3}";
+    fo.architecture_json =
+        R"({"layers": [{"name": "fc", "type": "Linear", "config": {}, "inputs": []}], "tensors": {"a": "fc", "b": "fc"}})";
+    std::vector<std::string> phases;
+    uint64_t last_done = 0;
+    auto progress = [&](const char* phase, uint64_t done, uint64_t) {
+      phases.emplace_back(phase);
+      last_done = std::max(last_done, done);
+    };
+    CHECK(client->model_put_file("cpp-file-opts" + suffix, path, fo, progress));
+    CHECK(!phases.empty() && phases.back() == "committing" && last_done == (a.size() + b.size()) * sizeof(float));
+    auto ro = client->model_open("cpp-file-opts" + suffix);
+    auto desc = ro ? ro->describe() : cn::Result<cn::Reader::Description>(ro.status());
+    CHECK(desc && desc->id == "cpp-file-opts" + suffix && desc->parent == parent &&
+          desc->metadata_json.find("\"epoch\":3") != std::string::npos);
+    const char* only[] = {"b"};
+    cairn_file_options go = CAIRN_FILE_OPTIONS_INIT;
+    go.names = only;
+    go.count = 1;
+    phases.clear();
+    last_done = 0;
+    CHECK(client->model_get_file("cpp-file-opts" + suffix, path, go, progress));
+    CHECK(!phases.empty() && last_done == 256);
+    const cairn_file_options defaults = CAIRN_FILE_OPTIONS_INIT;
+    CHECK(client->model_put_file("cpp-file-opts2" + suffix, path, defaults));
+    auto r2 = client->model_open("cpp-file-opts2" + suffix);
+    auto t2 = r2 ? r2->tensors() : cn::Result<std::vector<cn::TensorInfo>>(r2.status());
+    CHECK(t2 && t2->size() == 1 && (*t2)[0].name == "b");
     std::remove(path.c_str());
   }
   {

@@ -22,12 +22,13 @@
 #include <string>
 #include <vector>
 
-#include "api/cpp/client.hpp"
+#include "cairn/client.hpp"
 #include "core/safetensors.hpp"
 #include "core/wire.hpp"
 
 namespace {
 
+namespace cn = cairn::v1;
 using cairn::DType;
 using Clock = std::chrono::steady_clock;
 
@@ -101,6 +102,18 @@ int die(const cairn::Status& s) {
   return 1;
 }
 
+int die(const cn::Status& s) {
+  std::fprintf(stderr, "cairn_nas_demo: %s\n", s.message().c_str());
+  return 1;
+}
+
+// The daemon's statistics (cairn_request {"op":"stats"}).
+cn::Result<nlohmann::json> stats(cn::Client& c) {
+  auto r = c.request(R"({"op":"stats"})");
+  if (!r) return r.status();
+  return nlohmann::json::parse(*r);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -124,11 +137,11 @@ int main(int argc, char** argv) {
     baseline_dir = std::filesystem::temp_directory_path() / ("cairn-nas-baseline-" + std::to_string(::getpid()));
   std::filesystem::create_directories(baseline_dir);
 
-  auto client = cairn::Client::connect("");
-  if (!client.ok()) return die(client.status());
-  cairn::Client& c = **client;
-  auto stats0 = c.call({{"op", "stats"}});
-  if (!stats0.ok()) return die(stats0.status());
+  auto client = cn::Client::connect();
+  if (!client) return die(client.status());
+  cn::Client& c = *client;
+  auto stats0 = stats(c);
+  if (!stats0) return die(stats0.status());
 
   const std::vector<Param> params = resnet18();
   std::vector<std::string> layers;
@@ -163,23 +176,27 @@ int main(int argc, char** argv) {
       }
       // Load the parent: a copy into a user buffer, a zero-copy map, and the one-file baseline.
       auto t0 = Clock::now();
-      auto reader = cairn::ModelReader::open(c, parent);
-      if (!reader.ok()) return die(reader.status());
+      auto reader = c.model_open(parent);
+      if (!reader) return die(reader.status());
+      auto tensors = reader->tensors();
+      if (!tensors) return die(tensors.status());
       uint64_t pos = 0;
       std::vector<std::string> names;
-      std::vector<std::span<uint8_t>> dsts;
-      for (const auto& t : (*reader)->tensors()) {
+      std::vector<void*> dsts;
+      std::vector<size_t> sizes;
+      for (const auto& t : *tensors) {
         names.push_back(t.name);
-        dsts.emplace_back(readback.data() + pos, t.nbytes);
+        dsts.push_back(readback.data() + pos);
+        sizes.push_back(t.nbytes);
         pos += t.nbytes;
       }
-      if (auto st = (*reader)->read_many(names, dsts); !st.ok()) return die(st);
+      if (auto st = reader->read(names, dsts, sizes); !st) return die(st);
       cairn_copy_ms.push_back(ms(Clock::now() - t0));
       t0 = Clock::now();
-      auto views = (*reader)->map_many(names);
-      if (!views.ok()) return die(views.status());
+      auto views = reader->map(names);
+      if (!views) return die(views.status());
       cairn_map_ms.push_back(ms(Clock::now() - t0));
-      (*reader)->close();
+      reader->close();
 
       std::string file = baseline_dir + "/" + parent + ".safetensors";
       t0 = Clock::now();
@@ -201,7 +218,9 @@ int main(int argc, char** argv) {
       }
     double score = std::uniform_real_distribution<double>(0.5, 0.95)(rng);
     auto t0 = Clock::now();
-    cairn::ModelWriter w(c, id, parent);
+    auto writer = c.model_create(id, parent);
+    if (!writer) return die(writer.status());
+    cn::Writer& w = *writer;
     std::vector<cairn::safetensors::TensorEntry> entries;
     std::vector<std::vector<uint8_t>> file_data;
     for (const auto& p : params) {
@@ -209,17 +228,16 @@ int main(int argc, char** argv) {
       buf.resize(nbytes(p));
       if (changed) {
         fill(buf, rng);
-        if (auto st = w.add_tensor(p.name, buf.data(), p.dtype, p.shape); !st.ok()) return die(st);
+        if (auto st = w.add_tensor(p.name, buf.data(), static_cast<cairn_dtype>(p.dtype), p.shape); !st) return die(st);
       } else {
-        if (auto st = w.inherit_tensor(p.name); !st.ok()) return die(st);
+        if (auto st = w.inherit_tensor(p.name); !st) return die(st);
         inherited_bytes += buf.size();
       }
       entries.push_back({p.name, p.dtype, p.shape, 0, 0});
       file_data.push_back(changed ? buf : std::vector<uint8_t>());
     }
-    (void)w.set_metadata({{"score", score}, {"generation", n}, {"mutated", mutated}});
-    auto ticket = w.commit(cairn::Durability::kGlobal, true);
-    if (!ticket.ok()) return die(ticket.status());
+    (void)w.set_metadata(nlohmann::json{{"score", score}, {"generation", n}, {"mutated", mutated}}.dump());
+    if (auto st = w.commit(CAIRN_DURABILITY_GLOBAL); !st) return die(st);
     store_ms.push_back(ms(Clock::now() - t0));
 
     // The baseline: the whole model in its own safetensors file (the inherited tensors come from
@@ -256,8 +274,8 @@ int main(int argc, char** argv) {
     if (population.size() > kPopulation) population.pop_front();  // regularized: the oldest dies
   }
 
-  auto stats1 = c.call({{"op", "stats"}});
-  if (!stats1.ok()) return die(stats1.status());
+  auto stats1 = stats(c);
+  if (!stats1) return die(stats1.status());
   const auto& r0 = (*stats0)["repository"];
   const auto& r1 = (*stats1)["repository"];
   uint64_t physical = r1["physical_bytes"].get<uint64_t>() - r0["physical_bytes"].get<uint64_t>();

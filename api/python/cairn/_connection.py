@@ -15,7 +15,7 @@ from . import _dtypes, _errors
 from ._errors import CairnError
 from ._args import _SLICE_MS, _shutdown, _slices, _timeout_ms
 
-# libcairn sends tensors up to this size inline in the request (api/cpp/client.hpp, kInlineLimit).
+# libcairn sends tensors up to this size inline in the request (api/cpp/connection.hpp, kInlineLimit).
 _INLINE_LIMIT = 64 * 1024
 
 

@@ -9,7 +9,7 @@ import torch
 from . import _torch_dtypes as _td
 
 # Tensors up to this size are staged as private copies, not in arena space (they are sent inline
-# with the commit: api/cpp/client.hpp, kInlineLimit).
+# with the commit: api/cpp/connection.hpp, kInlineLimit).
 _INLINE_LIMIT = 64 * 1024
 
 

@@ -45,7 +45,7 @@ class PrefetchOptions(ctypes.Structure):
     """cairn_prefetch_options (cairn.h): what cairn_model_prefetch stages, and where."""
 
     _fields_ = [("size", ctypes.c_size_t), ("kind", ctypes.c_int), ("device", ctypes.c_int), ("all", ctypes.c_int),
-                ("timeout_ms", ctypes.c_int)]
+                ("timeout_ms", ctypes.c_int), ("progress_id", ctypes.c_char_p)]
 
 
 def read_options(**fields: int) -> ReadOptions:

@@ -12,7 +12,7 @@
 #include <cstring>
 #include <thread>
 
-#include "api/cpp/client.hpp"
+#include "api/cpp/connection.hpp"
 #include "core/wire.hpp"
 #include "daemon/server.hpp"
 #include "unit/daemon/engine_util.hpp"
@@ -36,8 +36,8 @@ struct Daemon {
     REQUIRE(s.ok());
     server = std::move(s).value();
   }
-  std::unique_ptr<Client> connect() const {
-    auto c = Client::connect(socket);
+  std::unique_ptr<Connection> connect() const {
+    auto c = Connection::connect(socket);
     INFO((c.ok() ? std::string() : c.status().to_string()));
     REQUIRE(c.ok());
     return std::move(c).value();
@@ -45,8 +45,8 @@ struct Daemon {
 };
 
 // A base model with a few inline tensors, committed the blocking way.
-void commit_base(Client& c, const std::string& id) {
-  ModelWriter w(c, id, "");
+void commit_base(Connection& c, const std::string& id) {
+  ConnectionWriter w(c, id, "");
   for (int t = 0; t < 4; ++t) {
     auto bytes = pattern(1000 + t, static_cast<uint64_t>(t));
     REQUIRE(w.add_tensor("t" + std::to_string(t), bytes.data(), DType::kU8, {static_cast<int64_t>(bytes.size())}).ok());
@@ -54,8 +54,8 @@ void commit_base(Client& c, const std::string& id) {
   REQUIRE(w.commit(Durability::kGlobal, true).ok());
 }
 
-Result<Ticket> metadata_commit(Client& c, const std::string& id, const std::string& parent, int step) {
-  ModelWriter w(c, id, parent);
+Result<Ticket> metadata_commit(Connection& c, const std::string& id, const std::string& parent, int step) {
+  ConnectionWriter w(c, id, parent);
   CAIRN_RETURN_IF_ERROR(w.inherit_all());
   CAIRN_RETURN_IF_ERROR(w.set_metadata(json{{"step", step}}));
   return w.commit_async(Durability::kMemory);
@@ -75,7 +75,7 @@ TEST_CASE("pipelined commits: many in flight, in order, then waited") {
     REQUIRE(t.ok());
     tickets.push_back(*t);
     max_in_flight = std::max(max_in_flight, c->in_flight());
-    REQUIRE(c->in_flight() <= Client::kMaxInFlight);
+    REQUIRE(c->in_flight() <= Connection::kMaxInFlight);
   }
   // Nothing waited for the replies: the first commit's reply is still to be collected after it was sent.
   CHECK(max_in_flight > 1);
@@ -89,7 +89,7 @@ TEST_CASE("pipelined commits: many in flight, in order, then waited") {
   CHECK(c->flush_pipeline().ok());
   // Another connection sees the whole chain, with its metadata and the inherited tensors.
   auto other = d.connect();
-  auto r = ModelReader::open(*other, "m999");
+  auto r = ConnectionReader::open(*other, "m999");
   REQUIRE(r.ok());
   CHECK((*r)->parent() == "m998");
   CHECK((*r)->metadata()["step"] == 999);
@@ -133,9 +133,9 @@ TEST_CASE("pipelined commits: an error lands on its own ticket, later commits su
     }
   }
   auto other = d.connect();
-  CHECK(ModelReader::open(*other, "p19").ok());
-  CHECK(ModelReader::open(*other, "p12").status().code() == StatusCode::kNotFound);
-  auto base = ModelReader::open(*other, "base");
+  CHECK(ConnectionReader::open(*other, "p19").ok());
+  CHECK(ConnectionReader::open(*other, "p12").status().code() == StatusCode::kNotFound);
+  auto base = ConnectionReader::open(*other, "base");
   REQUIRE(base.ok());
   CHECK((*base)->tensors().size() == 4);  // the failed duplicate changed nothing
 }
@@ -166,7 +166,7 @@ TEST_CASE("pipelined commits: big inline commits do not deadlock the socket") {
   for (int i = 0; i < 300; ++i) {
     bytes[0] = static_cast<uint8_t>(i);
     bytes[1] = static_cast<uint8_t>(i >> 8);
-    ModelWriter w(*c, "big" + std::to_string(i), "");
+    ConnectionWriter w(*c, "big" + std::to_string(i), "");
     REQUIRE(w.add_tensor("w", bytes.data(), DType::kU8, {static_cast<int64_t>(bytes.size())}).ok());
     auto t = w.commit_async(Durability::kMemory);
     REQUIRE(t.ok());
@@ -174,7 +174,7 @@ TEST_CASE("pipelined commits: big inline commits do not deadlock the socket") {
   }
   REQUIRE(c->flush_pipeline().ok());
   for (auto& t : tickets) CHECK(c->wait(t, 0).ok());
-  auto r = ModelReader::open(*c, "big299");
+  auto r = ConnectionReader::open(*c, "big299");
   REQUIRE(r.ok());
   std::vector<uint8_t> out(bytes.size());
   REQUIRE((*r)->read("w", out.data(), out.size()).ok());
@@ -186,9 +186,9 @@ TEST_CASE("pipelined commits: above memory the commit answers before returning")
   Daemon d;
   auto c = d.connect();
   commit_base(*c, "base");
-  ModelWriter w(*c, "base", "");  // taken: reported by the call itself, as before
+  ConnectionWriter w(*c, "base", "");  // taken: reported by the call itself, as before
   CHECK(w.commit_async(Durability::kGlobal).status().code() == StatusCode::kExists);
-  ModelWriter g(*c, "g1", "base");
+  ConnectionWriter g(*c, "g1", "base");
   REQUIRE(g.inherit_all().ok());
   auto t = g.commit_async(Durability::kGlobal);
   REQUIRE(t.ok());
@@ -271,7 +271,7 @@ struct FakeDaemon {
 
 TEST_CASE("pipelined commits: a daemon dying mid-pipeline fails the unanswered tickets, no hang") {
   FakeDaemon fake(10, 4);
-  auto c = Client::connect(fake.socket);
+  auto c = Connection::connect(fake.socket);
   REQUIRE(c.ok());
   std::vector<Ticket> tickets;
   for (int i = 0; i < 10; ++i) {
@@ -300,7 +300,7 @@ TEST_CASE("pipelined commits: a daemon dying mid-pipeline fails the unanswered t
 
 TEST_CASE("pipelined commits: a reply that does not come in time is a timeout, then can be waited again") {
   FakeDaemon fake(3, 0);  // reads, never answers, closes after the third request
-  auto c = Client::connect(fake.socket);
+  auto c = Connection::connect(fake.socket);
   REQUIRE(c.ok());
   auto t1 = metadata_commit(**c, "a", "base", 0);
   REQUIRE(t1.ok());
@@ -316,10 +316,10 @@ TEST_CASE("pipelined commits: a reply that does not come in time is a timeout, t
 }
 
 // A model of `tensors` tensors of `each` bytes, committed at global (so DRAM may drop its chunks).
-std::vector<std::vector<uint8_t>> commit_big(Client& c, const std::string& id, int tensors, size_t each,
+std::vector<std::vector<uint8_t>> commit_big(Connection& c, const std::string& id, int tensors, size_t each,
                                              uint64_t seed) {
   std::vector<std::vector<uint8_t>> bytes;
-  ModelWriter w(c, id, "");
+  ConnectionWriter w(c, id, "");
   for (int t = 0; t < tensors; ++t) {
     bytes.push_back(pattern(each, seed + static_cast<uint64_t>(t)));
     REQUIRE(w.add_tensor("t" + std::to_string(t), bytes.back().data(), DType::kU8, {static_cast<int64_t>(each)}).ok());
@@ -328,7 +328,7 @@ std::vector<std::vector<uint8_t>> commit_big(Client& c, const std::string& id, i
   return bytes;
 }
 
-uint64_t pinned_bytes(Client& c) {
+uint64_t pinned_bytes(Connection& c) {
   auto st = c.call(json{{"op", "stats"}});
   REQUIRE(st.ok());
   return (*st)["tiers"]["dram"].value("pinned_bytes", uint64_t{0});
@@ -339,7 +339,7 @@ TEST_CASE("pipelined reads: a large read_many leases its groups of tensors at on
   auto c = d.connect();
   // 48 MiB in 12 tensors: groups of 32 MiB and 16 MiB, two lease requests sent before any reply.
   auto bytes = commit_big(*c, "big", 12, 4u << 20, 7);
-  auto r = ModelReader::open(*c, "big");
+  auto r = ConnectionReader::open(*c, "big");
   REQUIRE(r.ok());
   std::vector<std::string> names;
   std::vector<std::vector<uint8_t>> out(12, std::vector<uint8_t>(4u << 20));
@@ -366,14 +366,14 @@ TEST_CASE("pipelined reads: a group that cannot be leased fails the read and lea
   auto b = commit_big(*c, "b", 10, 4u << 20, 200);
   std::vector<std::string> names;
   for (int t = 0; t < 10; ++t) names.push_back("t" + std::to_string(t));
-  auto rb = ModelReader::open(*c, "b");
+  auto rb = ConnectionReader::open(*c, "b");
   REQUIRE(rb.ok());
   auto views = (*rb)->map_many(names);
   REQUIRE(views.ok());
   const uint64_t held = pinned_bytes(*c);
   CHECK(held >= (40ull << 20));
 
-  auto ra = ModelReader::open(*c, "a");
+  auto ra = ConnectionReader::open(*c, "a");
   REQUIRE(ra.ok());
   std::vector<std::vector<uint8_t>> out(10, std::vector<uint8_t>(4u << 20));
   std::vector<std::span<uint8_t>> dsts;
@@ -398,7 +398,7 @@ TEST_CASE("sealed tensors: hashed while the next is written, stored under the sa
   std::vector<std::vector<uint8_t>> bytes;
   for (int t = 0; t < 3; ++t) bytes.push_back(pattern(200u << 10, 300 + static_cast<uint64_t>(t)));
   {
-    ModelWriter w(*c, "sealed", "");
+    ConnectionWriter w(*c, "sealed", "");
     for (int t = 0; t < 3; ++t) {
       const std::string name = "t" + std::to_string(t);
       auto p = w.add_tensor_space(name, DType::kU8, {static_cast<int64_t>(bytes[static_cast<size_t>(t)].size())});
@@ -419,7 +419,7 @@ TEST_CASE("sealed tensors: hashed while the next is written, stored under the sa
   // The same bytes through add_tensor (hashed by the client's copy): no new chunk, so the sealed
   // hashes are the bytes' true hashes.
   {
-    ModelWriter w(*c, "plain", "");
+    ConnectionWriter w(*c, "plain", "");
     for (int t = 0; t < 3; ++t)
       REQUIRE(w.add_tensor("t" + std::to_string(t), bytes[static_cast<size_t>(t)].data(), DType::kU8,
                            {static_cast<int64_t>(bytes[static_cast<size_t>(t)].size())})
@@ -428,7 +428,7 @@ TEST_CASE("sealed tensors: hashed while the next is written, stored under the sa
     REQUIRE(w.commit(Durability::kGlobal, true).ok());
   }
   CHECK(chunks() == after_sealed);
-  auto r = ModelReader::open(*c, "sealed");
+  auto r = ConnectionReader::open(*c, "sealed");
   REQUIRE(r.ok());
   for (int t = 0; t < 3; ++t) {
     std::vector<uint8_t> out(bytes[static_cast<size_t>(t)].size());
@@ -437,7 +437,7 @@ TEST_CASE("sealed tensors: hashed while the next is written, stored under the sa
   }
   // A writer aborted with a seal in flight frees its spaces once the hash is done.
   {
-    ModelWriter w(*c, "aborted", "");
+    ConnectionWriter w(*c, "aborted", "");
     auto p = w.add_tensor_space("t", DType::kU8, {8 << 20});
     REQUIRE(p.ok());
     std::memset(*p, 7, 8u << 20);

@@ -13,14 +13,14 @@
 #include <algorithm>
 #include <cstring>
 
-#include "api/cpp/client.hpp"
-#include "api/cpp/client_internal.hpp"
+#include "api/cpp/connection.hpp"
+#include "api/cpp/connection_internal.hpp"
 
 namespace cairn {
 
 using nlohmann::json;
 
-Result<hbm::DeviceMapper*> Client::device_path(const std::string& what) {
+Result<hbm::DeviceMapper*> Connection::device_path(const std::string& what) {
   if (mapper_) return mapper_.get();
   if (!hbm_backend_.empty()) {
     auto m = hbm::open_mapper(hbm_backend_);
@@ -40,7 +40,7 @@ Result<hbm::DeviceMapper*> Client::device_path(const std::string& what) {
   return mapper_.get();
 }
 
-Result<uint8_t*> Client::map_slab(const std::string& handle, uint64_t size) {
+Result<uint8_t*> Connection::map_slab(const std::string& handle, uint64_t size) {
   if (auto it = slabs_.find(handle); it != slabs_.end()) return it->second.first;
   CAIRN_ASSIGN_OR_RETURN(hbm::DeviceMapper * m, device_path("mapping a device slab"));
   CAIRN_ASSIGN_OR_RETURN(void* p, m->open(handle, size));
@@ -48,8 +48,8 @@ Result<uint8_t*> Client::map_slab(const std::string& handle, uint64_t size) {
   return static_cast<uint8_t*>(p);
 }
 
-Status Client::copy_arena_device(hbm::DeviceMapper* dev, int device, void* dev_ptr, uint64_t arena_off, uint64_t n,
-                                 bool to_device) {
+Status Connection::copy_arena_device(hbm::DeviceMapper* dev, int device, void* dev_ptr, uint64_t arena_off, uint64_t n,
+                                     bool to_device) {
   const int v = to_device ? 0 : 1;
   uint8_t* base = to_device ? const_cast<uint8_t*>(view_->read_base()) : view_->write_base();
   const uint64_t size = view_->size();
@@ -80,7 +80,7 @@ Status Client::copy_arena_device(hbm::DeviceMapper* dev, int device, void* dev_p
   return Status::OK();
 }
 
-Result<std::vector<std::pair<uint64_t, const uint8_t*>>> ModelReader::lease_device(
+Result<std::vector<std::pair<uint64_t, const uint8_t*>>> ConnectionReader::lease_device(
     const std::vector<std::string>& names, int device) {
   for (const auto& name : names)
     if (!find(name)) return not_found("model '" + id_ + "' has no tensor '" + name + "'");
@@ -121,13 +121,13 @@ Result<std::vector<std::pair<uint64_t, const uint8_t*>>> ModelReader::lease_devi
   return out;
 }
 
-Result<std::span<const uint8_t>> ModelReader::map_device(const std::string& name, int device) {
+Result<std::span<const uint8_t>> ConnectionReader::map_device(const std::string& name, int device) {
   CAIRN_ASSIGN_OR_RETURN(auto views, map_many_device({name}, device));
   return views[0];
 }
 
-Result<std::vector<std::span<const uint8_t>>> ModelReader::map_many_device(const std::vector<std::string>& names,
-                                                                           int device) {
+Result<std::vector<std::span<const uint8_t>>> ConnectionReader::map_many_device(const std::vector<std::string>& names,
+                                                                                int device) {
   CAIRN_ASSIGN_OR_RETURN(auto leased, lease_device(names, device));
   std::vector<std::span<const uint8_t>> out;
   out.reserve(leased.size());
@@ -138,8 +138,8 @@ Result<std::vector<std::span<const uint8_t>>> ModelReader::map_many_device(const
   return out;
 }
 
-Status ModelReader::read_many_to_device(const std::vector<std::string>& names, const std::vector<void*>& dsts,
-                                        const std::vector<uint64_t>& dst_bytes) {
+Status ConnectionReader::read_many_to_device(const std::vector<std::string>& names, const std::vector<void*>& dsts,
+                                             const std::vector<uint64_t>& dst_bytes) {
   if (names.size() != dsts.size() || names.size() != dst_bytes.size())
     return invalid_argument("names, dsts and dst_bytes differ in length");
   if (names.empty()) return Status::OK();
@@ -169,7 +169,7 @@ Status ModelReader::read_many_to_device(const std::vector<std::string>& names, c
   return Status::OK();
 }
 
-Status ModelReader::read_to_device(const std::string& name, void* dst, uint64_t dst_bytes) {
+Status ConnectionReader::read_to_device(const std::string& name, void* dst, uint64_t dst_bytes) {
   CAIRN_RETURN_IF_ERROR(check_buffer(name, dst_bytes));
   CAIRN_ASSIGN_OR_RETURN(hbm::DeviceMapper * dev, client_.device_path("reading tensor '" + name + "'"));
   const int device = dev->device_of(dst);
@@ -204,8 +204,8 @@ Status ModelReader::read_to_device(const std::string& name, void* dst, uint64_t 
   return st;
 }
 
-Status ModelWriter::add_tensor_device(const std::string& name, const void* data, DType dtype,
-                                      const std::vector<int64_t>& shape) {
+Status ConnectionWriter::add_tensor_device(const std::string& name, const void* data, DType dtype,
+                                           const std::vector<int64_t>& shape) {
   CAIRN_RETURN_IF_ERROR(check_name(name));
   uint64_t n;
   CAIRN_RETURN_IF_ERROR(client_detail::check_shape(dtype, shape, &n).with_context("tensor '" + name + "'"));
@@ -217,7 +217,7 @@ Status ModelWriter::add_tensor_device(const std::string& name, const void* data,
     return invalid_argument(
         "tensor '" + name + "': " + std::to_string(n) +
         " bytes at a pointer that is not CUDA device memory (use cairn_model_add_tensor for host memory)");
-  CAIRN_ASSIGN_OR_RETURN(Client::Space sp, space_for(n));
+  CAIRN_ASSIGN_OR_RETURN(Connection::Space sp, space_for(n));
   // Device-to-host straight into the arena space: once this returns the caller may reuse its buffer.
   Status st = n ? client_.copy_arena_device(dev, on, const_cast<void*>(data),
                                             static_cast<uint64_t>(sp.data - client_.arena_view().write_base()), n,

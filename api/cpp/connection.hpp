@@ -1,12 +1,16 @@
-// The client library's core: a connection to the node's cairnd, and model writers and readers.
-// The C API (api/c/cairn_c.cpp) and the `cairn` tool are built on it.
+// The implementation of libcairn behind the C API (api/c/cairn_c*.cpp): a connection to the
+// node's cairnd (Connection), and the writers (ConnectionWriter) and readers (ConnectionReader) of
+// models on it. It is not installed and is no client API: programs, the `cairn` tool, the
+// benchmarks and the examples use the public interfaces, include/cairn/cairn.h and
+// include/cairn/client.hpp (cairn::v1), over libcairn.so. Only api/ and the white-box unit test of
+// this code (tests/unit/daemon/test_pipeline.cpp) include it (scripts/check-layers).
 //
 // Data path: at connect the client receives the daemon's DRAM arena (a memfd) and maps it. Large
 // tensors are written straight into arena space the daemon hands out (allocate → fill → commit) and
 // read from leased extents of the arena, without a copy (map) or with one (read). Small tensors
 // travel inline in the request.
 //
-// Thread-safety: a Client is used by one thread at a time. Readers and writers belong to their
+// Thread-safety: a Connection is used by one thread at a time. Readers and writers belong to their
 // client and must not outlive it.
 #pragma once
 
@@ -44,10 +48,10 @@ struct TensorInfo {
 // Tensors up to this size travel inline in the request; larger ones go through the arena.
 inline constexpr uint64_t kInlineLimit = 64 * 1024;
 
-// What the client knows of one commit made with ModelWriter::commit_async. A pipelined commit (at
+// What the client knows of one commit made with ConnectionWriter::commit_async. A pipelined commit (at
 // durability memory) is sent without waiting for its reply: its ticket resolves when the client
-// collects that reply (on its next request that needs a reply, on Client::wait of any ticket, on
-// Client::flush_pipeline, or when the connection ends). A commit answered before commit_async
+// collects that reply (on its next request that needs a reply, on Connection::wait of any ticket, on
+// Connection::flush_pipeline, or when the connection ends). A commit answered before commit_async
 // returned is resolved at once. See docs/protocol.md, "Pipelined commits".
 struct CommitTicket {
   std::string id;                           // the model
@@ -59,14 +63,14 @@ struct CommitTicket {
 };
 using Ticket = std::shared_ptr<CommitTicket>;
 
-class Client {
+class Connection {
  public:
   // address "" = wire::default_socket_path() ($CAIRN_SOCKET, then the default). kUnavailable names the path when
   // nothing listens.
-  static Result<std::unique_ptr<Client>> connect(const std::string& address);
-  ~Client();
-  Client(const Client&) = delete;
-  Client& operator=(const Client&) = delete;
+  static Result<std::unique_ptr<Connection>> connect(const std::string& address);
+  ~Connection();
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
 
   // One request/response exchange. The response's status becomes the Status. Replies of pipelined
   // requests sent before it are collected first (in order).
@@ -167,7 +171,7 @@ class Client {
   static constexpr size_t kModelCacheEntries = 4096;
 
  private:
-  Client(int fd, std::string address) : fd_(fd), address_(std::move(address)) {}
+  Connection(int fd, std::string address) : fd_(fd), address_(std::move(address)) {}
   // Encodes and writes one request (with the deferred releases), collecting replies that arrive
   // while the socket is full. Registers on_reply as the next reply's handler once written.
   Status send_request(const nlohmann::json& request, std::span<const uint8_t> blob, ReplyHandler on_reply);
@@ -189,8 +193,8 @@ class Client {
   Status broken_;        // set once the connection is lost: every later call fails with it
   Status orphan_error_;  // the first error of a pipelined commit nobody held a ticket for
   std::vector<uint64_t> spaces_to_free_;
-  friend class ModelWriter;  // its pipelined commits' reply handlers
-  friend class ModelReader;  // its pipelined leases (read_many)
+  friend class ConnectionWriter;  // its pipelined commits' reply handlers
+  friend class ConnectionReader;  // its pipelined leases (read_many)
   std::unique_ptr<ArenaView> view_;
   uint64_t chunk_size_ = 0;
   std::vector<uint64_t> deferred_release_;
@@ -207,12 +211,12 @@ class Client {
 };
 
 // Builds a model: add or inherit tensors, then commit. Destroying an uncommitted writer aborts it.
-class ModelWriter {
+class ConnectionWriter {
  public:
-  ModelWriter(Client& client, std::string id, std::string parent);
-  ~ModelWriter();
-  ModelWriter(const ModelWriter&) = delete;
-  ModelWriter& operator=(const ModelWriter&) = delete;
+  ConnectionWriter(Connection& client, std::string id, std::string parent);
+  ~ConnectionWriter();
+  ConnectionWriter(const ConnectionWriter&) = delete;
+  ConnectionWriter& operator=(const ConnectionWriter&) = delete;
 
   // Copies the bytes (inline or into arena space) before returning.
   Status add_tensor(const std::string& name, const void* data, DType dtype, const std::vector<int64_t>& shape);
@@ -265,11 +269,11 @@ class ModelWriter {
   // the other cores to the training. Also the most threads that hash sealed tensors (seal_tensor).
   void set_copy_threads(unsigned n) { copy_threads_ = n; }
   // Commits. wait=true: returns once durability d is reached (ticket 0); otherwise returns a ticket
-  // for Client::wait once the model is visible.
+  // for Connection::wait once the model is visible.
   Result<uint64_t> commit(Durability d, bool wait);
   // Commits without waiting for durability d. At memory the commit is pipelined: it returns once the
   // request is written, and its outcome (kExists, parent not found, ...) is reported on the ticket
-  // (Client::wait). Above memory it returns once the model is visible, as commit(d, false) does.
+  // (Connection::wait). Above memory it returns once the model is visible, as commit(d, false) does.
   // An error returned here means nothing was sent (or, above memory, the commit failed).
   Result<Ticket> commit_async(Durability d);
   // Commits without waiting for durability d, not pipelined at any level: returns once the model is
@@ -277,7 +281,7 @@ class ModelWriter {
   Result<Ticket> commit_visible(Durability d);
   // Commits without waiting for anything, at any durability and for a part: returns once the
   // request is written (the tensors are already in the arena); the commit's own outcome and then
-  // durability d come from Client::wait on the ticket. commit_async at memory is this.
+  // durability d come from Connection::wait on the ticket. commit_async at memory is this.
   Result<Ticket> commit_pipelined(Durability d);
   void abort();
   const std::string& id() const { return id_; }
@@ -286,14 +290,14 @@ class ModelWriter {
   Status check_name(const std::string& name);
   nlohmann::json request(Durability d, bool wait) const;
   // A reserved space of exactly n bytes, else a new one.
-  Result<Client::Space> space_for(uint64_t n);
+  Result<Connection::Space> space_for(uint64_t n);
   // Hands unused reserved spaces to the client, which frees them with its next request.
   void drop_reserved();
-  std::multimap<uint64_t, Client::Space> reserved_;
+  std::multimap<uint64_t, Connection::Space> reserved_;
   unsigned copy_threads_ = 0;
   // Threads for a copy of `chunks` chunks (set_copy_threads).
   unsigned copy_threads(uint64_t chunks) const;
-  Client& client_;
+  Connection& client_;
   std::string id_, parent_;
   nlohmann::json tensors_ = nlohmann::json::array();
   std::vector<uint8_t> inline_;
@@ -323,10 +327,10 @@ class ModelWriter {
 };
 
 // Reads a committed model. Views returned by map() stay valid until close() or destruction.
-class ModelReader {
+class ConnectionReader {
  public:
-  static Result<std::unique_ptr<ModelReader>> open(Client& client, const std::string& id);
-  ~ModelReader();
+  static Result<std::unique_ptr<ConnectionReader>> open(Connection& client, const std::string& id);
+  ~ConnectionReader();
 
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
   const TensorInfo* find(const std::string& name) const;
@@ -364,7 +368,7 @@ class ModelReader {
   void close();
 
  private:
-  ModelReader(Client& client) : client_(client) {}
+  ConnectionReader(Connection& client) : client_(client) {}
   struct Leased {
     uint64_t lease;
     std::vector<std::pair<uint64_t, uint64_t>> extents;  // (offset, length)
@@ -384,7 +388,7 @@ class ModelReader {
                                                                         int device);
   // kNotFound for an unknown tensor, kInvalidArgument when dst_bytes is not its size.
   Status check_buffer(const std::string& name, uint64_t dst_bytes) const;
-  Client& client_;
+  Connection& client_;
   std::string id_, parent_;
   int64_t created_ns_ = 0;
   nlohmann::json metadata_;

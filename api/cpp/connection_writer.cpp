@@ -1,4 +1,4 @@
-// ModelWriter: builds a model in the daemon's arena and commits it (api/cpp/client.hpp).
+// ConnectionWriter: builds a model in the daemon's arena and commits it (api/cpp/connection.hpp).
 #include <algorithm>
 #include <cstring>
 #include <future>
@@ -6,8 +6,8 @@
 #include <string_view>
 #include <thread>
 
-#include "api/cpp/client.hpp"
-#include "api/cpp/client_internal.hpp"
+#include "api/cpp/connection.hpp"
+#include "api/cpp/connection_internal.hpp"
 #include "core/copy.hpp"
 #include "core/hash.hpp"
 #include "core/wire.hpp"
@@ -17,7 +17,7 @@ namespace cairn {
 using nlohmann::json;
 using namespace client_detail;
 
-// ---- ModelWriter ----
+// ---- ConnectionWriter ----
 
 namespace {
 // The most threads a writer copies or hashes on (set_copy_threads).
@@ -31,20 +31,20 @@ json hashes_json(const std::vector<ChunkHash>& hashes) {
 }
 }  // namespace
 
-ModelWriter::ModelWriter(Client& client, std::string id, std::string parent)
+ConnectionWriter::ConnectionWriter(Connection& client, std::string id, std::string parent)
     : client_(client), id_(std::move(id)), parent_(std::move(parent)) {}
 
-ModelWriter::~ModelWriter() { abort(); }
+ConnectionWriter::~ConnectionWriter() { abort(); }
 
-Status ModelWriter::check_name(const std::string& name) {
+Status ConnectionWriter::check_name(const std::string& name) {
   if (done_) return invalid_argument("model '" + id_ + "' was already committed or aborted");
   if (!valid_name(name)) return invalid_argument("tensor names must be 1..1024 bytes of UTF-8 without NUL");
   if (names_.count(name)) return already_exists("model '" + id_ + "': tensor '" + name + "' was already added");
   return Status::OK();
 }
 
-Status ModelWriter::add_tensor(const std::string& name, const void* data, DType dtype,
-                               const std::vector<int64_t>& shape) {
+Status ConnectionWriter::add_tensor(const std::string& name, const void* data, DType dtype,
+                                    const std::vector<int64_t>& shape) {
   CAIRN_RETURN_IF_ERROR(check_name(name));
   uint64_t n;
   CAIRN_RETURN_IF_ERROR(check_shape(dtype, shape, &n).with_context("tensor '" + name + "'"));
@@ -55,7 +55,7 @@ Status ModelWriter::add_tensor(const std::string& name, const void* data, DType 
     const auto* p = static_cast<const uint8_t*>(data);
     inline_.insert(inline_.end(), p, p + n);
   } else {
-    CAIRN_ASSIGN_OR_RETURN(Client::Space sp, space_for(n));
+    CAIRN_ASSIGN_OR_RETURN(Connection::Space sp, space_for(n));
     const uint64_t chunk = client_.chunk_size();
     if (chunk > 0) {
       // Copied and hashed here, each 64 KiB block hashed while it is in the cache (several chunks:
@@ -74,7 +74,7 @@ Status ModelWriter::add_tensor(const std::string& name, const void* data, DType 
   return Status::OK();
 }
 
-Status ModelWriter::add_tensors(const std::vector<TensorIn>& in) {
+Status ConnectionWriter::add_tensors(const std::vector<TensorIn>& in) {
   if (done_) return invalid_argument("model '" + id_ + "' was already committed or aborted");
   // Checked whole first, so that an error leaves the writer as it was.
   std::vector<uint64_t> sizes(in.size());
@@ -100,7 +100,7 @@ Status ModelWriter::add_tensors(const std::vector<TensorIn>& in) {
       const auto* p = static_cast<const uint8_t*>(t.data);
       inline_.insert(inline_.end(), p, p + n);
     } else {
-      Result<Client::Space> sp = space_for(n);
+      Result<Connection::Space> sp = space_for(n);
       if (!sp.ok()) {  // undo this call's additions; its spaces are freed with the next request
         for (size_t k = spaces_before; k < spaces_.size(); ++k) client_.spaces_to_free_.push_back(spaces_[k]);
         spaces_.resize(spaces_before);
@@ -130,39 +130,39 @@ Status ModelWriter::add_tensors(const std::vector<TensorIn>& in) {
   return Status::OK();
 }
 
-unsigned ModelWriter::copy_threads(uint64_t chunks) const {
+unsigned ConnectionWriter::copy_threads(uint64_t chunks) const {
   if (chunks <= 1) return 1;
   return copy_threads_ ? std::min(copy_threads_, kMaxCopyThreads)
                        : std::clamp(std::thread::hardware_concurrency(), 1u, kMaxCopyThreads);
 }
 
-Status ModelWriter::reserve(const std::vector<uint64_t>& sizes) {
+Status ConnectionWriter::reserve(const std::vector<uint64_t>& sizes) {
   if (done_) return invalid_argument("model '" + id_ + "' was already committed or aborted");
   CAIRN_ASSIGN_OR_RETURN(auto spaces, client_.allocate_many(sizes));
   for (const auto& sp : spaces) reserved_.emplace(sp.nbytes, sp);
   return Status::OK();
 }
 
-Result<Client::Space> ModelWriter::space_for(uint64_t n) {
+Result<Connection::Space> ConnectionWriter::space_for(uint64_t n) {
   if (auto it = reserved_.find(n); it != reserved_.end()) {
-    Client::Space sp = it->second;
+    Connection::Space sp = it->second;
     reserved_.erase(it);
     return sp;
   }
   return client_.allocate(n);
 }
 
-void ModelWriter::drop_reserved() {
+void ConnectionWriter::drop_reserved() {
   for (const auto& [n, sp] : reserved_) client_.spaces_to_free_.push_back(sp.id);
   reserved_.clear();
 }
 
-Result<uint8_t*> ModelWriter::add_tensor_space(const std::string& name, DType dtype,
-                                               const std::vector<int64_t>& shape) {
+Result<uint8_t*> ConnectionWriter::add_tensor_space(const std::string& name, DType dtype,
+                                                    const std::vector<int64_t>& shape) {
   CAIRN_RETURN_IF_ERROR(check_name(name));
   uint64_t n;
   CAIRN_RETURN_IF_ERROR(check_shape(dtype, shape, &n).with_context("tensor '" + name + "'"));
-  CAIRN_ASSIGN_OR_RETURN(Client::Space sp, space_for(n));
+  CAIRN_ASSIGN_OR_RETURN(Connection::Space sp, space_for(n));
   spaces_.push_back(sp.id);
   space_tensors_[name] = SpaceTensor{tensors_.size(), sp.data, n, {}};
   tensors_.push_back(
@@ -171,7 +171,7 @@ Result<uint8_t*> ModelWriter::add_tensor_space(const std::string& name, DType dt
   return sp.data;
 }
 
-Status ModelWriter::seal_tensor(const std::string& name) {
+Status ConnectionWriter::seal_tensor(const std::string& name) {
   if (done_) return invalid_argument("model '" + id_ + "' was already committed or aborted");
   auto it = space_tensors_.find(name);
   if (it == space_tensors_.end())
@@ -187,7 +187,7 @@ Status ModelWriter::seal_tensor(const std::string& name) {
   return Status::OK();
 }
 
-void ModelWriter::collect_seals() {
+void ConnectionWriter::collect_seals() {
   sealer_.finish();
   for (auto& [name, t] : space_tensors_) {
     if (t.hashing) tensors_[t.index]["hashes"] = hashes_json(t.hashes);
@@ -195,7 +195,7 @@ void ModelWriter::collect_seals() {
   space_tensors_.clear();
 }
 
-Status ModelWriter::inherit_tensor(const std::string& name) {
+Status ConnectionWriter::inherit_tensor(const std::string& name) {
   CAIRN_RETURN_IF_ERROR(check_name(name));
   if (parent_.empty()) return invalid_argument("model '" + id_ + "' has no parent to inherit '" + name + "' from");
   tensors_.push_back(json{{"name", name}, {"inherit", true}});
@@ -203,25 +203,25 @@ Status ModelWriter::inherit_tensor(const std::string& name) {
   return Status::OK();
 }
 
-Status ModelWriter::inherit_all() {
+Status ConnectionWriter::inherit_all() {
   if (parent_.empty()) return invalid_argument("model '" + id_ + "' has no parent to inherit from");
   inherit_all_ = true;
   return Status::OK();
 }
 
-Status ModelWriter::set_architecture(const json& graph) {
+Status ConnectionWriter::set_architecture(const json& graph) {
   if (!graph.is_object()) return invalid_argument("the architecture graph must be a JSON object");
   architecture_ = graph;
   return Status::OK();
 }
 
-Status ModelWriter::set_metadata(const json& meta) {
+Status ConnectionWriter::set_metadata(const json& meta) {
   if (!meta.is_object()) return invalid_argument("metadata must be a JSON object");
   metadata_ = meta;
   return Status::OK();
 }
 
-json ModelWriter::request(Durability d, bool wait) const {
+json ConnectionWriter::request(Durability d, bool wait) const {
   json req{{"op", "commit"}, {"id", id_},           {"durability", durability_name(d)},
            {"wait", wait},   {"tensors", tensors_}, {"metadata", metadata_}};
   if (!parent_.empty()) req["parent"] = parent_;
@@ -232,7 +232,7 @@ json ModelWriter::request(Durability d, bool wait) const {
   return req;
 }
 
-Status ModelWriter::set_part(uint32_t index, uint32_t count, int64_t timeout_ms) {
+Status ConnectionWriter::set_part(uint32_t index, uint32_t count, int64_t timeout_ms) {
   if (done_) return invalid_argument("model '" + id_ + "' was already committed or aborted");
   if (count < 2) return invalid_argument("model '" + id_ + "': a multi-part model has at least 2 parts");
   if (index >= count)
@@ -243,7 +243,7 @@ Status ModelWriter::set_part(uint32_t index, uint32_t count, int64_t timeout_ms)
   return Status::OK();
 }
 
-Result<uint64_t> ModelWriter::commit(Durability d, bool wait) {
+Result<uint64_t> ConnectionWriter::commit(Durability d, bool wait) {
   if (done_) return invalid_argument("model '" + id_ + "' was already committed or aborted");
   drop_reserved();
   collect_seals();
@@ -257,14 +257,14 @@ Result<uint64_t> ModelWriter::commit(Durability d, bool wait) {
   return r->value("ticket", uint64_t{0});
 }
 
-Result<Ticket> ModelWriter::commit_async(Durability d) {
+Result<Ticket> ConnectionWriter::commit_async(Durability d) {
   // A part's ticket is the daemon's, which follows the whole model (it fails when another part
   // never arrives); above memory the call returns once the model is visible.
   if (d != Durability::kMemory || !part_.is_null()) return commit_visible(d);
   return commit_pipelined(d);
 }
 
-Result<Ticket> ModelWriter::commit_visible(Durability d) {
+Result<Ticket> ConnectionWriter::commit_visible(Durability d) {
   if (done_) return invalid_argument("model '" + id_ + "' was already committed or aborted");
   auto t = std::make_shared<CommitTicket>();
   t->id = id_;
@@ -274,7 +274,7 @@ Result<Ticket> ModelWriter::commit_visible(Durability d) {
   return t;
 }
 
-Result<Ticket> ModelWriter::commit_pipelined(Durability d) {
+Result<Ticket> ConnectionWriter::commit_pipelined(Durability d) {
   if (done_) return invalid_argument("model '" + id_ + "' was already committed or aborted");
   drop_reserved();
   collect_seals();
@@ -283,12 +283,12 @@ Result<Ticket> ModelWriter::commit_pipelined(Durability d) {
   t->target = d;
   // At memory (and not a part) the reply is the durability: "ticket": false asks the daemon to keep
   // no ticket for it. Above memory, or for a part (whose ticket follows the whole model), the
-  // reply carries the daemon's ticket, which Client::wait waits for after the reply.
+  // reply carries the daemon's ticket, which Connection::wait waits for after the reply.
   json req = request(d, false);
   const bool daemon_ticket = d != Durability::kMemory || !part_.is_null();
   if (!daemon_ticket) req["ticket"] = false;
   t->pipelined = true;
-  Client* c = &client_;
+  Connection* c = &client_;
   std::vector<uint64_t> spaces = spaces_;
   Status sent = client_.send_pipelined(req, inline_, [t, c, spaces, daemon_ticket](Result<json> r) {
     t->resolved = true;
@@ -312,7 +312,7 @@ Result<Ticket> ModelWriter::commit_pipelined(Durability d) {
   return t;
 }
 
-void ModelWriter::abort() {
+void ConnectionWriter::abort() {
   if (done_) return;
   done_ = true;
   drop_reserved();

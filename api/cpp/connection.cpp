@@ -1,4 +1,4 @@
-#include "api/cpp/client.hpp"
+#include "api/cpp/connection.hpp"
 
 #include <poll.h>
 #include <sys/mman.h>
@@ -12,7 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "api/cpp/client_internal.hpp"
+#include "api/cpp/connection_internal.hpp"
 #include "core/copy.hpp"
 #include "core/wire.hpp"
 
@@ -73,9 +73,9 @@ Result<TensorInfo> info_from_json(const json& j) {
 
 }  // namespace
 
-// ---- Client ----
+// ---- Connection ----
 
-Result<std::unique_ptr<Client>> Client::connect(const std::string& address_in) {
+Result<std::unique_ptr<Connection>> Connection::connect(const std::string& address_in) {
   std::string address = address_in.empty() ? wire::default_socket_path() : address_in;
   sockaddr_un addr{};
   if (address.size() >= sizeof(addr.sun_path)) return invalid_argument("socket path '" + address + "' is too long");
@@ -89,7 +89,7 @@ Result<std::unique_ptr<Client>> Client::connect(const std::string& address_in) {
     return unavailable("no cairnd is listening on " + address + " (" + std::strerror(err) +
                        "); start one with `cairnd` or point CAIRN_SOCKET at a running daemon");
   }
-  auto c = std::unique_ptr<Client>(new Client(fd, address));
+  auto c = std::unique_ptr<Connection>(new Connection(fd, address));
   // A daemon that refuses the connection (another uid: SO_PEERCRED) says why and closes at once, maybe
   // before the hello arrives: the send then fails, but its answer is there to read.
   const Status sent = wire::send_frame(fd, wire::Kind::kRequest, json{{"op", "hello"}});
@@ -114,7 +114,7 @@ Result<std::unique_ptr<Client>> Client::connect(const std::string& address_in) {
   return c;
 }
 
-Client::~Client() {
+Connection::~Connection() {
   // Every request sent is answered before the connection ends: a pipelined commit the daemon had
   // not read yet would otherwise be dropped with the connection.
   (void)flush_pipeline();
@@ -127,7 +127,7 @@ Client::~Client() {
   ::close(fd_);
 }
 
-Status Client::lost(const std::string& why) {
+Status Connection::lost(const std::string& why) {
   if (broken_.ok()) broken_ = unavailable("lost the connection to cairnd on " + address_ + ": " + why);
   // Every request in flight ends with that error (none of their replies can arrive any more).
   std::deque<ReplyHandler> pending;
@@ -137,7 +137,7 @@ Status Client::lost(const std::string& why) {
   return broken_;
 }
 
-Status Client::write_all(std::span<const uint8_t> a, std::span<const uint8_t> b) {
+Status Connection::write_all(std::span<const uint8_t> a, std::span<const uint8_t> b) {
   const std::span<const uint8_t> parts[2] = {a, b};
   for (const auto& part : parts) {
     size_t done = 0;
@@ -163,7 +163,7 @@ Status Client::write_all(std::span<const uint8_t> a, std::span<const uint8_t> b)
   return Status::OK();
 }
 
-void Client::dispatch_buffered() {
+void Connection::dispatch_buffered() {
   while (broken_.ok() && rend_ - rpos_ >= wire::kFrameHeaderBytes) {
     auto h = wire::decode_header({rbuf_.data() + rpos_, wire::kFrameHeaderBytes});
     if (!h.ok()) {
@@ -202,7 +202,7 @@ void Client::dispatch_buffered() {
   if (rpos_ == rend_) rpos_ = rend_ = 0;
 }
 
-Result<bool> Client::collect(int timeout_ms) {
+Result<bool> Connection::collect(int timeout_ms) {
   if (!broken_.ok()) return broken_;
   pollfd p{fd_, POLLIN, 0};
   for (;;) {
@@ -236,7 +236,7 @@ Result<bool> Client::collect(int timeout_ms) {
   return true;
 }
 
-Status Client::send_request(const json& request_in, std::span<const uint8_t> blob, ReplyHandler on_reply) {
+Status Connection::send_request(const json& request_in, std::span<const uint8_t> blob, ReplyHandler on_reply) {
   if (!broken_.ok()) return broken_;
   const json* request = &request_in;
   json with_release;
@@ -265,7 +265,7 @@ Status Client::send_request(const json& request_in, std::span<const uint8_t> blo
   return Status::OK();
 }
 
-Result<json> Client::call(const json& request, std::span<const uint8_t> blob) {
+Result<json> Connection::call(const json& request, std::span<const uint8_t> blob) {
   free_failed_spaces();
   std::optional<Result<json>> mine;
   CAIRN_RETURN_IF_ERROR(send_request(request, blob, [&mine](Result<json> r) { mine.emplace(std::move(r)); }));
@@ -277,7 +277,7 @@ Result<json> Client::call(const json& request, std::span<const uint8_t> blob) {
   return std::move(*mine);
 }
 
-Status Client::send_pipelined(const json& request, std::span<const uint8_t> blob, ReplyHandler on_reply) {
+Status Connection::send_pipelined(const json& request, std::span<const uint8_t> blob, ReplyHandler on_reply) {
   free_failed_spaces();
   while (in_flight_.size() >= kMaxInFlight) {
     auto c = collect(-1);
@@ -286,7 +286,7 @@ Status Client::send_pipelined(const json& request, std::span<const uint8_t> blob
   return send_request(request, blob, std::move(on_reply));
 }
 
-void Client::free_failed_spaces() {
+void Connection::free_failed_spaces() {
   if (spaces_to_free_.empty() || !broken_.ok()) return;
   std::vector<uint64_t> ids;
   ids.swap(spaces_to_free_);
@@ -294,7 +294,7 @@ void Client::free_failed_spaces() {
   for (uint64_t id : ids) (void)send_request(json{{"op", "free"}, {"space", id}}, {}, nullptr);
 }
 
-Status Client::flush_pipeline() {
+Status Connection::flush_pipeline() {
   free_failed_spaces();
   while (!in_flight_.empty()) {
     auto c = collect(-1);
@@ -305,7 +305,7 @@ Status Client::flush_pipeline() {
   return broken_;
 }
 
-Status Client::wait(const Ticket& t, int timeout_ms) {
+Status Connection::wait(const Ticket& t, int timeout_ms) {
   if (!t) return invalid_argument("no ticket to wait for");
   const auto start = std::chrono::steady_clock::now();
   auto left_ms = [&]() -> int {
@@ -331,7 +331,8 @@ Status Client::wait(const Ticket& t, int timeout_ms) {
   return st;
 }
 
-Status Client::put_tensor(const std::string& key, const void* data, DType dtype, const std::vector<int64_t>& shape) {
+Status Connection::put_tensor(const std::string& key, const void* data, DType dtype,
+                              const std::vector<int64_t>& shape) {
   uint64_t n;
   CAIRN_RETURN_IF_ERROR(check_shape(dtype, shape, &n));
   json req{{"op", "put_tensor"}, {"key", key}, {"dtype", dtype_name(dtype)}, {"shape", shape_json(shape)}};
@@ -346,14 +347,14 @@ Status Client::put_tensor(const std::string& key, const void* data, DType dtype,
   return r.status();
 }
 
-Result<TensorInfo> Client::tensor_info(const std::string& key) {
+Result<TensorInfo> Connection::tensor_info(const std::string& key) {
   CAIRN_ASSIGN_OR_RETURN(json r, call(json{{"op", "tensor_info"}, {"key", key}}));
   auto t = info_from_json(r);
   if (t.ok()) t->name = key;
   return t;
 }
 
-Status Client::unpack_tensor(const std::string& key, void* dst, uint64_t dst_bytes) {
+Status Connection::unpack_tensor(const std::string& key, void* dst, uint64_t dst_bytes) {
   return unpack_tensor_to(key, [&](const TensorInfo& t) -> Result<void*> {
     if (t.nbytes != dst_bytes)
       return invalid_argument("tensor '" + key + "' has " + std::to_string(t.nbytes) + " bytes, the buffer " +
@@ -362,7 +363,8 @@ Status Client::unpack_tensor(const std::string& key, void* dst, uint64_t dst_byt
   });
 }
 
-Status Client::unpack_tensor_to(const std::string& key, const std::function<Result<void*>(const TensorInfo&)>& buffer) {
+Status Connection::unpack_tensor_to(const std::string& key,
+                                    const std::function<Result<void*>(const TensorInfo&)>& buffer) {
   CAIRN_ASSIGN_OR_RETURN(json r, call(json{{"op", "lease_tensor"}, {"key", key}}));
   uint64_t n = r.value("nbytes", uint64_t{0});
   uint64_t off = r.value("offset", uint64_t{0});
@@ -395,16 +397,16 @@ Status Client::unpack_tensor_to(const std::string& key, const std::function<Resu
   return st;
 }
 
-Result<bool> Client::poll_tensor(const std::string& key, int timeout_ms) {
+Result<bool> Connection::poll_tensor(const std::string& key, int timeout_ms) {
   CAIRN_ASSIGN_OR_RETURN(json r, call(json{{"op", "poll_tensor"}, {"key", key}, {"timeout_ms", timeout_ms}}));
   return r.value("found", false);
 }
 
-Status Client::delete_tensor(const std::string& key) {
+Status Connection::delete_tensor(const std::string& key) {
   return call(json{{"op", "delete_tensor"}, {"key", key}}).status();
 }
 
-Result<Client::Space> Client::allocate(uint64_t nbytes) {
+Result<Connection::Space> Connection::allocate(uint64_t nbytes) {
   CAIRN_ASSIGN_OR_RETURN(json r, call(json{{"op", "allocate"}, {"nbytes", nbytes}}));
   uint64_t off = r.value("offset", uint64_t{0});
   if (off + nbytes > view_->size()) return protocol_error("daemon allocated space outside the arena");
@@ -412,7 +414,7 @@ Result<Client::Space> Client::allocate(uint64_t nbytes) {
   return Space{r.value("space", uint64_t{0}), view_->write_base() + off, nbytes};
 }
 
-Result<std::vector<Client::Space>> Client::allocate_many(const std::vector<uint64_t>& sizes) {
+Result<std::vector<Connection::Space>> Connection::allocate_many(const std::vector<uint64_t>& sizes) {
   if (sizes.empty()) return std::vector<Space>{};
   // The replies land in `got` as they are collected; the last request is a plain call, which
   // collects every earlier reply first, so all handlers have run when it returns.
@@ -450,46 +452,46 @@ Result<std::vector<Client::Space>> Client::allocate_many(const std::vector<uint6
   return out;
 }
 
-Status Client::free_space(uint64_t id) { return call(json{{"op", "free"}, {"space", id}}).status(); }
+Status Connection::free_space(uint64_t id) { return call(json{{"op", "free"}, {"space", id}}).status(); }
 
-Status Client::release(const std::vector<uint64_t>& leases) {
+Status Connection::release(const std::vector<uint64_t>& leases) {
   if (leases.empty()) return Status::OK();
   return call(json{{"op", "release"}, {"leases", leases}}).status();
 }
 
-Status Client::wait(uint64_t ticket, int timeout_ms) {
+Status Connection::wait(uint64_t ticket, int timeout_ms) {
   if (ticket == 0) return Status::OK();
   return call(json{{"op", "wait"}, {"ticket", ticket}, {"timeout_ms", timeout_ms}}).status();
 }
 
-Status Client::prefetch(const std::string& id) { return call(json{{"op", "prefetch"}, {"id", id}}).status(); }
+Status Connection::prefetch(const std::string& id) { return call(json{{"op", "prefetch"}, {"id", id}}).status(); }
 
-Result<json> Client::prefetch_all(const std::string& id) {
+Result<json> Connection::prefetch_all(const std::string& id) {
   CAIRN_ASSIGN_OR_RETURN(json r, call(json{{"op", "prefetch"}, {"id", id}, {"all", true}}));
   r.erase("status");
   return r;
 }
 
-Result<json> Client::hint(const json& h) {
+Result<json> Connection::hint(const json& h) {
   CAIRN_ASSIGN_OR_RETURN(json r, call(json{{"op", "hint"}, {"hint", h}}));
   r.erase("status");
   return r;
 }
 
-Result<json> Client::query(const json& q) {
+Result<json> Connection::query(const json& q) {
   CAIRN_ASSIGN_OR_RETURN(json r, call(json{{"op", "query"}, {"query", q}}));
   r.erase("status");
   return r;
 }
 
-// ---- ModelReader ----
+// ---- ConnectionReader ----
 
-std::shared_ptr<const Client::ModelInfo> Client::cached_model(const std::string& id) const {
+std::shared_ptr<const Connection::ModelInfo> Connection::cached_model(const std::string& id) const {
   auto it = model_cache_.find(id);
   return it == model_cache_.end() ? nullptr : it->second;
 }
 
-void Client::cache_model(std::shared_ptr<const ModelInfo> info) {
+void Connection::cache_model(std::shared_ptr<const ModelInfo> info) {
   std::string id = info->id;
   if (model_cache_.insert_or_assign(id, std::move(info)).second) model_cache_order_.push_back(id);
   while (model_cache_.size() > kModelCacheEntries && !model_cache_order_.empty()) {
@@ -504,11 +506,11 @@ void Client::cache_model(std::shared_ptr<const ModelInfo> info) {
   }
 }
 
-Result<std::unique_ptr<ModelReader>> ModelReader::open(Client& client, const std::string& id) {
-  std::shared_ptr<const Client::ModelInfo> info = client.cached_model(id);
+Result<std::unique_ptr<ConnectionReader>> ConnectionReader::open(Connection& client, const std::string& id) {
+  std::shared_ptr<const Connection::ModelInfo> info = client.cached_model(id);
   if (!info) {
     CAIRN_ASSIGN_OR_RETURN(json r, client.call(json{{"op", "open"}, {"id", id}}));
-    auto fresh = std::make_shared<Client::ModelInfo>();
+    auto fresh = std::make_shared<Connection::ModelInfo>();
     fresh->id = id;
     if (r.contains("parent") && r["parent"].is_string()) fresh->parent = r["parent"].get<std::string>();
     fresh->metadata = r.value("metadata", json::object());
@@ -520,7 +522,7 @@ Result<std::unique_ptr<ModelReader>> ModelReader::open(Client& client, const std
     info = fresh;
     client.cache_model(std::move(fresh));
   }
-  auto reader = std::unique_ptr<ModelReader>(new ModelReader(client));
+  auto reader = std::unique_ptr<ConnectionReader>(new ConnectionReader(client));
   reader->id_ = id;
   reader->parent_ = info->parent;
   reader->created_ns_ = info->created_ns;
@@ -529,26 +531,27 @@ Result<std::unique_ptr<ModelReader>> ModelReader::open(Client& client, const std
   return reader;
 }
 
-ModelReader::~ModelReader() { close(); }
+ConnectionReader::~ConnectionReader() { close(); }
 
-const TensorInfo* ModelReader::find(const std::string& name) const {
+const TensorInfo* ConnectionReader::find(const std::string& name) const {
   for (const auto& t : tensors_)
     if (t.name == name) return &t;
   return nullptr;
 }
 
-json ModelReader::lease_request(const std::string& id, const std::vector<std::string>& names, bool contiguous) {
+json ConnectionReader::lease_request(const std::string& id, const std::vector<std::string>& names, bool contiguous) {
   return json{{"op", "lease"}, {"id", id}, {"tensors", names}, {"contiguous", contiguous}};
 }
 
-Result<std::vector<ModelReader::Leased>> ModelReader::lease(const std::vector<std::string>& names, bool contiguous) {
+Result<std::vector<ConnectionReader::Leased>> ConnectionReader::lease(const std::vector<std::string>& names,
+                                                                      bool contiguous) {
   for (const auto& n : names)
     if (!find(n)) return not_found("model '" + id_ + "' has no tensor '" + n + "'");
   CAIRN_ASSIGN_OR_RETURN(json r, client_.call(lease_request(id_, names, contiguous)));
   return parse_lease(r, names.size());
 }
 
-Result<std::vector<ModelReader::Leased>> ModelReader::parse_lease(const json& r, size_t count) {
+Result<std::vector<ConnectionReader::Leased>> ConnectionReader::parse_lease(const json& r, size_t count) {
   std::vector<Leased> out;
   for (const auto& l : r.value("leases", json::array())) {
     Leased x{l.value("lease", uint64_t{0}), {}};
@@ -573,7 +576,7 @@ Result<std::vector<ModelReader::Leased>> ModelReader::parse_lease(const json& r,
   return out;
 }
 
-Status ModelReader::check_buffer(const std::string& name, uint64_t dst_bytes) const {
+Status ConnectionReader::check_buffer(const std::string& name, uint64_t dst_bytes) const {
   const TensorInfo* t = find(name);
   if (!t) return not_found("model '" + id_ + "' has no tensor '" + name + "'");
   if (t->nbytes != dst_bytes)
@@ -582,11 +585,11 @@ Status ModelReader::check_buffer(const std::string& name, uint64_t dst_bytes) co
   return Status::OK();
 }
 
-Status ModelReader::read(const std::string& name, void* dst, uint64_t dst_bytes) {
+Status ConnectionReader::read(const std::string& name, void* dst, uint64_t dst_bytes) {
   return read_many({name}, {std::span<uint8_t>(static_cast<uint8_t*>(dst), dst_bytes)});
 }
 
-Status ModelReader::read_many(const std::vector<std::string>& names, const std::vector<std::span<uint8_t>>& dsts) {
+Status ConnectionReader::read_many(const std::vector<std::string>& names, const std::vector<std::span<uint8_t>>& dsts) {
   if (names.size() != dsts.size()) return invalid_argument("read_many: as many buffers as names are needed");
   for (size_t i = 0; i < names.size(); ++i) CAIRN_RETURN_IF_ERROR(check_buffer(names[i], dsts[i].size()));
   uint64_t total = 0;
@@ -613,7 +616,7 @@ Status ModelReader::read_many(const std::vector<std::string>& names, const std::
   return Status::OK();
 }
 
-void ModelReader::copy_out(const Leased& leased, std::span<uint8_t> dst, uint64_t total) {
+void ConnectionReader::copy_out(const Leased& leased, std::span<uint8_t> dst, uint64_t total) {
   uint8_t* out = dst.data();
   populate(out, dst.size(), true);
   for (const auto& [off, len] : leased.extents) {
@@ -624,8 +627,9 @@ void ModelReader::copy_out(const Leased& leased, std::span<uint8_t> dst, uint64_
   client_.release_later(leased.lease);
 }
 
-Status ModelReader::read_pipelined(const std::vector<std::string>& names, const std::vector<std::span<uint8_t>>& dsts,
-                                   const std::vector<size_t>& group_ends, uint64_t total) {
+Status ConnectionReader::read_pipelined(const std::vector<std::string>& names,
+                                        const std::vector<std::span<uint8_t>>& dsts,
+                                        const std::vector<size_t>& group_ends, uint64_t total) {
   const size_t groups = group_ends.size();
   auto replies = std::make_shared<std::vector<std::optional<Result<json>>>>(groups);
   Status first;
@@ -662,12 +666,12 @@ Status ModelReader::read_pipelined(const std::vector<std::string>& names, const 
   return first;
 }
 
-Result<std::span<const uint8_t>> ModelReader::map(const std::string& name) {
+Result<std::span<const uint8_t>> ConnectionReader::map(const std::string& name) {
   CAIRN_ASSIGN_OR_RETURN(auto v, map_many({name}));
   return v[0];
 }
 
-Result<std::vector<std::span<const uint8_t>>> ModelReader::map_many(const std::vector<std::string>& names) {
+Result<std::vector<std::span<const uint8_t>>> ConnectionReader::map_many(const std::vector<std::string>& names) {
   CAIRN_ASSIGN_OR_RETURN(auto leased, lease(names, true));
   std::vector<std::span<const uint8_t>> out;
   for (size_t i = 0; i < leased.size(); ++i) {
@@ -683,7 +687,7 @@ Result<std::vector<std::span<const uint8_t>>> ModelReader::map_many(const std::v
   return out;
 }
 
-Result<std::vector<std::span<uint8_t>>> ModelReader::map_many_private(const std::vector<std::string>& names) {
+Result<std::vector<std::span<uint8_t>>> ConnectionReader::map_many_private(const std::vector<std::string>& names) {
   CAIRN_ASSIGN_OR_RETURN(auto leased, lease(names, true));
   for (const auto& l : leased) held_.push_back(l.lease);  // released by close(), after the views are gone
   // The tensors of a model mostly lie side by side in the arena: tensors less than 1 MiB apart
@@ -729,7 +733,7 @@ Result<std::vector<std::span<uint8_t>>> ModelReader::map_many_private(const std:
   return out;
 }
 
-void ModelReader::close() {
+void ConnectionReader::close() {
   for (const auto& v : private_) ArenaView::unmap_private(v.data(), v.size());
   private_.clear();
   if (!held_.empty()) (void)client_.release(held_);
