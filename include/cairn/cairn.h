@@ -183,7 +183,9 @@ typedef struct cairn_file_options {
   { sizeof(cairn_file_options), NULL, CAIRN_DURABILITY_GLOBAL, NULL, NULL, 0, NULL, NULL, NULL }
 
 /* The same defaults as the *_INIT macros, for callers without the C preprocessor (Fortran,
- * ctypes). Always succeed; NULL is ignored. */
+ * ctypes). Always succeed; NULL is ignored. Each writes the whole struct as this library defines
+ * it: a binding that ships with the library (the Python package, the Fortran module) declares the
+ * same struct; a C or C++ program uses the macro, which sizes the struct by the program's header. */
 CAIRN_EXPORT void cairn_read_options_init(cairn_read_options* o);
 CAIRN_EXPORT void cairn_commit_options_init(cairn_commit_options* o);
 CAIRN_EXPORT void cairn_prefetch_options_init(cairn_prefetch_options* o);
