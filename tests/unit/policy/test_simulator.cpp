@@ -239,6 +239,21 @@ TEST_CASE("Simulator: a model re-read in a cycle keeps a stable part resident (h
   CHECK(plain->run(SimPolicy::kHints, 20).hits == 2);
 }
 
+TEST_CASE("Simulator: a model read again after its chunks left is cyclic across runs; writes pass it by",
+          "[policy][sim][cyclic]") {
+  // m (a b c d) is read three times through a cache of two chunks, each time after y reads Y, and a
+  // commit of z writes W before the third. The runs never wrap, but run 2 reads a, which run 1 read
+  // and which has left: m is cyclic from then on (as the daemon's rule), and stays so in run 3.
+  //  run 1: a b c d, then Y: {d, Y}. Run 2: a comes in (cyclic) and takes Y's place; b and c, the
+  //  newest cyclic, pass through; d hits. Y and W rank below the cyclic chunks and pass through.
+  //  Run 3: a and d hit. LRU: 0.
+  Build b;
+  b.reads("abcd").access("y", "Y").reads("abcd").access("y", "Y").insert("z", "W").reads("abcd");
+  const Simulator sim = b.simulator();
+  CHECK(sim.run(SimPolicy::kHints, 20).hits == 3);
+  CHECK(sim.run(SimPolicy::kLru, 20).hits == 0);
+}
+
 TEST_CASE("Simulator: a checkpoint restore keeps the newest checkpoint's chunks it will read",
           "[policy][sim][cyclic]") {
   // ck/1 is written (a b), then ck/2 (c d e f) through a cache of two chunks: cold writes leave in
