@@ -29,16 +29,18 @@ struct Stored {
 
 uint64_t dram_hits(Engine& e) { return e.dram().stats().hits; }
 
+// The parser refuses j with invalid_argument, its message containing `needle` (the field).
+void bad(const json& j, const std::string& needle) {
+  auto h = parse_hint(j);
+  INFO(j.dump());
+  REQUIRE_FALSE(h.ok());
+  CHECK(h.status().code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(h.status().message(), Catch::Contains(needle));
+}
+
 }  // namespace
 
 TEST_CASE("hints: the parser rejects garbage naming the field", "[hints]") {
-  auto bad = [](const json& j, const std::string& needle) {
-    auto h = parse_hint(j);
-    INFO(j.dump());
-    REQUIRE_FALSE(h.ok());
-    CHECK(h.status().code() == StatusCode::kInvalidArgument);
-    CHECK_THAT(h.status().message(), Catch::Contains(needle));
-  };
   bad(json::array(), "hint: must be a JSON object");
   bad(json{{"models", {"a"}}}, "hint.kind");
   bad(json{{"kind", "maybe_load"}, {"models", {"a"}}}, "hint.kind: 'maybe_load'");
@@ -65,13 +67,6 @@ TEST_CASE("hints: the parser rejects garbage naming the field", "[hints]") {
 }
 
 TEST_CASE("hints: a population with scores gives each member its chance to win a tournament", "[hints]") {
-  auto bad = [](const json& j, const std::string& needle) {
-    auto h = parse_hint(j);
-    INFO(j.dump());
-    REQUIRE_FALSE(h.ok());
-    CHECK(h.status().code() == StatusCode::kInvalidArgument);
-    CHECK_THAT(h.status().message(), Catch::Contains(needle));
-  };
   const json models = {"a", "b", "c", "d", "e", "f"};
   bad(json{{"kind", "population"}, {"models", models}, {"scores", {1, 2, 3, 4, 5, 6}}}, "hint.tournament: missing");
   bad(json{{"kind", "population"}, {"models", models}, {"tournament", 3}}, "hint.scores: missing");

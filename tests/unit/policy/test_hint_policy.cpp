@@ -23,6 +23,14 @@ const auto kAny = [](const ChunkHash&) { return true; };
 constexpr uint64_t kMiB = 1ull << 20;
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
+// Tracks chunks 1..n of a MiB, one a second: by age alone 1 goes first.
+void track_one_a_second(HintAwarePolicy& p, FakeClock& clock, uint64_t n) {
+  for (uint64_t k = 1; k <= n; ++k) {
+    p.track(key(k), kMiB);
+    clock.advance_s(1);
+  }
+}
+
 // The order in which the policy would give its chunks up (each victim removed in turn).
 std::vector<uint64_t> eviction_order(HintAwarePolicy& p) {
   std::vector<uint64_t> order;
@@ -90,11 +98,7 @@ TEST_CASE("HintAwarePolicy without hints picks exactly what LineagePolicy picks"
 TEST_CASE("HintAwarePolicy gives up done chunks first and population chunks last", "[policy][hints]") {
   FakeClock clock;
   HintAwarePolicy p(clock);
-  // Tracked in order 1..4: by age alone 1 goes first.
-  for (uint64_t k = 1; k <= 4; ++k) {
-    p.track(key(k), kMiB);
-    clock.advance_s(1);
-  }
+  track_one_a_second(p, clock, 4);
   p.set_population(key(1), true);  // the oldest, but a live parent
   p.set_done(key(4), true);        // the newest, but nobody will read it again
   REQUIRE(p.standing(key(1)) == Standing::kPopulation);
@@ -106,11 +110,7 @@ TEST_CASE("HintAwarePolicy gives up done chunks first and population chunks last
 TEST_CASE("HintAwarePolicy gives up the population's least likely parent chunks first", "[policy][hints]") {
   FakeClock clock;
   HintAwarePolicy p(clock);
-  // Tracked in order 1..5: by H alone the oldest goes first.
-  for (uint64_t k = 1; k <= 5; ++k) {
-    p.track(key(k), kMiB);
-    clock.advance_s(1);
-  }
+  track_one_a_second(p, clock, 5);
   for (uint64_t k = 1; k <= 4; ++k) p.set_population(key(k), true);
   SECTION("without chances the population goes by H") {
     REQUIRE(eviction_order(p) == std::vector<uint64_t>{5, 1, 2, 3, 4});
