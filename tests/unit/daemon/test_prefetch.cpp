@@ -1,6 +1,9 @@
 // Hints and the prefetcher (daemon/hints.hpp, daemon/prefetcher.hpp, docs/policy.md): parsing with
 // errors that name the field, staging ahead of reads, sequences, budgets, and hints that are wrong
 // or too big, which must never change what a read returns.
+#include <map>
+#include <unordered_set>
+
 #include "daemon/hints.hpp"
 #include "policy/trace.hpp"
 #include "unit/daemon/engine_util.hpp"
@@ -303,6 +306,48 @@ TEST_CASE("prefetch lineage: opening a model stages its parent; a best_ancestor 
   const uint64_t misses0 = e->dram().stats().misses;
   CHECK(read_tensor(*e, s, "parent", "w") == a);
   CHECK(e->dram().stats().misses == misses0);
+  e->end_session(s);
+}
+
+TEST_CASE("hints: a scored population orders DRAM victims by chance, a member named before its commit included",
+          "[hints][prefetch]") {
+  TempDir dir;
+  auto e = make_engine(dir.path, [](Config& c) { c.policy.eviction = "hints"; });
+  Session s;
+  // Three models of two tensors, four chunks each; the chunks of each, by hash.
+  std::map<std::string, std::unordered_set<ChunkHash, ChunkHashHasher>> chunks;
+  auto tensors_of = [&](const std::string& id, uint64_t seed) {
+    std::vector<std::pair<std::string, std::vector<uint8_t>>> ts;
+    for (uint64_t t = 0; t < 2; ++t) {
+      ts.emplace_back("t" + std::to_string(t), pattern(4 * kChunk, seed + t));
+      for (uint64_t k = 0; k < 4; ++k) chunks[id].insert(hash_bytes(ts.back().second.data() + k * kChunk, kChunk));
+    }
+    return ts;
+  };
+  commit_inline(*e, s, "p0", "", tensors_of("p0", 10));
+  commit_inline(*e, s, "p1", "", tensors_of("p1", 20));
+  // Loads: every tensor of p0 and p1 once (a share of 1/2 for each position).
+  for (const char* id : {"p0", "p1"})
+    for (const char* t : {"t0", "t1"}) (void)read_tensor(*e, s, id, t);
+  // p2 is named with its score before it is stored: listed as unknown, weighed when committed.
+  // Tournaments of 2 of 3: p2 wins with 2/3, p1 with 1/3, p0 never.
+  json r =
+      ok(*e, s,
+         {{"op", "hint"},
+          {"hint",
+           {{"kind", "population"}, {"models", {"p0", "p1", "p2"}}, {"scores", {0.1, 0.5, 0.9}}, {"tournament", 2}}}});
+  CHECK(r["unknown"] == json{"p2"});
+  commit_inline(*e, s, "p2", "", tensors_of("p2", 30));
+  // The DRAM tier gives up p0's chunks first, then p1's, then p2's.
+  std::vector<std::string> order;
+  while (auto v = e->dram().take_victim()) {
+    for (const auto& [id, set] : chunks)
+      if (set.count(v->hash)) order.push_back(id);
+    e->dram().finish_demotion(v->hash);
+  }
+  std::vector<std::string> want;
+  for (const char* id : {"p0", "p1", "p2"}) want.insert(want.end(), 8, id);
+  CHECK(order == want);
   e->end_session(s);
 }
 
