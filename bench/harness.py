@@ -390,6 +390,19 @@ def run_policy(quick: bool, work: Path) -> List[Dict[str, Any]]:
                 rows.append(ratio("policy", f"{name} trace, cache {f:g} of the working set: byte hit ratio, hints vs "
                                   "the win-probability bound", hints, "bound (win-probability replay)",
                                   by[("bound", f)], "", "higher", ">= 0.95" if abs(f - 0.25) < 1e-9 else None))
+        # NAS: what the population's scores give, against the recording made before the driver sent
+        # them (nas-v1.csv, replayed by the same policy).
+        v1 = trace.with_name(f"{trace.stem}-v1.csv")
+        if trace.stem == "nas" and v1.exists():
+            out_v1 = work / "sim-recorded-nas-v1.json"
+            _run([str(sim), str(v1), "--sizes", "0.125,0.25,0.5", "--policies", "hints", "--json", str(out_v1)],
+                 work / "sim-recorded-nas-v1.log")
+            for r in json.loads(out_v1.read_text())["results"]:
+                f = r["fraction"]
+                rows.append(ratio("policy", f"{name} trace, cache {f:g} of the working set: byte hit ratio, hints vs "
+                                  "hints on the recording without scores (nas-v1)", by.get(("hints", f), float("nan")),
+                                  "hints on nas-v1", r["byte_hit_ratio"], "", "higher",
+                                  ">= 1.5" if abs(f - 0.25) < 1e-9 else None))
     out = work / "prefetch.json"
     _run([PY, str(ROOT / "bench/workloads/prefetch_bench.py"), *(["--quick"] if quick else []), "--json", str(out)],
          work / "prefetch.log", env=_cairn_env(), timeout=1200)

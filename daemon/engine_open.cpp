@@ -243,9 +243,14 @@ Engine::Engine(Opened o)
           .gc_mu = gc_mu_,
           .burst_buffer = nvme_ != nullptr,
           .trace = trace_.get(),
-          .committed = peers_ ? std::function<void(const ModelManifest&)>(
-                                    [peers = peers_.get()](const ModelManifest& m) { peers->announce_model(m); })
-                              : nullptr,
+          // The peer group announces each model; the prefetcher gives a population member that
+          // a hint named before it was stored its parent chances. (prefetcher_ is made below,
+          // before any commit.)
+          .committed =
+              [this](const ModelManifest& m) {
+                if (peers_) peers_->announce_model(m);
+                if (prefetcher_) prefetcher_->committed(m);
+              },
           .usage = &usage_,
           .view = watch_.get(),
       })),

@@ -1,6 +1,8 @@
 #include "daemon/hints.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <set>
 
 #include "core/dtype.hpp"
@@ -41,7 +43,61 @@ Status names_from(const json& j, const char* field, size_t max, std::vector<std:
   return Status::OK();
 }
 
+// scores and tournament of a population hint; h->models is parsed.
+Status population_scores(const json& j, Hint* h) {
+  auto s = j.find("scores");
+  auto t = j.find("tournament");
+  if (s == j.end() && t == j.end()) return Status::OK();
+  if (s == j.end()) return invalid_argument("hint.scores: missing (one score per model, with 'tournament')");
+  if (t == j.end())
+    return invalid_argument("hint.tournament: missing (how many members a parent is drawn from, with 'scores')");
+  if (!s->is_array()) return invalid_argument("hint.scores: must be an array of numbers, one per model");
+  const auto& given = j.at("models");
+  if (given.size() != h->models.size())
+    return invalid_argument("hint.models: must be distinct when the hint has scores (a score names one member)");
+  if (s->size() != h->models.size())
+    return invalid_argument("hint.scores: " + std::to_string(s->size()) + " scores for " +
+                            std::to_string(h->models.size()) + " models (one per model, in the same order)");
+  for (size_t i = 0; i < s->size(); ++i) {
+    const json& v = (*s)[i];
+    if (!v.is_number() || !std::isfinite(v.get<double>()))
+      return invalid_argument("hint.scores[" + std::to_string(i) + "]: must be a finite number (higher is better)");
+    h->scores.push_back(v.get<double>());
+  }
+  if (!t->is_number_integer() || t->get<int64_t>() < 1 || t->get<int64_t>() > static_cast<int64_t>(kMaxHintModels))
+    return invalid_argument("hint.tournament: must be an integer from 1 to " + std::to_string(kMaxHintModels));
+  h->tournament = static_cast<uint32_t>(t->get<int64_t>());
+  h->parent_chance = tournament_win_chances(h->scores, h->tournament);
+  return Status::OK();
+}
+
 }  // namespace
+
+std::vector<double> tournament_win_chances(const std::vector<double>& scores, uint32_t tournament) {
+  const size_t n = scores.size();
+  std::vector<double> out(n, 0.0);
+  if (n == 0) return out;
+  const size_t k = std::min<size_t>(tournament, n);
+  // by_rank[r]: C(n-1-r, k-1) / C(n, k), from by_rank[0] = k / n and
+  // by_rank[r+1] / by_rank[r] = (n-r-k) / (n-1-r); 0 from rank n-k+1 on.
+  std::vector<double> by_rank(n, 0.0);
+  by_rank[0] = static_cast<double>(k) / static_cast<double>(n);
+  for (size_t r = 0; r + 1 < n && r + k < n; ++r)
+    by_rank[r + 1] = by_rank[r] * static_cast<double>(n - r - k) / static_cast<double>(n - 1 - r);
+  std::vector<size_t> order(n);
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return scores[a] > scores[b]; });
+  // Equal scores: each tied member gets the mean of the tied ranks' chances.
+  for (size_t r = 0; r < n;) {
+    size_t end = r + 1;
+    while (end < n && scores[order[end]] == scores[order[r]]) ++end;
+    double sum = 0;
+    for (size_t i = r; i < end; ++i) sum += by_rank[i];
+    for (size_t i = r; i < end; ++i) out[order[i]] = sum / static_cast<double>(end - r);
+    r = end;
+  }
+  return out;
+}
 
 Result<Hint> parse_hint(const json& j) {
   if (!j.is_object()) return invalid_argument("hint: must be a JSON object with 'kind' and 'models'");
@@ -56,6 +112,7 @@ Result<Hint> parse_hint(const json& j) {
     allowed.insert({"tensors", "when", "tier"});
   } else if (kind == "population") {
     h.kind = Hint::Kind::kPopulation;
+    allowed.insert({"scores", "tournament"});
   } else if (kind == "sequence") {
     h.kind = Hint::Kind::kSequence;
     allowed.insert("ahead");
@@ -92,6 +149,7 @@ Result<Hint> parse_hint(const json& j) {
       return invalid_argument("hint.ahead: must be an integer from 1 to " + std::to_string(kMaxSequenceAhead));
     h.ahead = static_cast<uint32_t>(a->get<int64_t>());
   }
+  if (h.kind == Hint::Kind::kPopulation) CAIRN_RETURN_IF_ERROR(population_scores(j, &h));
   return h;
 }
 

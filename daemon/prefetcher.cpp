@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <set>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "core/log.hpp"
@@ -87,9 +89,9 @@ void Prefetcher::hint_expected_use(const ChunkHash& hash, double seconds) {
   if (p_.nvme) p_.nvme->hint_expected_use(hash, seconds);
 }
 
-void Prefetcher::hint_population(const ChunkHash& hash, bool member) {
-  p_.dram.hint_population(hash, member);
-  if (p_.nvme) p_.nvme->hint_population(hash, member);
+void Prefetcher::hint_population(const ChunkHash& hash, bool member, double parent_chance) {
+  p_.dram.hint_population(hash, member, parent_chance);
+  if (p_.nvme) p_.nvme->hint_population(hash, member, parent_chance);
 }
 
 void Prefetcher::hint_done(const ChunkHash& hash) {
@@ -101,6 +103,49 @@ void Prefetcher::hint_done(const ChunkHash& hash) {
 void Prefetcher::apply_cycles_locked(const ReadCycles::Change& change) {
   for (const ChunkHash& h : change.unmark) p_.dram.hint_cyclic(h, false);
   for (const ChunkHash& h : change.mark) p_.dram.hint_cyclic(h, true);
+}
+
+std::vector<std::string> Prefetcher::apply_parent_chances(const std::vector<std::string>& members,
+                                                          const std::vector<double>& chances) {
+  std::vector<double> share;
+  {
+    cairn::MutexLock lock(mu_);
+    share.resize(reads_at_.size());
+    for (size_t j = 0; j < reads_at_.size(); ++j)
+      share[j] = static_cast<double>(reads_at_[j]) / static_cast<double>(loads_);
+  }
+  const bool learned = !share.empty();
+  // A chunk's chance sums over the members (each is one possible parent: the events are disjoint).
+  std::unordered_map<ChunkHash, double, ChunkHashHasher> chance;
+  std::vector<ChunkHash> order;  // first use, so that the tiers see chunks in model order
+  std::vector<std::string> unknown;
+  for (size_t i = 0; i < members.size() && i < chances.size(); ++i) {
+    std::unordered_set<ChunkHash, ChunkHashHasher> seen;  // a chunk twice in one model counts once
+    size_t position = 0;
+    auto u = for_chunks({members[i]}, [&](const ChunkRef& c) {
+      const size_t j = position++;
+      if (!seen.insert(c.hash).second) return;
+      const double q = !learned ? 1.0 : j < share.size() ? share[j] : 0.0;
+      auto [it, fresh] = chance.try_emplace(c.hash, 0.0);
+      if (fresh) order.push_back(c.hash);
+      it->second += chances[i] * q;
+    });
+    unknown.insert(unknown.end(), u.begin(), u.end());
+  }
+  for (const ChunkHash& c : order) hint_population(c, true, std::min(1.0, chance[c]));
+  return unknown;
+}
+
+void Prefetcher::committed(const ModelManifest& m) {
+  std::vector<std::string> members;
+  std::vector<double> chances;
+  {
+    cairn::MutexLock lock(mu_);
+    if (std::find(scored_members_.begin(), scored_members_.end(), m.id) == scored_members_.end()) return;
+    members = scored_members_;
+    chances = member_chances_;
+  }
+  (void)apply_parent_chances(members, chances);
 }
 
 void Prefetcher::retired(const std::string& id) {
@@ -145,12 +190,19 @@ Result<json> Prefetcher::hint(const json& req) {
         cairn::MutexLock lock(mu_);
         before.swap(population_);
         population_ = now;
+        scored_members_ = h.parent_chance.empty() ? std::vector<std::string>{} : h.models;
+        member_chances_ = h.parent_chance;
       }
       std::vector<std::string> left;
       for (const auto& id : before)
         if (!now.count(id)) left.push_back(id);
-      (void)for_chunks(left, [&](const ChunkRef& c) { hint_population(c.hash, false); });
-      unknown = for_chunks(h.models, [&](const ChunkRef& c) { hint_population(c.hash, true); });
+      const double unknown_chance = std::numeric_limits<double>::quiet_NaN();
+      (void)for_chunks(left, [&](const ChunkRef& c) { hint_population(c.hash, false, unknown_chance); });
+      if (h.parent_chance.empty()) {
+        unknown = for_chunks(h.models, [&](const ChunkRef& c) { hint_population(c.hash, true, unknown_chance); });
+        break;
+      }
+      unknown = apply_parent_chances(h.models, h.parent_chance);
       break;
     }
     case Hint::Kind::kSequence: {
@@ -201,7 +253,12 @@ Result<json> Prefetcher::hint(const json& req) {
     ++hints_;
     unknown_ += unknown.size();
   }
-  if (!unknown.empty())
+  if (!unknown.empty() && h.kind == Hint::Kind::kPopulation && !h.parent_chance.empty())
+    CAIRN_LOG_INFO(
+        "hint 'population': {} of {} members do not exist yet (first: '{}'); each takes the hint "
+        "when it is committed",
+        unknown.size(), h.models.size(), unknown.front().substr(0, 80));
+  else if (!unknown.empty())
     CAIRN_LOG_WARN("hint '{}': {} of {} models do not exist (first: '{}'); the hint applies to the others",
                    hint_kind_name(h.kind), unknown.size(), h.models.size(), unknown.front().substr(0, 80));
   return json{{"kind", hint_kind_name(h.kind)},
@@ -228,6 +285,20 @@ void Prefetcher::leased(const ModelManifest& m, const std::vector<const TensorMa
     // A model read again after its chunks left DRAM is read in a cycle that does not fit.
     cairn::MutexLock lock(cycles_mu_);
     apply_cycles_locked(cycles_.read(m, tensors, read.loaded, read.started_ns, steady_ns()));
+  }
+  {
+    // One more load: which positions of the model (chunk indexes in manifest order) it read.
+    std::unordered_set<const TensorManifest*> leased_tensors(tensors.begin(), tensors.end());
+    cairn::MutexLock lock(mu_);
+    size_t position = 0;
+    for (const TensorManifest& t : m.tensors) {
+      if (leased_tensors.count(&t)) {
+        if (reads_at_.size() < position + t.chunks.size()) reads_at_.resize(position + t.chunks.size(), 0);
+        for (size_t k = 0; k < t.chunks.size(); ++k) ++reads_at_[position + k];
+      }
+      position += t.chunks.size();
+    }
+    ++loads_;
   }
   // Each chunk read fulfils one announced read of it (a later reader's announcement stays).
   for (const TensorManifest* t : tensors)

@@ -73,6 +73,9 @@ class Prefetcher final : public ReadObserver {
   void matched(const std::string& model, const std::vector<std::string>& tensors) override;
   // The model was retired (`rm`): it is no longer read in a cycle.
   void retired(const std::string& id);
+  // The model was committed (registered): when the last population hint named it with scores (a
+  // driver may name a member before storing it), its chunks take their parent chances now.
+  void committed(const ModelManifest& m);
 
   // Counters for `cairn stats` ("prefetch").
   nlohmann::json stats();
@@ -89,10 +92,16 @@ class Prefetcher final : public ReadObserver {
  private:
   // A hint's per-chunk terms, to every tier's policy (DRAM, and NVMe when there is one).
   void hint_expected_use(const ChunkHash& hash, double seconds);
-  void hint_population(const ChunkHash& hash, bool member);
+  void hint_population(const ChunkHash& hash, bool member, double parent_chance);
   void hint_done(const ChunkHash& hash);
   // What the cycle detector found, to the DRAM tier (under cycles_mu_: marks stay in order).
   void apply_cycles_locked(const ReadCycles::Change& change) CAIRN_REQUIRES(cycles_mu_);
+  // Passes every chunk of the scored population's members their chance to be read by the next
+  // load: over the members using the chunk, the member's chance to be the next parent times the
+  // share of loads so far that read the chunk's position (its index among the model's chunks, in
+  // manifest order; 1 before any load). Returns the members that do not exist.
+  std::vector<std::string> apply_parent_chances(const std::vector<std::string>& members,
+                                                const std::vector<double>& chances);
   struct Job {
     std::string model;
     std::vector<std::string> tensors;  // empty: all
@@ -120,6 +129,12 @@ class Prefetcher final : public ReadObserver {
   std::deque<Job> queue_ CAIRN_GUARDED_BY(mu_);
   bool busy_ CAIRN_GUARDED_BY(mu_) = false, stopping_ = false;
   std::set<std::string> population_ CAIRN_GUARDED_BY(mu_);
+  // The last population hint with scores, members in its order with their chances (empty: none).
+  std::vector<std::string> scored_members_ CAIRN_GUARDED_BY(mu_);
+  std::vector<double> member_chances_ CAIRN_GUARDED_BY(mu_);
+  // Leases so far, and how many of them read the chunk at position j of the model they read.
+  uint64_t loads_ CAIRN_GUARDED_BY(mu_) = 0;
+  std::vector<uint64_t> reads_at_ CAIRN_GUARDED_BY(mu_);
   std::vector<std::string> sequence_ CAIRN_GUARDED_BY(mu_);
   uint32_t ahead_ CAIRN_GUARDED_BY(mu_) = 2;
   size_t sequence_next_ CAIRN_GUARDED_BY(mu_) = 0;  // first not yet staged

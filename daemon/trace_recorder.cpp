@@ -1,5 +1,6 @@
 #include "daemon/trace_recorder.hpp"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/log.hpp"
@@ -94,6 +95,15 @@ void TraceRecorder::hint(const Hint& h) {
   }
   if (e.models.empty()) return;  // nothing a replay could use
   write(std::move(e));
+  // A population with scores: each member's chance to be the next parent, one line each after it.
+  for (size_t i = 0; i < h.parent_chance.size() && i < h.models.size(); ++i) {
+    TraceEvent p;
+    p.kind = TraceEventKind::kHint;
+    p.hint = HintKind::kParentChance;
+    p.models = {h.models[i]};
+    p.when_s = std::clamp(h.parent_chance[i], 0.0, 1.0);
+    write(std::move(p));
+  }
 }
 
 }  // namespace cairn

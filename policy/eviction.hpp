@@ -75,6 +75,11 @@ class EvictionPolicy {
   // Whether a model of the live population (the last `population` hint) uses the chunk. Holds until
   // changed or the chunk leaves.
   virtual void set_population(const ChunkHash& /*key*/, bool /*member*/) {}
+  // The chance that the next parent drawn from the population uses the chunk: the sum of the
+  // tournament win chances (daemon/hints.hpp tournament_win_chances) of the population members that
+  // use it, 0..1. NaN: not known (a population hint without scores). Among the population's chunks
+  // the hint-aware policy evicts the least likely first. Holds until changed or the chunk leaves.
+  virtual void set_parent_chance(const ChunkHash& /*key*/, double /*chance*/) {}
   // Whether every model that uses the chunk is `done` (no more reads expected): such chunks go
   // first. track() and touch() withdraw it (a read proves the hint wrong).
   virtual void set_done(const ChunkHash& /*key*/, bool /*done*/) {}

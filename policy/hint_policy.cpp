@@ -19,17 +19,19 @@ struct HintAwarePolicy::Impl {
     bool population = false;
     bool done = false;
     bool cyclic = false;
+    double parent_chance = std::numeric_limits<double>::quiet_NaN();  // NaN: not known
     // The sequence at which the chunk entered the policy.
     uint64_t taken_in = 0;
     std::optional<int64_t> expected_at_ns;  // when a read is expected (steady ns)
     Standing standing = Standing::kOrdinary;
   };
-  // (standing, cyclic, H, -expected_at, sequence, key), lowest first. Expected: (3, 0, 0,
-  // -expected_at, sequence): the farthest expected read first. Cyclic chunks of the
-  // ordinary and population standings: (standing, 1, -taken_in, 0, sequence): after the others of
-  // their standing, the newest taken in first. Others: (standing, 0, H, 0, sequence). Sequences
-  // are unique.
-  using Rank = std::tuple<int, int, double, int64_t, int64_t, ChunkHash>;
+  // (standing, cyclic, chance, H, -expected_at, sequence, key), lowest first. Expected: (3, 0, 0,
+  // 0, -expected_at, sequence): the farthest expected read first. Cyclic chunks of the ordinary and
+  // population standings: (standing, 1, 0, -taken_in, 0, sequence): after the others of their
+  // standing, the newest taken in first. Population: (2, 0, parent chance or 0 when not known, H,
+  // 0, sequence): the least likely parent's first. Others: (standing, 0, 0, H, 0, sequence).
+  // Sequences are unique.
+  using Rank = std::tuple<int, int, double, double, int64_t, int64_t, ChunkHash>;
 
   const Clock& clock;
   Options options;
@@ -46,13 +48,14 @@ struct HintAwarePolicy::Impl {
       // Later reads rank lower; -INT64_MIN would overflow (add_seconds_ns only saturates upwards
       // here, but a clock may start anywhere).
       const int64_t at = std::max(*e.expected_at_ns, std::numeric_limits<int64_t>::min() + 1);
-      return Rank{3, 0, 0.0, -at, static_cast<int64_t>(e.sequence), key};
+      return Rank{3, 0, 0.0, 0.0, -at, static_cast<int64_t>(e.sequence), key};
     }
     if (e.cyclic && e.standing != Standing::kDone) {
       const double newest_first = -static_cast<double>(e.taken_in);
-      return Rank{static_cast<int>(e.standing), 1, newest_first, 0, static_cast<int64_t>(e.sequence), key};
+      return Rank{static_cast<int>(e.standing), 1, 0.0, newest_first, 0, static_cast<int64_t>(e.sequence), key};
     }
-    return Rank{static_cast<int>(e.standing), 0, e.priority, 0, static_cast<int64_t>(e.sequence), key};
+    const double chance = e.standing == Standing::kPopulation && !std::isnan(e.parent_chance) ? e.parent_chance : 0.0;
+    return Rank{static_cast<int>(e.standing), 0, chance, e.priority, 0, static_cast<int64_t>(e.sequence), key};
   }
 
   static Standing standing_of(const Entry& e) {
@@ -216,6 +219,18 @@ void HintAwarePolicy::set_population(const ChunkHash& key, bool member) {
   impl_->set_flag(key, &Impl::Entry::population, member);
 }
 
+void HintAwarePolicy::set_parent_chance(const ChunkHash& key, double chance) {
+  auto it = impl_->entries.find(key);
+  if (it == impl_->entries.end()) return;
+  Impl::Entry& e = it->second;
+  const double value = std::isnan(chance) ? chance : std::clamp(chance, 0.0, 1.0);
+  if (std::isnan(value) && std::isnan(e.parent_chance)) return;
+  if (value == e.parent_chance) return;
+  impl_->unplace(key, e);
+  e.parent_chance = value;
+  impl_->place(key, e);
+}
+
 void HintAwarePolicy::set_done(const ChunkHash& key, bool done) { impl_->set_flag(key, &Impl::Entry::done, done); }
 
 void HintAwarePolicy::set_cyclic(const ChunkHash& key, bool in_cycle) {
@@ -224,7 +239,7 @@ void HintAwarePolicy::set_cyclic(const ChunkHash& key, bool in_cycle) {
 
 std::optional<ChunkHash> HintAwarePolicy::pick_victim(const std::function<bool(const ChunkHash&)>& evictable) {
   impl_->drop_stale(impl_->clock.now_ns());
-  for (const auto& [rank_standing, rank_cyclic, h, neg_expected, sequence, key] : impl_->order) {
+  for (const auto& [rank_standing, rank_cyclic, chance, h, neg_expected, sequence, key] : impl_->order) {
     if (!evictable(key)) continue;
     // Only the ordinary competition moves L (and never down: see LineagePolicy); a cyclic victim's
     // rank is not its H.
@@ -238,7 +253,7 @@ std::optional<ChunkHash> HintAwarePolicy::pick_victim(const std::function<bool(c
 
 std::optional<ChunkHash> HintAwarePolicy::peek_victim(const std::function<bool(const ChunkHash&)>& evictable) const {
   for (const auto& rank : impl_->order)
-    if (evictable(std::get<5>(rank))) return std::get<5>(rank);
+    if (evictable(std::get<6>(rank))) return std::get<6>(rank);
   return std::nullopt;
 }
 
@@ -254,6 +269,12 @@ std::optional<bool> HintAwarePolicy::cyclic(const ChunkHash& key) const {
   auto it = impl_->entries.find(key);
   if (it == impl_->entries.end()) return std::nullopt;
   return it->second.cyclic;
+}
+
+std::optional<double> HintAwarePolicy::parent_chance(const ChunkHash& key) const {
+  auto it = impl_->entries.find(key);
+  if (it == impl_->entries.end()) return std::nullopt;
+  return it->second.parent_chance;
 }
 
 std::optional<double> HintAwarePolicy::priority(const ChunkHash& key) const {

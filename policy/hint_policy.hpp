@@ -8,7 +8,9 @@
 // Each chunk stands in one of four standings; victims come from the lowest standing first:
 //   0 done       every model using it is done (set_done)            ordered by H, lowest first
 //   1 ordinary   no hint                                             ordered by H, lowest first
-//   2 population used by a model of the live population              ordered by H, lowest first
+//   2 population used by a model of the live population              the least likely to be read by
+//                                                                    the next parent first
+//                                                                    (set_parent_chance), then H
 //   3 expected   a read is expected within the horizon               the farthest expected first
 // where H is LineagePolicy's priority, L + frequency * (1 + references) * refetch_cost / size.
 // Scan resistance: within the ordinary and population standings, a chunk of a model read in a
@@ -61,6 +63,7 @@ class HintAwarePolicy final : public EvictionPolicy {
   void set_refetch_cost(const ChunkHash& key, double seconds) override;
   void set_expected_use(const ChunkHash& key, double seconds_from_now) override;
   void set_population(const ChunkHash& key, bool member) override;
+  void set_parent_chance(const ChunkHash& key, double chance) override;
   void set_done(const ChunkHash& key, bool done) override;
   void set_cyclic(const ChunkHash& key, bool in_cycle) override;
   std::optional<ChunkHash> pick_victim(const std::function<bool(const ChunkHash&)>& evictable) override;
@@ -75,6 +78,8 @@ class HintAwarePolicy final : public EvictionPolicy {
   std::optional<Standing> standing(const ChunkHash& key) const;
   // Whether set_cyclic marked the chunk; nullopt for an unknown key.
   std::optional<bool> cyclic(const ChunkHash& key) const;
+  // The chance set_parent_chance gave (NaN when none); nullopt for an unknown key.
+  std::optional<double> parent_chance(const ChunkHash& key) const;
   // H as LineagePolicy::priority computes it (whatever the standing).
   std::optional<double> priority(const ChunkHash& key) const;
   double aging() const;  // L

@@ -29,11 +29,14 @@ class HintTracker {
         options_(options),
         model_chunks_(models),
         chunk_models_(chunks),
+        chunk_positions_(chunks),
         population_count_(chunks, 0),
         done_count_(chunks, 0),
         cyclic_count_(chunks, 0),
         in_population_(models, 0),
+        model_chance_(models, std::numeric_limits<double>::quiet_NaN()),
         cyclic_(models, 0),
+        last_end_ns_(models, -1),
         done_(models, 0),
         expected_at_(models),
         chunk_expected_at_(chunks) {}
@@ -41,6 +44,7 @@ class HintTracker {
   // Model m read or wrote chunk c: remembers the pair, and passes on what changes for c.
   void use(uint32_t m, uint32_t c) {
     if (!pairs_.insert((static_cast<uint64_t>(m) << 32) | c).second) return;
+    chunk_positions_[c].push_back(static_cast<uint32_t>(model_chunks_[m].size()));
     model_chunks_[m].push_back(c);
     chunk_models_[c].push_back(m);
     population_count_[c] += in_population_[m];
@@ -50,6 +54,7 @@ class HintTracker {
     policy_.set_references(key_of(c), references(c));
     if (!hints_) return;
     policy_.set_population(key_of(c), population_count_[c] > 0);
+    policy_.set_parent_chance(key_of(c), parent_chance(c));
     policy_.set_cyclic(key_of(c), cyclic_count_[c] > 0);
     policy_.set_done(key_of(c), is_done(c));
     if (expected_at_[m]) refresh_expected(c, kSimNone);
@@ -62,6 +67,7 @@ class HintTracker {
     if (!hints_) return;
     if (reader != kSimNone) fulfil(c);
     policy_.set_population(key_of(c), population_count_[c] > 0);
+    policy_.set_parent_chance(key_of(c), parent_chance(c));
     policy_.set_cyclic(key_of(c), cyclic_count_[c] > 0);
     policy_.set_done(key_of(c), is_done(c));
     refresh_expected(c, reader);
@@ -76,19 +82,28 @@ class HintTracker {
   }
 
   // An access of chunk c by m: a done model read again was not done; a new run of reads by another
-  // model ends the previous one (whose expectation it fulfilled). A run that reads its first chunk
-  // again has wrapped around: the model is read in a cycle for as long as the run lasts.
+  // model ends the previous one (whose expectation it fulfilled). The model is read in a cycle that
+  // does not fit (cyclic) when a run reads its first chunk again (it wrapped around), or reads a
+  // chunk an earlier run of the model read that has left the cache since (as the daemon's rule,
+  // daemon/read_cycles.hpp); it stays cyclic until a done hint names it, or its next run starts
+  // more than kCycleIdleNs after its last one ended (the daemon forgets it then).
   void access_by(uint32_t m, uint32_t c) {
     if (!hints_) return;
     if (done_[m]) set_done(m, false);
+    const int64_t now = clock_.now_ns();
+    const bool recent = last_end_ns_[m] >= 0 && now - last_end_ns_[m] <= kCycleIdleNs;
+    if (m != loading_ && cyclic_[m] && !recent) set_cyclic(m, false);
+    if (!cyclic_[m] && recent && !resident_[c] && read_before_.count((static_cast<uint64_t>(m) << 32) | c))
+      set_cyclic(m, true);
     if (m == loading_) {
       if (c == run_first_chunk_ && !cyclic_[m]) set_cyclic(m, true);
+      run_chunks_.push_back(c);
       return;
     }
     end_load();
     loading_ = m;
     run_first_chunk_ = c;
-    const int64_t now = clock_.now_ns();
+    run_chunks_.push_back(c);
     if (last_load_start_ns_ >= 0) {
       load_gaps_ns_ += static_cast<double>(now - last_load_start_ns_);
       ++load_gaps_;
@@ -99,7 +114,10 @@ class HintTracker {
   // The run of reads of the loading model ended: its expectation is fulfilled.
   void end_load() {
     if (loading_ != kSimNone && expected_at_[loading_]) set_expected(loading_, std::nullopt);
-    if (loading_ != kSimNone && cyclic_[loading_]) set_cyclic(loading_, false);
+    if (loading_ != kSimNone) {
+      last_end_ns_[loading_] = clock_.now_ns();
+      count_load();
+    }
     loading_ = kSimNone;
   }
 
@@ -146,6 +164,9 @@ class HintTracker {
         break;
       }
       case HintKind::kPopulation: {
+        // A new population: the chances of the previous one no longer hold (parent_chance lines
+        // that follow give the new ones).
+        for (uint32_t m : std::exchange(chanced_, {})) set_chance(m, std::numeric_limits<double>::quiet_NaN());
         std::unordered_set<uint32_t> next(e.models.begin(), e.models.end());
         for (uint32_t m : std::vector<uint32_t>(population_.begin(), population_.end()))
           if (!next.count(m)) set_population(m, false);
@@ -155,10 +176,17 @@ class HintTracker {
         }
         break;
       }
+      case HintKind::kParentChance:
+        if (e.when_s) {
+          chanced_.push_back(e.models.front());
+          set_chance(e.models.front(), *e.when_s);
+        }
+        break;
       case HintKind::kDone:
         for (uint32_t m : e.models) {
           if (expected_at_[m]) set_expected(m, std::nullopt);
           if (!done_[m]) set_done(m, true);
+          if (cyclic_[m]) set_cyclic(m, false);
         }
         break;
       case HintKind::kNone:
@@ -204,8 +232,62 @@ class HintTracker {
     }
     for (uint32_t c : model_chunks_[m]) {
       population_count_[c] = member ? population_count_[c] + 1 : population_count_[c] - 1;
-      if (resident_[c]) policy_.set_population(key_of(c), population_count_[c] > 0);
+      if (!resident_[c]) continue;
+      policy_.set_population(key_of(c), population_count_[c] > 0);
+      policy_.set_parent_chance(key_of(c), parent_chance(c));
     }
+  }
+
+  // The load that ended read run_chunks_ of loading_: counts the positions it read once each. (The
+  // chances passed on change with the next hint or use, as in the daemon, which weighs a
+  // population's chunks when the hint comes and when a member is committed.)
+  void count_load() {
+    std::unordered_set<uint32_t> seen;
+    for (uint32_t c : run_chunks_) {
+      if (!seen.insert(c).second) continue;
+      read_before_.insert((static_cast<uint64_t>(loading_) << 32) | c);
+      const uint32_t j = position(loading_, c);
+      if (j == kSimNone) continue;
+      if (reads_at_.size() <= j) reads_at_.resize(j + 1, 0);
+      ++reads_at_[j];
+    }
+    run_chunks_.clear();
+    ++loads_;
+  }
+
+  // The position of c in m (the order in which the trace first showed m using it), kSimNone if m
+  // does not use c.
+  uint32_t position(uint32_t m, uint32_t c) const {
+    for (size_t i = 0; i < chunk_models_[c].size(); ++i)
+      if (chunk_models_[c][i] == m) return chunk_positions_[c][i];
+    return kSimNone;
+  }
+
+  // The share of the loads so far that read position j of the model they loaded (1 before any).
+  double share(uint32_t j) const {
+    if (loads_ == 0) return 1.0;
+    return j < reads_at_.size() ? static_cast<double>(reads_at_[j]) / static_cast<double>(loads_) : 0.0;
+  }
+
+  // Model m's chance to be the next parent (NaN: not known), passed on to its resident chunks.
+  void set_chance(uint32_t m, double chance) {
+    model_chance_[m] = chance;
+    for (uint32_t c : model_chunks_[m])
+      if (resident_[c]) policy_.set_parent_chance(key_of(c), parent_chance(c));
+  }
+
+  // The chance that the next load reads c: over the population members using c, the sum of each
+  // one's chance to be the next parent times the share of loads that read c's position in it (the
+  // members are one parent each, so the events are disjoint); NaN when none of them has a chance.
+  double parent_chance(uint32_t c) const {
+    double sum = std::numeric_limits<double>::quiet_NaN();
+    for (size_t i = 0; i < chunk_models_[c].size(); ++i) {
+      const uint32_t m = chunk_models_[c][i];
+      if (!in_population_[m] || std::isnan(model_chance_[m])) continue;
+      const double p = model_chance_[m] * share(chunk_positions_[c][i]);
+      sum = std::isnan(sum) ? p : sum + p;
+    }
+    return std::min(sum, 1.0);
   }
 
   void set_cyclic(uint32_t m, bool in_cycle) {
@@ -258,11 +340,20 @@ class HintTracker {
   std::unordered_set<uint64_t> pairs_;  // (model << 32) | chunk seen
   std::vector<std::vector<uint32_t>> model_chunks_;
   std::vector<std::vector<uint32_t>> chunk_models_;
+  std::vector<std::vector<uint32_t>> chunk_positions_;      // parallel to chunk_models_: c's position in each
+  static constexpr int64_t kCycleIdleNs = 120'000'000'000;  // as the daemon's ReadCycles
+  std::unordered_set<uint64_t> read_before_;                // (model << 32) | chunk read by an ended run of the model
+  std::vector<uint32_t> run_chunks_;                        // chunks the current load read, in order
+  std::vector<uint64_t> reads_at_;                          // loads that read position j
+  uint64_t loads_ = 0;
   std::vector<uint32_t> population_count_;  // models of the population using the chunk
   std::vector<uint32_t> done_count_;        // done models using the chunk
   std::vector<uint32_t> cyclic_count_;      // models read in a cycle using the chunk
   std::vector<char> in_population_;
+  std::vector<double> model_chance_;  // parent_chance hints of the current population (NaN: none)
+  std::vector<uint32_t> chanced_;     // the models given a chance since the last population hint
   std::vector<char> cyclic_;
+  std::vector<int64_t> last_end_ns_;  // per model: when its last run of reads ended (-1: never)
   std::vector<char> done_;
   std::vector<std::optional<int64_t>> expected_at_;
   std::vector<std::vector<int64_t>> chunk_expected_at_;  // will_load hints naming the chunk, sorted
@@ -303,19 +394,25 @@ SimResult Simulator::Impl::run_online(SimPolicy which, uint64_t capacity) const 
 
   // Brings c in, evicting until it fits; false when it cannot be cached at all.
   // With competing admission the chunk is taken in with its hint state first and then chunks leave
-  // until the cache fits again. The new chunk itself leaves (is bypassed, not cached) when it ranks
-  // lowest and the chunk that would go in its place is one the hints protect (an expected read, or
-  // the stable part of a cycle); otherwise victims are what they are without competing admission.
+  // until the cache fits again. The new chunk itself leaves (is bypassed, not cached), whether a
+  // read or a commit brought it in, when it ranks lowest and the chunk that would go in its place is
+  // one the hints protect: an expected read, the stable part of a cycle, or a population chunk with
+  // a known parent chance (the daemon takes a written chunk in and, ranking lowest, it is the first
+  // victim once flushed). Otherwise victims are what they are without competing admission.
   auto* hint_policy = dynamic_cast<HintAwarePolicy*>(policy.get());
   const bool competes = hint_policy != nullptr && options.competing_admission;
-  auto make_room = [&](uint32_t c, bool may_bypass) {
+  auto make_room = [&](uint32_t c) {
     const ChunkHash incoming = key_of(c);
     const std::function<bool(const ChunkHash&)> others = [&](const ChunkHash& k) { return !(k == incoming); };
     while (competes && used > capacity) {
       bool bypass = false;
-      if (may_bypass && hint_policy->peek_victim(any) == incoming) {
+      if (hint_policy->peek_victim(any) == incoming) {
         const std::optional<ChunkHash> other = hint_policy->peek_victim(others);
-        bypass = !other || hint_policy->standing(*other) == HintAwarePolicy::Standing::kExpected ||
+        // A population chunk with a known chance that ranks above the incoming chunk is likelier
+        // to be read next: the scores decide.
+        const bool likelier = other && hint_policy->standing(*other) == HintAwarePolicy::Standing::kPopulation &&
+                              !std::isnan(hint_policy->parent_chance(*other).value_or(std::nan("")));
+        bypass = !other || likelier || hint_policy->standing(*other) == HintAwarePolicy::Standing::kExpected ||
                  hint_policy->cyclic(*other).value_or(false);
       }
       std::optional<ChunkHash> victim = bypass ? std::optional<ChunkHash>(incoming) : policy->pick_victim(others);
@@ -372,7 +469,7 @@ SimResult Simulator::Impl::run_online(SimPolicy which, uint64_t capacity) const 
         } else if (admit(c) && tracks_models) {
           tracker.use(m, c);
           tracker.tracked(c, m);
-          make_room(c, true);
+          make_room(c);
         } else if (tracks_models) {
           tracker.use(m, c);
         }
@@ -384,7 +481,7 @@ SimResult Simulator::Impl::run_online(SimPolicy which, uint64_t capacity) const 
         if (!resident[c] && admit(c, true) && tracks_models) {
           tracker.use(m, c);
           tracker.tracked(c, kSimNone);
-          make_room(c, false);
+          make_room(c);
         } else if (tracks_models) {
           tracker.use(m, c);
         }

@@ -20,7 +20,7 @@ constexpr std::string_view kHex = "0123456789ABCDEF";
 
 const char* const kEventNames[] = {"access", "insert", "inherit", "commit", "hint", "evict"};
 const char* const kTierNames[] = {"", "dram", "nvme", "repository", "peer"};
-const char* const kHintNames[] = {"", "will_load", "population", "sequence", "done"};
+const char* const kHintNames[] = {"", "will_load", "population", "sequence", "done", "parent_chance"};
 
 // Bytes of a model id written as %XX: the separators of the format, '%' itself and control bytes.
 bool needs_escape(unsigned char c) { return c == '%' || c == ',' || c == ';' || c == '"' || c < 0x20 || c == 0x7F; }
@@ -220,13 +220,18 @@ Status validate_trace_event(const TraceEvent& e) {
   if (e.kind == TraceEventKind::kEvict && e.tier == TraceTier::kUnknown)
     return bad("tier", "required for evict: the tier the chunk left");
   // hint
-  if (static_cast<int>(e.hint) > static_cast<int>(HintKind::kDone)) return bad("hint", "unknown hint value");
+  if (static_cast<int>(e.hint) > static_cast<int>(HintKind::kParentChance)) return bad("hint", "unknown hint value");
   if (is_hint && e.hint == HintKind::kNone)
-    return bad("hint", "required for a hint: will_load, population, sequence or done");
+    return bad("hint", "required for a hint: will_load, population, sequence, done or parent_chance");
   if (!is_hint && e.hint != HintKind::kNone) return bad("hint", "must be empty for " + kind);
   // when_s
-  if (e.when_s) {
-    if (e.hint != HintKind::kWillLoad) return bad("when_s", "allowed for will_load hints only");
+  if (e.hint == HintKind::kParentChance) {
+    if (e.models.size() != 1)
+      return bad("model", "a parent_chance hint names one model, found " + std::to_string(e.models.size()));
+    if (!e.when_s || !(*e.when_s >= 0 && *e.when_s <= 1))
+      return bad("when_s", "required for parent_chance: the member's chance to be the next parent, 0..1");
+  } else if (e.when_s) {
+    if (e.hint != HintKind::kWillLoad) return bad("when_s", "allowed for will_load and parent_chance hints only");
     if (!std::isfinite(*e.when_s) || *e.when_s < 0) return bad("when_s", "must be a finite number of seconds >= 0");
   }
   return Status::OK();

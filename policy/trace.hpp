@@ -47,6 +47,10 @@ enum class HintKind : uint8_t {
   kPopulation,  // the live set a search draws parents from; replaces the previous population
   kSequence,    // these models will be read in this order
   kDone,        // no more reads are expected for these models
+  // One member of the population announced just before (the `population` line it follows) and its
+  // chance to be the next parent drawn, in when_s (0..1; from the hint's scores). A population
+  // line without them carries no chances.
+  kParentChance,
 };
 
 struct TraceEvent {
@@ -64,8 +68,9 @@ struct TraceEvent {
   uint64_t bytes = 0;
   TraceTier tier = TraceTier::kUnknown;  // access, insert (optional), evict (required); else kUnknown
   HintKind hint = HintKind::kNone;       // set for hints only
-  // Hints of kind will_load only: seconds from time_ns to the expected read, finite and >= 0;
-  // nullopt means "next" (soon, unspecified). Always nullopt for other events.
+  // Hints of kind will_load: seconds from time_ns to the expected read, finite and >= 0; nullopt
+  // means "next" (soon, unspecified). parent_chance: the chance, required, 0..1. Always nullopt for
+  // other events.
   std::optional<double> when_s;
 
   bool operator==(const TraceEvent&) const = default;

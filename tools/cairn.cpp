@@ -709,9 +709,11 @@ add_progress_flags(prefetch, pf);
 prefetch->callback([&] { rc = cmd_prefetch(id, prefetch_all, as_json, prefetch_tier, prefetch_device, pf); });
 
 // cairn hint KIND MODEL... [--tensor NAME]... [--when SECONDS|next] [--ahead K] [--tier dram|hbm]
+//            [--score S]... [--tournament K]
 std::string hint_kind, hint_when, hint_tier;
 std::vector<std::string> hint_models, hint_tensors;
-unsigned hint_ahead = 0;
+std::vector<double> hint_scores;
+unsigned hint_ahead = 0, hint_tournament = 0;
 auto* hint = app.add_subcommand("hint", "tell the daemon what the workflow will read (docs/policy.md)");
 hint->add_option("KIND", hint_kind, "will_load, population, sequence or done")->required();
 hint->add_option("MODEL", hint_models, "model ids (in order, for sequence)")->required();
@@ -720,8 +722,12 @@ hint->add_option("--when", hint_when, "will_load: seconds from now, or next");
 hint->add_option("--ahead", hint_ahead, "sequence: models to stage ahead of the reader");
 hint->add_option("--tier", hint_tier, "will_load: hbm stages into the GPU tier too (docs/gpu.md)")
     ->check(CLI::IsMember({"dram", "hbm"}));
+hint->add_option("--score", hint_scores, "population: each model's score, in the models' order (higher is better)");
+hint->add_option("--tournament", hint_tournament, "population: how many members a parent is drawn from");
 hint->callback([&] {
   json h{{"kind", hint_kind}, {"models", hint_models}};
+  if (!hint_scores.empty()) h["scores"] = hint_scores;
+  if (hint_tournament) h["tournament"] = hint_tournament;
   if (!hint_tensors.empty()) h["tensors"] = hint_tensors;
   if (hint_ahead) h["ahead"] = hint_ahead;
   if (!hint_tier.empty()) h["tier"] = hint_tier;

@@ -637,6 +637,17 @@ def run_nas(spec: Dict[str, Any], ctx: "Context") -> None:
                 score = 0.7 + 0.05 * rng.random()
                 inherit = [n for n in lay if n in mapping and mapping[n] == n]
                 sent = {n: state[n] for n in lay if n not in inherit}
+                # The candidate joins the population (and the oldest dies) once it is scored. The
+                # driver says so before storing it, with every member's score and the tournament
+                # size: cairn weighs the candidate's chunks by its chance to be the next parent as
+                # they are written, not after they have gone by.
+                alive.append((mid, genome, score))
+                if len(alive) > search["population"]:
+                    dead = alive.pop(0)
+                    c.hint("done", [dead[0]])  # the oldest dies: never a parent again
+                if len(alive) == search["population"]:
+                    c.hint("population", [a[0] for a in alive], scores=[a[2] for a in alive],
+                           tournament=search["sample"])
                 t0 = now()
                 c.save_model(mid, sent, parent=anc, arch=arch, meta={"score": score}, inherit=inherit,
                              order=list(lay), wait=True)
@@ -652,13 +663,7 @@ def run_nas(spec: Dict[str, Any], ctx: "Context") -> None:
                 nb = M.nbytes(lay)
                 logical += nb
                 transferred_bytes += sum(int(np.prod(lay[n][0], dtype=np.int64)) * lay[n][1].itemsize for n in mapping)
-                alive.append((mid, genome, score))
                 durations.append(now() - t_cand)
-                if len(alive) > search["population"]:
-                    dead = alive.pop(0)
-                    c.hint("done", [dead[0]])  # the oldest dies: never a parent again
-                if len(alive) == search["population"]:
-                    c.hint("population", [a[0] for a in alive])  # the live set parents come from
                 if ctx.verbose:
                     print(f"  nas {mid}: ancestor {anc} transferred {len(mapping)}/{len(lay)} tensors", flush=True)
             c.flush()

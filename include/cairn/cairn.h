@@ -422,8 +422,9 @@ CAIRN_EXPORT cairn_status cairn_model_prefetch(cairn_client* c, const char* id, 
                                                char** result_json);
 /* Tells the daemon what the workflow will read (docs/policy.md); advice, never an error on a later
  * read. hint_json is one hint object, e.g. {"kind":"will_load","models":["m7"],"when":"next"},
- * {"kind":"population","models":[...]}, {"kind":"sequence","models":[...],"ahead":2},
- * {"kind":"done","models":[...]}. A malformed hint is CAIRN_ERR_INVALID_ARGUMENT naming the field;
+ * {"kind":"population","models":[...]} (optionally with "scores":[one per model, higher is better]
+ * and "tournament":k, the tournament size parents are drawn with), {"kind":"sequence","models":[...],
+ * "ahead":2}, {"kind":"done","models":[...]}. A malformed hint is CAIRN_ERR_INVALID_ARGUMENT naming the field;
  * models that do not exist are ignored (listed in *result_json). result_json may be NULL; else it
  * receives the daemon's answer (free with cairn_free). */
 CAIRN_EXPORT cairn_status cairn_hint(cairn_client* c, const char* hint_json, char** result_json);

@@ -285,3 +285,30 @@ def test_hint_through_the_tool(make_daemon, tmp):
     bad = d.cairn("hint", "will_load", "h0", "--when", "later", check=False)
     assert bad.returncode != 0 and "--when" in bad.stderr
     assert d.stats()["prefetch"]["hints"] == 2
+
+
+def test_hint_population_scores_recorded_as_parent_chances(make_daemon, tmp):
+    """A population hint with scores through the tool: accepted, and the trace cairnd records gives
+    each member its chance to win a tournament (here 3 members, tournaments of 2: 2/3, 1/3, 0);
+    bad scores are refused naming the field; without scores no chances are recorded."""
+    trace = tmp / "policy.csv"
+    d = make_daemon(extra_config=f"policy:\n  eviction: hints\n  trace: {trace}\n").start()
+    rng = np.random.default_rng(6)
+    for m in ("p0", "p1", "p2"):
+        put_model(d, tmp, m, conv_graph([16, 32]), rng)
+    r = json.loads(d.cairn("hint", "population", "p0", "p1", "p2", "--score", "0.5", "--score", "0.9",
+                           "--score", "0.1", "--tournament", "2").stdout)
+    assert r["kind"] == "population" and r["models"] == 3 and r["unknown"] == []
+    bad = d.cairn("hint", "population", "p0", "p1", "--score", "0.5", "--tournament", "2", check=False)
+    assert bad.returncode != 0 and "hint.scores: 1 scores for 2 models" in bad.stderr
+    bad = d.cairn("hint", "population", "p0", "p1", "--score", "0.5", "--score", "0.6", check=False)
+    assert bad.returncode != 0 and "hint.tournament: missing" in bad.stderr
+    d.cairn("hint", "population", "p0", "p1")
+    assert d.stop() == 0
+    lines = [ln.split(",") for ln in trace.read_text().splitlines()[2:] if ",hint," in ln]
+    pops = [i for i, f in enumerate(lines) if f[6] == "population"]
+    assert len(pops) == 2
+    chances = {f[2]: float(f[7]) for f in lines[pops[0] + 1:pops[1]] if f[6] == "parent_chance"}
+    assert chances.keys() == {"p0", "p1", "p2"}
+    assert abs(chances["p1"] - 2 / 3) < 1e-9 and abs(chances["p0"] - 1 / 3) < 1e-9 and chances["p2"] == 0
+    assert not [f for f in lines[pops[1] + 1:] if f[6] == "parent_chance"]

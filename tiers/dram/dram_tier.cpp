@@ -206,11 +206,13 @@ void DramTier::pass_expected_locked(const ChunkHash& hash, HintTerms& t) {
                                              : (static_cast<double>(at.front()) - static_cast<double>(now)) * 1e-9);
 }
 
-void DramTier::hint_population(const ChunkHash& hash, bool member) {
+void DramTier::hint_population(const ChunkHash& hash, bool member, double parent_chance) {
   cairn::MutexLock lock(mu_);
   auto it = hint_entry_locked(hash);
   it->second.population = member;
+  it->second.parent_chance = member ? parent_chance : std::numeric_limits<double>::quiet_NaN();
   policy_->set_population(hash, member);
+  policy_->set_parent_chance(hash, it->second.parent_chance);
   prune_hint_locked(it);
 }
 
@@ -245,7 +247,10 @@ void DramTier::prune_hint_locked(std::unordered_map<ChunkHash, HintTerms, ChunkH
 void DramTier::reapply_hints_locked(const ChunkHash& hash) {
   auto it = hinted_.find(hash);
   if (it == hinted_.end()) return;
-  if (it->second.population) policy_->set_population(hash, true);
+  if (it->second.population) {
+    policy_->set_population(hash, true);
+    policy_->set_parent_chance(hash, it->second.parent_chance);
+  }
   if (it->second.done) policy_->set_done(hash, true);
   if (it->second.cyclic) policy_->set_cyclic(hash, true);
   // The announced reads stay until clients make them (hint_read): a prefetch landing is not one.

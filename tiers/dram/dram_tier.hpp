@@ -92,7 +92,10 @@ class DramTier {
   // Each finite hint_expected_use announces one more read (two candidates that will load the same
   // parent chunk are two reads); +inf or NaN withdraws them all. The policy is told the soonest.
   void hint_expected_use(const ChunkHash& hash, double seconds);
-  void hint_population(const ChunkHash& hash, bool member);
+  // parent_chance: the chance that the next parent drawn from the population uses the chunk
+  // (EvictionPolicy::set_parent_chance); NaN when the population hint had no scores.
+  void hint_population(const ChunkHash& hash, bool member,
+                       double parent_chance = std::numeric_limits<double>::quiet_NaN());
   void hint_done(const ChunkHash& hash);
   // Whether a model that uses the chunk is being read in a cycle (policy/eviction.hpp: set_cyclic).
   // Kept like the other hints: a chunk that enters later (a read bringing it back) is cyclic too,
@@ -167,6 +170,7 @@ class DramTier {
   // policy ignores hints on chunks it does not track). Neutral entries are dropped.
   struct HintTerms {
     bool population = false;
+    double parent_chance = std::numeric_limits<double>::quiet_NaN();  // with population; NaN: not known
     bool done = false;
     bool cyclic = false;
     std::vector<int64_t> expected_at_ns;  // the announced reads not yet made, soonest first (steady clock)

@@ -36,9 +36,10 @@ void NvmeTier::hint_expected_use(const ChunkHash& hash, double seconds) {
   impl_->policy->set_expected_use(hash, seconds);
 }
 
-void NvmeTier::hint_population(const ChunkHash& hash, bool member) {
+void NvmeTier::hint_population(const ChunkHash& hash, bool member, double parent_chance) {
   cairn::MutexLock l(impl_->mu);
   impl_->policy->set_population(hash, member);
+  impl_->policy->set_parent_chance(hash, member ? parent_chance : std::numeric_limits<double>::quiet_NaN());
 }
 
 void NvmeTier::hint_done(const ChunkHash& hash) {

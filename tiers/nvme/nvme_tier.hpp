@@ -26,6 +26,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -102,7 +103,9 @@ class NvmeTier {
   // chunks the tier holds now are affected (the policy ignores others; a chunk written here later
   // starts without them), and dirty chunks or chunks being read stay whatever the policy thinks.
   void hint_expected_use(const ChunkHash& hash, double seconds);
-  void hint_population(const ChunkHash& hash, bool member);
+  // parent_chance: as DramTier::hint_population.
+  void hint_population(const ChunkHash& hash, bool member,
+                       double parent_chance = std::numeric_limits<double>::quiet_NaN());
   void hint_done(const ChunkHash& hash);
   // Reads a chunk into dst (length bytes, as stored). kNotFound when not held; kCorruption (naming
   // the extent) when the bytes do not match the hash: the copy is then dropped, so the next read

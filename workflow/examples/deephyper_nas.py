@@ -7,7 +7,8 @@ shares the longest upstream prefix of its architecture graph (cairn.torch.transf
 daemon it will load that ancestor (a will_load hint), copies the matching layers in and freezes
 them, trains the rest briefly on a fixed synthetic task, and saves the candidate with that ancestor
 as its parent and its score in the metadata, so only the layers it trained are stored. After each
-evaluation the driver sends the daemon the live population (a population hint).
+evaluation the driver sends the daemon the live population with its objectives and the tournament
+size (a population hint with scores).
 
     eval "$(scripts/env)"; cairnd &                         # a daemon (docs/python.md)
     python3 workflow/examples/deephyper_nas.py              # 16 evaluations, 4 workers, < 2 min on 2 cores
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import math
 import os
 import sys
 import time
@@ -197,14 +199,22 @@ def main() -> int:
         """Sends the daemon the latest population (regularized evolution draws parents from it)."""
 
         def __init__(self) -> None:
-            self.live: "collections.deque[str]" = collections.deque([seed["metadata"]["model"]],
-                                                                   maxlen=args.population)
+            # (model, objective): the latest `population` models and their scores.
+            self.live: "collections.deque[tuple]" = collections.deque(
+                [(seed["metadata"]["model"], seed["objective"])], maxlen=args.population)
 
         def on_done(self, job: Any) -> None:
             if job.metadata.get("model"):
                 report(job.metadata, job.objective)
-                self.live.append(job.metadata["model"])
-                client.hint("population", list(self.live))
+                self.live.append((job.metadata["model"], job.objective))
+                ids = [m for m, _ in self.live]
+                scores = [o for _, o in self.live]
+                if all(isinstance(o, (int, float)) and math.isfinite(o) for o in scores):
+                    # Each member's chance to win a tournament of 3 (the search's sample_size)
+                    # weighs its chunks in the daemon's eviction order.
+                    client.hint("population", ids, scores=[float(o) for o in scores], tournament=3)
+                else:  # a failed evaluation's objective is not a number: no scores
+                    client.hint("population", ids)
 
     log_dir = args.log_dir or tempfile.mkdtemp(prefix="deephyper-")
     evaluator = Evaluator.create(evaluate, method="process",

@@ -18,7 +18,8 @@ Search space: an MLP of ``--layers`` hidden layers, each of a width from WIDTHS;
 layer's width, so the layers before it keep their signatures (and weights) from the parent. Evolution
 (Real et al., 2019): a population of the latest P finished candidates, tournaments of S, the oldest
 dies; candidates run asynchronously, ``--workers`` at a time. In cairn mode the driver sends hints
-(``cairn.parsl.hint``): the population whenever it changes, and ``will_load`` for a child's parent
+(``cairn.parsl.hint``): the population with its scores and the tournament size whenever it
+changes, and ``will_load`` for a child's parent
 before the child is submitted (``--no-hints``: none).
 
 The run ends with both modes' bytes stored and times, every candidate's stored model read back
@@ -226,7 +227,10 @@ def evolve(mode: str, args: argparse.Namespace, run: str, apps: Dict[str, Any], 
                 contenders = rng.sample(population, min(args.sample, len(population)))
                 parent = max(contenders, key=lambda c: c[2])
                 if hint is not None:
-                    hint("population", [c[0] for c in population])
+                    # With each member's score and the tournament size, the daemon weighs each
+                    # member's chunks by its chance to win the next tournament.
+                    hint("population", [c[0] for c in population], scores=[c[2] for c in population],
+                         tournament=args.sample)
                     hint("will_load", [parent[0]])
                 submit(mutate(parent[1], widths, rng))
     return {"results": results, "seconds": time.perf_counter() - t0}

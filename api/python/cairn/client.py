@@ -523,7 +523,9 @@ class Client:
         """Tells the daemon what the workflow will read next (docs/policy.md); advice only.
 
         ``kind`` is ``"will_load"`` (fields ``tensors=[...]``, ``when=seconds`` or ``"next"``),
-        ``"population"``, ``"sequence"`` (``ahead=k``) or ``"done"``. Returns the daemon's answer
+        ``"population"`` (optional ``scores=[one per model, higher is better]`` with
+        ``tournament=k``, the tournament size parents are drawn with), ``"sequence"``
+        (``ahead=k``) or ``"done"``. Returns the daemon's answer
         (``unknown`` lists ids that do not exist). A malformed hint raises CairnError naming the
         field."""
         h: Dict[str, Any] = {"kind": kind, "models": [models] if isinstance(models, str) else list(models)}

@@ -1,6 +1,9 @@
 // Hints and the prefetcher (daemon/hints.hpp, daemon/prefetcher.hpp, docs/policy.md): parsing with
 // errors that name the field, staging ahead of reads, sequences, budgets, and hints that are wrong
 // or too big, which must never change what a read returns.
+#include <map>
+#include <unordered_set>
+
 #include "daemon/hints.hpp"
 #include "policy/trace.hpp"
 #include "unit/daemon/engine_util.hpp"
@@ -29,16 +32,18 @@ struct Stored {
 
 uint64_t dram_hits(Engine& e) { return e.dram().stats().hits; }
 
+// The parser refuses j with invalid_argument, its message containing `needle` (the field).
+void bad(const json& j, const std::string& needle) {
+  auto h = parse_hint(j);
+  INFO(j.dump());
+  REQUIRE_FALSE(h.ok());
+  CHECK(h.status().code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(h.status().message(), Catch::Contains(needle));
+}
+
 }  // namespace
 
 TEST_CASE("hints: the parser rejects garbage naming the field", "[hints]") {
-  auto bad = [](const json& j, const std::string& needle) {
-    auto h = parse_hint(j);
-    INFO(j.dump());
-    REQUIRE_FALSE(h.ok());
-    CHECK(h.status().code() == StatusCode::kInvalidArgument);
-    CHECK_THAT(h.status().message(), Catch::Contains(needle));
-  };
   bad(json::array(), "hint: must be a JSON object");
   bad(json{{"models", {"a"}}}, "hint.kind");
   bad(json{{"kind", "maybe_load"}, {"models", {"a"}}}, "hint.kind: 'maybe_load'");
@@ -62,6 +67,84 @@ TEST_CASE("hints: the parser rejects garbage naming the field", "[hints]") {
   REQUIRE(q.ok());
   CHECK(q->kind == Hint::Kind::kSequence);
   CHECK(q->ahead == 3);
+}
+
+TEST_CASE("hints: a population with scores gives each member its chance to win a tournament", "[hints]") {
+  const json models = {"a", "b", "c", "d", "e", "f"};
+  bad(json{{"kind", "population"}, {"models", models}, {"scores", {1, 2, 3, 4, 5, 6}}}, "hint.tournament: missing");
+  bad(json{{"kind", "population"}, {"models", models}, {"tournament", 3}}, "hint.scores: missing");
+  bad(json{{"kind", "population"}, {"models", models}, {"scores", {1, 2}}, {"tournament", 3}},
+      "hint.scores: 2 scores for 6 models");
+  bad(json{{"kind", "population"}, {"models", models}, {"scores", 1}, {"tournament", 3}},
+      "hint.scores: must be an array");
+  bad(json{{"kind", "population"}, {"models", models}, {"scores", {1, 2, "x", 4, 5, 6}}, {"tournament", 3}},
+      "hint.scores[2]: must be a finite number");
+  bad(json{{"kind", "population"}, {"models", models}, {"scores", {1, 2, 3, 4, 5, 6}}, {"tournament", 0}},
+      "hint.tournament: must be an integer");
+  bad(json{{"kind", "population"}, {"models", models}, {"scores", {1, 2, 3, 4, 5, 6}}, {"tournament", 2.5}},
+      "hint.tournament: must be an integer");
+  bad(json{{"kind", "population"}, {"models", {"a", "a"}}, {"scores", {1, 2}}, {"tournament", 2}},
+      "hint.models: must be distinct");
+  bad(json{{"kind", "done"}, {"models", {"a"}}, {"scores", {1}}}, "hint.scores: not a field of a 'done' hint");
+
+  // Six members, tournaments of 3 drawn without replacement: rank r wins with C(5-r, 2) / C(6, 3),
+  // i.e. 10, 6, 3, 1, 0, 0 in 20. Scores in any order; higher is better.
+  auto h = parse_hint(
+      json{{"kind", "population"}, {"models", models}, {"scores", {0.2, 0.9, 0.5, 0.1, 0.7, 0.3}}, {"tournament", 3}});
+  REQUIRE(h.ok());
+  CHECK(h->tournament == 3);
+  REQUIRE(h->parent_chance.size() == 6);
+  // Ranks: b 0.9, e 0.7, c 0.5, f 0.3, a 0.2, d 0.1.
+  const std::vector<double> want = {0.0, 10.0 / 20, 3.0 / 20, 0.0, 6.0 / 20, 1.0 / 20};
+  for (size_t i = 0; i < 6; ++i) CHECK(h->parent_chance[i] == Approx(want[i]).margin(1e-12));
+  // Without scores: as before, no chances.
+  auto plain = parse_hint(json{{"kind", "population"}, {"models", models}});
+  REQUIRE(plain.ok());
+  CHECK(plain->parent_chance.empty());
+  CHECK(plain->tournament == 0);
+}
+
+TEST_CASE("hints: tournament win chances by rank, ties shared, tournaments larger than the population", "[hints]") {
+  // Brute force over every tournament of k distinct members out of n: the best drawn wins.
+  auto brute = [](const std::vector<double>& scores, size_t k) {
+    const size_t n = scores.size();
+    std::vector<double> wins(n, 0.0);
+    double draws = 0;
+    for (uint32_t mask = 0; mask < (1u << n); ++mask) {
+      if (static_cast<size_t>(__builtin_popcount(mask)) != k) continue;
+      ++draws;
+      double best = -1e300;
+      std::vector<size_t> top;
+      for (size_t i = 0; i < n; ++i) {
+        if (!(mask & (1u << i))) continue;
+        if (scores[i] > best) {
+          best = scores[i];
+          top = {i};
+        } else if (scores[i] == best) {
+          top.push_back(i);
+        }
+      }
+      for (size_t i : top) wins[i] += 1.0 / static_cast<double>(top.size());
+    }
+    for (double& w : wins) w /= draws;
+    return wins;
+  };
+  const std::vector<std::vector<double>> cases = {
+      {3, 1, 2}, {5, 4, 3, 2, 1, 0, -1, 7}, {1, 1, 2, 2, 0}, {0.5, 0.5, 0.5, 0.5}, {9, 8, 7, 6, 5, 4, 3, 2, 1, 0}};
+  for (const auto& scores : cases)
+    for (size_t k = 1; k <= scores.size(); ++k) {
+      const auto got = cairn::tournament_win_chances(scores, static_cast<uint32_t>(k));
+      const auto want = brute(scores, k);
+      double sum = 0;
+      for (size_t i = 0; i < scores.size(); ++i) {
+        INFO("n " << scores.size() << " k " << k << " member " << i);
+        CHECK(got[i] == Approx(want[i]).margin(1e-12));
+        sum += got[i];
+      }
+      CHECK(sum == Approx(1.0));
+    }
+  // A tournament larger than the population draws everyone: the best always wins.
+  CHECK(cairn::tournament_win_chances({1, 3, 2}, 10) == std::vector<double>{0, 1, 0});
 }
 
 TEST_CASE("hints: will_load stages a model before it is read; the read finds it in DRAM", "[hints][prefetch]") {
@@ -223,6 +306,48 @@ TEST_CASE("prefetch lineage: opening a model stages its parent; a best_ancestor 
   const uint64_t misses0 = e->dram().stats().misses;
   CHECK(read_tensor(*e, s, "parent", "w") == a);
   CHECK(e->dram().stats().misses == misses0);
+  e->end_session(s);
+}
+
+TEST_CASE("hints: a scored population orders DRAM victims by chance, a member named before its commit included",
+          "[hints][prefetch]") {
+  TempDir dir;
+  auto e = make_engine(dir.path, [](Config& c) { c.policy.eviction = "hints"; });
+  Session s;
+  // Three models of two tensors, four chunks each; the chunks of each, by hash.
+  std::map<std::string, std::unordered_set<ChunkHash, ChunkHashHasher>> chunks;
+  auto tensors_of = [&](const std::string& id, uint64_t seed) {
+    std::vector<std::pair<std::string, std::vector<uint8_t>>> ts;
+    for (uint64_t t = 0; t < 2; ++t) {
+      ts.emplace_back("t" + std::to_string(t), pattern(4 * kChunk, seed + t));
+      for (uint64_t k = 0; k < 4; ++k) chunks[id].insert(hash_bytes(ts.back().second.data() + k * kChunk, kChunk));
+    }
+    return ts;
+  };
+  commit_inline(*e, s, "p0", "", tensors_of("p0", 10));
+  commit_inline(*e, s, "p1", "", tensors_of("p1", 20));
+  // Loads: every tensor of p0 and p1 once (a share of 1/2 for each position).
+  for (const char* id : {"p0", "p1"})
+    for (const char* t : {"t0", "t1"}) (void)read_tensor(*e, s, id, t);
+  // p2 is named with its score before it is stored: listed as unknown, weighed when committed.
+  // Tournaments of 2 of 3: p2 wins with 2/3, p1 with 1/3, p0 never.
+  json r =
+      ok(*e, s,
+         {{"op", "hint"},
+          {"hint",
+           {{"kind", "population"}, {"models", {"p0", "p1", "p2"}}, {"scores", {0.1, 0.5, 0.9}}, {"tournament", 2}}}});
+  CHECK(r["unknown"] == json{"p2"});
+  commit_inline(*e, s, "p2", "", tensors_of("p2", 30));
+  // The DRAM tier gives up p0's chunks first, then p1's, then p2's.
+  std::vector<std::string> order;
+  while (auto v = e->dram().take_victim()) {
+    for (const auto& [id, set] : chunks)
+      if (set.count(v->hash)) order.push_back(id);
+    e->dram().finish_demotion(v->hash);
+  }
+  std::vector<std::string> want;
+  for (const char* id : {"p0", "p1", "p2"}) want.insert(want.end(), 8, id);
+  CHECK(order == want);
   e->end_session(s);
 }
 

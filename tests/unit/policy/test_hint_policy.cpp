@@ -23,6 +23,14 @@ const auto kAny = [](const ChunkHash&) { return true; };
 constexpr uint64_t kMiB = 1ull << 20;
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
+// Tracks chunks 1..n of a MiB, one a second: by age alone 1 goes first.
+void track_one_a_second(HintAwarePolicy& p, FakeClock& clock, uint64_t n) {
+  for (uint64_t k = 1; k <= n; ++k) {
+    p.track(key(k), kMiB);
+    clock.advance_s(1);
+  }
+}
+
 // The order in which the policy would give its chunks up (each victim removed in turn).
 std::vector<uint64_t> eviction_order(HintAwarePolicy& p) {
   std::vector<uint64_t> order;
@@ -90,17 +98,49 @@ TEST_CASE("HintAwarePolicy without hints picks exactly what LineagePolicy picks"
 TEST_CASE("HintAwarePolicy gives up done chunks first and population chunks last", "[policy][hints]") {
   FakeClock clock;
   HintAwarePolicy p(clock);
-  // Tracked in order 1..4: by age alone 1 goes first.
-  for (uint64_t k = 1; k <= 4; ++k) {
-    p.track(key(k), kMiB);
-    clock.advance_s(1);
-  }
+  track_one_a_second(p, clock, 4);
   p.set_population(key(1), true);  // the oldest, but a live parent
   p.set_done(key(4), true);        // the newest, but nobody will read it again
   REQUIRE(p.standing(key(1)) == Standing::kPopulation);
   REQUIRE(p.standing(key(2)) == Standing::kOrdinary);
   REQUIRE(p.standing(key(4)) == Standing::kDone);
   REQUIRE(eviction_order(p) == std::vector<uint64_t>{4, 2, 3, 1});
+}
+
+TEST_CASE("HintAwarePolicy gives up the population's least likely parent chunks first", "[policy][hints]") {
+  FakeClock clock;
+  HintAwarePolicy p(clock);
+  track_one_a_second(p, clock, 5);
+  for (uint64_t k = 1; k <= 4; ++k) p.set_population(key(k), true);
+  SECTION("without chances the population goes by H") {
+    REQUIRE(eviction_order(p) == std::vector<uint64_t>{5, 1, 2, 3, 4});
+  }
+  SECTION("with chances the least likely first; the ordinary chunk still before them all") {
+    p.set_parent_chance(key(1), 0.6);
+    p.set_parent_chance(key(2), 0.1);
+    p.set_parent_chance(key(3), 0.3);
+    p.set_parent_chance(key(4), 0.1);  // ties go by H: 2 is older than 4
+    p.set_parent_chance(key(5), 0.9);  // not in the population: no effect on its rank
+    REQUIRE(p.parent_chance(key(1)) == 0.6);
+    REQUIRE(eviction_order(p) == std::vector<uint64_t>{5, 2, 4, 3, 1});
+  }
+  SECTION("NaN withdraws a chance; values are clamped to 0..1; unknown keys are ignored") {
+    p.set_parent_chance(key(1), 7.0);
+    REQUIRE(p.parent_chance(key(1)) == 1.0);
+    p.set_parent_chance(key(2), -1.0);
+    REQUIRE(p.parent_chance(key(2)) == 0.0);
+    p.set_parent_chance(key(1), std::nan(""));
+    REQUIRE(std::isnan(*p.parent_chance(key(1))));
+    p.set_parent_chance(key(99), 0.5);
+    REQUIRE_FALSE(p.parent_chance(key(99)).has_value());
+    // 1 has no chance again (ranks as 0, then by H: older than 2), 3 and 4 neither.
+    REQUIRE(eviction_order(p) == std::vector<uint64_t>{5, 1, 2, 3, 4});
+  }
+  SECTION("leaving the population drops the chance's weight") {
+    p.set_parent_chance(key(1), 0.9);
+    p.set_population(key(1), false);
+    REQUIRE(eviction_order(p) == std::vector<uint64_t>{1, 5, 2, 3, 4});
+  }
 }
 
 TEST_CASE("HintAwarePolicy keeps the chunks expected soonest, farthest expected first", "[policy][hints]") {

@@ -105,6 +105,56 @@ TEST_CASE("Simulator: a population hint keeps the parent through a scan", "[poli
   REQUIRE(sim.run(SimPolicy::kBelady, 20).hits == 1);
 }
 
+TEST_CASE("Simulator: a population with scores keeps the likeliest parent's chunks", "[policy][sim]") {
+  // Three members read one chunk each, a and b of 10 bytes, c of 20; the population hint then says
+  // a wins the next tournament with 0.7, b with 0.2, c with 0.1. Another model reads X (10 bytes),
+  // which needs room, and then the winner a is read. The cache holds 40 bytes.
+  //  hints without the chances: X takes the place of the population chunk with the lowest H, A,
+  //  the oldest: 0 hits. With them: X, read once, ranks below every population chunk with a chance
+  //  and passes through (bypassed); A hits. LRU: X evicts A. Belady bypasses X.
+  auto trace = [](bool chances) {
+    Build b;
+    b.access("a", "A").access("b", "B").access("c", "C", 20);
+    b.hint(HintKind::kPopulation, {"a", "b", "c"});
+    if (chances) b.chance("a", 0.7).chance("b", 0.2).chance("c", 0.1);
+    b.access("x", "X").access("a", "A");
+    return b.simulator();
+  };
+  const Simulator plain = trace(false), scored = trace(true);
+  CHECK(plain.run(SimPolicy::kHints, 40).hits == 0);
+  CHECK(scored.run(SimPolicy::kHints, 40).hits == 1);
+  CHECK(scored.run(SimPolicy::kLru, 40).hits == 0);
+  CHECK(scored.run(SimPolicy::kBelady, 40).hits == 1);
+
+  SECTION("a chunk several members use has the sum of their chances") {
+    // Three loads read two chunks each, so every position has a share of 1: b reads S B, a reads
+    // A A2, c reads S C (S hits). The population then gives a 0.3, b 0.2, c 0.15 and d, not yet
+    // stored, 0.35: S has b's and c's, 0.35, above A and A2 (0.3); B 0.2; C 0.15. d's commit writes
+    // D1 and D2 (20 bytes each, 0.35) into a cache of 60 that holds 50: C, B and then A leave (had
+    // S one member's chance, 0.2 or 0.15, it would have left before A). S and A2 are read again and
+    // hit, as Belady, which bypasses D1 and D2.
+    Build b;
+    b.access("b", "S").access("b", "B").access("a", "A").access("a", "A2").access("c", "S").access("c", "C");
+    b.hint(HintKind::kPopulation, {"a", "b", "c", "d"});
+    b.chance("a", 0.3).chance("b", 0.2).chance("c", 0.15).chance("d", 0.35);
+    b.insert("d", "D1", 20).insert("d", "D2", 20).access("c", "S").access("a", "A2");
+    const Simulator sim = b.simulator();
+    CHECK(sim.run(SimPolicy::kHints, 60).hits == 3);
+    CHECK(sim.run(SimPolicy::kBelady, 60).hits == 3);
+  }
+
+  SECTION("a new population withdraws the previous one's chances") {
+    // After the chances, a population without scores: every member is equal again (by H), so A,
+    // the oldest, leaves first, as without chances.
+    Build b;
+    b.access("a", "A").access("b", "B").access("c", "C", 20);
+    b.hint(HintKind::kPopulation, {"a", "b", "c"}).chance("a", 0.7).chance("b", 0.2).chance("c", 0.1);
+    b.hint(HintKind::kPopulation, {"a", "b", "c"});
+    b.access("x", "X").access("a", "A");
+    CHECK(b.simulator().run(SimPolicy::kHints, 40).hits == 0);
+  }
+}
+
 TEST_CASE("Simulator: a done model's chunks go first", "[policy][sim]") {
   Build b;
   b.access("e", "E").access("d", "D").hint(HintKind::kDone, {"d"}).access("f", "F").access("e", "E");
@@ -187,6 +237,21 @@ TEST_CASE("Simulator: a model re-read in a cycle keeps a stable part resident (h
   auto plain = Simulator::create(b.trace(), o);
   REQUIRE(plain.ok());
   CHECK(plain->run(SimPolicy::kHints, 20).hits == 2);
+}
+
+TEST_CASE("Simulator: a model read again after its chunks left is cyclic across runs; writes pass it by",
+          "[policy][sim][cyclic]") {
+  // m (a b c d) is read three times through a cache of two chunks, each time after y reads Y, and a
+  // commit of z writes W before the third. The runs never wrap, but run 2 reads a, which run 1 read
+  // and which has left: m is cyclic from then on (as the daemon's rule), and stays so in run 3.
+  //  run 1: a b c d, then Y: {d, Y}. Run 2: a comes in (cyclic) and takes Y's place; b and c, the
+  //  newest cyclic, pass through; d hits. Y and W rank below the cyclic chunks and pass through.
+  //  Run 3: a and d hit. LRU: 0.
+  Build b;
+  b.reads("abcd").access("y", "Y").reads("abcd").access("y", "Y").insert("z", "W").reads("abcd");
+  const Simulator sim = b.simulator();
+  CHECK(sim.run(SimPolicy::kHints, 20).hits == 3);
+  CHECK(sim.run(SimPolicy::kLru, 20).hits == 0);
 }
 
 TEST_CASE("Simulator: a checkpoint restore keeps the newest checkpoint's chunks it will read",

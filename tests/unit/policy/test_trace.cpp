@@ -59,6 +59,9 @@ Trace sample_trace() {
   t.events.push_back(hint(23, HintKind::kWillLoad, {"m1"}));
   t.events.push_back(hint(24, HintKind::kSequence, {"m1", "m0"}));
   t.events.push_back(hint(25, HintKind::kDone, {"m0"}));
+  t.events.push_back(hint(25, HintKind::kPopulation, {"m0", "m1"}));
+  t.events.push_back(hint(25, HintKind::kParentChance, {"m0"}, 0.75));
+  t.events.push_back(hint(25, HintKind::kParentChance, {"m1"}, 0.25));
   TraceEvent scoped = hint(26, HintKind::kWillLoad, {"m1"}, 0.5);  // a will_load scoped to tensors
   scoped.chunk = "c9";
   scoped.bytes = 77;
@@ -98,6 +101,7 @@ TEST_CASE("A trace survives format and parse unchanged", "[policy][trace]") {
   REQUIRE(text.find("21,hint,m1,,,,will_load,0.1\n") != std::string::npos);
   REQUIRE(text.find("23,hint,m1,,,,will_load,\n") != std::string::npos);
   REQUIRE(text.find("26,hint,m1,c9,77,,will_load,0.5\n") != std::string::npos);
+  REQUIRE(text.find("25,hint,m0,,,,parent_chance,0.75\n") != std::string::npos);
 }
 
 TEST_CASE("The trace reader takes CRLF, comments, a missing final newline and lower-case escapes", "[policy][trace]") {
@@ -138,20 +142,25 @@ TEST_CASE("The trace reader rejects bad lines, naming the line and the field", "
       {"1,access,%C3%28,c,1,,,\n", "t.csv:3: model: "},
       {"1,access,m,c,1,ssd,,\n", "t.csv:3: tier: 'ssd' is not one of dram, nvme, repository, peer or empty"},
       {"1,access,m,c,1,,done,\n", "t.csv:3: hint: must be empty for access"},
-      {"1,access,m,c,1,,,5\n", "t.csv:3: when_s: allowed for will_load hints only"},
+      {"1,access,m,c,1,,,5\n", "t.csv:3: when_s: allowed for will_load and parent_chance hints only"},
       {"1,inherit,m,c,1,dram,,\n", "t.csv:3: tier: must be empty for inherit"},
       {"1,commit,m,c,1,,,\n", "t.csv:3: chunk: must be empty for commit"},
       {"1,commit,m,,,,,\n", "t.csv:3: bytes: required"},
       {"1,evict,m,c,1,,,\n", "t.csv:3: tier: required for evict"},
       {"1,hint,,,,,done,\n", "t.csv:3: model: a hint names one or more models"},
       {"1,hint,m,,,,,\n", "t.csv:3: hint: required for a hint"},
-      {"1,hint,m,,,,later,\n", "t.csv:3: hint: 'later' is not one of will_load, population, sequence, done or empty"},
+      {"1,hint,m,,,,later,\n",
+       "t.csv:3: hint: 'later' is not one of will_load, population, sequence, done, parent_chance or empty"},
       {"1,hint,m,,5,,done,\n", "t.csv:3: bytes: must be empty for a hint without a chunk"},
       {"1,hint,m,c,,,done,\n", "t.csv:3: chunk: allowed on will_load hints only"},
       {"1,hint,m;n,c,5,,will_load,\n", "t.csv:3: chunk: a will_load hint naming a chunk names one model, found 2"},
       {"1,hint,m,c d,5,,will_load,\n", "t.csv:3: chunk: 'c d' has a byte outside [A-Za-z0-9._:/+-]"},
       {"1,hint,m;;n,,,,done,\n", "t.csv:3: model: '' is not a valid model id"},
-      {"1,hint,m,,,,population,3\n", "t.csv:3: when_s: allowed for will_load hints only"},
+      {"1,hint,m,,,,population,3\n", "t.csv:3: when_s: allowed for will_load and parent_chance hints only"},
+      {"1,hint,m,,,,parent_chance,\n", "t.csv:3: when_s: required for parent_chance: the member's chance"},
+      {"1,hint,m,,,,parent_chance,1.5\n", "t.csv:3: when_s: required for parent_chance: the member's chance"},
+      {"1,hint,m;n,,,,parent_chance,0.5\n", "t.csv:3: model: a parent_chance hint names one model, found 2"},
+      {"1,hint,m,c,5,,parent_chance,0.5\n", "t.csv:3: chunk: allowed on will_load hints only"},
       {"1,hint,m,,,,will_load,inf\n", "t.csv:3: when_s: 'inf' is not a finite number of seconds >= 0"},
       {"1,hint,m,,,,will_load,-1\n", "t.csv:3: when_s: '-1' is not a finite number of seconds >= 0"},
       {"1,hint,m,,,,will_load,1s\n", "t.csv:3: when_s: '1s' is not a finite number"},

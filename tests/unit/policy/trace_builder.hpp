@@ -4,6 +4,7 @@
 
 #include <catch2/catch.hpp>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -30,6 +31,11 @@ class Build {
   Build& expect(const std::string& model, const std::string& chunk, uint64_t bytes = 10) {
     return add(TraceEventKind::kHint, {model}, chunk, bytes, TraceTier::kUnknown, HintKind::kWillLoad);
   }
+  // A population member's chance to be the next parent, as the daemon records a population hint
+  // with scores (one line per member after the population line).
+  Build& chance(const std::string& model, double p) {
+    return add(TraceEventKind::kHint, {model}, "", 0, TraceTier::kUnknown, HintKind::kParentChance, p);
+  }
   // Reads of model "m", one per character of `chunks`.
   Build& reads(const std::string& chunks) {
     for (char c : chunks) access("m", std::string(1, c));
@@ -44,7 +50,7 @@ class Build {
 
  private:
   Build& add(TraceEventKind kind, std::vector<std::string> models, const std::string& chunk, uint64_t bytes,
-             TraceTier tier, HintKind hint = HintKind::kNone) {
+             TraceTier tier, HintKind hint = HintKind::kNone, std::optional<double> when_s = std::nullopt) {
     TraceEvent e;
     e.time_ns = static_cast<int64_t>(t_.events.size()) * 1'000'000'000;
     e.kind = kind;
@@ -53,6 +59,7 @@ class Build {
     e.bytes = bytes;
     e.tier = tier;
     e.hint = hint;
+    e.when_s = when_s;
     REQUIRE(cairn::validate_trace_event(e).ok());
     t_.events.push_back(std::move(e));
     return *this;
