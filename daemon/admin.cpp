@@ -10,10 +10,9 @@
 namespace cairn {
 
 using nlohmann::json;
-using namespace request;
 
-Result<json> Admin::list(const json& req) {
-  const bool all = req.value("all", false);
+Result<json> Admin::list(const request::List& req) {
+  const bool all = req.all;
   json models = json::array();
   auto row = [](const ModelManifest& m, const char* durability) {
     json r{{"id", m.id},
@@ -50,8 +49,8 @@ Result<json> Admin::list(const json& req) {
   return json{{"models", std::move(models)}};
 }
 
-Result<json> Admin::show(const json& req) {
-  CAIRN_ASSIGN_OR_RETURN(std::string id, get_name(req, "id", "a model id"));
+Result<json> Admin::show(const request::ModelId& req) {
+  const std::string& id = req.id;
   std::shared_ptr<const ModelManifest> m = p_.flusher.find(id);
   if (!m && p_.remote) m = p_.remote->find(id);  // committed on another member of the job
   const bool pending = m != nullptr;
@@ -64,7 +63,7 @@ Result<json> Admin::show(const json& req) {
   for (const auto& t : m->tensors)
     tensors.push_back({{"name", t.name},
                        {"dtype", dtype_name(t.dtype)},
-                       {"shape", shape_json(t.shape)},
+                       {"shape", request::shape_json(t.shape)},
                        {"nbytes", t.nbytes},
                        {"chunks", t.chunks.size()}});
   json children = json::array();
@@ -120,7 +119,7 @@ json codings_json(const RepositoryStats& rs) {
 
 }  // namespace
 
-Result<json> Admin::stats(const json& /*req*/) {
+Result<json> Admin::stats() {
   RepositoryStats rs = p_.repo.stats();
   TierStats dram = p_.dram.stats();
   json moved = p_.tiers.stats();
@@ -184,8 +183,8 @@ Result<json> Admin::stats(const json& /*req*/) {
 }
 
 // `cairn rm`: retire. The model leaves queries and `cairn ls`; its bytes stay until `cairn gc`.
-Result<json> Admin::remove(const json& req) {
-  CAIRN_ASSIGN_OR_RETURN(std::string id, get_name(req, "id", "a model id"));
+Result<json> Admin::remove(const request::ModelId& req) {
+  const std::string& id = req.id;
   // A model still on its way to the repository is retired once it is there.
   {
     Watchdog::ClientWait waiting;  // for the flusher, as a commit waits for its durability
@@ -209,7 +208,7 @@ Result<json> Admin::remove(const json& req) {
   return json{{"retired", id}};
 }
 
-Result<json> Admin::gc(const json& /*req*/, OperationProgress& progress) {
+Result<json> Admin::gc(OperationProgress& progress) {
   // Every pending model must be in the repository, so that its references count. First without the
   // lock: the flusher may take long (a slow repository, or writes failing and retried until the
   // fault passes) and no commit or read should wait behind gc meanwhile.
@@ -267,8 +266,8 @@ Result<json> Admin::gc(const json& /*req*/, OperationProgress& progress) {
               {"physical_bytes", rs.physical_bytes}};
 }
 
-Result<json> Admin::fsck(const json& req, OperationProgress& progress) {
-  const bool verify = req.value("verify", true);
+Result<json> Admin::fsck(const request::Fsck& req, OperationProgress& progress) {
+  const bool verify = req.verify;
   std::shared_lock gc_lock(p_.gc_mu);
   CAIRN_ASSIGN_OR_RETURN(FsckReport r, p_.repo.fsck(verify, &progress));
   auto problems = [](const std::vector<FsckReport::Problem>& v) {
@@ -313,9 +312,9 @@ bool Admin::drain_reporting(OperationProgress& progress, int64_t timeout_ms) {
   }
 }
 
-Result<json> Admin::flush(const json& req, OperationProgress& progress) {
+Result<json> Admin::flush(const request::Flush& req, OperationProgress& progress) {
   // Blocks until every acknowledged model is in the repository (or the timeout passes).
-  int64_t timeout_ms = get_i64_or(req, "timeout_ms", -1);
+  const int64_t timeout_ms = req.timeout_ms;
   auto t0 = std::chrono::steady_clock::now();
   const uint64_t before = p_.flusher.stats().pending_models;
   bool done = true;

@@ -55,6 +55,22 @@ struct CommitPath::Assembly {
   Status error;
 };
 
+CommitPath::CommitPath(Parts parts) : p_(std::move(parts)) {
+  if (p_.part_transport)
+    group_parts_ = std::make_unique<GroupParts>(
+        GroupParts::Parts{
+            .commits = *this,
+            .tickets = p_.tickets,
+            .dram = p_.dram,
+            .tiers = p_.tiers,
+            .flusher = p_.flusher,
+            .peer_catalog = *p_.peer_catalog,
+            .burst_buffer = p_.burst_buffer,
+            .peer_timeout = p_.peer_timeout,
+        },
+        *p_.part_transport);
+}
+
 CommitPath::~CommitPath() {
   std::vector<std::shared_ptr<Assembly>> left;
   {
