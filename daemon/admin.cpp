@@ -197,7 +197,7 @@ Result<json> Admin::remove(const request::ModelId& req) {
   // Retired in the repository and in the catalog at once, as far as a gc of this daemon sees:
   // between the two, a gc removed the model just retired and dropped it from the catalog, and the
   // `rm` that had succeeded answered "not in the catalog" (found by the torture harness).
-  std::shared_lock gc_lock(p_.gc_mu);
+  cairn::ReaderLock gc_lock(p_.gc_mu);
   auto before = p_.repo.get_shared(id);
   Status st = p_.repo.retire(id);
   if (st.code() == StatusCode::kNotFound) return not_found("model '" + id + "' does not exist (see `cairn ls`)");
@@ -220,33 +220,35 @@ Result<json> Admin::gc(OperationProgress& progress) {
   // Then what was committed since, with every commit and read held off while gc decides: bounded.
   // Only then: not while gc waits for another member's gc (the repository's lease) nor through the
   // grace before bytes are freed (GcSteps), which held every read of this daemon 5 s and more.
-  std::unique_lock gc_lock(p_.gc_mu, std::defer_lock);
-  GcSteps steps;
-  steps.progress = &progress;
-  steps.deciding = [&]() -> Status {
-    gc_lock.lock();
-    if (!p_.flusher.drain_for(std::chrono::seconds(10)))
-      return busy(
-          "gc: models committed while it waited are still on their way to the repository after 10 s (the "
-          "log says why if its writes fail); run gc again");
-    return Status::OK();
-  };
-  steps.decided = [&](const GcReport& r) {
-    for (const std::string& id : r.removed) {
-      Status s = p_.catalog.erase(id);
-      if (!s.ok()) CAIRN_LOG_WARN("gc: dropping '{}' from the catalog: {}", id, s.to_string());
-    }
-    gc_lock.unlock();
-  };
   // gc waits for other processes: for the repository's maintenance lease while another daemon's gc
   // or compaction holds it (up to 30 s), and through the grace other writers get (5 s). Those are
   // waits, not a stuck request (the watchdog reported a gc of a peer group at 30 s); the part
-  // that holds this daemon's gc lock is bounded on its own (drain_for above).
+  // that holds this daemon's gc lock is bounded on its own (drain_for below).
   Result<GcReport> collected = [&] {
+    // Taken when the repository starts deciding, released once it has decided (or, when deciding
+    // failed, as the repository's gc returns). The analysis does not follow a lock across the two
+    // callbacks, which Repository::gc calls in that order.
+    cairn::WriterLock gc_lock(p_.gc_mu, std::defer_lock);
+    GcSteps steps;
+    steps.progress = &progress;
+    steps.deciding = [&]() CAIRN_NO_THREAD_SAFETY_ANALYSIS -> Status {
+      gc_lock.lock();
+      if (!p_.flusher.drain_for(std::chrono::seconds(10)))
+        return busy(
+            "gc: models committed while it waited are still on their way to the repository after 10 s (the "
+            "log says why if its writes fail); run gc again");
+      return Status::OK();
+    };
+    steps.decided = [&](const GcReport& r) CAIRN_NO_THREAD_SAFETY_ANALYSIS {
+      for (const std::string& id : r.removed) {
+        Status s = p_.catalog.erase(id);
+        if (!s.ok()) CAIRN_LOG_WARN("gc: dropping '{}' from the catalog: {}", id, s.to_string());
+      }
+      gc_lock.unlock();
+    };
     Watchdog::ClientWait waiting;
     return p_.repo.gc(steps);
   }();
-  if (gc_lock.owns_lock()) gc_lock.unlock();
   CAIRN_ASSIGN_OR_RETURN(GcReport r, std::move(collected));
   // And fold the logs of daemons that are gone into a checkpoint (another process compacting: later).
   progress.begin_phase("compacting the logs", ProgressUnit::kItems, 0);
@@ -268,7 +270,7 @@ Result<json> Admin::gc(OperationProgress& progress) {
 
 Result<json> Admin::fsck(const request::Fsck& req, OperationProgress& progress) {
   const bool verify = req.verify;
-  std::shared_lock gc_lock(p_.gc_mu);
+  cairn::ReaderLock gc_lock(p_.gc_mu);
   CAIRN_ASSIGN_OR_RETURN(FsckReport r, p_.repo.fsck(verify, &progress));
   auto problems = [](const std::vector<FsckReport::Problem>& v) {
     json out = json::array();

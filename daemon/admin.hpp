@@ -12,11 +12,11 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
-#include <shared_mutex>
 #include <string>
 
 #include "core/progress.hpp"
 #include "core/status.hpp"
+#include "core/sync.hpp"
 #include "daemon/catalog.hpp"
 #include "daemon/flusher.hpp"
 #include "daemon/peers/remote_models.hpp"
@@ -49,7 +49,7 @@ class Admin {
     TierManager& tiers;
     const std::string& nvme_path;  // tiers.nvme.path, reported by stats
     const RecoveryReport& recovery;
-    std::shared_mutex& gc_mu;
+    cairn::SharedMutex& gc_mu;
     Prefetcher* prefetcher = nullptr;      // its counters in stats
     const RemoteModels* remote = nullptr;  // models committed on other members of the job
     const HbmTier* hbm = nullptr;          // the GPU tier, reported by stats (null: none)

@@ -364,7 +364,7 @@ Result<CommitReply> CommitPath::commit_group_part(Session& s, const std::vector<
 }
 
 Status CommitPath::register_assembled(const ModelManifest& model, uint64_t ticket) {
-  std::shared_lock gc_lock(p_.gc_mu);
+  cairn::ReaderLock gc_lock(p_.gc_mu);
   std::optional<Graph> graph;
   if (!model.architecture.is_null()) {
     auto g = parse_graph(model.architecture);
@@ -401,7 +401,7 @@ Status CommitPath::complete_assembly(Assembly& a) {
     fail_assembly(a, error);
     return error;
   };
-  std::shared_lock gc_lock(p_.gc_mu);
+  cairn::ReaderLock gc_lock(p_.gc_mu);
   // The parts together: no tensor twice.
   std::map<std::string, uint32_t> seen;
   for (uint32_t i = 0; i < a.of; ++i)

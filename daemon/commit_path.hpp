@@ -25,7 +25,6 @@
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
-#include <shared_mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -67,7 +66,7 @@ class CommitPath : public PartSink {
     TicketBook& tickets;
     const ModelDirectory& models;
     CommitClock& clock;              // stamps each registered model (created_ns)
-    std::shared_mutex& gc_mu;        // held shared until a commit's chunks are referenced by a registered model
+    cairn::SharedMutex& gc_mu;       // held shared until a commit's chunks are referenced by a registered model
     bool burst_buffer = false;       // memory and local commits go through the local stage
     TraceRecorder* trace = nullptr;  // records the chunks each commit creates (policy.trace)
     // Called with each model once it is registered (visible): the peer group announces it.
@@ -144,7 +143,8 @@ class CommitPath : public PartSink {
     bool forget_ticket_on_error = true;
     bool acknowledged_early = false;  // the client is answered before the repository has it
   };
-  Result<std::shared_ptr<ModelManifest>> build_and_register(Build b);
+  // Under the gc lock (shared): the model's chunks are referenced once it is registered.
+  Result<std::shared_ptr<ModelManifest>> build_and_register(Build b) CAIRN_REQUIRES_SHARED(p_.gc_mu);
 
   // Multi-part models (daemon/commit_parts.cpp): each part is planned and its bytes placed in the
   // arena when it arrives; the model is built and registered, as one commit, when the last arrives;

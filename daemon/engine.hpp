@@ -36,7 +36,6 @@
 #include <cstdint>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <shared_mutex>
 #include <string>
 #include <vector>
 
@@ -44,6 +43,7 @@
 #include "core/fs.hpp"
 #include "core/metrics.hpp"
 #include "core/status.hpp"
+#include "core/sync.hpp"
 #include "daemon/admin.hpp"
 #include "daemon/catalog.hpp"
 #include "daemon/commit_clock.hpp"
@@ -193,7 +193,7 @@ class Engine {
   Catalog catalog_;
   // gc holds it exclusively; commits and reads of repository data hold it shared, so gc never
   // frees a chunk that a commit is about to reference or a reader is about to read.
-  std::shared_mutex gc_mu_;
+  cairn::SharedMutex gc_mu_;
   ReferenceCounts references_;
   TicketBook tickets_;
   CommitClock clock_;  // every model's created_ns
