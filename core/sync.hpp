@@ -147,28 +147,51 @@ class CAIRN_CAPABILITY("shared mutex") SharedMutex {
   std::shared_mutex mu_;
 };
 
-// Holds a SharedMutex exclusively for a scope.
+// Holds a SharedMutex exclusively for a scope. Made with std::defer_lock it starts unheld, and
+// lock() takes it later; the destructor releases it if it is held.
 class CAIRN_SCOPED_CAPABILITY WriterLock {
  public:
-  explicit WriterLock(SharedMutex& mu) CAIRN_ACQUIRE(mu) : mu_(mu) { mu_.lock(); }
-  ~WriterLock() CAIRN_RELEASE() { mu_.unlock(); }
+  explicit WriterLock(SharedMutex& mu) CAIRN_ACQUIRE(mu) : mu_(mu) { lock(); }
+  WriterLock(SharedMutex& mu, std::defer_lock_t) CAIRN_EXCLUDES(mu) : mu_(mu) {}
+  ~WriterLock() CAIRN_RELEASE() {
+    if (held_) mu_.unlock();
+  }
   WriterLock(const WriterLock&) = delete;
   WriterLock& operator=(const WriterLock&) = delete;
 
+  void lock() CAIRN_ACQUIRE() {
+    mu_.lock();
+    held_ = true;
+  }
+  void unlock() CAIRN_RELEASE() {
+    held_ = false;
+    mu_.unlock();
+  }
+
  private:
   SharedMutex& mu_;
+  bool held_ = false;
 };
 
-// Holds a SharedMutex shared for a scope.
+// Holds a SharedMutex shared for a scope, or until unlock().
 class CAIRN_SCOPED_CAPABILITY ReaderLock {
  public:
   explicit ReaderLock(SharedMutex& mu) CAIRN_ACQUIRE_SHARED(mu) : mu_(mu) { mu_.lock_shared(); }
-  ~ReaderLock() CAIRN_RELEASE() { mu_.unlock_shared(); }
+  ~ReaderLock() CAIRN_RELEASE() {
+    if (held_) mu_.unlock_shared();
+  }
   ReaderLock(const ReaderLock&) = delete;
   ReaderLock& operator=(const ReaderLock&) = delete;
 
+  // Releases it before the scope ends (once).
+  void unlock() CAIRN_RELEASE() {
+    held_ = false;
+    mu_.unlock_shared();
+  }
+
  private:
   SharedMutex& mu_;
+  bool held_ = true;
 };
 
 }  // namespace cairn

@@ -10,10 +10,9 @@
 namespace cairn {
 
 using nlohmann::json;
-using namespace request;
 
-Result<json> Admin::list(const json& req) {
-  const bool all = req.value("all", false);
+Result<json> Admin::list(const request::List& req) {
+  const bool all = req.all;
   json models = json::array();
   auto row = [](const ModelManifest& m, const char* durability) {
     json r{{"id", m.id},
@@ -50,8 +49,8 @@ Result<json> Admin::list(const json& req) {
   return json{{"models", std::move(models)}};
 }
 
-Result<json> Admin::show(const json& req) {
-  CAIRN_ASSIGN_OR_RETURN(std::string id, get_name(req, "id", "a model id"));
+Result<json> Admin::show(const request::ModelId& req) {
+  const std::string& id = req.id;
   std::shared_ptr<const ModelManifest> m = p_.flusher.find(id);
   if (!m && p_.remote) m = p_.remote->find(id);  // committed on another member of the job
   const bool pending = m != nullptr;
@@ -64,7 +63,7 @@ Result<json> Admin::show(const json& req) {
   for (const auto& t : m->tensors)
     tensors.push_back({{"name", t.name},
                        {"dtype", dtype_name(t.dtype)},
-                       {"shape", shape_json(t.shape)},
+                       {"shape", request::shape_json(t.shape)},
                        {"nbytes", t.nbytes},
                        {"chunks", t.chunks.size()}});
   json children = json::array();
@@ -120,7 +119,7 @@ json codings_json(const RepositoryStats& rs) {
 
 }  // namespace
 
-Result<json> Admin::stats(const json& /*req*/) {
+Result<json> Admin::stats() {
   RepositoryStats rs = p_.repo.stats();
   TierStats dram = p_.dram.stats();
   json moved = p_.tiers.stats();
@@ -184,8 +183,8 @@ Result<json> Admin::stats(const json& /*req*/) {
 }
 
 // `cairn rm`: retire. The model leaves queries and `cairn ls`; its bytes stay until `cairn gc`.
-Result<json> Admin::remove(const json& req) {
-  CAIRN_ASSIGN_OR_RETURN(std::string id, get_name(req, "id", "a model id"));
+Result<json> Admin::remove(const request::ModelId& req) {
+  const std::string& id = req.id;
   // A model still on its way to the repository is retired once it is there.
   {
     Watchdog::ClientWait waiting;  // for the flusher, as a commit waits for its durability
@@ -198,7 +197,7 @@ Result<json> Admin::remove(const json& req) {
   // Retired in the repository and in the catalog at once, as far as a gc of this daemon sees:
   // between the two, a gc removed the model just retired and dropped it from the catalog, and the
   // `rm` that had succeeded answered "not in the catalog" (found by the torture harness).
-  std::shared_lock gc_lock(p_.gc_mu);
+  cairn::ReaderLock gc_lock(p_.gc_mu);
   auto before = p_.repo.get_shared(id);
   Status st = p_.repo.retire(id);
   if (st.code() == StatusCode::kNotFound) return not_found("model '" + id + "' does not exist (see `cairn ls`)");
@@ -209,7 +208,7 @@ Result<json> Admin::remove(const json& req) {
   return json{{"retired", id}};
 }
 
-Result<json> Admin::gc(const json& /*req*/, OperationProgress& progress) {
+Result<json> Admin::gc(OperationProgress& progress) {
   // Every pending model must be in the repository, so that its references count. First without the
   // lock: the flusher may take long (a slow repository, or writes failing and retried until the
   // fault passes) and no commit or read should wait behind gc meanwhile.
@@ -221,33 +220,35 @@ Result<json> Admin::gc(const json& /*req*/, OperationProgress& progress) {
   // Then what was committed since, with every commit and read held off while gc decides: bounded.
   // Only then: not while gc waits for another member's gc (the repository's lease) nor through the
   // grace before bytes are freed (GcSteps), which held every read of this daemon 5 s and more.
-  std::unique_lock gc_lock(p_.gc_mu, std::defer_lock);
-  GcSteps steps;
-  steps.progress = &progress;
-  steps.deciding = [&]() -> Status {
-    gc_lock.lock();
-    if (!p_.flusher.drain_for(std::chrono::seconds(10)))
-      return busy(
-          "gc: models committed while it waited are still on their way to the repository after 10 s (the "
-          "log says why if its writes fail); run gc again");
-    return Status::OK();
-  };
-  steps.decided = [&](const GcReport& r) {
-    for (const std::string& id : r.removed) {
-      Status s = p_.catalog.erase(id);
-      if (!s.ok()) CAIRN_LOG_WARN("gc: dropping '{}' from the catalog: {}", id, s.to_string());
-    }
-    gc_lock.unlock();
-  };
   // gc waits for other processes: for the repository's maintenance lease while another daemon's gc
   // or compaction holds it (up to 30 s), and through the grace other writers get (5 s). Those are
   // waits, not a stuck request (the watchdog reported a gc of a peer group at 30 s); the part
-  // that holds this daemon's gc lock is bounded on its own (drain_for above).
+  // that holds this daemon's gc lock is bounded on its own (drain_for below).
   Result<GcReport> collected = [&] {
+    // Taken when the repository starts deciding, released once it has decided (or, when deciding
+    // failed, as the repository's gc returns). The analysis does not follow a lock across the two
+    // callbacks, which Repository::gc calls in that order.
+    cairn::WriterLock gc_lock(p_.gc_mu, std::defer_lock);
+    GcSteps steps;
+    steps.progress = &progress;
+    steps.deciding = [&]() CAIRN_NO_THREAD_SAFETY_ANALYSIS -> Status {
+      gc_lock.lock();
+      if (!p_.flusher.drain_for(std::chrono::seconds(10)))
+        return busy(
+            "gc: models committed while it waited are still on their way to the repository after 10 s (the "
+            "log says why if its writes fail); run gc again");
+      return Status::OK();
+    };
+    steps.decided = [&](const GcReport& r) CAIRN_NO_THREAD_SAFETY_ANALYSIS {
+      for (const std::string& id : r.removed) {
+        Status s = p_.catalog.erase(id);
+        if (!s.ok()) CAIRN_LOG_WARN("gc: dropping '{}' from the catalog: {}", id, s.to_string());
+      }
+      gc_lock.unlock();
+    };
     Watchdog::ClientWait waiting;
     return p_.repo.gc(steps);
   }();
-  if (gc_lock.owns_lock()) gc_lock.unlock();
   CAIRN_ASSIGN_OR_RETURN(GcReport r, std::move(collected));
   // And fold the logs of daemons that are gone into a checkpoint (another process compacting: later).
   progress.begin_phase("compacting the logs", ProgressUnit::kItems, 0);
@@ -267,9 +268,9 @@ Result<json> Admin::gc(const json& /*req*/, OperationProgress& progress) {
               {"physical_bytes", rs.physical_bytes}};
 }
 
-Result<json> Admin::fsck(const json& req, OperationProgress& progress) {
-  const bool verify = req.value("verify", true);
-  std::shared_lock gc_lock(p_.gc_mu);
+Result<json> Admin::fsck(const request::Fsck& req, OperationProgress& progress) {
+  const bool verify = req.verify;
+  cairn::ReaderLock gc_lock(p_.gc_mu);
   CAIRN_ASSIGN_OR_RETURN(FsckReport r, p_.repo.fsck(verify, &progress));
   auto problems = [](const std::vector<FsckReport::Problem>& v) {
     json out = json::array();
@@ -313,9 +314,9 @@ bool Admin::drain_reporting(OperationProgress& progress, int64_t timeout_ms) {
   }
 }
 
-Result<json> Admin::flush(const json& req, OperationProgress& progress) {
+Result<json> Admin::flush(const request::Flush& req, OperationProgress& progress) {
   // Blocks until every acknowledged model is in the repository (or the timeout passes).
-  int64_t timeout_ms = get_i64_or(req, "timeout_ms", -1);
+  const int64_t timeout_ms = req.timeout_ms;
   auto t0 = std::chrono::steady_clock::now();
   const uint64_t before = p_.flusher.stats().pending_models;
   bool done = true;

@@ -12,16 +12,17 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
-#include <shared_mutex>
 #include <string>
 
 #include "core/progress.hpp"
 #include "core/status.hpp"
+#include "core/sync.hpp"
 #include "daemon/catalog.hpp"
 #include "daemon/flusher.hpp"
 #include "daemon/peers/remote_models.hpp"
 #include "daemon/prefetcher.hpp"
 #include "daemon/references.hpp"
+#include "daemon/request.hpp"
 #include "tiers/dram/dram_tier.hpp"
 #include "tiers/hbm/hbm_tier.hpp"
 #include "tiers/nvme/nvme_tier.hpp"
@@ -48,23 +49,23 @@ class Admin {
     TierManager& tiers;
     const std::string& nvme_path;  // tiers.nvme.path, reported by stats
     const RecoveryReport& recovery;
-    std::shared_mutex& gc_mu;
+    cairn::SharedMutex& gc_mu;
     Prefetcher* prefetcher = nullptr;      // its counters in stats
     const RemoteModels* remote = nullptr;  // models committed on other members of the job
     const HbmTier* hbm = nullptr;          // the GPU tier, reported by stats (null: none)
   };
   explicit Admin(Parts parts) : p_(parts), hbm_(parts.hbm) {}
 
-  Result<nlohmann::json> list(const nlohmann::json& req);
-  Result<nlohmann::json> show(const nlohmann::json& req);
-  Result<nlohmann::json> stats(const nlohmann::json& req);
-  Result<nlohmann::json> remove(const nlohmann::json& req);
+  Result<nlohmann::json> list(const request::List& req);
+  Result<nlohmann::json> show(const request::ModelId& req);
+  Result<nlohmann::json> stats();
+  Result<nlohmann::json> remove(const request::ModelId& req);
   // The long ones report their progress (daemon/progress_board.hpp): gc the models it waits for
   // to reach the repository, then the packs it reclaims; fsck the chunks (bytes) it checks, then
   // the packs it scans; flush the models written to the repository.
-  Result<nlohmann::json> gc(const nlohmann::json& req, OperationProgress& progress);
-  Result<nlohmann::json> fsck(const nlohmann::json& req, OperationProgress& progress);
-  Result<nlohmann::json> flush(const nlohmann::json& req, OperationProgress& progress);
+  Result<nlohmann::json> gc(OperationProgress& progress);
+  Result<nlohmann::json> fsck(const request::Fsck& req, OperationProgress& progress);
+  Result<nlohmann::json> flush(const request::Flush& req, OperationProgress& progress);
 
  private:
   // Waits until the flusher is drained (timeout_ms < 0: without limit), reporting the models

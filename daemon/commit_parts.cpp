@@ -55,6 +55,22 @@ struct CommitPath::Assembly {
   Status error;
 };
 
+CommitPath::CommitPath(Parts parts) : p_(std::move(parts)) {
+  if (p_.part_transport)
+    group_parts_ = std::make_unique<GroupParts>(
+        GroupParts::Parts{
+            .commits = *this,
+            .tickets = p_.tickets,
+            .dram = p_.dram,
+            .tiers = p_.tiers,
+            .flusher = p_.flusher,
+            .peer_catalog = *p_.peer_catalog,
+            .burst_buffer = p_.burst_buffer,
+            .peer_timeout = p_.peer_timeout,
+        },
+        *p_.part_transport);
+}
+
 CommitPath::~CommitPath() {
   std::vector<std::shared_ptr<Assembly>> left;
   {
@@ -348,7 +364,7 @@ Result<CommitReply> CommitPath::commit_group_part(Session& s, const std::vector<
 }
 
 Status CommitPath::register_assembled(const ModelManifest& model, uint64_t ticket) {
-  std::shared_lock gc_lock(p_.gc_mu);
+  cairn::ReaderLock gc_lock(p_.gc_mu);
   std::optional<Graph> graph;
   if (!model.architecture.is_null()) {
     auto g = parse_graph(model.architecture);
@@ -385,7 +401,7 @@ Status CommitPath::complete_assembly(Assembly& a) {
     fail_assembly(a, error);
     return error;
   };
-  std::shared_lock gc_lock(p_.gc_mu);
+  cairn::ReaderLock gc_lock(p_.gc_mu);
   // The parts together: no tensor twice.
   std::map<std::string, uint32_t> seen;
   for (uint32_t i = 0; i < a.of; ++i)

@@ -262,7 +262,7 @@ Result<CommitReply> CommitPath::commit(Session& s, Commit r, const std::vector<u
   const std::string& id = r.id;
   const std::string& parent = r.parent;
   // Until the model is registered: gc must not free a chunk this commit references.
-  std::shared_lock gc_lock(p_.gc_mu);
+  cairn::ReaderLock gc_lock(p_.gc_mu);
 
   // Reserve the id so that two concurrent commits of one id cannot both succeed. A model moves from
   // committing_ to the flusher's pending set to the repository, each entered before the previous is

@@ -17,13 +17,14 @@
 // follow the flush (and repository) order.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
-#include <shared_mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -49,6 +50,8 @@
 namespace cairn {
 
 class GroupParts;
+class PartTransport;
+class PeerCatalog;
 class TraceRecorder;
 
 class CommitPath : public PartSink {
@@ -63,7 +66,7 @@ class CommitPath : public PartSink {
     TicketBook& tickets;
     const ModelDirectory& models;
     CommitClock& clock;              // stamps each registered model (created_ns)
-    std::shared_mutex& gc_mu;        // held shared until a commit's chunks are referenced by a registered model
+    cairn::SharedMutex& gc_mu;       // held shared until a commit's chunks are referenced by a registered model
     bool burst_buffer = false;       // memory and local commits go through the local stage
     TraceRecorder* trace = nullptr;  // records the chunks each commit creates (policy.trace)
     // Called with each model once it is registered (visible): the peer group announces it.
@@ -73,8 +76,15 @@ class CommitPath : public PartSink {
     // a parent that another daemon published since the last refresh is found by id on the spot,
     // and must be in the catalog before its child is registered.
     RepositoryView* view = nullptr;
+    // With a peer group: the commit path makes and owns its GroupParts (multi-part models whose
+    // parts are committed on several members, daemon/peers/group_parts.hpp), giving it itself as
+    // the PartSink and the group as its PartTransport. While another verified member is there,
+    // every part goes through it (commit_parts.cpp). Null: no peer group.
+    PartTransport* part_transport = nullptr;
+    PeerCatalog* peer_catalog = nullptr;            // with part_transport
+    std::chrono::milliseconds peer_timeout{10000};  // with part_transport: a member silent this long is gone
   };
-  explicit CommitPath(Parts parts) : p_(parts) {}
+  explicit CommitPath(Parts parts);
   ~CommitPath() override;
   CommitPath(const CommitPath&) = delete;
   CommitPath& operator=(const CommitPath&) = delete;
@@ -89,10 +99,10 @@ class CommitPath : public PartSink {
   // `wait`: kTimeout when the ticket's durability was not reached within r.timeout_ms.
   Result<request::WaitReply> wait(const request::Wait& r);
 
-  // Multi-part models whose parts are committed on several members of a peer group
-  // (daemon/peers/group_parts.hpp): set at assembly when the daemon is in a group. While another
-  // verified member is there, every part goes through it (commit_parts.cpp).
-  void set_group_parts(GroupParts* group) { group_parts_ = group; }
+  // The GroupParts this commit path made (Parts::part_transport), null without a peer group. The
+  // engine routes the group's part messages to it, reports it in `peers`, and drains and stops it
+  // at exit, before the commit path is destroyed.
+  GroupParts* group_parts() const { return group_parts_.get(); }
   // PartSink, for GroupParts.
   Status reserve_assembly(const std::string& id, const std::string& parent) override;
   void release_assembly(const std::string& id) override { unreserve(id); }
@@ -133,7 +143,8 @@ class CommitPath : public PartSink {
     bool forget_ticket_on_error = true;
     bool acknowledged_early = false;  // the client is answered before the repository has it
   };
-  Result<std::shared_ptr<ModelManifest>> build_and_register(Build b);
+  // Under the gc lock (shared): the model's chunks are referenced once it is registered.
+  Result<std::shared_ptr<ModelManifest>> build_and_register(Build b) CAIRN_REQUIRES_SHARED(p_.gc_mu);
 
   // Multi-part models (daemon/commit_parts.cpp): each part is planned and its bytes placed in the
   // arena when it arrives; the model is built and registered, as one commit, when the last arrives;
@@ -163,7 +174,6 @@ class CommitPath : public PartSink {
   void unreserve(const std::string& id);
   void reap_loop();
 
-  GroupParts* group_parts_ = nullptr;
   Parts p_;
   mutable cairn::Mutex mu_;
   std::map<std::string, std::string> committing_ CAIRN_GUARDED_BY(mu_);  // id -> parent, validation to registration
@@ -171,6 +181,8 @@ class CommitPath : public PartSink {
   cairn::CondVar reap_cv_;
   std::thread reaper_;  // started with the first assembly
   bool stopping_ CAIRN_GUARDED_BY(mu_) = false;
+  // Last: destroyed first, while the rest of the commit path it calls as its PartSink is there.
+  std::unique_ptr<GroupParts> group_parts_;
 };
 
 }  // namespace cairn

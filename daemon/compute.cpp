@@ -181,7 +181,7 @@ Status ComputeWorker::start() {
   return Status::OK();
 }
 
-Result<json> ComputeWorker::attach(const json&) {
+Result<json> ComputeWorker::attach() {
   if (!enabled_)
     return unavailable(
         "near-data compute is off in this daemon (set compute.enabled: true in its config, or "

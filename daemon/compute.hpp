@@ -39,7 +39,7 @@ class ComputeWorker {
   // The `compute` request: starts the worker if it is not running and returns
   // {"socket", "listen", "pid", "started", "starts"}. FAILED with a message naming the config key
   // when compute is off, the interpreter's error when it cannot start.
-  Result<nlohmann::json> attach(const nlohmann::json& req);
+  Result<nlohmann::json> attach();
   // {"enabled", "running", "pid", "socket", "listen", "starts", "last_error"} for `cairn stats`.
   nlohmann::json status();
   // Stops the worker (SIGTERM, then SIGKILL after 3 s) and reaps it.

@@ -49,8 +49,8 @@ Result<json> encoded(const Status& st) {
 
 }  // namespace
 
-// Each typed op is decode (request.hpp) -> the component's method -> encode; the others still hand
-// the component the request's JSON.
+// Each op is decode (request.hpp) -> the component's method -> encode; the ops without request
+// fields call their component with none. No component sees a request's JSON.
 const std::vector<Engine::Op>& Engine::table() {
   using B = std::vector<uint8_t>;
   static const std::vector<Op> kOps = {
@@ -130,15 +130,23 @@ const std::vector<Engine::Op>& Engine::table() {
       {"prefetch",
        [](Engine& e, Session&, const json& r, B&) -> Result<json> {
          CAIRN_ASSIGN_OR_RETURN(auto q, request::decode_prefetch(r));
-         CAIRN_ASSIGN_OR_RETURN(auto tracked, e.progress_.track(r));
+         CAIRN_ASSIGN_OR_RETURN(auto tracked, e.progress_.track(q.progress));
          return e.prefetch(q, tracked.progress());
        }},
       // administration (admin.cpp) and queries (queries.cpp)
-      {"list", [](Engine& e, Session&, const json& r, B&) { return e.admin_->list(r); }},
-      {"show", [](Engine& e, Session&, const json& r, B&) { return e.admin_->show(r); }},
-      {"stats",
+      {"list",
        [](Engine& e, Session&, const json& r, B&) -> Result<json> {
-         CAIRN_ASSIGN_OR_RETURN(json out, e.admin_->stats(r));
+         CAIRN_ASSIGN_OR_RETURN(auto q, request::decode_list(r));
+         return e.admin_->list(q);
+       }},
+      {"show",
+       [](Engine& e, Session&, const json& r, B&) -> Result<json> {
+         CAIRN_ASSIGN_OR_RETURN(auto q, request::decode_model_id(r));
+         return e.admin_->show(q);
+       }},
+      {"stats",
+       [](Engine& e, Session&, const json&, B&) -> Result<json> {
+         CAIRN_ASSIGN_OR_RETURN(json out, e.admin_->stats());
          out["compute"] = e.compute_->status();
          out["watchdog"] = e.watchdog_.stats();
          out["leases"] = e.reads_->lease_stats();
@@ -149,43 +157,68 @@ const std::vector<Engine::Op>& Engine::table() {
                                    {"injected", e.faulty_fs_ ? e.faulty_fs_->injected() : 0}};
          return out;
        }},
-      {"fault", [](Engine& e, Session&, const json& r, B&) { return e.faults_.handle(r); }},
-      {"remove", [](Engine& e, Session&, const json& r, B&) { return e.admin_->remove(r); }},
+      {"fault",
+       [](Engine& e, Session&, const json& r, B&) -> Result<json> {
+         CAIRN_RETURN_IF_ERROR(e.faults_.available());  // off: every request refused alike
+         CAIRN_ASSIGN_OR_RETURN(auto q, request::decode_fault(r));
+         return e.faults_.handle(q);
+       }},
+      {"remove",
+       [](Engine& e, Session&, const json& r, B&) -> Result<json> {
+         CAIRN_ASSIGN_OR_RETURN(auto q, request::decode_model_id(r));
+         return e.admin_->remove(q);
+       }},
       // The long ones publish their progress under the token in "progress" (progress_board.cpp).
       {"gc",
        [](Engine& e, Session&, const json& r, B&) -> Result<json> {
-         CAIRN_ASSIGN_OR_RETURN(auto tracked, e.progress_.track(r));
-         return e.admin_->gc(r, tracked.progress());
+         CAIRN_ASSIGN_OR_RETURN(auto q, request::decode_tracked(r));
+         CAIRN_ASSIGN_OR_RETURN(auto tracked, e.progress_.track(q.progress));
+         return e.admin_->gc(tracked.progress());
        }},
       {"fsck",
        [](Engine& e, Session&, const json& r, B&) -> Result<json> {
-         CAIRN_ASSIGN_OR_RETURN(auto tracked, e.progress_.track(r));
-         return e.admin_->fsck(r, tracked.progress());
+         CAIRN_ASSIGN_OR_RETURN(auto q, request::decode_fsck(r));
+         CAIRN_ASSIGN_OR_RETURN(auto tracked, e.progress_.track(q.progress));
+         return e.admin_->fsck(q, tracked.progress());
        }},
       {"flush",
        [](Engine& e, Session&, const json& r, B&) -> Result<json> {
-         CAIRN_ASSIGN_OR_RETURN(auto tracked, e.progress_.track(r));
-         return e.admin_->flush(r, tracked.progress());
+         CAIRN_ASSIGN_OR_RETURN(auto q, request::decode_flush(r));
+         CAIRN_ASSIGN_OR_RETURN(auto tracked, e.progress_.track(q.progress));
+         return e.admin_->flush(q, tracked.progress());
        }},
       {"sync",
        [](Engine& e, Session&, const json& r, B&) -> Result<json> {
-         CAIRN_ASSIGN_OR_RETURN(auto tracked, e.progress_.track(r));
+         CAIRN_ASSIGN_OR_RETURN(auto q, request::decode_tracked(r));
+         CAIRN_ASSIGN_OR_RETURN(auto tracked, e.progress_.track(q.progress));
          tracked.progress().begin_phase("reading the records of other daemons", ProgressUnit::kItems, 0);
          return encoded(e.watch_->sync());
        }},
-      {"progress", [](Engine& e, Session&, const json& r, B&) { return e.progress_.query(r); }},
+      {"progress",
+       [](Engine& e, Session&, const json& r, B&) -> Result<json> {
+         CAIRN_ASSIGN_OR_RETURN(auto q, request::decode_progress(r));
+         return e.progress_.query(q);
+       }},
       {"peers",
        [](Engine& e, Session&, const json&, B&) -> Result<json> {
          if (!e.peers_) return json{{"enabled", false}, {"members", json::array()}};
          json out = e.peers_->status();
-         if (e.group_parts_) out["parts"] = e.group_parts_->status();
+         if (GroupParts* parts = e.commits_->group_parts()) out["parts"] = parts->status();
          return out;
        }},
-      {"query", [](Engine& e, Session&, const json& r, B&) { return e.queries_->query(r); }},
+      {"query",
+       [](Engine& e, Session&, const json& r, B&) -> Result<json> {
+         CAIRN_ASSIGN_OR_RETURN(auto q, request::decode_query(r));
+         return e.queries_->query(q);
+       }},
       // the near-data compute worker (compute.cpp)
-      {"compute", [](Engine& e, Session&, const json& r, B&) { return e.compute_->attach(r); }},
+      {"compute", [](Engine& e, Session&, const json&, B&) { return e.compute_->attach(); }},
       // hints (prefetcher.cpp)
-      {"hint", [](Engine& e, Session&, const json& r, B&) { return e.prefetcher_->hint(r); }},
+      {"hint",
+       [](Engine& e, Session&, const json& r, B&) -> Result<json> {
+         CAIRN_ASSIGN_OR_RETURN(auto h, request::decode_hint(r));
+         return e.prefetcher_->hint(h);
+       }},
   };
   return kOps;
 }

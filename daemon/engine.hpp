@@ -36,7 +36,6 @@
 #include <cstdint>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <shared_mutex>
 #include <string>
 #include <vector>
 
@@ -44,6 +43,7 @@
 #include "core/fs.hpp"
 #include "core/metrics.hpp"
 #include "core/status.hpp"
+#include "core/sync.hpp"
 #include "daemon/admin.hpp"
 #include "daemon/catalog.hpp"
 #include "daemon/commit_clock.hpp"
@@ -193,7 +193,7 @@ class Engine {
   Catalog catalog_;
   // gc holds it exclusively; commits and reads of repository data hold it shared, so gc never
   // frees a chunk that a commit is about to reference or a reader is about to read.
-  std::shared_mutex gc_mu_;
+  cairn::SharedMutex gc_mu_;
   ReferenceCounts references_;
   TicketBook tickets_;
   CommitClock clock_;  // every model's created_ns
@@ -205,16 +205,15 @@ class Engine {
   // Other daemons' commits to the shared repository; its thread starts once the catalog is loaded.
   std::unique_ptr<RepositoryWatch> watch_;
   std::unique_ptr<ModelDirectory> models_;
+  // With a peer group, it owns the GroupParts of multi-part models whose parts are on several members.
   std::unique_ptr<CommitPath> commits_;
-  // Multi-part models whose parts are on several members (null without a peer group).
-  std::unique_ptr<GroupParts> group_parts_;
   // Made before reads_, whose observer it is; started once reads_ is made (it stages through it).
   std::unique_ptr<Prefetcher> prefetcher_;
   std::unique_ptr<Reads> reads_;
   std::unique_ptr<Admin> admin_;
   std::unique_ptr<CatalogQueries> queries_;
   std::unique_ptr<ComputeWorker> compute_;  // the near-data worker's supervisor (compute.enabled)
-  // What the peer group tells this daemon, routed to peer_catalog_, group_parts_ and reads_ (null
+  // What the peer group tells this daemon, routed to peer_catalog_, the commit path's GroupParts and reads_ (null
   // without a peer group).
   std::unique_ptr<PeerEvents> peer_events_;
   // The metrics endpoint and textfile (null when metrics are off). Started by create once every

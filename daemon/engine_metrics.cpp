@@ -115,7 +115,7 @@ std::string Engine::metrics_text(metrics::Format format) {
           static_cast<double>(started_unix_ns_) / 1e9);
 
   // The tiers and the repository, as `stats` reports them.
-  auto stats = admin_->stats(json::object());
+  auto stats = admin_->stats();
   if (stats.ok()) {
     const json& s = *stats;
     const json& tiers = field(s, "tiers");

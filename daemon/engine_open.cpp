@@ -104,9 +104,9 @@ Result<std::unique_ptr<Engine>> Engine::create(const Config& config, EngineOptio
   const auto opened_repo = std::chrono::steady_clock::now();
   CAIRN_ASSIGN_OR_RETURN(auto policy, make_eviction_policy(config.policy.eviction));
   CAIRN_ASSIGN_OR_RETURN(o.admission, make_admission_policy(config.policy.admission));
-  CAIRN_ASSIGN_OR_RETURN(o.dram, DramTier::create(config.tiers.dram.capacity, std::move(policy),
-                                                  "cairn-arena-" + std::to_string(::getpid())));
-  o.dram->set_backpressure_timeout(options.backpressure_timeout);
+  CAIRN_ASSIGN_OR_RETURN(o.dram,
+                         DramTier::create(config.tiers.dram.capacity, std::move(policy),
+                                          "cairn-arena-" + std::to_string(::getpid()), options.backpressure_timeout));
   // The GPU tier (docs/gpu.md): after the arena, which it registers with each device for DMA.
   if (config.tiers.hbm.capacity > 0) {
     if (config.tiers.hbm.backend == "emulated") hbm::remove_stale_emulated_segments();
@@ -213,7 +213,9 @@ Engine::Engine(Opened o)
       peers_(std::move(o.peers)),
       part_transport_(peers_ ? std::make_unique<PeerPartTransport>(*peers_) : nullptr),
       trace_(std::move(o.trace)),
-      tiers_(std::make_unique<TierManager>(*dram_, nvme_.get(), *repo_, std::move(o.admission))),
+      // The peer group's chunk source: after the burst buffer, before the repository (the last).
+      tiers_(std::make_unique<TierManager>(*dram_, nvme_.get(), *repo_, std::move(o.admission),
+                                           peers_ ? peers_->source() : nullptr)),
       references_(*dram_),
       named_(*dram_),
       // A model whose repository write failed is gone: out of the catalog and the reference counts.
@@ -253,20 +255,10 @@ Engine::Engine(Opened o)
               },
           .usage = &usage_,
           .view = watch_.get(),
+          .part_transport = part_transport_.get(),
+          .peer_catalog = &peer_catalog_,
+          .peer_timeout = o.peer_timeout,
       })),
-      group_parts_(peers_ ? std::make_unique<GroupParts>(
-                                GroupParts::Parts{
-                                    .commits = *commits_,
-                                    .tickets = tickets_,
-                                    .dram = *dram_,
-                                    .tiers = *tiers_,
-                                    .flusher = *flusher_,
-                                    .peer_catalog = peer_catalog_,
-                                    .burst_buffer = nvme_ != nullptr,
-                                    .peer_timeout = o.peer_timeout,
-                                },
-                                *part_transport_)
-                          : nullptr),
       prefetcher_(std::make_unique<Prefetcher>(Prefetcher::Parts{
           .dram = *dram_,
           .models = *models_,
@@ -305,11 +297,8 @@ Engine::Engine(Opened o)
       queries_(std::make_unique<CatalogQueries>(catalog_, *models_, prefetcher_.get())),
       compute_(std::make_unique<ComputeWorker>(config_,
                                                config_.socket.empty() ? wire::default_socket_path() : config_.socket)),
-      peer_events_(peers_ ? std::make_unique<RoutedPeerEvents>(peer_catalog_, *group_parts_, *reads_) : nullptr) {
-  // The peer group's chunk source: after the burst buffer, before the repository (the last).
-  if (peers_) tiers_->add_source(peers_->source(), tiers_->source_names().size() - 1);
-  // The commit path hands a writer's parts to the group while another member is there.
-  if (group_parts_) commits_->set_group_parts(group_parts_.get());
+      peer_events_(peers_ ? std::make_unique<RoutedPeerEvents>(peer_catalog_, *commits_->group_parts(), *reads_)
+                          : nullptr) {
   prefetcher_->start(*reads_);
 }
 
@@ -321,13 +310,14 @@ Engine::~Engine() {
   prefetcher_->stop();
   // Parts held here for a model another member registered: until it is in the repository (or
   // fails, or that member leaves), so a clean exit does not take them with it.
-  if (group_parts_ && !group_parts_->drain_for(std::chrono::minutes(10)))
+  GroupParts* group_parts = commits_->group_parts();
+  if (group_parts && !group_parts->drain_for(std::chrono::minutes(10)))
     CAIRN_LOG_WARN("exiting with parts of multi-part models held here that did not reach the repository");
   drain();
   flusher_->stop();
   named_.stop();
   tickets_.stop();
-  if (group_parts_) group_parts_->stop();
+  if (group_parts) group_parts->stop();
   // The tier manager holds the peer group's chunk source; the peer group's service thread delivers
   // to components declared after it: both go before those components do.
   tiers_.reset();

@@ -122,40 +122,41 @@ json fault_rule_json(const Faulty::RuleState& s) {
   return j;
 }
 
-Result<json> FaultInjection::handle(const json& req) {
+Status FaultInjection::available() const {
   if (fs_ == nullptr)
     return unavailable(
         "fault: fault injection is off in this cairnd; restart it with debug.fault_injection: true in its config "
         "(or CAIRN_DEBUG_FAULT_INJECTION=1 in its environment) to use it (test daemons only)");
-  auto action = req.find("action");
-  if (action == req.end() || !action->is_string())
-    return invalid_argument("fault: field 'action' must be one of add, list, clear");
+  return Status::OK();
+}
+
+Result<json> FaultInjection::handle(const request::Fault& req) {
+  CAIRN_RETURN_IF_ERROR(available());
+  using Action = request::Fault::Action;
   auto rules_json = [&] {
     json rules = json::array();
     for (const auto& s : fs_->rules()) rules.push_back(fault_rule_json(s));
     return rules;
   };
-  if (*action == "add") {
-    auto rule = req.find("rule");
-    if (rule == req.end())
-      return invalid_argument("fault: field 'rule' is missing (an object {op, path, effect, ...})");
-    CAIRN_ASSIGN_OR_RETURN(Faulty::Rule r, parse_fault_rule(*rule));
-    if (fs_->rules().size() >= kMaxFaultRules)
-      return invalid_argument("fault: already " + std::to_string(kMaxFaultRules) + " rules; `cairn fault clear` first");
-    json added = fault_rule_json(Faulty::RuleState{r, 0});
-    fs_->add(std::move(r));
-    CAIRN_LOG_WARN("fault injection: rule added: {}", added.dump());
-    return json{{"added", std::move(added)}, {"rules", fs_->rules().size()}};
+  switch (req.action) {
+    case Action::kList:
+      return json{{"rules", rules_json()}, {"injected", fs_->injected()}};
+    case Action::kClear: {
+      const size_t n = fs_->rules().size();
+      fs_->clear();
+      CAIRN_LOG_WARN("fault injection: {} rules cleared", n);
+      return json{{"cleared", n}, {"injected", fs_->injected()}};
+    }
+    case Action::kAdd:
+      break;
   }
-  if (*action == "list") return json{{"rules", rules_json()}, {"injected", fs_->injected()}};
-  if (*action == "clear") {
-    const size_t n = fs_->rules().size();
-    fs_->clear();
-    CAIRN_LOG_WARN("fault injection: {} rules cleared", n);
-    return json{{"cleared", n}, {"injected", fs_->injected()}};
-  }
-  return invalid_argument("fault: field 'action': " + action->dump(-1, ' ', true).substr(0, 64) +
-                          " is not one of add, list, clear");
+  if (!req.rule) return invalid_argument("fault: field 'rule' is missing (an object {op, path, effect, ...})");
+  if (fs_->rules().size() >= kMaxFaultRules)
+    return invalid_argument("fault: already " + std::to_string(kMaxFaultRules) + " rules; `cairn fault clear` first");
+  json added = fault_rule_json(Faulty::RuleState{*req.rule, 0});
+  fs_->add(*req.rule);
+  CAIRN_LOG_WARN("fault injection: rule added: {}", added.dump());
+  return json{{"added", std::move(added)}, {"rules", fs_->rules().size()}};
 }
 
 }  // namespace cairn

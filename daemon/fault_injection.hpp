@@ -15,6 +15,7 @@
 
 #include "core/fs.hpp"
 #include "core/status.hpp"
+#include "daemon/request.hpp"
 
 namespace cairn {
 
@@ -34,8 +35,11 @@ class FaultInjection {
   // fs: the injector under the tiers, or null when fault injection is off.
   explicit FaultInjection(FaultyFileSystem* fs) : fs_(fs) {}
 
-  // The `fault` request: {action: "add", rule: {...}} | {action: "list"} | {action: "clear"}.
-  Result<nlohmann::json> handle(const nlohmann::json& req);
+  // kUnavailable, naming how to turn it on, when fault injection is off; the engine asks before it
+  // decodes a `fault` request, so that a daemon without it answers every one the same.
+  Status available() const;
+  // The `fault` request: adds the rule, lists or clears them (kUnavailable when off).
+  Result<nlohmann::json> handle(const request::Fault& req);
   bool enabled() const { return fs_ != nullptr; }
 
  private:

@@ -153,10 +153,7 @@ void Prefetcher::retired(const std::string& id) {
   apply_cycles_locked(cycles_.forget(id));
 }
 
-Result<json> Prefetcher::hint(const json& req) {
-  auto hit = req.find("hint");
-  if (hit == req.end()) return invalid_argument("request 'hint': missing object field 'hint' (docs/policy.md)");
-  CAIRN_ASSIGN_OR_RETURN(Hint h, parse_hint(*hit));
+Result<json> Prefetcher::hint(const Hint& h) {
   // A will_load scoped to tensors is recorded chunk by chunk below (a replay must expect exactly
   // those chunks); every other hint as one line.
   const bool scoped = h.kind == Hint::Kind::kWillLoad && !h.tensors.empty();

@@ -63,8 +63,8 @@ class Prefetcher final : public ReadObserver {
   Prefetcher(const Prefetcher&) = delete;
   Prefetcher& operator=(const Prefetcher&) = delete;
 
-  // The `hint` request: {"hint": {...}}.
-  Result<nlohmann::json> hint(const nlohmann::json& req);
+  // The `hint` request, its hint parsed (request::decode_hint).
+  Result<nlohmann::json> hint(const Hint& h);
   // ReadObserver: what reads reveal.
   void opened(const ModelManifest& m) override;
   // Also the cycle detector's input: a model read again after its chunks left DRAM becomes cyclic.

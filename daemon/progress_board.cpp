@@ -1,7 +1,5 @@
 #include "daemon/progress_board.hpp"
 
-#include "daemon/request.hpp"
-
 namespace cairn {
 
 using nlohmann::json;
@@ -10,14 +8,13 @@ ProgressBoard::Entry::~Entry() {
   if (board_) board_->end(token_);
 }
 
-Result<ProgressBoard::Entry> ProgressBoard::track(const json& req) {
+Result<ProgressBoard::Entry> ProgressBoard::track(const request::ProgressToken& token) {
   auto p = std::make_shared<OperationProgress>();
-  if (!req.contains("progress")) return Entry(nullptr, "", std::move(p));
-  CAIRN_ASSIGN_OR_RETURN(std::string token, request::get_name(req, "progress", "a progress token"));
+  if (!token) return Entry(nullptr, "", std::move(p));
   cairn::MutexLock lock(mu_);
-  if (!running_.emplace(token, p).second)
-    return already_exists("progress token '" + token + "' is in use by another request in flight; choose another");
-  return Entry(this, std::move(token), std::move(p));
+  if (!running_.emplace(*token, p).second)
+    return already_exists("progress token '" + *token + "' is in use by another request in flight; choose another");
+  return Entry(this, *token, std::move(p));
 }
 
 void ProgressBoard::end(const std::string& token) {
@@ -25,8 +22,8 @@ void ProgressBoard::end(const std::string& token) {
   running_.erase(token);
 }
 
-Result<json> ProgressBoard::query(const json& req) const {
-  CAIRN_ASSIGN_OR_RETURN(std::string token, request::get_name(req, "id", "a progress token"));
+Result<json> ProgressBoard::query(const request::ProgressQuery& req) const {
+  const std::string& token = req.id;
   std::shared_ptr<OperationProgress> p;
   {
     cairn::MutexLock lock(mu_);

@@ -2,8 +2,8 @@
 // their client chose, so that the client can ask for it on another connection while the request
 // runs (docs/protocol.md, "Progress").
 //
-// A request names its token in the optional field "progress"; without it the request runs as
-// before and its progress is tracked but published nowhere. The `progress` request reads the
+// A request names its token in the optional field "progress"; without it the request runs the same
+// and its progress is tracked but published nowhere. The `progress` request reads the
 // current snapshot by token.
 //
 // Thread-safety: every method may be called from any thread. An Entry belongs to the thread serving
@@ -19,6 +19,7 @@
 #include "core/progress.hpp"
 #include "core/status.hpp"
 #include "core/sync.hpp"
+#include "daemon/request.hpp"
 
 namespace cairn {
 
@@ -43,14 +44,12 @@ class ProgressBoard {
     std::shared_ptr<OperationProgress> progress_;
   };
 
-  // The Entry for a request: under req["progress"] when the field is there (a name: 1..1024 bytes of
-  // UTF-8 without NUL), else unpublished. kInvalidArgument when the field is not a valid name;
-  // kExists when a request with the same token runs now.
-  Result<Entry> track(const nlohmann::json& req);
-
-  // The `progress` request: {"id": TOKEN} -> {"progress": {phase, unit, done, total}}. kNotFound when
-  // no request with that token runs now (not started yet, or finished).
-  Result<nlohmann::json> query(const nlohmann::json& req) const;
+  // The Entry for a request: published under its token when it has one (request::ProgressToken, a
+  // valid name as decoded), else unpublished. kExists when a request with the same token runs now.
+  Result<Entry> track(const request::ProgressToken& token);
+  // The `progress` request: -> {"progress": {phase, unit, done, total}}. kNotFound when no request
+  // with that token runs now (not started yet, or finished).
+  Result<nlohmann::json> query(const request::ProgressQuery& req) const;
 
  private:
   void end(const std::string& token);

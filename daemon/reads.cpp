@@ -29,7 +29,7 @@ void Reads::readahead(const std::vector<const TensorManifest*>& tensors) {
 
 Result<LeaseReply> Reads::lease(Session& s, const Lease& r) {
   const std::string& id = r.id;
-  std::shared_lock gc_lock(p_.gc_mu);
+  cairn::ReaderLock gc_lock(p_.gc_mu);
   CAIRN_ASSIGN_OR_RETURN(auto m, p_.models.find(id));
   // Every named tensor first, then all of them pinned at once (one stream of reads), then a lease each.
   std::vector<const TensorManifest*> order;
@@ -147,7 +147,7 @@ void Reads::end_session(Session& s) {
 }
 
 Status Reads::stage(const std::string& model, const TensorManifest& t) {
-  std::shared_lock gc_lock(p_.gc_mu);
+  cairn::ReaderLock gc_lock(p_.gc_mu);
   const TensorManifest* one[] = {&t};
   std::vector<PinnedTensor> pins;
   CAIRN_RETURN_IF_ERROR(pin_tensors(one, model, true, pins));
@@ -162,7 +162,7 @@ Result<PrefetchReply> Reads::prefetch(const Prefetch& r, OperationProgress* prog
 }
 
 Result<uint64_t> Reads::stage_model(const std::string& id, OperationProgress* progress) {
-  std::shared_lock gc_lock(p_.gc_mu);
+  cairn::ReaderLock gc_lock(p_.gc_mu);
   CAIRN_ASSIGN_OR_RETURN(auto m, p_.models.find(id));
   uint64_t bytes = 0;
   std::vector<const TensorManifest*> all;

@@ -19,13 +19,13 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <shared_mutex>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "core/progress.hpp"
 #include "core/status.hpp"
+#include "core/sync.hpp"
 #include "daemon/models.hpp"
 #include "daemon/named_tensors.hpp"
 #include "daemon/request.hpp"
@@ -68,7 +68,7 @@ class Reads {
     TierManager& tiers;
     NamedTensors& named;  // lease_tensor pins end through release
     const ModelDirectory& models;
-    std::shared_mutex& gc_mu;
+    cairn::SharedMutex& gc_mu;  // held shared while repository data is read
     uint64_t chunk_size;
     UsageCounters* usage = nullptr;    // counts opens and the bytes leased to clients (null: none)
     HbmTier* hbm = nullptr;            // the GPU tier (null: none; device leases fail kUnavailable)
@@ -120,9 +120,10 @@ class Reads {
   // Makes every chunk of these tensors (of `model`) resident and pinned; out gets one entry per
   // tensor. The missing chunks of all the tensors are read through one pool (daemon/reads_pin.cpp).
   // All or nothing: on failure nothing stays pinned. Records each chunk's access in the trace, with
-  // the tier that served it (prefetch: staged by the prefetcher, not read by a client).
+  // the tier that served it (prefetch: staged by the prefetcher, not read by a client). Under the gc
+  // lock (shared): gc must not free the chunks it reads.
   Status pin_tensors(std::span<const TensorManifest* const> tensors, const std::string& model, bool prefetch,
-                     std::vector<PinnedTensor>& out);
+                     std::vector<PinnedTensor>& out) CAIRN_REQUIRES_SHARED(p_.gc_mu);
   // What a read of `model` that failed on missing or damaged bytes tells its client. With a shared
   // repository, another daemon's gc may have removed the model after this daemon's view last listed
   // it, and freed its bytes: then "not found", as a read a moment later would be told (the torture
@@ -140,9 +141,9 @@ class Reads {
   // errors.
   Result<int> device_of(std::optional<int> device, const char* op) const;
   // Makes `tensors` resident on `device`; for each, its placement (pinned there when pin, else left
-  // unpinned). All or nothing when pin.
+  // unpinned). All or nothing when pin. Under the gc lock (shared), as pin_tensors.
   Status place_on_device(const std::string& model, std::span<const TensorManifest* const> tensors, int device, bool pin,
-                         std::vector<HbmTier::Placement>& out);
+                         std::vector<HbmTier::Placement>& out) CAIRN_REQUIRES_SHARED(p_.gc_mu);
 
   Parts p_;
   HbmTier* const hbm_;

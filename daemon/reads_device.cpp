@@ -82,7 +82,7 @@ Status Reads::place_on_device(const std::string& model, std::span<const TensorMa
 
 Result<LeaseDeviceReply> Reads::lease_device(Session& s, const request::Lease& r) {
   CAIRN_ASSIGN_OR_RETURN(int device, device_of(r.device, "lease_device"));
-  std::shared_lock gc_lock(p_.gc_mu);
+  cairn::ReaderLock gc_lock(p_.gc_mu);
   CAIRN_ASSIGN_OR_RETURN(auto m, p_.models.find(r.id));
   std::vector<const TensorManifest*> order;
   order.reserve(r.tensors.size());
@@ -112,7 +112,7 @@ Result<LeaseDeviceReply> Reads::lease_device(Session& s, const request::Lease& r
 
 Result<PrefetchReply> Reads::prefetch_device(const std::string& id, std::optional<int> d) {
   CAIRN_ASSIGN_OR_RETURN(int device, device_of(d, "prefetch"));
-  std::shared_lock gc_lock(p_.gc_mu);
+  cairn::ReaderLock gc_lock(p_.gc_mu);
   CAIRN_ASSIGN_OR_RETURN(auto m, p_.models.find(id));
   uint64_t bytes = 0;
   // One tensor at a time: a model larger than the pool still passes through it (the last stay).
@@ -127,7 +127,7 @@ Result<PrefetchReply> Reads::prefetch_device(const std::string& id, std::optiona
 
 Status Reads::stage_device(const std::string& model, const TensorManifest& t) {
   CAIRN_ASSIGN_OR_RETURN(int device, device_of(std::nullopt, "hint"));
-  std::shared_lock gc_lock(p_.gc_mu);
+  cairn::ReaderLock gc_lock(p_.gc_mu);
   const TensorManifest* one[] = {&t};
   std::vector<HbmTier::Placement> placed;
   return place_on_device(model, one, device, false, placed);

@@ -1,7 +1,10 @@
 #include "daemon/request.hpp"
 
+#include <algorithm>
 #include <climits>
+#include <utility>
 
+#include "daemon/fault_injection.hpp"
 #include "daemon/peers/part_messages.hpp"
 #include "tiers/pfs/manifest.hpp"
 
@@ -9,6 +12,11 @@ namespace cairn::request {
 
 using nlohmann::json;
 
+namespace {
+
+// The field readers every decoder uses; each error names the op and the field.
+
+// A required string field.
 Result<std::string> get_string(const json& req, const char* field) {
   auto it = req.find(field);
   if (it == req.end() || !it->is_string())
@@ -16,6 +24,8 @@ Result<std::string> get_string(const json& req, const char* field) {
   return it->get<std::string>();
 }
 
+// A required string field that must be a valid name (core/dtype.hpp valid_name); `what` names it
+// in the error ("a model id").
 Result<std::string> get_name(const json& req, const char* field, const char* what) {
   CAIRN_ASSIGN_OR_RETURN(std::string s, get_string(req, field));
   if (!valid_name(s))
@@ -24,6 +34,7 @@ Result<std::string> get_name(const json& req, const char* field, const char* wha
   return s;
 }
 
+// A required non-negative integer field.
 Result<uint64_t> get_u64(const json& req, const char* field) {
   auto it = req.find(field);
   if (it == req.end() || !it->is_number_unsigned())
@@ -32,12 +43,15 @@ Result<uint64_t> get_u64(const json& req, const char* field) {
   return it->get<uint64_t>();
 }
 
+// An optional integer field; dflt when absent or not an integer.
 int64_t get_i64_or(const json& req, const char* field, int64_t dflt) {
   auto it = req.find(field);
   if (it == req.end() || !it->is_number_integer()) return dflt;
   return it->get<int64_t>();
 }
 
+// A tensor's dtype and shape as a request gives them ("dtype", "shape"), and the bytes they need.
+// `what` names the tensor in errors ("model 'a', tensor 'w'").
 Result<TensorDesc> get_tensor_desc(const json& j, const std::string& what) {
   auto d = j.find("dtype");
   if (d == j.end() || !d->is_string()) return invalid_argument(what + ": missing string field 'dtype'");
@@ -59,6 +73,8 @@ Result<TensorDesc> get_tensor_desc(const json& j, const std::string& what) {
   t.nbytes = *n;
   return t;
 }
+
+}  // namespace
 
 json shape_json(const std::vector<int64_t>& shape) {
   json a = json::array();
@@ -165,6 +181,13 @@ Result<std::vector<std::string>> get_tensor_names(const json& req, const char* o
     out.push_back(nj.get<std::string>());
   }
   return out;
+}
+
+// The optional "progress" token of a long request.
+Result<ProgressToken> get_progress(const json& req) {
+  if (!req.contains("progress")) return ProgressToken{};
+  CAIRN_ASSIGN_OR_RETURN(std::string token, get_name(req, "progress", "a progress token"));
+  return ProgressToken{std::move(token)};
 }
 
 }  // namespace
@@ -308,6 +331,7 @@ Result<Prefetch> decode_prefetch(const json& req) {
     }
   }
   CAIRN_ASSIGN_OR_RETURN(p.id, get_name(req, "id", "a model id"));
+  CAIRN_ASSIGN_OR_RETURN(p.progress, get_progress(req));
   return p;
 }
 
@@ -398,5 +422,192 @@ json encode(const TensorLeaseReply& r) {
 }
 
 json encode(const PollTensorReply& r) { return json{{"found", r.found}}; }
+
+// ---- administration, progress, fault injection, queries, hints ----
+
+Result<List> decode_list(const json& req) {
+  List l;
+  CAIRN_ASSIGN_OR_RETURN(l.all, get_bool_or(req, "all", false, "request 'list'"));
+  return l;
+}
+
+Result<ModelId> decode_model_id(const json& req) {
+  ModelId m;
+  CAIRN_ASSIGN_OR_RETURN(m.id, get_name(req, "id", "a model id"));
+  return m;
+}
+
+Result<Tracked> decode_tracked(const json& req) {
+  Tracked t;
+  CAIRN_ASSIGN_OR_RETURN(t.progress, get_progress(req));
+  return t;
+}
+
+Result<Fsck> decode_fsck(const json& req) {
+  Fsck f;
+  CAIRN_ASSIGN_OR_RETURN(f.verify, get_bool_or(req, "verify", true, "request 'fsck'"));
+  CAIRN_ASSIGN_OR_RETURN(f.progress, get_progress(req));
+  return f;
+}
+
+Result<Flush> decode_flush(const json& req) {
+  Flush f;
+  f.timeout_ms = get_i64_or(req, "timeout_ms", -1);
+  CAIRN_ASSIGN_OR_RETURN(f.progress, get_progress(req));
+  return f;
+}
+
+Result<ProgressQuery> decode_progress(const json& req) {
+  ProgressQuery p;
+  CAIRN_ASSIGN_OR_RETURN(p.id, get_name(req, "id", "a progress token"));
+  return p;
+}
+
+Result<Fault> decode_fault(const json& req) {
+  auto action = req.find("action");
+  if (action == req.end() || !action->is_string())
+    return invalid_argument("fault: field 'action' must be one of add, list, clear");
+  Fault f;
+  if (*action == "list") {
+    f.action = Fault::Action::kList;
+  } else if (*action == "clear") {
+    f.action = Fault::Action::kClear;
+  } else if (*action == "add") {
+    f.action = Fault::Action::kAdd;
+    auto rule = req.find("rule");
+    if (rule == req.end())
+      return invalid_argument("fault: field 'rule' is missing (an object {op, path, effect, ...})");
+    CAIRN_ASSIGN_OR_RETURN(f.rule, parse_fault_rule(*rule));
+  } else {
+    return invalid_argument("fault: field 'action': " + action->dump(-1, ' ', true).substr(0, 64) +
+                            " is not one of add, list, clear");
+  }
+  return f;
+}
+
+namespace {
+
+constexpr std::pair<Query::Op, const char*> kQueryOps[] = {
+    {Query::Op::kBestAncestor, "best_ancestor"},
+    {Query::Op::kAncestors, "ancestors"},
+    {Query::Op::kDescendants, "descendants"},
+    {Query::Op::kLca, "lca"},
+    {Query::Op::kPath, "path"},
+    {Query::Op::kFind, "find"},
+    {Query::Op::kTree, "tree"},
+};
+
+// A query's model field (a model id); the error names the query op and the field.
+Result<std::string> query_model(const json& q, const std::string& qop, const char* field) {
+  auto it = q.find(field);
+  if (it == q.end() || !it->is_string())
+    return invalid_argument("query '" + qop + "': missing string field '" + field + "' (a model id)");
+  return it->get<std::string>();
+}
+
+// A query's optional "depth": -1 (all generations) when absent.
+Result<int> query_depth(const json& q, const std::string& qop) {
+  auto it = q.find("depth");
+  if (it == q.end()) return -1;
+  if (!it->is_number_integer())
+    return invalid_argument("query '" + qop + "': 'depth' must be an integer (omit it for all generations)");
+  return static_cast<int>(std::clamp<int64_t>(it->get<int64_t>(), -1, INT32_MAX));
+}
+
+Result<MetadataFilter> query_where(const json& q, const std::string& qop) {
+  auto it = q.find("where");
+  if (it == q.end()) return MetadataFilter{};
+  auto f = MetadataFilter::parse(*it);
+  if (!f.ok()) return f.status().with_context("query '" + qop + "'");
+  return f;
+}
+
+}  // namespace
+
+const char* query_op_name(Query::Op op) {
+  for (const auto& [value, name] : kQueryOps)
+    if (value == op) return name;
+  return "?";
+}
+
+Result<Query> decode_query(const json& req) {
+  auto qit = req.find("query");
+  if (qit == req.end() || !qit->is_object()) return invalid_argument("request 'query': missing object field 'query'");
+  const json& q = *qit;
+  auto opit = q.find("op");
+  if (opit == q.end() || !opit->is_string())
+    return invalid_argument(
+        "query: missing string field 'op' (best_ancestor, ancestors, descendants, lca, path, find, tree)");
+  const std::string qop = opit->get<std::string>();
+  Query out;
+  bool known = false;
+  for (const auto& [value, name] : kQueryOps)
+    if (qop == name) {
+      out.op = value;
+      known = true;
+    }
+  if (!known)
+    return invalid_argument(
+        "query op '" + qop +
+        "' is not supported (supported: best_ancestor, ancestors, descendants, lca, path, find, tree)");
+  switch (out.op) {
+    case Query::Op::kBestAncestor: {
+      auto git = q.find("graph");
+      if (git == q.end() || !git->is_object())
+        return invalid_argument("query 'best_ancestor': missing object field 'graph' (an architecture graph)");
+      auto g = parse_graph(*git);
+      if (!g.ok()) return g.status().with_context("query 'best_ancestor'");
+      out.graph = std::move(g).value();
+      CAIRN_ASSIGN_OR_RETURN(out.where, query_where(q, qop));
+      break;
+    }
+    case Query::Op::kAncestors:
+    case Query::Op::kDescendants: {
+      CAIRN_ASSIGN_OR_RETURN(out.model, query_model(q, qop, "model"));
+      CAIRN_ASSIGN_OR_RETURN(out.depth, query_depth(q, qop));
+      break;
+    }
+    case Query::Op::kTree: {
+      CAIRN_ASSIGN_OR_RETURN(out.model, query_model(q, qop, "model"));
+      break;
+    }
+    case Query::Op::kLca: {
+      auto mit = q.find("models");
+      if (mit == q.end() || !mit->is_array() || mit->size() != 2 || !(*mit)[0].is_string() || !(*mit)[1].is_string())
+        return invalid_argument("query 'lca': 'models' must be an array of two model ids");
+      out.a = (*mit)[0].get<std::string>();
+      out.b = (*mit)[1].get<std::string>();
+      break;
+    }
+    case Query::Op::kPath: {
+      CAIRN_ASSIGN_OR_RETURN(out.from, query_model(q, qop, "from"));
+      CAIRN_ASSIGN_OR_RETURN(out.to, query_model(q, qop, "to"));
+      break;
+    }
+    case Query::Op::kFind: {
+      auto pit = q.find("contains_path");
+      if (pit == q.end() || !pit->is_array() || pit->empty())
+        return invalid_argument("query 'find': 'contains_path' must be a non-empty array of layer types");
+      for (const auto& t : *pit) {
+        if (!t.is_string() || t.get_ref<const std::string&>().empty())
+          return invalid_argument("query 'find': 'contains_path' entries must be non-empty strings (layer types)");
+        out.contains_path.push_back(t.get<std::string>());
+      }
+      CAIRN_ASSIGN_OR_RETURN(out.where, query_where(q, qop));
+      auto lit = q.find("limit");
+      if (lit != q.end() && !lit->is_number_unsigned())
+        return invalid_argument("query 'find': 'limit' must be a non-negative integer");
+      if (lit != q.end()) out.limit = lit->get<size_t>();
+      break;
+    }
+  }
+  return out;
+}
+
+Result<Hint> decode_hint(const json& req) {
+  auto hit = req.find("hint");
+  if (hit == req.end()) return invalid_argument("request 'hint': missing object field 'hint' (docs/policy.md)");
+  return parse_hint(*hit);
+}
 
 }  // namespace cairn::request

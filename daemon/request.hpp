@@ -1,11 +1,12 @@
 // Requests, decoded once at the edge. The engine's dispatch table (engine.cpp) decodes each
-// request's JSON into the op's struct here, calls the component with it, and encodes the typed
-// reply; components never see the wire format of the ops below. Every decoding error names the op
-// and the field (or the model and tensor), so a client learns exactly what was wrong with what it
-// sent. docs/protocol.md documents each op's fields.
+// request's JSON into the op's struct here, calls the component with it, and encodes the reply;
+// components never see a request's wire format. Every decoding error names the op and the field
+// (or the model and tensor), so a client learns exactly what was wrong with what it sent.
+// docs/protocol.md documents each op's fields.
 //
-// The field getters (get_string ...) serve the ops whose components still read their request's
-// JSON themselves.
+// The ops without request fields (hello, ping, stats, peers, compute) have no struct: their
+// components take none. The administration ops' replies (list, show, stats, gc, fsck, flush, ...)
+// are built as JSON by their components, as docs/protocol.md lists their fields.
 #pragma once
 
 #include <cstdint>
@@ -17,9 +18,12 @@
 
 #include "core/dtype.hpp"
 #include "core/durability.hpp"
+#include "core/fs.hpp"
 #include "core/graph.hpp"
 #include "core/hash.hpp"
 #include "core/status.hpp"
+#include "daemon/catalog.hpp"
+#include "daemon/hints.hpp"
 
 namespace cairn {
 struct ModelManifest;
@@ -27,25 +31,14 @@ struct ModelManifest;
 
 namespace cairn::request {
 
-// A required string field.
-Result<std::string> get_string(const nlohmann::json& req, const char* field);
-// A required string field that must be a valid name (core/dtype.hpp valid_name); `what` names it
-// in the error ("a model id").
-Result<std::string> get_name(const nlohmann::json& req, const char* field, const char* what);
-// A required non-negative integer field.
-Result<uint64_t> get_u64(const nlohmann::json& req, const char* field);
-// An optional integer field; dflt when absent or not an integer.
-int64_t get_i64_or(const nlohmann::json& req, const char* field, int64_t dflt);
-
 // A tensor's dtype and shape as a request gives them ("dtype", "shape"), and the bytes they need.
 struct TensorDesc {
   DType dtype;
   std::vector<int64_t> shape;
   uint64_t nbytes;
 };
-// `what` names the tensor in errors ("model 'a', tensor 'w'").
-Result<TensorDesc> get_tensor_desc(const nlohmann::json& j, const std::string& what);
 
+// A shape as JSON (an array of integers), as replies give it.
 nlohmann::json shape_json(const std::vector<int64_t>& shape);
 
 // ---- staging space and commits (CommitPath) ----
@@ -180,6 +173,11 @@ struct Release {
   std::vector<uint64_t> leases;
 };
 
+// The optional field "progress" of the long requests (gc, fsck, flush, sync, prefetch): the
+// client's token for the request's progress (daemon/progress_board.hpp), a valid name. Absent: the
+// progress is published nowhere.
+using ProgressToken = std::optional<std::string>;
+
 // `prefetch`: a model's chunks into DRAM (or the HBM tier), nothing left pinned; with `all`, into
 // every member's of the peer group.
 struct Prefetch {
@@ -189,6 +187,7 @@ struct Prefetch {
   std::optional<int> device;  // kHbm
   bool all = false;
   std::optional<uint64_t> timeout_ms;  // all: how long to wait for the other members
+  ProgressToken progress;
 };
 struct PrefetchReply {
   uint64_t bytes = 0;
@@ -255,5 +254,66 @@ struct SyncReply {
   uint64_t models = 0;    // in the repository now
 };
 nlohmann::json encode(const SyncReply& r);
+
+// ---- administration (Admin), progress (ProgressBoard), fault injection, queries, hints ----
+
+// `list`: the models, live ones only unless `all`.
+struct List {
+  bool all = false;
+};
+// `show` and `remove`: one model.
+struct ModelId {
+  std::string id;
+};
+// `gc` and `sync`: long requests with no field but their progress token.
+struct Tracked {
+  ProgressToken progress;
+};
+// `fsck` and `flush`: the other long maintenance requests.
+struct Fsck {
+  bool verify = true;  // read and hash every referenced chunk (false: check references only)
+  ProgressToken progress;
+};
+struct Flush {
+  int64_t timeout_ms = -1;  // negative: forever
+  ProgressToken progress;
+};
+// `progress`: the progress of the request running under a token.
+struct ProgressQuery {
+  std::string id;  // the token
+};
+
+// `fault`: adds a rule to the fault injector (with its rule), lists or clears them.
+struct Fault {
+  enum class Action { kAdd, kList, kClear };
+  Action action = Action::kList;
+  std::optional<FaultyFileSystem::Rule> rule;  // kAdd
+};
+
+// `query`: a catalog query (docs/catalog.md), each op with the fields it uses.
+struct Query {
+  enum class Op { kBestAncestor, kAncestors, kDescendants, kLca, kPath, kTree, kFind };
+  Op op = Op::kAncestors;
+  std::string model;                       // ancestors, descendants, tree
+  int depth = -1;                          // ancestors, descendants: generations (-1: all)
+  std::string a, b;                        // lca: the two models ("models")
+  std::string from, to;                    // path
+  std::optional<Graph> graph;              // best_ancestor: the architecture to match
+  MetadataFilter where;                    // best_ancestor, find: only models whose metadata match
+  std::vector<std::string> contains_path;  // find: layer types, in path order (not empty)
+  size_t limit = 1000;                     // find: models at most
+};
+const char* query_op_name(Query::Op op);
+
+Result<List> decode_list(const nlohmann::json& req);
+Result<ModelId> decode_model_id(const nlohmann::json& req);
+Result<Tracked> decode_tracked(const nlohmann::json& req);
+Result<Fsck> decode_fsck(const nlohmann::json& req);
+Result<Flush> decode_flush(const nlohmann::json& req);
+Result<ProgressQuery> decode_progress(const nlohmann::json& req);
+Result<Fault> decode_fault(const nlohmann::json& req);
+Result<Query> decode_query(const nlohmann::json& req);
+// `hint`: the request's "hint" object, parsed (daemon/hints.hpp; errors name the field).
+Result<Hint> decode_hint(const nlohmann::json& req);
 
 }  // namespace cairn::request

@@ -4,7 +4,7 @@
 // the repository (tiers/chunk_sources.hpp), and the peer group's members (PeerSource,
 // daemon/peers/peer_service.cpp). The tier manager keeps an ordered list of them, fastest first,
 // and a fetch takes the first intact copy: a new kind of source is one more entry in that list
-// (TierManager::add_source).
+// (given to the TierManager constructor).
 #pragma once
 
 #include <atomic>

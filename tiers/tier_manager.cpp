@@ -11,11 +11,13 @@
 
 namespace cairn {
 
-TierManager::TierManager(DramTier& dram, NvmeTier* nvme, Repository& repo, std::unique_ptr<AdmissionPolicy> admission)
+TierManager::TierManager(DramTier& dram, NvmeTier* nvme, Repository& repo, std::unique_ptr<AdmissionPolicy> admission,
+                         std::unique_ptr<ChunkSource> before_repository)
     : dram_(dram), nvme_(nvme), repo_(repo), admission_(std::move(admission)) {
   auto repository = std::make_unique<RepositorySource>(repo_, &dram_);
   repository_source_ = repository.get();
   add_source(std::move(repository), 0);
+  if (before_repository) add_source(std::move(before_repository), 0);
   if (!nvme_) return;
   auto burst_buffer = std::make_unique<NvmeSource>(*nvme_);
   nvme_source_ = burst_buffer.get();

@@ -17,7 +17,7 @@
 // read's fetch of what it needs. It never decides what to evict (policy/ does) and never touches
 // models or manifests (the daemon's components do).
 //
-// Thread-safety: every method may be called from any thread, except add_source (assembly only).
+// Thread-safety: every method may be called from any thread.
 #pragma once
 
 #include <atomic>
@@ -42,8 +42,11 @@ namespace cairn {
 
 class TierManager {
  public:
-  // nvme may be null (no burst buffer). Starts the demoter when there is one.
-  TierManager(DramTier& dram, NvmeTier* nvme, Repository& repo, std::unique_ptr<AdmissionPolicy> admission);
+  // nvme may be null (no burst buffer). Starts the demoter when there is one. The fetch order is NVMe
+  // (when there is a burst buffer), then `before_repository` when given (the peer group's chunk
+  // source in cairnd), then the repository, the last resort.
+  TierManager(DramTier& dram, NvmeTier* nvme, Repository& repo, std::unique_ptr<AdmissionPolicy> admission,
+              std::unique_ptr<ChunkSource> before_repository = nullptr);
   ~TierManager();
   TierManager(const TierManager&) = delete;
   TierManager& operator=(const TierManager&) = delete;
@@ -53,10 +56,6 @@ class TierManager {
   // until write_local or the repository commit.
   bool only_in_dram(const ChunkHash& hash) const;
 
-  // Adds a chunk source to the fetch order at `position` (0 = asked first; past the end = last).
-  // The built-in order is NVMe (when there is a burst buffer), then the repository; the repository
-  // stays the last resort. REQUIRES: during assembly, before any other thread uses the manager.
-  void add_source(std::unique_ptr<ChunkSource> source, size_t position);
   // The fetch order, by name (tests, `cairn stats`).
   std::vector<std::string> source_names() const;
 
@@ -141,6 +140,8 @@ class TierManager {
   std::atomic<uint64_t> target_{0};
 
   // The fetch order and each source's read counters (same index).
+  // Inserts a chunk source into the fetch order at `position` (0 = asked first). Construction only.
+  void add_source(std::unique_ptr<ChunkSource> source, size_t position);
   struct SourceSlot {
     std::unique_ptr<ChunkSource> source;
     std::unique_ptr<std::atomic<uint64_t>[]> counters;  // reads, bytes, failed checks

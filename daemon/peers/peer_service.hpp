@@ -72,7 +72,7 @@ class PeerService {
   PeerService(const PeerService&) = delete;
   PeerService& operator=(const PeerService&) = delete;
 
-  // The chunk source for TierManager::add_source (it refers to this service: destroy it first).
+  // The chunk source the tier manager is made with (it refers to this service: destroy it first).
   std::unique_ptr<ChunkSource> source();
 
   // Reads ref's bytes into dst (arena space) from a member that holds the chunk, checked against

@@ -1,11 +1,12 @@
-// Fuzzes the `fault` request (daemon/fault_injection.hpp): whatever the bytes, a request is either
-// served or refused with a message naming the field; an accepted rule is within its bounds and
-// reads back the same from the JSON `list` shows; never a crash.
+// Fuzzes the `fault` request (decoded by daemon/request.hpp, served by daemon/fault_injection.hpp):
+// whatever the bytes, a request is either served or refused with a message naming the field; an
+// accepted rule is within its bounds and reads back the same from the JSON `list` shows; never a crash.
 #include <cstdint>
 #include <cstdlib>
 
 #include "core/fs.hpp"
 #include "daemon/fault_injection.hpp"
+#include "daemon/request.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using cairn::FaultyFileSystem;
@@ -27,12 +28,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         again->path_contains != r->path_contains)
       std::abort();
   }
-  // The whole request, on an injector over memory.
+  // The whole request, decoded as the engine does (daemon/request.hpp), on an injector over memory.
   if (!j.is_object()) return 0;
+  auto req = cairn::request::decode_fault(j);
+  if (!req.ok()) {
+    if (req.status().message().rfind("fault: ", 0) != 0) std::abort();
+    return 0;
+  }
   cairn::MemoryFileSystem mem;
   FaultyFileSystem fs(mem);
   cairn::FaultInjection faults(&fs);
-  auto out = faults.handle(j);
+  auto out = faults.handle(*req);
   if (!out.ok() && out.status().message().rfind("fault: ", 0) != 0) std::abort();
   if (out.ok() && fs.rules().size() > 1) std::abort();
   return 0;

@@ -1,4 +1,4 @@
-// Fuzzes the request decoders (daemon/request.hpp): whatever the bytes, a request is either decoded
+// Fuzzes every op's request decoder (daemon/request.hpp): whatever the bytes, a request is either decoded
 // into its op's struct with every field within its bounds, or refused with an invalid-argument
 // error that says what was wrong; never a crash. The first byte picks the repository's chunk size.
 #include <cstdint>
@@ -64,5 +64,37 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (auto k = rq::decode_tensor_key(j); k.ok() ? !cairn::valid_name(k->key) : (refused(k.status()), false))
     std::abort();
   if (auto p = rq::decode_poll_tensor(j); !p.ok()) refused(p.status());
+
+  // Administration, progress, fault injection, queries, hints.
+  auto token_ok = [](const rq::ProgressToken& t) { return !t || cairn::valid_name(*t); };
+  if (auto l = rq::decode_list(j); !l.ok()) refused(l.status());
+  if (auto m = rq::decode_model_id(j); m.ok() ? !cairn::valid_name(m->id) : (refused(m.status()), false)) std::abort();
+  if (auto t = rq::decode_tracked(j); t.ok() ? !token_ok(t->progress) : (refused(t.status()), false)) std::abort();
+  if (auto f = rq::decode_fsck(j); f.ok() ? !token_ok(f->progress) : (refused(f.status()), false)) std::abort();
+  if (auto f = rq::decode_flush(j); f.ok() ? !token_ok(f->progress) : (refused(f.status()), false)) std::abort();
+  if (auto p = rq::decode_progress(j); p.ok() ? !cairn::valid_name(p->id) : (refused(p.status()), false)) std::abort();
+  if (auto f = rq::decode_fault(j); f.ok()) {
+    if ((f->action == rq::Fault::Action::kAdd) != f->rule.has_value()) std::abort();
+  } else {
+    refused(f.status());
+  }
+  if (auto q = rq::decode_query(j); q.ok()) {
+    using Op = rq::Query::Op;
+    if ((q->op == Op::kBestAncestor) != q->graph.has_value()) std::abort();
+    if (q->op == Op::kFind && q->contains_path.empty()) std::abort();
+    for (const auto& t : q->contains_path)
+      if (t.empty()) std::abort();
+    if (q->depth < -1) std::abort();
+    (void)q->where.matches(j);
+  } else {
+    refused(q.status());
+  }
+  if (auto h = rq::decode_hint(j); h.ok()) {
+    if (h->models.size() > cairn::kMaxHintModels) std::abort();
+    for (const auto& m : h->models)
+      if (!cairn::valid_name(m)) std::abort();
+  } else {
+    refused(h.status());
+  }
   return 0;
 }

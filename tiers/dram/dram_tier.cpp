@@ -13,14 +13,19 @@
 namespace cairn {
 
 Result<std::unique_ptr<DramTier>> DramTier::create(uint64_t capacity, std::unique_ptr<EvictionPolicy> policy,
-                                                   const std::string& name) {
+                                                   const std::string& name,
+                                                   std::chrono::milliseconds backpressure_timeout) {
   CAIRN_ASSIGN_OR_RETURN(auto arena, SharedArena::create(capacity, name));
   CAIRN_LOG_INFO("DRAM arena: {} bytes, {}", arena->capacity(), arena->pages());
-  return std::unique_ptr<DramTier>(new DramTier(std::move(arena), std::move(policy)));
+  return std::unique_ptr<DramTier>(new DramTier(std::move(arena), std::move(policy), backpressure_timeout));
 }
 
-DramTier::DramTier(std::unique_ptr<SharedArena> arena, std::unique_ptr<EvictionPolicy> policy)
-    : arena_(std::move(arena)), alloc_(arena_->capacity(), 4096), policy_(std::move(policy)) {
+DramTier::DramTier(std::unique_ptr<SharedArena> arena, std::unique_ptr<EvictionPolicy> policy,
+                   std::chrono::milliseconds backpressure_timeout)
+    : arena_(std::move(arena)),
+      backpressure_timeout_(backpressure_timeout),
+      alloc_(arena_->capacity(), 4096),
+      policy_(std::move(policy)) {
   prefault_ = std::thread([this] {
     constexpr uint64_t kStep = 64ull << 20;
     for (uint64_t off = 0; off < arena_->capacity() && !stop_prefault_; off += kStep) {

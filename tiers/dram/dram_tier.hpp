@@ -38,9 +38,11 @@ class DramTier {
  public:
   // Creates the arena and starts backing it with memory in the background (MADV_POPULATE_WRITE,
   // 64 MiB at a time), so that loads and writes do not pay a page fault per 4 KiB later: the tier's
-  // capacity is memory the node gives to cairn.
-  static Result<std::unique_ptr<DramTier>> create(uint64_t capacity, std::unique_ptr<EvictionPolicy> policy,
-                                                  const std::string& name);
+  // capacity is memory the node gives to cairn. backpressure_timeout: how long allocate() waits
+  // for the flusher when dirty chunks stand in the way (0: kNoSpace at once).
+  static Result<std::unique_ptr<DramTier>> create(
+      uint64_t capacity, std::unique_ptr<EvictionPolicy> policy, const std::string& name,
+      std::chrono::milliseconds backpressure_timeout = std::chrono::milliseconds(0));
   ~DramTier();
   // Bytes of the arena backed with memory so far (== arena_size() once the background pass is done,
   // or less on kernels without MADV_POPULATE_WRITE).
@@ -55,10 +57,9 @@ class DramTier {
   // Allocations are aligned to 4 KiB (so chunks can go to and from the NVMe tier with direct I/O).
   // Evicts clean, unpinned chunks as needed. When the rest is pinned or open writes, kNoSpace at
   // once, naming the request and what is held; when dirty chunks stand in the way (the flusher
-  // will make them clean), waits for it up to the back-pressure timeout (0, the default, fails at once): a writer that
-  // outruns the disks is slowed to their pace instead of failing or growing memory.
+  // will make them clean), waits for it up to the back-pressure timeout given to create (0 fails at
+  // once): a writer that outruns the disks is slowed to their pace instead of failing or growing memory.
   Result<uint64_t> allocate(uint64_t nbytes);
-  void set_backpressure_timeout(std::chrono::milliseconds t) { backpressure_timeout_ = t; }
   // Called (outside the tier's lock) when free space falls under low_water bytes after an
   // allocation; the tier manager's demoter uses it.
   void set_pressure_hook(uint64_t low_water, std::function<void()> hook);
@@ -147,7 +148,8 @@ class DramTier {
     uint32_t accesses = 0;    // reads while resident (admission to NVMe)
     uint32_t references = 0;  // live models using it, as last hinted
   };
-  DramTier(std::unique_ptr<SharedArena> arena, std::unique_ptr<EvictionPolicy> policy);
+  DramTier(std::unique_ptr<SharedArena> arena, std::unique_ptr<EvictionPolicy> policy,
+           std::chrono::milliseconds backpressure_timeout);
   // Evicts one victim; false when none can go.
   bool evict_one_locked() CAIRN_REQUIRES(mu_);
 
@@ -158,8 +160,8 @@ class DramTier {
   std::thread prefault_;
   mutable cairn::Mutex mu_;
   cairn::CondVar loaded_cv_;
-  cairn::CondVar space_cv_;                            // space may have become free
-  std::chrono::milliseconds backpressure_timeout_{0};  // 0: no waiting (kNoSpace at once)
+  cairn::CondVar space_cv_;                               // space may have become free
+  const std::chrono::milliseconds backpressure_timeout_;  // 0: no waiting (kNoSpace at once)
   uint64_t low_water_ = 0;
   std::function<void()> pressure_hook_;
   std::function<void(const ChunkHash&, bool)> residency_hook_ CAIRN_GUARDED_BY(mu_);

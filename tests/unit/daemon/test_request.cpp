@@ -1,6 +1,7 @@
 // The request decoders and encoders (daemon/request.hpp): what a well-formed request becomes, and
 // that every malformed one is refused with a message naming the op (or model) and the field.
 #include <catch2/catch.hpp>
+#include <cerrno>
 
 #include "daemon/request.hpp"
 #include "tiers/pfs/manifest.hpp"
@@ -135,6 +136,128 @@ TEST_CASE("request: reads and named tensors decode, and refuse naming the op and
   CHECK_FALSE(put->space);
   refused(rq::decode_tensor_key(json{{"op", "tensor_info"}}).status(),
           "request 'tensor_info': missing string field 'key'");
+}
+
+TEST_CASE("request: administration requests decode, and refuse naming the op and field", "[request]") {
+  auto list = rq::decode_list(json{{"op", "list"}, {"all", true}});
+  REQUIRE(list.ok());
+  CHECK(list->all);
+  CHECK_FALSE(rq::decode_list(json{{"op", "list"}})->all);
+  refused(rq::decode_list(json{{"op", "list"}, {"all", "yes"}}).status(),
+          "request 'list': 'all' must be true or false");
+
+  auto show = rq::decode_model_id(json{{"op", "show"}, {"id", "m"}});
+  REQUIRE(show.ok());
+  CHECK(show->id == "m");
+  refused(rq::decode_model_id(json{{"op", "show"}}).status(), "request 'show': missing string field 'id'");
+  refused(rq::decode_model_id(json{{"op", "show"}, {"id", ""}}).status(), "a model id must be 1..");
+  refused(rq::decode_model_id(json{{"op", "remove"}, {"id", 3}}).status(),
+          "request 'remove': missing string field 'id'");
+
+  // The long ones: the progress token is optional and must be a name.
+  auto gc = rq::decode_tracked(json{{"op", "gc"}, {"progress", "t1"}});
+  REQUIRE(gc.ok());
+  CHECK(gc->progress == std::optional<std::string>("t1"));
+  CHECK_FALSE(rq::decode_tracked(json{{"op", "gc"}})->progress);
+  refused(rq::decode_tracked(json{{"op", "gc"}, {"progress", 7}}).status(),
+          "request 'gc': missing string field 'progress'");
+  refused(rq::decode_tracked(json{{"op", "sync"}, {"progress", ""}}).status(), "a progress token must be 1..");
+  auto prefetch = rq::decode_prefetch(json{{"op", "prefetch"}, {"id", "m"}, {"progress", "p"}});
+  REQUIRE(prefetch.ok());
+  CHECK(prefetch->progress == std::optional<std::string>("p"));
+
+  auto fsck = rq::decode_fsck(json{{"op", "fsck"}, {"verify", false}, {"progress", "f"}});
+  REQUIRE(fsck.ok());
+  CHECK_FALSE(fsck->verify);
+  CHECK(fsck->progress == std::optional<std::string>("f"));
+  CHECK(rq::decode_fsck(json{{"op", "fsck"}})->verify);
+  refused(rq::decode_fsck(json{{"op", "fsck"}, {"verify", 0}}).status(),
+          "request 'fsck': 'verify' must be true or false");
+
+  auto flush = rq::decode_flush(wire({{"op", "flush"}, {"timeout_ms", 250}}));
+  REQUIRE(flush.ok());
+  CHECK(flush->timeout_ms == 250);
+  CHECK(rq::decode_flush(json{{"op", "flush"}})->timeout_ms == -1);  // forever
+
+  auto progress = rq::decode_progress(json{{"op", "progress"}, {"id", "t1"}});
+  REQUIRE(progress.ok());
+  CHECK(progress->id == "t1");
+  refused(rq::decode_progress(json{{"op", "progress"}}).status(), "request 'progress': missing string field 'id'");
+}
+
+TEST_CASE("request: fault, query and hint requests decode, and refuse naming the field", "[request]") {
+  auto add =
+      rq::decode_fault(wire({{"op", "fault"},
+                             {"action", "add"},
+                             {"rule", {{"op", "write"}, {"path", "/packs/"}, {"error", "ENOSPC"}, {"times", 2}}}}));
+  REQUIRE(add.ok());
+  CHECK(add->action == rq::Fault::Action::kAdd);
+  REQUIRE(add->rule);
+  CHECK(add->rule->op == FaultyFileSystem::Op::kWrite);
+  CHECK(add->rule->path_contains == "/packs/");
+  CHECK(add->rule->err == ENOSPC);
+  CHECK(add->rule->times == 2);
+  CHECK(rq::decode_fault(json{{"op", "fault"}, {"action", "list"}})->action == rq::Fault::Action::kList);
+  CHECK(rq::decode_fault(json{{"op", "fault"}, {"action", "clear"}})->action == rq::Fault::Action::kClear);
+  refused(rq::decode_fault(json{{"op", "fault"}}).status(), "fault: field 'action' must be one of add, list, clear");
+  refused(rq::decode_fault(json{{"op", "fault"}, {"action", "drop"}}).status(),
+          "fault: field 'action': \"drop\" is not one of add, list, clear");
+  refused(rq::decode_fault(json{{"op", "fault"}, {"action", "add"}}).status(), "fault: field 'rule' is missing");
+  refused(rq::decode_fault(json{{"op", "fault"}, {"action", "add"}, {"rule", {{"op", "write"}, {"error", "ENOPE"}}}})
+              .status(),
+          "fault: field 'rule.error'");
+
+  auto query = [](json q) { return rq::decode_query(wire({{"op", "query"}, {"query", std::move(q)}})); };
+  auto ancestors = query({{"op", "ancestors"}, {"model", "C"}, {"depth", 2}});
+  REQUIRE(ancestors.ok());
+  CHECK(ancestors->op == rq::Query::Op::kAncestors);
+  CHECK(ancestors->model == "C");
+  CHECK(ancestors->depth == 2);
+  CHECK(query({{"op", "descendants"}, {"model", "A"}})->depth == -1);
+  auto lca = query({{"op", "lca"}, {"models", {"a", "b"}}});
+  REQUIRE(lca.ok());
+  CHECK((lca->a == "a" && lca->b == "b"));
+  auto path = query({{"op", "path"}, {"from", "a"}, {"to", "b"}});
+  REQUIRE(path.ok());
+  CHECK((path->op == rq::Query::Op::kPath && path->from == "a" && path->to == "b"));
+  auto find = query(
+      {{"op", "find"}, {"contains_path", {"Conv2d", "ReLU"}}, {"limit", 5}, {"where", {{"score", {{">=", 0.5}}}}}});
+  REQUIRE(find.ok());
+  CHECK(find->contains_path == std::vector<std::string>{"Conv2d", "ReLU"});
+  CHECK(find->limit == 5);
+  CHECK(find->where.matches(json{{"score", 0.7}}));
+  CHECK_FALSE(find->where.matches(json{{"score", 0.2}}));
+  CHECK(query({{"op", "find"}, {"contains_path", {"Linear"}}})->limit == 1000);
+  auto best = query(
+      {{"op", "best_ancestor"},
+       {"graph",
+        {{"layers", {{{"name", "in"}, {"type", "Input"}, {"config", json::object()}, {"inputs", json::array()}}}}}}});
+  REQUIRE(best.ok());
+  REQUIRE(best->graph);
+  CHECK(rq::query_op_name(best->op) == std::string("best_ancestor"));
+  refused(rq::decode_query(json{{"op", "query"}}).status(), "request 'query': missing object field 'query'");
+  refused(query({{"model", "A"}}).status(), "query: missing string field 'op'");
+  refused(query({{"op", "siblings"}}).status(), "query op 'siblings' is not supported");
+  refused(query({{"op", "ancestors"}}).status(), "query 'ancestors': missing string field 'model'");
+  refused(query({{"op", "ancestors"}, {"model", "A"}, {"depth", "all"}}).status(),
+          "query 'ancestors': 'depth' must be");
+  refused(query({{"op", "lca"}, {"models", {"a"}}}).status(),
+          "query 'lca': 'models' must be an array of two model ids");
+  refused(query({{"op", "path"}, {"from", "a"}}).status(), "query 'path': missing string field 'to'");
+  refused(query({{"op", "find"}, {"contains_path", json::array()}}).status(), "query 'find': 'contains_path' must be");
+  refused(query({{"op", "find"}, {"contains_path", {"Linear"}}, {"limit", -1}}).status(),
+          "query 'find': 'limit' must be a non-negative integer");
+  refused(query({{"op", "best_ancestor"}}).status(), "query 'best_ancestor': missing object field 'graph'");
+
+  auto hint =
+      rq::decode_hint(wire({{"op", "hint"}, {"hint", {{"kind", "sequence"}, {"models", {"a", "b"}}, {"ahead", 3}}}}));
+  REQUIRE(hint.ok());
+  CHECK(hint->kind == Hint::Kind::kSequence);
+  CHECK(hint->models == std::vector<std::string>{"a", "b"});
+  CHECK(hint->ahead == 3);
+  refused(rq::decode_hint(json{{"op", "hint"}}).status(), "request 'hint': missing object field 'hint'");
+  refused(rq::decode_hint(json{{"op", "hint"}, {"hint", {{"kind", "done"}, {"models", {""}}}}}).status(),
+          "hint.models[0]");
 }
 
 TEST_CASE("request: replies encode as the protocol documents them", "[request]") {

@@ -134,10 +134,11 @@ TEST_CASE("tier manager: fetch walks the sources in order, first intact copy win
 
   auto mem = std::make_unique<MemorySource>();
   MemorySource* m = mem.get();
-  f.tiers->add_source(std::move(mem), 0);
+  f.tiers.reset();
+  f.tiers = std::make_unique<TierManager>(*f.dram, nullptr, *f.repo, nullptr, std::move(mem));
   CHECK(f.tiers->source_names() == std::vector<std::string>{"memory", "repository"});
 
-  SECTION("a source added in front serves what it has; the repository the rest") {
+  SECTION("a source given before the repository serves what it has; the repository the rest") {
     m->put(f.chunk(0).hash, f.data[0]);
     REQUIRE(f.tiers->fetch(f.chunk(0), out.data()).ok());
     CHECK(out == f.data[0]);
