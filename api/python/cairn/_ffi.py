@@ -18,7 +18,7 @@ import ctypes
 import os
 import threading
 from pathlib import Path
-from typing import List, Optional
+from typing import Dict, List, Optional, Tuple
 
 class TensorIn(ctypes.Structure):
     """cairn_tensor_in (cairn.h): one tensor of cairn_model_add_tensors."""
@@ -63,6 +63,19 @@ def commit_options(**fields: int) -> CommitOptions:
     library().cairn_commit_options_init(ctypes.byref(o))
     for k, v in fields.items():
         setattr(o, k, v)
+    return o
+
+
+_COMMIT_OPTIONS: Dict[Tuple[int, int, int], CommitOptions] = {}
+
+
+def commit_options_for(durability: int, wait: int, pipelined: int) -> CommitOptions:
+    """The cairn_commit_options of one (durability, wait, pipelined) choice, made once and shared:
+    the library only reads the struct, and a commit is the hot call of a checkpoint loop."""
+    key = (durability, wait, pipelined)
+    o = _COMMIT_OPTIONS.get(key)
+    if o is None:
+        o = _COMMIT_OPTIONS[key] = commit_options(durability=durability, wait=wait, pipelined=pipelined)
     return o
 
 

@@ -198,7 +198,7 @@ class ModelWriter:
         # Not waited at "memory" (not a part), the commit is pipelined: there is nothing to wait for
         # beyond the reply.
         sent = not wait and (pipelined or (durability == "memory" and self.part is None))
-        opts = _ffi.commit_options(durability=level, wait=int(bool(wait)), pipelined=int(sent))
+        opts = _ffi.commit_options_for(level, int(bool(wait)), int(sent))
         with self._op() as w:
             self._conn.open_writers.discard(w)  # the commit frees the C writer, whatever its result
             self._end.detach()
