@@ -1,4 +1,4 @@
-// What client.cpp and model_writer.cpp share (not installed).
+// What connection.cpp and connection_writer.cpp share (not installed).
 #pragma once
 
 #include <cstdint>
