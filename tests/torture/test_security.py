@@ -198,7 +198,7 @@ def test_forged_frames_and_garbage_bodies_are_refused(make_daemon, tmp):
 # ---- another uid ----
 
 # What the test's users run. The checkout may sit under a directory only root can enter (/root, a
-# `mktemp -d`), so the `users` fixture copies cairnd, cairn, libcairn.so and the Python package to a
+# `mktemp -d`), so the `users` fixture copies cairnd, cairn, libcairn.so (every name of it) and the Python package to a
 # directory every user can read, and they run Debian's python3 (numpy from python3-numpy), not .venv.
 AS_USER = types.SimpleNamespace(cairnd=CAIRND, cairn=CAIRN, lib=LIBCAIRN, pypath=SOURCE / "api" / "python",
                                 python=sys.executable)
@@ -219,7 +219,8 @@ class User:
 
     def env(self, **extra):
         return dict(PATH=os.environ.get("PATH", "/usr/bin:/bin"), HOME="/", LANG="C.UTF-8",
-                    PYTHONPATH=str(AS_USER.pypath), CAIRN_LIBRARY=str(AS_USER.lib), **extra)
+                    PYTHONPATH=str(AS_USER.pypath), CAIRN_LIBRARY=str(AS_USER.lib),
+                    LD_LIBRARY_PATH=str(Path(AS_USER.lib).parent), **extra)
 
     def python(self, code, **extra_env):
         return self.run([AS_USER.python, "-c", code], env=self.env(**extra_env))
@@ -238,7 +239,9 @@ def users():
     if not shutil.which("useradd") or not shutil.which("userdel"):
         pytest.skip("useradd/userdel are not installed: cannot create the second user")
     shared = Path(tempfile.mkdtemp(prefix="cairn-sec-bin-", dir="/tmp"))
-    for src in (CAIRND, CAIRN, LIBCAIRN):
+    # The tool links libcairn.so by its soname (libcairn.so.0): every name of the library is copied,
+    # and the users' environment puts the directory on LD_LIBRARY_PATH.
+    for src in (CAIRND, CAIRN, *sorted(LIBCAIRN.parent.glob(LIBCAIRN.name + "*"))):
         shutil.copy2(src, shared / src.name)
     shutil.copytree(SOURCE / "api" / "python" / "cairn", shared / "python" / "cairn",
                     ignore=shutil.ignore_patterns("__pycache__"))
