@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "cairn/cairn.h"
+#include "check.h"
 
 /* What cairn_file_options.progress reported: calls, the "committing" phase, the last bytes done. */
 struct progress_count {
@@ -24,18 +25,6 @@ static void count_progress(void* ctx, const char* phase, uint64_t done, uint64_t
   else
     p->bytes = done;
 }
-
-static int checks = 0;
-static int failures = 0;
-
-#define CHECK(cond)                                                                                                \
-  do {                                                                                                             \
-    ++checks;                                                                                                      \
-    if (!(cond)) {                                                                                                 \
-      ++failures;                                                                                                  \
-      fprintf(stderr, "%s:%d: CHECK(%s) failed; last error: %s\n", __FILE__, __LINE__, #cond, cairn_last_error()); \
-    }                                                                                                              \
-  } while (0)
 
 #define CHECK_OK(call) CHECK((call) == CAIRN_OK)
 

@@ -6,18 +6,7 @@
 #include <string.h>
 
 #include "cairn/cairn.h"
-
-static int checks = 0;
-static int failures = 0;
-
-#define CHECK(cond)                                                                                                \
-  do {                                                                                                             \
-    ++checks;                                                                                                      \
-    if (!(cond)) {                                                                                                 \
-      ++failures;                                                                                                  \
-      fprintf(stderr, "%s:%d: CHECK(%s) failed; last error: %s\n", __FILE__, __LINE__, #cond, cairn_last_error()); \
-    }                                                                                                              \
-  } while (0)
+#include "check.h"
 
 int main(int argc, char** argv) {
   const char* suffix = argc > 1 ? argv[1] : "";

@@ -7,18 +7,7 @@
 #include <string.h>
 
 #include "cairn/cairn.h"
-
-static int checks = 0;
-static int failures = 0;
-
-#define CHECK(cond)                                                                                                \
-  do {                                                                                                             \
-    ++checks;                                                                                                      \
-    if (!(cond)) {                                                                                                 \
-      ++failures;                                                                                                  \
-      fprintf(stderr, "%s:%d: CHECK(%s) failed; last error: %s\n", __FILE__, __LINE__, #cond, cairn_last_error()); \
-    }                                                                                                              \
-  } while (0)
+#include "check.h"
 
 static float alloc_buffer[6];
 static void* alloc_into(void* ctx, cairn_dtype dtype, int ndim, const int64_t* shape, size_t nbytes) {

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "cairn/cairn.h"
+#include "check.h"
 
 /* One tensor's device view: cairn_model_map with CAIRN_MEM_CUDA on `device`. */
 static cairn_status map_device(cairn_model_reader* r, const char* name, int device, const void** ptr, size_t* n) {
@@ -30,17 +31,6 @@ static cairn_status map_device(cairn_model_reader* r, const char* name, int devi
   return st;
 }
 
-static int checks = 0;
-static int failures = 0;
-
-#define CHECK(cond)                                                                                                \
-  do {                                                                                                             \
-    ++checks;                                                                                                      \
-    if (!(cond)) {                                                                                                 \
-      ++failures;                                                                                                  \
-      fprintf(stderr, "%s:%d: CHECK(%s) failed; last error: %s\n", __FILE__, __LINE__, #cond, cairn_last_error()); \
-    }                                                                                                              \
-  } while (0)
 #define CHECK_OK(call) CHECK((call) == CAIRN_OK)
 
 /* ---- this process's device memory ---- */
